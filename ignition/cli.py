@@ -1,0 +1,214 @@
+"""``ignition``: prepare a checkpoint into captured graphs, and replay them from Python."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from ignition.loading.default_model import default_model_path
+from ignition.loading.source import CheckpointError
+from ignition.preparation.catalog import CatalogError
+from ignition.preparation.memory import MemoryPlanError
+from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare
+from ignition.replay.harness import AdmissionError, Harness, Request, SamplingParams
+
+DESCRIPTION = """Ignition prepares a checkpoint (a Transformers directory with config.json and
+safetensors, or a GGUF file) into compiled, captured CUDA graphs over fixed storage.
+Without MODEL it prepares the embedded default model, SmolLM2-135M-Instruct."""
+
+
+def _add_preparation(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "model",
+        nargs="?",
+        type=Path,
+        help="checkpoint directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)",
+    )
+    parser.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=4,
+        help="request slots; decode graphs at 1, 2, 4, ... up to it (default 4)",
+    )
+    parser.add_argument(
+        "--prefill-chunk-size",
+        type=int,
+        default=4096,
+        help="largest prefill chunk, a multiple of 64; prefill graphs at 128, 256, ... "
+        "up to it (default 4096)",
+    )
+    parser.add_argument(
+        "--context-limit",
+        type=int,
+        help="longest request in tokens, a multiple of 64 (default: the model's maximum)",
+    )
+    parser.add_argument("--kv-pages", type=int, help="KV pages (default: sized from free memory)")
+    parser.add_argument(
+        "--snapshot-rows", type=int, default=16, help="prefix-checkpoint rows (default 16)"
+    )
+    parser.add_argument(
+        "--gpu-reserve-gib",
+        type=float,
+        default=2.0,
+        help="GPU memory left free after pages are sized (default 2)",
+    )
+    parser.add_argument(
+        "--no-compile", action="store_true", help="skip torch.compile of the forwards"
+    )
+    parser.add_argument(
+        "--device", default="cuda", help="cuda (serving) or cpu (diagnostics; no graphs)"
+    )
+
+
+def _options(args: argparse.Namespace, capture: bool) -> PrepareOptions:
+    device = args.device
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    return PrepareOptions(
+        max_concurrency=args.max_concurrency,
+        prefill_chunk_size=args.prefill_chunk_size,
+        context_limit=args.context_limit,
+        kv_pages=args.kv_pages,
+        snapshot_rows=args.snapshot_rows,
+        gpu_reserve_gib=args.gpu_reserve_gib,
+        compile=not args.no_compile,
+        capture=capture and device == "cuda",
+        device=device,
+        dtype=dtype,
+    )
+
+
+def _prepare(args: argparse.Namespace, capture: bool) -> PreparedModel:
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise CheckpointError(
+            "no CUDA device: preparation for serving needs a GPU (or --device cpu)"
+        )
+    path = args.model or default_model_path()
+    return prepare(path, _options(args, capture))
+
+
+def _cmd_prepare(args: argparse.Namespace) -> int:
+    prepared = _prepare(args, capture=True)
+    catalog = prepared.catalog
+    print(f"model        {prepared.name} ({prepared.fingerprint[:16]})")
+    print(f"decode       {list(catalog.decode)}")
+    print(f"prefill      {list(catalog.prefill)}")
+    print(f"graphs       {len(prepared.graphs)} captured")
+    print(f"timings      {json.dumps({k: round(v, 2) for k, v in prepared.timings.items()})}")
+    prepared.close()
+    return 0
+
+
+def load_prompts(path: Path | None, texts: list[str]) -> list[dict[str, object]]:
+    """Prompts as JSON objects: ``{"messages": [...]}`` (chat) or ``{"text": "..."}``."""
+    prompts: list[dict[str, object]] = [
+        {"messages": [{"role": "user", "content": text}]} for text in texts
+    ]
+    if path is not None:
+        for line in path.read_text().splitlines():
+            if line.strip():
+                prompts.append(json.loads(line))
+    if not prompts:
+        prompts.append(
+            {"messages": [{"role": "user", "content": "What is the capital of France?"}]}
+        )
+    return prompts
+
+
+def encode_prompt(tokenizer: object, prompt: dict[str, object]) -> list[int]:
+    if "messages" in prompt:
+        ids = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+            prompt["messages"], add_generation_prompt=True, tokenize=True
+        )
+        if isinstance(ids, dict):
+            ids = ids["input_ids"]
+        return list(ids)
+    return list(tokenizer.encode(str(prompt["text"])))  # type: ignore[attr-defined]
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    prepared = _prepare(args, capture=not args.eager)
+    defaults = prepared.defaults
+    sampling = SamplingParams(
+        temperature=args.temperature if args.temperature is not None else defaults.temperature,
+        top_k=args.top_k if args.top_k is not None else defaults.top_k,
+        top_p=args.top_p if args.top_p is not None else defaults.top_p,
+        min_p=args.min_p if args.min_p is not None else defaults.min_p,
+    )
+    prompts = load_prompts(args.prompts, args.prompt or [])
+    requests = [
+        Request(
+            i, encode_prompt(prepared.tokenizer, p), args.max_new_tokens, sampling, args.seed + i
+        )
+        for i, p in enumerate(prompts)
+    ]
+    results = Harness(prepared).run(requests)
+    records = []
+    for prompt, result in zip(prompts, results, strict=True):
+        text = prepared.tokenizer.decode(result.tokens, skip_special_tokens=True)
+        records.append(
+            {
+                "id": result.id,
+                "prompt": prompt,
+                "prompt_tokens": result.prompt_tokens,
+                "tokens": result.tokens,
+                "text": text,
+                "finish_reason": result.finish_reason,
+            }
+        )
+        print(f"[{result.id}] ({result.finish_reason}, {len(result.tokens)} tokens) {text}")
+    if args.out:
+        args.out.write_text(
+            json.dumps({"sampling": sampling.__dict__, "results": records}, indent=1)
+        )
+    prepared.close()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ignition", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", required=True)
+    prep = sub.add_parser(
+        "prepare",
+        help="prepare MODEL into captured graphs and report catalog, memory and timings",
+    )
+    _add_preparation(prep)
+    prep.set_defaults(func=_cmd_prepare)
+    replay = sub.add_parser(
+        "replay",
+        help="diagnostic direct execution: prepare, then schedule and replay the graphs "
+        "from Python with continuous batching (never production serving)",
+    )
+    _add_preparation(replay)
+    replay.add_argument("--prompt", action="append", help="a user message (repeatable)")
+    replay.add_argument(
+        "--prompts", type=Path, help='JSONL: {"messages": [...]} or {"text": "..."} per line'
+    )
+    replay.add_argument("--max-new-tokens", type=int, default=64)
+    replay.add_argument("--temperature", type=float, help="> 0 (default: the recipe's)")
+    replay.add_argument("--top-k", type=int, help="0 disables (default: the recipe's)")
+    replay.add_argument("--top-p", type=float, help="1 disables (default: the recipe's)")
+    replay.add_argument("--min-p", type=float, help="0 disables (default: the recipe's)")
+    replay.add_argument("--seed", type=int, default=0, help="request i uses seed + i")
+    replay.add_argument(
+        "--eager", action="store_true", help="run the prepared operations without graphs"
+    )
+    replay.add_argument("--out", type=Path, help="write results as JSON")
+    replay.set_defaults(func=_cmd_replay)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (CheckpointError, CatalogError, MemoryPlanError, AdmissionError) as error:
+        print(f"ignition: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

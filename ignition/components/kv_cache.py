@@ -1,0 +1,158 @@
+"""Paged KV cache storage and the operators that write and read it inside graphs.
+
+Layout: one tensor ``[layers, 2, pages, page_size, kv_heads, head_dim]``; page 0 is
+the null page that padded and inactive rows write to and nothing valid reads.
+The operators are registered as custom ops so that Inductor treats them as opaque
+calls that mutate (or read) the whole cache buffer in place: a functionalized
+copy of the cache per step would be a disaster. Each op has one implementation per
+device type, fixed at preparation: Triton on CUDA, the torch reference on the CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ignition.components import attention
+
+NULL_PAGE = 0
+
+
+@dataclass
+class PagedKvCache:
+    kv: torch.Tensor  # [layers, 2, pages, page_size, kv_heads, head_dim]
+
+    @staticmethod
+    def allocate(
+        layers: int,
+        pages: int,
+        page_size: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> PagedKvCache:
+        shape = (layers, 2, pages, page_size, kv_heads, head_dim)
+        return PagedKvCache(torch.zeros(shape, dtype=dtype, device=device))
+
+    @property
+    def page_size(self) -> int:
+        return self.kv.shape[3]
+
+    @property
+    def pages(self) -> int:
+        return self.kv.shape[2]
+
+    @staticmethod
+    def bytes_per_page(
+        layers: int, page_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        return layers * 2 * page_size * kv_heads * head_dim * dtype.itemsize
+
+    def nbytes(self) -> int:
+        return self.kv.numel() * self.kv.element_size()
+
+
+def slot_mapping(
+    page_table_rows: torch.Tensor, positions: torch.Tensor, live: torch.Tensor, page_size: int
+) -> torch.Tensor:
+    """Flat cache row (page * page_size + offset) for each token; rows that are not
+    live go to the null page, at their offset so they stay in bounds."""
+    positions = torch.where(live, positions, 0)
+    logical = (positions // page_size).unsqueeze(1)
+    page = page_table_rows.gather(1, logical).squeeze(1).to(torch.int64)
+    page = torch.where(live, page, NULL_PAGE)
+    return page * page_size + positions % page_size
+
+
+@torch.library.custom_op("flare::write_kv", mutates_args=("kv",))
+def write_kv(
+    kv: torch.Tensor, layer: int, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor
+) -> None:
+    """Write K/V [tokens, kv_heads, head_dim] of one layer to flat cache ``rows``."""
+    _, _, pages, page_size, kv_heads, head_dim = kv.shape
+    flat = kv[layer].view(2, pages * page_size, kv_heads, head_dim)
+    flat[0].index_copy_(0, rows, k.to(kv.dtype))
+    flat[1].index_copy_(0, rows, v.to(kv.dtype))
+
+
+@torch.library.custom_op("flare::decode_attention", mutates_args=())
+def decode_attention(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    layer: int,
+    page_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Paged attention of one query token per row; rows with seq_len 0 give zeros."""
+    return attention.paged_decode_attention_ref(q, kv[layer], page_tables, seq_lens, scale)
+
+
+@decode_attention.register_kernel("cuda")
+def _decode_attention_cuda(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    layer: int,
+    page_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    return attention.triton_paged_decode_attention(q, kv[layer], page_tables, seq_lens, scale)
+
+
+@decode_attention.register_fake
+def _decode_attention_fake(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    layer: int,
+    page_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    return torch.empty_like(q)
+
+
+@torch.library.custom_op("flare::prefill_attention", mutates_args=())
+def prefill_attention(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    layer: int,
+    page_table_row: torch.Tensor,
+    start: torch.Tensor,
+    n_valid: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal paged attention for one request's chunk; padded rows give zeros."""
+    return attention.paged_prefill_attention_ref(
+        q, kv[layer], page_table_row, start, n_valid, scale
+    )
+
+
+@prefill_attention.register_kernel("cuda")
+def _prefill_attention_cuda(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    layer: int,
+    page_table_row: torch.Tensor,
+    start: torch.Tensor,
+    n_valid: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    return attention.triton_paged_prefill_attention(
+        q, kv[layer], page_table_row, start, n_valid, scale
+    )
+
+
+@prefill_attention.register_fake
+def _prefill_attention_fake(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    layer: int,
+    page_table_row: torch.Tensor,
+    start: torch.Tensor,
+    n_valid: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    return torch.empty_like(q)

@@ -1,0 +1,186 @@
+"""Sampling inside the graph: penalties, temperature, top-k/top-p/min-p, and commit.
+
+Randomness: one Philox4x32-10 stream per request, keyed only by the request's
+device seed and counter. Draw ``n`` of a request uses counter ``n`` with
+subsequence zero (curand's ``offset = 4 * n``), so batch packing, row order and
+co-scheduled requests never change a request's draws. The counter advances once
+per successful live sample. The generator is plain integer arithmetic on int64
+tensors (16-bit limbs keep every product exact), so it is capture-safe, runs on
+the CPU for tests, and involves no PyTorch generator state.
+
+Filters are applied as probability thresholds over the sorted distribution: a
+filter keeps every token whose probability is at least its threshold, so tokens
+tied at a threshold are never truncated to a fixed count.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ignition.components.token_state import (
+    FINISHED_LENGTH,
+    FINISHED_STOP,
+    RUNNING,
+    RequestState,
+    StagingInputs,
+)
+
+_MASK32 = 0xFFFFFFFF
+_PHILOX_M0 = 0xD2511F53
+_PHILOX_M1 = 0xCD9E8D57
+_PHILOX_W0 = 0x9E3779B9
+_PHILOX_W1 = 0xBB67AE85
+_TWO_POW_M32 = 2.0**-32
+
+
+def _mulhilo32(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(high, low) 32-bit words of ``a * b`` for a 32-bit constant and int64-held words."""
+    b_lo = b & 0xFFFF
+    b_hi = b >> 16
+    p_lo = a * b_lo  # < 2**48
+    p_hi = a * b_hi  # < 2**48
+    t = p_lo + ((p_hi & 0xFFFF) << 16)  # < 2**49
+    return (p_hi >> 16) + (t >> 32), t & _MASK32
+
+
+def philox4x32_10(
+    counter: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    key: tuple[torch.Tensor, torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random123's Philox4x32 with 10 rounds, on int64 tensors holding 32-bit words."""
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    for round_index in range(10):
+        if round_index:
+            k0 = (k0 + _PHILOX_W0) & _MASK32
+            k1 = (k1 + _PHILOX_W1) & _MASK32
+        hi0, lo0 = _mulhilo32(_PHILOX_M0, c0)
+        hi1, lo1 = _mulhilo32(_PHILOX_M1, c2)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+    return c0, c1, c2, c3
+
+
+def philox_uniform(seed: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
+    """curand_uniform of ``curand_init(seed, 0, 4 * counter)``: float32 in (0, 1]."""
+    zero = torch.zeros_like(counter)
+    words = philox4x32_10(
+        (counter & _MASK32, (counter >> 32) & _MASK32, zero, zero),
+        (seed & _MASK32, (seed >> 32) & _MASK32),
+    )
+    return words[0].to(torch.float32) * _TWO_POW_M32 + _TWO_POW_M32 / 2
+
+
+def sample_rows(logits: torch.Tensor, state: RequestState, slots: torch.Tensor) -> torch.Tensor:
+    """One token per row of ``logits`` [rows, vocab] (float32), under each row's slot's
+    sampling parameters, penalty histogram and Philox stream."""
+    counts = state.histogram.index_select(0, slots)
+    present = counts > 0
+
+    def col(t: torch.Tensor) -> torch.Tensor:
+        return t.index_select(0, slots).unsqueeze(1)
+
+    repetition = col(state.repetition)
+    logits = torch.where(
+        present, torch.where(logits > 0, logits / repetition, logits * repetition), logits
+    )
+    logits = logits - col(state.presence) * present - col(state.frequency) * counts
+    # Admission rejects temperature <= 0; the clamp only keeps padded rows finite.
+    probs = torch.softmax(logits / col(state.temperature).clamp(min=1e-6), dim=-1)
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    vocab = probs.shape[-1]
+
+    top_k = col(state.top_k).to(torch.int64)
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)
+    threshold_k = sorted_p.gather(1, k - 1)
+    cumulative = sorted_p.cumsum(dim=-1)
+    nucleus_end = (cumulative < col(state.top_p)).sum(dim=-1, keepdim=True).clamp(max=vocab - 1)
+    threshold_p = sorted_p.gather(1, nucleus_end)
+    threshold_min = col(state.min_p) * sorted_p[:, :1]
+    threshold = torch.maximum(torch.maximum(threshold_k, threshold_p), threshold_min)
+
+    kept = torch.where(sorted_p >= threshold, sorted_p, 0.0)
+    kept_cumulative = kept.cumsum(dim=-1)
+    kept_count = (sorted_p >= threshold).sum(dim=-1, keepdim=True)
+    uniform = philox_uniform(
+        state.seed.index_select(0, slots), state.counter.index_select(0, slots)
+    )
+    target = uniform.unsqueeze(1) * kept_cumulative[:, -1:]
+    choice = (kept_cumulative < target).sum(dim=-1, keepdim=True)
+    choice = torch.minimum(choice, kept_count - 1).clamp(min=0)
+    return order.gather(1, choice).squeeze(1)
+
+
+def commit_samples(
+    state: RequestState,
+    slots: torch.Tensor,
+    tokens: torch.Tensor,
+    active: torch.Tensor,
+    completions: torch.Tensor,
+) -> None:
+    """Make sampled tokens pending, count them once in the histogram, advance each
+    live request's counter, set its finish reason, and write completion records.
+
+    Inactive rows (padding, finished requests, chunks that do not end the prompt)
+    write back the values they read: no state changes for them.
+    """
+    generated = state.generated.index_select(0, slots)
+    counter = state.counter.index_select(0, slots)
+    done = state.done.index_select(0, slots)
+    pending = state.pending.index_select(0, slots)
+    is_stop = (tokens.unsqueeze(1) == state.stop_tokens.unsqueeze(0)).any(dim=1)
+    new_generated = generated + 1
+    limit = new_generated >= state.max_new.index_select(0, slots)
+    new_done = torch.where(
+        is_stop,
+        FINISHED_STOP,
+        torch.where(limit, FINISHED_LENGTH, RUNNING),
+    ).to(done.dtype)
+    state.pending.index_copy_(0, slots, torch.where(active, tokens, pending))
+    state.generated.index_copy_(0, slots, torch.where(active, new_generated, generated))
+    state.counter.index_copy_(0, slots, torch.where(active, counter + 1, counter))
+    state.done.index_copy_(0, slots, torch.where(active, new_done, done))
+    state.histogram.index_put_((slots, tokens), active.to(torch.int32), accumulate=True)
+    record = torch.stack(
+        [
+            slots.to(torch.int32),
+            torch.where(active, tokens, -1).to(torch.int32),
+            state.generated.index_select(0, slots),
+            state.consumed.index_select(0, slots),
+            state.done.index_select(0, slots),
+            active.to(torch.int32),
+        ],
+        dim=1,
+    )
+    completions[: record.shape[0]].copy_(record)
+
+
+def admit(state: RequestState, staging: StagingInputs) -> None:
+    """Initialize a slot for a new request: sampling parameters, seed, counters, and
+    the penalty histogram built once from the whole prompt (also on a prefix hit)."""
+    slot = staging.admit_slot
+    tokens = staging.admit_tokens
+    present = (torch.arange(tokens.shape[0], device=tokens.device) < staging.admit_len).to(
+        torch.int32
+    )
+    row = torch.zeros(1, state.histogram.shape[1], dtype=torch.int32, device=tokens.device)
+    row.scatter_add_(1, tokens.unsqueeze(0), present.unsqueeze(0))
+    state.histogram.index_copy_(0, slot, row)
+    floats = staging.admit_float
+    ints = staging.admit_int
+    for target, value in (
+        (state.temperature, floats[0:1]),
+        (state.top_p, floats[1:2]),
+        (state.min_p, floats[2:3]),
+        (state.repetition, floats[3:4]),
+        (state.presence, floats[4:5]),
+        (state.frequency, floats[5:6]),
+        (state.top_k, ints[0:1]),
+        (state.max_new, ints[1:2]),
+        (state.seed, staging.admit_seed),
+        (state.consumed, staging.admit_consumed),
+    ):
+        target.index_copy_(0, slot, value)
+    zero32 = torch.zeros(1, dtype=torch.int32, device=tokens.device)
+    state.generated.index_copy_(0, slot, zero32)
+    state.done.index_copy_(0, slot, zero32)
+    state.counter.index_copy_(0, slot, torch.zeros(1, dtype=torch.int64, device=tokens.device))

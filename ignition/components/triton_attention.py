@@ -1,0 +1,525 @@
+"""Triton kernels for paged attention over the serving KV cache.
+
+Storage contract (fixed by the recipe): one layer's cache is
+``kv[2, num_pages, page_size, num_kv_heads, head_dim]`` (``kv[0]`` keys, ``kv[1]`` values);
+a request's token at absolute position ``p`` lives in page ``page_table[p // page_size]``,
+row ``p % page_size``. Page 0 is a reserved null page that padded work may point at.
+
+These kernels are replayed inside CUDA graphs with new metadata each step, so everything
+that varies per step (sequence lengths, chunk start, valid-token count, page tables) is
+read from device tensors inside the kernels; the launch grid and every constexpr depend
+only on tensor shapes. Nothing here calls ``.item()`` or allocates a data-dependent shape.
+
+Both kernels work in the log2 domain (scores pre-multiplied by ``scale * log2(e)``, then
+``exp2``), accumulate in fp32, and cast the softmax probabilities to the cache dtype for
+the P @ V product.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+LOG2E = 1.4426950408889634
+
+# Default number of KV splits per (row, kv head) in decode: with 8 kv heads, 16 splits
+# give 128 programs for a single request, about one per SM on an H200 (132 SMs).
+DEFAULT_NUM_SPLITS = 16
+# Query rows (token x head-in-group pairs) per prefill program. 64 keeps the fp32
+# accumulator at 64 registers per thread for head_dim 128 with 4 warps, and gives small
+# chunks (T=128) more programs than 128-row tiles would.
+DEFAULT_PREFILL_ROWS = 64
+# tl.dot needs every operand dimension to be at least 16.
+_MIN_DOT = 16
+
+
+def _fix_interpreter_loop_bounds() -> None:
+    """Lets data-dependent ``range(lo, hi)`` run under Triton's interpreter.
+
+    Triton 3.6's interpreter holds scalars as shape-(1,) arrays and converts loop bounds
+    with ``int(array)``, which NumPy >= 2.4 rejects (triton-lang/triton#9171, fixed
+    upstream by squeezing). Rewriting the kernels as ``while`` loops would avoid it but
+    costs software pipelining on the GPU, so the interpreter is patched instead: only
+    when interpreting, only while the bug is present. Process-wide, harmless to others.
+    """
+    try:
+        int(np.array([1]))
+        return
+    except TypeError:
+        pass
+    from triton.runtime import interpreter
+
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None or getattr(original, "_squeezes_index", False):
+        return
+
+    def patched(tensor: type, scope: object) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(())))
+
+    patched._squeezes_index = True  # type: ignore[attr-defined]
+    interpreter._patch_lang_tensor = patched
+
+
+@triton.jit
+def _dot(a, b, UPCAST: tl.constexpr):
+    """``tl.dot`` with fp32 accumulation. UPCAST (interpreter only) feeds it fp32 copies:
+    the interpreter multiplies bfloat16's raw uint16 storage (unsupported upstream,
+    triton-lang/triton#11584). bf16 x bf16 products are exact in fp32, so the numbers
+    match the tensor-core dot up to summation order."""
+    if UPCAST:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32))
+    else:
+        out = tl.dot(a, b)
+    return out
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr,
+    kv_ptr,
+    page_table_ptr,
+    seq_lens_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    part_acc_ptr,
+    qk_scale,
+    stride_qb,
+    stride_qh,
+    stride_qd,
+    stride_kv,
+    stride_kvp,
+    stride_kvs,
+    stride_kvh,
+    stride_kvd,
+    stride_ptb,
+    stride_ptp,
+    stride_mb,
+    stride_mh,
+    stride_ms,
+    stride_ab,
+    stride_ah,
+    stride_as,
+    stride_ad,
+    GROUP: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """One (row, kv head, split): all query heads of the kv-head group against a
+    contiguous range of that row's pages; writes unnormalised partial results."""
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+
+    # The split's page range depends only on this row's seq_len and NUM_SPLITS, never
+    # on the batch size: that is what makes the output batch invariant.
+    seq_len = tl.load(seq_lens_ptr + b)
+    num_pages = tl.cdiv(seq_len, PAGE_SIZE)
+    per_split = tl.cdiv(num_pages, NUM_SPLITS)
+    page_lo = split * per_split
+    page_hi = tl.minimum(page_lo + per_split, num_pages)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_s = tl.arange(0, PAGE_SIZE)
+    head_ok = offs_h < GROUP
+    heads = kvh * GROUP + offs_h
+
+    # Padding rows of the group are loaded as zeros and never stored.
+    q = tl.load(
+        q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+        mask=head_ok[:, None],
+        other=0.0,
+    )
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
+
+    tile_off = kvh * stride_kvh + offs_s[:, None] * stride_kvs + offs_d[None, :] * stride_kvd
+    # Every page in [page_lo, page_hi) holds at least one key < seq_len, so after the
+    # first iteration m_i is finite and exp2(m_i - m_new) never sees -inf - -inf.
+    for p in range(page_lo, page_hi):
+        # int64: page * stride_kvp overflows int32 for caches above 2^31 elements.
+        page = tl.load(page_table_ptr + b * stride_ptb + p * stride_ptp).to(tl.int64)
+        key_ok = (p * PAGE_SIZE + offs_s) < seq_len
+        page_ptr = kv_ptr + page * stride_kvp + tile_off
+        # Masked loads: rows past seq_len are never read (they may hold garbage/NaN,
+        # and 0 * NaN in P @ V would poison the row).
+        k = tl.load(page_ptr, mask=key_ok[:, None], other=0.0)
+        v = tl.load(page_ptr + stride_kv, mask=key_ok[:, None], other=0.0)
+        qk = _dot(q, tl.trans(k), UPCAST) * qk_scale
+        qk = tl.where(key_ok[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p_ij = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p_ij, 1)
+        acc = acc * alpha[:, None] + _dot(p_ij.to(v.dtype), v, UPCAST)
+        m_i = m_new
+
+    # Empty splits (and seq_len 0 rows) store m=-inf, l=0, acc=0; the combine kernel
+    # gives them zero weight, so every split is always written and nothing stale is read.
+    m_off = b * stride_mb + heads * stride_mh + split * stride_ms
+    tl.store(part_m_ptr + m_off, m_i, mask=head_ok)
+    tl.store(part_l_ptr + m_off, l_i, mask=head_ok)
+    a_off = (
+        b * stride_ab + heads[:, None] * stride_ah + split * stride_as + offs_d[None, :] * stride_ad
+    )
+    tl.store(part_acc_ptr + a_off, acc, mask=head_ok[:, None])
+
+
+@triton.jit
+def _decode_combine_kernel(
+    part_m_ptr,
+    part_l_ptr,
+    part_acc_ptr,
+    out_ptr,
+    stride_mb,
+    stride_mh,
+    stride_ms,
+    stride_ab,
+    stride_ah,
+    stride_as,
+    stride_ad,
+    stride_ob,
+    stride_oh,
+    stride_od,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    """One (row, query head): merge the NUM_SPLITS partial softmaxes."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, HEAD_DIM)
+    s_ok = offs_s < NUM_SPLITS
+
+    m_off = b * stride_mb + h * stride_mh + offs_s * stride_ms
+    m = tl.load(part_m_ptr + m_off, mask=s_ok, other=float("-inf"))
+    l_s = tl.load(part_l_ptr + m_off, mask=s_ok, other=0.0)
+    acc = tl.load(
+        part_acc_ptr
+        + b * stride_ab
+        + h * stride_ah
+        + offs_s[:, None] * stride_as
+        + offs_d[None, :] * stride_ad,
+        mask=s_ok[:, None],
+        other=0.0,
+    )
+    m_max = tl.max(m, 0)
+    # All splits empty (seq_len 0): shift by 0 so every weight is exp2(-inf) = 0.
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.exp2(m - m_max)
+    denom = tl.sum(w * l_s, 0)
+    num = tl.sum(w[:, None] * acc, 0)
+    # denom == 0 only for padding rows, where num is 0 too: the output is exactly 0.
+    out = num / tl.where(denom > 0.0, denom, 1.0)
+    tl.store(
+        out_ptr + b * stride_ob + h * stride_oh + offs_d * stride_od,
+        out.to(out_ptr.dtype.element_ty),
+    )
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,
+    kv_ptr,
+    page_table_ptr,
+    start_ptr,
+    n_valid_ptr,
+    out_ptr,
+    qk_scale,
+    T,
+    stride_qt,
+    stride_qh,
+    stride_qd,
+    stride_kv,
+    stride_kvp,
+    stride_kvs,
+    stride_kvh,
+    stride_kvd,
+    stride_ptp,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """One (token tile, kv head): BLOCK_T tokens x all GROUP query heads of the kv head
+    as BLOCK_T * GROUP_PAD rows, so each key/value page is loaded once per group."""
+    tile = tl.program_id(0)
+    kvh = tl.program_id(1)
+    BLOCK_R: tl.constexpr = BLOCK_T * GROUP_PAD
+
+    start = tl.load(start_ptr)
+    n_valid = tl.minimum(tl.load(n_valid_ptr), T)
+
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_s = tl.arange(0, PAGE_SIZE)
+    # Row r is token t = tile * BLOCK_T + r // GROUP_PAD and head-in-group r % GROUP_PAD.
+    t = tile * BLOCK_T + offs_r // GROUP_PAD
+    g = offs_r % GROUP_PAD
+    heads = kvh * GROUP + g
+    row_real = (t < T) & (g < GROUP)
+    row_valid = row_real & (t < n_valid)
+    q_pos = start + t
+
+    # Padding tokens (which may hold garbage) are loaded as zeros; rows are independent
+    # in both dots, so they could not affect other rows anyway.
+    q = tl.load(
+        q_ptr + t[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+        mask=row_valid[:, None],
+        other=0.0,
+    )
+
+    # Key range of the tile: [0, kv_end), kv_end one past the last valid token's position.
+    # Pages below full_pages hold only keys <= the tile's first query position, visible to
+    # every row: no mask there. A tile of padding only has no pages at all.
+    tile_first = tile * BLOCK_T
+    n_tile = tl.minimum(tl.maximum(n_valid - tile_first, 0), BLOCK_T)
+    kv_end = tl.where(n_tile > 0, start + tile_first + n_tile, 0)
+    total_pages = tl.cdiv(kv_end, PAGE_SIZE)
+    full_pages = tl.where(n_tile > 0, (start + tile_first + 1) // PAGE_SIZE, 0)
+
+    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, HEAD_DIM], tl.float32)
+
+    tile_off = kvh * stride_kvh + offs_s[:, None] * stride_kvs + offs_d[None, :] * stride_kvd
+    # The first page processed always contains key 0, visible to every row, so m_i is
+    # finite after the first iteration (no -inf - -inf in alpha).
+    for p in range(0, full_pages):
+        page = tl.load(page_table_ptr + p * stride_ptp).to(tl.int64)
+        page_ptr = kv_ptr + page * stride_kvp + tile_off
+        k = tl.load(page_ptr)
+        v = tl.load(page_ptr + stride_kv)
+        qk = _dot(q, tl.trans(k), UPCAST) * qk_scale
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p_ij = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p_ij, 1)
+        acc = acc * alpha[:, None] + _dot(p_ij.to(v.dtype), v, UPCAST)
+        m_i = m_new
+
+    for p in range(full_pages, total_pages):
+        page = tl.load(page_table_ptr + p * stride_ptp).to(tl.int64)
+        page_ptr = kv_ptr + page * stride_kvp + tile_off
+        k_pos = p * PAGE_SIZE + offs_s
+        key_ok = k_pos < kv_end
+        # Keys at or past kv_end are never read (unwritten chunk padding may be NaN).
+        k = tl.load(page_ptr, mask=key_ok[:, None], other=0.0)
+        v = tl.load(page_ptr + stride_kv, mask=key_ok[:, None], other=0.0)
+        qk = _dot(q, tl.trans(k), UPCAST) * qk_scale
+        visible = key_ok[None, :] & (k_pos[None, :] < q_pos[:, None])
+        qk = tl.where(visible, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p_ij = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p_ij, 1)
+        acc = acc * alpha[:, None] + _dot(p_ij.to(v.dtype), v, UPCAST)
+        m_i = m_new
+
+    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    out = tl.where(row_valid[:, None], out, 0.0)
+    tl.store(
+        out_ptr + t[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_real[:, None],
+    )
+
+
+# triton.jit decides at decoration time whether kernels run compiled or interpreted.
+_INTERPRETED = isinstance(_decode_split_kernel, InterpretedFunction)
+if _INTERPRETED:
+    _fix_interpreter_loop_bounds()
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and (n & (n - 1)) == 0
+
+
+def _check_cache(q: torch.Tensor, kv: torch.Tensor) -> tuple[int, int, int, int]:
+    """Validates shapes and dtypes (never contents); returns
+    (num_heads, num_kv_heads, head_dim, page_size)."""
+    if q.dim() != 3:
+        raise ValueError(f"q must be [rows, num_heads, head_dim], got {tuple(q.shape)}")
+    if kv.dim() != 5 or kv.shape[0] != 2:
+        raise ValueError(
+            f"kv must be [2, num_pages, page_size, num_kv_heads, head_dim], got {tuple(kv.shape)}"
+        )
+    _, num_heads, head_dim = q.shape
+    _, _, page_size, num_kv_heads, kv_head_dim = kv.shape
+    if kv_head_dim != head_dim:
+        raise ValueError(f"head_dim mismatch: q {head_dim}, kv {kv_head_dim}")
+    if num_heads % num_kv_heads != 0:
+        raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+    if not _is_pow2(head_dim) or not 16 <= head_dim <= 256:
+        raise ValueError(f"head_dim must be a power of two in [16, 256], got {head_dim}")
+    if not _is_pow2(page_size) or page_size < _MIN_DOT:
+        raise ValueError(f"page_size must be a power of two >= {_MIN_DOT}, got {page_size}")
+    if q.dtype != kv.dtype or q.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"q and kv must share a 16-bit float dtype, got {q.dtype}, {kv.dtype}")
+    if q.device != kv.device:
+        raise ValueError(f"q on {q.device} but kv on {kv.device}")
+    return num_heads, num_kv_heads, head_dim, page_size
+
+
+def _check_index(name: str, t: torch.Tensor, dims: int, device: torch.device) -> None:
+    if t.dtype != torch.int32 or t.dim() != dims or t.device != device:
+        raise ValueError(
+            f"{name} must be a {dims}-d int32 tensor on {device}, "
+            f"got {t.dtype} {tuple(t.shape)} on {t.device}"
+        )
+
+
+def triton_paged_decode_attention(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    num_splits: int = DEFAULT_NUM_SPLITS,
+) -> torch.Tensor:
+    """Split-KV ("flash decoding") paged attention for one query token per row.
+
+    ``q [B, num_heads, head_dim]``, ``page_table int32 [B, max_pages]``, ``seq_lens int32
+    [B]`` (cached tokens the row attends to, its own included; 0 = padding row, output 0).
+    Returns ``[B, num_heads, head_dim]`` in q's dtype. CUDA-graph safe: the grid, the
+    scratch shapes and every constexpr depend only on input shapes.
+    """
+    num_heads, num_kv_heads, head_dim, page_size = _check_cache(q, kv)
+    batch = q.shape[0]
+    _check_index("page_table", page_table, 2, q.device)
+    _check_index("seq_lens", seq_lens, 1, q.device)
+    if page_table.shape[0] != batch or seq_lens.shape[0] != batch:
+        raise ValueError("page_table and seq_lens must have one entry per row of q")
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+
+    group = num_heads // num_kv_heads
+    block_h = max(_MIN_DOT, triton.next_power_of_2(group))
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if batch == 0:
+        return out
+    # fp32 partials per (row, head, split); captured into the graph's pool under capture.
+    part_m = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
+    part_l = torch.empty_like(part_m)
+    part_acc = torch.empty(
+        (batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
+    )
+
+    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+        q,
+        kv,
+        page_table,
+        seq_lens,
+        part_m,
+        part_l,
+        part_acc,
+        scale * LOG2E,
+        *q.stride(),
+        *kv.stride(),
+        *page_table.stride(),
+        *part_m.stride(),
+        *part_acc.stride(),
+        GROUP=group,
+        BLOCK_H=block_h,
+        HEAD_DIM=head_dim,
+        PAGE_SIZE=page_size,
+        NUM_SPLITS=num_splits,
+        UPCAST=_INTERPRETED,
+        num_warps=4,
+        num_stages=2,
+    )
+    _decode_combine_kernel[(batch, num_heads)](
+        part_m,
+        part_l,
+        part_acc,
+        out,
+        *part_m.stride(),
+        *part_acc.stride(),
+        *out.stride(),
+        HEAD_DIM=head_dim,
+        NUM_SPLITS=num_splits,
+        BLOCK_S=triton.next_power_of_2(num_splits),
+        num_warps=4,
+    )
+    return out
+
+
+def triton_paged_prefill_attention(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    page_table_row: torch.Tensor,
+    start: torch.Tensor,
+    n_valid: torch.Tensor,
+    scale: float,
+    *,
+    block_t: int | None = None,
+) -> torch.Tensor:
+    """Causal paged attention for one request's prefill chunk (flash-attention style).
+
+    ``q [T, num_heads, head_dim]`` (T = captured chunk capacity), ``page_table_row int32
+    [max_pages]``, ``start int32 [1]`` (absolute position of q[0]), ``n_valid int32 [1]``
+    (real tokens; rows >= n_valid are padding and come back as 0). Row i attends keys
+    ``[0, start + i]``, the chunk's own keys already written to the cache.
+
+    ``block_t`` (tokens per program, a power of two) is a tuning knob; by default each
+    program holds DEFAULT_PREFILL_ROWS rows of (token, head-in-group) pairs.
+    """
+    num_heads, num_kv_heads, head_dim, page_size = _check_cache(q, kv)
+    _check_index("page_table_row", page_table_row, 1, q.device)
+    _check_index("start", start, 1, q.device)
+    _check_index("n_valid", n_valid, 1, q.device)
+
+    group = num_heads // num_kv_heads
+    group_pad = triton.next_power_of_2(group)
+    if block_t is None:
+        block_t = max(1, DEFAULT_PREFILL_ROWS // group_pad)
+    if not _is_pow2(block_t):
+        raise ValueError(f"block_t must be a power of two, got {block_t}")
+    # tl.dot needs at least 16 rows.
+    block_t = max(block_t, math.ceil(_MIN_DOT / group_pad))
+
+    num_tokens = q.shape[0]
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if num_tokens == 0:
+        return out
+    _prefill_kernel[(triton.cdiv(num_tokens, block_t), num_kv_heads)](
+        q,
+        kv,
+        page_table_row,
+        start,
+        n_valid,
+        out,
+        scale * LOG2E,
+        num_tokens,
+        *q.stride(),
+        *kv.stride(),
+        *page_table_row.stride(),
+        *out.stride(),
+        GROUP=group,
+        GROUP_PAD=group_pad,
+        BLOCK_T=block_t,
+        HEAD_DIM=head_dim,
+        PAGE_SIZE=page_size,
+        UPCAST=_INTERPRETED,
+        num_warps=4,
+        num_stages=2,
+    )
+    return out

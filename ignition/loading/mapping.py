@@ -1,0 +1,83 @@
+"""The recipe mapping: where every checkpoint tensor goes in its execution layout.
+
+A recipe declares, for each canonical checkpoint tensor name, the destination view
+it is copied into (often a slice of a packed projection). Loading streams tensors
+one at a time through that table, so the only intermediate is the tensor in flight.
+A checkpoint tensor the table does not place, or a placed tensor the checkpoint
+lacks, fails loading with its name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from ignition.loading.source import CheckpointError, CheckpointSource
+
+
+@dataclass
+class WeightMapping:
+    """Destination views by canonical tensor name, and names deliberately not loaded."""
+
+    placements: dict[str, torch.Tensor] = field(default_factory=dict)
+    ignored: dict[str, str] = field(default_factory=dict)
+
+    def place(self, name: str, target: torch.Tensor) -> None:
+        if name in self.placements:
+            raise CheckpointError(f"recipe mapping places {name} twice")
+        self.placements[name] = target
+
+    def ignore(self, name: str, reason: str) -> None:
+        self.ignored[name] = reason
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    tensors: int
+    bytes_loaded: int
+    ignored: dict[str, str]
+
+
+def check_coverage(source: CheckpointSource, mapping: WeightMapping) -> None:
+    """Both directions of completeness, checked from headers before any tensor is read."""
+    stored = source.tensors()
+    unmapped = sorted(n for n in stored if n not in mapping.placements and n not in mapping.ignored)
+    if unmapped:
+        more = f" (and {len(unmapped) - 1} more)" if len(unmapped) > 1 else ""
+        raise CheckpointError(
+            f"checkpoint tensor {unmapped[0]}{more} has no place in the recipe mapping"
+        )
+    missing = sorted(n for n in mapping.placements if n not in stored)
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(
+            f"the recipe needs tensor {missing[0]}{more}; the checkpoint lacks it"
+        )
+    for name, target in mapping.placements.items():
+        shape = stored[name].shape
+        if tuple(target.shape) != shape:
+            raise CheckpointError(
+                f"tensor {name}: checkpoint shape {list(shape)}, "
+                f"recipe expects {list(target.shape)}"
+            )
+
+
+def load_weights(
+    source: CheckpointSource,
+    mapping: WeightMapping,
+    advance: Callable[[int], None] | None = None,
+) -> LoadReport:
+    """Copy every placed tensor into its destination, one tensor in flight at a time."""
+    check_coverage(source, mapping)
+    loaded = 0
+    with torch.no_grad():
+        for name, target in mapping.placements.items():
+            tensor = source.load(name)
+            target.copy_(tensor)
+            loaded += tensor.numel() * tensor.element_size()
+            del tensor
+            if advance is not None:
+                advance(1)
+    return LoadReport(len(mapping.placements), loaded, dict(mapping.ignored))

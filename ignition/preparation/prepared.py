@@ -1,0 +1,246 @@
+"""Preparation: checkpoint -> composed model over fixed storage -> compiled, captured graphs.
+
+Order (the design's, restricted to what a dense recipe needs): validate the
+checkpoint and catalog; build the canonical model on the meta device and stream
+weights into execution layouts; allocate request state, staging and snapshot rows;
+size KV pages from measured free memory; compile complete forwards; warm up and
+capture every catalog entry into one graph pool, largest first; reset state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from ignition.components.kv_cache import PagedKvCache
+from ignition.components.state_transfer import SnapshotRows
+from ignition.components.token_state import MAX_STOP_TOKENS, RequestState, StagingInputs
+from ignition.loading.mapping import load_weights
+from ignition.loading.open import open_checkpoint
+from ignition.loading.source import CheckpointError
+from ignition.preparation.catalog import Catalog, GraphKey
+from ignition.preparation.memory import GIB, MemoryReport, plan_kv_pages
+from ignition.preparation.progress import console, phase
+from ignition.preparation.steps import Storage, build_steps, decode_forward, prefill_forward
+from recipes import llama
+
+
+@dataclass(frozen=True)
+class PrepareOptions:
+    max_concurrency: int = 4
+    prefill_chunk_size: int = 4096
+    context_limit: int | None = None
+    kv_pages: int | None = None
+    snapshot_rows: int = 16
+    gpu_reserve_gib: float = 2.0
+    capture_headroom_gib: float = 2.0
+    compile: bool = True
+    capture: bool = True
+    device: str = "cuda"
+    dtype: torch.dtype = torch.bfloat16
+
+
+@dataclass
+class PreparedModel:
+    """A prepared model: storage, the operation per catalog entry, and its graph."""
+
+    name: str
+    fingerprint: str
+    catalog: Catalog
+    model: llama.LlamaModel
+    storage: Storage
+    steps: dict[GraphKey, Callable[[], None]]
+    tokenizer: PreTrainedTokenizerBase
+    defaults: llama.SamplingDefaults
+    memory: MemoryReport
+    graphs: dict[GraphKey, torch.cuda.CUDAGraph] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def execute(self, key: GraphKey) -> None:
+        """Replay the captured graph of ``key``, or call its operation when not captured."""
+        graph = self.graphs.get(key)
+        if graph is not None:
+            graph.replay()
+        else:
+            self.steps[key]()
+
+    def reset(self) -> None:
+        """Request state, pages and staging back to their initial contents."""
+        self.storage.state.reset()
+        self.storage.cache.kv.zero_()
+        for tensor in self.storage.staging.tensors().values():
+            tensor.zero_()
+
+    def close(self) -> None:
+        self.graphs.clear()
+        self.steps.clear()
+
+
+def _stop_tokens(config: object, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    ids: set[int] = set()
+    for value in (getattr(config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(int(v) for v in value)
+    if not ids:
+        raise CheckpointError("neither the config nor the tokenizer declares an EOS token")
+    if len(ids) > MAX_STOP_TOKENS:
+        raise CheckpointError(f"{len(ids)} EOS tokens; the contract holds {MAX_STOP_TOKENS}")
+    return sorted(ids)
+
+
+def _capture(
+    steps: dict[GraphKey, Callable[[], None]], keys: list[GraphKey]
+) -> dict[GraphKey, torch.cuda.CUDAGraph]:
+    """Warm up and capture each entry, largest first, into one shared pool."""
+    pool = torch.cuda.graph_pool_handle()
+    stream = torch.cuda.Stream()
+    graphs: dict[GraphKey, torch.cuda.CUDAGraph] = {}
+    with phase("warm-up and capture", len(keys)) as advance:
+        for key in keys:
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    steps[key]()
+            torch.cuda.current_stream().wait_stream(stream)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                steps[key]()
+            torch.cuda.synchronize()
+            graphs[key] = graph
+            advance(1)
+    return graphs
+
+
+def _warm_up(steps: dict[GraphKey, Callable[[], None]], keys: list[GraphKey]) -> None:
+    with phase("warm-up (compile)", len(keys)) as advance:
+        for key in keys:
+            steps[key]()
+            advance(1)
+
+
+def prepare(path: Path, options: PrepareOptions) -> PreparedModel:
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+    device = torch.device(options.device)
+    source = open_checkpoint(path)
+    config = source.config()
+    llama.validate_config(config)
+    geometry = llama.Geometry.from_config(config)
+    max_positions = int(config.max_position_embeddings)
+    context_limit = options.context_limit or (max_positions // llama.PAGE_SIZE) * llama.PAGE_SIZE
+    if context_limit > max_positions:
+        raise CheckpointError(
+            f"--context-limit {context_limit} exceeds max_position_embeddings {max_positions}"
+        )
+    catalog = Catalog.plan(
+        options.max_concurrency, options.prefill_chunk_size, context_limit, llama.PAGE_SIZE
+    )
+    tok_dir, tok_kwargs = source.tokenizer_source()
+    tokenizer = AutoTokenizer.from_pretrained(tok_dir, **tok_kwargs)
+    stop_tokens = _stop_tokens(config, tokenizer)
+
+    cache = PagedKvCache(torch.empty(0, device=device))
+    model = llama.LlamaModel(config, cache, options.dtype, device)
+    with phase("loading weights", len(model.mapping.placements)) as advance:
+        load_weights(source, model.mapping, advance)
+    timings["load_s"] = time.perf_counter() - t0
+
+    slots = options.max_concurrency + 1
+    state = RequestState.allocate(
+        slots, geometry.vocab, catalog.max_pages_per_request, geometry.hidden, options.dtype, device
+    )
+    state.stop_tokens[: len(stop_tokens)] = torch.tensor(stop_tokens, device=device)
+    staging = StagingInputs.allocate(
+        max(catalog.decode), options.prefill_chunk_size, context_limit, geometry.vocab, device
+    )
+    per_page = PagedKvCache.bytes_per_page(
+        geometry.layers, llama.PAGE_SIZE, geometry.kv_heads, geometry.head_dim, options.dtype
+    )
+    useful_pages = 1 + options.max_concurrency * catalog.max_pages_per_request
+    snapshot_bytes = options.snapshot_rows * (per_page + geometry.hidden * options.dtype.itemsize)
+    if options.kv_pages is not None:
+        pages = options.kv_pages
+    elif device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        pages = plan_kv_pages(
+            free - snapshot_bytes,
+            int(options.gpu_reserve_gib * GIB),
+            int(options.capture_headroom_gib * GIB),
+            per_page,
+            useful_pages,
+            1 + catalog.max_pages_per_request,
+        )
+    else:
+        pages = useful_pages
+    cache.kv = PagedKvCache.allocate(
+        geometry.layers,
+        pages,
+        llama.PAGE_SIZE,
+        geometry.kv_heads,
+        geometry.head_dim,
+        options.dtype,
+        device,
+    ).kv
+    snapshots = SnapshotRows.allocate(options.snapshot_rows, cache, geometry.hidden, device)
+    storage = Storage(state, cache, snapshots, staging)
+
+    decode = decode_forward(model, llama.PAGE_SIZE)
+    prefill = prefill_forward(model, llama.PAGE_SIZE)
+    if options.compile:
+        torch._dynamo.config.recompile_limit = 256
+        torch._dynamo.config.accumulated_recompile_limit = 4096
+        decode = torch.compile(decode, fullgraph=True, dynamic=False)
+        prefill = torch.compile(prefill, fullgraph=True, dynamic=False)
+    steps = build_steps(catalog, storage, decode, prefill, model.logits)
+
+    memory = MemoryReport(
+        weights=model.weight_bytes(),
+        request_state=state.nbytes(),
+        staging=staging.nbytes(),
+        snapshot_rows=snapshots.nbytes(),
+        kv_pages=cache.nbytes(),
+        kv_page_count=pages,
+        bytes_per_page=per_page,
+    )
+    prepared = PreparedModel(
+        name=path.name,
+        fingerprint=source.fingerprint(),
+        catalog=catalog,
+        model=model,
+        storage=storage,
+        steps=steps,
+        tokenizer=tokenizer,
+        defaults=llama.sampling_defaults(path.name),
+        memory=memory,
+        timings=timings,
+    )
+    keys = catalog.keys()
+    t1 = time.perf_counter()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        reserved_before = torch.cuda.memory_reserved(device)
+        if options.capture:
+            prepared.graphs = _capture(steps, keys)
+        else:
+            _warm_up(steps, keys)
+        torch.cuda.synchronize()
+        memory.operator_scratch_and_graph_pool = (
+            torch.cuda.memory_reserved(device) - reserved_before
+        )
+        memory.device_free_after = torch.cuda.mem_get_info(device)[0]
+    elif options.compile:
+        _warm_up(steps, keys)
+    timings["compile_capture_s"] = time.perf_counter() - t1
+    prepared.reset()
+    timings["prepare_s"] = time.perf_counter() - t0
+    for line in memory.lines():
+        console.print(line)
+    return prepared

@@ -1,0 +1,167 @@
+"""The serving operations of a dense text model, one callable per catalog entry.
+
+Each callable reads only fixed storage (request state, pages, staging inputs) and
+writes only fixed storage, so it can be captured once and replayed with new inputs.
+Padded and inactive rows are masked: they read the null slot or null page and
+write back what they read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from ignition.components import sampling, state_transfer
+from ignition.components.kv_cache import PagedKvCache, slot_mapping
+from ignition.components.state_transfer import SnapshotRows
+from ignition.components.token_state import NULL_SLOT, RUNNING, RequestState, StagingInputs
+from ignition.preparation.catalog import Catalog, GraphKey, GraphKind
+from recipes.llama import AttentionStep
+
+
+class TextModel(Protocol):
+    def forward_tokens(
+        self, tokens: torch.Tensor, positions: torch.Tensor, step: AttentionStep
+    ) -> torch.Tensor: ...
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass
+class Storage:
+    """Everything the graphs read and write, owned for the prepared model's lifetime."""
+
+    state: RequestState
+    cache: PagedKvCache
+    snapshots: SnapshotRows
+    staging: StagingInputs
+
+
+ForwardFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+def decode_forward(model: TextModel, page_size: int) -> ForwardFn:
+    """Forward for ``rows`` pending tokens, one per request: (hidden, logits)."""
+
+    def forward(
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        active: torch.Tensor,
+        page_tables: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = slot_mapping(page_tables, positions, active, page_size)
+        seq_lens = torch.where(active, positions + 1, 0).to(torch.int32)
+        step = AttentionStep(rows, page_tables, seq_lens, None, None)
+        hidden = model.forward_tokens(tokens, positions, step)
+        return hidden, model.logits(hidden)
+
+    return forward
+
+
+def prefill_forward(model: TextModel, page_size: int) -> ForwardFn:
+    """Forward for one request's chunk: (hidden of the last real token, its logits)."""
+
+    def forward(
+        tokens: torch.Tensor,
+        start: torch.Tensor,
+        n_valid: torch.Tensor,
+        page_table: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.arange(tokens.shape[0], device=tokens.device)
+        valid = index < n_valid
+        positions = start.to(torch.int64) + index
+        rows = slot_mapping(page_table.expand(tokens.shape[0], -1), positions, valid, page_size)
+        step = AttentionStep(rows, page_table[0], None, start, n_valid)
+        hidden = model.forward_tokens(tokens, positions, step)
+        last = hidden.index_select(0, (n_valid.to(torch.int64) - 1).clamp(min=0))
+        return last, model.logits(last)
+
+    return forward
+
+
+def _save_hidden(state: RequestState, slots: torch.Tensor, live: torch.Tensor, h: torch.Tensor):
+    old = state.hidden.index_select(0, slots)
+    state.hidden.index_copy_(0, slots, torch.where(live.unsqueeze(1), h, old))
+
+
+def build_steps(
+    catalog: Catalog,
+    storage: Storage,
+    decode: ForwardFn,
+    prefill: ForwardFn,
+    logits: Callable[[torch.Tensor], torch.Tensor],
+) -> dict[GraphKey, Callable[[], None]]:
+    """One zero-argument callable per catalog entry, over the fixed storage."""
+    state, staging, cache = storage.state, storage.staging, storage.cache
+
+    def decode_step(capacity: int) -> Callable[[], None]:
+        def run() -> None:
+            slots = staging.decode_slots[:capacity]
+            active = (slots != NULL_SLOT) & (state.done.index_select(0, slots) == RUNNING)
+            consumed = state.consumed.index_select(0, slots)
+            positions = torch.where(active, consumed, 0).to(torch.int64)
+            hidden, row_logits = decode(
+                state.pending.index_select(0, slots),
+                positions,
+                active,
+                state.page_table.index_select(0, slots),
+            )
+            _save_hidden(state, slots, active, hidden)
+            state.consumed.index_copy_(0, slots, consumed + active.to(torch.int32))
+            staging.logits[:capacity].copy_(row_logits)
+            tokens = sampling.sample_rows(row_logits, state, slots)
+            sampling.commit_samples(state, slots, tokens, active, staging.completions)
+
+        return run
+
+    def prefill_step(capacity: int) -> Callable[[], None]:
+        def run() -> None:
+            slot = staging.chunk_slot
+            live = slot != NULL_SLOT
+            n_valid = torch.where(live, staging.chunk_len, 0)
+            start = state.consumed.index_select(0, slot)
+            hidden, row_logits = prefill(
+                staging.chunk_tokens[:capacity],
+                start,
+                n_valid,
+                state.page_table.index_select(0, slot),
+            )
+            _save_hidden(state, slot, live, hidden)
+            state.consumed.index_copy_(0, slot, start + n_valid)
+            staging.logits[:1].copy_(row_logits)
+            sample = live & (staging.chunk_sample != 0) & (n_valid > 0)
+            tokens = sampling.sample_rows(row_logits, state, slot)
+            sampling.commit_samples(state, slot, tokens, sample, staging.completions)
+
+        return run
+
+    def resume_step() -> None:
+        slot = staging.resume_slot
+        live = (slot != NULL_SLOT) & (state.done.index_select(0, slot) == RUNNING)
+        row_logits = logits(state.hidden.index_select(0, slot))
+        staging.logits[:1].copy_(row_logits)
+        tokens = sampling.sample_rows(row_logits, state, slot)
+        sampling.commit_samples(state, slot, tokens, live, staging.completions)
+
+    def admit_step() -> None:
+        sampling.admit(state, staging)
+
+    def snapshot_step() -> None:
+        state_transfer.snapshot(state, cache, storage.snapshots, staging)
+
+    def restore_step() -> None:
+        state_transfer.restore(state, cache, storage.snapshots, staging)
+
+    steps: dict[GraphKey, Callable[[], None]] = {}
+    for capacity in catalog.decode:
+        steps[GraphKey(GraphKind.DECODE, capacity)] = decode_step(capacity)
+    for capacity in catalog.prefill:
+        steps[GraphKey(GraphKind.PREFILL, capacity)] = prefill_step(capacity)
+    steps[GraphKey(GraphKind.RESUME, 1)] = resume_step
+    steps[GraphKey(GraphKind.ADMIT, 1)] = admit_step
+    steps[GraphKey(GraphKind.SNAPSHOT, 1)] = snapshot_step
+    steps[GraphKey(GraphKind.RESTORE, 1)] = restore_step
+    return steps

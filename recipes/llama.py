@@ -1,0 +1,327 @@
+"""The ``llama`` recipe: dense Llama and Qwen3 families.
+
+Composition: the canonical Transformers model is built on the meta device; its
+decoder layers, norms, rotary embedding, embedding and vocabulary head keep their
+canonical forwards. Two modules are replaced, the smallest units whose dataflow
+serving changes:
+
+- attention (``LlamaAttention`` / ``Qwen3Attention``) becomes ``PagedAttention``:
+  the same projections (packed into one QKV weight), the canonical q/k norms and
+  rotary function, then a KV write into the 64-token pages and paged attention;
+- the MLP becomes ``PackedMLP`` with one gate/up weight.
+
+The text-model forward is replaced by ``forward_tokens`` over packed tokens and
+device positions (no Transformers cache object, no host-side masks).
+
+Operators on SM90, chosen by measurement in the GPU check and fixed here:
+- GEMMs: cuBLAS through torch (binaries recoverable through CUPTI).
+- Decode attention: Flare's Triton split-KV paged kernel; FlashInfer's xqa was
+  also verified on the H200 (PLAN section 5), but needs a ~2 minute JIT build on
+  every fresh machine and an extra dependency, while the Triton kernel is
+  batch-invariant by construction (a row's arithmetic never depends on its batch).
+- Prefill attention: Flare's Triton paged flash-attention over one request's chunk
+  (FlashInfer's fa3 prefill needs a host plan per step, which a graph cannot carry).
+- Sampling: the torch sampler of ``ignition.components.sampling`` (sort-based,
+  threshold filters, per-request Philox), captured with the forward.
+- Norms, RoPE, SiLU and residuals: Inductor fusion of the canonical forwards.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoModelForCausalLM, PretrainedConfig
+
+from ignition.components.kv_cache import (
+    PagedKvCache,
+    decode_attention,
+    prefill_attention,
+    write_kv,
+)
+from ignition.loading.mapping import WeightMapping
+from ignition.loading.source import CheckpointError
+
+NAME = "llama"
+ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM")
+PAGE_SIZE = 64
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """Typed defaults and inclusive ranges; values outside a range clamp to it."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    ranges: tuple[tuple[str, float, float], ...] = (
+        ("temperature", 0.01, 2.0),
+        ("top_k", 0, 1 << 30),
+        ("top_p", 0.01, 1.0),
+        ("min_p", 0.0, 1.0),
+        ("repetition_penalty", 0.5, 2.0),
+        ("presence_penalty", -2.0, 2.0),
+        ("frequency_penalty", -2.0, 2.0),
+    )
+
+
+# Defaults verified by hand against each model card's recommended generation call.
+# SmolLM2-135M-Instruct's card: generate(..., temperature=0.2, top_p=0.9, do_sample=True).
+VERIFIED_DEFAULTS: dict[str, SamplingDefaults] = {
+    "SmolLM2-135M-Instruct": SamplingDefaults(temperature=0.2, top_p=0.9),
+}
+
+
+def sampling_defaults(checkpoint_name: str) -> SamplingDefaults:
+    """Model-card defaults for a verified checkpoint, else neutral ones (temperature 1,
+    filters disabled, penalties neutral)."""
+    for name, defaults in VERIFIED_DEFAULTS.items():
+        if checkpoint_name.startswith(name):
+            return defaults
+    return SamplingDefaults()
+
+
+@dataclass(frozen=True)
+class Geometry:
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+
+    @staticmethod
+    def from_config(config: PretrainedConfig) -> Geometry:
+        heads = config.num_attention_heads
+        return Geometry(
+            vocab=config.vocab_size,
+            hidden=config.hidden_size,
+            layers=config.num_hidden_layers,
+            heads=heads,
+            kv_heads=config.num_key_value_heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+            intermediate=config.intermediate_size,
+        )
+
+
+def validate_config(config: PretrainedConfig) -> None:
+    """Refuse what this recipe's forwards do not implement, naming the field."""
+    architectures = list(getattr(config, "architectures", None) or [])
+    if not any(a in ARCHITECTURES for a in architectures):
+        raise CheckpointError(
+            f"architectures {architectures} are not served by the {NAME} recipe "
+            f"(it serves {', '.join(ARCHITECTURES)})"
+        )
+    if config.hidden_act != "silu":
+        raise CheckpointError(f"hidden_act {config.hidden_act!r}: the recipe implements silu")
+    rope = getattr(config, "rope_parameters", None) or {}
+    rope_type = rope.get("rope_type", "default")
+    if rope_type not in STATIC_ROPE_TYPES:
+        raise CheckpointError(
+            f"rope_type {rope_type!r} changes with sequence length on the host; "
+            f"graphs support {', '.join(STATIC_ROPE_TYPES)}"
+        )
+    layer_types = getattr(config, "layer_types", None) or []
+    if "sliding_attention" in layer_types:
+        raise CheckpointError("sliding-window attention layers are not served by this recipe")
+    if getattr(config, "mlp_bias", False):
+        raise CheckpointError("mlp_bias=True is not served by this recipe")
+
+
+@dataclass
+class AttentionStep:
+    """Per-step attention metadata, all device tensors derived inside the graph."""
+
+    rows: torch.Tensor  # int64 [tokens]: flat cache row of each token's K/V
+    page_tables: torch.Tensor  # decode: int32 [rows, max_pages]; prefill: int32 [max_pages]
+    seq_lens: torch.Tensor | None  # decode: int32 [rows]
+    start: torch.Tensor | None  # prefill: int32 [1]
+    n_valid: torch.Tensor | None  # prefill: int32 [1]
+
+
+class PagedAttention(nn.Module):
+    """Canonical attention with its cache replaced by pages: packed QKV projection,
+    canonical q/k norms (Qwen3) and rotary function, KV write, paged attention."""
+
+    def __init__(
+        self,
+        canonical: nn.Module,
+        layer: int,
+        qkv: torch.Tensor,
+        qkv_bias: torch.Tensor | None,
+        cache: PagedKvCache,
+        geometry: Geometry,
+    ) -> None:
+        super().__init__()
+        self.layer = layer
+        self.register_buffer("qkv", qkv, persistent=False)
+        self.register_buffer("qkv_bias", qkv_bias, persistent=False)
+        self.cache = cache
+        self.o_proj = canonical.o_proj
+        self.q_norm = getattr(canonical, "q_norm", None)
+        self.k_norm = getattr(canonical, "k_norm", None)
+        self.scaling = float(canonical.scaling)
+        self.apply_rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]] = sys.modules[
+            type(canonical).__module__
+        ].apply_rotary_pos_emb
+        self.geometry = geometry
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        step: AttentionStep,
+        **_: object,
+    ) -> tuple[torch.Tensor, None]:
+        g = self.geometry
+        x = hidden_states[0]
+        tokens = x.shape[0]
+        qkv = F.linear(x, self.qkv, self.qkv_bias)
+        kv_width = g.kv_heads * g.head_dim
+        q, k, v = qkv.split([g.heads * g.head_dim, kv_width, kv_width], dim=-1)
+        q = q.view(tokens, g.heads, g.head_dim)
+        k = k.view(tokens, g.kv_heads, g.head_dim)
+        v = v.reshape(tokens, g.kv_heads, g.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = position_embeddings
+        q, k = self.apply_rotary(q, k, cos, sin, unsqueeze_dim=1)
+        write_kv(self.cache.kv, self.layer, k, v, step.rows)
+        if step.seq_lens is not None:
+            out = decode_attention(
+                q, self.cache.kv, self.layer, step.page_tables, step.seq_lens, self.scaling
+            )
+        else:
+            assert step.start is not None and step.n_valid is not None
+            out = prefill_attention(
+                q,
+                self.cache.kv,
+                self.layer,
+                step.page_tables,
+                step.start,
+                step.n_valid,
+                self.scaling,
+            )
+        return self.o_proj(out.reshape(1, tokens, g.heads * g.head_dim)), None
+
+
+class PackedMLP(nn.Module):
+    """The canonical gated MLP with gate and up projections in one weight."""
+
+    def __init__(
+        self, gate_up: torch.Tensor, down_proj: nn.Module, act_fn: nn.Module, intermediate: int
+    ) -> None:
+        super().__init__()
+        self.register_buffer("gate_up", gate_up, persistent=False)
+        self.down_proj = down_proj
+        self.act_fn = act_fn
+        self.intermediate = intermediate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self.gate_up).split(self.intermediate, dim=-1)
+        return self.down_proj(self.act_fn(gate) * up)
+
+
+def _set_parameter(root: nn.Module, name: str, value: torch.Tensor) -> None:
+    owner_name, attr = name.rsplit(".", 1)
+    setattr(root.get_submodule(owner_name), attr, nn.Parameter(value, requires_grad=False))
+
+
+class LlamaModel:
+    """The prepared model: canonical modules over execution-layout storage."""
+
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        cache: PagedKvCache,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        validate_config(config)
+        self.config = config
+        self.geometry = g = Geometry.from_config(config)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model.eval()
+        self.mapping = WeightMapping()
+        q_rows, kv_rows = g.heads * g.head_dim, g.kv_heads * g.head_dim
+        packed: set[str] = set()
+        for i, layer in enumerate(model.model.layers):
+            prefix = f"model.layers.{i}."
+            attn = layer.self_attn
+            qkv = torch.empty(q_rows + 2 * kv_rows, g.hidden, dtype=dtype, device=device)
+            bias = None
+            if attn.q_proj.bias is not None:
+                bias = torch.empty(q_rows + 2 * kv_rows, dtype=dtype, device=device)
+            for proj, lo, hi in (
+                ("q_proj", 0, q_rows),
+                ("k_proj", q_rows, q_rows + kv_rows),
+                ("v_proj", q_rows + kv_rows, q_rows + 2 * kv_rows),
+            ):
+                self.mapping.place(f"{prefix}self_attn.{proj}.weight", qkv[lo:hi])
+                packed.add(f"{prefix}self_attn.{proj}.weight")
+                if bias is not None:
+                    self.mapping.place(f"{prefix}self_attn.{proj}.bias", bias[lo:hi])
+                    packed.add(f"{prefix}self_attn.{proj}.bias")
+            gate_up = torch.empty(2 * g.intermediate, g.hidden, dtype=dtype, device=device)
+            for proj, lo, hi in (
+                ("gate_proj", 0, g.intermediate),
+                ("up_proj", g.intermediate, 2 * g.intermediate),
+            ):
+                self.mapping.place(f"{prefix}mlp.{proj}.weight", gate_up[lo:hi])
+                packed.add(f"{prefix}mlp.{proj}.weight")
+            layer.self_attn = PagedAttention(attn, i, qkv, bias, cache, g)
+            layer.mlp = PackedMLP(gate_up, layer.mlp.down_proj, layer.mlp.act_fn, g.intermediate)
+        for name, param in list(model.named_parameters()):
+            if name in packed:
+                continue
+            real = torch.empty(param.shape, dtype=dtype, device=device)
+            _set_parameter(model, name, real)
+            self.mapping.place(name, real)
+        if config.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+            self.mapping.ignore(
+                "lm_head.weight", "tied to model.embed_tokens.weight (tie_word_embeddings)"
+            )
+        model.model.rotary_emb = type(model.model.rotary_emb)(config=config).to(device)
+        leftover = [n for n, b in model.named_buffers() if b.device != device]
+        if leftover:
+            raise CheckpointError(f"buffer {leftover[0]} has no execution storage")
+        self.model = model
+        self.cache = cache
+
+    def weight_bytes(self) -> int:
+        seen: set[int] = set()
+        total = 0
+        for tensor in self.mapping.placements.values():
+            base = tensor.untyped_storage()
+            if base.data_ptr() not in seen:
+                seen.add(base.data_ptr())
+                total += base.nbytes()
+        return total
+
+    def forward_tokens(
+        self, tokens: torch.Tensor, positions: torch.Tensor, step: AttentionStep
+    ) -> torch.Tensor:
+        """Final normalized hidden states [tokens, hidden] of packed ``tokens``."""
+        text = self.model.model
+        h = text.embed_tokens(tokens).unsqueeze(0)
+        cos, sin = text.rotary_emb(h, positions.unsqueeze(0))
+        embeddings = (cos[0], sin[0])
+        for layer in text.layers:
+            h = layer(h, position_embeddings=embeddings, step=step)
+        return text.norm(h)[0]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 vocabulary logits of final hidden vectors."""
+        return self.model.lm_head(hidden).float()

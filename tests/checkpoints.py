@@ -1,0 +1,63 @@
+"""Tiny random-weight checkpoints written with ``save_pretrained``, for CPU tests.
+
+Each comes with a small word-level tokenizer and a ChatML template so that the
+whole preparation path (config, weights, tokenizer, EOS) runs on real files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+VOCAB = 512
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _tokenizer() -> PreTrainedTokenizerFast:
+    words = ["<unk>", "<|im_end|>", "<|im_start|>"] + [f"w{i}" for i in range(VOCAB - 3)]
+    model = models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>")
+    tok = Tokenizer(model)
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>", bos_token="<|im_start|>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def write_tiny(path: Path, family: str, *, tie: bool = False, seed: int = 0) -> Path:
+    """A tiny ``llama`` or ``qwen3`` checkpoint with GQA (4 heads, 2 KV heads)."""
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        eos_token_id=1,
+        bos_token_id=2,
+        tie_word_embeddings=tie,
+    )
+    if family == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    elif family == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(head_dim=16, **common))
+    else:
+        raise ValueError(family)
+    model.save_pretrained(path)
+    _tokenizer().save_pretrained(path)
+    return path

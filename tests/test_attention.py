@@ -1,0 +1,471 @@
+"""Paged attention: the Triton kernels against the float32 torch references.
+
+On a machine without CUDA the kernels run under Triton's interpreter (see conftest.py);
+the ``gpu`` tests repeat the checks at serving geometry on the H200 and add CUDA-graph
+capture and replay.
+
+Every cache slot a kernel must not read (the null page, rows past a request's length,
+pages of requests outside the batch, the chunk's unwritten padding) holds NaN, and so do
+the q rows of padding: a single stray read would put NaN in the output.
+
+Tolerance: operands are bf16 and accumulation fp32, but the kernels round the softmax
+probabilities to bf16 for the P @ V product and round the output to bf16, each a
+relative error of about 2^-9 per element; the relative L2 error lands around 3e-3.
+1e-2 leaves margin for that while any indexing or masking bug gives errors of order 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from ignition.components import attention
+from ignition.components.attention import (
+    paged_decode_attention,
+    paged_decode_attention_ref,
+    paged_prefill_attention,
+    paged_prefill_attention_ref,
+    triton_paged_decode_attention,
+    triton_paged_prefill_attention,
+    uses_triton_kernels,
+)
+
+TOLERANCE = 1e-2
+
+
+@dataclass(frozen=True)
+class Geometry:
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+
+    @property
+    def scale(self) -> float:
+        return self.head_dim**-0.5
+
+
+SMALL = Geometry(num_heads=4, num_kv_heads=2, head_dim=32, page_size=16)
+SERVING = Geometry(num_heads=32, num_kv_heads=8, head_dim=128, page_size=64)
+
+
+@dataclass
+class Requests:
+    """Token data and a shuffled, non-contiguous page assignment for some requests."""
+
+    geometry: Geometry
+    num_pages: int
+    lengths: list[int]
+    tables: list[torch.Tensor]  # int32 [max_pages]; unused entries point at null page 0
+    data: list[torch.Tensor]  # bf16 [2, length, num_kv_heads, head_dim]
+
+    def kv(self, written: Iterable[int], device: str | torch.device = "cpu") -> torch.Tensor:
+        """A cache holding the tokens of the requests in ``written``, NaN elsewhere."""
+        g = self.geometry
+        shape = (2, self.num_pages, g.page_size, g.num_kv_heads, g.head_dim)
+        kv = torch.full(shape, float("nan"), dtype=torch.bfloat16)
+        for i in written:
+            pos = torch.arange(self.lengths[i])
+            pages = self.tables[i][pos // g.page_size].long()
+            kv[:, pages, pos % g.page_size] = self.data[i]
+        return kv.to(device)
+
+
+def make_requests(
+    geometry: Geometry,
+    lengths: Sequence[int],
+    *,
+    max_pages: int,
+    seed: int,
+    num_pages: int | None = None,
+) -> Requests:
+    gen = torch.Generator().manual_seed(seed)
+    needed = [-(-n // geometry.page_size) for n in lengths]
+    if num_pages is None:
+        num_pages = 1 + sum(needed) + 3  # a few pages that nobody owns
+    assert max(needed, default=0) <= max_pages and 1 + sum(needed) <= num_pages
+    free = (torch.randperm(num_pages - 1, generator=gen) + 1).tolist()  # never page 0
+    tables, data = [], []
+    for n, count in zip(lengths, needed, strict=True):
+        table = torch.zeros(max_pages, dtype=torch.int32)
+        table[:count] = torch.tensor(free[:count], dtype=torch.int32)
+        free = free[count:]
+        tables.append(table)
+        shape = (2, n, geometry.num_kv_heads, geometry.head_dim)
+        data.append(torch.randn(shape, generator=gen).to(torch.bfloat16))
+    return Requests(geometry, num_pages, list(lengths), tables, data)
+
+
+def random_q(rows: int, geometry: Geometry, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    shape = (rows, geometry.num_heads, geometry.head_dim)
+    return torch.randn(shape, generator=gen).to(torch.bfloat16)
+
+
+def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double().cpu(), ref.double().cpu()
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+DecodeFn = Callable[..., torch.Tensor]
+
+
+def run_decode(
+    fn: DecodeFn,
+    reqs: Requests,
+    order: Sequence[int],
+    q_all: torch.Tensor,
+    kv: torch.Tensor,
+    **kwargs: int,
+) -> torch.Tensor:
+    """Runs requests ``order`` as one batch (row b is request order[b])."""
+    device = kv.device
+    q = q_all[list(order)].to(device)
+    table = torch.stack([reqs.tables[i] for i in order]).to(device)
+    seq_lens = torch.tensor([reqs.lengths[i] for i in order], dtype=torch.int32, device=device)
+    return fn(q, kv, table, seq_lens, reqs.geometry.scale, **kwargs)
+
+
+def decode_q(reqs: Requests, seed: int) -> torch.Tensor:
+    q = random_q(len(reqs.lengths), reqs.geometry, seed)
+    for i, n in enumerate(reqs.lengths):
+        if n == 0:
+            q[i] = float("nan")  # padding rows carry garbage
+    return q
+
+
+def check_decode(
+    geometry: Geometry,
+    lengths: Sequence[int],
+    *,
+    max_pages: int,
+    seed: int,
+    device: str = "cpu",
+    **kwargs: int,
+) -> None:
+    """Reference match, exact zeros for padding, no NaN, and batch invariance: each row
+    equals, bitwise, the same request run alone (other requests' pages NaN) and the
+    same request at the mirrored index of the reversed batch."""
+    reqs = make_requests(geometry, lengths, max_pages=max_pages, seed=seed)
+    q_all = decode_q(reqs, seed + 1)
+    rows = range(len(lengths))
+    kv = reqs.kv(rows, device)
+    out = run_decode(triton_paged_decode_attention, reqs, rows, q_all, kv, **kwargs)
+    ref = run_decode(paged_decode_attention_ref, reqs, rows, q_all, kv.cpu())
+
+    assert out.shape == q_all.shape and out.dtype == torch.bfloat16
+    assert not out.isnan().any()
+    for b, n in enumerate(lengths):
+        if n == 0:
+            assert torch.all(out[b] == 0), f"padding row {b} is not zero"
+        else:
+            err = rel_l2(out[b], ref[b])
+            assert err < TOLERANCE, f"row {b} (seq_len {n}): rel L2 {err:.2e}"
+
+    for b in rows:
+        alone = run_decode(
+            triton_paged_decode_attention, reqs, [b], q_all, reqs.kv([b], device), **kwargs
+        )
+        assert torch.equal(alone[0], out[b]), f"row {b} differs between B=1 and B={len(rows)}"
+    if len(lengths) > 1:
+        order = list(reversed(rows))
+        mirrored = run_decode(triton_paged_decode_attention, reqs, order, q_all, kv, **kwargs)
+        assert torch.equal(mirrored.flip(0), out), "output depends on the row's batch index"
+
+
+def check_prefill(
+    geometry: Geometry,
+    chunk: int,
+    start: int,
+    n_valid: int,
+    *,
+    seed: int,
+    device: str = "cpu",
+    block_t: int | None = None,
+) -> None:
+    """Reference match, exact zeros for padding rows, no NaN; padding rows (NaN in q)
+    do not change the real rows."""
+    max_pages = -(-(start + chunk) // geometry.page_size) + 1
+    # Request 0 is the prefilled one (history plus this chunk's real tokens); request 1
+    # only owns pages, left NaN, that must never be read.
+    reqs = make_requests(
+        geometry, [start + n_valid, 2 * geometry.page_size], max_pages=max_pages, seed=seed
+    )
+    kv = reqs.kv([0], device)
+    table = reqs.tables[0].to(device)
+    q = random_q(chunk, geometry, seed + 1)
+    q[n_valid:] = float("nan")
+    start_t = torch.tensor([start], dtype=torch.int32, device=device)
+    n_valid_t = torch.tensor([n_valid], dtype=torch.int32, device=device)
+
+    out = triton_paged_prefill_attention(
+        q.to(device), kv, table, start_t, n_valid_t, geometry.scale, block_t=block_t
+    )
+    ref = paged_prefill_attention_ref(
+        q, kv.cpu(), table.cpu(), start_t.cpu(), n_valid_t.cpu(), geometry.scale
+    )
+    assert out.shape == q.shape and out.dtype == torch.bfloat16
+    assert not out.isnan().any()
+    assert torch.all(out[n_valid:] == 0), "padding rows are not zero"
+    if n_valid > 0:
+        err = rel_l2(out[:n_valid], ref[:n_valid])
+        assert err < TOLERANCE, f"rel L2 {err:.2e}"
+
+    q_other = q.clone()
+    q_other[n_valid:] = 1.0
+    again = triton_paged_prefill_attention(
+        q_other.to(device), kv, table, start_t, n_valid_t, geometry.scale, block_t=block_t
+    )
+    assert torch.equal(again, out), "padding rows changed the real rows"
+
+
+# --- CPU (Triton interpreter when no GPU) ---------------------------------------------
+
+P = SMALL.page_size
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [
+        [P + 1],
+        [0],
+        [P, 1],
+        [P - 1, 0, P + 1],
+        [0, P + 1, P, 1],
+        [P - 1, 40, 0, 33],
+    ],
+)
+def test_decode_small(lengths: list[int]) -> None:
+    check_decode(SMALL, lengths, max_pages=4, seed=sum(lengths) + len(lengths))
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_few_splits(num_splits: int) -> None:
+    # 7 pages over 3 splits: [0, 3), [3, 6), [6, 7): several pages per split, one short.
+    check_decode(SMALL, [100, 0, 47, 64], max_pages=8, seed=7, num_splits=num_splits)
+
+
+def test_decode_page_64_head_dim_64() -> None:
+    geometry = Geometry(num_heads=4, num_kv_heads=2, head_dim=64, page_size=64)
+    check_decode(geometry, [65, 0, 64, 1], max_pages=3, seed=11)
+
+
+def test_decode_group_not_power_of_two() -> None:
+    # Qwen3-14B style: 40 heads over 8 kv heads; here 6 over 2 (group 3, padded to 16).
+    geometry = Geometry(num_heads=6, num_kv_heads=2, head_dim=32, page_size=16)
+    check_decode(geometry, [33, 0, 16], max_pages=3, seed=13, num_splits=4)
+
+
+@pytest.mark.parametrize("block_t", [None, 8])
+@pytest.mark.parametrize(
+    ("start", "n_valid"),
+    [
+        (0, 32),  # whole chunk, from the first token
+        (0, 17),  # n_valid < T, ends one past a page
+        (0, 1),
+        (0, 0),  # nothing real: all zeros
+        (16, 16),  # history of exactly one page
+        (15, 32),  # history ends one short of a page
+        (17, 15),  # history one past a page, chunk ends on a boundary
+        (47, 9),
+    ],
+)
+def test_prefill_small(start: int, n_valid: int, block_t: int | None) -> None:
+    check_prefill(SMALL, 32, start, n_valid, seed=start * 64 + n_valid, block_t=block_t)
+
+
+def test_prefill_page_64_head_dim_64() -> None:
+    geometry = Geometry(num_heads=4, num_kv_heads=2, head_dim=64, page_size=64)
+    check_prefill(geometry, 48, 63, 40, seed=5, block_t=8)
+
+
+def test_prefill_group_not_power_of_two() -> None:
+    geometry = Geometry(num_heads=6, num_kv_heads=2, head_dim=32, page_size=16)
+    check_prefill(geometry, 24, 5, 20, seed=6, block_t=4)
+
+
+def test_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert uses_triton_kernels(torch.device("cuda"))
+    assert not uses_triton_kernels(torch.device("meta"))
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert not uses_triton_kernels(torch.device("cpu"))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert uses_triton_kernels(torch.device("cpu"))
+
+
+def test_public_functions_follow_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    reqs = make_requests(SMALL, [P + 1, 5], max_pages=2, seed=3)
+    q_all = decode_q(reqs, 4)
+    kv = reqs.kv(range(2))
+    start = torch.tensor([P], dtype=torch.int32)
+    n_valid = torch.tensor([1], dtype=torch.int32)
+    q_pre = q_all[:1]
+    for interpret, decode, prefill in [
+        ("1", triton_paged_decode_attention, triton_paged_prefill_attention),
+        ("0", paged_decode_attention_ref, paged_prefill_attention_ref),
+    ]:
+        monkeypatch.setenv("TRITON_INTERPRET", interpret)
+        got = run_decode(paged_decode_attention, reqs, [0, 1], q_all, kv)
+        assert torch.equal(got, run_decode(decode, reqs, [0, 1], q_all, kv))
+        args = (q_pre, kv, reqs.tables[0], start, n_valid, SMALL.scale)
+        assert torch.equal(paged_prefill_attention(*args), prefill(*args))
+
+
+def test_num_splits_default_matches_kernels() -> None:
+    from ignition.components import triton_attention
+
+    assert attention.DEFAULT_NUM_SPLITS == triton_attention.DEFAULT_NUM_SPLITS
+
+
+# --- GPU (H200) -----------------------------------------------------------------------
+
+GPU_MAX_PAGES = 4096 // SERVING.page_size + 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "lengths",
+    [
+        [1],
+        [63],
+        [64],
+        [65],
+        [1000],
+        [4096],
+        [4096, 1],
+        [65, 0],
+        [1000, 63, 0, 4096],
+        [64, 4096, 1, 65],
+    ],
+)
+def test_decode_gpu(lengths: list[int]) -> None:
+    check_decode(
+        SERVING, lengths, max_pages=GPU_MAX_PAGES, seed=sum(lengths) + len(lengths), device="cuda"
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("chunk", [128, 512])
+@pytest.mark.parametrize("start", [0, 4096])
+@pytest.mark.parametrize("short", [0, 37])
+def test_prefill_gpu(chunk: int, start: int, short: int) -> None:
+    check_prefill(SERVING, chunk, start, chunk - short, seed=chunk + start + short, device="cuda")
+
+
+def _capture(fn: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """Warms ``fn`` up on a side stream (Triton compiles there), then captures it."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+@pytest.mark.gpu
+def test_decode_cuda_graph_replay() -> None:
+    g = SERVING
+    batch, max_pages = 4, GPU_MAX_PAGES
+    num_pages = 1 + batch * max_pages + 8
+    scenarios = [
+        [100, 0, 5, 64],  # captured with this one
+        [4096, 1, 0, 65],
+        [63, 1000, 4096, 0],
+        [1, 64, 2000, 3000],
+    ]
+    q = torch.empty((batch, g.num_heads, g.head_dim), dtype=torch.bfloat16, device="cuda")
+    kv = torch.empty(
+        (2, num_pages, g.page_size, g.num_kv_heads, g.head_dim),
+        dtype=torch.bfloat16,
+        device="cuda",
+    )
+    table = torch.empty((batch, max_pages), dtype=torch.int32, device="cuda")
+    seq_lens = torch.empty((batch,), dtype=torch.int32, device="cuda")
+
+    def load(step: int) -> Requests:
+        # New contents written into the captured tensors in place.
+        reqs = make_requests(
+            g, scenarios[step], max_pages=max_pages, num_pages=num_pages, seed=100 + step
+        )
+        kv.copy_(reqs.kv(range(batch)))
+        q.copy_(decode_q(reqs, 200 + step))
+        table.copy_(torch.stack(reqs.tables))
+        seq_lens.copy_(torch.tensor(reqs.lengths, dtype=torch.int32))
+        return reqs
+
+    def step() -> torch.Tensor:
+        return paged_decode_attention(q, kv, table, seq_lens, g.scale)
+
+    load(0)
+    graph, out = _capture(step)
+    for i in range(1, len(scenarios)):
+        reqs = load(i)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = paged_decode_attention_ref(q.cpu(), kv.cpu(), table.cpu(), seq_lens.cpu(), g.scale)
+        assert not out.isnan().any()
+        for b, n in enumerate(reqs.lengths):
+            if n == 0:
+                assert torch.all(out[b] == 0), f"replay {i}: padding row {b} is not zero"
+            else:
+                err = rel_l2(out[b], ref[b])
+                assert err < TOLERANCE, f"replay {i} row {b} (seq_len {n}): rel L2 {err:.2e}"
+        assert torch.equal(out, step()), f"replay {i} differs from an eager call"
+
+
+@pytest.mark.gpu
+def test_prefill_cuda_graph_replay() -> None:
+    g = SERVING
+    chunk = 128
+    max_pages = -(-(4096 + chunk) // g.page_size) + 1
+    num_pages = 1 + max_pages + 8
+    scenarios = [(0, 128), (4096, 128), (1000, 77), (63, 1), (64, 0)]  # (start, n_valid)
+    q = torch.empty((chunk, g.num_heads, g.head_dim), dtype=torch.bfloat16, device="cuda")
+    kv = torch.empty(
+        (2, num_pages, g.page_size, g.num_kv_heads, g.head_dim),
+        dtype=torch.bfloat16,
+        device="cuda",
+    )
+    table = torch.empty((max_pages,), dtype=torch.int32, device="cuda")
+    start = torch.empty((1,), dtype=torch.int32, device="cuda")
+    n_valid = torch.empty((1,), dtype=torch.int32, device="cuda")
+
+    def load(step: int) -> None:
+        first, count = scenarios[step]
+        reqs = make_requests(
+            g, [first + count], max_pages=max_pages, num_pages=num_pages, seed=300 + step
+        )
+        kv.copy_(reqs.kv([0]))
+        q_new = random_q(chunk, g, 400 + step)
+        q_new[count:] = float("nan")
+        q.copy_(q_new)
+        table.copy_(reqs.tables[0])
+        start.fill_(first)
+        n_valid.fill_(count)
+
+    def step() -> torch.Tensor:
+        return paged_prefill_attention(q, kv, table, start, n_valid, g.scale)
+
+    load(0)
+    graph, out = _capture(step)
+    for i in range(1, len(scenarios)):
+        load(i)
+        graph.replay()
+        torch.cuda.synchronize()
+        count = scenarios[i][1]
+        ref = paged_prefill_attention_ref(
+            q.cpu(), kv.cpu(), table.cpu(), start.cpu(), n_valid.cpu(), g.scale
+        )
+        assert not out.isnan().any()
+        assert torch.all(out[count:] == 0), f"replay {i}: padding rows are not zero"
+        if count > 0:
+            err = rel_l2(out[:count], ref[:count])
+            assert err < TOLERANCE, f"replay {i}: rel L2 {err:.2e}"
+        assert torch.equal(out, step()), f"replay {i} differs from an eager call"

@@ -1,0 +1,104 @@
+"""The llama recipe on tiny random checkpoints: construction, mapping, and the prepared
+operations against Transformers on the same weights (CPU, float32)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from checkpoints import write_tiny
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+
+from ignition.components.kv_cache import PagedKvCache
+from ignition.loading.mapping import check_coverage
+from ignition.loading.safetensors_source import SafetensorsCheckpoint
+from ignition.loading.source import CheckpointError
+from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare
+from ignition.replay.teacher_forcing import compare_logits, teacher_forced_logits
+from recipes import llama
+
+FAMILIES = ("llama", "qwen3")
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny(tmp_path_factory.mktemp(request.param), request.param)
+
+
+def _prepare(path: Path, chunk: int = 128) -> PreparedModel:
+    options = PrepareOptions(
+        max_concurrency=4,
+        prefill_chunk_size=chunk,
+        context_limit=512,
+        compile=False,
+        capture=False,
+        device="cpu",
+        dtype=torch.float32,
+    )
+    return prepare(path, options)
+
+
+def test_construction_on_meta_covers_every_tensor(checkpoint: Path) -> None:
+    source = SafetensorsCheckpoint(checkpoint)
+    meta = torch.device("meta")
+    model = llama.LlamaModel(source.config(), PagedKvCache(torch.empty(0)), torch.bfloat16, meta)
+    check_coverage(source, model.mapping)
+    assert all(t.is_meta for t in model.mapping.placements.values())
+    assert set(model.mapping.placements) == set(source.tensors())
+
+
+def test_unmapped_and_missing_tensors_fail_with_their_names(tmp_path: Path) -> None:
+    path = write_tiny(tmp_path / "ckpt", "llama")
+    tensors = load_file(path / "model.safetensors")
+    tensors["model.layers.0.self_attn.rotary_extra"] = torch.zeros(2)
+    save_file(tensors, path / "model.safetensors")
+    with pytest.raises(CheckpointError, match="rotary_extra"):
+        _prepare(path)
+    del tensors["model.layers.0.self_attn.rotary_extra"]
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, path / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"model\.layers\.1\.mlp\.up_proj\.weight"):
+        _prepare(path)
+
+
+def test_tied_embeddings_share_the_vocabulary_weight(tmp_path: Path) -> None:
+    path = write_tiny(tmp_path / "tied", "llama", tie=True)
+    prepared = _prepare(path)
+    model = prepared.model.model
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
+def _reference_logits(path: Path, tokens: list[int]) -> torch.Tensor:
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0].float()
+
+
+# Same weights, float32 everywhere: the only difference is reduction order
+# (paged attention in page blocks, packed projections), so relative L2 stays
+# within a few float32 ulps of accumulation over at most a few hundred terms.
+FP32_RELATIVE_L2 = 1e-4
+
+
+@pytest.mark.parametrize("prompt", [63, 64, 65, 127, 128, 129, 200])
+def test_teacher_forced_logits_match_transformers(checkpoint: Path, prompt: int) -> None:
+    """Prefill chunks at every page and capacity boundary, then decode steps that cross
+    the next page boundary, against a full Transformers forward."""
+    prepared = _prepare(checkpoint)
+    generator = torch.Generator().manual_seed(prompt)
+    tokens = torch.randint(3, 512, (prompt + 70,), generator=generator).tolist()
+    actual = teacher_forced_logits(prepared, tokens, prompt)
+    reference = _reference_logits(checkpoint, tokens)[prompt - 1 :]
+    result = compare_logits(actual, reference)
+    assert result.relative_l2 < FP32_RELATIVE_L2, result
+    assert result.top10_overlap == 1.0
+
+
+def test_chunked_prefill_matches_single_chunk(checkpoint: Path) -> None:
+    """A 300-token prompt in 64-token chunks gives the logits of one 300-token pass."""
+    tokens = torch.randint(3, 512, (301,), generator=torch.Generator().manual_seed(7)).tolist()
+    whole = teacher_forced_logits(_prepare(checkpoint, chunk=512), tokens, 300)
+    chunked = teacher_forced_logits(_prepare(checkpoint, chunk=64), tokens, 300, chunk=64)
+    assert compare_logits(chunked, whole).relative_l2 < FP32_RELATIVE_L2
