@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from ignition.loading.default_model import default_model_path
 from ignition.loading.source import CheckpointError
@@ -118,15 +119,14 @@ def load_prompts(path: Path | None, texts: list[str]) -> list[dict[str, object]]
     return prompts
 
 
-def encode_prompt(tokenizer: object, prompt: dict[str, object]) -> list[int]:
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: dict[str, object]) -> list[int]:
+    """Token ids of a prompt: chat messages through the checkpoint's template, or text."""
     if "messages" in prompt:
-        ids = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
-            prompt["messages"], add_generation_prompt=True, tokenize=True
+        text = tokenizer.apply_chat_template(
+            prompt["messages"], add_generation_prompt=True, tokenize=False
         )
-        if isinstance(ids, dict):
-            ids = ids["input_ids"]
-        return list(ids)
-    return list(tokenizer.encode(str(prompt["text"])))  # type: ignore[attr-defined]
+        return list(tokenizer.encode(str(text), add_special_tokens=False))
+    return list(tokenizer.encode(str(prompt["text"])))
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:

@@ -37,13 +37,21 @@ def _tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
-def write_tiny(path: Path, family: str, *, tie: bool = False, seed: int = 0) -> Path:
+def write_tiny(
+    path: Path,
+    family: str,
+    *,
+    tie: bool = False,
+    seed: int = 0,
+    hidden: int = 64,
+    head_dim: int = 16,
+) -> Path:
     """A tiny ``llama`` or ``qwen3`` checkpoint with GQA (4 heads, 2 KV heads)."""
     torch.manual_seed(seed)
     common = dict(
         vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -55,7 +63,7 @@ def write_tiny(path: Path, family: str, *, tie: bool = False, seed: int = 0) -> 
     if family == "llama":
         model = LlamaForCausalLM(LlamaConfig(**common))
     elif family == "qwen3":
-        model = Qwen3ForCausalLM(Qwen3Config(head_dim=16, **common))
+        model = Qwen3ForCausalLM(Qwen3Config(head_dim=head_dim, **common))
     else:
         raise ValueError(family)
     model.save_pretrained(path)

@@ -34,6 +34,9 @@ from ignition.components.attention import (
 )
 
 TOLERANCE = 1e-2
+# The small-geometry tests run on the GPU where there is one (the kernels only run
+# interpreted on CPU tensors, and compiled on CUDA tensors).
+LOCAL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,7 @@ def check_decode(
     *,
     max_pages: int,
     seed: int,
-    device: str = "cpu",
+    device: str = LOCAL_DEVICE,
     **kwargs: int,
 ) -> None:
     """Reference match, exact zeros for padding, no NaN, and batch invariance: each row
@@ -183,7 +186,7 @@ def check_prefill(
     n_valid: int,
     *,
     seed: int,
-    device: str = "cpu",
+    device: str = LOCAL_DEVICE,
     block_t: int | None = None,
 ) -> None:
     """Reference match, exact zeros for padding rows, no NaN; padding rows (NaN in q)
@@ -222,7 +225,7 @@ def check_prefill(
     assert torch.equal(again, out), "padding rows changed the real rows"
 
 
-# --- CPU (Triton interpreter when no GPU) ---------------------------------------------
+# --- small geometry: Triton interpreter on CPU, or the GPU where there is one ----------
 
 P = SMALL.page_size
 
@@ -299,18 +302,21 @@ def test_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_public_functions_follow_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
     reqs = make_requests(SMALL, [P + 1, 5], max_pages=2, seed=3)
     q_all = decode_q(reqs, 4)
-    kv = reqs.kv(range(2))
     start = torch.tensor([P], dtype=torch.int32)
     n_valid = torch.tensor([1], dtype=torch.int32)
-    q_pre = q_all[:1]
-    for interpret, decode, prefill in [
-        ("1", triton_paged_decode_attention, triton_paged_prefill_attention),
-        ("0", paged_decode_attention_ref, paged_prefill_attention_ref),
-    ]:
+    # (TRITON_INTERPRET, device, what the public functions must run)
+    cases = [("0", "cpu", paged_decode_attention_ref, paged_prefill_attention_ref)]
+    if torch.cuda.is_available():
+        cases.append(("0", "cuda", triton_paged_decode_attention, triton_paged_prefill_attention))
+    else:
+        cases.append(("1", "cpu", triton_paged_decode_attention, triton_paged_prefill_attention))
+    for interpret, device, decode, prefill in cases:
         monkeypatch.setenv("TRITON_INTERPRET", interpret)
+        kv = reqs.kv(range(2), device)
         got = run_decode(paged_decode_attention, reqs, [0, 1], q_all, kv)
         assert torch.equal(got, run_decode(decode, reqs, [0, 1], q_all, kv))
-        args = (q_pre, kv, reqs.tables[0], start, n_valid, SMALL.scale)
+        args = (q_all[:1], kv, reqs.tables[0], start, n_valid, SMALL.scale)
+        args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
         assert torch.equal(paged_prefill_attention(*args), prefill(*args))
 
 

@@ -324,7 +324,7 @@ def _prefill_kernel(
         k = tl.load(page_ptr, mask=key_ok[:, None], other=0.0)
         v = tl.load(page_ptr + stride_kv, mask=key_ok[:, None], other=0.0)
         qk = _dot(q, tl.trans(k), UPCAST) * qk_scale
-        visible = key_ok[None, :] & (k_pos[None, :] < q_pos[:, None])
+        visible = key_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
         qk = tl.where(visible, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp2(m_i - m_new)

@@ -82,17 +82,28 @@ class PreparedModel:
 
 
 def _stop_tokens(config: object, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    ids: set[int] = set()
-    for value in (getattr(config, "eos_token_id", None), tokenizer.eos_token_id):
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, list | tuple):
-            ids.update(int(v) for v in value)
+    """EOS ids from the checkpoint config (structural data), else from the tokenizer.
+
+    The config wins because tokenizers rebuilt from other formats can disagree with
+    the checkpoint (Transformers 5.17 gives SmolLM2's GGUF tokenizer eos
+    ``<|im_start|>`` while the file declares ``<|im_end|>``); the tokenizer is then
+    corrected so that every frontend asset agrees.
+    """
+    declared = getattr(config, "eos_token_id", None)
+    ids: list[int] = []
+    if isinstance(declared, int):
+        ids = [declared]
+    elif isinstance(declared, list | tuple):
+        ids = sorted({int(v) for v in declared})
+    elif tokenizer.eos_token_id is not None:
+        ids = [int(tokenizer.eos_token_id)]
     if not ids:
         raise CheckpointError("neither the config nor the tokenizer declares an EOS token")
     if len(ids) > MAX_STOP_TOKENS:
         raise CheckpointError(f"{len(ids)} EOS tokens; the contract holds {MAX_STOP_TOKENS}")
-    return sorted(ids)
+    if tokenizer.eos_token_id not in ids:
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(ids[0])
+    return ids
 
 
 def _capture(

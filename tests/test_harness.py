@@ -1,0 +1,107 @@
+"""The replay harness on CPU (eager operations): continuous batching, slot reuse,
+determinism under reordering, EOS and output limits, admission errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from checkpoints import write_tiny
+
+from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare
+from ignition.replay.harness import AdmissionError, Harness, Request, SamplingParams
+
+SAMPLING = SamplingParams(temperature=1.0, top_k=20, top_p=0.95)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> PreparedModel:
+    path = write_tiny(tmp_path_factory.mktemp("llama"), "llama")
+    options = PrepareOptions(
+        max_concurrency=4,
+        prefill_chunk_size=128,
+        context_limit=512,
+        compile=False,
+        capture=False,
+        device="cpu",
+        dtype=torch.float32,
+    )
+    return prepare(Path(path), options)
+
+
+def _requests(n: int, max_new: int = 12) -> list[Request]:
+    gen = torch.Generator().manual_seed(5)
+    return [
+        Request(
+            i,
+            torch.randint(3, 512, (5 + 29 * i,), generator=gen).tolist(),
+            max_new,
+            SAMPLING,
+            seed=100 + i,
+        )
+        for i in range(n)
+    ]
+
+
+def _tokens(prepared: PreparedModel, requests: list[Request]) -> dict[int, list[int]]:
+    prepared.reset()
+    return {r.id: r.tokens for r in Harness(prepared).run(requests)}
+
+
+def test_slots_are_reused_and_every_request_completes(prepared: PreparedModel) -> None:
+    harness = Harness(prepared)
+    results = harness.run(_requests(10))
+    assert [r.id for r in results] == list(range(10))
+    assert all(r.finish_reason in ("stop", "length") for r in results)
+    assert all(len(r.tokens) == 12 for r in results if r.finish_reason == "length")
+    assert sorted(harness.free_slots) == [1, 2, 3, 4]
+    assert harness.pages.available() == prepared.storage.cache.pages - 1
+    decode_rows = {s.rows for s in harness.steps if s.kind == "decode"}
+    assert {1, 2, 3, 4} <= decode_rows | {1, 2, 3, 4} and max(decode_rows) == 4
+
+
+def test_outputs_do_not_depend_on_order_or_packing(prepared: PreparedModel) -> None:
+    requests = _requests(7)
+    first = _tokens(prepared, requests)
+    assert _tokens(prepared, requests) == first
+    assert _tokens(prepared, list(reversed(requests))) == first
+    assert _tokens(prepared, requests[1::2] + requests[::2]) == first
+
+
+def test_output_limit_and_stop_token(prepared: PreparedModel) -> None:
+    greedy = SamplingParams(temperature=1.0, top_k=1)
+    eos = int(prepared.storage.state.stop_tokens[0])
+    for start in range(3, 60):  # a prompt whose greedy first token is not EOS
+        prompt = list(range(start, start + 37))
+        (one,) = Harness(prepared).run([Request(0, prompt, 1, greedy, seed=1)])
+        if one.tokens != [eos]:
+            break
+    assert one.finish_reason == "length" and len(one.tokens) == 1
+    stop = prepared.storage.state.stop_tokens
+    saved = stop.clone()
+    try:
+        stop.fill_(-1)
+        stop[0] = one.tokens[0]
+        prepared.reset()
+        (stopped,) = Harness(prepared).run([Request(0, prompt, 30, greedy, seed=1)])
+        assert stopped.finish_reason == "stop" and stopped.tokens == one.tokens
+    finally:
+        stop.copy_(saved)
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        Request(0, list(range(3, 500)), 64, SAMPLING, 0),
+        Request(0, [3, 4], 4, SamplingParams(temperature=0.0), 0),
+        Request(0, [], 4, SAMPLING, 0),
+        Request(0, [3, 100000], 4, SAMPLING, 0),
+        Request(0, [3], 0, SAMPLING, 0),
+    ],
+)
+def test_requests_outside_the_contract_are_rejected(
+    prepared: PreparedModel, request_: Request
+) -> None:
+    with pytest.raises(AdmissionError):
+        Harness(prepared).run([request_])

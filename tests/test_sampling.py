@@ -1,0 +1,218 @@
+"""The in-graph sampler: Philox stream, threshold filters, penalties, exact-once commit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ignition.components import sampling
+from ignition.components.token_state import (
+    FINISHED_LENGTH,
+    FINISHED_STOP,
+    RUNNING,
+    RequestState,
+    StagingInputs,
+)
+
+VOCAB = 64
+
+
+def _philox_numpy(counter: list[int], key: list[int]) -> list[int]:
+    """Random123 Philox4x32-10 in plain uint64 numpy arithmetic (independent reference)."""
+    c = [np.uint64(x) for x in counter]
+    k0, k1 = np.uint64(key[0]), np.uint64(key[1])
+    mask = np.uint64(0xFFFFFFFF)
+    for r in range(10):
+        if r:
+            k0 = (k0 + np.uint64(0x9E3779B9)) & mask
+            k1 = (k1 + np.uint64(0xBB67AE85)) & mask
+        p0 = int(np.uint64(0xD2511F53)) * int(c[0])
+        p1 = int(np.uint64(0xCD9E8D57)) * int(c[2])
+        hi0, lo0 = np.uint64(p0 >> 32), np.uint64(p0 & 0xFFFFFFFF)
+        hi1, lo1 = np.uint64(p1 >> 32), np.uint64(p1 & 0xFFFFFFFF)
+        c = [hi1 ^ c[1] ^ k0, lo1, hi0 ^ c[3] ^ k1, lo0]
+    return [int(x) for x in c]
+
+
+def _philox_torch(counter: list[int], key: list[int]) -> list[int]:
+    words = sampling.philox4x32_10(
+        tuple(torch.tensor([x]) for x in counter),  # type: ignore[arg-type]
+        (torch.tensor([key[0]]), torch.tensor([key[1]])),
+    )
+    return [int(w) for w in words]
+
+
+def test_philox_known_answers() -> None:
+    """Random123's published known-answer vectors for philox4x32-10."""
+    assert _philox_torch([0, 0, 0, 0], [0, 0]) == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+    ones = 0xFFFFFFFF
+    assert _philox_torch([ones] * 4, [ones, ones]) == [
+        0x408F276D,
+        0x41C83B0E,
+        0xA20BC7C6,
+        0x6D5451FD,
+    ]
+
+
+def test_philox_matches_numpy_reference_on_random_inputs() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        counter = [int(x) for x in rng.integers(0, 1 << 32, 4)]
+        key = [int(x) for x in rng.integers(0, 1 << 32, 2)]
+        assert _philox_torch(counter, key) == _philox_numpy(counter, key)
+
+
+def test_uniform_is_in_open_unit_interval_and_keyed_by_seed_and_counter() -> None:
+    seeds = torch.tensor([0, 1, 1, 2**40 + 7])
+    counters = torch.tensor([0, 0, 1, 5])
+    u = sampling.philox_uniform(seeds, counters)
+    assert u.dtype == torch.float32
+    assert bool(((u > 0) & (u <= 1)).all())
+    assert len(set(u.tolist())) == 4
+    again = sampling.philox_uniform(seeds.flip(0), counters.flip(0)).flip(0)
+    assert torch.equal(u, again)
+
+
+def _state(slots: int = 5) -> RequestState:
+    return RequestState.allocate(slots, VOCAB, 4, 8, torch.float32, torch.device("cpu"))
+
+
+def _set(state: RequestState, slot: int, **values: float) -> None:
+    for name, value in values.items():
+        getattr(state, name)[slot] = value
+
+
+def test_top_k_one_and_tiny_top_p_pick_the_argmax() -> None:
+    state = _state()
+    logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(1))
+    _set(state, 1, top_k=1)
+    _set(state, 2, top_p=1e-6)
+    for seed in range(20):
+        state.seed.fill_(seed)
+        tokens = sampling.sample_rows(logits, state, torch.tensor([1, 2]))
+        assert tokens.tolist() == logits.argmax(-1).tolist()
+
+
+def test_threshold_ties_are_never_truncated() -> None:
+    """Four tokens tied at the top-2 threshold all stay eligible."""
+    state = _state()
+    logits = torch.full((1, VOCAB), -30.0)
+    logits[0, [5, 9, 17, 40]] = 3.0
+    _set(state, 1, top_k=2)
+    drawn = set()
+    for counter in range(200):
+        state.counter[1] = counter
+        drawn.add(int(sampling.sample_rows(logits, state, torch.tensor([1]))[0]))
+    assert drawn == {5, 9, 17, 40}
+
+
+def test_min_p_removes_tokens_below_its_fraction_of_the_best() -> None:
+    state = _state()
+    logits = torch.full((1, VOCAB), -30.0)
+    logits[0, 3] = 0.0
+    logits[0, 4] = float(np.log(0.5))  # p = 0.5 * p_max: kept at min_p 0.4
+    logits[0, 6] = float(np.log(0.3))  # removed at min_p 0.4
+    _set(state, 1, min_p=0.4)
+    drawn = set()
+    for counter in range(300):
+        state.counter[1] = counter
+        drawn.add(int(sampling.sample_rows(logits, state, torch.tensor([1]))[0]))
+    assert drawn == {3, 4}
+
+
+def test_draws_follow_the_distribution() -> None:
+    """Empirical frequencies over 4000 counters match the softmax within 4 sigma."""
+    state = _state()
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0] + [-40.0] * (VOCAB - 4)])
+    probs = torch.softmax(logits, -1)[0, :4]
+    n = 4000
+    slots = torch.ones(n, dtype=torch.int64)
+    state.counter[1] = 0
+    big = RequestState.allocate(2, VOCAB, 1, 1, torch.float32, torch.device("cpu"))
+    big.seed.fill_(11)
+    tokens = []
+    for counter in range(n):
+        big.counter[1] = counter
+        tokens.append(int(sampling.sample_rows(logits, big, slots[:1])[0]))
+    counts = torch.bincount(torch.tensor(tokens), minlength=4)[:4].float() / n
+    sigma = (probs * (1 - probs) / n).sqrt()
+    assert bool(((counts - probs).abs() < 4 * sigma).all()), (counts, probs)
+
+
+def test_batch_packing_never_changes_a_requests_draw() -> None:
+    state = _state()
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, VOCAB, generator=gen)
+    for slot, seed in zip((1, 2, 3, 4), (10, 20, 30, 40), strict=True):
+        _set(state, slot, seed=seed, counter=slot * 3)
+    batch = sampling.sample_rows(logits, state, torch.tensor([1, 2, 3, 4]))
+    for row, slot in enumerate((1, 2, 3, 4)):
+        alone = sampling.sample_rows(logits[row : row + 1], state, torch.tensor([slot]))
+        assert int(alone[0]) == int(batch[row])
+    shuffled = sampling.sample_rows(logits[[2, 0, 3, 1]], state, torch.tensor([3, 1, 4, 2]))
+    assert shuffled.tolist() == batch[[2, 0, 3, 1]].tolist()
+
+
+def test_penalties_push_counted_tokens_down() -> None:
+    state = _state()
+    logits = torch.ones(1, VOCAB)
+    logits[0, 7] = 5.0
+    _set(state, 1, top_k=1, frequency=10.0)
+    state.histogram[1, 7] = 1
+    assert int(sampling.sample_rows(logits, state, torch.tensor([1]))[0]) != 7
+    _set(state, 1, frequency=0.0, presence=10.0)
+    assert int(sampling.sample_rows(logits, state, torch.tensor([1]))[0]) != 7
+    _set(state, 1, presence=0.0, repetition=100.0)
+    assert int(sampling.sample_rows(logits, state, torch.tensor([1]))[0]) != 7
+    _set(state, 1, repetition=1.0)
+    assert int(sampling.sample_rows(logits, state, torch.tensor([1]))[0]) == 7
+
+
+def _staging() -> StagingInputs:
+    return StagingInputs.allocate(4, 64, 32, VOCAB, torch.device("cpu"))
+
+
+def test_admission_counts_the_prompt_exactly_once() -> None:
+    state, staging = _state(), _staging()
+    state.histogram[2, :] = 9  # left by an earlier request
+    prompt = [5, 5, 7, 63, 5]
+    staging.admit_slot.fill_(2)
+    staging.admit_tokens[: len(prompt)] = torch.tensor(prompt)
+    staging.admit_tokens[len(prompt) :] = 7  # stale bytes beyond the prompt must not count
+    staging.admit_len.fill_(len(prompt))
+    staging.admit_int.copy_(torch.tensor([20, 64], dtype=torch.int32))
+    staging.admit_float.copy_(torch.tensor([0.7, 0.9, 0.05, 1.1, 0.2, 0.3]))
+    staging.admit_seed.fill_(1234)
+    sampling.admit(state, staging)
+    expected = torch.zeros(VOCAB, dtype=torch.int32)
+    for t in prompt:
+        expected[t] += 1
+    assert torch.equal(state.histogram[2], expected)
+    assert int(state.top_k[2]) == 20 and int(state.max_new[2]) == 64
+    assert float(state.temperature[2]) == pytest.approx(0.7)
+    assert int(state.seed[2]) == 1234 and int(state.counter[2]) == 0
+    assert int(state.histogram[1].sum()) == 0
+
+
+def test_commit_counts_each_sample_once_and_masks_inactive_rows() -> None:
+    state, staging = _state(), _staging()
+    state.stop_tokens[0] = 1
+    state.max_new[1:] = 3
+    before = {name: t.clone() for name, t in state.tensors().items()}
+    slots = torch.tensor([1, 2, 0, 3])
+    tokens = torch.tensor([9, 1, 9, 4])
+    active = torch.tensor([True, True, False, False])
+    sampling.commit_samples(state, slots, tokens, active, staging.completions)
+    assert state.pending[[1, 2]].tolist() == [9, 1]
+    assert int(state.histogram[1, 9]) == 1 and int(state.histogram[2, 1]) == 1
+    assert state.counter[[1, 2]].tolist() == [1, 1]
+    assert state.done[[1, 2]].tolist() == [RUNNING, FINISHED_STOP]
+    for name, tensor in state.tensors().items():
+        assert torch.equal(tensor[[0, 3]], before[name][[0, 3]]), name
+    assert staging.completions[:4, 5].tolist() == [1, 1, 0, 0]
+    assert staging.completions[:4, 1].tolist() == [9, 1, -1, -1]
+    sampling.commit_samples(state, slots[:1], tokens[:1], active[:1], staging.completions)
+    sampling.commit_samples(state, slots[:1], tokens[:1], active[:1], staging.completions)
+    assert int(state.done[1]) == FINISHED_LENGTH
+    assert int(state.histogram[1, 9]) == 3
