@@ -316,60 +316,73 @@ def tiny_qwen3(work: Path) -> dict[str, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", type=Path, required=True, help="SmolLM2-135M-Instruct GGUF")
+    parser.add_argument("--model", type=Path, help="SmolLM2-135M-Instruct GGUF")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--work", type=Path, default=Path("/tmp/flare-acceptance"))
+    parser.add_argument(
+        "--phases", default="smollm2,tiny_qwen3", help="comma-separated: smollm2, tiny_qwen3"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
+    phases = set(args.phases.split(","))
+    result_file = args.out / f"acceptance-{'-'.join(sorted(phases))}.json"
+
+    def save() -> None:
+        result_file.write_text(json.dumps(RESULTS, indent=1, default=str))
+
     RESULTS["environment"] = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
     }
-    guard = ReadinessGuard()
-    t0 = time.perf_counter()
-    prepared = prepare(args.model, PrepareOptions(max_concurrency=4, prefill_chunk_size=4096))
-    RESULTS["preparation"] = {
-        "seconds": time.perf_counter() - t0,
-        "timings": prepared.timings,
-        "memory": prepared.memory.as_dict(),
-        "decode": prepared.catalog.decode,
-        "prefill": prepared.catalog.prefill,
-        "graphs": len(prepared.graphs),
-    }
-    log("prepared", RESULTS["preparation"])
-    phase("answers", lambda: answers(prepared))
-    phase("fifty_prompts", lambda: fifty_prompts(prepared, guard))
-    phase("timings", lambda: timings(prepared))
+    if "tiny_qwen3" in phases:
+        phase("tiny_qwen3_teacher_forced", lambda: tiny_qwen3(args.work))
+        save()
+    if "smollm2" in phases:
+        guard = ReadinessGuard()
+        t0 = time.perf_counter()
+        prepared = prepare(args.model, PrepareOptions(max_concurrency=4, prefill_chunk_size=4096))
+        RESULTS["preparation"] = {
+            "seconds": time.perf_counter() - t0,
+            "timings": prepared.timings,
+            "memory": prepared.memory.as_dict(),
+            "decode": prepared.catalog.decode,
+            "prefill": prepared.catalog.prefill,
+            "graphs": len(prepared.graphs),
+        }
+        log("prepared", RESULTS["preparation"])
+        save()
 
-    def smollm2_logits() -> dict[str, object]:
-        bf16, fp32 = reference_models(args.model)
-        prompts = load_prompts(ROOT / "bench/prompts/agent50.jsonl", [])
-        chat = encode_prompt(prepared.tokenizer, prompts[0])
-        long = encode_prompt(prepared.tokenizer, prompts[-1])
-        filler = torch.randint(
-            3, 49152, (4200,), generator=torch.Generator().manual_seed(1)
-        ).tolist()
-        cases = [
-            ("chat: prefill all but 20, 20 decode", chat, len(chat) - 20),
-            ("long context 6218: prefill all but 64, 64 decode", long, len(long) - 64),
-        ]
-        cases += boundary_cases(long + filler, prepared.catalog.prefill)
-        return forced_cases(prepared, bf16, fp32, cases)
+        def smollm2_logits() -> dict[str, object]:
+            bf16, fp32 = reference_models(args.model)
+            prompts = load_prompts(ROOT / "bench/prompts/agent50.jsonl", [])
+            chat = encode_prompt(prepared.tokenizer, prompts[0])
+            long = encode_prompt(prepared.tokenizer, prompts[-1])
+            cases = [
+                ("chat: prefill all but 20, 20 decode", chat, len(chat) - 20),
+                ("long context: prefill all but 64, 64 decode", long, len(long) - 64),
+                *boundary_cases(long, prepared.catalog.prefill),
+            ]
+            return forced_cases(prepared, bf16, fp32, cases)
 
-    phase("smollm2_teacher_forced", smollm2_logits)
-    prepared.close()
-    phase("tiny_qwen3_teacher_forced", lambda: tiny_qwen3(args.work))
-    (args.out / "acceptance.json").write_text(json.dumps(RESULTS, indent=1, default=str))
-    summary = {
-        k: (
-            v.get("passed")
-            if isinstance(v, dict) and "passed" in v
-            else ("error" if isinstance(v, dict) and "error" in v else "ok")
-        )
-        for k, v in RESULTS.items()
-    }
+        for name, fn in (
+            ("answers", lambda: answers(prepared)),
+            ("fifty_prompts", lambda: fifty_prompts(prepared, guard)),
+            ("smollm2_teacher_forced", smollm2_logits),
+            ("timings", lambda: timings(prepared)),
+        ):
+            phase(name, fn)
+            save()
+        prepared.close()
+    summary = {}
+    for key, value in RESULTS.items():
+        if isinstance(value, dict) and "error" in value:
+            summary[key] = "ERROR"
+        elif isinstance(value, dict) and "passed" in value:
+            summary[key] = "passed" if value["passed"] else "FAILED"
+        else:
+            summary[key] = "done"
     log("summary", summary)
 
 

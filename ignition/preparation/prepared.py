@@ -208,8 +208,8 @@ def prepare(path: Path, options: PrepareOptions) -> PreparedModel:
     if options.compile:
         torch._dynamo.config.recompile_limit = 256
         torch._dynamo.config.accumulated_recompile_limit = 4096
-        decode = torch.compile(decode, fullgraph=True, dynamic=False)
-        prefill = torch.compile(prefill, fullgraph=True, dynamic=False)
+        decode = torch.compile(decode, fullgraph=False, dynamic=False)
+        prefill = torch.compile(prefill, fullgraph=False, dynamic=False)
     steps = build_steps(catalog, storage, decode, prefill, model.logits)
 
     memory = MemoryReport(
