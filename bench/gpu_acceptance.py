@@ -187,6 +187,16 @@ def fifty_prompts(prepared: PreparedModel, guard: ReadinessGuard) -> dict[str, o
         reversed_run, _ = run_prompts(prepared, list(reversed(requests)))
         interleaved, _ = run_prompts(prepared, requests[1::2] + requests[::2])
     tokens = {i: r.tokens for i, r in first.items()}
+
+    def differences(run: dict[int, Result]) -> dict[int, int]:
+        """Request id -> first differing token index, for requests that differ."""
+        out = {}
+        for i, result in run.items():
+            if result.tokens != tokens[i]:
+                pairs = zip(result.tokens, tokens[i], strict=False)
+                out[i] = next((j for j, (a, b) in enumerate(pairs) if a != b), -1)
+        return out
+
     complete = all(
         (r.finish_reason == "stop" and r.tokens[-1] in prepared_stop(prepared))
         or (r.finish_reason == "length" and len(r.tokens) == 64)
@@ -220,6 +230,11 @@ def fifty_prompts(prepared: PreparedModel, guard: ReadinessGuard) -> dict[str, o
         "identical_second_run": {i: r.tokens for i, r in second.items()} == tokens,
         "identical_reversed_order": {i: r.tokens for i, r in reversed_run.items()} == tokens,
         "identical_interleaved_order": {i: r.tokens for i, r in interleaved.items()} == tokens,
+        "differences": {
+            "second": differences(second),
+            "reversed": differences(reversed_run),
+            "interleaved": differences(interleaved),
+        },
         "eager_equals_graphs": all(eager[i].tokens == tokens[i] for i in eager_ids),
         "decode_rows_seen": decode_rows,
         "decode_capacities_seen": decode_caps,
@@ -290,6 +305,83 @@ def answers(prepared: PreparedModel) -> list[dict[str, object]]:
         }
         for i, q in enumerate(questions)
     ]
+
+
+def decode_invariance(prepared: PreparedModel) -> dict[str, object]:
+    """One decode step of slot 1 from the same state at every capacity and arrangement:
+    its logits must be bitwise equal (a request never depends on its batch)."""
+    from ignition.preparation.catalog import GraphKey, GraphKind
+
+    prepared.reset()
+    storage = prepared.storage
+    state, staging = storage.state, storage.staging
+    gen = torch.Generator().manual_seed(5)
+    for slot in range(1, 5):
+        prompt = torch.randint(3, 40000, (100 + 37 * slot,), generator=gen)
+        state.page_table[slot, :8] = torch.arange(8 * slot, 8 * slot + 8, dtype=torch.int32)
+        staging.admit_slot.fill_(slot)
+        staging.admit_tokens[: len(prompt)] = prompt
+        staging.admit_len.fill_(len(prompt))
+        staging.admit_int.copy_(torch.tensor([20, 1000], dtype=torch.int32))
+        staging.admit_float.copy_(torch.tensor([1.0, 0.95, 0.0, 1.0, 0.0, 0.0]))
+        staging.admit_seed.fill_(slot)
+        prepared.execute(GraphKey(GraphKind.ADMIT, 1))
+        staging.chunk_slot.fill_(slot)
+        staging.chunk_tokens[: len(prompt)] = prompt
+        staging.chunk_len.fill_(len(prompt))
+        staging.chunk_sample.fill_(1)
+        prepared.execute(
+            GraphKey(GraphKind.PREFILL, prepared.catalog.prefill_capacity(len(prompt)))
+        )
+    saved = {name: t.clone() for name, t in state.tensors().items()}
+    saved_kv = storage.cache.kv.clone()
+    arrangements = [[1], [1, 2], [2, 1], [1, 2, 3, 4], [4, 3, 2, 1], [1, 0, 0, 0], [3, 1, 0]]
+    rows = []
+    reference = None
+    for slots in arrangements:
+        for name, tensor in state.tensors().items():
+            tensor.copy_(saved[name])
+        storage.cache.kv.copy_(saved_kv)
+        capacity = prepared.catalog.decode_capacity(len(slots))
+        staging.decode_slots.zero_()
+        staging.decode_slots[: len(slots)] = torch.tensor(slots)
+        prepared.execute(GraphKey(GraphKind.DECODE, capacity))
+        row = slots.index(1)
+        logits = staging.logits[row].clone()
+        token = int(state.pending[1])
+        if reference is None:
+            reference = (logits, token)
+        rows.append(
+            {
+                "slots": slots,
+                "capacity": capacity,
+                "bitwise_equal": bool(torch.equal(logits, reference[0])),
+                "max_abs_diff": float((logits - reference[0]).abs().max()),
+                "token_equal": token == reference[1],
+            }
+        )
+    prepared.reset()
+    return {"passed": all(r["bitwise_equal"] for r in rows), "arrangements": rows}
+
+
+def greedy_answer(prepared: PreparedModel, gguf: Path) -> dict[str, object]:
+    """top_k=1 through the graphs next to Transformers' greedy generate (bf16, fp32)."""
+    question = "What is the capital of France?"
+    ids = encode_prompt(prepared.tokenizer, {"messages": [{"role": "user", "content": question}]})
+    greedy = SamplingParams(temperature=1.0, top_k=1)
+    results, _ = run_prompts(prepared, [Request(0, ids, 24, greedy, 0)])
+    out: dict[str, object] = {
+        "question": question,
+        "graphs_top_k_1": prepared.tokenizer.decode(results[0].tokens),
+    }
+    models = reference_models(gguf)
+    for name, model in zip(("transformers_bf16", "transformers_fp32"), models, strict=True):
+        with torch.no_grad():
+            generated = model.generate(
+                torch.tensor([ids], device="cuda"), max_new_tokens=24, do_sample=False
+            )
+        out[name] = prepared.tokenizer.decode(generated[0, len(ids) :])
+    return out
 
 
 def tiny_qwen3(work: Path) -> dict[str, object]:
@@ -367,7 +459,9 @@ def main() -> None:
             return forced_cases(prepared, bf16, fp32, cases)
 
         for name, fn in (
+            ("decode_invariance", lambda: decode_invariance(prepared)),
             ("answers", lambda: answers(prepared)),
+            ("greedy_answer", lambda: greedy_answer(prepared, args.model)),
             ("fifty_prompts", lambda: fifty_prompts(prepared, guard)),
             ("smollm2_teacher_forced", smollm2_logits),
             ("timings", lambda: timings(prepared)),

@@ -14,7 +14,9 @@ The text-model forward is replaced by ``forward_tokens`` over packed tokens and
 device positions (no Transformers cache object, no host-side masks).
 
 Operators on SM90, chosen by measurement in the GPU check and fixed here:
-- GEMMs: cuBLAS through torch (binaries recoverable through CUPTI).
+- GEMMs: cuBLAS through torch for prefill chunks; for decode-sized row counts
+  (at most 16) Flare's fixed-tile Triton projection, so that a request's logits
+  never depend on its batch (``ignition.components.linear``).
 - Decode attention: Flare's Triton split-KV paged kernel; FlashInfer's xqa was
   also verified on the H200 (PLAN section 5), but needs a ~2 minute JIT build on
   every fresh machine and an extra dependency, while the Triton kernel is
@@ -33,7 +35,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
@@ -43,11 +44,13 @@ from ignition.components.kv_cache import (
     prefill_attention,
     write_kv,
 )
+from ignition.components.linear import project
 from ignition.loading.mapping import WeightMapping
 from ignition.loading.source import CheckpointError
 
 NAME = "llama"
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM")
+MODEL_TYPES = ("llama", "qwen3")
 PAGE_SIZE = 64
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -116,11 +119,12 @@ class Geometry:
 
 def validate_config(config: PretrainedConfig) -> None:
     """Refuse what this recipe's forwards do not implement, naming the field."""
+    # GGUF configs carry a model_type but no architectures list.
     architectures = list(getattr(config, "architectures", None) or [])
-    if not any(a in ARCHITECTURES for a in architectures):
+    if not any(a in ARCHITECTURES for a in architectures) and config.model_type not in MODEL_TYPES:
         raise CheckpointError(
-            f"architectures {architectures} are not served by the {NAME} recipe "
-            f"(it serves {', '.join(ARCHITECTURES)})"
+            f"model_type {config.model_type!r} (architectures {architectures}) is not served "
+            f"by the {NAME} recipe (it serves {', '.join(ARCHITECTURES)})"
         )
     if config.hidden_act != "silu":
         raise CheckpointError(f"hidden_act {config.hidden_act!r}: the recipe implements silu")
@@ -186,7 +190,7 @@ class PagedAttention(nn.Module):
         g = self.geometry
         x = hidden_states[0]
         tokens = x.shape[0]
-        qkv = F.linear(x, self.qkv, self.qkv_bias)
+        qkv = project(x, self.qkv, self.qkv_bias)
         kv_width = g.kv_heads * g.head_dim
         q, k, v = qkv.split([g.heads * g.head_dim, kv_width, kv_width], dim=-1)
         q = q.view(tokens, g.heads, g.head_dim)
@@ -212,7 +216,8 @@ class PagedAttention(nn.Module):
                 step.n_valid,
                 self.scaling,
             )
-        return self.o_proj(out.reshape(1, tokens, g.heads * g.head_dim)), None
+        out = out.reshape(1, tokens, g.heads * g.head_dim)
+        return project(out, self.o_proj.weight, self.o_proj.bias), None
 
 
 class PackedMLP(nn.Module):
@@ -228,8 +233,9 @@ class PackedMLP(nn.Module):
         self.intermediate = intermediate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up).split(self.intermediate, dim=-1)
-        return self.down_proj(self.act_fn(gate) * up)
+        gate, up = project(x, self.gate_up).split(self.intermediate, dim=-1)
+        down = self.down_proj
+        return project(self.act_fn(gate) * up, down.weight, down.bias)
 
 
 def _set_parameter(root: nn.Module, name: str, value: torch.Tensor) -> None:
@@ -294,7 +300,7 @@ class LlamaModel:
                 "lm_head.weight", "tied to model.embed_tokens.weight (tie_word_embeddings)"
             )
         model.model.rotary_emb = type(model.model.rotary_emb)(config=config).to(device)
-        leftover = [n for n, b in model.named_buffers() if b.device != device]
+        leftover = [n for n, b in model.named_buffers() if b.device.type != device.type]
         if leftover:
             raise CheckpointError(f"buffer {leftover[0]} has no execution storage")
         self.model = model
@@ -324,4 +330,4 @@ class LlamaModel:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 vocabulary logits of final hidden vectors."""
-        return self.model.lm_head(hidden).float()
+        return project(hidden, self.model.lm_head.weight, self.model.lm_head.bias).float()

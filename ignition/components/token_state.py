@@ -23,6 +23,9 @@ FINISHED_LENGTH = 2
 
 COMPLETION_FIELDS = ("slot", "token", "generated", "consumed", "done", "valid")
 
+# Neutral values of the sampling parameters; every other field resets to zero.
+_RESET_VALUES = {"temperature": 1.0, "top_p": 1.0, "repetition": 1.0}
+
 
 @dataclass
 class RequestState:
@@ -85,18 +88,10 @@ class RequestState:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def reset(self) -> None:
-        """Back to the admission value, keeping addresses (after warm-up and capture)."""
-        fresh = RequestState.allocate(
-            self.pending.shape[0],
-            self.histogram.shape[1],
-            self.page_table.shape[1],
-            self.hidden.shape[1],
-            self.hidden.dtype,
-            self.pending.device,
-        )
+        """Back to the admission value in place (no allocation), keeping addresses."""
         for name, tensor in self.tensors().items():
             if name != "stop_tokens":
-                tensor.copy_(getattr(fresh, name))
+                tensor.fill_(_RESET_VALUES.get(name, 0))
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors().values())

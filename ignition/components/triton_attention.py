@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
+
+from ignition.components.triton_support import fix_interpreter_loop_bounds
 
 LOG2E = 1.4426950408889634
 
@@ -36,34 +37,6 @@ DEFAULT_NUM_SPLITS = 16
 DEFAULT_PREFILL_ROWS = 64
 # tl.dot needs every operand dimension to be at least 16.
 _MIN_DOT = 16
-
-
-def _fix_interpreter_loop_bounds() -> None:
-    """Lets data-dependent ``range(lo, hi)`` run under Triton's interpreter.
-
-    Triton 3.6's interpreter holds scalars as shape-(1,) arrays and converts loop bounds
-    with ``int(array)``, which NumPy >= 2.4 rejects (triton-lang/triton#9171, fixed
-    upstream by squeezing). Rewriting the kernels as ``while`` loops would avoid it but
-    costs software pipelining on the GPU, so the interpreter is patched instead: only
-    when interpreting, only while the bug is present. Process-wide, harmless to others.
-    """
-    try:
-        int(np.array([1]))
-        return
-    except TypeError:
-        pass
-    from triton.runtime import interpreter
-
-    original = getattr(interpreter, "_patch_lang_tensor", None)
-    if original is None or getattr(original, "_squeezes_index", False):
-        return
-
-    def patched(tensor: type, scope: object) -> None:
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(())))
-
-    patched._squeezes_index = True  # type: ignore[attr-defined]
-    interpreter._patch_lang_tensor = patched
 
 
 @triton.jit
@@ -345,7 +318,7 @@ def _prefill_kernel(
 # triton.jit decides at decoration time whether kernels run compiled or interpreted.
 _INTERPRETED = isinstance(_decode_split_kernel, InterpretedFunction)
 if _INTERPRETED:
-    _fix_interpreter_loop_bounds()
+    fix_interpreter_loop_bounds()
 
 
 def _is_pow2(n: int) -> bool:
