@@ -414,6 +414,11 @@ def main() -> None:
     parser.add_argument(
         "--phases", default="smollm2,tiny_qwen3", help="comma-separated: smollm2, tiny_qwen3"
     )
+    parser.add_argument(
+        "--skip-reference",
+        action="store_true",
+        help="skip the phases that load Transformers references (teacher forcing, greedy)",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -458,6 +463,7 @@ def main() -> None:
             ]
             return forced_cases(prepared, bf16, fp32, cases)
 
+        reference = {"greedy_answer", "smollm2_teacher_forced"}
         for name, fn in (
             ("decode_invariance", lambda: decode_invariance(prepared)),
             ("answers", lambda: answers(prepared)),
@@ -466,6 +472,8 @@ def main() -> None:
             ("smollm2_teacher_forced", smollm2_logits),
             ("timings", lambda: timings(prepared)),
         ):
+            if args.skip_reference and name in reference:
+                continue
             phase(name, fn)
             save()
         prepared.close()

@@ -90,7 +90,7 @@ def test_top_k_one_and_tiny_top_p_pick_the_argmax() -> None:
     _set(state, 2, top_p=1e-6)
     for seed in range(20):
         state.seed.fill_(seed)
-        tokens = sampling.sample_rows(logits, state, torch.tensor([1, 2]))
+        tokens = sampling.sample_rows(logits, state, torch.tensor([1, 2]), 4)
         assert tokens.tolist() == logits.argmax(-1).tolist()
 
 
@@ -103,7 +103,7 @@ def test_threshold_ties_are_never_truncated() -> None:
     drawn = set()
     for counter in range(200):
         state.counter[1] = counter
-        drawn.add(int(sampling.sample_rows(logits, state, torch.tensor([1]))[0]))
+        drawn.add(int(sampling.sample_rows(logits, state, torch.tensor([1]), 4)[0]))
     assert drawn == {5, 9, 17, 40}
 
 
@@ -117,7 +117,7 @@ def test_min_p_removes_tokens_below_its_fraction_of_the_best() -> None:
     drawn = set()
     for counter in range(300):
         state.counter[1] = counter
-        drawn.add(int(sampling.sample_rows(logits, state, torch.tensor([1]))[0]))
+        drawn.add(int(sampling.sample_rows(logits, state, torch.tensor([1]), 4)[0]))
     assert drawn == {3, 4}
 
 
@@ -134,7 +134,7 @@ def test_draws_follow_the_distribution() -> None:
     tokens = []
     for counter in range(n):
         big.counter[1] = counter
-        tokens.append(int(sampling.sample_rows(logits, big, slots[:1])[0]))
+        tokens.append(int(sampling.sample_rows(logits, big, slots[:1], 4)[0]))
     counts = torch.bincount(torch.tensor(tokens), minlength=4)[:4].float() / n
     sigma = (probs * (1 - probs) / n).sqrt()
     assert bool(((counts - probs).abs() < 4 * sigma).all()), (counts, probs)
@@ -146,11 +146,11 @@ def test_batch_packing_never_changes_a_requests_draw() -> None:
     logits = torch.randn(4, VOCAB, generator=gen)
     for slot, seed in zip((1, 2, 3, 4), (10, 20, 30, 40), strict=True):
         _set(state, slot, seed=seed, counter=slot * 3)
-    batch = sampling.sample_rows(logits, state, torch.tensor([1, 2, 3, 4]))
+    batch = sampling.sample_rows(logits, state, torch.tensor([1, 2, 3, 4]), 4)
     for row, slot in enumerate((1, 2, 3, 4)):
-        alone = sampling.sample_rows(logits[row : row + 1], state, torch.tensor([slot]))
+        alone = sampling.sample_rows(logits[row : row + 1], state, torch.tensor([slot]), 4)
         assert int(alone[0]) == int(batch[row])
-    shuffled = sampling.sample_rows(logits[[2, 0, 3, 1]], state, torch.tensor([3, 1, 4, 2]))
+    shuffled = sampling.sample_rows(logits[[2, 0, 3, 1]], state, torch.tensor([3, 1, 4, 2]), 4)
     assert shuffled.tolist() == batch[[2, 0, 3, 1]].tolist()
 
 
@@ -160,13 +160,13 @@ def test_penalties_push_counted_tokens_down() -> None:
     logits[0, 7] = 5.0
     _set(state, 1, top_k=1, frequency=10.0)
     state.histogram[1, 7] = 1
-    assert int(sampling.sample_rows(logits, state, torch.tensor([1]))[0]) != 7
+    assert int(sampling.sample_rows(logits, state, torch.tensor([1]), 4)[0]) != 7
     _set(state, 1, frequency=0.0, presence=10.0)
-    assert int(sampling.sample_rows(logits, state, torch.tensor([1]))[0]) != 7
+    assert int(sampling.sample_rows(logits, state, torch.tensor([1]), 4)[0]) != 7
     _set(state, 1, presence=0.0, repetition=100.0)
-    assert int(sampling.sample_rows(logits, state, torch.tensor([1]))[0]) != 7
+    assert int(sampling.sample_rows(logits, state, torch.tensor([1]), 4)[0]) != 7
     _set(state, 1, repetition=1.0)
-    assert int(sampling.sample_rows(logits, state, torch.tensor([1]))[0]) == 7
+    assert int(sampling.sample_rows(logits, state, torch.tensor([1]), 4)[0]) == 7
 
 
 def _staging() -> StagingInputs:
@@ -216,3 +216,27 @@ def test_commit_counts_each_sample_once_and_masks_inactive_rows() -> None:
     sampling.commit_samples(state, slots[:1], tokens[:1], active[:1], staging.completions)
     assert int(state.done[1]) == FINISHED_LENGTH
     assert int(state.histogram[1, 9]) == 3
+
+
+@pytest.mark.gpu
+def test_sampler_arithmetic_is_independent_of_live_rows_on_gpu() -> None:
+    """The regression behind a token that changed when a request ran alone: a one-row
+    cumsum takes a different CUDA path from a batched one. With the fixed row count,
+    the kept cumulative mass of a row is bitwise the same whatever else is in the step."""
+    vocab = 49152
+    state = RequestState.allocate(5, vocab, 1, 1, torch.float32, torch.device("cuda"))
+    state.top_p.fill_(0.95)
+    state.top_k.fill_(20)
+    gen = torch.Generator().manual_seed(0)
+    logits = (3 * torch.randn(4, vocab, generator=gen)).cuda()
+    slots = torch.tensor([1, 2, 3, 4], device="cuda")
+    padded_alone = torch.cat([logits[:1], logits.new_zeros(3, vocab)])
+    alone = sampling.filtered_cumulative(padded_alone, state, torch.tensor([1, 0, 0, 0]).cuda())
+    batch = sampling.filtered_cumulative(logits, state, slots)
+    assert torch.equal(alone[1][0], batch[1][0])
+    state.top_k.fill_(0)
+    for counter in range(64):
+        state.counter.fill_(counter)
+        one = sampling.sample_rows(logits[:1], state, slots[:1], 4)
+        four = sampling.sample_rows(logits, state, slots, 4)
+        assert int(one[0]) == int(four[0])

@@ -70,9 +70,11 @@ def philox_uniform(seed: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
     return words[0].to(torch.float32) * _TWO_POW_M32 + _TWO_POW_M32 / 2
 
 
-def sample_rows(logits: torch.Tensor, state: RequestState, slots: torch.Tensor) -> torch.Tensor:
-    """One token per row of ``logits`` [rows, vocab] (float32), under each row's slot's
-    sampling parameters, penalty histogram and Philox stream."""
+def filtered_cumulative(
+    logits: torch.Tensor, state: RequestState, slots: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row: token order by probability, the cumulative probability of the tokens
+    every filter keeps (zero mass for removed ones), and how many are kept."""
     counts = state.histogram.index_select(0, slots)
     present = counts > 0
 
@@ -97,17 +99,33 @@ def sample_rows(logits: torch.Tensor, state: RequestState, slots: torch.Tensor) 
     threshold_p = sorted_p.gather(1, nucleus_end)
     threshold_min = col(state.min_p) * sorted_p[:, :1]
     threshold = torch.maximum(torch.maximum(threshold_k, threshold_p), threshold_min)
-
     kept = torch.where(sorted_p >= threshold, sorted_p, 0.0)
-    kept_cumulative = kept.cumsum(dim=-1)
-    kept_count = (sorted_p >= threshold).sum(dim=-1, keepdim=True)
+    return order, kept.cumsum(dim=-1), (sorted_p >= threshold).sum(dim=-1, keepdim=True)
+
+
+def sample_rows(
+    logits: torch.Tensor, state: RequestState, slots: torch.Tensor, rows: int
+) -> torch.Tensor:
+    """One token per row of ``logits`` [n, vocab] (float32), under each row's slot's
+    sampling parameters, penalty histogram and Philox stream.
+
+    The arithmetic always runs on ``rows`` rows (padding with the null slot): scans
+    and reductions pick their algorithm by shape (a single-row cumsum takes a
+    different path from a batched one), so a fixed row count keeps a request's
+    thresholds, and so its tokens, independent of how many requests share the step.
+    """
+    n = logits.shape[0]
+    if n < rows:
+        logits = torch.cat([logits, logits.new_zeros(rows - n, logits.shape[1])])
+        slots = torch.cat([slots, slots.new_zeros(rows - n)])
+    order, kept_cumulative, kept_count = filtered_cumulative(logits, state, slots)
     uniform = philox_uniform(
         state.seed.index_select(0, slots), state.counter.index_select(0, slots)
     )
     target = uniform.unsqueeze(1) * kept_cumulative[:, -1:]
     choice = (kept_cumulative < target).sum(dim=-1, keepdim=True)
     choice = torch.minimum(choice, kept_count - 1).clamp(min=0)
-    return order.gather(1, choice).squeeze(1)
+    return order.gather(1, choice).squeeze(1)[:n]
 
 
 def commit_samples(

@@ -96,6 +96,10 @@ def build_steps(
 ) -> dict[GraphKey, Callable[[], None]]:
     """One zero-argument callable per catalog entry, over the fixed storage."""
     state, staging, cache = storage.state, storage.staging, storage.cache
+    sampler_rows = max(catalog.decode)
+
+    def sample(row_logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        return sampling.sample_rows(row_logits, state, slots, sampler_rows)
 
     def decode_step(capacity: int) -> Callable[[], None]:
         def run() -> None:
@@ -112,7 +116,7 @@ def build_steps(
             _save_hidden(state, slots, active, hidden)
             state.consumed.index_copy_(0, slots, consumed + active.to(torch.int32))
             staging.logits[:capacity].copy_(row_logits)
-            tokens = sampling.sample_rows(row_logits, state, slots)
+            tokens = sample(row_logits, slots)
             sampling.commit_samples(state, slots, tokens, active, staging.completions)
 
         return run
@@ -132,9 +136,9 @@ def build_steps(
             _save_hidden(state, slot, live, hidden)
             state.consumed.index_copy_(0, slot, start + n_valid)
             staging.logits[:1].copy_(row_logits)
-            sample = live & (staging.chunk_sample != 0) & (n_valid > 0)
-            tokens = sampling.sample_rows(row_logits, state, slot)
-            sampling.commit_samples(state, slot, tokens, sample, staging.completions)
+            ends_prompt = live & (staging.chunk_sample != 0) & (n_valid > 0)
+            tokens = sample(row_logits, slot)
+            sampling.commit_samples(state, slot, tokens, ends_prompt, staging.completions)
 
         return run
 
@@ -143,7 +147,7 @@ def build_steps(
         live = (slot != NULL_SLOT) & (state.done.index_select(0, slot) == RUNNING)
         row_logits = logits(state.hidden.index_select(0, slot))
         staging.logits[:1].copy_(row_logits)
-        tokens = sampling.sample_rows(row_logits, state, slot)
+        tokens = sample(row_logits, slot)
         sampling.commit_samples(state, slot, tokens, live, staging.completions)
 
     def admit_step() -> None:
