@@ -10,7 +10,14 @@ import torch
 from checkpoints import write_tiny
 
 from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare
-from ignition.replay.harness import AdmissionError, Harness, Request, SamplingParams
+from ignition.replay.harness import (
+    AdmissionError,
+    Harness,
+    Request,
+    SamplingParams,
+    clamp_sampling,
+)
+from recipes.llama import SamplingDefaults
 
 SAMPLING = SamplingParams(temperature=1.0, top_k=20, top_p=0.95)
 
@@ -105,3 +112,27 @@ def test_requests_outside_the_contract_are_rejected(
 ) -> None:
     with pytest.raises(AdmissionError):
         Harness(prepared).run([request_])
+
+
+def test_sampling_values_clamp_to_the_recipe_ranges() -> None:
+    wild = SamplingParams(
+        temperature=9.0,
+        top_k=-3,
+        top_p=0.0,
+        min_p=2.0,
+        repetition_penalty=0.1,
+        presence_penalty=5.0,
+        frequency_penalty=-5.0,
+    )
+    clamped = clamp_sampling(wild, SamplingDefaults())
+    assert clamped == SamplingParams(
+        temperature=2.0,
+        top_k=0,
+        top_p=0.01,
+        min_p=1.0,
+        repetition_penalty=0.5,
+        presence_penalty=2.0,
+        frequency_penalty=-2.0,
+    )
+    assert isinstance(clamped.top_k, int)
+    assert clamp_sampling(SAMPLING, SamplingDefaults()) == SAMPLING

@@ -221,3 +221,18 @@ def test_unsupported_architecture_raises(tmp_path: Path) -> None:
     writer.close()
     with pytest.raises(CheckpointError, match="gpt2"):
         GgufCheckpoint(tmp_path / "gpt2.gguf")
+
+
+def test_llama_recipe_mapping_covers_the_smollm2_gguf() -> None:
+    """The recipe's own mapping (packed QKV and gate/up, tied head) places every
+    tensor of the default model, checked from headers on the meta device."""
+    from ignition.components.kv_cache import PagedKvCache
+    from ignition.loading.mapping import check_coverage
+    from recipes import llama
+
+    source = GgufCheckpoint(default_model_path())
+    model = llama.LlamaModel(
+        source.config(), PagedKvCache(torch.empty(0)), torch.bfloat16, torch.device("meta")
+    )
+    check_coverage(source, model.mapping)
+    assert "lm_head.weight" in model.mapping.ignored

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -29,6 +29,7 @@ from ignition.components.token_state import (
 )
 from ignition.preparation.catalog import GraphKey, GraphKind
 from ignition.preparation.prepared import PreparedModel
+from recipes.llama import SamplingDefaults
 
 _FIELD = {name: i for i, name in enumerate(COMPLETION_FIELDS)}
 FINISH_REASONS = {FINISHED_STOP: "stop", FINISHED_LENGTH: "length"}
@@ -47,6 +48,15 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+
+
+def clamp_sampling(params: SamplingParams, defaults: SamplingDefaults) -> SamplingParams:
+    """Request values outside the recipe's inclusive ranges clamp to the nearest end."""
+    values = {}
+    for name, low, high in defaults.ranges:
+        value = getattr(params, name)
+        values[name] = type(value)(min(max(value, low), high))
+    return replace(params, **values)
 
 
 @dataclass
@@ -176,7 +186,7 @@ class Harness:
         self.pages.reserve(reserved)
         run = _Running(request, slot, reserved, admitted_at=time.perf_counter())
         run.result = Result(request.id, len(request.prompt))
-        s = request.sampling
+        s = clamp_sampling(request.sampling, self.prepared.defaults)
         self._write("admit_slot", [slot])
         self._write("admit_tokens", request.prompt)
         self._write("admit_len", [len(request.prompt)])
