@@ -39,6 +39,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
 from ignition.components.kv_cache import (
+    AttentionStep,
     PagedKvCache,
     decode_attention,
     prefill_attention,
@@ -140,17 +141,6 @@ def validate_config(config: PretrainedConfig) -> None:
         raise CheckpointError("sliding-window attention layers are not served by this recipe")
     if getattr(config, "mlp_bias", False):
         raise CheckpointError("mlp_bias=True is not served by this recipe")
-
-
-@dataclass
-class AttentionStep:
-    """Per-step attention metadata, all device tensors derived inside the graph."""
-
-    rows: torch.Tensor  # int64 [tokens]: flat cache row of each token's K/V
-    page_tables: torch.Tensor  # decode: int32 [rows, max_pages]; prefill: int32 [max_pages]
-    seq_lens: torch.Tensor | None  # decode: int32 [rows]
-    start: torch.Tensor | None  # prefill: int32 [1]
-    n_valid: torch.Tensor | None  # prefill: int32 [1]
 
 
 class PagedAttention(nn.Module):

@@ -20,6 +20,17 @@ NULL_PAGE = 0
 
 
 @dataclass
+class AttentionStep:
+    """Per-step attention metadata, all device tensors derived inside the graph."""
+
+    rows: torch.Tensor  # int64 [tokens]: flat cache row of each token's K/V
+    page_tables: torch.Tensor  # decode: int32 [rows, max_pages]; prefill: int32 [max_pages]
+    seq_lens: torch.Tensor | None  # decode: int32 [rows]
+    start: torch.Tensor | None  # prefill: int32 [1]
+    n_valid: torch.Tensor | None  # prefill: int32 [1]
+
+
+@dataclass
 class PagedKvCache:
     kv: torch.Tensor  # [layers, 2, pages, page_size, kv_heads, head_dim]
 

@@ -15,11 +15,10 @@ from typing import Protocol
 import torch
 
 from ignition.components import sampling, state_transfer
-from ignition.components.kv_cache import PagedKvCache, slot_mapping
+from ignition.components.kv_cache import AttentionStep, PagedKvCache, slot_mapping
 from ignition.components.state_transfer import SnapshotRows
 from ignition.components.token_state import NULL_SLOT, RUNNING, RequestState, StagingInputs
 from ignition.preparation.catalog import Catalog, GraphKey, GraphKind
-from recipes.llama import AttentionStep
 
 
 class TextModel(Protocol):
