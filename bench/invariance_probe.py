@@ -79,7 +79,7 @@ def main() -> None:
     ):
         tokens = run(order)
         report[name] = {
-            i: next(j for j, (a, b) in enumerate(zip(t, first[i], strict=False)) if a != b)
+            i: next((j for j, (a, b) in enumerate(zip(t, first[i], strict=False)) if a != b), -1)
             for i, t in tokens.items()
             if t != first[i]
         }
