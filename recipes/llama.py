@@ -250,6 +250,8 @@ class LlamaModel:
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
         model.eval()
         self.mapping = WeightMapping()
+        # Execution-layout storage by name: packed projections under their own names.
+        self.weights: dict[str, torch.Tensor] = {}
         q_rows, kv_rows = g.heads * g.head_dim, g.kv_heads * g.head_dim
         packed: set[str] = set()
         for i, layer in enumerate(model.model.layers):
@@ -269,7 +271,11 @@ class LlamaModel:
                 if bias is not None:
                     self.mapping.place(f"{prefix}self_attn.{proj}.bias", bias[lo:hi])
                     packed.add(f"{prefix}self_attn.{proj}.bias")
+            self.weights[f"{prefix}self_attn.qkv"] = qkv
+            if bias is not None:
+                self.weights[f"{prefix}self_attn.qkv_bias"] = bias
             gate_up = torch.empty(2 * g.intermediate, g.hidden, dtype=dtype, device=device)
+            self.weights[f"{prefix}mlp.gate_up"] = gate_up
             for proj, lo, hi in (
                 ("gate_proj", 0, g.intermediate),
                 ("up_proj", g.intermediate, 2 * g.intermediate),
@@ -284,6 +290,7 @@ class LlamaModel:
             real = torch.empty(param.shape, dtype=dtype, device=device)
             _set_parameter(model, name, real)
             self.mapping.place(name, real)
+            self.weights[name] = real
         if config.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
             self.mapping.ignore(
@@ -297,14 +304,7 @@ class LlamaModel:
         self.cache = cache
 
     def weight_bytes(self) -> int:
-        seen: set[int] = set()
-        total = 0
-        for tensor in self.mapping.placements.values():
-            base = tensor.untyped_storage()
-            if base.data_ptr() not in seen:
-                seen.add(base.data_ptr())
-                total += base.nbytes()
-        return total
+        return sum(t.numel() * t.element_size() for t in self.weights.values())
 
     def forward_tokens(
         self, tokens: torch.Tensor, positions: torch.Tensor, step: AttentionStep

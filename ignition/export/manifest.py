@@ -1,0 +1,217 @@
+"""The runtime-core manifest (``proto/flare_core.proto``) built from a prepared model.
+
+This module describes what preparation owns: buffers with their roles and semantic
+bindings, the catalog as a PreparedContract, and the frontend assets. The graph
+walk and kernel images (CUPTI, the fixed-address window) come with the export
+proper; ``tiny_fixture`` lays buffers out in a synthetic window so that the
+manifest layer can be tested on the CPU and a committed fixture keeps loading.
+
+    python -m ignition.export.manifest --fixture OUT_DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from ignition.components.token_state import COMPLETION_FIELDS
+from ignition.export import flare_core_pb2 as pb
+from ignition.preparation.catalog import GraphKind
+from ignition.preparation.prepared import PreparedModel
+from recipes.llama import SamplingDefaults
+
+ABI_VERSION = 1
+MIB = 1 << 20
+WINDOW_ALIGNMENT = 2 * MIB
+BUFFER_ALIGNMENT = 256
+
+_DTYPES = {
+    torch.bfloat16: pb.DTYPE_BF16,
+    torch.float16: pb.DTYPE_F16,
+    torch.float32: pb.DTYPE_F32,
+    torch.int32: pb.DTYPE_I32,
+    torch.int64: pb.DTYPE_I64,
+    torch.uint8: pb.DTYPE_U8,
+}
+
+_GRAPH_KINDS = {
+    GraphKind.DECODE: pb.GRAPH_KIND_DECODE,
+    GraphKind.PREFILL: pb.GRAPH_KIND_PREFILL,
+    GraphKind.RESUME: pb.GRAPH_KIND_RESUME,
+    GraphKind.ADMIT: pb.GRAPH_KIND_ADMIT,
+    GraphKind.SNAPSHOT: pb.GRAPH_KIND_SNAPSHOT,
+    GraphKind.RESTORE: pb.GRAPH_KIND_RESTORE,
+}
+
+# Staging buffer (or state field) -> the semantic value it carries for the host.
+_SEMANTICS = {
+    "staging.decode_slots": pb.SEMANTIC_DECODE_SLOTS,
+    "staging.chunk_slot": pb.SEMANTIC_CHUNK_SLOT,
+    "staging.chunk_tokens": pb.SEMANTIC_CHUNK_TOKENS,
+    "staging.chunk_len": pb.SEMANTIC_CHUNK_LEN,
+    "staging.chunk_sample": pb.SEMANTIC_CHUNK_SAMPLE,
+    "staging.admit_slot": pb.SEMANTIC_ADMIT_SLOT,
+    "staging.admit_tokens": pb.SEMANTIC_ADMIT_TOKENS,
+    "staging.admit_len": pb.SEMANTIC_ADMIT_LEN,
+    "staging.admit_consumed": pb.SEMANTIC_ADMIT_CONSUMED,
+    "staging.admit_int": pb.SEMANTIC_ADMIT_INT,
+    "staging.admit_float": pb.SEMANTIC_ADMIT_FLOAT,
+    "staging.admit_seed": pb.SEMANTIC_ADMIT_SEED,
+    "staging.resume_slot": pb.SEMANTIC_RESUME_SLOT,
+    "staging.maint_slot": pb.SEMANTIC_MAINT_SLOT,
+    "staging.maint_row": pb.SEMANTIC_MAINT_ROW,
+    "staging.maint_expect": pb.SEMANTIC_MAINT_EXPECT,
+    "staging.maint_status": pb.SEMANTIC_MAINT_STATUS,
+    "staging.completions": pb.SEMANTIC_COMPLETIONS,
+    "staging.logits": pb.SEMANTIC_LOGITS,
+    "state.page_table": pb.SEMANTIC_PAGE_TABLE,
+    "state.stop_tokens": pb.SEMANTIC_STOP_TOKENS,
+}
+
+
+def named_buffers(prepared: PreparedModel) -> Iterator[tuple[str, int, torch.Tensor]]:
+    """Every tensor the graphs read or write, with its manifest name and role."""
+    for name, tensor in prepared.model.weights.items():
+        yield f"weight.{name}", pb.BUFFER_ROLE_WEIGHT, tensor
+    storage = prepared.storage
+    for name, tensor in storage.state.tensors().items():
+        yield f"state.{name}", pb.BUFFER_ROLE_REQUEST_STATE, tensor
+    yield "kv.pages", pb.BUFFER_ROLE_KV_PAGES, storage.cache.kv
+    for field in ("kv", "hidden", "consumed"):
+        yield f"snapshot.{field}", pb.BUFFER_ROLE_SNAPSHOT_ROWS, getattr(storage.snapshots, field)
+    outputs = {"completions", "logits", "maint_status"}
+    for name, tensor in storage.staging.tensors().items():
+        role = pb.BUFFER_ROLE_OUTPUT if name in outputs else pb.BUFFER_ROLE_STAGING_INPUT
+        yield f"staging.{name}", role, tensor
+
+
+def buffer_message(name: str, role: int, tensor: torch.Tensor, offset: int) -> pb.Buffer:
+    return pb.Buffer(
+        name=name,
+        role=role,
+        offset=offset,
+        size_bytes=tensor.untyped_storage().nbytes(),
+        dtype=_DTYPES[tensor.dtype],
+        shape=list(tensor.shape),
+        strides=list(tensor.stride()),
+    )
+
+
+def contract_message(prepared: PreparedModel) -> pb.PreparedContract:
+    catalog = prepared.catalog
+    return pb.PreparedContract(
+        page_size=catalog.page_size,
+        max_concurrency=catalog.max_concurrency,
+        context_limit=catalog.context_limit,
+        prefill_chunk_size=catalog.prefill_chunk_size,
+        decode_capacities=list(catalog.decode),
+        prefill_capacities=list(catalog.prefill),
+        kv_pages=prepared.storage.cache.pages,
+        bytes_per_page=prepared.memory.bytes_per_page,
+        snapshot_rows=prepared.storage.snapshots.consumed.shape[0],
+        vocab_size=prepared.model.geometry.vocab,
+        bindings=[pb.Binding(semantic=s, buffer=b) for b, s in _SEMANTICS.items()],
+        completion_fields=list(COMPLETION_FIELDS),
+    )
+
+
+def sampling_message(defaults: SamplingDefaults) -> pb.SamplingDefaults:
+    message = pb.SamplingDefaults(
+        temperature=defaults.temperature,
+        top_k=defaults.top_k,
+        top_p=defaults.top_p,
+        min_p=defaults.min_p,
+        repetition_penalty=defaults.repetition_penalty,
+        presence_penalty=defaults.presence_penalty,
+        frequency_penalty=defaults.frequency_penalty,
+    )
+    for name, low, high in defaults.ranges:
+        getattr(message, f"{name}_range").CopyFrom(pb.FloatRange(min=low, max=high))
+    return message
+
+
+def frontend_message(prepared: PreparedModel) -> pb.Frontend:
+    tokenizer = prepared.tokenizer
+    stop = [int(t) for t in prepared.storage.state.stop_tokens.tolist() if t >= 0]
+    return pb.Frontend(
+        tokenizer_json=tokenizer.backend_tokenizer.to_str(),
+        chat_template=str(tokenizer.chat_template or ""),
+        eos_token_ids=stop,
+        special_tokens=list(tokenizer.all_special_tokens),
+        sampling=sampling_message(prepared.defaults),
+        tool_parser=pb.TOOL_PARSER_NONE,
+        reasoning_parser=pb.REASONING_PARSER_NONE,
+    )
+
+
+def tiny_fixture(prepared: PreparedModel, base: int = 0x200000000000) -> pb.Core:
+    """A manifest whose buffers are laid out in a synthetic window and whose graphs
+    are placeholders (one empty node each): the manifest layer without a GPU."""
+    buffers = []
+    offset = 0
+    for name, role, tensor in named_buffers(prepared):
+        buffers.append(buffer_message(name, role, tensor, offset))
+        size = tensor.untyped_storage().nbytes()
+        offset += -(-size // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
+    size = max(32 * MIB, -(-offset // WINDOW_ALIGNMENT) * WINDOW_ALIGNMENT)
+    graphs = [
+        pb.Graph(kind=_GRAPH_KINDS[key.kind], capacity=key.capacity, nodes=[pb.Node(empty={})])
+        for key in prepared.catalog.keys()
+    ]
+    identity = pb.Identity(
+        engine_version="0.1.0",
+        recipe="llama",
+        checkpoint_fingerprint=prepared.fingerprint,
+        device_name="none (fixture)",
+    )
+    return pb.Core(
+        abi_version=ABI_VERSION,
+        identity=identity,
+        window=pb.Window(
+            base=base,
+            size=size,
+            regions=[pb.Region(kind=pb.REGION_KIND_WEIGHTS, offset=0, size=offset)],
+        ),
+        buffers=buffers,
+        graphs=graphs,
+        contract=contract_message(prepared),
+        frontend=frontend_message(prepared),
+    )
+
+
+def main() -> None:
+    import sys
+
+    parser = argparse.ArgumentParser(description="write the tiny manifest fixture")
+    parser.add_argument("--fixture", type=Path, required=True, help="output core directory")
+    args = parser.parse_args()
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "tests"))
+    from checkpoints import write_tiny
+
+    from ignition.preparation.prepared import PrepareOptions, prepare
+
+    work = args.fixture / "checkpoint"
+    write_tiny(work, "llama")
+    options = PrepareOptions(
+        max_concurrency=4,
+        prefill_chunk_size=256,
+        context_limit=512,
+        snapshot_rows=2,
+        compile=False,
+        capture=False,
+        device="cpu",
+        dtype=torch.bfloat16,
+    )
+    core = tiny_fixture(prepare(work, options))
+    (args.fixture / "manifest.pb").write_bytes(core.SerializeToString())
+    for path in sorted(work.iterdir()):
+        path.unlink()
+    work.rmdir()
+
+
+if __name__ == "__main__":
+    main()

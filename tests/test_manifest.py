@@ -1,0 +1,75 @@
+"""The runtime-core manifest written from a prepared model (CPU): contract, buffers,
+bindings and frontend assets round-trip, and the committed fixture keeps parsing."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+from checkpoints import write_tiny
+from tokenizers import Tokenizer
+
+from ignition.export import flare_core_pb2 as pb
+from ignition.export.manifest import ABI_VERSION, tiny_fixture
+from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare
+
+FIXTURE = Path(__file__).resolve().parents[1] / "helios/tests/fixtures/tiny-core/manifest.pb"
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> PreparedModel:
+    path = write_tiny(tmp_path_factory.mktemp("llama"), "llama")
+    options = PrepareOptions(
+        max_concurrency=4,
+        prefill_chunk_size=256,
+        context_limit=512,
+        compile=False,
+        capture=False,
+        device="cpu",
+        dtype=torch.bfloat16,
+    )
+    return prepare(path, options)
+
+
+def test_manifest_round_trips_with_every_semantic_bound(prepared: PreparedModel) -> None:
+    core = pb.Core()
+    core.ParseFromString(tiny_fixture(prepared).SerializeToString())
+    assert core.abi_version == ABI_VERSION
+    names = {b.name for b in core.buffers}
+    assert len(names) == len(core.buffers)
+    bound = {b.semantic for b in core.contract.bindings}
+    every = {v.number for v in pb.Semantic.DESCRIPTOR.values if v.number != 0}
+    assert bound == every
+    assert all(b.buffer in names for b in core.contract.bindings)
+    assert list(core.contract.decode_capacities) == [1, 2, 4]
+    assert list(core.contract.prefill_capacities) == [128, 256]
+    kinds = {(g.kind, g.capacity) for g in core.graphs}
+    assert (pb.GRAPH_KIND_DECODE, 4) in kinds and (pb.GRAPH_KIND_RESTORE, 1) in kinds
+
+
+def test_buffers_fit_the_window_without_overlap(prepared: PreparedModel) -> None:
+    core = tiny_fixture(prepared)
+    spans = sorted((b.offset, b.offset + b.size_bytes) for b in core.buffers)
+    assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
+    assert spans[-1][1] <= core.window.size
+    weight = sum(b.size_bytes for b in core.buffers if b.role == pb.BUFFER_ROLE_WEIGHT)
+    assert weight == prepared.model.weight_bytes()
+
+
+def test_frontend_assets_reproduce_the_tokenizer(prepared: PreparedModel) -> None:
+    frontend = tiny_fixture(prepared).frontend
+    native = Tokenizer.from_str(frontend.tokenizer_json)
+    text = "w5 w17 <|im_end|> w300"
+    assert native.encode(text).ids == prepared.tokenizer.encode(text, add_special_tokens=False)
+    assert list(frontend.eos_token_ids) == [1]
+    assert frontend.sampling.temperature == pytest.approx(prepared.defaults.temperature)
+    assert frontend.sampling.temperature_range.max == pytest.approx(2.0)
+
+
+def test_committed_fixture_keeps_parsing() -> None:
+    core = pb.Core()
+    core.ParseFromString(FIXTURE.read_bytes())
+    assert core.abi_version == 1
+    assert list(core.contract.decode_capacities) == [1, 2, 4]
