@@ -20,7 +20,7 @@ fn version_reports_the_workspace_version() {
 }
 
 #[test]
-fn subcommands_exit_with_status_2_while_no_core_can_be_loaded() {
+fn subcommands_exit_with_status_2_when_the_core_cannot_be_loaded() {
     for args in [
         &["run", "tiny.core"][..],
         &["inspect", "tiny.core"][..],

@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use crate::core::CoreError;
+
 /// Errors returned by the Helios engine.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -17,6 +19,9 @@ pub enum HeliosError {
         /// Path of the runtime core that was requested.
         path: PathBuf,
     },
+    /// The runtime core's manifest could not be read, decoded or validated.
+    #[error("invalid runtime core: {0}")]
+    Core(#[from] CoreError),
 }
 
 #[cfg(test)]

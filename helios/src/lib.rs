@@ -21,6 +21,7 @@
 //! The `flare` binary is a thin command-line front end over this library, and
 //! the `flare_heliopause` Python extension exposes parts of it to Ignition.
 
+pub mod core;
 pub mod error;
 
 pub use error::HeliosError;

@@ -88,12 +88,22 @@ def named_buffers(prepared: PreparedModel) -> Iterator[tuple[str, int, torch.Ten
         yield f"staging.{name}", role, tensor
 
 
+def extent_bytes(tensor: torch.Tensor) -> int:
+    """Bytes from a view's first element to its last (what the view can touch)."""
+    if tensor.numel() == 0:
+        return 0
+    span = sum(
+        (size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True)
+    )
+    return (span + 1) * tensor.element_size()
+
+
 def buffer_message(name: str, role: int, tensor: torch.Tensor, offset: int) -> pb.Buffer:
     return pb.Buffer(
         name=name,
         role=role,
         offset=offset,
-        size_bytes=tensor.untyped_storage().nbytes(),
+        size_bytes=extent_bytes(tensor),
         dtype=_DTYPES[tensor.dtype],
         shape=list(tensor.shape),
         strides=list(tensor.stride()),
@@ -154,8 +164,7 @@ def tiny_fixture(prepared: PreparedModel, base: int = 0x200000000000) -> pb.Core
     offset = 0
     for name, role, tensor in named_buffers(prepared):
         buffers.append(buffer_message(name, role, tensor, offset))
-        size = tensor.untyped_storage().nbytes()
-        offset += -(-size // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
+        offset += -(-extent_bytes(tensor) // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
     size = max(32 * MIB, -(-offset // WINDOW_ALIGNMENT) * WINDOW_ALIGNMENT)
     graphs = [
         pb.Graph(kind=_GRAPH_KINDS[key.kind], capacity=key.capacity, nodes=[pb.Node(empty={})])

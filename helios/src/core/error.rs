@@ -1,0 +1,129 @@
+//! Why a runtime-core manifest was rejected.
+
+use std::path::PathBuf;
+
+/// A runtime-core manifest that cannot be read, decoded or trusted.
+///
+/// Every variant names what was wrong: the field, buffer, region, graph or
+/// reference, so that an operator can find it in the exported core. Enum names
+/// (`what`, `field`, `kind`) use the schema's spelling, for example
+/// `buffer.dtype` or `SEMANTIC_LOGITS`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CoreError {
+    /// A file of the core could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        /// The file that could not be read.
+        path: PathBuf,
+        /// The underlying I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The manifest bytes are not a valid `flare.core.v1.Core` message
+    /// (truncated or corrupt).
+    #[error("manifest is not a valid flare.core.v1.Core message: {0}")]
+    Decode(#[from] prost::DecodeError),
+    /// A required field is absent or zero. For semantic bindings, `field` is
+    /// the unbound semantic, for example `SEMANTIC_LOGITS`.
+    #[error("manifest is missing {field}")]
+    Missing {
+        /// The missing field.
+        field: &'static str,
+    },
+    /// An enum field is unspecified (0) or holds a value this build does not
+    /// know.
+    #[error("{field} has unknown or unspecified value {value}")]
+    UnknownEnum {
+        /// The enum field.
+        field: &'static str,
+        /// The value found.
+        value: i32,
+    },
+    /// The core was exported for a newer execution ABI than this engine's.
+    #[error("core uses execution ABI {found}, this engine supports up to {supported}")]
+    UnsupportedAbi {
+        /// ABI version recorded in the core.
+        found: u32,
+        /// Highest ABI version this engine accepts.
+        supported: u32,
+    },
+    /// The fixed virtual-address window is unusable.
+    #[error("invalid window: {reason}")]
+    InvalidWindow {
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A window region is unusable.
+    #[error("invalid region {index}: {reason}")]
+    InvalidRegion {
+        /// Position of the region in `window.regions`.
+        index: usize,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A buffer is not a consistent typed view of window memory.
+    #[error("invalid buffer {buffer:?}: {reason}")]
+    InvalidView {
+        /// Name of the buffer.
+        buffer: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A kernel image entry is unusable.
+    #[error("invalid kernel image {sha256:?}: {reason}")]
+    InvalidImage {
+        /// The image's recorded digest.
+        sha256: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A recorded graph is structurally unusable.
+    #[error("invalid {kind} graph at capacity {capacity}: {reason}")]
+    InvalidGraph {
+        /// The graph's kind, for example `GRAPH_KIND_DECODE`.
+        kind: &'static str,
+        /// The graph's capacity.
+        capacity: u32,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The graph catalog does not match the contract: bad capacity lists or a
+    /// graph the contract needs is absent.
+    #[error("graph catalog: {reason}")]
+    Catalog {
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A contract field has an unusable value.
+    #[error("invalid contract.{field}: {reason}")]
+    Contract {
+        /// The contract field.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// Something refers by name to an entry that does not exist.
+    #[error("unknown {what} {name:?}")]
+    UnknownReference {
+        /// What kind of entry was referred to (`buffer`, `kernel image`).
+        what: &'static str,
+        /// The name that was not found.
+        name: String,
+    },
+    /// Two entries share a name that must be unique.
+    #[error("duplicate {what} {name:?}")]
+    Duplicate {
+        /// What kind of entry is duplicated (`buffer`, `kernel image`,
+        /// `graph`, `binding`).
+        what: &'static str,
+        /// The duplicated name.
+        name: String,
+    },
+    /// The frontend assets (tokenizer, stop tokens, sampling) are unusable.
+    #[error("invalid frontend: {reason}")]
+    Frontend {
+        /// What is wrong with them.
+        reason: &'static str,
+    },
+}

@@ -1,0 +1,223 @@
+//! The runtime core's manifest: decoding, validation and typed access.
+//!
+//! A runtime core is a directory exported by Ignition whose `manifest.pb` is a
+//! binary `flare.core.v1.Core` message (`proto/flare_core.proto`). Helios
+//! treats it as untrusted input: [`decode_manifest`] and [`load_manifest`]
+//! decode it and check it structurally, before any CUDA work, and hand back a
+//! [`ValidCore`] whose accessors can rely on what was checked.
+
+mod error;
+pub mod proto;
+pub mod sample;
+mod summary;
+mod validate;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use prost::Message;
+
+pub use error::CoreError;
+/// The `prost` version the manifest types are generated with, for crates that
+/// encode or decode them without depending on `prost` themselves.
+pub use prost;
+pub use summary::{
+    ContractSummary, CoreSummary, FrontendSummary, GraphKindSummary, RegionSummary, RoleSummary,
+};
+pub use validate::required_semantics;
+
+use proto::{
+    Buffer, Core, Frontend, Graph, GraphKind, Identity, KernelImage, PreparedContract,
+    SamplingDefaults, Semantic, Window,
+};
+
+/// The execution ABI this engine implements. Cores exported for any ABI up to
+/// this one load; newer ones are rejected.
+pub const ENGINE_ABI: u32 = 1;
+
+/// File name of the manifest inside a core directory.
+pub const MANIFEST_FILE: &str = "manifest.pb";
+
+/// Decodes and validates a binary `flare.core.v1.Core` manifest.
+pub fn decode_manifest(bytes: &[u8]) -> Result<ValidCore, CoreError> {
+    ValidCore::new(Core::decode(bytes)?)
+}
+
+/// Reads `core_dir/manifest.pb`, then decodes and validates it.
+pub fn load_manifest(core_dir: &Path) -> Result<ValidCore, CoreError> {
+    let path = core_dir.join(MANIFEST_FILE);
+    let bytes = std::fs::read(&path).map_err(|source| CoreError::Io { path, source })?;
+    decode_manifest(&bytes)
+}
+
+/// A decoded manifest that passed validation.
+///
+/// The required messages (identity, window, contract, frontend and its
+/// sampling defaults) are present, every semantic value is bound to exactly
+/// one existing buffer, and the graph catalog holds every graph the contract
+/// needs.
+#[derive(Debug, Clone)]
+pub struct ValidCore {
+    abi_version: u32,
+    identity: Identity,
+    window: Window,
+    buffers: Vec<Buffer>,
+    images: Vec<KernelImage>,
+    graphs: Vec<Graph>,
+    contract: PreparedContract,
+    frontend: Frontend,
+    sampling: SamplingDefaults,
+    bound: BTreeMap<Semantic, usize>,
+    catalog: BTreeMap<(GraphKind, u32), usize>,
+}
+
+impl ValidCore {
+    /// Validates a decoded manifest.
+    pub fn new(core: Core) -> Result<Self, CoreError> {
+        let Core {
+            abi_version,
+            identity,
+            window,
+            buffers,
+            images,
+            graphs,
+            contract,
+            frontend,
+        } = core;
+        validate::check_abi(abi_version)?;
+        let missing = |field| CoreError::Missing { field };
+        let identity = identity.ok_or(missing("identity"))?;
+        let window = window.ok_or(missing("window"))?;
+        let contract = contract.ok_or(missing("contract"))?;
+        let frontend = frontend.ok_or(missing("frontend"))?;
+
+        validate::check_window(&window)?;
+        let names = validate::check_buffers(&buffers, window.size)?;
+        let digests = validate::check_images(&images)?;
+        let catalog = validate::check_graphs(&graphs, &digests)?;
+        validate::check_contract(&contract, &catalog)?;
+        let bound = validate::check_bindings(&contract.bindings, &names)?;
+        validate::check_frontend(&frontend)?;
+        let sampling = frontend.sampling.ok_or(missing("frontend.sampling"))?;
+
+        Ok(Self {
+            abi_version,
+            identity,
+            window,
+            buffers,
+            images,
+            graphs,
+            contract,
+            frontend,
+            sampling,
+            bound,
+            catalog,
+        })
+    }
+
+    /// The execution ABI the core was exported for (at most [`ENGINE_ABI`]).
+    pub fn abi_version(&self) -> u32 {
+        self.abi_version
+    }
+
+    /// What was prepared, from what, on which device.
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    /// The fixed virtual-address window and its regions.
+    pub fn window(&self) -> &Window {
+        &self.window
+    }
+
+    /// Every buffer, in manifest order.
+    pub fn buffers(&self) -> &[Buffer] {
+        &self.buffers
+    }
+
+    /// Every kernel image, in manifest order.
+    pub fn images(&self) -> &[KernelImage] {
+        &self.images
+    }
+
+    /// Every recorded graph, in manifest order.
+    pub fn graphs(&self) -> &[Graph] {
+        &self.graphs
+    }
+
+    /// How the graphs may be driven.
+    pub fn contract(&self) -> &PreparedContract {
+        &self.contract
+    }
+
+    /// Tokenizer, chat template, stop tokens, sampling defaults and parsers.
+    pub fn frontend(&self) -> &Frontend {
+        &self.frontend
+    }
+
+    /// The default sampling parameters and their allowed ranges.
+    pub fn sampling(&self) -> &SamplingDefaults {
+        &self.sampling
+    }
+
+    /// The buffer bound to `semantic`. Every semantic value is bound, so this
+    /// is `None` only for [`Semantic::Unspecified`].
+    pub fn buffer(&self, semantic: Semantic) -> Option<&Buffer> {
+        self.bound
+            .get(&semantic)
+            .and_then(|&position| self.buffers.get(position))
+    }
+
+    /// The buffer called `name`, if any.
+    pub fn buffer_named(&self, name: &str) -> Option<&Buffer> {
+        self.buffers.iter().find(|buffer| buffer.name == name)
+    }
+
+    /// The graph recorded for `kind` at `capacity`, if any. Every decode and
+    /// prefill capacity of the contract has one, and resume, admit, snapshot
+    /// and restore have one at capacity 1.
+    pub fn graph(&self, kind: GraphKind, capacity: u32) -> Option<&Graph> {
+        self.catalog
+            .get(&(kind, capacity))
+            .and_then(|&position| self.graphs.get(position))
+    }
+
+    /// The smallest decode capacity that holds `rows` rows, or `None` when
+    /// `rows` exceeds `max_concurrency`.
+    pub fn decode_capacity_for(&self, rows: u32) -> Option<u32> {
+        smallest_at_least(&self.contract.decode_capacities, rows)
+    }
+
+    /// The smallest prefill capacity that holds `tokens` tokens, or `None`
+    /// when `tokens` exceeds `prefill_chunk_size`.
+    pub fn prefill_capacity_for(&self, tokens: u32) -> Option<u32> {
+        smallest_at_least(&self.contract.prefill_capacities, tokens)
+    }
+
+    /// Facts about the core for display, as `flare inspect` prints them.
+    pub fn summary(&self) -> CoreSummary {
+        CoreSummary::of(self)
+    }
+
+    /// Gives back the decoded manifest.
+    pub fn into_core(self) -> Core {
+        Core {
+            abi_version: self.abi_version,
+            identity: Some(self.identity),
+            window: Some(self.window),
+            buffers: self.buffers,
+            images: self.images,
+            graphs: self.graphs,
+            contract: Some(self.contract),
+            frontend: Some(self.frontend),
+        }
+    }
+}
+
+/// Capacity lists are validated strictly ascending.
+fn smallest_at_least(capacities: &[u32], wanted: u32) -> Option<u32> {
+    capacities
+        .iter()
+        .copied()
+        .find(|&capacity| capacity >= wanted)
+}

@@ -1,0 +1,731 @@
+//! Decoding and validation of runtime-core manifests.
+//!
+//! Every test starts from the valid sample core, changes one thing, encodes
+//! it and checks the exact error variant `decode_manifest` reports.
+
+use std::path::Path;
+
+use helios::core::proto::{
+    node::Op, Binding, Core, Edge, GraphKind, KernelNode, Node, Region, RegionKind, Semantic,
+};
+use helios::core::sample::{tiny_core, SAMPLE_DECODE, SAMPLE_IMAGE, SAMPLE_PREFILL};
+use helios::core::{decode_manifest, load_manifest, CoreError, ValidCore, ENGINE_ABI};
+use prost::Message;
+
+/// One change to the sample core.
+type Change = fn(&mut Core);
+
+fn decode(core: &Core) -> Result<ValidCore, CoreError> {
+    decode_manifest(&core.encode_to_vec())
+}
+
+/// The sample core with one change, decoded.
+fn mutated(change: impl FnOnce(&mut Core)) -> Result<ValidCore, CoreError> {
+    let mut core = tiny_core();
+    change(&mut core);
+    decode(&core)
+}
+
+fn mutated_err(change: impl FnOnce(&mut Core)) -> CoreError {
+    match mutated(change) {
+        Ok(_) => panic!("the changed core was accepted"),
+        Err(err) => err,
+    }
+}
+
+fn window(core: &mut Core) -> &mut helios::core::proto::Window {
+    core.window.as_mut().unwrap()
+}
+
+fn contract(core: &mut Core) -> &mut helios::core::proto::PreparedContract {
+    core.contract.as_mut().unwrap()
+}
+
+fn frontend(core: &mut Core) -> &mut helios::core::proto::Frontend {
+    core.frontend.as_mut().unwrap()
+}
+
+fn buffer_index(core: &Core, name: &str) -> usize {
+    core.buffers.iter().position(|b| b.name == name).unwrap()
+}
+
+// ---------------------------------------------------------------- valid core
+
+#[test]
+fn the_sample_core_is_valid() {
+    let core = decode(&tiny_core()).unwrap();
+    assert_eq!(core.abi_version(), ENGINE_ABI);
+    assert_eq!(core.contract().decode_capacities, SAMPLE_DECODE);
+    assert_eq!(core.contract().prefill_capacities, SAMPLE_PREFILL);
+    assert_eq!(core.images().len(), 1);
+    assert_eq!(core.into_core(), tiny_core());
+}
+
+#[test]
+fn every_semantic_resolves_to_its_buffer() {
+    let core = decode(&tiny_core()).unwrap();
+    let semantics: Vec<_> = helios::core::required_semantics().collect();
+    assert_eq!(semantics.len(), 21);
+    for semantic in semantics {
+        assert!(core.buffer(semantic).is_some(), "{semantic:?}");
+    }
+    assert_eq!(
+        core.buffer(Semantic::Logits).unwrap().name,
+        "staging.logits"
+    );
+    assert_eq!(
+        core.buffer(Semantic::PageTable).unwrap().name,
+        "state.page_table"
+    );
+    assert!(core.buffer(Semantic::Unspecified).is_none());
+    assert!(core.buffer_named("kv.pages").is_some());
+    assert!(core.buffer_named("nope").is_none());
+}
+
+#[test]
+fn graphs_are_found_by_kind_and_capacity() {
+    let core = decode(&tiny_core()).unwrap();
+    for capacity in SAMPLE_DECODE {
+        assert!(core.graph(GraphKind::Decode, capacity).is_some());
+    }
+    for capacity in SAMPLE_PREFILL {
+        assert!(core.graph(GraphKind::Prefill, capacity).is_some());
+    }
+    for kind in [
+        GraphKind::Resume,
+        GraphKind::Admit,
+        GraphKind::Snapshot,
+        GraphKind::Restore,
+    ] {
+        assert!(core.graph(kind, 1).is_some(), "{kind:?}");
+    }
+    assert!(core.graph(GraphKind::Decode, 3).is_none());
+    let decode1 = core.graph(GraphKind::Decode, 1).unwrap();
+    assert!(matches!(decode1.nodes[1].op, Some(Op::Kernel(_))));
+}
+
+#[test]
+fn capacities_are_chosen_smallest_first() {
+    let core = decode(&tiny_core()).unwrap();
+    let decode: Vec<_> = (0..=5).map(|rows| core.decode_capacity_for(rows)).collect();
+    assert_eq!(decode, [Some(1), Some(1), Some(2), Some(4), Some(4), None]);
+    assert_eq!(core.prefill_capacity_for(1), Some(128));
+    assert_eq!(core.prefill_capacity_for(129), Some(256));
+    assert_eq!(core.prefill_capacity_for(257), None);
+}
+
+#[test]
+fn summary_reports_the_catalog() {
+    let summary = decode(&tiny_core()).unwrap().summary();
+    assert_eq!(summary.contract.decode_capacities, SAMPLE_DECODE);
+    assert_eq!(summary.contract.prefill_capacities, SAMPLE_PREFILL);
+    assert_eq!(summary.regions.len(), 7);
+    assert_eq!(summary.buffer_count, tiny_core().buffers.len());
+    let by_role: usize = summary.buffers_by_role.iter().map(|r| r.count).sum();
+    assert_eq!(by_role, summary.buffer_count);
+    let decode = &summary.graphs_by_kind[0];
+    assert_eq!(decode.kind, GraphKind::Decode);
+    assert_eq!(decode.capacities, SAMPLE_DECODE);
+    assert_eq!(summary.graphs_by_kind.len(), 6);
+    assert_eq!(summary.frontend.eos_token_ids, [2]);
+}
+
+// ------------------------------------------------------------ top level
+
+#[test]
+fn abi_0_is_missing() {
+    let err = mutated_err(|c| c.abi_version = 0);
+    assert!(matches!(
+        err,
+        CoreError::Missing {
+            field: "abi_version"
+        }
+    ));
+}
+
+#[test]
+fn newer_abi_is_unsupported() {
+    let err = mutated_err(|c| c.abi_version = 2);
+    assert!(matches!(
+        err,
+        CoreError::UnsupportedAbi {
+            found: 2,
+            supported: ENGINE_ABI
+        }
+    ));
+}
+
+#[test]
+fn missing_messages_are_named() {
+    let cases: [(Change, &str); 4] = [
+        (|c| c.identity = None, "identity"),
+        (|c| c.window = None, "window"),
+        (|c| c.contract = None, "contract"),
+        (|c| c.frontend = None, "frontend"),
+    ];
+    for (change, name) in cases {
+        let err = mutated_err(change);
+        assert!(
+            matches!(err, CoreError::Missing { field } if field == name),
+            "{name}: {err:?}"
+        );
+    }
+}
+
+#[test]
+fn truncated_bytes_fail_to_decode() {
+    let bytes = tiny_core().encode_to_vec();
+    let err = decode_manifest(&bytes[..bytes.len() / 2]).unwrap_err();
+    assert!(matches!(err, CoreError::Decode(_)));
+}
+
+#[test]
+fn empty_bytes_are_a_core_with_no_abi() {
+    let err = decode_manifest(&[]).unwrap_err();
+    assert!(matches!(
+        err,
+        CoreError::Missing {
+            field: "abi_version"
+        }
+    ));
+}
+
+#[test]
+fn a_missing_manifest_is_an_io_error_naming_the_file() {
+    let err = load_manifest(Path::new("/nonexistent/flare-core")).unwrap_err();
+    assert!(matches!(
+        err,
+        CoreError::Io { ref path, .. } if path == Path::new("/nonexistent/flare-core/manifest.pb")
+    ));
+}
+
+// --------------------------------------------------------- window, regions
+
+#[test]
+fn window_base_0_is_invalid() {
+    let err = mutated_err(|c| window(c).base = 0);
+    assert!(matches!(err, CoreError::InvalidWindow { .. }));
+}
+
+#[test]
+fn window_base_must_be_2_mib_aligned() {
+    let err = mutated_err(|c| window(c).base += 4096);
+    assert!(matches!(err, CoreError::InvalidWindow { .. }));
+}
+
+#[test]
+fn window_below_32_mib_is_invalid() {
+    let err = mutated_err(|c| {
+        let w = window(c);
+        w.size = 16 << 20;
+        w.regions.clear();
+    });
+    assert!(matches!(err, CoreError::InvalidWindow { .. }));
+}
+
+#[test]
+fn overlapping_regions_are_rejected() {
+    let err = mutated_err(|c| {
+        window(c).regions.push(Region {
+            kind: RegionKind::Scratch as i32,
+            offset: 3 << 20,
+            size: 2 << 20,
+        })
+    });
+    assert!(matches!(err, CoreError::InvalidRegion { index: 1 | 7, .. }));
+}
+
+#[test]
+fn region_past_the_window_is_rejected() {
+    let err = mutated_err(|c| {
+        let last = window(c).regions.last_mut().unwrap();
+        last.size = u64::MAX; // offset + size overflows
+    });
+    assert!(matches!(err, CoreError::InvalidRegion { index: 6, .. }));
+}
+
+#[test]
+fn unspecified_region_kind_is_rejected() {
+    let err = mutated_err(|c| window(c).regions[2].kind = 0);
+    assert!(matches!(
+        err,
+        CoreError::UnknownEnum {
+            field: "window.regions.kind",
+            value: 0
+        }
+    ));
+}
+
+// ---------------------------------------------------------------- buffers
+
+#[test]
+fn buffer_outside_the_window_is_rejected() {
+    let err = mutated_err(|c| {
+        let i = buffer_index(c, "kv.pages");
+        c.buffers[i].offset = 32 << 20;
+    });
+    assert!(matches!(err, CoreError::InvalidView { ref buffer, .. } if buffer == "kv.pages"));
+}
+
+#[test]
+fn buffer_offset_overflow_is_rejected() {
+    let err = mutated_err(|c| c.buffers[0].offset = u64::MAX - 1);
+    assert!(matches!(err, CoreError::InvalidView { ref buffer, .. } if buffer == "weight.embed"));
+}
+
+#[test]
+fn unknown_dtype_is_rejected() {
+    let err = mutated_err(|c| c.buffers[0].dtype = 99);
+    assert!(matches!(
+        err,
+        CoreError::UnknownEnum {
+            field: "buffers.dtype",
+            value: 99
+        }
+    ));
+}
+
+#[test]
+fn unspecified_role_is_rejected() {
+    let err = mutated_err(|c| c.buffers[1].role = 0);
+    assert!(matches!(
+        err,
+        CoreError::UnknownEnum {
+            field: "buffers.role",
+            value: 0
+        }
+    ));
+}
+
+#[test]
+fn duplicate_buffer_names_are_rejected() {
+    let err = mutated_err(|c| c.buffers[1].name = c.buffers[0].name.clone());
+    assert!(matches!(
+        err,
+        CoreError::Duplicate { what: "buffer", ref name } if name == "weight.embed"
+    ));
+}
+
+#[test]
+fn empty_buffer_name_is_missing() {
+    let err = mutated_err(|c| c.buffers[0].name.clear());
+    assert!(matches!(
+        err,
+        CoreError::Missing {
+            field: "buffers.name"
+        }
+    ));
+}
+
+#[test]
+fn shape_and_strides_must_match_in_length() {
+    let err = mutated_err(|c| {
+        c.buffers[0].strides.pop();
+    });
+    assert!(matches!(err, CoreError::InvalidView { .. }));
+}
+
+#[test]
+fn strided_extent_must_fit_size_bytes() {
+    let err = mutated_err(|c| c.buffers[0].strides[0] += 1);
+    assert!(matches!(err, CoreError::InvalidView { .. }));
+    let err = mutated_err(|c| c.buffers[0].strides[0] = u64::MAX);
+    assert!(matches!(err, CoreError::InvalidView { .. }));
+}
+
+#[test]
+fn empty_tensors_and_broadcast_strides_are_views() {
+    mutated(|c| {
+        c.buffers[0].shape[0] = 0;
+        c.buffers[1].strides[0] = 0;
+    })
+    .unwrap();
+}
+
+// ----------------------------------------------------------- images, graphs
+
+#[test]
+fn image_digest_must_be_lowercase_hex() {
+    let err = mutated_err(|c| c.images[0].sha256 = SAMPLE_IMAGE.to_uppercase());
+    assert!(matches!(err, CoreError::InvalidImage { .. }));
+}
+
+#[test]
+fn duplicate_images_are_rejected() {
+    let err = mutated_err(|c| c.images.push(c.images[0].clone()));
+    assert!(matches!(
+        err,
+        CoreError::Duplicate {
+            what: "kernel image",
+            ..
+        }
+    ));
+}
+
+#[test]
+fn kernel_node_with_unknown_image_is_rejected() {
+    let other = "f".repeat(64);
+    let err = mutated_err(|c| {
+        c.graphs[3].nodes.push(Node {
+            op: Some(Op::Kernel(KernelNode {
+                image_sha256: other.clone(),
+                ..KernelNode::default()
+            })),
+        })
+    });
+    assert!(matches!(
+        err,
+        CoreError::UnknownReference { what: "kernel image", ref name } if *name == other
+    ));
+}
+
+#[test]
+fn kernel_node_needs_block_dims() {
+    let err = mutated_err(|c| match &mut c.graphs[0].nodes[1].op {
+        Some(Op::Kernel(kernel)) => kernel.block.as_mut().unwrap().y = 0,
+        _ => unreachable!(),
+    });
+    assert!(matches!(
+        err,
+        CoreError::InvalidGraph {
+            kind: "GRAPH_KIND_DECODE",
+            capacity: 1,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn node_without_op_is_rejected() {
+    let err = mutated_err(|c| c.graphs[4].nodes.push(Node { op: None }));
+    assert!(matches!(
+        err,
+        CoreError::InvalidGraph {
+            kind: "GRAPH_KIND_PREFILL",
+            capacity: 256,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn edge_to_missing_node_is_rejected() {
+    let err = mutated_err(|c| {
+        c.graphs[1].edges.push(Edge {
+            from: 0,
+            to: 1,
+            ..Edge::default()
+        })
+    });
+    assert!(matches!(err, CoreError::InvalidGraph { capacity: 2, .. }));
+}
+
+#[test]
+fn graph_kind_must_be_specified_and_capacity_positive() {
+    let err = mutated_err(|c| c.graphs[1].kind = 42);
+    assert!(matches!(
+        err,
+        CoreError::UnknownEnum {
+            field: "graphs.kind",
+            value: 42
+        }
+    ));
+    let err = mutated_err(|c| c.graphs[1].capacity = 0);
+    assert!(matches!(err, CoreError::InvalidGraph { capacity: 0, .. }));
+}
+
+#[test]
+fn duplicate_graphs_are_rejected() {
+    let err = mutated_err(|c| c.graphs.push(c.graphs[2].clone()));
+    assert!(matches!(err, CoreError::Duplicate { what: "graph", .. }));
+}
+
+#[test]
+fn missing_decode_graph_is_a_catalog_error() {
+    let err = mutated_err(|c| c.graphs.retain(|g| g.capacity != 2));
+    assert!(matches!(err, CoreError::Catalog { .. }));
+}
+
+#[test]
+fn missing_single_graphs_are_catalog_errors() {
+    for kind in [
+        GraphKind::Resume,
+        GraphKind::Admit,
+        GraphKind::Snapshot,
+        GraphKind::Restore,
+    ] {
+        let err = mutated_err(|c| c.graphs.retain(|g| g.kind != kind as i32));
+        assert!(matches!(err, CoreError::Catalog { .. }), "{kind:?}");
+    }
+}
+
+// --------------------------------------------------------------- contract
+
+#[test]
+fn capacity_lists_are_checked() {
+    let cases: [Change; 7] = [
+        |c| contract(c).decode_capacities.clear(),
+        |c| contract(c).decode_capacities = vec![1, 4, 2],
+        |c| contract(c).decode_capacities = vec![1, 2, 2, 4],
+        |c| contract(c).max_concurrency = 8,
+        |c| contract(c).prefill_capacities.clear(),
+        |c| contract(c).prefill_capacities = vec![0, 128, 256],
+        |c| contract(c).prefill_chunk_size = 512,
+    ];
+    for (i, change) in cases.into_iter().enumerate() {
+        let err = mutated_err(change);
+        assert!(
+            matches!(err, CoreError::Catalog { .. }),
+            "case {i}: {err:?}"
+        );
+    }
+}
+
+#[test]
+fn paged_sizes_must_be_multiples_of_page_size() {
+    let err = mutated_err(|c| contract(c).context_limit = 500);
+    assert!(matches!(
+        err,
+        CoreError::Contract {
+            field: "context_limit",
+            ..
+        }
+    ));
+    let err = mutated_err(|c| contract(c).page_size = 96);
+    assert!(matches!(
+        err,
+        CoreError::Contract {
+            field: "prefill_chunk_size",
+            ..
+        }
+    ));
+    let err = mutated_err(|c| contract(c).page_size = 0);
+    assert!(matches!(
+        err,
+        CoreError::Missing {
+            field: "contract.page_size"
+        }
+    ));
+}
+
+#[test]
+fn contract_scalars_are_checked() {
+    let err = mutated_err(|c| contract(c).kv_pages = 1);
+    assert!(matches!(
+        err,
+        CoreError::Contract {
+            field: "kv_pages",
+            ..
+        }
+    ));
+    let err = mutated_err(|c| contract(c).vocab_size = 0);
+    assert!(matches!(
+        err,
+        CoreError::Missing {
+            field: "contract.vocab_size"
+        }
+    ));
+    let err = mutated_err(|c| contract(c).completion_fields.clear());
+    assert!(matches!(
+        err,
+        CoreError::Missing {
+            field: "contract.completion_fields"
+        }
+    ));
+}
+
+#[test]
+fn binding_to_unknown_buffer_is_rejected() {
+    let err = mutated_err(|c| contract(c).bindings[3].buffer = "staging.nope".to_owned());
+    assert!(matches!(
+        err,
+        CoreError::UnknownReference { what: "buffer", ref name } if name == "staging.nope"
+    ));
+}
+
+#[test]
+fn duplicate_binding_is_rejected() {
+    let err = mutated_err(|c| {
+        contract(c).bindings.push(Binding {
+            semantic: Semantic::Logits as i32,
+            buffer: "weight.embed".to_owned(),
+        })
+    });
+    assert!(matches!(
+        err,
+        CoreError::Duplicate { what: "binding", ref name } if name == "SEMANTIC_LOGITS"
+    ));
+}
+
+#[test]
+fn missing_semantic_is_named() {
+    let err = mutated_err(|c| {
+        contract(c)
+            .bindings
+            .retain(|b| b.semantic != Semantic::StopTokens as i32)
+    });
+    assert!(matches!(
+        err,
+        CoreError::Missing {
+            field: "SEMANTIC_STOP_TOKENS"
+        }
+    ));
+}
+
+#[test]
+fn unspecified_binding_semantic_is_rejected() {
+    let err = mutated_err(|c| contract(c).bindings[0].semantic = 0);
+    assert!(matches!(
+        err,
+        CoreError::UnknownEnum {
+            field: "contract.bindings.semantic",
+            value: 0
+        }
+    ));
+}
+
+// --------------------------------------------------------------- frontend
+
+#[test]
+fn frontend_facts_are_required() {
+    let cases: [Change; 4] = [
+        |c| frontend(c).tokenizer_json.clear(),
+        |c| frontend(c).eos_token_ids.clear(),
+        |c| frontend(c).sampling.as_mut().unwrap().temperature = 0.0,
+        |c| frontend(c).sampling.as_mut().unwrap().temperature = f32::NAN,
+    ];
+    for (i, change) in cases.into_iter().enumerate() {
+        let err = mutated_err(change);
+        assert!(
+            matches!(err, CoreError::Frontend { .. }),
+            "case {i}: {err:?}"
+        );
+    }
+    let err = mutated_err(|c| frontend(c).sampling = None);
+    assert!(matches!(
+        err,
+        CoreError::Missing {
+            field: "frontend.sampling"
+        }
+    ));
+}
+
+#[test]
+fn parsers_must_be_specified() {
+    let err = mutated_err(|c| frontend(c).tool_parser = 0);
+    assert!(matches!(
+        err,
+        CoreError::UnknownEnum {
+            field: "frontend.tool_parser",
+            value: 0
+        }
+    ));
+    let err = mutated_err(|c| frontend(c).reasoning_parser = 7);
+    assert!(matches!(
+        err,
+        CoreError::UnknownEnum {
+            field: "frontend.reasoning_parser",
+            value: 7
+        }
+    ));
+}
+
+// ------------------------------------------------------------------- fuzz
+
+/// xorshift64: a tiny deterministic generator, enough to spread mutations.
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    /// A value in `0..bound` (`bound` > 0).
+    fn below(&mut self, bound: usize) -> usize {
+        (self.next() % bound as u64) as usize
+    }
+}
+
+fn mutate(rng: &mut XorShift, bytes: &mut Vec<u8>) {
+    let len = bytes.len();
+    match rng.below(6) {
+        0 if len > 0 => {
+            let i = rng.below(len);
+            bytes[i] ^= 1 << rng.below(8);
+        }
+        1 if len > 0 => {
+            let i = rng.below(len);
+            bytes[i] = rng.next() as u8;
+        }
+        2 => bytes.truncate(rng.below(len + 1)),
+        3 => {
+            let i = rng.below(len + 1);
+            let n = 1 + rng.below(8);
+            let insert: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+            bytes.splice(i..i, insert);
+        }
+        4 if len > 0 => {
+            let i = rng.below(len);
+            let end = (i + 1 + rng.below(16)).min(len);
+            bytes.drain(i..end);
+        }
+        _ if len > 0 => {
+            // Varint-heavy values: a large length or tag where one was.
+            let i = rng.below(len);
+            bytes[i] = 0xff;
+        }
+        _ => bytes.push(rng.next() as u8),
+    }
+}
+
+#[test]
+fn decoding_mutated_bytes_never_panics() {
+    let valid = tiny_core().encode_to_vec();
+    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
+    let (mut accepted, mut rejected) = (0u32, 0u32);
+    for _ in 0..4000 {
+        let mut bytes = valid.clone();
+        for _ in 0..1 + rng.below(4) {
+            mutate(&mut rng, &mut bytes);
+        }
+        match decode_manifest(&bytes) {
+            Ok(_) => accepted += 1,
+            Err(_) => rejected += 1,
+        }
+    }
+    assert_eq!(accepted + rejected, 4000);
+    assert!(rejected > 0, "no mutation was rejected");
+}
+
+#[test]
+fn decoding_random_bytes_never_panics() {
+    let mut rng = XorShift(0x0123_4567_89ab_cdef);
+    for _ in 0..2000 {
+        let len = rng.below(512);
+        let bytes: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+        let _ = decode_manifest(&bytes);
+    }
+}
+
+// ---------------------------------------------------------------- fixture
+
+#[test]
+fn the_python_fixture_loads() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-core");
+    let manifest = dir.join("manifest.pb");
+    assert!(
+        manifest.is_file(),
+        "fixture {} is missing: write it with \
+         `python -m ignition.export.manifest --fixture helios/tests/fixtures/tiny-core`",
+        manifest.display()
+    );
+    let core = load_manifest(&dir).unwrap_or_else(|err| panic!("fixture rejected: {err}"));
+    let summary = core.summary();
+    assert_eq!(summary.contract.decode_capacities, [1, 2, 4]);
+    assert_eq!(summary.contract.prefill_capacities, [128, 256]);
+}
