@@ -37,6 +37,15 @@ _DTYPES = {
     torch.uint8: pb.DTYPE_U8,
 }
 
+_REGION_OF_ROLE = {
+    pb.BUFFER_ROLE_WEIGHT: pb.REGION_KIND_WEIGHTS,
+    pb.BUFFER_ROLE_REQUEST_STATE: pb.REGION_KIND_REQUEST_STATE,
+    pb.BUFFER_ROLE_KV_PAGES: pb.REGION_KIND_KV_PAGES,
+    pb.BUFFER_ROLE_SNAPSHOT_ROWS: pb.REGION_KIND_SNAPSHOT_ROWS,
+    pb.BUFFER_ROLE_STAGING_INPUT: pb.REGION_KIND_STAGING,
+    pb.BUFFER_ROLE_OUTPUT: pb.REGION_KIND_STAGING,
+}
+
 _GRAPH_KINDS = {
     GraphKind.DECODE: pb.GRAPH_KIND_DECODE,
     GraphKind.PREFILL: pb.GRAPH_KIND_PREFILL,
@@ -158,13 +167,18 @@ def frontend_message(prepared: PreparedModel) -> pb.Frontend:
 
 
 def tiny_fixture(prepared: PreparedModel, base: int = 0x200000000000) -> pb.Core:
-    """A manifest whose buffers are laid out in a synthetic window and whose graphs
-    are placeholders (one empty node each): the manifest layer without a GPU."""
+    """A manifest whose buffers are laid out in a synthetic window, one region per
+    role in the order ``named_buffers`` yields them, and whose graphs are
+    placeholders (one empty node each): the manifest layer without a GPU."""
     buffers = []
+    spans: dict[int, list[int]] = {}
     offset = 0
     for name, role, tensor in named_buffers(prepared):
         buffers.append(buffer_message(name, role, tensor, offset))
-        offset += -(-extent_bytes(tensor) // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
+        end = offset + -(-extent_bytes(tensor) // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
+        span = spans.setdefault(_REGION_OF_ROLE[role], [offset, end])
+        span[1] = end
+        offset = end
     size = max(32 * MIB, -(-offset // WINDOW_ALIGNMENT) * WINDOW_ALIGNMENT)
     graphs = [
         pb.Graph(kind=_GRAPH_KINDS[key.kind], capacity=key.capacity, nodes=[pb.Node(empty={})])
@@ -182,7 +196,10 @@ def tiny_fixture(prepared: PreparedModel, base: int = 0x200000000000) -> pb.Core
         window=pb.Window(
             base=base,
             size=size,
-            regions=[pb.Region(kind=pb.REGION_KIND_WEIGHTS, offset=0, size=offset)],
+            regions=[
+                pb.Region(kind=kind, offset=start, size=end - start)
+                for kind, (start, end) in spans.items()
+            ],
         ),
         buffers=buffers,
         graphs=graphs,
