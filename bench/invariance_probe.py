@@ -1,12 +1,15 @@
-"""Packing-invariance probe on a random-weight SmolLM2-geometry model (no download).
+"""Packing-invariance probe: which requests' tokens change with batch packing, and
+the first step at which their logits differ.
 
-Writes a random LlamaForCausalLM with SmolLM2-135M's geometry, prepares it, and runs
-50 requests (the token lengths of bench/prompts/agent50.jsonl, random tokens) in
-order, again, reversed and interleaved; reports which requests' tokens differ and
-where. Random weights give flat distributions, so sampling boundaries are crossed
-often: a good net for arithmetic that depends on batch packing.
+Without --model it writes a random LlamaForCausalLM with SmolLM2-135M's geometry
+(no download) and uses random prompts with the token lengths of the 50-prompt
+corpus; random weights give flat distributions, so sampling boundaries are crossed
+often. With --model it prepares that checkpoint and uses bench/prompts/agent50.jsonl.
+Runs the requests in order, again, reversed and interleaved; for each request
+whose tokens differ from the first run it reports the first differing token and
+the first step whose logits checksum differs.
 
-    python3 bench/invariance_probe.py --out OUT [--no-compile]
+    python3 bench/invariance_probe.py --out OUT [--no-compile] [--model GGUF_OR_DIR]
 """
 
 from __future__ import annotations
@@ -38,8 +41,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--work", type=Path, default=Path("/tmp/flare-probe"))
+    parser.add_argument("--model", type=Path, help="a checkpoint (default: random weights)")
     args = parser.parse_args()
     torch.manual_seed(0)
+    if args.model is not None:
+        run_probe(args, args.model, None)
+        return
     config = LlamaConfig(
         vocab_size=49152,
         hidden_size=576,
@@ -56,32 +63,49 @@ def main() -> None:
     path = args.work / "random-smollm2"
     LlamaForCausalLM(config).save_pretrained(path)
     _tokenizer().save_pretrained(path)
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 49152, (n,), generator=gen).tolist() for n in LENGTHS]
+    run_probe(args, path, prompts)
+
+
+def _first_difference(a: list[float] | list[int], b: list[float] | list[int]) -> int:
+    return next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), -1)
+
+
+def run_probe(args: argparse.Namespace, path: Path, prompts: list[list[int]] | None) -> None:
     t0 = time.perf_counter()
     prepared = prepare(path, PrepareOptions(compile=not args.no_compile))
     prepare_s = time.perf_counter() - t0
-    gen = torch.Generator().manual_seed(1)
+    if prompts is None:
+        from ignition.cli import encode_prompt, load_prompts
+
+        corpus = load_prompts(ROOT / "bench/prompts/agent50.jsonl", [])
+        prompts = [encode_prompt(prepared.tokenizer, p) for p in corpus]
     sampling = SamplingParams(temperature=1.0, top_k=20, top_p=0.95)
-    requests = [
-        Request(i, torch.randint(3, 49152, (n,), generator=gen).tolist(), 64, sampling, 1000 + i)
-        for i, n in enumerate(LENGTHS)
-    ]
+    requests = [Request(i, p, 64, sampling, 1000 + i) for i, p in enumerate(prompts)]
 
-    def run(order: list[Request]) -> dict[int, list[int]]:
+    def run(order: list[Request]) -> tuple[dict[int, list[int]], dict[int, list[float]]]:
         prepared.reset()
-        return {r.id: r.tokens for r in Harness(prepared).run(order)}
+        harness = Harness(prepared, trace_logits=True)
+        tokens = {r.id: r.tokens for r in harness.run(order)}
+        assert harness.logit_trace is not None
+        return tokens, harness.logit_trace
 
-    first = run(requests)
+    first, first_trace = run(requests)
     report: dict[str, object] = {"compile": not args.no_compile, "prepare_s": prepare_s}
     for name, order in (
         ("second", requests),
         ("reversed", list(reversed(requests))),
         ("interleaved", requests[1::2] + requests[::2]),
     ):
-        tokens = run(order)
+        tokens, trace = run(order)
         report[name] = {
-            i: next((j for j, (a, b) in enumerate(zip(t, first[i], strict=False)) if a != b), -1)
+            i: {
+                "first_token": _first_difference(t, first[i]),
+                "first_logits_step": _first_difference(trace[i], first_trace[i]),
+            }
             for i, t in tokens.items()
-            if t != first[i]
+            if t != first[i] or trace[i] != first_trace[i]
         }
         print(name, report[name], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -76,6 +76,21 @@ def test_outputs_do_not_depend_on_order_or_packing(prepared: PreparedModel) -> N
     assert _tokens(prepared, requests[1::2] + requests[::2]) == first
 
 
+def test_logit_trace_has_one_checksum_per_token_and_ignores_packing(
+    prepared: PreparedModel,
+) -> None:
+    requests = _requests(5)
+    traces = []
+    for order in (requests, list(reversed(requests))):
+        prepared.reset()
+        harness = Harness(prepared, trace_logits=True)
+        results = {r.id: r for r in harness.run(order)}
+        assert harness.logit_trace is not None
+        assert all(len(harness.logit_trace[i]) == len(r.tokens) for i, r in results.items())
+        traces.append(harness.logit_trace)
+    assert traces[0] == traces[1]
+
+
 def test_output_limit_and_stop_token(prepared: PreparedModel) -> None:
     greedy = SamplingParams(temperature=1.0, top_k=1)
     eos = int(prepared.storage.state.stop_tokens[0])

@@ -124,8 +124,11 @@ class StepLog:
 
 
 class Harness:
-    def __init__(self, prepared: PreparedModel) -> None:
+    def __init__(self, prepared: PreparedModel, trace_logits: bool = False) -> None:
         self.prepared = prepared
+        # Diagnostic: per request, a float64 checksum of the logits of each sampled step,
+        # to locate the first step at which two runs of the same request diverge.
+        self.logit_trace: dict[int, list[float]] | None = {} if trace_logits else None
         self.catalog = prepared.catalog
         self.storage = prepared.storage
         self.pages = PagePool(self.storage.cache.pages)
@@ -228,6 +231,13 @@ class Harness:
             return True
         return False
 
+    def _trace(self, batch: list[_Running]) -> None:
+        if self.logit_trace is None:
+            return
+        sums = self.storage.staging.logits[: len(batch)].double().sum(dim=1).tolist()
+        for run, value in zip(batch, sums, strict=True):
+            self.logit_trace.setdefault(run.request.id, []).append(value)
+
     def _prefill_chunk(self, run: _Running) -> bool:
         prompt = run.request.prompt
         chunk = min(len(prompt) - run.consumed, self.catalog.prefill_chunk_size)
@@ -239,6 +249,8 @@ class Harness:
         self._write("chunk_len", [chunk])
         self._write("chunk_sample", [1 if ends_prompt else 0])
         completions = self._execute(GraphKey(GraphKind.PREFILL, capacity), 1)
+        if ends_prompt:
+            self._trace([run])
         run.consumed += chunk
         return ends_prompt and self._record(run, completions[0], time.perf_counter())
 
@@ -249,6 +261,7 @@ class Harness:
         slots = [run.slot for run in batch] + [NULL_SLOT] * (capacity - len(batch))
         self._write("decode_slots", slots)
         completions = self._execute(GraphKey(GraphKind.DECODE, capacity), len(batch))
+        self._trace(batch)
         now = time.perf_counter()
         finished = []
         for run, row in zip(batch, completions, strict=False):
