@@ -3,6 +3,7 @@ bindings and frontend assets round-trip, and the committed fixture keeps parsing
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from checkpoints import write_tiny
 from tokenizers import Tokenizer
 
 from ignition.export import flare_core_pb2 as pb
+from ignition.export.core_dir import CoreDirError, read_core_dir, write_core_dir
 from ignition.export.manifest import ABI_VERSION, tiny_fixture
 from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare
 
@@ -35,7 +37,7 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> PreparedModel:
 
 def test_manifest_round_trips_with_every_semantic_bound(prepared: PreparedModel) -> None:
     core = pb.Core()
-    core.ParseFromString(tiny_fixture(prepared).SerializeToString())
+    core.ParseFromString(tiny_fixture(prepared)[0].SerializeToString())
     assert core.abi_version == ABI_VERSION
     names = {b.name for b in core.buffers}
     assert len(names) == len(core.buffers)
@@ -50,7 +52,7 @@ def test_manifest_round_trips_with_every_semantic_bound(prepared: PreparedModel)
 
 
 def test_buffers_fit_the_window_without_overlap(prepared: PreparedModel) -> None:
-    core = tiny_fixture(prepared)
+    core, _ = tiny_fixture(prepared)
     spans = sorted((b.offset, b.offset + b.size_bytes) for b in core.buffers)
     assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
     assert spans[-1][1] <= core.window.size
@@ -59,7 +61,7 @@ def test_buffers_fit_the_window_without_overlap(prepared: PreparedModel) -> None
 
 
 def test_frontend_assets_reproduce_the_tokenizer(prepared: PreparedModel) -> None:
-    frontend = tiny_fixture(prepared).frontend
+    frontend = tiny_fixture(prepared)[0].frontend
     native = Tokenizer.from_str(frontend.tokenizer_json)
     text = "w5 w17 <|im_end|> w300"
     assert native.encode(text).ids == prepared.tokenizer.encode(text, add_special_tokens=False)
@@ -73,3 +75,28 @@ def test_committed_fixture_keeps_parsing() -> None:
     core.ParseFromString(FIXTURE.read_bytes())
     assert core.abi_version == 1
     assert list(core.contract.decode_capacities) == [1, 2, 4]
+
+
+def test_core_directory_round_trips_and_refuses_disagreeing_parts(
+    prepared: PreparedModel, tmp_path: Path
+) -> None:
+    core, initial = tiny_fixture(prepared)
+    image = b"\x7fELF kernel image bytes"
+    digest = hashlib.sha256(image).hexdigest()
+    core.images.add(sha256=digest, size_bytes=len(image))
+    write_core_dir(tmp_path / "core", core, initial, {digest: image})
+    read, contents, images = read_core_dir(tmp_path / "core")
+    assert read == core and images == {digest: image}
+    assert set(contents) == {b.name for b in core.buffers if b.initial_tensor}
+    weight = "weight.model.embed_tokens.weight"
+    assert torch.equal(contents[weight], prepared.model.weights["model.embed_tokens.weight"])
+    neutral = contents["state.temperature"]
+    assert bool((neutral == 1).all())  # nonzero defaults travel as initial contents
+    assert "kv.pages" not in contents  # zero buffers carry no bytes
+    with pytest.raises(CoreDirError, match="embed_tokens"):
+        write_core_dir(tmp_path / "bad", core, {**initial, weight: initial[weight][:2]}, {})
+    with pytest.raises(CoreDirError, match="digest"):
+        write_core_dir(tmp_path / "bad", core, initial, {digest: image + b"!"})
+    (tmp_path / "core" / "images" / f"{digest}.bin").unlink()
+    with pytest.raises(CoreDirError, match="missing"):
+        read_core_dir(tmp_path / "core")

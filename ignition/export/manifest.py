@@ -19,6 +19,7 @@ import torch
 
 from ignition.components.token_state import COMPLETION_FIELDS
 from ignition.export import flare_core_pb2 as pb
+from ignition.export.core_dir import write_core_dir
 from ignition.preparation.catalog import GraphKind
 from ignition.preparation.prepared import PreparedModel
 from recipes.llama import SamplingDefaults
@@ -108,6 +109,8 @@ def extent_bytes(tensor: torch.Tensor) -> int:
 
 
 def buffer_message(name: str, role: int, tensor: torch.Tensor, offset: int) -> pb.Buffer:
+    """A buffer view; buffers whose contents are not all zero carry them as initial
+    contents under their own name (weights, neutral sampling values, EOS ids)."""
     return pb.Buffer(
         name=name,
         role=role,
@@ -116,6 +119,7 @@ def buffer_message(name: str, role: int, tensor: torch.Tensor, offset: int) -> p
         dtype=_DTYPES[tensor.dtype],
         shape=list(tensor.shape),
         strides=list(tensor.stride()),
+        initial_tensor=name if bool(tensor.count_nonzero()) else "",
     )
 
 
@@ -166,15 +170,20 @@ def frontend_message(prepared: PreparedModel) -> pb.Frontend:
     )
 
 
-def tiny_fixture(prepared: PreparedModel, base: int = 0x200000000000) -> pb.Core:
+def tiny_fixture(
+    prepared: PreparedModel, base: int = 0x200000000000
+) -> tuple[pb.Core, dict[str, torch.Tensor]]:
     """A manifest whose buffers are laid out in a synthetic window, one region per
     role in the order ``named_buffers`` yields them, and whose graphs are
     placeholders (one empty node each): the manifest layer without a GPU."""
     buffers = []
+    initial: dict[str, torch.Tensor] = {}
     spans: dict[int, list[int]] = {}
     offset = 0
     for name, role, tensor in named_buffers(prepared):
         buffers.append(buffer_message(name, role, tensor, offset))
+        if buffers[-1].initial_tensor:
+            initial[name] = tensor
         end = offset + -(-extent_bytes(tensor) // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
         span = spans.setdefault(_REGION_OF_ROLE[role], [offset, end])
         span[1] = end
@@ -190,7 +199,7 @@ def tiny_fixture(prepared: PreparedModel, base: int = 0x200000000000) -> pb.Core
         checkpoint_fingerprint=prepared.fingerprint,
         device_name="none (fixture)",
     )
-    return pb.Core(
+    core = pb.Core(
         abi_version=ABI_VERSION,
         identity=identity,
         window=pb.Window(
@@ -206,6 +215,7 @@ def tiny_fixture(prepared: PreparedModel, base: int = 0x200000000000) -> pb.Core
         contract=contract_message(prepared),
         frontend=frontend_message(prepared),
     )
+    return core, initial
 
 
 def main() -> None:
@@ -232,8 +242,8 @@ def main() -> None:
         device="cpu",
         dtype=torch.bfloat16,
     )
-    core = tiny_fixture(prepare(work, options))
-    (args.fixture / "manifest.pb").write_bytes(core.SerializeToString())
+    core, initial = tiny_fixture(prepare(work, options))
+    write_core_dir(args.fixture, core, initial, {})
     for path in sorted(work.iterdir()):
         path.unlink()
     work.rmdir()
