@@ -4,7 +4,9 @@
 #
 #   bench/gpu_check.sh OUT_DIR MODEL_GGUF [WHEEL_DIR]
 #
-# WHEEL_DIR: optional wheels to install first (the GPU machine has no registry).
+# WHEEL_DIR: optional wheels to install first (the GPU machine has no registry and no
+# cargo): `gguf`, and the flare_heliopause wheel built with
+# `maturin build --release -m heliopause/Cargo.toml -o WHEEL_DIR`.
 set -uo pipefail
 out=${1:?usage: bench/gpu_check.sh OUT_DIR MODEL_GGUF [WHEEL_DIR]}
 model=${2:?usage: bench/gpu_check.sh OUT_DIR MODEL_GGUF [WHEEL_DIR]}
