@@ -24,13 +24,10 @@ import torch
 
 from ignition.components import attention
 from ignition.components.attention import (
-    paged_decode_attention,
     paged_decode_attention_ref,
-    paged_prefill_attention,
     paged_prefill_attention_ref,
     triton_paged_decode_attention,
     triton_paged_prefill_attention,
-    uses_triton_kernels,
 )
 
 TOLERANCE = 1e-2
@@ -290,36 +287,6 @@ def test_prefill_group_not_power_of_two() -> None:
     check_prefill(geometry, 24, 5, 20, seed=6, block_t=4)
 
 
-def test_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert uses_triton_kernels(torch.device("cuda"))
-    assert not uses_triton_kernels(torch.device("meta"))
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    assert not uses_triton_kernels(torch.device("cpu"))
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert uses_triton_kernels(torch.device("cpu"))
-
-
-def test_public_functions_follow_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
-    reqs = make_requests(SMALL, [P + 1, 5], max_pages=2, seed=3)
-    q_all = decode_q(reqs, 4)
-    start = torch.tensor([P], dtype=torch.int32)
-    n_valid = torch.tensor([1], dtype=torch.int32)
-    # (TRITON_INTERPRET, device, what the public functions must run)
-    cases = [("0", "cpu", paged_decode_attention_ref, paged_prefill_attention_ref)]
-    if torch.cuda.is_available():
-        cases.append(("0", "cuda", triton_paged_decode_attention, triton_paged_prefill_attention))
-    else:
-        cases.append(("1", "cpu", triton_paged_decode_attention, triton_paged_prefill_attention))
-    for interpret, device, decode, prefill in cases:
-        monkeypatch.setenv("TRITON_INTERPRET", interpret)
-        kv = reqs.kv(range(2), device)
-        got = run_decode(paged_decode_attention, reqs, [0, 1], q_all, kv)
-        assert torch.equal(got, run_decode(decode, reqs, [0, 1], q_all, kv))
-        args = (q_all[:1], kv, reqs.tables[0], start, n_valid, SMALL.scale)
-        args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
-        assert torch.equal(paged_prefill_attention(*args), prefill(*args))
-
-
 def test_num_splits_default_matches_kernels() -> None:
     from ignition.components import triton_attention
 
@@ -407,7 +374,7 @@ def test_decode_cuda_graph_replay() -> None:
         return reqs
 
     def step() -> torch.Tensor:
-        return paged_decode_attention(q, kv, table, seq_lens, g.scale)
+        return triton_paged_decode_attention(q, kv, table, seq_lens, g.scale)
 
     load(0)
     graph, out = _capture(step)
@@ -457,7 +424,7 @@ def test_prefill_cuda_graph_replay() -> None:
         n_valid.fill_(count)
 
     def step() -> torch.Tensor:
-        return paged_prefill_attention(q, kv, table, start, n_valid, g.scale)
+        return triton_paged_prefill_attention(q, kv, table, start, n_valid, g.scale)
 
     load(0)
     graph, out = _capture(step)

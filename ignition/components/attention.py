@@ -14,42 +14,22 @@ Two implementations per operation:
   history. They use ``.item()`` and python loops: numerical references only, never
   captured.
 
-``paged_decode_attention`` / ``paged_prefill_attention`` pick one by device through
-``uses_triton_kernels``. That default is a convenience; which operator a device gets is
-preparation's decision, which is why the Triton entry points are exported too.
+Which one a device gets is preparation's decision, made once where the operators are
+registered (``ignition.components.kv_cache``: Triton on CUDA, the reference on the CPU).
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 __all__ = [
-    "paged_decode_attention",
     "paged_decode_attention_ref",
-    "paged_prefill_attention",
     "paged_prefill_attention_ref",
     "triton_paged_decode_attention",
     "triton_paged_prefill_attention",
-    "uses_triton_kernels",
 ]
 
 DEFAULT_NUM_SPLITS = 16
-
-
-def uses_triton_kernels(device: torch.device) -> bool:
-    """Whether the public functions run the Triton kernels for tensors on ``device``.
-
-    CUDA: always. CPU: only under Triton's interpreter (``TRITON_INTERPRET=1``, which the
-    test suite sets when no GPU is present) so CI exercises the kernels' logic; otherwise
-    the float32 reference. Any other device: the reference.
-    """
-    if device.type == "cuda":
-        return True
-    if device.type == "cpu":
-        return os.environ.get("TRITON_INTERPRET", "0") == "1"
-    return False
 
 
 def triton_paged_decode_attention(
@@ -61,7 +41,16 @@ def triton_paged_decode_attention(
     *,
     num_splits: int = DEFAULT_NUM_SPLITS,
 ) -> torch.Tensor:
-    """Split-KV Triton decode kernel; see ``paged_decode_attention`` for the contract."""
+    """Split-KV Triton decode attention for one query token per row over that row's cached tokens.
+
+    q: ``[B, num_heads, head_dim]``; page_table: int32 ``[B, max_pages]``; seq_lens: int32
+    ``[B]``, the number of cached tokens row ``b`` attends to (positions
+    ``[0, seq_lens[b])``), its own token included. A row with seq_len 0 is padding: its
+    output is zero and none of its pages is read. Returns ``[B, num_heads, head_dim]``.
+
+    The Triton path is batch invariant: a row's result depends only on its own q, pages,
+    seq_len and ``num_splits``, bitwise, whatever the batch around it.
+    """
     # Imported lazily: Triton must not be imported before TRITON_INTERPRET is settled,
     # and the references must work where Triton is absent.
     from ignition.components import triton_attention
@@ -81,49 +70,7 @@ def triton_paged_prefill_attention(
     *,
     block_t: int | None = None,
 ) -> torch.Tensor:
-    """Flash-attention-style Triton prefill kernel; see ``paged_prefill_attention``."""
-    from ignition.components import triton_attention
-
-    return triton_attention.triton_paged_prefill_attention(
-        q, kv, page_table_row, start, n_valid, scale, block_t=block_t
-    )
-
-
-def paged_decode_attention(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    page_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    *,
-    num_splits: int = DEFAULT_NUM_SPLITS,
-) -> torch.Tensor:
-    """Attention for one query token per row over that row's cached tokens.
-
-    q: ``[B, num_heads, head_dim]``; page_table: int32 ``[B, max_pages]``; seq_lens: int32
-    ``[B]``, the number of cached tokens row ``b`` attends to (positions
-    ``[0, seq_lens[b])``), its own token included. A row with seq_len 0 is padding: its
-    output is zero and none of its pages is read. Returns ``[B, num_heads, head_dim]``.
-
-    The Triton path is batch invariant: a row's result depends only on its own q, pages,
-    seq_len and ``num_splits``, bitwise, whatever the batch around it.
-    """
-    if uses_triton_kernels(q.device):
-        return triton_paged_decode_attention(
-            q, kv, page_table, seq_lens, scale, num_splits=num_splits
-        )
-    return paged_decode_attention_ref(q, kv, page_table, seq_lens, scale)
-
-
-def paged_prefill_attention(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    page_table_row: torch.Tensor,
-    start: torch.Tensor,
-    n_valid: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """Causal attention for one request's prefill chunk.
+    """Flash-attention-style Triton causal attention for one request's prefill chunk.
 
     q: ``[T, num_heads, head_dim]`` with T the captured chunk capacity; page_table_row:
     int32 ``[max_pages]``; start: int32 ``[1]``, the absolute position of ``q[0]``;
@@ -131,9 +78,11 @@ def paged_prefill_attention(
     ``[0, start + i]`` (the chunk's own keys are already in the cache); rows
     ``i >= n_valid`` are padding, come back as zeros and affect no other row.
     """
-    if uses_triton_kernels(q.device):
-        return triton_paged_prefill_attention(q, kv, page_table_row, start, n_valid, scale)
-    return paged_prefill_attention_ref(q, kv, page_table_row, start, n_valid, scale)
+    from ignition.components import triton_attention
+
+    return triton_attention.triton_paged_prefill_attention(
+        q, kv, page_table_row, start, n_valid, scale, block_t=block_t
+    )
 
 
 def _gather_history(
@@ -169,7 +118,7 @@ def paged_decode_attention_ref(
     seq_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """float32 reference for ``paged_decode_attention`` (host loops; not capturable)."""
+    """float32 reference for ``triton_paged_decode_attention`` (host loops; not capturable)."""
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     for b in range(q.shape[0]):
         length = int(seq_lens[b].item())
@@ -189,7 +138,7 @@ def paged_prefill_attention_ref(
     n_valid: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """float32 reference for ``paged_prefill_attention`` (host loops; not capturable)."""
+    """float32 reference for ``triton_paged_prefill_attention`` (host loops; not capturable)."""
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     first = int(start.item())
     count = min(int(n_valid.item()), q.shape[0])
