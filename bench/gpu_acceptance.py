@@ -336,9 +336,22 @@ def decode_invariance(prepared: PreparedModel) -> dict[str, object]:
     saved = {name: t.clone() for name, t in state.tensors().items()}
     saved_kv = storage.cache.kv.clone()
     arrangements = [[1], [1, 2], [2, 1], [1, 2, 3, 4], [4, 3, 2, 1], [1, 0, 0, 0], [3, 1, 0]]
+    # The same steps again, each right after other graphs have run with other inputs:
+    # a kernel reading graph-pool memory it did not write would show here.
+    preceded = [(slots, key) for slots in ([1], [1, 2, 3, 4]) for key in prepared.catalog.keys()]
     rows = []
     reference = None
-    for slots in arrangements:
+    for slots, before in [(a, None) for a in arrangements] + preceded:
+        if before is not None:
+            staging.decode_slots.fill_(0)
+            staging.decode_slots[: min(4, staging.decode_slots.shape[0])] = torch.tensor(
+                [4, 3, 2, 0][: min(4, staging.decode_slots.shape[0])]
+            )
+            staging.chunk_slot.fill_(3)
+            staging.chunk_tokens.random_(3, 40000)
+            staging.chunk_len.fill_(min(before.capacity, 60))
+            staging.resume_slot.fill_(2)
+            prepared.execute(before)
         for name, tensor in state.tensors().items():
             tensor.copy_(saved[name])
         storage.cache.kv.copy_(saved_kv)
@@ -354,6 +367,7 @@ def decode_invariance(prepared: PreparedModel) -> dict[str, object]:
         rows.append(
             {
                 "slots": slots,
+                "after": str(before) if before is not None else None,
                 "capacity": capacity,
                 "bitwise_equal": bool(torch.equal(logits, reference[0])),
                 "max_abs_diff": float((logits - reference[0]).abs().max()),
