@@ -33,6 +33,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from ignition.cli import encode_prompt, load_prompts  # noqa: E402
 from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare  # noqa: E402
 from ignition.replay.harness import Harness, Request, Result, SamplingParams  # noqa: E402
+from ignition.replay.packing import pack_admission, pack_chunk, pack_decode  # noqa: E402
 from ignition.replay.teacher_forcing import (  # noqa: E402
     compare_logits,
     teacher_forced_logits,
@@ -317,19 +318,11 @@ def decode_invariance(prepared: PreparedModel) -> dict[str, object]:
     state, staging = storage.state, storage.staging
     gen = torch.Generator().manual_seed(5)
     for slot in range(1, 5):
-        prompt = torch.randint(3, 40000, (100 + 37 * slot,), generator=gen)
+        prompt = torch.randint(3, 40000, (100 + 37 * slot,), generator=gen).tolist()
         state.page_table[slot, :8] = torch.arange(8 * slot, 8 * slot + 8, dtype=torch.int32)
-        staging.admit_slot.fill_(slot)
-        staging.admit_tokens[: len(prompt)] = prompt
-        staging.admit_len.fill_(len(prompt))
-        staging.admit_int.copy_(torch.tensor([20, 1000], dtype=torch.int32))
-        staging.admit_float.copy_(torch.tensor([1.0, 0.95, 0.0, 1.0, 0.0, 0.0]))
-        staging.admit_seed.fill_(slot)
+        pack_admission(staging, slot, prompt, 1000, BENCH_SAMPLING, seed=slot)
         prepared.execute(GraphKey(GraphKind.ADMIT, 1))
-        staging.chunk_slot.fill_(slot)
-        staging.chunk_tokens[: len(prompt)] = prompt
-        staging.chunk_len.fill_(len(prompt))
-        staging.chunk_sample.fill_(1)
+        pack_chunk(staging, slot, prompt, ends_prompt=True)
         prepared.execute(
             GraphKey(GraphKind.PREFILL, prepared.catalog.prefill_capacity(len(prompt)))
         )
@@ -356,8 +349,7 @@ def decode_invariance(prepared: PreparedModel) -> dict[str, object]:
             tensor.copy_(saved[name])
         storage.cache.kv.copy_(saved_kv)
         capacity = prepared.catalog.decode_capacity(len(slots))
-        staging.decode_slots.zero_()
-        staging.decode_slots[: len(slots)] = torch.tensor(slots)
+        pack_decode(staging, slots, capacity)
         prepared.execute(GraphKey(GraphKind.DECODE, capacity))
         row = slots.index(1)
         logits = staging.logits[row].clone()

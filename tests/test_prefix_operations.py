@@ -15,6 +15,7 @@ from checkpoints import write_tiny
 
 from ignition.preparation.catalog import GraphKey, GraphKind
 from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare
+from ignition.replay.packing import SamplingParams, pack_admission, pack_chunk, pack_decode
 
 PROMPT = 150  # two full pages and a 22-token tail
 
@@ -33,22 +34,18 @@ def _prepare(path: Path, device: str) -> PreparedModel:
     return prepare(path, options)
 
 
-def _admit(prepared: PreparedModel, slot: int, tokens: list[int]) -> None:
+SAMPLING = SamplingParams(temperature=1.0, top_k=20, top_p=0.95)
+
+
+def _admit(prepared: PreparedModel, slot: int, tokens: list[int], consumed: int = 0) -> None:
     staging = prepared.storage.staging
-    staging.admit_slot.fill_(slot)
-    staging.admit_tokens[: len(tokens)] = torch.tensor(tokens)
-    staging.admit_len.fill_(len(tokens))
-    staging.admit_consumed.fill_(0)
-    staging.admit_int.copy_(torch.tensor([20, 100], dtype=torch.int32))
-    staging.admit_float.copy_(torch.tensor([1.0, 0.95, 0.0, 1.0, 0.0, 0.0]))
-    staging.admit_seed.fill_(77)
+    pack_admission(staging, slot, tokens, 100, SAMPLING, seed=77, consumed=consumed)
     prepared.execute(GraphKey(GraphKind.ADMIT, 1))
 
 
 def _decode(prepared: PreparedModel, slot: int) -> tuple[torch.Tensor, int]:
     staging = prepared.storage.staging
-    staging.decode_slots.zero_()
-    staging.decode_slots[0] = slot
+    pack_decode(staging, [slot], 1)
     prepared.execute(GraphKey(GraphKind.DECODE, 1))
     return staging.logits[0].clone(), int(prepared.storage.state.pending[slot])
 
@@ -61,10 +58,7 @@ def check_restore_then_resume(prepared: PreparedModel) -> None:
     _admit(prepared, 1, tokens)
     for start in range(0, PROMPT, 128):
         n = min(128, PROMPT - start)
-        staging.chunk_slot.fill_(1)
-        staging.chunk_tokens[:n] = torch.tensor(tokens[start : start + n])
-        staging.chunk_len.fill_(n)
-        staging.chunk_sample.fill_(int(start + n == PROMPT))
+        pack_chunk(staging, 1, tokens[start : start + n], start + n == PROMPT)
         prepared.execute(GraphKey(GraphKind.PREFILL, 128))
     prompt_logits = staging.logits[0].clone()
     first = int(state.pending[1])
@@ -74,8 +68,7 @@ def check_restore_then_resume(prepared: PreparedModel) -> None:
     prepared.execute(GraphKey(GraphKind.SNAPSHOT, 1))
     # The branch shares full pages 4 and 5 and owns private tail page 9.
     state.page_table[2, :3] = torch.tensor([4, 5, 9], dtype=torch.int32)
-    _admit(prepared, 2, tokens)
-    staging.admit_consumed.fill_(PROMPT)
+    _admit(prepared, 2, tokens, consumed=PROMPT)
     staging.maint_slot.fill_(2)
     staging.maint_expect.fill_(PROMPT)
     prepared.execute(GraphKey(GraphKind.RESTORE, 1))

@@ -24,11 +24,11 @@ from ignition.components.token_state import (
     COMPLETION_FIELDS,
     FINISHED_LENGTH,
     FINISHED_STOP,
-    NULL_SLOT,
     RUNNING,
 )
 from ignition.preparation.catalog import GraphKey, GraphKind
 from ignition.preparation.prepared import PreparedModel
+from ignition.replay.packing import SamplingParams, pack_admission, pack_chunk, pack_decode
 from recipes.llama import SamplingDefaults
 
 _FIELD = {name: i for i, name in enumerate(COMPLETION_FIELDS)}
@@ -37,17 +37,6 @@ FINISH_REASONS = {FINISHED_STOP: "stop", FINISHED_LENGTH: "length"}
 
 class AdmissionError(ValueError):
     """A request outside the prepared contract (too long, bad sampling values)."""
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
 
 
 def clamp_sampling(params: SamplingParams, defaults: SamplingDefaults) -> SamplingParams:
@@ -160,11 +149,6 @@ class Harness:
         return -(-(len(request.prompt) + request.max_new_tokens) // size)
 
     # ------------------------------------------------------------------ packing
-    def _write(self, name: str, values: list[int] | list[float], offset: int = 0) -> None:
-        target = self.storage.staging.tensors()[name]
-        source = torch.tensor(values, dtype=target.dtype)
-        target[offset : offset + len(values)].copy_(source)
-
     def _ensure_pages(self, run: _Running, end_position: int) -> None:
         """Back every logical page that positions [0, end_position) touch."""
         size = self.catalog.page_size
@@ -189,24 +173,15 @@ class Harness:
         self.pages.reserve(reserved)
         run = _Running(request, slot, reserved, admitted_at=time.perf_counter())
         run.result = Result(request.id, len(request.prompt))
-        s = clamp_sampling(request.sampling, self.prepared.defaults)
-        self._write("admit_slot", [slot])
-        self._write("admit_tokens", request.prompt)
-        self._write("admit_len", [len(request.prompt)])
-        self._write("admit_consumed", [0])
-        self._write("admit_int", [s.top_k, request.max_new_tokens])
-        self._write(
-            "admit_float",
-            [
-                s.temperature,
-                s.top_p,
-                s.min_p,
-                s.repetition_penalty,
-                s.presence_penalty,
-                s.frequency_penalty,
-            ],
+        sampling = clamp_sampling(request.sampling, self.prepared.defaults)
+        pack_admission(
+            self.storage.staging,
+            slot,
+            request.prompt,
+            request.max_new_tokens,
+            sampling,
+            request.seed,
         )
-        self._write("admit_seed", [request.seed])
         self._execute(GraphKey(GraphKind.ADMIT, 1), 0)
         return run
 
@@ -244,10 +219,8 @@ class Harness:
         capacity = self.catalog.prefill_capacity(chunk)
         ends_prompt = run.consumed + chunk == len(prompt)
         self._ensure_pages(run, run.consumed + chunk)
-        self._write("chunk_slot", [run.slot])
-        self._write("chunk_tokens", prompt[run.consumed : run.consumed + chunk])
-        self._write("chunk_len", [chunk])
-        self._write("chunk_sample", [1 if ends_prompt else 0])
+        tokens = prompt[run.consumed : run.consumed + chunk]
+        pack_chunk(self.storage.staging, run.slot, tokens, ends_prompt)
         completions = self._execute(GraphKey(GraphKind.PREFILL, capacity), 1)
         if ends_prompt:
             self._trace([run])
@@ -258,8 +231,7 @@ class Harness:
         capacity = self.catalog.decode_capacity(len(batch))
         for run in batch:
             self._ensure_pages(run, run.consumed + 1)
-        slots = [run.slot for run in batch] + [NULL_SLOT] * (capacity - len(batch))
-        self._write("decode_slots", slots)
+        pack_decode(self.storage.staging, [run.slot for run in batch], capacity)
         completions = self._execute(GraphKey(GraphKind.DECODE, capacity), len(batch))
         self._trace(batch)
         now = time.perf_counter()

@@ -15,6 +15,7 @@ import torch
 
 from ignition.preparation.catalog import GraphKey, GraphKind
 from ignition.preparation.prepared import PreparedModel
+from ignition.replay.packing import SamplingParams, pack_admission, pack_chunk, pack_decode
 
 SLOT = 1
 
@@ -33,25 +34,18 @@ def teacher_forced_logits(
         raise ValueError(f"{len(tokens)} tokens need {pages} pages; the cache has fewer")
     prepared.reset()
     state.page_table[SLOT, :pages] = torch.arange(1, pages + 1, dtype=torch.int32)
-    staging.admit_slot.fill_(SLOT)
-    staging.admit_tokens[: len(tokens)] = torch.tensor(tokens)
-    staging.admit_len.fill_(len(tokens))
-    staging.admit_int.copy_(torch.tensor([0, 1 << 30], dtype=torch.int32))
-    staging.admit_float.copy_(torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0]))
+    pack_admission(staging, SLOT, tokens, 1 << 30, SamplingParams(temperature=1.0), seed=0)
     prepared.execute(GraphKey(GraphKind.ADMIT, 1))
     rows: list[torch.Tensor] = []
     consumed = 0
     while consumed < prefill_tokens:
         n = min(chunk, prefill_tokens - consumed)
-        staging.chunk_slot.fill_(SLOT)
-        staging.chunk_tokens[:n] = torch.tensor(tokens[consumed : consumed + n])
-        staging.chunk_len.fill_(n)
-        staging.chunk_sample.fill_(int(consumed + n == prefill_tokens))
+        ends = consumed + n == prefill_tokens
+        pack_chunk(staging, SLOT, tokens[consumed : consumed + n], ends)
         prepared.execute(GraphKey(GraphKind.PREFILL, catalog.prefill_capacity(n)))
         consumed += n
     rows.append(staging.logits[0].clone())
-    staging.decode_slots.fill_(0)
-    staging.decode_slots[0] = SLOT
+    pack_decode(staging, [SLOT], catalog.decode[0])
     for position in range(prefill_tokens, len(tokens)):
         state.pending[SLOT] = tokens[position]
         state.done[SLOT] = 0
