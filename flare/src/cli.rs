@@ -19,10 +19,11 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Serve a runtime core over HTTP.
+    /// Serve a runtime core over HTTP (not in this build yet).
     ///
     /// Loads the runtime core at CORE and serves it over HTTP, streaming
-    /// generated tokens with server-sent events.
+    /// generated tokens with server-sent events. This build cannot load a core
+    /// onto the GPU yet: it exits with status 2.
     Run {
         /// Path to the runtime core exported by Ignition.
         core: PathBuf,
@@ -43,10 +44,11 @@ pub enum Command {
         /// Path to the runtime core exported by Ignition.
         core: PathBuf,
     },
-    /// Rebuild a runtime core's graphs and check their replay.
+    /// Rebuild a runtime core's graphs and check their replay (not in this build yet).
     ///
     /// Rebuilds every graph recorded in the core and compares its replay
-    /// bitwise with the replay Ignition recorded in Python.
+    /// bitwise with the replay Ignition recorded in Python. This build cannot
+    /// rebuild graphs yet: it exits with status 2.
     Replay {
         /// Path to the runtime core exported by Ignition.
         core: PathBuf,
