@@ -6,8 +6,9 @@ Without --model it writes a random LlamaForCausalLM with SmolLM2-135M's geometry
 corpus; random weights give flat distributions, so sampling boundaries are crossed
 often. With --model it prepares that checkpoint and uses bench/prompts/agent50.jsonl.
 Runs the requests in order, again, reversed and interleaved; for each request
-whose tokens differ from the first run it reports the first differing token and
-the first step whose logits checksum differs.
+whose tokens or logits differ from the first run it reports the first differing
+token, the first step whose logits differ, how much they differ there, and where
+that step ran in both runs (graph, capacity, row, slot, pages).
 
     python3 bench/invariance_probe.py --out OUT [--no-compile] [--model GGUF_OR_DIR]
 """
@@ -23,13 +24,18 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
 from checkpoints import _tokenizer  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from ignition.preparation.prepared import PrepareOptions, prepare  # noqa: E402
-from ignition.replay.harness import Harness, Request, SamplingParams  # noqa: E402
+from ignition.replay.harness import (  # noqa: E402
+    Harness,
+    Request,
+    SamplingParams,
+    TracedStep,
+)
 
 LENGTHS = [37, 36, 38, 40, 38, 38, 43, 40, 36, 41, 41, 38, 36, 38, 35, 41, 40, 35, 38, 37]
 LENGTHS += [38, 41, 34, 43, 40, 39, 39, 41, 34, 37, 38, 39, 37, 39, 38, 137, 136, 139, 137, 125]
@@ -68,8 +74,28 @@ def main() -> None:
     run_probe(args, path, prompts)
 
 
-def _first_difference(a: list[float] | list[int], b: list[float] | list[int]) -> int:
+def _first_difference(a: list[int], b: list[int]) -> int:
     return next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), -1)
+
+
+def _logits_difference(a: list[TracedStep], b: list[TracedStep]) -> dict[str, object]:
+    """The first step whose logits differ, by how much, and where both ran."""
+    for j, (x, y) in enumerate(zip(a, b, strict=False)):
+        if not torch.equal(x.logits, y.logits):
+            diff = (x.logits - y.logits).abs()
+            return {
+                "step": j,
+                "max_abs_diff": float(diff.max()),
+                "differing_logits": int((diff > 0).sum()),
+                "steps_differing": sum(
+                    not torch.equal(p.logits, q.logits) for p, q in zip(a, b, strict=False)
+                ),
+                "baseline": x.context(),
+                "this_run": y.context(),
+                "previous_baseline": a[j - 1].context() if j else None,
+                "previous_this_run": b[j - 1].context() if j else None,
+            }
+    return {"step": -1}
 
 
 def run_probe(args: argparse.Namespace, path: Path, prompts: list[list[int]] | None) -> None:
@@ -84,7 +110,7 @@ def run_probe(args: argparse.Namespace, path: Path, prompts: list[list[int]] | N
     sampling = SamplingParams(temperature=1.0, top_k=20, top_p=0.95)
     requests = [Request(i, p, 64, sampling, 1000 + i) for i, p in enumerate(prompts)]
 
-    def run(order: list[Request]) -> tuple[dict[int, list[int]], dict[int, list[float]]]:
+    def run(order: list[Request]) -> tuple[dict[int, list[int]], dict[int, list[TracedStep]]]:
         prepared.reset()
         harness = Harness(prepared, trace_logits=True)
         tokens = {r.id: r.tokens for r in harness.run(order)}
@@ -102,12 +128,21 @@ def run_probe(args: argparse.Namespace, path: Path, prompts: list[list[int]] | N
         report[name] = {
             i: {
                 "first_token": _first_difference(t, first[i]),
-                "first_logits_step": _first_difference(trace[i], first_trace[i]),
+                "first_logits": _logits_difference(first_trace[i], trace[i]),
             }
             for i, t in tokens.items()
-            if t != first[i] or trace[i] != first_trace[i]
+            if t != first[i]
+            or any(
+                not torch.equal(a.logits, b.logits)
+                for a, b in zip(first_trace[i], trace[i], strict=False)
+            )
         }
         print(name, report[name], flush=True)
+    if prepared.storage.cache.kv.is_cuda:
+        from gpu_acceptance import decode_invariance
+
+        report["decode_invariance"] = decode_invariance(prepared)
+        print("decode_invariance passed:", report["decode_invariance"]["passed"], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "invariance-probe.json").write_text(json.dumps(report, indent=1))
 

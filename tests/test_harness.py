@@ -76,7 +76,7 @@ def test_outputs_do_not_depend_on_order_or_packing(prepared: PreparedModel) -> N
     assert _tokens(prepared, requests[1::2] + requests[::2]) == first
 
 
-def test_logit_trace_has_one_checksum_per_token_and_ignores_packing(
+def test_logit_trace_has_one_step_per_token_and_ignores_packing(
     prepared: PreparedModel,
 ) -> None:
     requests = _requests(5)
@@ -87,8 +87,14 @@ def test_logit_trace_has_one_checksum_per_token_and_ignores_packing(
         results = {r.id: r for r in harness.run(order)}
         assert harness.logit_trace is not None
         assert all(len(harness.logit_trace[i]) == len(r.tokens) for i, r in results.items())
+        for steps in harness.logit_trace.values():
+            assert [s.kind for s in steps] == ["prefill"] + ["decode"] * (len(steps) - 1)
+            assert all(s.row < s.capacity and s.pages and s.slot > 0 for s in steps)
         traces.append(harness.logit_trace)
-    assert traces[0] == traces[1]
+    for request_id, steps in traces[0].items():
+        other = traces[1][request_id]
+        assert [s.kind for s in steps] == [s.kind for s in other]
+        assert all(torch.equal(a.logits, b.logits) for a, b in zip(steps, other, strict=True))
 
 
 def test_output_limit_and_stop_token(prepared: PreparedModel) -> None:

@@ -105,6 +105,28 @@ class PagePool:
 
 
 @dataclass
+class TracedStep:
+    """Diagnostic record of one sampled step of one request: its logits (CPU float32)
+    and where it ran (graph kind and capacity, row, slot, the request's pages)."""
+
+    logits: torch.Tensor
+    kind: str
+    capacity: int
+    row: int
+    slot: int
+    pages: tuple[int, ...]
+
+    def context(self) -> dict[str, object]:
+        return {
+            "kind": self.kind,
+            "capacity": self.capacity,
+            "row": self.row,
+            "slot": self.slot,
+            "pages": list(self.pages),
+        }
+
+
+@dataclass
 class StepLog:
     kind: str
     capacity: int
@@ -115,9 +137,9 @@ class StepLog:
 class Harness:
     def __init__(self, prepared: PreparedModel, trace_logits: bool = False) -> None:
         self.prepared = prepared
-        # Diagnostic: per request, a float64 checksum of the logits of each sampled step,
-        # to locate the first step at which two runs of the same request diverge.
-        self.logit_trace: dict[int, list[float]] | None = {} if trace_logits else None
+        # Diagnostic: per request, the logits and placement of each sampled step, to
+        # locate the first step at which two runs of the same request diverge and why.
+        self.logit_trace: dict[int, list[TracedStep]] | None = {} if trace_logits else None
         self.catalog = prepared.catalog
         self.storage = prepared.storage
         self.pages = PagePool(self.storage.cache.pages)
@@ -206,12 +228,16 @@ class Harness:
             return True
         return False
 
-    def _trace(self, batch: list[_Running]) -> None:
+    def _trace(self, batch: list[_Running], key: GraphKey) -> None:
         if self.logit_trace is None:
             return
-        sums = self.storage.staging.logits[: len(batch)].double().sum(dim=1).tolist()
-        for run, value in zip(batch, sums, strict=True):
-            self.logit_trace.setdefault(run.request.id, []).append(value)
+        # A copy even on the CPU: the staging buffer is overwritten by the next step.
+        logits = self.storage.staging.logits[: len(batch)].to("cpu", torch.float32, copy=True)
+        for row, run in enumerate(batch):
+            step = TracedStep(
+                logits[row], key.kind.value, key.capacity, row, run.slot, tuple(run.pages)
+            )
+            self.logit_trace.setdefault(run.request.id, []).append(step)
 
     def _prefill_chunk(self, run: _Running) -> bool:
         prompt = run.request.prompt
@@ -221,9 +247,10 @@ class Harness:
         self._ensure_pages(run, run.consumed + chunk)
         tokens = prompt[run.consumed : run.consumed + chunk]
         pack_chunk(self.storage.staging, run.slot, tokens, ends_prompt)
-        completions = self._execute(GraphKey(GraphKind.PREFILL, capacity), 1)
+        key = GraphKey(GraphKind.PREFILL, capacity)
+        completions = self._execute(key, 1)
         if ends_prompt:
-            self._trace([run])
+            self._trace([run], key)
         run.consumed += chunk
         return ends_prompt and self._record(run, completions[0], time.perf_counter())
 
@@ -232,8 +259,9 @@ class Harness:
         for run in batch:
             self._ensure_pages(run, run.consumed + 1)
         pack_decode(self.storage.staging, [run.slot for run in batch], capacity)
-        completions = self._execute(GraphKey(GraphKind.DECODE, capacity), len(batch))
-        self._trace(batch)
+        key = GraphKey(GraphKind.DECODE, capacity)
+        completions = self._execute(key, len(batch))
+        self._trace(batch, key)
         now = time.perf_counter()
         finished = []
         for run, row in zip(batch, completions, strict=False):
