@@ -1,9 +1,10 @@
 """The ``llama`` recipe: dense Llama and Qwen3 families.
 
 Composition: the canonical Transformers model is built on the meta device; its
-decoder layers, norms, rotary embedding, embedding and vocabulary head keep their
-canonical forwards. Two modules are replaced, the smallest units whose dataflow
-serving changes:
+decoder layers, norms, embedding and vocabulary head keep their canonical forwards.
+The canonical rotary module computes a prepared table of cos/sin per position once
+(``ignition.components.rotary``); forwards gather from it. Two modules are replaced,
+the smallest units whose dataflow serving changes:
 
 - attention (``LlamaAttention`` / ``Qwen3Attention``) becomes ``PagedAttention``:
   the same projections (packed into one QKV weight), the canonical q/k norms and
@@ -25,7 +26,8 @@ Operators on SM90, chosen by measurement in the GPU check and fixed here:
   (FlashInfer's fa3 prefill needs a host plan per step, which a graph cannot carry).
 - Sampling: the torch sampler of ``ignition.components.sampling`` (sort-based,
   threshold filters, per-request Philox), captured with the forward.
-- Norms, RoPE, SiLU and residuals: Inductor fusion of the canonical forwards.
+- Norms, RoPE application, SiLU and residuals: Inductor fusion of the canonical
+  forwards, with eager rounding of fused bf16 intermediates (batch invariance).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from ignition.components.kv_cache import (
     write_kv,
 )
 from ignition.components.linear import project
+from ignition.components.rotary import RotaryTable
 from ignition.loading.mapping import WeightMapping
 from ignition.loading.source import CheckpointError
 
@@ -242,7 +245,10 @@ class LlamaModel:
         cache: PagedKvCache,
         dtype: torch.dtype,
         device: torch.device,
+        positions: int | None = None,
     ) -> None:
+        """``positions``: the rotary table's length (the context limit; by default
+        ``max_position_embeddings``)."""
         validate_config(config)
         self.config = config
         self.geometry = g = Geometry.from_config(config)
@@ -250,7 +256,9 @@ class LlamaModel:
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
         model.eval()
         self.mapping = WeightMapping()
-        # Execution-layout storage by name: packed projections under their own names.
+        # Every read-only tensor the forwards read, by name: checkpoint weights in
+        # execution layouts (packed projections under their own names) and the tables
+        # derived from the configuration (rotary cos/sin).
         self.weights: dict[str, torch.Tensor] = {}
         q_rows, kv_rows = g.heads * g.head_dim, g.kv_heads * g.head_dim
         packed: set[str] = set()
@@ -296,7 +304,14 @@ class LlamaModel:
             self.mapping.ignore(
                 "lm_head.weight", "tied to model.embed_tokens.weight (tie_word_embeddings)"
             )
-        model.model.rotary_emb = type(model.model.rotary_emb)(config=config).to(device)
+        rotary = type(model.model.rotary_emb)(config=config).to(device)
+        self.rotary = RotaryTable(
+            rotary, positions or int(config.max_position_embeddings), dtype, device
+        )
+        self.weights["rotary.cos"] = self.rotary.cos
+        self.weights["rotary.sin"] = self.rotary.sin
+        # Serving reads the table; the canonical module stays for reference comparisons.
+        model.model.rotary_emb = rotary
         leftover = [n for n, b in model.named_buffers() if b.device.type != device.type]
         if leftover:
             raise CheckpointError(f"buffer {leftover[0]} has no execution storage")
@@ -312,8 +327,7 @@ class LlamaModel:
         """Final normalized hidden states [tokens, hidden] of packed ``tokens``."""
         text = self.model.model
         h = text.embed_tokens(tokens).unsqueeze(0)
-        cos, sin = text.rotary_emb(h, positions.unsqueeze(0))
-        embeddings = (cos[0], sin[0])
+        embeddings = self.rotary.lookup(positions)
         for layer in text.layers:
             h = layer(h, position_embeddings=embeddings, step=step)
         return text.norm(h)[0]

@@ -19,6 +19,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -177,6 +178,34 @@ def test_layout_mismatches_raise(
 ) -> None:
     with pytest.raises(ValueError, match=error):
         layout_params(values, layout)
+
+
+class _DriverWithoutParamCount:
+    """cuda-bindings newer than the driver: the binding of cuFuncGetParamCount exists
+    but calling it raises (driver 580 has no such entry point)."""
+
+    def __init__(self, layout: list[tuple[int, int]]) -> None:
+        self.layout = layout
+        self.CUresult = SimpleNamespace(CUDA_SUCCESS=0, CUDA_ERROR_INVALID_VALUE=1)
+
+    def CUfunction(self, func: int) -> int:
+        return func
+
+    def cuFuncGetParamCount(self, func: int) -> tuple:
+        raise RuntimeError('Function "cuFuncGetParamCount" not found')
+
+    def cuFuncGetParamInfo(self, func: int, index: int) -> tuple:
+        if index < len(self.layout):
+            return 0, *self.layout[index]
+        return 1, 0, 0
+
+
+def test_param_layout_without_the_param_count_entry_point() -> None:
+    from ignition.export.graph_walk import _param_layout
+
+    layout = [(0, 8), (8, 4), (16, 16)]
+    assert _param_layout(_DriverWithoutParamCount(layout), 7) == layout
+    assert _param_layout(_DriverWithoutParamCount([]), 7) == []
 
 
 def test_extra_array_parsing() -> None:

@@ -638,7 +638,12 @@ def _param_layout(cu: Any, func: int) -> list[tuple[int, int]] | None:
     count = None
     get_count = getattr(cu, "cuFuncGetParamCount", None)
     if get_count is not None:
-        err, value = get_count(function)
+        try:
+            err, value = get_count(function)
+        except RuntimeError:
+            # The binding exists but the driver predates the entry point (580 has no
+            # cuFuncGetParamCount): probe cuFuncGetParamInfo until it runs out.
+            err, value = None, 0
         if err == success:
             count = int(value)
     layout: list[tuple[int, int]] = []

@@ -159,7 +159,7 @@ def prepare(path: Path, options: PrepareOptions) -> PreparedModel:
     stop_tokens = _stop_tokens(config, tokenizer)
 
     cache = PagedKvCache(torch.empty(0, device=device))
-    model = llama.LlamaModel(config, cache, options.dtype, device)
+    model = llama.LlamaModel(config, cache, options.dtype, device, positions=context_limit)
     with phase("loading weights", len(model.mapping.placements)) as advance:
         load_weights(source, model.mapping, advance)
     timings["load_s"] = time.perf_counter() - t0
@@ -209,6 +209,10 @@ def prepare(path: Path, options: PrepareOptions) -> PreparedModel:
         # No on-device benchmarking that changes numerics: a preparation chooses the
         # same kernels every time, so two preparations replay the same arithmetic.
         torch._inductor.config.deterministic = True
+        # Round fused low-precision intermediates as eager does. Otherwise whether a
+        # bf16 intermediate is rounded depends on fusion decisions, which differ between
+        # graphs of different capacities: a request's numbers would depend on its batch.
+        torch._inductor.config.emulate_precision_casts = True
         torch._dynamo.config.recompile_limit = 256
         torch._dynamo.config.accumulated_recompile_limit = 4096
         decode = torch.compile(decode, fullgraph=False, dynamic=False)
