@@ -8,7 +8,9 @@ use std::path::Path;
 use helios::core::proto::{
     node::Op, Binding, Core, Edge, GraphKind, KernelNode, Node, Region, RegionKind, Semantic,
 };
-use helios::core::sample::{tiny_core, SAMPLE_DECODE, SAMPLE_IMAGE, SAMPLE_PREFILL};
+use helios::core::sample::{
+    tiny_core, SAMPLE_DECODE, SAMPLE_IMAGE, SAMPLE_PREFILL, SAMPLE_QUALIFIED,
+};
 use helios::core::{decode_manifest, load_manifest, CoreError, ValidCore, ENGINE_ABI};
 use prost::Message;
 
@@ -230,6 +232,7 @@ fn overlapping_regions_are_rejected() {
             kind: RegionKind::Scratch as i32,
             offset: 3 << 20,
             size: 2 << 20,
+            backed_bytes: 0,
         })
     });
     assert!(matches!(err, CoreError::InvalidRegion { index: 1 | 7, .. }));
@@ -627,6 +630,68 @@ fn parsers_must_be_specified() {
             field: "frontend.reasoning_parser",
             value: 7
         }
+    ));
+}
+
+#[test]
+fn region_backing_more_than_it_holds_is_rejected() {
+    let err = mutated_err(|c| {
+        let region = &mut window(c).regions[2];
+        region.backed_bytes = region.size + 1;
+    });
+    assert!(matches!(err, CoreError::InvalidRegion { index: 2, .. }));
+}
+
+fn qualification(core: &mut Core) -> &mut helios::core::proto::Qualification {
+    core.qualification
+        .as_mut()
+        .expect("the sample core carries a qualification")
+}
+
+#[test]
+fn the_sample_qualification_is_exposed() {
+    let core = decode(&tiny_core()).expect("valid");
+    let steps = &core.qualification().expect("present").steps;
+    assert_eq!(steps.len(), 1);
+    assert_eq!(steps[0].writes[0].buffer, SAMPLE_QUALIFIED);
+    assert!(mutated(|c| c.qualification = None)
+        .expect("qualification is optional")
+        .qualification()
+        .is_none());
+}
+
+#[test]
+fn qualification_steps_are_checked() {
+    let graphs = tiny_core().graphs.len() as u32;
+    let err = mutated_err(|c| qualification(c).steps[0].graph = graphs);
+    assert!(matches!(
+        err,
+        CoreError::InvalidQualification { step: 0, .. }
+    ));
+    let err = mutated_err(|c| qualification(c).steps[0].writes[0].offset = u64::MAX - 1);
+    assert!(matches!(
+        err,
+        CoreError::InvalidQualification { step: 0, .. }
+    ));
+    let err = mutated_err(|c| qualification(c).steps[0].writes[0].data.clear());
+    assert!(matches!(
+        err,
+        CoreError::InvalidQualification { step: 0, .. }
+    ));
+    let err = mutated_err(|c| qualification(c).steps[0].digests[0].sha256 = "AB".into());
+    assert!(matches!(
+        err,
+        CoreError::InvalidQualification { step: 0, .. }
+    ));
+    let err = mutated_err(|c| qualification(c).steps[0].writes[0].buffer = "nope".into());
+    assert!(matches!(
+        err,
+        CoreError::UnknownReference { what: "buffer", .. }
+    ));
+    let err = mutated_err(|c| qualification(c).steps[0].digests[0].buffer = "nope".into());
+    assert!(matches!(
+        err,
+        CoreError::UnknownReference { what: "buffer", .. }
     ));
 }
 

@@ -143,7 +143,7 @@ REASONING_PARSER_NONE: ReasoningParser
 REASONING_PARSER_THINK_TAGS: ReasoningParser
 
 class Core(_message.Message):
-    __slots__ = ("abi_version", "identity", "window", "buffers", "images", "graphs", "contract", "frontend")
+    __slots__ = ("abi_version", "identity", "window", "buffers", "images", "graphs", "contract", "frontend", "qualification")
     ABI_VERSION_FIELD_NUMBER: _ClassVar[int]
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
@@ -152,6 +152,7 @@ class Core(_message.Message):
     GRAPHS_FIELD_NUMBER: _ClassVar[int]
     CONTRACT_FIELD_NUMBER: _ClassVar[int]
     FRONTEND_FIELD_NUMBER: _ClassVar[int]
+    QUALIFICATION_FIELD_NUMBER: _ClassVar[int]
     abi_version: int
     identity: Identity
     window: Window
@@ -160,7 +161,8 @@ class Core(_message.Message):
     graphs: _containers.RepeatedCompositeFieldContainer[Graph]
     contract: PreparedContract
     frontend: Frontend
-    def __init__(self, abi_version: _Optional[int] = ..., identity: _Optional[_Union[Identity, _Mapping]] = ..., window: _Optional[_Union[Window, _Mapping]] = ..., buffers: _Optional[_Iterable[_Union[Buffer, _Mapping]]] = ..., images: _Optional[_Iterable[_Union[KernelImage, _Mapping]]] = ..., graphs: _Optional[_Iterable[_Union[Graph, _Mapping]]] = ..., contract: _Optional[_Union[PreparedContract, _Mapping]] = ..., frontend: _Optional[_Union[Frontend, _Mapping]] = ...) -> None: ...
+    qualification: Qualification
+    def __init__(self, abi_version: _Optional[int] = ..., identity: _Optional[_Union[Identity, _Mapping]] = ..., window: _Optional[_Union[Window, _Mapping]] = ..., buffers: _Optional[_Iterable[_Union[Buffer, _Mapping]]] = ..., images: _Optional[_Iterable[_Union[KernelImage, _Mapping]]] = ..., graphs: _Optional[_Iterable[_Union[Graph, _Mapping]]] = ..., contract: _Optional[_Union[PreparedContract, _Mapping]] = ..., frontend: _Optional[_Union[Frontend, _Mapping]] = ..., qualification: _Optional[_Union[Qualification, _Mapping]] = ...) -> None: ...
 
 class Identity(_message.Message):
     __slots__ = ("engine_version", "recipe", "checkpoint_fingerprint", "config_fingerprint", "tokenizer_fingerprint", "device_name", "compute_capability_major", "compute_capability_minor", "sm_count", "driver_version", "cuda_version")
@@ -199,14 +201,16 @@ class Window(_message.Message):
     def __init__(self, base: _Optional[int] = ..., size: _Optional[int] = ..., regions: _Optional[_Iterable[_Union[Region, _Mapping]]] = ...) -> None: ...
 
 class Region(_message.Message):
-    __slots__ = ("kind", "offset", "size")
+    __slots__ = ("kind", "offset", "size", "backed_bytes")
     KIND_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
+    BACKED_BYTES_FIELD_NUMBER: _ClassVar[int]
     kind: RegionKind
     offset: int
     size: int
-    def __init__(self, kind: _Optional[_Union[RegionKind, str]] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
+    backed_bytes: int
+    def __init__(self, kind: _Optional[_Union[RegionKind, str]] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., backed_bytes: _Optional[int] = ...) -> None: ...
 
 class Buffer(_message.Message):
     __slots__ = ("name", "role", "offset", "size_bytes", "dtype", "shape", "strides", "initial_tensor")
@@ -436,3 +440,37 @@ class Frontend(_message.Message):
     tool_parser: ToolParser
     reasoning_parser: ReasoningParser
     def __init__(self, tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., special_tokens: _Optional[_Iterable[str]] = ..., sampling: _Optional[_Union[SamplingDefaults, _Mapping]] = ..., tool_parser: _Optional[_Union[ToolParser, str]] = ..., reasoning_parser: _Optional[_Union[ReasoningParser, str]] = ...) -> None: ...
+
+class BufferWrite(_message.Message):
+    __slots__ = ("buffer", "offset", "data")
+    BUFFER_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    buffer: str
+    offset: int
+    data: bytes
+    def __init__(self, buffer: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class BufferDigest(_message.Message):
+    __slots__ = ("buffer", "sha256")
+    BUFFER_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    buffer: str
+    sha256: str
+    def __init__(self, buffer: _Optional[str] = ..., sha256: _Optional[str] = ...) -> None: ...
+
+class QualificationStep(_message.Message):
+    __slots__ = ("graph", "writes", "digests")
+    GRAPH_FIELD_NUMBER: _ClassVar[int]
+    WRITES_FIELD_NUMBER: _ClassVar[int]
+    DIGESTS_FIELD_NUMBER: _ClassVar[int]
+    graph: int
+    writes: _containers.RepeatedCompositeFieldContainer[BufferWrite]
+    digests: _containers.RepeatedCompositeFieldContainer[BufferDigest]
+    def __init__(self, graph: _Optional[int] = ..., writes: _Optional[_Iterable[_Union[BufferWrite, _Mapping]]] = ..., digests: _Optional[_Iterable[_Union[BufferDigest, _Mapping]]] = ...) -> None: ...
+
+class Qualification(_message.Message):
+    __slots__ = ("steps",)
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    steps: _containers.RepeatedCompositeFieldContainer[QualificationStep]
+    def __init__(self, steps: _Optional[_Iterable[_Union[QualificationStep, _Mapping]]] = ...) -> None: ...

@@ -206,7 +206,7 @@ def tiny_fixture(
             base=base,
             size=size,
             regions=[
-                pb.Region(kind=kind, offset=start, size=end - start)
+                pb.Region(kind=kind, offset=start, size=end - start, backed_bytes=end - start)
                 for kind, (start, end) in spans.items()
             ],
         ),

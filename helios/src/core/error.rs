@@ -120,6 +120,14 @@ pub enum CoreError {
         /// The duplicated name.
         name: String,
     },
+    /// A step of the recorded qualification sequence is unusable.
+    #[error("invalid qualification step {step}: {reason}")]
+    InvalidQualification {
+        /// Position of the step in `qualification.steps`.
+        step: usize,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
     /// The frontend assets (tokenizer, stop tokens, sampling) are unusable.
     #[error("invalid frontend: {reason}")]
     Frontend {

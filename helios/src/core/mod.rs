@@ -28,7 +28,7 @@ pub use validate::required_semantics;
 
 use proto::{
     Buffer, Core, Frontend, Graph, GraphKind, Identity, KernelImage, PreparedContract,
-    SamplingDefaults, Semantic, Window,
+    Qualification, SamplingDefaults, Semantic, Window,
 };
 
 /// The execution ABI this engine implements. Cores exported for any ABI up to
@@ -67,6 +67,7 @@ pub struct ValidCore {
     contract: PreparedContract,
     frontend: Frontend,
     sampling: SamplingDefaults,
+    qualification: Option<Qualification>,
     bound: BTreeMap<Semantic, usize>,
     catalog: BTreeMap<(GraphKind, u32), usize>,
 }
@@ -83,6 +84,7 @@ impl ValidCore {
             graphs,
             contract,
             frontend,
+            qualification,
         } = core;
         validate::check_abi(abi_version)?;
         let missing = |field| CoreError::Missing { field };
@@ -99,6 +101,9 @@ impl ValidCore {
         let bound = validate::check_bindings(&contract.bindings, &names)?;
         validate::check_frontend(&frontend)?;
         let sampling = frontend.sampling.ok_or(missing("frontend.sampling"))?;
+        if let Some(qualification) = &qualification {
+            validate::check_qualification(qualification, graphs.len(), &buffers, &names)?;
+        }
 
         Ok(Self {
             abi_version,
@@ -110,6 +115,7 @@ impl ValidCore {
             contract,
             frontend,
             sampling,
+            qualification,
             bound,
             catalog,
         })
@@ -158,6 +164,11 @@ impl ValidCore {
     /// The default sampling parameters and their allowed ranges.
     pub fn sampling(&self) -> &SamplingDefaults {
         &self.sampling
+    }
+
+    /// The recorded qualification sequence, when the core carries one.
+    pub fn qualification(&self) -> Option<&Qualification> {
+        self.qualification.as_ref()
     }
 
     /// The buffer bound to `semantic`. Every semantic value is bound, so this
@@ -210,6 +221,7 @@ impl ValidCore {
             graphs: self.graphs,
             contract: Some(self.contract),
             frontend: Some(self.frontend),
+            qualification: self.qualification,
         }
     }
 }

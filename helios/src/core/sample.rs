@@ -5,9 +5,10 @@
 //! the `flare` CLI start from it and change one thing at a time.
 
 use super::proto::{
-    node::Op, Binding, Buffer, BufferRole, Core, DType, Dim3, Edge, EmptyNode, FloatRange,
-    Frontend, Graph, GraphKind, Identity, KernelImage, KernelNode, Node, PreparedContract,
-    ReasoningParser, Region, RegionKind, SamplingDefaults, Semantic, ToolParser, Window,
+    node::Op, Binding, Buffer, BufferDigest, BufferRole, BufferWrite, Core, DType, Dim3, Edge,
+    EmptyNode, FloatRange, Frontend, Graph, GraphKind, Identity, KernelImage, KernelNode, Node,
+    PreparedContract, Qualification, QualificationStep, ReasoningParser, Region, RegionKind,
+    SamplingDefaults, Semantic, ToolParser, Window,
 };
 use super::{required_semantics, ENGINE_ABI};
 
@@ -19,6 +20,8 @@ pub const SAMPLE_BASE: u64 = 0x2000_0000_0000;
 pub const SAMPLE_WINDOW: u64 = 32 * MIB;
 /// Digest of the sample core's only kernel image.
 pub const SAMPLE_IMAGE: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+/// The buffer the sample core's qualification step writes and checks.
+pub const SAMPLE_QUALIFIED: &str = "staging.decode_slots";
 /// Decode capacities of the sample core.
 pub const SAMPLE_DECODE: [u32; 3] = [1, 2, 4];
 /// Prefill capacities of the sample core.
@@ -253,6 +256,7 @@ pub fn tiny_core() -> Core {
                     kind: kind as i32,
                     offset: offset * MIB,
                     size: size * MIB,
+                    backed_bytes: size * MIB,
                 })
                 .collect(),
         }),
@@ -292,6 +296,20 @@ pub fn tiny_core() -> Core {
             }),
             tool_parser: ToolParser::None as i32,
             reasoning_parser: ReasoningParser::None as i32,
+        }),
+        qualification: Some(Qualification {
+            steps: vec![QualificationStep {
+                graph: 0,
+                writes: vec![BufferWrite {
+                    buffer: SAMPLE_QUALIFIED.to_owned(),
+                    offset: 0,
+                    data: vec![1, 0, 0, 0],
+                }],
+                digests: vec![BufferDigest {
+                    buffer: SAMPLE_QUALIFIED.to_owned(),
+                    sha256: SAMPLE_IMAGE.to_owned(),
+                }],
+            }],
         }),
     }
 }

@@ -8,7 +8,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use super::error::CoreError;
 use super::proto::{
     node::Op, Binding, Buffer, BufferRole, DType, Dim3, Frontend, Graph, GraphKind, KernelImage,
-    PreparedContract, ReasoningParser, Region, RegionKind, Semantic, ToolParser, Window,
+    PreparedContract, Qualification, ReasoningParser, Region, RegionKind, Semantic, ToolParser,
+    Window,
 };
 use super::ENGINE_ABI;
 
@@ -83,6 +84,9 @@ fn check_regions(regions: &[Region], window_size: u64) -> Result<(), CoreError> 
         match region.offset.checked_add(region.size) {
             Some(end) if end <= window_size => spans.push((region.offset, end, index)),
             _ => return invalid("extends past the window"),
+        }
+        if region.backed_bytes > region.size {
+            return invalid("backs more bytes than it holds");
         }
     }
     spans.sort_unstable();
@@ -394,5 +398,48 @@ pub(crate) fn check_frontend(frontend: &Frontend) -> Result<(), CoreError> {
     }
     specified::<ToolParser>("frontend.tool_parser", frontend.tool_parser)?;
     specified::<ReasoningParser>("frontend.reasoning_parser", frontend.reasoning_parser)?;
+    Ok(())
+}
+
+/// Checks the recorded qualification sequence against the graphs and buffers.
+pub(crate) fn check_qualification(
+    qualification: &Qualification,
+    graphs: usize,
+    buffers: &[Buffer],
+    names: &HashMap<&str, usize>,
+) -> Result<(), CoreError> {
+    let size_of = |name: &str| -> Result<u64, CoreError> {
+        names
+            .get(name)
+            .map(|&position| buffers[position].size_bytes)
+            .ok_or_else(|| CoreError::UnknownReference {
+                what: "buffer",
+                name: name.to_owned(),
+            })
+    };
+    for (index, step) in qualification.steps.iter().enumerate() {
+        let invalid = |reason| {
+            Err(CoreError::InvalidQualification {
+                step: index,
+                reason,
+            })
+        };
+        if step.graph as usize >= graphs {
+            return invalid("names a graph index past the catalog");
+        }
+        for write in &step.writes {
+            let size = size_of(&write.buffer)?;
+            let end = write.offset.checked_add(write.data.len() as u64);
+            if write.data.is_empty() || end.is_none_or(|end| end > size) {
+                return invalid("writes outside its buffer, or nothing");
+            }
+        }
+        for digest in &step.digests {
+            size_of(&digest.buffer)?;
+            if !is_sha256_hex(&digest.sha256) {
+                return invalid("digest is not 64 lowercase hex digits");
+            }
+        }
+    }
     Ok(())
 }
