@@ -1,7 +1,7 @@
 """Paged KV cache storage and the operators that write and read it inside graphs.
 
 Layout: one tensor ``[layers, 2, pages, page_size, kv_heads, head_dim]``; page 0 is
-the null page that padded and inactive rows write to and nothing valid reads.
+the null page that padded and inactive rows write (zeros) to and nothing valid reads.
 The operators are registered as custom ops so that Inductor treats them as opaque
 calls that mutate (or read) the whole cache buffer in place: a functionalized
 copy of the cache per step would be a disaster. Each op has one implementation per
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ignition.components import attention
+from ignition.components.triton_kv_write import triton_write_kv
 
 NULL_PAGE = 0
 
@@ -81,11 +82,21 @@ def slot_mapping(
 def write_kv(
     kv: torch.Tensor, layer: int, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor
 ) -> None:
-    """Write K/V [tokens, kv_heads, head_dim] of one layer to flat cache ``rows``."""
+    """Write K/V [tokens, kv_heads, head_dim] of one layer to flat cache ``rows``.
+    Tokens whose row lies in the null page write zeros there (several may share a
+    row), so the null page stays zero and the cache never depends on a write race."""
     _, _, pages, page_size, kv_heads, head_dim = kv.shape
     flat = kv[layer].view(2, pages * page_size, kv_heads, head_dim)
-    flat[0].index_copy_(0, rows, k.to(kv.dtype))
-    flat[1].index_copy_(0, rows, v.to(kv.dtype))
+    live = (rows >= page_size).view(-1, 1, 1)
+    flat[0].index_copy_(0, rows, torch.where(live, k, 0).to(kv.dtype))
+    flat[1].index_copy_(0, rows, torch.where(live, v, 0).to(kv.dtype))
+
+
+@write_kv.register_kernel("cuda")
+def _write_kv_cuda(
+    kv: torch.Tensor, layer: int, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor
+) -> None:
+    triton_write_kv(kv[layer], k, v, rows)
 
 
 @torch.library.custom_op("flare::decode_attention", mutates_args=())
