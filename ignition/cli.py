@@ -10,6 +10,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from ignition.export.graph_walk import ExportError
+from ignition.export.window import WindowError
 from ignition.loading.default_model import default_model_path
 from ignition.loading.source import CheckpointError
 from ignition.preparation.catalog import CatalogError
@@ -92,6 +94,8 @@ def _prepare(args: argparse.Namespace, capture: bool) -> PreparedModel:
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
+    if args.out is not None:
+        return _cmd_export(args)
     prepared = _prepare(args, capture=True)
     catalog = prepared.catalog
     print(f"model        {prepared.name} ({prepared.fingerprint[:16]})")
@@ -100,6 +104,18 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     print(f"graphs       {len(prepared.graphs)} captured")
     print(f"timings      {json.dumps({k: round(v, 2) for k, v in prepared.timings.items()})}")
     prepared.close()
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from ignition.export.exporter import export_core
+
+    if args.device != "cuda":
+        raise CheckpointError("--out exports graphs, which needs --device cuda")
+    if args.out.exists() and any(args.out.iterdir()):
+        raise CheckpointError(f"{args.out} exists and is not empty; choose a new directory")
+    report = export_core(args.model or default_model_path(), _options(args, True), args.out)
+    print(report.to_json())
     return 0
 
 
@@ -176,6 +192,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="prepare MODEL into captured graphs and report catalog, memory and timings",
     )
     _add_preparation(prep)
+    prep.add_argument(
+        "--out",
+        type=Path,
+        help="export the runtime core to this new directory (manifest, initial buffer "
+        "contents, kernel images, qualification sequence) for `flare run` / `flare replay`; "
+        "needs flare_heliopause and CUPTI",
+    )
     prep.set_defaults(func=_cmd_prepare)
     replay = sub.add_parser(
         "replay",
@@ -206,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except (CheckpointError, CatalogError, MemoryPlanError, AdmissionError) as error:
+        print(f"ignition: error: {error}", file=sys.stderr)
+        return 2
+    except (ExportError, WindowError) as error:
         print(f"ignition: error: {error}", file=sys.stderr)
         return 2
 

@@ -38,8 +38,11 @@ class SnapshotRows:
             consumed=torch.zeros(rows, dtype=torch.int32, device=device),
         )
 
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"kv": self.kv, "hidden": self.hidden, "consumed": self.consumed}
+
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.kv, self.hidden, self.consumed))
+        return sum(t.numel() * t.element_size() for t in self.tensors().values())
 
 
 def _tail_page(state: RequestState, slot: torch.Tensor, consumed: torch.Tensor, page_size: int):

@@ -25,6 +25,7 @@ from ignition.preparation.prepared import PreparedModel
 from recipes.llama import SamplingDefaults
 
 ABI_VERSION = 1
+ENGINE_VERSION = "0.1.0"
 MIB = 1 << 20
 WINDOW_ALIGNMENT = 2 * MIB
 BUFFER_ALIGNMENT = 256
@@ -38,7 +39,7 @@ _DTYPES = {
     torch.uint8: pb.DTYPE_U8,
 }
 
-_REGION_OF_ROLE = {
+REGION_OF_ROLE = {
     pb.BUFFER_ROLE_WEIGHT: pb.REGION_KIND_WEIGHTS,
     pb.BUFFER_ROLE_REQUEST_STATE: pb.REGION_KIND_REQUEST_STATE,
     pb.BUFFER_ROLE_KV_PAGES: pb.REGION_KIND_KV_PAGES,
@@ -47,7 +48,7 @@ _REGION_OF_ROLE = {
     pb.BUFFER_ROLE_OUTPUT: pb.REGION_KIND_STAGING,
 }
 
-_GRAPH_KINDS = {
+GRAPH_KINDS = {
     GraphKind.DECODE: pb.GRAPH_KIND_DECODE,
     GraphKind.PREFILL: pb.GRAPH_KIND_PREFILL,
     GraphKind.RESUME: pb.GRAPH_KIND_RESUME,
@@ -90,8 +91,8 @@ def named_buffers(prepared: PreparedModel) -> Iterator[tuple[str, int, torch.Ten
     for name, tensor in storage.state.tensors().items():
         yield f"state.{name}", pb.BUFFER_ROLE_REQUEST_STATE, tensor
     yield "kv.pages", pb.BUFFER_ROLE_KV_PAGES, storage.cache.kv
-    for field in ("kv", "hidden", "consumed"):
-        yield f"snapshot.{field}", pb.BUFFER_ROLE_SNAPSHOT_ROWS, getattr(storage.snapshots, field)
+    for name, tensor in storage.snapshots.tensors().items():
+        yield f"snapshot.{name}", pb.BUFFER_ROLE_SNAPSHOT_ROWS, tensor
     outputs = {"completions", "logits", "maint_status"}
     for name, tensor in storage.staging.tensors().items():
         role = pb.BUFFER_ROLE_OUTPUT if name in outputs else pb.BUFFER_ROLE_STAGING_INPUT
@@ -185,16 +186,16 @@ def tiny_fixture(
         if buffers[-1].initial_tensor:
             initial[name] = tensor
         end = offset + -(-extent_bytes(tensor) // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
-        span = spans.setdefault(_REGION_OF_ROLE[role], [offset, end])
+        span = spans.setdefault(REGION_OF_ROLE[role], [offset, end])
         span[1] = end
         offset = end
     size = max(32 * MIB, -(-offset // WINDOW_ALIGNMENT) * WINDOW_ALIGNMENT)
     graphs = [
-        pb.Graph(kind=_GRAPH_KINDS[key.kind], capacity=key.capacity, nodes=[pb.Node(empty={})])
+        pb.Graph(kind=GRAPH_KINDS[key.kind], capacity=key.capacity, nodes=[pb.Node(empty={})])
         for key in prepared.catalog.keys()
     ]
     identity = pb.Identity(
-        engine_version="0.1.0",
+        engine_version=ENGINE_VERSION,
         recipe="llama",
         checkpoint_fingerprint=prepared.fingerprint,
         device_name="none (fixture)",

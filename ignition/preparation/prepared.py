@@ -25,6 +25,7 @@ from ignition.loading.open import open_checkpoint
 from ignition.loading.source import CheckpointError
 from ignition.preparation.catalog import Catalog, GraphKey
 from ignition.preparation.memory import GIB, MemoryReport, plan_kv_pages
+from ignition.preparation.placement import DefaultPlacement, Placement
 from ignition.preparation.progress import console, phase
 from ignition.preparation.steps import Storage, build_steps, decode_forward, prefill_forward
 from recipes import llama
@@ -41,6 +42,8 @@ class PrepareOptions:
     capture_headroom_gib: float = 2.0
     compile: bool = True
     capture: bool = True
+    # Keep each captured cudaGraph_t (an export walks them); they instantiate on use.
+    keep_graphs: bool = False
     device: str = "cuda"
     dtype: torch.dtype = torch.bfloat16
 
@@ -70,9 +73,12 @@ class PreparedModel:
             self.steps[key]()
 
     def reset(self) -> None:
-        """Request state, pages and staging back to their initial contents."""
+        """Request state, pages, snapshot rows and staging back to their initial
+        contents (what an exported core starts from)."""
         self.storage.state.reset()
         self.storage.cache.kv.zero_()
+        for tensor in self.storage.snapshots.tensors().values():
+            tensor.zero_()
         for tensor in self.storage.staging.tensors().values():
             tensor.zero_()
 
@@ -107,10 +113,12 @@ def _stop_tokens(config: object, tokenizer: PreTrainedTokenizerBase) -> list[int
 
 
 def _capture(
-    steps: dict[GraphKey, Callable[[], None]], keys: list[GraphKey]
+    steps: dict[GraphKey, Callable[[], None]],
+    keys: list[GraphKey],
+    pool: tuple[int, int],
+    keep_graphs: bool,
 ) -> dict[GraphKey, torch.cuda.CUDAGraph]:
     """Warm up and capture each entry, largest first, into one shared pool."""
-    pool = torch.cuda.graph_pool_handle()
     stream = torch.cuda.Stream()
     graphs: dict[GraphKey, torch.cuda.CUDAGraph] = {}
     with phase("warm-up and capture", len(keys)) as advance:
@@ -121,7 +129,7 @@ def _capture(
                     steps[key]()
             torch.cuda.current_stream().wait_stream(stream)
             torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
+            graph = torch.cuda.CUDAGraph(keep_graph=keep_graphs)
             with torch.cuda.graph(graph, pool=pool, stream=stream):
                 steps[key]()
             torch.cuda.synchronize()
@@ -137,7 +145,12 @@ def _warm_up(steps: dict[GraphKey, Callable[[], None]], keys: list[GraphKey]) ->
             advance(1)
 
 
-def prepare(path: Path, options: PrepareOptions) -> PreparedModel:
+def prepare(
+    path: Path, options: PrepareOptions, placement: Placement | None = None
+) -> PreparedModel:
+    """Prepare ``path``; ``placement`` decides where device memory comes from (by
+    default PyTorch's allocator; an export passes the fixed-address window)."""
+    placement = placement or DefaultPlacement()
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     device = torch.device(options.device)
@@ -159,19 +172,27 @@ def prepare(path: Path, options: PrepareOptions) -> PreparedModel:
     stop_tokens = _stop_tokens(config, tokenizer)
 
     cache = PagedKvCache(torch.empty(0, device=device))
-    model = llama.LlamaModel(config, cache, options.dtype, device, positions=context_limit)
-    with phase("loading weights", len(model.mapping.placements)) as advance:
-        load_weights(source, model.mapping, advance)
+    with placement.region("weights"):
+        model = llama.LlamaModel(config, cache, options.dtype, device, positions=context_limit)
+        with phase("loading weights", len(model.mapping.placements)) as advance:
+            load_weights(source, model.mapping, advance)
     timings["load_s"] = time.perf_counter() - t0
 
     slots = options.max_concurrency + 1
-    state = RequestState.allocate(
-        slots, geometry.vocab, catalog.max_pages_per_request, geometry.hidden, options.dtype, device
-    )
-    state.stop_tokens[: len(stop_tokens)] = torch.tensor(stop_tokens, device=device)
-    staging = StagingInputs.allocate(
-        max(catalog.decode), options.prefill_chunk_size, context_limit, geometry.vocab, device
-    )
+    with placement.region("request_state"):
+        state = RequestState.allocate(
+            slots,
+            geometry.vocab,
+            catalog.max_pages_per_request,
+            geometry.hidden,
+            options.dtype,
+            device,
+        )
+        state.stop_tokens[: len(stop_tokens)] = torch.tensor(stop_tokens, device=device)
+    with placement.region("staging"):
+        staging = StagingInputs.allocate(
+            max(catalog.decode), options.prefill_chunk_size, context_limit, geometry.vocab, device
+        )
     per_page = PagedKvCache.bytes_per_page(
         geometry.layers, llama.PAGE_SIZE, geometry.kv_heads, geometry.head_dim, options.dtype
     )
@@ -191,16 +212,18 @@ def prepare(path: Path, options: PrepareOptions) -> PreparedModel:
         )
     else:
         pages = useful_pages
-    cache.kv = PagedKvCache.allocate(
-        geometry.layers,
-        pages,
-        llama.PAGE_SIZE,
-        geometry.kv_heads,
-        geometry.head_dim,
-        options.dtype,
-        device,
-    ).kv
-    snapshots = SnapshotRows.allocate(options.snapshot_rows, cache, geometry.hidden, device)
+    with placement.region("kv_pages"):
+        cache.kv = PagedKvCache.allocate(
+            geometry.layers,
+            pages,
+            llama.PAGE_SIZE,
+            geometry.kv_heads,
+            geometry.head_dim,
+            options.dtype,
+            device,
+        ).kv
+    with placement.region("snapshot_rows"):
+        snapshots = SnapshotRows.allocate(options.snapshot_rows, cache, geometry.hidden, device)
     storage = Storage(state, cache, snapshots, staging)
 
     decode = decode_forward(model, llama.PAGE_SIZE)
@@ -246,7 +269,7 @@ def prepare(path: Path, options: PrepareOptions) -> PreparedModel:
         torch.cuda.synchronize()
         reserved_before = torch.cuda.memory_reserved(device)
         if options.capture:
-            prepared.graphs = _capture(steps, keys)
+            prepared.graphs = _capture(steps, keys, placement.graph_pool(), options.keep_graphs)
         else:
             _warm_up(steps, keys)
         torch.cuda.synchronize()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -135,8 +136,15 @@ class StepLog:
 
 
 class Harness:
-    def __init__(self, prepared: PreparedModel, trace_logits: bool = False) -> None:
+    def __init__(
+        self,
+        prepared: PreparedModel,
+        trace_logits: bool = False,
+        execute: Callable[[GraphKey], None] | None = None,
+    ) -> None:
+        """``execute`` replaces ``prepared.execute`` (an export records each launch)."""
         self.prepared = prepared
+        self._launch = execute or prepared.execute
         # Diagnostic: per request, the logits and placement of each sampled step, to
         # locate the first step at which two runs of the same request diverge and why.
         self.logit_trace: dict[int, list[TracedStep]] | None = {} if trace_logits else None
@@ -183,7 +191,7 @@ class Harness:
 
     def _execute(self, key: GraphKey, rows: int) -> torch.Tensor:
         start = time.perf_counter()
-        self.prepared.execute(key)
+        self._launch(key)
         completions = self.storage.staging.completions[: max(rows, 1)].cpu()
         self.steps.append(StepLog(key.kind.value, key.capacity, rows, time.perf_counter() - start))
         return completions

@@ -1,0 +1,191 @@
+"""Qualification: a recorded sequence of launches that Helios must replay bitwise.
+
+Recording wraps ``PreparedModel.execute``. Before each launch it records the bytes
+the host changed since the previous launch (state and staging are the only buffers
+the host writes: page tables and packed inputs), as the smallest differing span per
+buffer; after the launch it records SHA-256 digests of the buffers the graphs write
+(every ``full_every`` steps and at the last, also the KV pages and the weights). The
+sequence starts from the prepared model right after ``reset()``, which is what an
+exported core holds at load: initial contents, zeros elsewhere.
+
+The workload exercises what serving does, not only warm-up inputs: several requests
+of different lengths (multi-chunk prompts included) and sampling settings through
+the replay harness, so decode capacities and slot assignments change between steps,
+then a prefix snapshot, a restore into another slot, a resume and decodes of both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from ignition.export import flare_core_pb2 as pb
+from ignition.preparation.catalog import GraphKey, GraphKind
+from ignition.preparation.prepared import PreparedModel
+from ignition.replay.harness import Harness, Request
+from ignition.replay.packing import SamplingParams, pack_admission, pack_chunk, pack_decode
+
+# Buffers the host may write between launches (by manifest-name prefix).
+HOST_WRITTEN = ("state.", "staging.")
+# Buffers too large to digest after every step.
+LARGE = ("kv.", "weight.")
+
+
+def buffer_bytes(tensor: torch.Tensor) -> np.ndarray:
+    """The bytes of a contiguous tensor, on the host."""
+    if not tensor.is_contiguous():
+        raise ValueError("qualification reads contiguous buffers only")
+    return tensor.detach().reshape(-1).view(torch.uint8).cpu().numpy()
+
+
+def digest(tensor: torch.Tensor) -> str:
+    return hashlib.sha256(buffer_bytes(tensor).tobytes()).hexdigest()
+
+
+def changed_span(before: np.ndarray, after: np.ndarray) -> tuple[int, int] | None:
+    """[first, last + 1) of the bytes that differ, or None when none do."""
+    differ = np.flatnonzero(before != after)
+    if differ.size == 0:
+        return None
+    return int(differ[0]), int(differ[-1]) + 1
+
+
+class QualificationRecorder:
+    """Records launches of ``prepared`` as ``QualificationStep`` messages."""
+
+    def __init__(
+        self,
+        prepared: PreparedModel,
+        buffers: dict[str, torch.Tensor],
+        graph_index: dict[GraphKey, int],
+        full_every: int = 8,
+    ) -> None:
+        self.prepared = prepared
+        self.buffers = buffers
+        self.graph_index = graph_index
+        self.full_every = full_every
+        self.steps: list[pb.QualificationStep] = []
+        self._mirror = {
+            name: buffer_bytes(t).copy()
+            for name, t in buffers.items()
+            if name.startswith(HOST_WRITTEN)
+        }
+
+    def execute(self, key: GraphKey) -> None:
+        writes = []
+        for name, before in self._mirror.items():
+            now = buffer_bytes(self.buffers[name])
+            span = changed_span(before, now)
+            if span is not None:
+                lo, hi = span
+                writes.append(pb.BufferWrite(buffer=name, offset=lo, data=now[lo:hi].tobytes()))
+        self.prepared.execute(key)
+        if self.prepared.storage.cache.kv.is_cuda:
+            torch.cuda.synchronize()
+        full = len(self.steps) % self.full_every == self.full_every - 1
+        self.steps.append(
+            pb.QualificationStep(
+                graph=self.graph_index[key], writes=writes, digests=self._digests(full)
+            )
+        )
+        for name in self._mirror:
+            self._mirror[name] = buffer_bytes(self.buffers[name]).copy()
+
+    def _digests(self, full: bool) -> list[pb.BufferDigest]:
+        return [
+            pb.BufferDigest(buffer=name, sha256=digest(tensor))
+            for name, tensor in self.buffers.items()
+            if full or not name.startswith(LARGE)
+        ]
+
+    def finish(self) -> pb.Qualification:
+        """The recorded sequence; its last step digests every buffer."""
+        if self.steps:
+            last = self.steps[-1]
+            del last.digests[:]
+            last.digests.extend(self._digests(full=True))
+        return pb.Qualification(steps=self.steps)
+
+
+def replay_qualification(
+    prepared: PreparedModel,
+    qualification: pb.Qualification,
+    buffers: dict[str, torch.Tensor],
+    keys: list[GraphKey],
+) -> list[str]:
+    """Replays a recorded sequence on ``prepared`` (reset first) and returns one line
+    per digest that differs: the Python side of ``flare replay --check``."""
+    prepared.reset()
+    mismatches = []
+    for index, step in enumerate(qualification.steps):
+        for write in step.writes:
+            target = buffer_bytes(buffers[write.buffer]).copy()
+            target[write.offset : write.offset + len(write.data)] = np.frombuffer(
+                write.data, dtype=np.uint8
+            )
+            flat = buffers[write.buffer].reshape(-1).view(torch.uint8)
+            flat.copy_(torch.from_numpy(target))
+        prepared.execute(keys[step.graph])
+        for expected in step.digests:
+            if digest(buffers[expected.buffer]) != expected.sha256:
+                mismatches.append(f"step {index} ({keys[step.graph]}): {expected.buffer}")
+    return mismatches
+
+
+def _prompt(gen: torch.Generator, length: int, vocab: int) -> list[int]:
+    return torch.randint(3, vocab, (length,), generator=gen).tolist()
+
+
+def run_workload(prepared: PreparedModel, execute: Callable[[GraphKey], None]) -> None:
+    """The recorded workload: serving-like traffic, then the prefix operations."""
+    catalog = prepared.catalog
+    vocab = prepared.model.geometry.vocab
+    chunk = catalog.prefill_chunk_size
+    gen = torch.Generator().manual_seed(11)
+    # Every prefill capacity exactly, page boundaries, and a prompt of two chunks.
+    lengths = [*catalog.prefill, 37, 63, 65, min(chunk + 5, catalog.context_limit - 64)]
+    samplings = [
+        SamplingParams(temperature=1.0, top_k=20, top_p=0.95),
+        SamplingParams(temperature=0.7, top_k=1),
+        SamplingParams(
+            temperature=1.0, repetition_penalty=1.1, presence_penalty=0.2, frequency_penalty=0.1
+        ),
+        SamplingParams(temperature=0.9, min_p=0.05),
+    ]
+    requests = [
+        Request(i, _prompt(gen, n, vocab), 4 + 2 * i, samplings[i % len(samplings)], 500 + i)
+        for i, n in enumerate(lengths)
+    ]
+    Harness(prepared, execute=execute).run(requests)
+
+    # Prefix operations: prompt into slot 1, snapshot its tail, restore into slot 2
+    # (sharing the full pages), resume slot 2 from the hidden vector, decode both.
+    state, staging = prepared.storage.state, prepared.storage.staging
+    page = catalog.page_size
+    prompt = _prompt(gen, 2 * page + page // 2, vocab)
+    state.page_table[1].zero_()
+    state.page_table[2].zero_()
+    state.page_table[1, :4] = torch.tensor([1, 2, 3, 4], dtype=torch.int32)
+    sampling = samplings[0]
+    pack_admission(staging, 1, prompt, 8, sampling, seed=77)
+    execute(GraphKey(GraphKind.ADMIT, 1))
+    pack_chunk(staging, 1, prompt, ends_prompt=True)
+    execute(GraphKey(GraphKind.PREFILL, catalog.prefill_capacity(len(prompt))))
+    staging.maint_slot.fill_(1)
+    staging.maint_row.fill_(1)
+    execute(GraphKey(GraphKind.SNAPSHOT, 1))
+    state.page_table[2, :4] = torch.tensor([1, 2, 5, 6], dtype=torch.int32)
+    pack_admission(staging, 2, prompt, 8, sampling, seed=77, consumed=len(prompt))
+    execute(GraphKey(GraphKind.ADMIT, 1))
+    staging.maint_slot.fill_(2)
+    staging.maint_expect.fill_(len(prompt))
+    execute(GraphKey(GraphKind.RESTORE, 1))
+    staging.resume_slot.fill_(2)
+    execute(GraphKey(GraphKind.RESUME, 1))
+    for capacity in sorted({catalog.decode_capacity(2), catalog.decode_capacity(1)}):
+        for _ in range(3):
+            pack_decode(staging, [2, 1] if capacity > 1 else [1], capacity)
+            execute(GraphKey(GraphKind.DECODE, capacity))
