@@ -1,4 +1,5 @@
-"""Open a checkpoint by what the path is: a Transformers directory or a GGUF file."""
+"""Open a checkpoint by what the path is: a Transformers directory, a GGUF file, or a
+random-weights geometry directory (``ignition.loading.random_weights``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ from ignition.loading.source import CheckpointError, CheckpointSource
 
 def open_checkpoint(path: Path) -> CheckpointSource:
     """The checkpoint source for ``path``; a clear error for anything else."""
+    if path.is_dir() and (path / "random-weights.json").is_file():
+        from ignition.loading.random_weights import RandomWeightsCheckpoint
+
+        return RandomWeightsCheckpoint(path)
     if path.is_dir():
         from ignition.loading.safetensors_source import SafetensorsCheckpoint
 

@@ -1,0 +1,176 @@
+"""A checkpoint with a real model's geometry and random weights.
+
+Startup time and throughput at sizes such as a dense 8B model are measured on
+machines that download nothing, so a geometry directory stands in for the
+checkpoint: ``config.json``, a word-level tokenizer with a ChatML template, and
+``random-weights.json`` (seed and scale). Its source lists every tensor the
+canonical model declares and generates each one when loaded, one at a time like
+any other source: values cycle through one block of 2^20 normal samples (drawn
+from the seed), starting at an offset taken from the tensor's name, so 8B weights
+come at memory-copy speed and identically every time; norm weights are ones. The
+weights suit measurements of time and memory, not of quality.
+
+    python -m ignition.loading.random_weights --geometry llama-8b --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import zlib
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    LlamaConfig,
+    PretrainedConfig,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+)
+
+from ignition.loading.source import CheckpointError, TensorInfo
+
+MARKER = "random-weights.json"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# Tokenizer words: enough for prompts; token ids above them exist only in the model.
+TOKENIZER_WORDS = 32000
+_BLOCK = 1 << 20
+
+
+def _llama_8b() -> PretrainedConfig:
+    """Llama-3-8B's geometry (GQA 32/8, vocab 128256, llama3 rope)."""
+    return LlamaConfig(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+        bos_token_id=2,
+        eos_token_id=1,
+        tie_word_embeddings=False,
+    )
+
+
+def _qwen3_8b() -> PretrainedConfig:
+    """Qwen3-8B's geometry (GQA 32/8, head_dim 128, q/k norms, vocab 151936)."""
+    return Qwen3Config(
+        vocab_size=151936,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        bos_token_id=2,
+        eos_token_id=1,
+        tie_word_embeddings=False,
+    )
+
+
+GEOMETRIES = {"llama-8b": _llama_8b, "qwen3-8b": _qwen3_8b}
+
+
+def _tokenizer() -> PreTrainedTokenizerFast:
+    words = ["<unk>", "<|im_end|>", "<|im_start|>"]
+    words += [f"w{i}" for i in range(TOKENIZER_WORDS - len(words))]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>", bos_token="<|im_start|>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def write_random_checkpoint(
+    out: Path, config: PretrainedConfig | str, seed: int = 0, std: float = 0.02
+) -> Path:
+    """A geometry directory for ``config`` (or a name in ``GEOMETRIES``)."""
+    if isinstance(config, str):
+        if config not in GEOMETRIES:
+            raise CheckpointError(f"unknown geometry {config!r}; known: {', '.join(GEOMETRIES)}")
+        config = GEOMETRIES[config]()
+    out.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(out)
+    _tokenizer().save_pretrained(out)
+    (out / MARKER).write_text(json.dumps({"seed": seed, "std": std}))
+    return out
+
+
+class RandomWeightsCheckpoint:
+    """The source of a geometry directory: every canonical tensor, generated on load."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        marker = json.loads((path / MARKER).read_text())
+        self.seed = int(marker["seed"])
+        self.std = float(marker["std"])
+        self._config = AutoConfig.from_pretrained(path)
+        gen = torch.Generator().manual_seed(self.seed)
+        block = torch.randn(_BLOCK, generator=gen, dtype=torch.float32) * self.std
+        # Twice over, so that any window of _BLOCK values starting inside is contiguous.
+        self._block = block.to(torch.bfloat16).repeat(2)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(self._config, dtype=torch.bfloat16)
+        tied = bool(getattr(self._config, "tie_word_embeddings", False))
+        self._tensors = {
+            name: TensorInfo(name, tuple(p.shape), torch.bfloat16)
+            for name, p in model.named_parameters(remove_duplicate=not tied)
+            if not (tied and name == "lm_head.weight")
+        }
+
+    def config(self) -> PretrainedConfig:
+        return self._config
+
+    def tensors(self) -> dict[str, TensorInfo]:
+        return dict(self._tensors)
+
+    def load(self, name: str) -> torch.Tensor:
+        info = self._tensors.get(name)
+        if info is None:
+            raise CheckpointError(f"{self.path}: no tensor {name}")
+        if name.endswith("norm.weight"):
+            return torch.ones(info.shape, dtype=info.dtype)
+        numel = math.prod(info.shape)
+        start = zlib.crc32(name.encode()) % _BLOCK
+        whole, rest = divmod(numel, _BLOCK)
+        window = self._block[start : start + _BLOCK]
+        parts = [window] * whole + [window[:rest]]
+        return torch.cat(parts).view(info.shape)
+
+    def tokenizer_source(self) -> tuple[Path, dict[str, str]]:
+        return self.path, {}
+
+    def fingerprint(self) -> str:
+        digest = hashlib.sha256()
+        for name in ("config.json", MARKER):
+            digest.update((self.path / name).read_bytes())
+        return digest.hexdigest()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="write a random-weight geometry directory")
+    parser.add_argument("--geometry", choices=sorted(GEOMETRIES), required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    print(write_random_checkpoint(args.out, args.geometry, args.seed))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""A random-weights geometry directory prepares like a checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig
+
+from ignition.components.kv_cache import PagedKvCache
+from ignition.loading.mapping import check_coverage
+from ignition.loading.open import open_checkpoint
+from ignition.loading.random_weights import (
+    GEOMETRIES,
+    RandomWeightsCheckpoint,
+    write_random_checkpoint,
+)
+from ignition.loading.source import CheckpointError
+from ignition.preparation.prepared import PrepareOptions, prepare
+from ignition.replay.harness import Harness, Request, SamplingParams
+from recipes import llama
+
+
+def _tiny(path: Path) -> Path:
+    config = LlamaConfig(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=1,
+        tie_word_embeddings=True,
+    )
+    return write_random_checkpoint(path, config, seed=3)
+
+
+def test_tensors_are_deterministic_and_complete(tmp_path: Path) -> None:
+    source = open_checkpoint(_tiny(tmp_path / "geo"))
+    assert isinstance(source, RandomWeightsCheckpoint)
+    names = source.tensors()
+    assert "lm_head.weight" not in names  # tied
+    a = source.load("model.layers.0.self_attn.q_proj.weight")
+    b = RandomWeightsCheckpoint(tmp_path / "geo").load("model.layers.0.self_attn.q_proj.weight")
+    assert torch.equal(a, b) and a.dtype == torch.bfloat16 and a.shape == (64, 64)
+    assert 0.015 < float(a.float().std()) < 0.025
+    assert torch.equal(source.load("model.norm.weight"), torch.ones(64, dtype=torch.bfloat16))
+    assert not torch.equal(a, source.load("model.layers.1.self_attn.q_proj.weight"))
+    with pytest.raises(CheckpointError, match="no tensor"):
+        source.load("nope")
+    model = llama.LlamaModel(source.config(), _cache(), torch.bfloat16, torch.device("meta"))
+    check_coverage(source, model.mapping)
+
+
+def _cache() -> PagedKvCache:
+    return PagedKvCache(torch.empty(0))
+
+
+def test_named_geometries_match_their_models() -> None:
+    llama_8b = GEOMETRIES["llama-8b"]()
+    assert (llama_8b.hidden_size, llama_8b.num_hidden_layers, llama_8b.vocab_size) == (
+        4096,
+        32,
+        128256,
+    )
+    assert GEOMETRIES["qwen3-8b"]().head_dim == 128
+    with pytest.raises(CheckpointError, match="unknown geometry"):
+        write_random_checkpoint(Path("unused"), "llama-900b")
+
+
+def test_prepares_and_generates(tmp_path: Path) -> None:
+    options = PrepareOptions(
+        max_concurrency=2,
+        prefill_chunk_size=128,
+        context_limit=256,
+        compile=False,
+        capture=False,
+        device="cpu",
+        dtype=torch.float32,
+    )
+    prepared = prepare(_tiny(tmp_path / "geo"), options)
+    (result,) = Harness(prepared).run(
+        [Request(0, list(range(3, 40)), 5, SamplingParams(temperature=1.0), seed=1)]
+    )
+    assert len(result.tokens) == 5 or result.finish_reason == "stop"
