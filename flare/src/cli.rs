@@ -1,12 +1,16 @@
 //! Command-line definition and dispatch.
 
+mod replay;
+
 use std::fmt;
 use std::io::Write;
+use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 
-use clap::{Parser, Subcommand};
-use helios::core::proto::FloatRange;
+use clap::{ArgGroup, Parser, Subcommand};
+use helios::core::proto::{FloatRange, GraphKind};
 use helios::core::CoreSummary;
+use helios::replay::{LoadOptions, LoadedCore, ReplayError, ReplayReport};
 use helios::HeliosError;
 
 /// Flare: serve a runtime core prepared by Ignition, without Python.
@@ -22,8 +26,8 @@ pub enum Command {
     /// Serve a runtime core over HTTP (not in this build yet).
     ///
     /// Loads the runtime core at CORE and serves it over HTTP, streaming
-    /// generated tokens with server-sent events. This build cannot load a core
-    /// onto the GPU yet: it exits with status 2.
+    /// generated tokens with server-sent events. This build cannot serve yet
+    /// (`flare replay` loads and replays a core): it exits with status 2.
     Run {
         /// Path to the runtime core exported by Ignition.
         core: PathBuf,
@@ -44,27 +48,58 @@ pub enum Command {
         /// Path to the runtime core exported by Ignition.
         core: PathBuf,
     },
-    /// Rebuild a runtime core's graphs and check their replay (not in this build yet).
+    /// Load a runtime core onto the GPU, rebuild its graphs and check or time
+    /// their replay.
     ///
-    /// Rebuilds every graph recorded in the core and compares its replay
-    /// bitwise with the replay Ignition recorded in Python. This build cannot
-    /// rebuild graphs yet: it exits with status 2.
+    /// Loads the runtime core at CORE with no Python: reserves its window at
+    /// the recorded base address, uploads the initial contents, loads the
+    /// kernel images and rebuilds and instantiates every graph, reporting how
+    /// long each part took. --check then replays the qualification sequence
+    /// recorded from Python replay at export and compares every recorded
+    /// digest bitwise. --bench-decode CAPACITY runs the qualification (when
+    /// the core has one) and then times STEPS replays of the decode graph of
+    /// that capacity, each launching it, waiting and copying the completion
+    /// records to the host, as the Python replay harness does. Exit status: 0
+    /// when every digest matches, 1 when one differs, 2 when the core cannot
+    /// be loaded or replayed.
+    #[command(group(ArgGroup::new("mode").required(true).args(["check", "bench_decode"])))]
     Replay {
         /// Path to the runtime core exported by Ignition.
         core: PathBuf,
-        /// Compare the replay bitwise with the recorded Python replay
-        /// (currently the only replay mode, so it must be given).
-        #[arg(long, required = true)]
+        /// Replay the recorded qualification sequence and compare every
+        /// digest bitwise with the recorded Python replay.
+        #[arg(long)]
         check: bool,
+        /// Time native replay of the decode graph of this capacity.
+        #[arg(long, value_name = "CAPACITY")]
+        bench_decode: Option<u32>,
+        /// Decode steps to time.
+        #[arg(long, default_value = "256", conflicts_with = "check")]
+        steps: NonZeroU32,
+        /// Also write the report as JSON to PATH.
+        #[arg(long, value_name = "PATH")]
+        json: Option<PathBuf>,
+        /// CUDA device ordinal.
+        #[arg(long, default_value_t = 0)]
+        device: i32,
     },
+}
+
+/// How a command that ran to the end turned out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Everything it checked matched.
+    Success,
+    /// A replayed digest differs from the recorded one.
+    Mismatch,
 }
 
 /// Carries out one subcommand.
 ///
 /// `inspect` loads and validates the core's manifest (no CUDA) and prints it.
-/// `run` and `replay` cannot succeed yet: they need the CUDA side of the
-/// runtime-core loader, which is not part of this build.
-pub fn execute(command: Command) -> Result<(), HeliosError> {
+/// `replay` loads the core onto the GPU and checks or times its replay.
+/// `run` cannot succeed yet: serving is not part of this build.
+pub fn execute(command: Command) -> Result<Outcome, HeliosError> {
     match command {
         Command::Inspect { core } => {
             let summary = helios::core::load_manifest(&core)?.summary();
@@ -75,12 +110,69 @@ pub fn execute(command: Command) -> Result<(), HeliosError> {
             // A closed stdout (`flare inspect CORE | head`) is no failure of
             // the core, so write errors are not reported.
             let _ = write!(std::io::stdout().lock(), "{report}");
-            Ok(())
+            Ok(Outcome::Success)
         }
-        Command::Run { core, .. } | Command::Replay { core, .. } => {
-            Err(HeliosError::CoreUnavailable { path: core })
+        Command::Replay {
+            core,
+            check,
+            bench_decode,
+            steps,
+            json,
+            device,
+        } => run_replay(&core, check, bench_decode.map(|c| (c, steps)), json, device),
+        Command::Run { core, .. } => Err(HeliosError::CoreUnavailable { path: core }),
+    }
+}
+
+/// `flare replay`: load, then the qualification check (always with
+/// `--check`; before the bench when the core has one), then the bench.
+fn run_replay(
+    path: &Path,
+    check: bool,
+    bench: Option<(u32, NonZeroU32)>,
+    json: Option<PathBuf>,
+    device: i32,
+) -> Result<Outcome, HeliosError> {
+    let mut loaded = LoadedCore::load(path, &LoadOptions { device })?;
+    if let Some((capacity, _)) = bench {
+        if loaded.core().graph(GraphKind::Decode, capacity).is_none() {
+            return Err(ReplayError::NoDecodeGraph {
+                capacity,
+                available: loaded.core().contract().decode_capacities.clone(),
+            }
+            .into());
         }
     }
+    let qualification = if check || loaded.core().qualification().is_some() {
+        Some(loaded.check()?)
+    } else {
+        None
+    };
+    let decode_bench = match bench {
+        Some((capacity, steps)) => Some(loaded.bench_decode(capacity, steps)?),
+        None => None,
+    };
+    let report = ReplayReport {
+        core: path.display().to_string(),
+        load: loaded.report().clone(),
+        qualification,
+        decode_bench,
+    };
+    // As for inspect, a closed stdout is no failure of the replay.
+    let _ = write!(std::io::stdout().lock(), "{}", replay::Text(&report));
+    if let Some(path) = json {
+        let written = report
+            .to_json()
+            .map_err(std::io::Error::other)
+            .and_then(|text| std::fs::write(&path, text + "\n"));
+        written.map_err(|source| HeliosError::WriteReport { path, source })?;
+    }
+    let mismatch = (report.qualification.as_ref()).is_some_and(|q| !q.passed());
+    Ok(if mismatch {
+        Outcome::Mismatch
+    } else {
+        Outcome::Success
+    })
 }
 
 const MIB: f64 = (1u64 << 20) as f64;
@@ -326,24 +418,84 @@ mod tests {
     }
 
     #[test]
-    fn replay_requires_check() {
+    fn replay_requires_a_mode() {
         let err = Cli::try_parse_from(["flare", "replay", "tiny.core"]).unwrap_err();
         assert_eq!(err.kind(), clap::error::ErrorKind::MissingRequiredArgument);
     }
 
     #[test]
-    fn run_and_replay_report_the_missing_loader() {
-        for args in [
-            &["flare", "run", "tiny.core", "--port", "9000"][..],
-            &["flare", "replay", "tiny.core", "--check"][..],
-        ] {
-            let cli = Cli::try_parse_from(args).unwrap();
-            let err = execute(cli.command).unwrap_err();
-            assert!(matches!(
-                err,
-                HeliosError::CoreUnavailable { ref path } if path == &PathBuf::from("tiny.core")
-            ));
+    fn replay_takes_one_mode() {
+        let err = Cli::try_parse_from([
+            "flare",
+            "replay",
+            "tiny.core",
+            "--check",
+            "--bench-decode",
+            "4",
+        ])
+        .unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ArgumentConflict);
+    }
+
+    #[test]
+    fn bench_decode_defaults_to_256_steps() {
+        let cli = Cli::try_parse_from(["flare", "replay", "c", "--bench-decode", "4"]).unwrap();
+        match cli.command {
+            Command::Replay {
+                check,
+                bench_decode,
+                steps,
+                json,
+                device,
+                ..
+            } => {
+                assert!(!check);
+                assert_eq!(bench_decode, Some(4));
+                assert_eq!(steps.get(), 256);
+                assert_eq!(json, None);
+                assert_eq!(device, 0);
+            }
+            other => panic!("expected replay, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn steps_need_the_bench_and_are_positive() {
+        for args in [
+            &["flare", "replay", "c", "--check", "--steps", "8"][..],
+            &[
+                "flare",
+                "replay",
+                "c",
+                "--bench-decode",
+                "1",
+                "--steps",
+                "0",
+            ][..],
+        ] {
+            assert!(Cli::try_parse_from(args).is_err(), "{args:?}");
+        }
+    }
+
+    #[test]
+    fn run_reports_that_serving_is_missing() {
+        let cli = Cli::try_parse_from(["flare", "run", "tiny.core", "--port", "9000"]).unwrap();
+        let err = execute(cli.command).unwrap_err();
+        assert!(matches!(
+            err,
+            HeliosError::CoreUnavailable { ref path } if path == &PathBuf::from("tiny.core")
+        ));
+    }
+
+    #[test]
+    fn replay_reports_an_unreadable_core_before_any_cuda_work() {
+        let cli =
+            Cli::try_parse_from(["flare", "replay", "/nonexistent/tiny.core", "--check"]).unwrap();
+        let err = execute(cli.command).unwrap_err();
+        assert!(matches!(
+            err,
+            HeliosError::Replay(ReplayError::Core(helios::core::CoreError::Io { .. }))
+        ));
     }
 
     #[test]

@@ -22,7 +22,9 @@
 //! the `flare_heliopause` Python extension exposes parts of it to Ignition.
 
 pub mod core;
+pub mod cuda;
 pub mod error;
+pub mod replay;
 
 pub use error::HeliosError;
 

@@ -1,0 +1,270 @@
+//! What `flare replay` prints: load timings, the qualification per step and
+//! the decode bench.
+
+use std::fmt;
+
+use helios::replay::{DecodeBench, LoadReport, QualificationReport, ReplayReport, Timing};
+
+use super::{short, Mib};
+
+/// A replay report as text.
+pub struct Text<'a>(pub &'a ReplayReport);
+
+impl fmt::Display for Text<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let report = self.0;
+        writeln!(f, "runtime core  {}", report.core)?;
+        write_load(f, &report.load)?;
+        if let Some(qualification) = &report.qualification {
+            write_qualification(f, qualification)?;
+        }
+        if let Some(bench) = &report.decode_bench {
+            write_bench(f, bench)?;
+        }
+        Ok(())
+    }
+}
+
+fn write_load(f: &mut fmt::Formatter<'_>, load: &LoadReport) -> fmt::Result {
+    let d = &load.device;
+    writeln!(
+        f,
+        "device        {} {} (compute capability {}.{}, {} SMs, driver {}, {})",
+        d.ordinal,
+        d.name,
+        d.compute_capability_major,
+        d.compute_capability_minor,
+        d.sm_count,
+        d.driver_version,
+        Mib(d.total_memory)
+    )?;
+    writeln!(
+        f,
+        "window        base {:#x}, {} reserved, {} backed in {} spans",
+        load.window_base,
+        Mib(load.window_reserved),
+        Mib(load.backed_bytes),
+        load.spans
+    )?;
+    writeln!(
+        f,
+        "loaded        {} initial tensors ({}), {} kernel images ({}), {} graphs ({} nodes)",
+        load.initial_tensors,
+        Mib(load.initial_bytes),
+        load.images,
+        Mib(load.image_bytes),
+        load.graphs,
+        load.nodes
+    )?;
+    writeln!(
+        f,
+        "load time     read {:.1} ms, map {:.1} ms, upload {:.1} ms, modules {:.1} ms, \
+         graphs {:.1} ms; total {:.1} ms",
+        load.read_ms,
+        load.map_ms,
+        load.upload_ms,
+        load.module_load_ms,
+        load.graph_build_ms,
+        load.total_ms
+    )?;
+    writeln!(
+        f,
+        "free memory   {} after loading",
+        Mib(load.free_after_load)
+    )
+}
+
+fn write_free(f: &mut fmt::Formatter<'_>, before: u64, after: u64) -> fmt::Result {
+    let verdict = if before == after {
+        "replay allocated nothing".to_owned()
+    } else {
+        format!(
+            "CHANGED by {} bytes",
+            i128::from(after) - i128::from(before)
+        )
+    };
+    writeln!(
+        f,
+        "free memory   {} before, {} after: {verdict}",
+        Mib(before),
+        Mib(after)
+    )
+}
+
+fn write_qualification(f: &mut fmt::Formatter<'_>, q: &QualificationReport) -> fmt::Result {
+    writeln!(f, "qualification {} steps", q.total_steps)?;
+    for step in &q.steps {
+        let graph = format!("{}@{}", short(step.kind), step.capacity);
+        let verdict = if step.ok {
+            "ok".to_owned()
+        } else {
+            format!("MISMATCH {}", step.mismatched.join(", "))
+        };
+        writeln!(
+            f,
+            "  step {:>4}  {:<14} {:>3} writes {:>4} digests  {verdict}",
+            step.step, graph, step.writes, step.digests
+        )?;
+    }
+    write_free(f, q.free_before, q.free_after)?;
+    writeln!(
+        f,
+        "result        {} of {} steps match{}",
+        q.matched_steps,
+        q.total_steps,
+        if q.passed() { "" } else { ": DIGESTS DIFFER" }
+    )
+}
+
+fn timing(f: &mut fmt::Formatter<'_>, label: &str, t: &Timing) -> fmt::Result {
+    writeln!(
+        f,
+        "  {label:<12}median {:.4} ms, p99 {:.4} ms (min {:.4}, mean {:.4}, max {:.4})",
+        t.median_ms, t.p99_ms, t.min_ms, t.mean_ms, t.max_ms
+    )
+}
+
+fn write_bench(f: &mut fmt::Formatter<'_>, bench: &DecodeBench) -> fmt::Result {
+    writeln!(
+        f,
+        "decode bench  capacity {} (graph {}), {} steps in {:.1} ms",
+        bench.capacity, bench.graph, bench.steps, bench.total_ms
+    )?;
+    timing(f, "step", &bench.step)?;
+    if let Some(gap) = &bench.submission_gap {
+        timing(f, "host gap", gap)?;
+    }
+    writeln!(
+        f,
+        "  {:<12}{:.4} ms per replay, queued back to back",
+        "device", bench.device_ms_per_replay
+    )?;
+    write_free(f, bench.free_before, bench.free_after)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use helios::cuda::DeviceInfo;
+    use helios::replay::StepReport;
+
+    fn load() -> LoadReport {
+        LoadReport {
+            device: DeviceInfo {
+                ordinal: 0,
+                name: "NVIDIA H200".to_owned(),
+                compute_capability_major: 9,
+                compute_capability_minor: 0,
+                sm_count: 132,
+                driver_version: 13000,
+                total_memory: 140 << 30,
+            },
+            read_ms: 1.0,
+            map_ms: 2.0,
+            upload_ms: 3.0,
+            module_load_ms: 4.0,
+            graph_build_ms: 5.0,
+            total_ms: 15.0,
+            window_base: 0x2000_0000_0000,
+            window_reserved: 32 << 20,
+            backed_bytes: 16 << 20,
+            spans: 2,
+            granularity: 2 << 20,
+            initial_tensors: 3,
+            initial_bytes: 1 << 20,
+            images: 1,
+            image_bytes: 4096,
+            graphs: 9,
+            nodes: 10,
+            free_after_load: 100 << 30,
+        }
+    }
+
+    fn step(ok: bool) -> StepReport {
+        StepReport {
+            step: 1,
+            graph: 0,
+            kind: "GRAPH_KIND_DECODE",
+            capacity: 4,
+            writes: 2,
+            digests: 5,
+            ok,
+            mismatched: if ok {
+                Vec::new()
+            } else {
+                vec!["staging.logits".to_owned(), "state.consumed".to_owned()]
+            },
+        }
+    }
+
+    fn text(qualification: Option<QualificationReport>, bench: Option<DecodeBench>) -> String {
+        Text(&ReplayReport {
+            core: "tiny.core".to_owned(),
+            load: load(),
+            qualification,
+            decode_bench: bench,
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn a_check_lists_every_step_and_the_verdict() {
+        let out = text(
+            Some(QualificationReport {
+                steps: vec![step(true), step(false)],
+                total_steps: 2,
+                matched_steps: 1,
+                free_before: 100 << 30,
+                free_after: 100 << 30,
+                allocation_free: true,
+            }),
+            None,
+        );
+        assert!(
+            out.contains("device        0 NVIDIA H200 (compute capability 9.0"),
+            "{out}"
+        );
+        assert!(out.contains("base 0x200000000000"), "{out}");
+        assert!(out.contains("decode@4"), "{out}");
+        assert!(
+            out.contains("MISMATCH staging.logits, state.consumed"),
+            "{out}"
+        );
+        assert!(out.contains("replay allocated nothing"), "{out}");
+        assert!(out.contains("1 of 2 steps match: DIGESTS DIFFER"), "{out}");
+    }
+
+    #[test]
+    fn a_bench_reports_step_gap_and_device_time() {
+        let timing = Timing {
+            median_ms: 0.5,
+            p99_ms: 0.7,
+            mean_ms: 0.55,
+            min_ms: 0.4,
+            max_ms: 0.9,
+        };
+        let out = text(
+            None,
+            Some(DecodeBench {
+                capacity: 4,
+                graph: 2,
+                steps: 256,
+                step: timing,
+                submission_gap: Some(timing),
+                total_ms: 140.0,
+                device_ms_per_replay: 0.3,
+                free_before: 10,
+                free_after: 8,
+                allocation_free: false,
+            }),
+        );
+        assert!(out.contains("capacity 4 (graph 2), 256 steps"), "{out}");
+        assert!(
+            out.contains("step        median 0.5000 ms, p99 0.7000 ms"),
+            "{out}"
+        );
+        assert!(out.contains("host gap    median"), "{out}");
+        assert!(out.contains("0.3000 ms per replay"), "{out}");
+        assert!(out.contains("CHANGED by -2 bytes"), "{out}");
+    }
+}

@@ -1,0 +1,219 @@
+//! The driver, one device and its primary context.
+//!
+//! The driver (`libcuda.so`) is loaded at run time through cudarc's
+//! `dynamic-loading` bindings, so Helios builds and its CPU tests run on
+//! machines without CUDA; [`Context::new`] then fails with
+//! [`CudaError::DriverUnavailable`].
+//!
+//! Helios uses the device's *primary* context, made current on the thread
+//! that creates the [`Context`]. Every owner of a driver object holds an
+//! `Rc<Context>`, so the context is released last, and none of them can
+//! leave that thread (`Rc` and the raw handles are neither `Send` nor
+//! `Sync`).
+
+use std::ffi::{c_char, c_int, CStr};
+use std::ptr;
+use std::rc::Rc;
+
+use cudarc::driver::sys;
+use serde::Serialize;
+
+use super::error::{check, CudaError};
+
+/// What the device is, as the core's identity records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeviceInfo {
+    /// The device ordinal.
+    pub ordinal: i32,
+    /// The device's name, for example `NVIDIA H200`.
+    pub name: String,
+    /// Compute capability, major part.
+    pub compute_capability_major: u32,
+    /// Compute capability, minor part.
+    pub compute_capability_minor: u32,
+    /// Number of streaming multiprocessors.
+    pub sm_count: u32,
+    /// The driver's CUDA version, for example 13000.
+    pub driver_version: u32,
+    /// Device memory in bytes.
+    pub total_memory: u64,
+}
+
+/// Free and total device memory, as `cuMemGetInfo` reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MemoryInfo {
+    /// Free bytes.
+    pub free: u64,
+    /// Total bytes.
+    pub total: u64,
+}
+
+/// The retained primary context of one device.
+#[derive(Debug)]
+pub struct Context {
+    ordinal: i32,
+    device: sys::CUdevice,
+    raw: sys::CUcontext,
+}
+
+impl Context {
+    /// Loads and initializes the driver, retains device `ordinal`'s primary
+    /// context and makes it current on this thread.
+    pub fn new(ordinal: i32) -> Result<Rc<Self>, CudaError> {
+        // SAFETY: only tries to dlopen the driver library's candidate names.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(CudaError::DriverUnavailable);
+        }
+        // SAFETY: plain driver entry point, no pointers.
+        check("cuInit", unsafe { sys::cuInit(0) })?;
+        let mut device: sys::CUdevice = 0;
+        // SAFETY: the out-pointer points to a local.
+        check("cuDeviceGet", unsafe {
+            sys::cuDeviceGet(&mut device, ordinal)
+        })?;
+        let mut raw: sys::CUcontext = ptr::null_mut();
+        // SAFETY: the out-pointer points to a local.
+        check("cuDevicePrimaryCtxRetain", unsafe {
+            sys::cuDevicePrimaryCtxRetain(&mut raw, device)
+        })?;
+        // From here on, Drop releases the retained context on failure.
+        let context = Context {
+            ordinal,
+            device,
+            raw,
+        };
+        context.bind()?;
+        Ok(Rc::new(context))
+    }
+
+    /// Makes this context current on the calling thread.
+    pub fn bind(&self) -> Result<(), CudaError> {
+        // SAFETY: the handle is a retained primary context.
+        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.raw) })
+    }
+
+    /// Waits until all work queued in the context has finished.
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        // SAFETY: plain driver entry point; the context is current.
+        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+    }
+
+    /// The device ordinal.
+    pub fn ordinal(&self) -> i32 {
+        self.ordinal
+    }
+
+    pub(crate) fn raw(&self) -> sys::CUcontext {
+        self.raw
+    }
+
+    fn attribute(&self, attribute: sys::CUdevice_attribute) -> Result<u32, CudaError> {
+        let mut value: c_int = 0;
+        // SAFETY: the out-pointer points to a local.
+        check("cuDeviceGetAttribute", unsafe {
+            sys::cuDeviceGetAttribute(&mut value, attribute, self.device)
+        })?;
+        Ok(u32::try_from(value).unwrap_or(0))
+    }
+
+    /// Name, compute capability, SM count, driver version and memory of the
+    /// device.
+    pub fn info(&self) -> Result<DeviceInfo, CudaError> {
+        use sys::CUdevice_attribute as A;
+        let mut name = [0 as c_char; 256];
+        // SAFETY: the driver writes at most `name.len()` bytes, NUL included.
+        check("cuDeviceGetName", unsafe {
+            sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as c_int, self.device)
+        })?;
+        // Never read past the array, even if the driver left no NUL.
+        let last = name.len() - 1;
+        name[last] = 0;
+        // SAFETY: the array is NUL-terminated (set just above).
+        let name = unsafe { CStr::from_ptr(name.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        let mut driver_version: c_int = 0;
+        // SAFETY: the out-pointer points to a local.
+        check("cuDriverGetVersion", unsafe {
+            sys::cuDriverGetVersion(&mut driver_version)
+        })?;
+        let mut total_memory: usize = 0;
+        // SAFETY: the out-pointer points to a local.
+        check("cuDeviceTotalMem", unsafe {
+            sys::cuDeviceTotalMem_v2(&mut total_memory, self.device)
+        })?;
+        Ok(DeviceInfo {
+            ordinal: self.ordinal,
+            name,
+            compute_capability_major: self
+                .attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            compute_capability_minor: self
+                .attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+            sm_count: self.attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            driver_version: u32::try_from(driver_version).unwrap_or(0),
+            total_memory: total_memory as u64,
+        })
+    }
+
+    /// Free and total device memory.
+    pub fn mem_get_info(&self) -> Result<MemoryInfo, CudaError> {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: both out-pointers point to locals; the context is current.
+        check("cuMemGetInfo", unsafe {
+            sys::cuMemGetInfo_v2(&mut free, &mut total)
+        })?;
+        Ok(MemoryInfo {
+            free: free as u64,
+            total: total as u64,
+        })
+    }
+
+    /// The physical allocation granularity of pinned device memory on this
+    /// device: every mapping's address and size is a multiple of it.
+    pub fn granularity(&self) -> Result<u64, CudaError> {
+        let prop = self.allocation_prop();
+        let mut granularity: usize = 0;
+        // SAFETY: `prop` and the out-pointer point to locals.
+        check("cuMemGetAllocationGranularity", unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut granularity,
+                &prop,
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            )
+        })?;
+        Ok(granularity as u64)
+    }
+
+    pub(crate) fn location(&self) -> sys::CUmemLocation {
+        sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: self.ordinal,
+        }
+    }
+
+    pub(crate) fn allocation_prop(&self) -> sys::CUmemAllocationProp {
+        sys::CUmemAllocationProp {
+            type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+            requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+            location: self.location(),
+            win32HandleMetaData: ptr::null_mut(),
+            allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
+                compressionType: 0,
+                gpuDirectRDMACapable: 0,
+                usage: 0,
+                reserved: [0; 4],
+            },
+        }
+    }
+}
+
+impl Drop for Context {
+    /// Drains the context and releases the primary context. Every other
+    /// owner holds an `Rc<Context>`, so they are all gone by now.
+    fn drop(&mut self) {
+        let _ = self.bind();
+        let _ = self.synchronize();
+        // SAFETY: releases the reference retained in `new`, exactly once.
+        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device) };
+    }
+}

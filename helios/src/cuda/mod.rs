@@ -1,0 +1,34 @@
+//! A small CUDA driver layer: what rebuilding and replaying a runtime core
+//! needs, and nothing more.
+//!
+//! - [`Context`]: the driver, loaded at run time, and a device's primary
+//!   context; device facts and free memory.
+//! - [`Window`]: the fixed virtual-address window, reserved at its exact base
+//!   and backed span by span; synchronous host copies into and out of it.
+//! - [`Modules`]: kernel images loaded by digest; functions and their
+//!   attributes.
+//! - [`Graph`] and [`GraphExec`]: a manifest graph rebuilt node by node with
+//!   its edges, instantiated and launched.
+//! - [`Stream`] and [`Event`]: where graphs run and how their time is taken.
+//!
+//! Every driver object has one RAII owner holding an `Rc<Context>`, so the
+//! context is released last. The owner of several (Helios's loaded core)
+//! declares them in release order: executable graphs, graphs and modules
+//! before the window, all after the work drained. All of it stays on the
+//! thread that created the context.
+
+mod context;
+mod error;
+mod graph;
+mod module;
+mod params;
+mod stream;
+mod window;
+
+pub use context::{Context, DeviceInfo, MemoryInfo};
+pub use error::CudaError;
+pub use graph::{edge_data, memset_extent, Graph, GraphExec};
+pub use module::{Function, Module, Modules};
+pub use params::{extra_words, param_ranges, KernelArgs, ParamError};
+pub use stream::{Event, Stream};
+pub use window::{covered, Span, Window};

@@ -1,0 +1,327 @@
+//! The fixed virtual-address window: reserved at the exact base the core was
+//! exported with, backed span by span, released on drop.
+//!
+//! Kernel parameters hold raw device addresses (some inside opaque blocks), so
+//! nothing is relocated: every buffer must sit at the address it had at export.
+//! [`Window::reserve`] asks the driver for the recorded base and fails with
+//! [`CudaError::WindowUnavailable`] when the driver places the reservation
+//! anywhere else (it returns success with another address when the hint is
+//! taken).
+
+use std::rc::Rc;
+
+use cudarc::driver::sys;
+
+use super::context::Context;
+use super::error::{check, CudaError};
+
+/// A range of the window: an offset from its base and a length in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Span {
+    /// Offset from the window base.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+impl Span {
+    /// One past the span's last offset (saturating: spans are planned with
+    /// checked arithmetic, so this never saturates in practice).
+    pub fn end(&self) -> u64 {
+        self.offset.saturating_add(self.len)
+    }
+}
+
+/// Whether `[offset, offset + len)` lies in the union of `spans`, which are
+/// sorted by offset and do not overlap. An empty range is always covered.
+pub fn covered(spans: &[Span], offset: u64, len: u64) -> bool {
+    let Some(end) = offset.checked_add(len) else {
+        return false;
+    };
+    if len == 0 {
+        return true;
+    }
+    let mut cursor = offset;
+    for span in spans {
+        if span.end() <= cursor {
+            continue;
+        }
+        if span.offset > cursor {
+            return false;
+        }
+        cursor = span.end();
+        if cursor >= end {
+            return true;
+        }
+    }
+    false
+}
+
+/// The reserved window and the spans mapped into it.
+#[derive(Debug)]
+pub struct Window {
+    context: Rc<Context>,
+    base: u64,
+    size: u64,
+    granularity: u64,
+    /// Sorted by offset, non-overlapping.
+    mapped: Vec<Span>,
+}
+
+impl Window {
+    /// Reserves `[base, base + size)` (the size rounded up to the allocation
+    /// granularity) at exactly `base`. Nothing is mapped yet.
+    pub fn reserve(context: &Rc<Context>, base: u64, size: u64) -> Result<Self, CudaError> {
+        let granularity = context.granularity()?;
+        let invalid = |reason| CudaError::InvalidSpan {
+            offset: 0,
+            len: size,
+            reason,
+        };
+        if granularity == 0 {
+            return Err(invalid(
+                "the driver reported an allocation granularity of 0",
+            ));
+        }
+        if !base.is_multiple_of(granularity) {
+            return Err(invalid(
+                "the window base is not a multiple of the allocation granularity",
+            ));
+        }
+        let size = size
+            .checked_next_multiple_of(granularity)
+            .filter(|&size| size > 0 && base.checked_add(size).is_some())
+            .ok_or_else(|| invalid("the window size overflows the address space"))?;
+        let len = usize::try_from(size).map_err(|_| invalid("the window size exceeds usize"))?;
+        let mut got: sys::CUdeviceptr = 0;
+        // SAFETY: the out-pointer points to a local; flags must be 0.
+        check("cuMemAddressReserve", unsafe {
+            sys::cuMemAddressReserve(&mut got, len, 0, base, 0)
+        })?;
+        if got != base {
+            // The reservation exists, only at the wrong place: give it back.
+            // The mismatch is the error worth reporting.
+            // SAFETY: frees exactly the range reserved just above.
+            let _ = unsafe { sys::cuMemAddressFree(got, len) };
+            return Err(CudaError::WindowUnavailable { base, got });
+        }
+        Ok(Self {
+            context: Rc::clone(context),
+            base,
+            size,
+            granularity,
+            mapped: Vec::new(),
+        })
+    }
+
+    /// The window's first address.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// Reserved bytes (a multiple of the granularity).
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The physical allocation granularity.
+    pub fn granularity(&self) -> u64 {
+        self.granularity
+    }
+
+    /// The mapped spans, sorted by offset.
+    pub fn mapped(&self) -> &[Span] {
+        &self.mapped
+    }
+
+    /// Bytes backed by device memory.
+    pub fn mapped_bytes(&self) -> u64 {
+        self.mapped.iter().map(|span| span.len).sum()
+    }
+
+    /// Whether `[addr, addr + len)` lies in mapped memory.
+    pub fn covers(&self, addr: u64, len: u64) -> bool {
+        addr.checked_sub(self.base)
+            .is_some_and(|offset| covered(&self.mapped, offset, len))
+    }
+
+    fn check_span(&self, span: Span) -> Result<usize, CudaError> {
+        let invalid = |reason| CudaError::InvalidSpan {
+            offset: span.offset,
+            len: span.len,
+            reason,
+        };
+        if span.len == 0 {
+            return Err(invalid("the span is empty"));
+        }
+        if !span.offset.is_multiple_of(self.granularity)
+            || !span.len.is_multiple_of(self.granularity)
+        {
+            return Err(invalid("not aligned to the allocation granularity"));
+        }
+        match span.offset.checked_add(span.len) {
+            Some(end) if end <= self.size => {}
+            _ => return Err(invalid("reaches past the reservation")),
+        }
+        if self
+            .mapped
+            .iter()
+            .any(|m| m.offset < span.end() && span.offset < m.end())
+        {
+            return Err(invalid("overlaps a mapped span"));
+        }
+        usize::try_from(span.len).map_err(|_| invalid("the span length exceeds usize"))
+    }
+
+    /// Backs `span` with device memory readable and writable by the device,
+    /// and fills it with zeros (queued on the null stream, so ordered before
+    /// every later copy and launch).
+    pub fn map(&mut self, span: Span) -> Result<(), CudaError> {
+        let len = self.check_span(span)?;
+        let addr = self.base + span.offset;
+        let prop = self.context.allocation_prop();
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: `prop` and the out-pointer point to locals.
+        check("cuMemCreate", unsafe {
+            sys::cuMemCreate(&mut handle, len, &prop, 0)
+        })?;
+        // SAFETY: `[addr, addr + len)` lies in the reservation and is not
+        // mapped (checked above); `handle` is a fresh allocation of `len`.
+        let mapped = unsafe { sys::cuMemMap(addr, len, 0, handle, 0) };
+        // The mapping holds its own reference to the memory; drop ours
+        // either way.
+        // SAFETY: `handle` was created above and is released once.
+        let released = unsafe { sys::cuMemRelease(handle) };
+        check("cuMemMap", mapped)?;
+        let access = sys::CUmemAccessDesc {
+            location: self.context.location(),
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        let ready = check("cuMemRelease", released)
+            .and_then(|()| {
+                // SAFETY: the range was mapped above; one access descriptor.
+                check("cuMemSetAccess", unsafe {
+                    sys::cuMemSetAccess(addr, len, &access, 1)
+                })
+            })
+            .and_then(|()| {
+                // SAFETY: the range is mapped with read/write access.
+                check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(addr, 0, len) })
+            });
+        if let Err(err) = ready {
+            // Best effort: the first error is the one to report.
+            // SAFETY: unmaps exactly the range mapped above.
+            let _ = unsafe { sys::cuMemUnmap(addr, len) };
+            return Err(err);
+        }
+        let at = self.mapped.partition_point(|m| m.offset < span.offset);
+        self.mapped.insert(at, span);
+        Ok(())
+    }
+
+    /// Copies `data` to device address `addr` (synchronous, on the null
+    /// stream).
+    pub fn write(&self, addr: u64, data: &[u8]) -> Result<(), CudaError> {
+        let len = data.len() as u64;
+        if !self.covers(addr, len) {
+            return Err(CudaError::Unmapped { addr, len });
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the destination lies in mapped window memory (checked
+        // above) and the source is `data.len()` readable bytes.
+        check("cuMemcpyHtoD", unsafe {
+            sys::cuMemcpyHtoD_v2(addr, data.as_ptr().cast(), data.len())
+        })
+    }
+
+    /// Copies `out.len()` bytes from device address `addr` into `out`
+    /// (synchronous, on the null stream).
+    pub fn read(&self, addr: u64, out: &mut [u8]) -> Result<(), CudaError> {
+        let len = out.len() as u64;
+        if !self.covers(addr, len) {
+            return Err(CudaError::Unmapped { addr, len });
+        }
+        if out.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the source lies in mapped window memory (checked above)
+        // and the destination is `out.len()` writable bytes.
+        check("cuMemcpyDtoH", unsafe {
+            sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), addr, out.len())
+        })
+    }
+}
+
+impl Drop for Window {
+    /// Waits for all work (nothing may run on memory about to be unmapped),
+    /// unmaps every span and frees the reservation.
+    fn drop(&mut self) {
+        let _ = self.context.bind();
+        let _ = self.context.synchronize();
+        for span in self.mapped.drain(..).rev() {
+            // SAFETY: each span was mapped by `map` and is unmapped once.
+            let _ = unsafe { sys::cuMemUnmap(self.base + span.offset, span.len as usize) };
+        }
+        // SAFETY: frees the reservation made in `reserve`, once.
+        let _ = unsafe { sys::cuMemAddressFree(self.base, self.size as usize) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SPANS: [Span; 2] = [
+        Span {
+            offset: 0,
+            len: 100,
+        },
+        Span {
+            offset: 100,
+            len: 50,
+        },
+    ];
+
+    #[test]
+    fn a_range_inside_one_span_is_covered() {
+        assert!(covered(&SPANS, 10, 20));
+        assert!(covered(&SPANS[1..], 100, 50));
+    }
+
+    #[test]
+    fn a_range_across_adjacent_spans_is_covered() {
+        assert!(covered(&SPANS, 90, 60));
+    }
+
+    #[test]
+    fn a_range_past_the_last_span_is_not_covered() {
+        assert!(!covered(&SPANS, 140, 11));
+        assert!(!covered(&SPANS, 200, 1));
+    }
+
+    #[test]
+    fn a_range_over_a_hole_is_not_covered() {
+        let spans = [
+            Span { offset: 0, len: 10 },
+            Span {
+                offset: 20,
+                len: 10,
+            },
+        ];
+        assert!(!covered(&spans, 5, 20));
+        assert!(!covered(&spans, 12, 2));
+        assert!(covered(&spans, 20, 10));
+    }
+
+    #[test]
+    fn an_overflowing_range_is_not_covered() {
+        assert!(!covered(&SPANS, u64::MAX, 2));
+    }
+
+    #[test]
+    fn an_empty_range_is_covered() {
+        assert!(covered(&[], 12, 0));
+    }
+}

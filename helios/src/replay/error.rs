@@ -1,0 +1,182 @@
+//! Why a runtime core could not be loaded onto the GPU or replayed.
+
+use std::path::PathBuf;
+
+use crate::core::CoreError;
+use crate::cuda::CudaError;
+
+/// A core directory that cannot be loaded, or a replay that cannot run.
+///
+/// Everything about the directory's files is checked before any CUDA work,
+/// so a corrupt core is reported with one of the file variants whether or not
+/// the machine has a GPU.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReplayError {
+    /// The manifest could not be read, decoded or validated.
+    #[error("invalid runtime core: {0}")]
+    Core(#[from] CoreError),
+    /// A file of the core directory could not be read (missing, unreadable
+    /// or shorter than it claims).
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The underlying I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A kernel image file's length differs from the manifest's.
+    #[error(
+        "kernel image {sha256}: the manifest declares {declared} bytes, its file holds {found}"
+    )]
+    ImageSize {
+        /// The image's digest.
+        sha256: String,
+        /// `size_bytes` in the manifest.
+        declared: u64,
+        /// Length of the file.
+        found: u64,
+    },
+    /// A kernel image file's contents do not hash to its name.
+    #[error("kernel image {sha256}: its file's contents hash to {found}")]
+    ImageDigest {
+        /// The digest the manifest and the file name give.
+        sha256: String,
+        /// The SHA-256 of the file's contents.
+        found: String,
+    },
+    /// `buffers.safetensors` is not a valid safetensors file (bad header,
+    /// truncated data).
+    #[error("{}: not a valid safetensors file: {reason}", path.display())]
+    CorruptTensors {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A buffer's initial tensor is not in `buffers.safetensors`.
+    #[error("buffer {buffer:?}: its initial tensor {tensor:?} is not in buffers.safetensors")]
+    InitialTensorMissing {
+        /// The buffer.
+        buffer: String,
+        /// The tensor name the manifest gives.
+        tensor: String,
+    },
+    /// A buffer's initial tensor has another dtype than the buffer.
+    #[error(
+        "buffer {buffer:?}: its initial tensor has dtype {found}, the manifest declares {expected}"
+    )]
+    InitialTensorDtype {
+        /// The buffer.
+        buffer: String,
+        /// The buffer's dtype, for example `DTYPE_BF16`.
+        expected: &'static str,
+        /// The tensor's safetensors dtype, for example `F32`.
+        found: String,
+    },
+    /// A buffer's initial tensor has another shape than the buffer.
+    #[error(
+        "buffer {buffer:?}: its initial tensor has shape {found:?}, the manifest declares \
+         {expected:?}"
+    )]
+    InitialTensorShape {
+        /// The buffer.
+        buffer: String,
+        /// The buffer's shape.
+        expected: Vec<u64>,
+        /// The tensor's shape.
+        found: Vec<u64>,
+    },
+    /// A buffer with initial contents is not a contiguous view, so the
+    /// tensor's bytes cannot be copied to it as they are.
+    #[error("buffer {buffer:?} has initial contents but is not a contiguous view")]
+    NonContiguous {
+        /// The buffer.
+        buffer: String,
+    },
+    /// A buffer the host writes or reads lies outside the window's backed
+    /// memory.
+    #[error("buffer {buffer:?} lies outside the window's backed memory")]
+    Unbacked {
+        /// The buffer.
+        buffer: String,
+    },
+    /// The window cannot be laid out on this device.
+    #[error("window: {reason}")]
+    WindowLayout {
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// The device has less free memory than the window's backed spans need.
+    #[error("the window backs {needed} bytes, the device has {free} bytes free")]
+    InsufficientMemory {
+        /// Bytes to map.
+        needed: u64,
+        /// Free device memory.
+        free: u64,
+    },
+    /// The device's compute capability differs from the core's.
+    #[error(
+        "the core was prepared for compute capability {}.{}, device {ordinal} ({name}) has {}.{}",
+        expected.0, expected.1, found.0, found.1
+    )]
+    DeviceMismatch {
+        /// (major, minor) recorded in the core's identity.
+        expected: (u32, u32),
+        /// (major, minor) of the device.
+        found: (u32, u32),
+        /// The device ordinal.
+        ordinal: i32,
+        /// The device's name.
+        name: String,
+    },
+    /// A kernel image could not be loaded.
+    #[error("cannot load kernel image {sha256}: {source}")]
+    Image {
+        /// The image's digest.
+        sha256: String,
+        /// Why.
+        #[source]
+        source: CudaError,
+    },
+    /// A graph could not be rebuilt or instantiated.
+    #[error("cannot rebuild graph {index} ({kind} at capacity {capacity}): {source}")]
+    Graph {
+        /// Position of the graph in the manifest.
+        index: usize,
+        /// Its kind, for example `GRAPH_KIND_DECODE`.
+        kind: &'static str,
+        /// Its capacity.
+        capacity: u32,
+        /// Why.
+        #[source]
+        source: CudaError,
+    },
+    /// A launch named a graph the core does not have.
+    #[error("no graph {index}: the core has {count}")]
+    NoGraph {
+        /// The index asked for.
+        index: usize,
+        /// Number of graphs.
+        count: usize,
+    },
+    /// Any other failure of the CUDA driver layer (driver missing, window
+    /// unavailable, a copy or launch failed).
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+    /// `--check` was asked of a core exported without a qualification
+    /// sequence.
+    #[error("the core carries no qualification sequence (it was exported without one)")]
+    NoQualification,
+    /// The decode bench asked for a capacity the core has no graph for.
+    #[error(
+        "the core has no decode graph at capacity {capacity} (decode capacities {available:?})"
+    )]
+    NoDecodeGraph {
+        /// The capacity asked for.
+        capacity: u32,
+        /// The core's decode capacities.
+        available: Vec<u32>,
+    },
+}

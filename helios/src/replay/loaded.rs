@@ -1,0 +1,289 @@
+//! A runtime core loaded onto the GPU: window mapped at its exact base,
+//! initial contents uploaded, modules loaded, every graph rebuilt and
+//! instantiated.
+
+use std::num::NonZeroU32;
+use std::path::Path;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use super::bench::{bench_decode, DecodeBench};
+use super::core_dir::{CoreDir, ImageBytes};
+use super::error::ReplayError;
+use super::identity::check_device;
+use super::initial::InitialContents;
+use super::qualify::{qualify, QualificationReport, ReplayDevice};
+use super::report::LoadReport;
+use super::spans::{check_backed, plan_spans};
+use crate::core::proto::GraphKind;
+use crate::core::ValidCore;
+use crate::cuda::{Context, CudaError, Event, Graph, GraphExec, Modules, Stream, Window};
+
+/// How to load a core.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// CUDA device ordinal.
+    pub device: i32,
+}
+
+/// The GPU side of a loaded core.
+///
+/// Release order is the field order (after `Drop::drop` drained the work):
+/// executable graphs and graphs before the modules whose functions they
+/// use, all of them before the window they address, the context last (every
+/// owner also holds an `Rc` of it).
+struct Gpu {
+    execs: Vec<GraphExec>,
+    /// Held only to be released in this order.
+    _graphs: Vec<Graph>,
+    _modules: Modules,
+    stream: Stream,
+    window: Window,
+    context: Rc<Context>,
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        let _ = self.context.bind();
+        let _ = self.stream.synchronize();
+        let _ = self.context.synchronize();
+    }
+}
+
+impl ReplayDevice for Gpu {
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), ReplayError> {
+        Ok(self.window.write(addr, data)?)
+    }
+
+    fn launch(&mut self, graph: usize) -> Result<(), ReplayError> {
+        let exec = self.execs.get(graph).ok_or(ReplayError::NoGraph {
+            index: graph,
+            count: self.execs.len(),
+        })?;
+        Ok(exec.launch(&self.stream)?)
+    }
+
+    fn synchronize(&mut self) -> Result<(), ReplayError> {
+        Ok(self.stream.synchronize()?)
+    }
+
+    fn read(&mut self, addr: u64, out: &mut [u8]) -> Result<(), ReplayError> {
+        Ok(self.window.read(addr, out)?)
+    }
+
+    fn free_memory(&mut self) -> Result<u64, ReplayError> {
+        Ok(self.context.mem_get_info()?.free)
+    }
+
+    fn time_back_to_back(&mut self, graph: usize, launches: u32) -> Result<f64, ReplayError> {
+        let start = Event::new(&self.context)?;
+        let end = Event::new(&self.context)?;
+        start.record(&self.stream)?;
+        for _ in 0..launches {
+            self.launch(graph)?;
+        }
+        end.record(&self.stream)?;
+        end.synchronize()?;
+        Ok(f64::from(start.elapsed_ms(&end)?))
+    }
+}
+
+/// A runtime core on the GPU, ready to replay. It stays on the thread that
+/// loaded it.
+pub struct LoadedCore {
+    core: ValidCore,
+    report: LoadReport,
+    gpu: Gpu,
+}
+
+impl std::fmt::Debug for LoadedCore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedCore")
+            .field("report", &self.report)
+            .finish_non_exhaustive()
+    }
+}
+
+fn ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1e3
+}
+
+/// Time spent reading tensors from disk and copying them to the device.
+struct UploadTimes {
+    read: Duration,
+    upload: Duration,
+}
+
+fn upload_initial(
+    core: &ValidCore,
+    initial: &InitialContents,
+    window: &Window,
+) -> Result<UploadTimes, ReplayError> {
+    let mut times = UploadTimes {
+        read: Duration::ZERO,
+        upload: Duration::ZERO,
+    };
+    if initial.uploads().is_empty() {
+        return Ok(times);
+    }
+    let mut reader = initial.reader()?;
+    let mut staging = Vec::new();
+    for upload in initial.uploads() {
+        let started = Instant::now();
+        reader.read(upload, &mut staging)?;
+        times.read += started.elapsed();
+        let buffer = &core.buffers()[upload.buffer];
+        let started = Instant::now();
+        window.write(core.window().base + buffer.offset, &staging)?;
+        times.upload += started.elapsed();
+    }
+    Ok(times)
+}
+
+fn load_modules(context: &Rc<Context>, images: Vec<ImageBytes>) -> Result<Modules, ReplayError> {
+    let mut modules = Modules::new();
+    for image in images {
+        modules
+            .load(context, &image.sha256, &image.bytes)
+            .map_err(|source| ReplayError::Image {
+                sha256: image.sha256.clone(),
+                source,
+            })?;
+    }
+    Ok(modules)
+}
+
+impl LoadedCore {
+    /// Loads the core directory at `path` onto device `options.device`.
+    ///
+    /// Every file is read and checked before any CUDA work; then the device
+    /// is checked against the core's identity, the window reserved at its
+    /// exact base and its backed spans mapped and zeroed, the initial
+    /// contents uploaded, the kernel images loaded and every graph rebuilt,
+    /// instantiated and uploaded.
+    pub fn load(path: &Path, options: &LoadOptions) -> Result<Self, ReplayError> {
+        let started = Instant::now();
+        let dir = CoreDir::read(path)?;
+        let mut read = started.elapsed();
+        let (core, images, initial) = dir.into_parts();
+        let image_bytes = images.iter().map(|image| image.bytes.len() as u64).sum();
+        let image_count = images.len();
+
+        let context = Context::new(options.device)?;
+        let device = context.info()?;
+        check_device(core.identity(), &device)?;
+        let granularity = context.granularity()?;
+        let plan = plan_spans(core.window(), granularity)?;
+        check_backed(&core, &plan.spans)?;
+        let free = context.mem_get_info()?.free;
+        if plan.backed_bytes() > free {
+            return Err(ReplayError::InsufficientMemory {
+                needed: plan.backed_bytes(),
+                free,
+            });
+        }
+
+        // On failure the locals drop in reverse order of declaration:
+        // executable graphs, graphs, stream, modules, window, context, the
+        // same safe order as `Gpu`.
+        let mapping = Instant::now();
+        let mut window = Window::reserve(&context, core.window().base, plan.reservation)?;
+        for &span in &plan.spans {
+            window.map(span)?;
+        }
+        context.synchronize()?;
+        let map = mapping.elapsed();
+
+        let times = upload_initial(&core, &initial, &window)?;
+        context.synchronize()?;
+        read += times.read;
+
+        let loading = Instant::now();
+        let modules = load_modules(&context, images)?;
+        let module_load = loading.elapsed();
+
+        let building = Instant::now();
+        let stream = Stream::new(&context)?;
+        let mut graphs = Vec::with_capacity(core.graphs().len());
+        let mut execs = Vec::with_capacity(core.graphs().len());
+        for (index, description) in core.graphs().iter().enumerate() {
+            let wrap = |source: CudaError| ReplayError::Graph {
+                index,
+                kind: GraphKind::try_from(description.kind)
+                    .unwrap_or_default()
+                    .as_str_name(),
+                capacity: description.capacity,
+                source,
+            };
+            let graph = Graph::build(&context, description, &modules, &window).map_err(wrap)?;
+            let exec = graph.instantiate().map_err(wrap)?;
+            exec.upload(&stream).map_err(wrap)?;
+            graphs.push(graph);
+            execs.push(exec);
+        }
+        stream.synchronize()?;
+        let graph_build = building.elapsed();
+
+        let report = LoadReport {
+            device,
+            read_ms: ms(read),
+            map_ms: ms(map),
+            upload_ms: ms(times.upload),
+            module_load_ms: ms(module_load),
+            graph_build_ms: ms(graph_build),
+            total_ms: ms(started.elapsed()),
+            window_base: window.base(),
+            window_reserved: window.size(),
+            backed_bytes: window.mapped_bytes(),
+            spans: window.mapped().len(),
+            granularity,
+            initial_tensors: initial.uploads().len(),
+            initial_bytes: initial.bytes(),
+            images: image_count,
+            image_bytes,
+            graphs: graphs.len(),
+            nodes: graphs.iter().map(Graph::node_count).sum(),
+            free_after_load: context.mem_get_info()?.free,
+        };
+        Ok(Self {
+            core,
+            report,
+            gpu: Gpu {
+                execs,
+                _graphs: graphs,
+                _modules: modules,
+                stream,
+                window,
+                context,
+            },
+        })
+    }
+
+    /// The core's validated manifest.
+    pub fn core(&self) -> &ValidCore {
+        &self.core
+    }
+
+    /// What loading did and how long it took.
+    pub fn report(&self) -> &LoadReport {
+        &self.report
+    }
+
+    /// Replays the recorded qualification sequence and compares every
+    /// digest. Meant for the freshly loaded core: the sequence starts from
+    /// the initial contents.
+    pub fn check(&mut self) -> Result<QualificationReport, ReplayError> {
+        qualify(&self.core, &mut self.gpu)
+    }
+
+    /// Replays the decode graph of `capacity` `steps` times, each step
+    /// waiting for it and copying the completion records to the host; run
+    /// after [`LoadedCore::check`] so the decode slots hold real requests.
+    pub fn bench_decode(
+        &mut self,
+        capacity: u32,
+        steps: NonZeroU32,
+    ) -> Result<DecodeBench, ReplayError> {
+        bench_decode(&self.core, &mut self.gpu, capacity, steps)
+    }
+}

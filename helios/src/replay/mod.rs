@@ -1,0 +1,36 @@
+//! Loading a runtime core onto the GPU and replaying it with no Python.
+//!
+//! [`CoreDir::read`] reads and checks the whole core directory on the host
+//! (manifest, kernel image digests, initial tensors' dtypes and shapes)
+//! before any CUDA work. [`LoadedCore::load`] then reserves the fixed window
+//! at its exact base, backs and zeroes the spans the regions record, uploads
+//! the initial contents, loads the kernel images and rebuilds and
+//! instantiates every graph, timing each part ([`LoadReport`]).
+//!
+//! [`LoadedCore::check`] replays the qualification sequence recorded from
+//! Python replay and compares every digest bitwise
+//! ([`QualificationReport`]); [`LoadedCore::bench_decode`] times native
+//! decode replay ([`DecodeBench`]). Both run on [`ReplayDevice`], so their
+//! logic is tested with a CPU fake.
+
+mod bench;
+mod core_dir;
+mod digest;
+mod error;
+mod identity;
+mod initial;
+mod loaded;
+mod qualify;
+mod report;
+mod spans;
+
+pub use bench::{bench_decode, DecodeBench, Timing};
+pub use core_dir::{image_path, CoreDir, ImageBytes, IMAGES_DIR};
+pub use digest::sha256_hex;
+pub use error::ReplayError;
+pub use identity::check_device;
+pub use initial::{is_contiguous, InitialContents, InitialUpload, TensorReader, BUFFERS_FILE};
+pub use loaded::{LoadOptions, LoadedCore};
+pub use qualify::{qualify, QualificationReport, ReplayDevice, StepReport};
+pub use report::{LoadReport, ReplayReport};
+pub use spans::{check_backed, plan_spans, SpanPlan};

@@ -1,0 +1,71 @@
+//! What loading measured, and the whole replay report as JSON.
+
+use serde::Serialize;
+
+use super::bench::DecodeBench;
+use super::qualify::QualificationReport;
+use crate::cuda::DeviceInfo;
+
+/// What loading a core onto the GPU did, and how long each part took.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LoadReport {
+    /// The device the core was loaded on.
+    pub device: DeviceInfo,
+    /// Reading the core from disk: manifest, kernel images, the initial
+    /// contents' header and every initial tensor.
+    pub read_ms: f64,
+    /// Reserving the window, mapping its backed spans and zeroing them.
+    pub map_ms: f64,
+    /// Copying the initial contents to the device.
+    pub upload_ms: f64,
+    /// Loading the kernel images as modules.
+    pub module_load_ms: f64,
+    /// Rebuilding, instantiating and uploading every graph.
+    pub graph_build_ms: f64,
+    /// Everything, from the first file read to the last graph uploaded.
+    pub total_ms: f64,
+    /// The window's base address.
+    pub window_base: u64,
+    /// Bytes reserved.
+    pub window_reserved: u64,
+    /// Bytes backed by device memory.
+    pub backed_bytes: u64,
+    /// Number of backed spans.
+    pub spans: usize,
+    /// The device's allocation granularity.
+    pub granularity: u64,
+    /// Buffers with initial contents.
+    pub initial_tensors: usize,
+    /// Bytes of initial contents uploaded.
+    pub initial_bytes: u64,
+    /// Kernel images loaded.
+    pub images: usize,
+    /// Their bytes.
+    pub image_bytes: u64,
+    /// Graphs rebuilt.
+    pub graphs: usize,
+    /// Their nodes together.
+    pub nodes: usize,
+    /// Free device memory once loaded.
+    pub free_after_load: u64,
+}
+
+/// Everything `flare replay` reports, for `--json`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReplayReport {
+    /// The core directory, as given.
+    pub core: String,
+    /// Loading.
+    pub load: LoadReport,
+    /// The qualification check, when it ran.
+    pub qualification: Option<QualificationReport>,
+    /// The decode bench, when it ran.
+    pub decode_bench: Option<DecodeBench>,
+}
+
+impl ReplayReport {
+    /// The report as pretty-printed JSON.
+    pub fn to_json(&self) -> serde_json::Result<String> {
+        serde_json::to_string_pretty(self)
+    }
+}
