@@ -911,3 +911,11 @@ def test_walk_reads_memcpy_nodes_and_refuses_cooperative_kernels(
     driver.cooperative = 1
     with pytest.raises(ExportError, match=r"node 0: kernel elementwise_kernel: cooperative"):
         _walk(recorder, WINDOW, pb.GRAPH_KIND_DECODE, 1)
+
+
+def test_cluster_dimensions_are_normalized() -> None:
+    from ignition.export.graph_walk import normalize_cluster
+
+    assert normalize_cluster((1, 0, 0)) == (0, 0, 0)  # what the driver reports for none
+    assert normalize_cluster((1, 1, 1)) == (0, 0, 0)
+    assert normalize_cluster((2, 1, 1)) == (2, 1, 1)

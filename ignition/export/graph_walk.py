@@ -696,11 +696,17 @@ def _launch_attributes(cu: Any, node: Any, where: str) -> tuple[Dim, int, bool]:
         cooperative = bool(_node_attribute(cu, node, ATTRIBUTE_COOPERATIVE, where).cooperative)
     except ExportError:  # not queryable on this driver: nothing requested it
         cooperative = False
-    return (
-        (int(cluster.x), int(cluster.y), int(cluster.z)),
-        int(policy.clusterSchedulingPolicyPreference),
-        cooperative,
-    )
+    dims = (int(cluster.x), int(cluster.y), int(cluster.z))
+    return normalize_cluster(dims), int(policy.clusterSchedulingPolicyPreference), cooperative
+
+
+def normalize_cluster(dims: Dim) -> Dim:
+    """The manifest's cluster dimension: (0, 0, 0) unless the launch asked for a cluster
+    of more than one block. The driver reports (1, 0, 0) for a node launched without
+    clusters, and a loader must not set that."""
+    if 0 in dims or dims == (1, 1, 1):
+        return (0, 0, 0)
+    return dims
 
 
 def _node_attribute(cu: Any, node: Any, attribute: int, where: str) -> Any:

@@ -30,8 +30,10 @@ from ignition.replay.packing import SamplingParams, pack_admission, pack_chunk, 
 
 # Buffers the host may write between launches (by manifest-name prefix).
 HOST_WRITTEN = ("state.", "staging.")
-# Buffers too large to digest after every step.
+# Buffers too large to digest after every step: pages every ``full_every`` steps,
+# weights (which no graph writes) only at the last step.
 LARGE = ("kv.", "weight.")
+READ_ONLY = ("weight.",)
 
 
 def buffer_bytes(tensor: torch.Tensor) -> np.ndarray:
@@ -94,11 +96,11 @@ class QualificationRecorder:
         for name in self._mirror:
             self._mirror[name] = buffer_bytes(self.buffers[name]).copy()
 
-    def _digests(self, full: bool) -> list[pb.BufferDigest]:
+    def _digests(self, full: bool, last: bool = False) -> list[pb.BufferDigest]:
         return [
             pb.BufferDigest(buffer=name, sha256=digest(tensor))
             for name, tensor in self.buffers.items()
-            if full or not name.startswith(LARGE)
+            if last or (full and not name.startswith(READ_ONLY)) or not name.startswith(LARGE)
         ]
 
     def finish(self) -> pb.Qualification:
@@ -106,7 +108,7 @@ class QualificationRecorder:
         if self.steps:
             last = self.steps[-1]
             del last.digests[:]
-            last.digests.extend(self._digests(full=True))
+            last.digests.extend(self._digests(full=True, last=True))
         return pb.Qualification(steps=self.steps)
 
 

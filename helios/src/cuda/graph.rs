@@ -76,6 +76,20 @@ pub fn edge_data(edges: &[Edge]) -> Result<Option<Vec<sys::CUgraphEdgeData>>, Cu
         .map(Some)
 }
 
+/// Whether a recorded cluster dimension asks for a cluster launch. The driver
+/// reports (1, 1, 1) for a kernel launched without clusters, and setting it
+/// explicitly is refused (CUDA_ERROR_INVALID_CLUSTER_SIZE), so a cluster of one
+/// block is no cluster; (0, 0, 0) is none; a partly-zero dimension is invalid.
+pub fn cluster_launch(x: u32, y: u32, z: u32) -> Result<bool, CudaError> {
+    match (x, y, z) {
+        (0, 0, 0) | (1, 1, 1) => Ok(false),
+        _ if x == 0 || y == 0 || z == 0 => Err(CudaError::InvalidNode {
+            reason: format!("cluster dimension ({x}, {y}, {z}) has a zero axis"),
+        }),
+        _ => Ok(true),
+    }
+}
+
 /// The driver's cluster scheduling policy for a recorded value.
 fn scheduling_policy(value: u32) -> Result<sys::CUclusterSchedulingPolicy, CudaError> {
     use sys::CUclusterSchedulingPolicy as P;
@@ -210,7 +224,7 @@ impl Graph {
         self.args.push(args);
 
         let (x, y, z) = dims(kernel.cluster.as_ref());
-        let clustered = (x, y, z) != (0, 0, 0);
+        let clustered = cluster_launch(x, y, z)?;
         if clustered {
             let mut value = sys::CUkernelNodeAttrValue { pad: [0; 64] };
             value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x, y, z };
@@ -220,7 +234,7 @@ impl Graph {
                 &value,
             )?;
         }
-        if clustered || kernel.cluster_scheduling_policy != 0 {
+        if clustered {
             let mut value = sys::CUkernelNodeAttrValue { pad: [0; 64] };
             value.clusterSchedulingPolicyPreference =
                 scheduling_policy(kernel.cluster_scheduling_policy)?;
@@ -448,6 +462,18 @@ impl Drop for GraphExec {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_cluster_of_one_block_is_no_cluster() {
+        assert!(!cluster_launch(0, 0, 0).unwrap());
+        assert!(!cluster_launch(1, 1, 1).unwrap());
+        assert!(cluster_launch(2, 1, 1).unwrap());
+        assert!(matches!(
+            cluster_launch(2, 0, 1),
+            Err(CudaError::InvalidNode { .. })
+        ));
+    }
+
     use super::*;
 
     fn memset(element_size: u32, width: u64, height: u64, pitch: u64) -> MemsetNode {

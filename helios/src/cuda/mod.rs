@@ -27,7 +27,7 @@ mod window;
 
 pub use context::{Context, DeviceInfo, MemoryInfo};
 pub use error::CudaError;
-pub use graph::{edge_data, memset_extent, Graph, GraphExec};
+pub use graph::{cluster_launch, edge_data, memset_extent, Graph, GraphExec};
 pub use module::{Function, Module, Modules};
 pub use params::{extra_words, param_ranges, KernelArgs, ParamError};
 pub use stream::{Event, Stream};
