@@ -37,8 +37,15 @@ python3 -m ignition.cli prepare "$model" --out "$core" "$@" > "$out/export.json"
   2> "$out/export.log" || { tail -20 "$out/export.log"; exit 1; }
 cat "$out/export.json"
 "$flare" inspect "$core" > "$out/inspect.txt" 2>&1
-"$flare" replay "$core" --check --json "$out/replay-check.json" 2>&1 \
-  | tee "$out/replay-check.log" || status=1
+"$flare" replay "$core" --check --json "$out/replay-check.json" > "$out/replay-check.log" 2>&1
+check=$?
+cat "$out/replay-check.log"
+if [ $check -ne 0 ]; then
+  status=1
+  # A fault poisons the process: find the first faulting node in a fresh one.
+  "$flare" replay "$core" --isolate --json "$out/replay-isolate.json" 2>&1 \
+    | tee "$out/replay-isolate.log"
+fi
 for capacity in 1 4; do
   "$flare" replay "$core" --bench-decode "$capacity" --steps 256 \
     --json "$out/replay-bench-c$capacity.json" 2>&1 | tee "$out/replay-bench-c$capacity.log"

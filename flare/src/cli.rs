@@ -59,10 +59,16 @@ pub enum Command {
     /// digest bitwise. --bench-decode CAPACITY runs the qualification (when
     /// the core has one) and then times STEPS replays of the decode graph of
     /// that capacity, each launching it, waiting and copying the completion
-    /// records to the host, as the Python replay harness does. Exit status: 0
-    /// when every digest matches, 1 when one differs, 2 when the core cannot
-    /// be loaded or replayed.
-    #[command(group(ArgGroup::new("mode").required(true).args(["check", "bench_decode"])))]
+    /// records to the host, as the Python replay harness does. --isolate runs
+    /// the qualification sequence with every graph node launched alone and
+    /// waited for, and names the first node the device rejects (a kernel
+    /// fault poisons the process's CUDA context, so only the first can be
+    /// seen). Exit status: 0 when every digest matches (or no node faults),
+    /// 1 when one differs (or a node faults), 2 when the core cannot be
+    /// loaded or replayed.
+    #[command(group(
+        ArgGroup::new("mode").required(true).args(["check", "bench_decode", "isolate"])
+    ))]
     Replay {
         /// Path to the runtime core exported by Ignition.
         core: PathBuf,
@@ -70,6 +76,10 @@ pub enum Command {
         /// digest bitwise with the recorded Python replay.
         #[arg(long)]
         check: bool,
+        /// Run the qualification node by node and name the first node that
+        /// faults.
+        #[arg(long)]
+        isolate: bool,
         /// Time native replay of the decode graph of this capacity.
         #[arg(long, value_name = "CAPACITY")]
         bench_decode: Option<u32>,
@@ -114,14 +124,56 @@ pub fn execute(command: Command) -> Result<Outcome, HeliosError> {
         }
         Command::Replay {
             core,
+            isolate: true,
+            json,
+            device,
+            ..
+        } => run_isolation(&core, json, device),
+        Command::Replay {
+            core,
             check,
             bench_decode,
             steps,
             json,
             device,
+            ..
         } => run_replay(&core, check, bench_decode.map(|c| (c, steps)), json, device),
         Command::Run { core, .. } => Err(HeliosError::CoreUnavailable { path: core }),
     }
+}
+
+/// `flare replay --isolate`: load, then the qualification node by node.
+fn run_isolation(path: &Path, json: Option<PathBuf>, device: i32) -> Result<Outcome, HeliosError> {
+    let mut loaded = LoadedCore::load(path, &LoadOptions { device })?;
+    let report = loaded.isolate()?;
+    let text = report.to_json().map_err(std::io::Error::other);
+    let text = text.map_err(|source| HeliosError::WriteReport {
+        path: json.clone().unwrap_or_default(),
+        source,
+    })?;
+    let mut out = std::io::stdout().lock();
+    let _ = match &report.failure {
+        None => writeln!(
+            out,
+            "isolation: {} steps, {} nodes run alone, none faulted",
+            report.steps_run, report.nodes_run
+        ),
+        Some(f) => writeln!(
+            out,
+            "isolation: step {} ({} at capacity {}), node {} after {} nodes of the step \
+             faulted: {}\n{text}",
+            f.step, f.kind, f.capacity, f.node.index, f.nodes_before, f.error
+        ),
+    };
+    if let Some(path) = json {
+        std::fs::write(&path, text + "\n")
+            .map_err(|source| HeliosError::WriteReport { path, source })?;
+    }
+    Ok(if report.failure.is_some() {
+        Outcome::Mismatch
+    } else {
+        Outcome::Success
+    })
 }
 
 /// `flare replay`: load, then the qualification check (always with
@@ -434,6 +486,22 @@ mod tests {
             "4",
         ])
         .unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ArgumentConflict);
+    }
+
+    #[test]
+    fn isolate_is_a_mode_of_its_own() {
+        let cli = Cli::try_parse_from(["flare", "replay", "tiny.core", "--isolate"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Replay {
+                isolate: true,
+                check: false,
+                ..
+            }
+        ));
+        let err =
+            Cli::try_parse_from(["flare", "replay", "c", "--isolate", "--check"]).unwrap_err();
         assert_eq!(err.kind(), clap::error::ErrorKind::ArgumentConflict);
     }
 

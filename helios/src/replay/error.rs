@@ -169,6 +169,12 @@ pub enum ReplayError {
     /// sequence.
     #[error("the core carries no qualification sequence (it was exported without one)")]
     NoQualification,
+    /// Fault isolation could not order or run a graph's nodes.
+    #[error("fault isolation: {reason}")]
+    Isolation {
+        /// What went wrong.
+        reason: String,
+    },
     /// The decode bench asked for a capacity the core has no graph for.
     #[error(
         "the core has no decode graph at capacity {capacity} (decode capacities {available:?})"

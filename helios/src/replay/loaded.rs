@@ -12,10 +12,11 @@ use super::core_dir::{CoreDir, ImageBytes};
 use super::error::ReplayError;
 use super::identity::check_device;
 use super::initial::InitialContents;
+use super::isolate::{isolate, IsolationReport, NodeDevice};
 use super::qualify::{qualify, QualificationReport, ReplayDevice};
 use super::report::LoadReport;
 use super::spans::{check_backed, plan_spans};
-use crate::core::proto::GraphKind;
+use crate::core::proto::{self, GraphKind};
 use crate::core::ValidCore;
 use crate::cuda::{Context, CudaError, Event, Graph, GraphExec, Modules, Stream, Window};
 
@@ -85,6 +86,21 @@ impl ReplayDevice for Gpu {
         end.record(&self.stream)?;
         end.synchronize()?;
         Ok(f64::from(start.elapsed_ms(&end)?))
+    }
+}
+
+impl NodeDevice for Gpu {
+    fn run_node(&mut self, graph: &proto::Graph, node: usize) -> Result<(), ReplayError> {
+        let single = proto::Graph {
+            kind: graph.kind,
+            capacity: graph.capacity,
+            nodes: vec![graph.nodes[node].clone()],
+            edges: Vec::new(),
+        };
+        let built = Graph::build(&self.context, &single, &self._modules, &self.window)?;
+        let exec = built.instantiate()?;
+        exec.launch(&self.stream)?;
+        Ok(self.stream.synchronize()?)
     }
 }
 
@@ -274,6 +290,14 @@ impl LoadedCore {
     /// the initial contents.
     pub fn check(&mut self) -> Result<QualificationReport, ReplayError> {
         qualify(&self.core, &mut self.gpu)
+    }
+
+    /// Runs the qualification sequence with every node of every graph
+    /// launched alone (topological order, waiting after each) and reports
+    /// the first node the device rejects. A fault poisons the context, so
+    /// this is the only use of a core after it.
+    pub fn isolate(&mut self) -> Result<IsolationReport, ReplayError> {
+        isolate(&self.core, &mut self.gpu)
     }
 
     /// Replays the decode graph of `capacity` `steps` times, each step

@@ -11,7 +11,9 @@
 //! Python replay and compares every digest bitwise
 //! ([`QualificationReport`]); [`LoadedCore::bench_decode`] times native
 //! decode replay ([`DecodeBench`]). Both run on [`ReplayDevice`], so their
-//! logic is tested with a CPU fake.
+//! logic is tested with a CPU fake. [`LoadedCore::isolate`] runs the
+//! sequence node by node to name the first node the device rejects
+//! ([`IsolationReport`]).
 
 mod bench;
 mod core_dir;
@@ -19,6 +21,7 @@ mod digest;
 mod error;
 mod identity;
 mod initial;
+mod isolate;
 mod loaded;
 mod qualify;
 mod report;
@@ -30,6 +33,9 @@ pub use digest::sha256_hex;
 pub use error::ReplayError;
 pub use identity::check_device;
 pub use initial::{is_contiguous, InitialContents, InitialUpload, TensorReader, BUFFERS_FILE};
+pub use isolate::{
+    isolate, topological_order, IsolationReport, NodeDevice, NodeFailure, NodeSummary,
+};
 pub use loaded::{LoadOptions, LoadedCore};
 pub use qualify::{qualify, QualificationReport, ReplayDevice, StepReport};
 pub use report::{LoadReport, ReplayReport};

@@ -78,7 +78,7 @@ impl QualificationReport {
 
 /// Absolute address and extent of buffer `name`, which validation
 /// guarantees exists and lies in the window (so the sum cannot overflow).
-fn locate(core: &ValidCore, name: &str) -> Result<(u64, u64), ReplayError> {
+pub(crate) fn locate(core: &ValidCore, name: &str) -> Result<(u64, u64), ReplayError> {
     let buffer = core
         .buffer_named(name)
         .ok_or_else(|| CoreError::UnknownReference {
