@@ -24,7 +24,9 @@
 pub mod core;
 pub mod cuda;
 pub mod error;
+pub mod frontend;
 pub mod replay;
+pub mod scheduler;
 
 pub use error::HeliosError;
 

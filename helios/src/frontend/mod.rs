@@ -1,0 +1,125 @@
+//! The native frontend: prompt rendering, tokenization and output text.
+//!
+//! Everything here runs without Python and reproduces what Transformers does
+//! with the same assets, so a prompt served by Helios has the bytes and token
+//! ids the checkpoint's own tooling produces:
+//!
+//! - [`ChatTemplate`] renders a conversation with the core's Jinja chat
+//!   template (MiniJinja, configured like Transformers' Jinja2 environment);
+//! - [`Tokenizer`] encodes the prompt and decodes ids (Hugging Face
+//!   `tokenizers`);
+//! - [`Detokenizer`] turns generated ids into UTF-8-safe text deltas;
+//! - [`StopMatcher`] ends the visible output at a stop sequence, across token
+//!   boundaries.
+//!
+//! EOS and length limits are enforced from device state; [`Frontend`] exposes
+//! the core's EOS ids for the request state.
+
+mod detokenizer;
+mod error;
+mod stop;
+mod template;
+mod tokenizer;
+
+pub use detokenizer::Detokenizer;
+pub use error::{FrontendError, InvalidChat};
+pub use stop::{StopMatcher, StopStep};
+pub use template::{ChatInput, ChatTemplate, SpecialTokens};
+pub use tokenizer::Tokenizer;
+
+use crate::core::proto;
+
+/// A rendered and encoded chat prompt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatPrompt {
+    /// The prompt text, as the template rendered it.
+    pub text: String,
+    /// Its token ids (no special tokens added beyond the text's own).
+    pub token_ids: Vec<u32>,
+}
+
+/// The frontend assets of a core, built once at startup and shared by every
+/// request.
+#[derive(Debug)]
+pub struct Frontend {
+    tokenizer: Tokenizer,
+    chat_template: Option<ChatTemplate>,
+    eos_token_ids: Vec<u32>,
+}
+
+impl Frontend {
+    /// Builds the frontend of a core (`ValidCore::frontend()`), with the
+    /// special tokens its template is rendered with.
+    ///
+    /// An empty chat template means the core serves completions only; a
+    /// template that does not compile is an error here, before serving.
+    pub fn new(
+        frontend: &proto::Frontend,
+        special_tokens: SpecialTokens,
+    ) -> Result<Self, FrontendError> {
+        let tokenizer = Tokenizer::from_json(&frontend.tokenizer_json)?;
+        Self::with_tokenizer(frontend, tokenizer, special_tokens)
+    }
+
+    /// Builds the frontend of a core whose special tokens are derived from
+    /// the core itself: `eos_token` is the first EOS id's text, the others are
+    /// absent. (The manifest does not carry Transformers' named special
+    /// tokens yet; templates that print `bos_token` need [`Self::new`].)
+    pub fn from_core(frontend: &proto::Frontend) -> Result<Self, FrontendError> {
+        let tokenizer = Tokenizer::from_json(&frontend.tokenizer_json)?;
+        let special_tokens = SpecialTokens {
+            eos_token: frontend
+                .eos_token_ids
+                .first()
+                .and_then(|&id| tokenizer.id_to_token(id)),
+            ..SpecialTokens::default()
+        };
+        Self::with_tokenizer(frontend, tokenizer, special_tokens)
+    }
+
+    fn with_tokenizer(
+        frontend: &proto::Frontend,
+        tokenizer: Tokenizer,
+        special_tokens: SpecialTokens,
+    ) -> Result<Self, FrontendError> {
+        let chat_template = match frontend.chat_template.as_str() {
+            "" => None,
+            source => Some(ChatTemplate::new(source, special_tokens)?),
+        };
+        Ok(Self {
+            tokenizer,
+            chat_template,
+            eos_token_ids: frontend.eos_token_ids.clone(),
+        })
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The chat template, or [`FrontendError::NoChatTemplate`].
+    pub fn chat_template(&self) -> Result<&ChatTemplate, FrontendError> {
+        self.chat_template
+            .as_ref()
+            .ok_or(FrontendError::NoChatTemplate)
+    }
+
+    /// The ids that end generation.
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos_token_ids
+    }
+
+    /// Whether `id` ends generation.
+    pub fn is_eos(&self, id: u32) -> bool {
+        self.eos_token_ids.contains(&id)
+    }
+
+    /// Renders `input` with the chat template and encodes it as Transformers'
+    /// `apply_chat_template(..., tokenize=True)` does.
+    pub fn encode_chat(&self, input: &ChatInput) -> Result<ChatPrompt, FrontendError> {
+        let text = self.chat_template()?.render(input)?;
+        let token_ids = self.tokenizer.encode(&text, false)?;
+        Ok(ChatPrompt { text, token_ids })
+    }
+}

@@ -1,0 +1,114 @@
+//! Text to token ids and back, with the core's Hugging Face tokenizer.
+
+use std::str::FromStr;
+
+use super::FrontendError;
+
+/// The core's tokenizer (a Hugging Face `tokenizers` serialization).
+///
+/// Encoding never adds special tokens unless asked: a chat prompt already
+/// holds them as text, exactly as Transformers' `apply_chat_template` encodes
+/// it (`add_special_tokens=False`). Special-token text inside the input (for
+/// example a user writing `<|im_end|>`) is matched as that special token, as
+/// Transformers does.
+#[derive(Clone)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    /// Ids of the byte-fallback tokens (`<0x00>` .. `<0xFF>`), sorted.
+    byte_tokens: Vec<u32>,
+    /// Ids of the added tokens marked special, sorted.
+    special_tokens: Vec<u32>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab_size", &self.vocab_size())
+            .finish()
+    }
+}
+
+impl Tokenizer {
+    /// Loads a `tokenizer.json` serialization (the core's
+    /// `Frontend.tokenizer_json`).
+    pub fn from_json(json: &str) -> Result<Self, FrontendError> {
+        let inner = tokenizers::Tokenizer::from_str(json)
+            .map_err(|source| FrontendError::Tokenizer { source })?;
+        // The `ByteFallback` decoder reads both spellings of the hex digits.
+        let mut byte_tokens: Vec<u32> = (0..=u8::MAX)
+            .flat_map(|byte| [format!("<0x{byte:02X}>"), format!("<0x{byte:02x}>")])
+            .filter_map(|token| inner.token_to_id(&token))
+            .collect();
+        byte_tokens.sort_unstable();
+        byte_tokens.dedup();
+        let mut special_tokens: Vec<u32> = inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter_map(|(id, token)| token.special.then_some(id))
+            .collect();
+        special_tokens.sort_unstable();
+        Ok(Self {
+            inner,
+            byte_tokens,
+            special_tokens,
+        })
+    }
+
+    /// Token ids of `text`, with the post-processor's special tokens (a BOS,
+    /// for example) only when `add_special_tokens` is set.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, FrontendError> {
+        let encoding = self
+            .inner
+            .encode_fast(text, add_special_tokens)
+            .map_err(|source| FrontendError::Encode { source })?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// The text of `ids`; special tokens are left out when
+    /// `skip_special_tokens` is set. Incomplete UTF-8 sequences decode as
+    /// U+FFFD, as in Transformers; [`super::Detokenizer`] streams without
+    /// them.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, FrontendError> {
+        self.inner
+            .decode(ids, skip_special_tokens)
+            .map_err(|source| FrontendError::Decode { source })
+    }
+
+    /// The id of a token's text (a vocabulary entry or an added token).
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// The text of a token id, as the vocabulary spells it.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// Whether `id` is a byte-fallback token (`<0xE4>`): the decoder joins a
+    /// run of them and turns the whole run into U+FFFDs, one per byte, when
+    /// the run is not valid UTF-8.
+    pub fn is_byte_token(&self, id: u32) -> bool {
+        self.byte_tokens.binary_search(&id).is_ok()
+    }
+
+    /// Whether `id` is a special token, which decoding can skip.
+    pub fn is_special(&self, id: u32) -> bool {
+        self.special_tokens.binary_search(&id).is_ok()
+    }
+
+    /// Whether `id` has a token at all (a model's vocabulary can be padded
+    /// past the tokenizer's; decoding drops such ids).
+    pub fn knows(&self, id: u32) -> bool {
+        self.inner.id_to_token(id).is_some()
+    }
+
+    /// Number of ids, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// The underlying `tokenizers` instance.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+}

@@ -1,0 +1,158 @@
+//! Retrieving completions, in submission order, and applying validated
+//! records to requests.
+
+use super::engine::{InFlight, Row, Scheduler};
+use super::error::{ExecutionError, InvalidRecord};
+use super::events::{Event, FinishReason};
+use super::executor::{done, Executor};
+use super::ids::RequestId;
+use super::request::{len32, Exit};
+use super::validate::{check_records, Expectation, Outcome, Verdict};
+
+impl<E: Executor> Scheduler<E> {
+    /// Applies every completion that is already available.
+    pub(super) fn collect_ready(&mut self) -> Result<usize, ExecutionError> {
+        let mut collected = 0;
+        while self.collect_next(false)? {
+            collected += 1;
+        }
+        Ok(collected)
+    }
+
+    /// Waits for and applies every launch in flight.
+    pub(super) fn drain(&mut self) -> Result<usize, ExecutionError> {
+        let mut collected = 0;
+        while self.collect_next(true)? {
+            collected += 1;
+        }
+        Ok(collected)
+    }
+
+    /// Waits until fewer than `decode_depth` launches are in flight, so a
+    /// decode step may join them: at most two launches that write completion
+    /// records are ever in flight (a prefill iteration's admit writes none).
+    pub(super) fn wait_for_room(&mut self) -> Result<usize, ExecutionError> {
+        let mut collected = 0;
+        while self.window.len() >= self.config.decode_depth {
+            self.collect_next(true)?;
+            collected += 1;
+        }
+        Ok(collected)
+    }
+
+    /// Retrieves the oldest launch's completion (waiting for it when
+    /// `wait`) and applies it; false when nothing was retrieved.
+    pub(super) fn collect_next(&mut self, wait: bool) -> Result<bool, ExecutionError> {
+        let Some(oldest) = self.window.front() else {
+            return Ok(false);
+        };
+        let ticket = oldest.ticket;
+        let completion = if wait {
+            self.executor.wait(ticket)?
+        } else {
+            match self.executor.poll(ticket)? {
+                Some(completion) => completion,
+                None => return Ok(false),
+            }
+        };
+        let launch = self.window.pop_front().expect("the oldest launch exists");
+        let verdict = check_records(&launch.rows, &completion.records, &self.geometry, |id| {
+            self.expectation(id)
+        });
+        self.apply(launch, verdict);
+        Ok(true)
+    }
+
+    fn expectation(&self, id: RequestId) -> Option<Expectation> {
+        let placement = self.requests.get(&id)?.placement.as_ref()?;
+        Some(Expectation {
+            slot: placement.slot,
+            confirmed: placement.confirmed,
+            budget: placement.budget,
+            ignored: matches!(placement.exit, Some(Exit::Cancelled | Exit::Failed)),
+        })
+    }
+
+    /// Applies a validated completion; only now does request state change.
+    fn apply(&mut self, launch: InFlight, verdict: Verdict) {
+        match verdict {
+            Err(invalid) => {
+                for &id in &launch.refs {
+                    self.fail(id, &invalid);
+                }
+            }
+            Ok(outcomes) => {
+                for (row, outcome) in launch.rows.iter().zip(outcomes) {
+                    let id = match *row {
+                        Row::Chunk { id, .. } | Row::Decode { id } => id,
+                        Row::Padding => continue,
+                    };
+                    match outcome {
+                        Ok(outcome) => self.apply_outcome(id, outcome),
+                        Err(invalid) => self.fail(id, &invalid),
+                    }
+                }
+            }
+        }
+        for id in launch.refs {
+            if let Some(placement) = self.placement_mut(id) {
+                placement.refs -= 1;
+            }
+        }
+    }
+
+    fn apply_outcome(&mut self, id: RequestId, outcome: Outcome) {
+        match outcome {
+            Outcome::Ignored | Outcome::Inactive => {}
+            Outcome::Prefilled { consumed } => {
+                self.placement_mut(id).expect("placed").confirmed.consumed = consumed;
+            }
+            Outcome::Sampled {
+                token,
+                consumed,
+                generated,
+                done: flag,
+            } => {
+                let request = self.requests.get_mut(&id).expect("known request");
+                let confirmed = &mut request.placement.as_mut().expect("placed").confirmed;
+                confirmed.consumed = consumed;
+                confirmed.generated = generated;
+                confirmed.done = flag;
+                let first = len32(request.output.len());
+                request.output.push(token);
+                let output_tokens = first + 1;
+                self.emit(
+                    id,
+                    Event::Tokens {
+                        first,
+                        tokens: vec![token],
+                    },
+                );
+                let reason = match flag {
+                    done::STOP => FinishReason::Stop,
+                    done::LENGTH => FinishReason::Length,
+                    _ => return,
+                };
+                self.end_placement(id, Exit::Finished);
+                self.emit(
+                    id,
+                    Event::Finished {
+                        reason,
+                        output_tokens,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Fails a request whose record is invalid, unless it already ended.
+    fn fail(&mut self, id: RequestId, invalid: &InvalidRecord) {
+        let exit = self.placement_mut(id).map(|placement| placement.exit);
+        if !matches!(exit, Some(None | Some(Exit::Preempted))) {
+            return;
+        }
+        self.end_placement(id, Exit::Failed);
+        let error = ExecutionError::InvalidRecord(invalid.clone());
+        self.emit(id, Event::Failed(error));
+    }
+}

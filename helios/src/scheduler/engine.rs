@@ -1,0 +1,299 @@
+//! The scheduler: one owner for requests, slots, pages and launches in
+//! flight, driven one iteration at a time by [`Scheduler::step`].
+//!
+//! An iteration:
+//! 1. retrieves completions that are ready, then waits if it must: an
+//!    iteration that will prefill drains every launch first (prefill, admit
+//!    and resume are not pipelined), otherwise it waits until fewer than
+//!    `decode_depth` launches are in flight;
+//! 2. at this submission boundary applies cancellations, retires slots and
+//!    pages no launch in flight references, and admits queued requests;
+//! 3. submits at most one prefill chunk (preceded by its request's admit
+//!    launch) when nothing is in flight, then one decode step over every
+//!    runnable request, growing pages or preempting first.
+//!
+//! Nothing in flight depends on the host: a decode gathers each slot's
+//! pending token on the device, and finished rows are masked there. Every
+//! completion is validated against what was submitted before any state
+//! changes (`validate.rs`).
+
+use std::collections::{BTreeMap, VecDeque};
+
+use super::admission::AdmissionQueue;
+use super::error::{AdmissionError, ExecutionError, SchedulerError};
+use super::events::{Event, Metrics, RequestEvent};
+use super::executor::{Executor, Launch, Operation, PageTableUpdate, Ticket};
+use super::geometry::Geometry;
+use super::ids::RequestId;
+use super::pool::{PagePool, SlotPool};
+use super::request::{Exit, Placement, Request, RequestSpec};
+
+/// Scheduling policy within the contract's geometry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Requests the admission queue holds; a submission beyond it fails with
+    /// [`AdmissionError::QueueFull`].
+    pub queue_capacity: usize,
+    /// How many later requests may be admitted ahead of a queued request
+    /// whose reservation does not fit, before it blocks the queue.
+    pub max_bypass: u32,
+    /// Launches in flight once a decode step is submitted: 2 lets a decode
+    /// step run while the host reads the previous one's records; 1
+    /// serializes. An iteration that prefills drains first, whatever this is.
+    pub decode_depth: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            queue_capacity: 1024,
+            max_bypass: 8,
+            decode_depth: 2,
+        }
+    }
+}
+
+/// A launch submitted and not yet retrieved.
+#[derive(Debug)]
+pub(super) struct InFlight {
+    pub(super) ticket: Ticket,
+    /// What each completion record row stands for.
+    pub(super) rows: Vec<Row>,
+    /// Requests whose slot the launch references.
+    pub(super) refs: Vec<RequestId>,
+}
+
+/// What one completion record row was submitted for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Row {
+    /// A decode row padded with the null slot.
+    Padding,
+    /// A prefill chunk of `len` tokens, sampling when it ends the prompt.
+    Chunk {
+        id: RequestId,
+        len: u32,
+        ends_prompt: bool,
+    },
+    /// A decode row.
+    Decode { id: RequestId },
+}
+
+/// What one [`Scheduler::step`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StepReport {
+    /// Launches submitted.
+    pub submitted: usize,
+    /// Completions retrieved and applied.
+    pub collected: usize,
+}
+
+/// The scheduler of one model: owned by one thread, driven by
+/// [`Scheduler::step`].
+pub struct Scheduler<E> {
+    pub(super) geometry: Geometry,
+    pub(super) config: SchedulerConfig,
+    pub(super) executor: E,
+    pub(super) requests: BTreeMap<RequestId, Request>,
+    pub(super) queue: AdmissionQueue,
+    /// Requests holding a slot, by admission order (oldest first).
+    pub(super) placed: BTreeMap<u64, RequestId>,
+    pub(super) slots: SlotPool,
+    pub(super) pages: PagePool,
+    pub(super) window: VecDeque<InFlight>,
+    /// Page-table changes that travel with the next launch.
+    pub(super) page_updates: Vec<PageTableUpdate>,
+    pub(super) cancels: Vec<RequestId>,
+    pub(super) events: Vec<RequestEvent>,
+    next_request: u64,
+    next_arrival: u64,
+    pub(super) next_admission: u64,
+    pub(super) preemptions: u64,
+    pub(super) failure: Option<ExecutionError>,
+}
+
+impl<E: Executor> Scheduler<E> {
+    /// A scheduler over `executor`, whose slots, pages and graphs are
+    /// described by `geometry`.
+    pub fn new(
+        geometry: Geometry,
+        config: SchedulerConfig,
+        executor: E,
+    ) -> Result<Self, SchedulerError> {
+        let invalid = |field, reason| Err(SchedulerError::Config { field, reason });
+        if config.queue_capacity == 0 {
+            return invalid("queue_capacity", "is 0");
+        }
+        if !(1..=2).contains(&config.decode_depth) {
+            return invalid("decode_depth", "must be 1 or 2");
+        }
+        Ok(Self {
+            slots: SlotPool::new(geometry.max_concurrency()),
+            pages: PagePool::new(geometry.kv_pages()),
+            geometry,
+            config,
+            executor,
+            requests: BTreeMap::new(),
+            queue: AdmissionQueue::default(),
+            placed: BTreeMap::new(),
+            window: VecDeque::new(),
+            page_updates: Vec::new(),
+            cancels: Vec::new(),
+            events: Vec::new(),
+            next_request: 0,
+            next_arrival: 0,
+            next_admission: 0,
+            preemptions: 0,
+            failure: None,
+        })
+    }
+
+    /// Queues a request for admission.
+    pub fn submit(&mut self, spec: RequestSpec) -> Result<RequestId, AdmissionError> {
+        if self.failure.is_some() {
+            return Err(AdmissionError::Unavailable);
+        }
+        spec.check(&self.geometry)?;
+        if self.queue.len() >= self.config.queue_capacity {
+            return Err(AdmissionError::QueueFull {
+                capacity: self.config.queue_capacity,
+            });
+        }
+        let id = RequestId(self.next_request);
+        self.next_request += 1;
+        let arrival = self.next_arrival;
+        self.next_arrival += 1;
+        self.queue.push(arrival, id);
+        let request = Request {
+            spec,
+            arrival,
+            output: Vec::new(),
+            admitted: false,
+            placement: None,
+        };
+        self.requests.insert(id, request);
+        Ok(id)
+    }
+
+    /// Asks to cancel a request; applied at the next submission boundary.
+    /// Unknown or finished requests are ignored.
+    pub fn cancel(&mut self, id: RequestId) {
+        self.cancels.push(id);
+    }
+
+    /// Runs one iteration (see the module documentation).
+    ///
+    /// An executor failure fails every request, and this and every later
+    /// call return [`SchedulerError::Execution`].
+    pub fn step(&mut self) -> Result<StepReport, SchedulerError> {
+        if let Some(error) = &self.failure {
+            return Err(SchedulerError::Execution(error.clone()));
+        }
+        self.iterate().map_err(|error| {
+            self.fail_everything(&error);
+            SchedulerError::Execution(error)
+        })
+    }
+
+    fn iterate(&mut self) -> Result<StepReport, ExecutionError> {
+        let mut report = StepReport {
+            collected: self.collect_ready()?,
+            ..StepReport::default()
+        };
+        report.collected += if self.prefill_pending() {
+            self.drain()?
+        } else {
+            self.wait_for_room()?
+        };
+        self.apply_cancels();
+        self.retire();
+        self.admit_queued();
+        if self.window.is_empty() {
+            if let Some(id) = self.prefill_candidate() {
+                report.submitted += self.submit_prefill(id)?;
+            }
+        }
+        report.submitted += self.submit_decode()?;
+        if report.submitted == 0 && self.collect_next(true)? {
+            report.collected += 1;
+        }
+        Ok(report)
+    }
+
+    /// Whether nothing is queued, placed or in flight.
+    pub fn is_idle(&self) -> bool {
+        self.requests.is_empty() && self.window.is_empty()
+    }
+
+    /// Events since the last call, in order.
+    pub fn drain_events(&mut self) -> Vec<RequestEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Current counters.
+    pub fn metrics(&self) -> Metrics {
+        Metrics {
+            queue_depth: self.queue.len(),
+            running: (self.placed.values())
+                .filter(|id| self.placement_exit(**id).is_none())
+                .count(),
+            in_flight: self.window.len(),
+            pages_used: self.pages.used(),
+            pages_reserved: self.pages.reserved(),
+            pages_free: self.pages.available(),
+            preemptions: self.preemptions,
+        }
+    }
+
+    /// The first executor failure, once the scheduler has stopped.
+    pub fn failure(&self) -> Option<&ExecutionError> {
+        self.failure.as_ref()
+    }
+
+    /// The contract geometry.
+    pub fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    /// The executor, for inspection.
+    pub fn executor(&self) -> &E {
+        &self.executor
+    }
+
+    /// The executor, for configuration between steps.
+    pub fn executor_mut(&mut self) -> &mut E {
+        &mut self.executor
+    }
+
+    fn placement_exit(&self, id: RequestId) -> Option<Exit> {
+        self.requests.get(&id)?.placement.as_ref()?.exit
+    }
+
+    /// Submits `operation` with the pending page-table updates.
+    pub(super) fn launch(
+        &mut self,
+        operation: Operation,
+        rows: Vec<Row>,
+        refs: Vec<RequestId>,
+    ) -> Result<(), ExecutionError> {
+        let launch = Launch {
+            page_updates: std::mem::take(&mut self.page_updates),
+            operation,
+        };
+        let ticket = self.executor.submit(&launch)?;
+        for id in &refs {
+            if let Some(placement) = self.placement_mut(*id) {
+                placement.refs += 1;
+            }
+        }
+        self.window.push_back(InFlight { ticket, rows, refs });
+        Ok(())
+    }
+
+    pub(super) fn placement_mut(&mut self, id: RequestId) -> Option<&mut Placement> {
+        self.requests.get_mut(&id)?.placement.as_mut()
+    }
+
+    pub(super) fn emit(&mut self, request: RequestId, event: Event) {
+        self.events.push(RequestEvent { request, event });
+    }
+}

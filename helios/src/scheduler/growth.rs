@@ -1,0 +1,146 @@
+//! Page growth ahead of decode, and preemption when a running request
+//! cannot continue.
+//!
+//! Before each decode step a request must have the page its step writes in
+//! its page table (mandatory), and it tries to hold one more page as a
+//! reservation (one page ahead). When the mandatory page cannot come from
+//! free pages: if pages of ended placements are about to be freed (their
+//! launches are still in flight) the request skips this step; otherwise the
+//! newest eligible decoder (possibly the request itself) is preempted, and
+//! the request tries again.
+
+use super::engine::Scheduler;
+use super::executor::{Executor, PageTableUpdate};
+use super::ids::RequestId;
+use super::request::{len32, max_pages, Exit, Placement};
+
+/// What growing a decoder's pages achieved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Growth {
+    /// The page its next decode writes is in its page table.
+    Ready,
+    /// It waits a step for pages that launches in flight still reference.
+    Stalled,
+    /// It was preempted itself.
+    Preempted,
+}
+
+impl<E: Executor> Scheduler<E> {
+    /// Pages a live placement should hold before its next decode: the page
+    /// it writes and one ahead, never more than it can ever use.
+    fn target_pages(&self, placement: &Placement) -> u32 {
+        let write = placement.submitted_consumed.max(placement.history);
+        let ceiling = max_pages(&self.geometry, placement.history, placement.budget);
+        (self.geometry.pages_for(write + 1) + 1).min(ceiling)
+    }
+
+    /// Pages live placements lack to be one page ahead.
+    pub(super) fn growth_debt(&self) -> u32 {
+        self.live_placements()
+            .map(|placement| {
+                self.target_pages(placement)
+                    .saturating_sub(placement.held())
+            })
+            .sum()
+    }
+
+    fn live_placements(&self) -> impl Iterator<Item = &Placement> {
+        (self.placed.values())
+            .filter_map(|id| self.requests[id].placement.as_ref())
+            .filter(|placement| placement.exit.is_none())
+    }
+
+    /// Pages of ended placements that wait for their launches in flight.
+    fn releasing_pages(&self) -> u32 {
+        (self.placed.values())
+            .filter_map(|id| self.requests[id].placement.as_ref())
+            .filter(|placement| placement.exit.is_some())
+            .map(|placement| len32(placement.pages.len()))
+            .sum()
+    }
+
+    /// Makes the page of `id`'s next decode write available, preempting if
+    /// nothing else can free one.
+    pub(super) fn grow(&mut self, id: RequestId) -> Growth {
+        loop {
+            let placement = self.requests[&id].placement.as_ref().expect("placed");
+            let needed = self.geometry.pages_for(placement.submitted_consumed + 1);
+            let missing = needed.saturating_sub(len32(placement.pages.len()));
+            let from_pool = missing.saturating_sub(placement.reserved);
+            if from_pool <= self.pages.available() {
+                let target = self.target_pages(placement);
+                self.reserve_for(id, from_pool);
+                self.take_pages(id, needed);
+                let held = self.requests[&id]
+                    .placement
+                    .as_ref()
+                    .expect("placed")
+                    .held();
+                let ahead = target.saturating_sub(held).min(self.pages.available());
+                self.reserve_for(id, ahead);
+                return Growth::Ready;
+            }
+            if from_pool <= self.pages.available() + self.releasing_pages() {
+                return Growth::Stalled;
+            }
+            let victim = (self.placed.values().rev().copied())
+                .find(|victim| {
+                    self.requests[victim]
+                        .placement
+                        .as_ref()
+                        .is_some_and(Placement::decodes)
+                })
+                .expect("the growing request is an eligible decoder");
+            self.preempt(victim);
+            if victim == id {
+                return Growth::Preempted;
+            }
+        }
+    }
+
+    fn reserve_for(&mut self, id: RequestId, count: u32) {
+        self.pages.reserve(count);
+        self.placement_mut(id).expect("placed").reserved += count;
+    }
+
+    /// Moves reserved pages into `id`'s page table until it has `upto`.
+    pub(super) fn take_pages(&mut self, id: RequestId, upto: u32) {
+        let placement = (self.requests.get_mut(&id))
+            .and_then(|request| request.placement.as_mut())
+            .expect("placed");
+        let first = len32(placement.pages.len());
+        let mut taken = Vec::new();
+        while len32(placement.pages.len()) < upto {
+            assert!(
+                placement.reserved > 0,
+                "taking a page that was not reserved"
+            );
+            placement.reserved -= 1;
+            let page = self.pages.take_reserved();
+            placement.pages.push(page);
+            taken.push(page);
+        }
+        if !taken.is_empty() {
+            self.page_updates.push(PageTableUpdate {
+                slot: placement.slot,
+                first,
+                pages: taken,
+            });
+        }
+    }
+
+    /// Preempts a decoder: no further launches; once none in flight
+    /// references its slot, its slot and pages are freed and it is queued
+    /// again with its history and remaining budget.
+    fn preempt(&mut self, id: RequestId) {
+        self.end_placement(id, Exit::Preempted);
+        self.preemptions += 1;
+        if self.requests[&id]
+            .placement
+            .as_ref()
+            .is_some_and(|p| p.refs == 0)
+        {
+            self.retire_one(id);
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! Planning the launches of one iteration: at most one prefill chunk, then
+//! one decode step over every runnable request.
+
+use super::engine::{Row, Scheduler};
+use super::error::ExecutionError;
+use super::executor::{Admit, Decode, Executor, Operation, PrefillChunk};
+use super::growth::Growth;
+use super::ids::{RequestId, Slot};
+use super::request::{len32, Placement};
+use super::rng::readmission_seed;
+
+impl<E: Executor> Scheduler<E> {
+    fn placement(&self, id: RequestId) -> &Placement {
+        self.requests[&id].placement.as_ref().expect("placed")
+    }
+
+    /// Whether a live placement still has prompt tokens to submit.
+    pub(super) fn prefill_pending(&self) -> bool {
+        self.prefill_candidate().is_some()
+    }
+
+    /// The oldest live placement with prompt tokens left: prompts are
+    /// prefilled one request at a time, in admission order.
+    pub(super) fn prefill_candidate(&self) -> Option<RequestId> {
+        (self.placed.values().copied()).find(|&id| {
+            let placement = self.placement(id);
+            placement.exit.is_none() && !placement.prompt_submitted()
+        })
+    }
+
+    /// Submits the admit launch (first chunk only) and the next prefill
+    /// chunk of `id`; returns the launches submitted.
+    pub(super) fn submit_prefill(&mut self, id: RequestId) -> Result<usize, ExecutionError> {
+        let mut submitted = 0;
+        if !self.placement(id).initialized {
+            let request = &self.requests[&id];
+            let placement = self.placement(id);
+            let admit = Admit {
+                slot: placement.slot,
+                prompt: request.history(0, placement.history),
+                max_new_tokens: placement.budget,
+                sampling: request.spec.sampling,
+                seed: readmission_seed(request.spec.seed, request.output.len() as u64),
+                consumed: 0,
+            };
+            self.placement_mut(id).expect("placed").initialized = true;
+            self.launch(Operation::Admit(admit), Vec::new(), vec![id])?;
+            submitted += 1;
+        }
+        let placement = self.placement(id);
+        let start = placement.submitted_consumed;
+        let len = (placement.history - start).min(self.geometry.prefill_chunk_size());
+        let end = start + len;
+        let ends_prompt = end == placement.history;
+        let capacity = (self.geometry)
+            .prefill_capacity(len)
+            .expect("a chunk is at most the largest prefill capacity");
+        let slot = placement.slot;
+        let tokens = self.requests[&id].history(start, end);
+        // The admission reservation covers the whole history.
+        self.take_pages(id, self.geometry.pages_for(end));
+        let placement = self.placement_mut(id).expect("placed");
+        placement.submitted_consumed = end;
+        placement.submitted_samples += u32::from(ends_prompt);
+        let chunk = PrefillChunk {
+            slot,
+            capacity,
+            tokens,
+            ends_prompt,
+        };
+        let row = Row::Chunk {
+            id,
+            len,
+            ends_prompt,
+        };
+        self.launch(Operation::PrefillChunk(chunk), vec![row], vec![id])?;
+        Ok(submitted + 1)
+    }
+
+    /// Submits one decode step over every runnable request (oldest first,
+    /// after growing their pages); returns the launches submitted.
+    pub(super) fn submit_decode(&mut self) -> Result<usize, ExecutionError> {
+        let candidates: Vec<RequestId> = (self.placed.values().copied())
+            .filter(|&id| self.placement(id).decodes())
+            .collect();
+        let mut batch = Vec::with_capacity(candidates.len());
+        for id in candidates {
+            let still_placed = self.requests[&id].placement.as_ref();
+            if still_placed.is_some_and(Placement::decodes) && self.grow(id) == Growth::Ready {
+                batch.push(id);
+            }
+        }
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        let capacity = (self.geometry)
+            .decode_capacity(len32(batch.len()))
+            .expect("decoders hold distinct slots, at most max_concurrency");
+        let mut slots = Vec::with_capacity(capacity as usize);
+        let mut rows = Vec::with_capacity(capacity as usize);
+        for &id in &batch {
+            let placement = self.placement_mut(id).expect("placed");
+            placement.submitted_consumed += 1;
+            placement.submitted_samples += 1;
+            slots.push(placement.slot);
+            rows.push(Row::Decode { id });
+        }
+        slots.resize(capacity as usize, Slot::NULL);
+        rows.resize(capacity as usize, Row::Padding);
+        let decode = Decode { capacity, slots };
+        self.launch(Operation::Decode(decode), rows, batch)?;
+        Ok(1)
+    }
+}

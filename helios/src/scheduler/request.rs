@@ -1,0 +1,195 @@
+//! A request as the scheduler holds it, and its placement on a slot.
+
+use super::error::AdmissionError;
+use super::executor::SamplingParams;
+use super::geometry::Geometry;
+use super::ids::{Page, Slot};
+
+/// What a request asks for, in tokens: the frontend has already rendered,
+/// tokenized and clamped it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestSpec {
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Output limit.
+    pub max_new_tokens: u32,
+    /// Sampling parameters.
+    pub sampling: SamplingParams,
+    /// The request's Philox key.
+    pub seed: u64,
+}
+
+impl RequestSpec {
+    /// Checks the request against the contract: tokens in the vocabulary,
+    /// prompt plus output within the context limit, an admission
+    /// reservation no larger than the whole page pool.
+    pub fn check(&self, geometry: &Geometry) -> Result<(), AdmissionError> {
+        if self.prompt.is_empty() {
+            return Err(AdmissionError::EmptyPrompt);
+        }
+        if self.max_new_tokens == 0 {
+            return Err(AdmissionError::ZeroOutputBudget);
+        }
+        let vocab_size = geometry.vocab_size();
+        if let Some((position, &token)) =
+            (self.prompt.iter().enumerate()).find(|(_, &token)| token >= vocab_size)
+        {
+            return Err(AdmissionError::TokenOutsideVocabulary {
+                position,
+                token,
+                vocab_size,
+            });
+        }
+        let temperature = self.sampling.temperature;
+        if !(temperature.is_finite() && temperature > 0.0) {
+            return Err(AdmissionError::InvalidSampling {
+                field: "temperature",
+                reason: "must be finite and greater than 0",
+            });
+        }
+        let too_long = AdmissionError::ExceedsContext {
+            prompt_tokens: u32::try_from(self.prompt.len()).unwrap_or(u32::MAX),
+            max_new_tokens: self.max_new_tokens,
+            context_limit: geometry.context_limit(),
+        };
+        let prompt = u32::try_from(self.prompt.len()).map_err(|_| too_long.clone())?;
+        match prompt.checked_add(self.max_new_tokens) {
+            Some(total) if total <= geometry.context_limit() => {}
+            _ => return Err(too_long),
+        }
+        let required_pages = admission_pages(geometry, prompt, self.max_new_tokens);
+        if required_pages > geometry.usable_pages() {
+            return Err(AdmissionError::ExceedsPool {
+                required_pages,
+                usable_pages: geometry.usable_pages(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The admission reservation: the history plus one page of output, but never
+/// more than the request can ever write (`history + budget - 1` tokens: the
+/// last sample is never consumed).
+pub(super) fn admission_pages(geometry: &Geometry, history: u32, budget: u32) -> u32 {
+    (geometry.pages_for(history) + 1).min(max_pages(geometry, history, budget))
+}
+
+/// Pages a placement can ever need.
+pub(super) fn max_pages(geometry: &Geometry, history: u32, budget: u32) -> u32 {
+    geometry.pages_for(history + budget.saturating_sub(1))
+}
+
+/// A request the scheduler owns, queued or placed.
+#[derive(Debug)]
+pub(super) struct Request {
+    pub(super) spec: RequestSpec,
+    /// Arrival order; a preempted request re-enters the queue at it.
+    pub(super) arrival: u64,
+    /// Every output token delivered so far, across admissions.
+    pub(super) output: Vec<u32>,
+    /// Whether `Admitted` was sent.
+    pub(super) admitted: bool,
+    /// The slot it occupies, while admitted.
+    pub(super) placement: Option<Placement>,
+}
+
+impl Request {
+    /// Tokens the next admission starts from: prompt then output.
+    pub(super) fn history_len(&self) -> u32 {
+        len32(self.spec.prompt.len() + self.output.len())
+    }
+
+    /// Output tokens the next admission may still sample.
+    pub(super) fn remaining_budget(&self) -> u32 {
+        self.spec
+            .max_new_tokens
+            .saturating_sub(len32(self.output.len()))
+    }
+
+    /// History tokens `range` of the current placement.
+    pub(super) fn history(&self, start: u32, end: u32) -> Vec<u32> {
+        let prompt = &self.spec.prompt;
+        (start as usize..end as usize)
+            .map(|i| {
+                prompt
+                    .get(i)
+                    .copied()
+                    .unwrap_or_else(|| self.output[i - prompt.len()])
+            })
+            .collect()
+    }
+}
+
+/// Lengths are bounded by the context limit, a `u32`.
+pub(super) fn len32(len: usize) -> u32 {
+    u32::try_from(len).expect("lengths are bounded by the u32 context limit")
+}
+
+/// Why a placement stopped taking new launches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Exit {
+    /// The device finished it (its terminal event was sent).
+    Finished,
+    /// It was cancelled (terminal event sent); late records are ignored.
+    Cancelled,
+    /// A record of it failed validation (terminal event sent); late records
+    /// are ignored.
+    Failed,
+    /// Preempted: readmitted with its history once its slot is retired.
+    Preempted,
+}
+
+/// Device progress as validated completion records reported it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct Confirmed {
+    pub(super) consumed: u32,
+    pub(super) generated: u32,
+    pub(super) done: i32,
+}
+
+/// A request placed on a slot for one admission.
+#[derive(Debug)]
+pub(super) struct Placement {
+    pub(super) slot: Slot,
+    /// Admission order: the newest placement has the largest.
+    pub(super) admission: u64,
+    /// Tokens this admission prefills (prompt and earlier output).
+    pub(super) history: u32,
+    /// Output tokens this admission may sample (the device's `max_new`).
+    pub(super) budget: u32,
+    /// Physical pages in the slot's page table, in logical order.
+    pub(super) pages: Vec<Page>,
+    /// Free pages reserved for this placement, not yet in its page table.
+    pub(super) reserved: u32,
+    /// Whether the admit launch was submitted.
+    pub(super) initialized: bool,
+    /// Tokens consumed once every submitted launch ran.
+    pub(super) submitted_consumed: u32,
+    /// Samples every submitted launch may draw.
+    pub(super) submitted_samples: u32,
+    /// What validated records reported.
+    pub(super) confirmed: Confirmed,
+    /// Launches in flight that reference the slot.
+    pub(super) refs: u32,
+    /// Set once no further launch may reference the slot.
+    pub(super) exit: Option<Exit>,
+}
+
+impl Placement {
+    /// Whether every prompt token was submitted for prefill.
+    pub(super) fn prompt_submitted(&self) -> bool {
+        self.submitted_consumed >= self.history
+    }
+
+    /// Whether the next decode step should include it: still live, prompt
+    /// submitted, and its submitted samples leave budget.
+    pub(super) fn decodes(&self) -> bool {
+        self.exit.is_none() && self.prompt_submitted() && self.submitted_samples < self.budget
+    }
+
+    /// Pages in the page table plus pages reserved.
+    pub(super) fn held(&self) -> u32 {
+        len32(self.pages.len()) + self.reserved
+    }
+}

@@ -1,0 +1,125 @@
+//! The end of a placement: cancellation, retirement of slots and pages, and
+//! executor failure.
+//!
+//! A placement that finishes, fails, is cancelled or preempted stops taking
+//! launches at once and gives back its unused reservation; its slot and
+//! pages are freed only at a submission boundary where no launch in flight
+//! references them.
+
+use super::admission::AdmissionQueue;
+use super::engine::Scheduler;
+use super::error::ExecutionError;
+use super::events::{Event, FinishReason};
+use super::executor::{Executor, PageTableUpdate};
+use super::ids::{Page, RequestId};
+use super::request::{len32, Exit};
+
+impl<E: Executor> Scheduler<E> {
+    /// Cancellations are applied at submission boundaries only, so no
+    /// launch is planned for a request cancelled halfway through planning.
+    pub(super) fn apply_cancels(&mut self) {
+        for id in std::mem::take(&mut self.cancels) {
+            let Some(request) = self.requests.get(&id) else {
+                continue;
+            };
+            match &request.placement {
+                None => {
+                    self.queue.remove(request.arrival);
+                    let output_tokens = len32(request.output.len());
+                    self.requests.remove(&id);
+                    self.emit(
+                        id,
+                        Event::Finished {
+                            reason: FinishReason::Cancelled,
+                            output_tokens,
+                        },
+                    );
+                }
+                Some(placement) if matches!(placement.exit, None | Some(Exit::Preempted)) => {
+                    self.end_placement(id, Exit::Cancelled);
+                    let output_tokens = len32(self.requests[&id].output.len());
+                    self.emit(
+                        id,
+                        Event::Finished {
+                            reason: FinishReason::Cancelled,
+                            output_tokens,
+                        },
+                    );
+                }
+                Some(_) => {}
+            }
+        }
+    }
+
+    /// Stops launches for a placement and gives back its untaken
+    /// reservation; its slot and pages wait for [`Self::retire`].
+    pub(super) fn end_placement(&mut self, id: RequestId, exit: Exit) {
+        let placement = self.placement_mut(id).expect("ending a placed request");
+        placement.exit = Some(exit);
+        let unused = std::mem::take(&mut placement.reserved);
+        self.pages.unreserve(unused);
+    }
+
+    /// Frees the slot and pages of every ended placement no launch in
+    /// flight references; preempted requests go back to the queue.
+    pub(super) fn retire(&mut self) {
+        let ready: Vec<RequestId> = (self.placed.values().copied())
+            .filter(|&id| {
+                let placement = self.requests[&id].placement.as_ref();
+                placement.is_some_and(|p| p.exit.is_some() && p.refs == 0)
+            })
+            .collect();
+        for id in ready {
+            self.retire_one(id);
+        }
+    }
+
+    /// Retires one ended placement with no launch in flight.
+    pub(super) fn retire_one(&mut self, id: RequestId) {
+        let request = self
+            .requests
+            .get_mut(&id)
+            .expect("retiring a known request");
+        let placement = request.placement.take().expect("retiring a placed request");
+        debug_assert!(placement.refs == 0 && placement.reserved == 0);
+        self.placed.remove(&placement.admission);
+        if !placement.pages.is_empty() {
+            self.page_updates.push(PageTableUpdate {
+                slot: placement.slot,
+                first: 0,
+                pages: vec![Page::NULL; placement.pages.len()],
+            });
+            self.pages.release(&placement.pages);
+        }
+        self.slots.release(placement.slot);
+        if placement.exit == Some(Exit::Preempted) {
+            // Every launch of the placement has completed: its output is final
+            // and the readmission derives its seed from this count.
+            let generated = len32(request.output.len());
+            self.queue.push(request.arrival, id);
+            self.emit(id, Event::Preempted { generated });
+        } else {
+            self.requests.remove(&id);
+        }
+    }
+
+    /// An executor failure: the device state is unknown, so every request
+    /// fails and nothing is reused.
+    pub(super) fn fail_everything(&mut self, error: &ExecutionError) {
+        self.failure = Some(error.clone());
+        let live: Vec<RequestId> = (self.requests.iter())
+            .filter(|(_, request)| {
+                let exit = request.placement.as_ref().and_then(|p| p.exit);
+                matches!(exit, None | Some(Exit::Preempted))
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for id in live {
+            self.emit(id, Event::Failed(error.clone()));
+        }
+        self.requests.clear();
+        self.queue = AdmissionQueue::default();
+        self.placed.clear();
+        self.window.clear();
+    }
+}

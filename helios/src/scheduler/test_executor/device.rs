@@ -1,0 +1,381 @@
+//! Emulated device state: per-slot request state, page tables and KV pages
+//! whose cells remember which slot and admission wrote them, so reading a
+//! page another request wrote is caught as a [`Violation`].
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::model::{FakeModel, History};
+use super::violation::Violation;
+use crate::scheduler::executor::{
+    done, Admit, CompletionRecord, Decode, Operation, PageTableUpdate, PrefillChunk, Resume,
+};
+use crate::scheduler::geometry::Geometry;
+use crate::scheduler::ids::{Page, Slot};
+
+/// One slot's request state, as the graphs keep it.
+#[derive(Debug, Clone, Default)]
+struct SlotState {
+    /// Admissions into this slot so far; 0 before the first.
+    epoch: u64,
+    prompt: Vec<u32>,
+    /// Tokens present at admission (a prefix restore).
+    restored: u32,
+    pending: u32,
+    consumed: u32,
+    generated: u32,
+    max_new: u32,
+    done: i32,
+    seed: u64,
+    counter: u64,
+    histogram: u64,
+}
+
+/// Who wrote a KV cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Cell {
+    token: u32,
+    slot: Slot,
+    epoch: u64,
+}
+
+/// What a launch touched: slots, and page-table entries with the page they
+/// held.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Touched {
+    pub(super) slots: BTreeSet<Slot>,
+    pub(super) entries: BTreeSet<(Slot, u32, Page)>,
+}
+
+/// The emulated device.
+#[derive(Debug)]
+pub(super) struct Device {
+    geometry: Geometry,
+    model: FakeModel,
+    slots: Vec<SlotState>,
+    tables: Vec<Vec<Page>>,
+    cells: Vec<Vec<Option<Cell>>>,
+    /// Page -> the one page-table entry that maps it.
+    mapped: BTreeMap<Page, (Slot, u32)>,
+}
+
+impl Device {
+    pub(super) fn new(geometry: &Geometry, model: FakeModel) -> Self {
+        let rows = geometry.max_concurrency() as usize + 1;
+        let entries = geometry.pages_for(geometry.context_limit()) as usize;
+        Self {
+            model,
+            slots: vec![SlotState::default(); rows],
+            tables: vec![vec![Page::NULL; entries]; rows],
+            cells: vec![vec![None; geometry.page_size() as usize]; geometry.kv_pages() as usize],
+            mapped: BTreeMap::new(),
+            geometry: geometry.clone(),
+        }
+    }
+
+    pub(super) fn model(&self) -> &FakeModel {
+        &self.model
+    }
+
+    /// Applies page-table updates; `busy` holds what unfinished launches
+    /// touched.
+    pub(super) fn update_tables(
+        &mut self,
+        launch: u64,
+        updates: &[PageTableUpdate],
+        busy: &Touched,
+        violations: &mut Vec<Violation>,
+    ) {
+        for update in updates {
+            let slot = update.slot;
+            if slot.is_null() || slot.0 > self.geometry.max_concurrency() {
+                violations.push(Violation::SlotOutOfRange { launch, slot });
+                continue;
+            }
+            for (offset, &page) in (0u32..).zip(&update.pages) {
+                let logical = update.first + offset;
+                let Some(&old) = self.tables[slot.0 as usize].get(logical as usize) else {
+                    violations.push(Violation::Capacity { launch });
+                    continue;
+                };
+                if old == page {
+                    continue;
+                }
+                if busy.entries.contains(&(slot, logical, old)) {
+                    violations.push(Violation::PageTableInFlight {
+                        launch,
+                        slot,
+                        logical,
+                    });
+                }
+                if page.0 >= self.geometry.kv_pages() {
+                    violations.push(Violation::PageOutOfRange { launch, page });
+                    continue;
+                }
+                if !page.is_null() {
+                    if busy.entries.iter().any(|&(_, _, used)| used == page) {
+                        violations.push(Violation::PageInFlight { launch, page });
+                    }
+                    if self.mapped.contains_key(&page) {
+                        violations.push(Violation::PageMappedTwice { launch, page });
+                    }
+                    self.mapped.insert(page, (slot, logical));
+                }
+                if !old.is_null() && self.mapped.get(&old) == Some(&(slot, logical)) {
+                    self.mapped.remove(&old);
+                }
+                self.tables[slot.0 as usize][logical as usize] = page;
+            }
+        }
+    }
+
+    /// Executes one operation: its records and what it touched.
+    pub(super) fn execute(
+        &mut self,
+        launch: u64,
+        operation: &Operation,
+        busy: &Touched,
+        violations: &mut Vec<Violation>,
+    ) -> (Vec<CompletionRecord>, Touched) {
+        let mut run = Run {
+            device: self,
+            launch,
+            touched: Touched::default(),
+            violations,
+        };
+        let records = match operation {
+            Operation::Admit(admit) => {
+                run.admit(admit, busy);
+                Vec::new()
+            }
+            Operation::PrefillChunk(chunk) => vec![run.prefill(chunk)],
+            Operation::Decode(decode) => run.decode(decode),
+            Operation::Resume(Resume { slot }) => vec![run.resume(*slot)],
+        };
+        (records, run.touched)
+    }
+}
+
+/// One launch being executed.
+struct Run<'a> {
+    device: &'a mut Device,
+    launch: u64,
+    touched: Touched,
+    violations: &'a mut Vec<Violation>,
+}
+
+impl Run<'_> {
+    fn flag(&mut self, violation: Violation) {
+        self.violations.push(violation);
+    }
+
+    /// Whether `slot` is a live slot that was admitted.
+    fn live(&mut self, slot: Slot) -> bool {
+        let launch = self.launch;
+        if slot.0 > self.device.geometry.max_concurrency() {
+            self.flag(Violation::SlotOutOfRange { launch, slot });
+            return false;
+        }
+        if slot.is_null() {
+            return false;
+        }
+        self.touched.slots.insert(slot);
+        if self.device.slots[slot.0 as usize].epoch == 0 {
+            self.flag(Violation::UninitializedSlot { launch, slot });
+            return false;
+        }
+        true
+    }
+
+    fn admit(&mut self, admit: &Admit, busy: &Touched) {
+        let (launch, slot) = (self.launch, admit.slot);
+        if slot.is_null() || slot.0 > self.device.geometry.max_concurrency() {
+            self.flag(Violation::SlotOutOfRange { launch, slot });
+            return;
+        }
+        if busy.slots.contains(&slot) {
+            self.flag(Violation::SlotInFlight { launch, slot });
+        }
+        self.touched.slots.insert(slot);
+        let state = &mut self.device.slots[slot.0 as usize];
+        *state = SlotState {
+            epoch: state.epoch + 1,
+            prompt: admit.prompt.clone(),
+            restored: admit.consumed,
+            consumed: admit.consumed,
+            max_new: admit.max_new_tokens,
+            seed: admit.seed,
+            counter: 0,
+            histogram: History::of(&admit.prompt).histogram(),
+            ..SlotState::default()
+        };
+    }
+
+    fn prefill(&mut self, chunk: &PrefillChunk) -> CompletionRecord {
+        let (launch, slot) = (self.launch, chunk.slot);
+        let len = chunk.tokens.len();
+        let captured = self
+            .device
+            .geometry
+            .prefill_capacities()
+            .contains(&chunk.capacity);
+        if !captured || len == 0 || len > chunk.capacity as usize {
+            self.flag(Violation::Capacity { launch });
+        }
+        if !self.live(slot) {
+            return self.record(slot, None);
+        }
+        let state = &self.device.slots[slot.0 as usize];
+        let consumed = state.consumed;
+        let start = consumed as usize;
+        let expected = state.prompt.get(start..start + len);
+        let ends = start + len == state.prompt.len();
+        if expected != Some(chunk.tokens.as_slice()) || ends != chunk.ends_prompt {
+            self.flag(Violation::ChunkTokens { launch, slot });
+        }
+        for (position, &token) in (consumed..).zip(&chunk.tokens) {
+            self.write(slot, position, token);
+        }
+        self.device.slots[slot.0 as usize].consumed += u32::try_from(len).expect("chunk fits");
+        let sampled = chunk.ends_prompt && len > 0;
+        let token = sampled.then(|| self.sample(slot));
+        self.record(slot, token)
+    }
+
+    fn decode(&mut self, decode: &Decode) -> Vec<CompletionRecord> {
+        let launch = self.launch;
+        let captured = self
+            .device
+            .geometry
+            .decode_capacities()
+            .contains(&decode.capacity);
+        let live_rows: Vec<Slot> = decode
+            .slots
+            .iter()
+            .copied()
+            .filter(|s| !s.is_null())
+            .collect();
+        let distinct: BTreeSet<Slot> = live_rows.iter().copied().collect();
+        if !captured
+            || decode.slots.len() != decode.capacity as usize
+            || distinct.len() != live_rows.len()
+        {
+            self.flag(Violation::Capacity { launch });
+        }
+        let mut records = Vec::with_capacity(decode.slots.len());
+        for &slot in &decode.slots {
+            let active =
+                self.live(slot) && self.device.slots[slot.0 as usize].done == done::RUNNING;
+            if !active {
+                records.push(self.record(slot, None));
+                continue;
+            }
+            let state = &self.device.slots[slot.0 as usize];
+            let (position, pending) = (state.consumed, state.pending);
+            if (position as usize) < state.prompt.len() {
+                self.flag(Violation::DecodeBeforePrompt { launch, slot });
+            }
+            self.write(slot, position, pending);
+            self.device.slots[slot.0 as usize].consumed += 1;
+            let token = self.sample(slot);
+            records.push(self.record(slot, Some(token)));
+        }
+        records
+    }
+
+    fn resume(&mut self, slot: Slot) -> CompletionRecord {
+        let active = self.live(slot) && self.device.slots[slot.0 as usize].done == done::RUNNING;
+        let token = active.then(|| self.sample(slot));
+        self.record(slot, token)
+    }
+
+    /// The physical page of `position` in `slot`'s page table.
+    fn page(&mut self, slot: Slot, position: u32) -> Option<(Page, usize)> {
+        let page_size = self.device.geometry.page_size();
+        let logical = position / page_size;
+        let page = self.device.tables[slot.0 as usize]
+            .get(logical as usize)
+            .copied();
+        let page = page.unwrap_or(Page::NULL);
+        self.touched.entries.insert((slot, logical, page));
+        if page.is_null() {
+            let launch = self.launch;
+            self.flag(Violation::NullPageAccess {
+                launch,
+                slot,
+                position,
+            });
+            return None;
+        }
+        Some((page, (position % page_size) as usize))
+    }
+
+    fn write(&mut self, slot: Slot, position: u32, token: u32) {
+        let epoch = self.device.slots[slot.0 as usize].epoch;
+        if let Some((page, offset)) = self.page(slot, position) {
+            self.device.cells[page.0 as usize][offset] = Some(Cell { token, slot, epoch });
+        }
+    }
+
+    /// Samples from the slot's history read through its page table, then
+    /// commits like the graphs: pending token, counts, counter, finish flag.
+    fn sample(&mut self, slot: Slot) -> u32 {
+        let launch = self.launch;
+        let state = &self.device.slots[slot.0 as usize];
+        let (consumed, restored, epoch) = (state.consumed, state.restored, state.epoch);
+        let mut tokens = Vec::with_capacity(consumed as usize);
+        for position in 0..consumed {
+            let Some((page, offset)) = self.page(slot, position) else {
+                continue;
+            };
+            match self.device.cells[page.0 as usize][offset] {
+                Some(cell) if position < restored || (cell.slot, cell.epoch) == (slot, epoch) => {
+                    tokens.push(cell.token);
+                }
+                _ => self.flag(Violation::ForeignPage {
+                    launch,
+                    slot,
+                    position,
+                    page,
+                }),
+            }
+        }
+        let state = &mut self.device.slots[slot.0 as usize];
+        let history = History::of(&tokens).with_histogram(state.histogram);
+        let token = self
+            .device
+            .model
+            .next_token(state.seed, state.counter, history);
+        let mut counts = History::default().with_histogram(state.histogram);
+        counts.count(token);
+        state.histogram = counts.histogram();
+        state.pending = token;
+        state.generated += 1;
+        state.counter += 1;
+        state.done = if self.device.geometry.is_stop(token) {
+            done::STOP
+        } else if state.generated >= state.max_new {
+            done::LENGTH
+        } else {
+            done::RUNNING
+        };
+        token
+    }
+
+    fn record(&self, slot: Slot, token: Option<u32>) -> CompletionRecord {
+        let state = self
+            .device
+            .slots
+            .get(slot.0 as usize)
+            .cloned()
+            .unwrap_or_default();
+        let raw = |value: u32| i32::try_from(value).unwrap_or(i32::MAX);
+        CompletionRecord {
+            slot: raw(slot.0),
+            token: token.map_or(-1, raw),
+            generated: raw(state.generated),
+            consumed: raw(state.consumed),
+            done: state.done,
+            valid: i32::from(token.is_some()),
+        }
+    }
+}

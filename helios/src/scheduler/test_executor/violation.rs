@@ -1,0 +1,103 @@
+//! Contract breaches the test executor detects in what it is asked to run.
+
+use crate::scheduler::ids::{Page, Slot};
+
+/// A launch that breaks the executor contract; `launch` is the launch's
+/// position in submission order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Violation {
+    /// A slot outside `1..=max_concurrency` (or the null slot where a live
+    /// one is needed).
+    SlotOutOfRange {
+        /// The launch.
+        launch: u64,
+        /// The slot.
+        slot: Slot,
+    },
+    /// A page outside the KV region.
+    PageOutOfRange {
+        /// The launch.
+        launch: u64,
+        /// The page.
+        page: Page,
+    },
+    /// A chunk or decode on a slot no admit initialized.
+    UninitializedSlot {
+        /// The launch.
+        launch: u64,
+        /// The slot.
+        slot: Slot,
+    },
+    /// A slot was admitted again while an unfinished launch references it.
+    SlotInFlight {
+        /// The launch.
+        launch: u64,
+        /// The slot.
+        slot: Slot,
+    },
+    /// A page-table entry an unfinished launch used was changed.
+    PageTableInFlight {
+        /// The launch.
+        launch: u64,
+        /// The slot.
+        slot: Slot,
+        /// The logical page.
+        logical: u32,
+    },
+    /// A page an unfinished launch used was mapped elsewhere.
+    PageInFlight {
+        /// The launch.
+        launch: u64,
+        /// The page.
+        page: Page,
+    },
+    /// A page was mapped by two page-table entries at once.
+    PageMappedTwice {
+        /// The launch.
+        launch: u64,
+        /// The page.
+        page: Page,
+    },
+    /// A live row read or wrote a position whose page-table entry is the
+    /// null page.
+    NullPageAccess {
+        /// The launch.
+        launch: u64,
+        /// The slot.
+        slot: Slot,
+        /// The token position.
+        position: u32,
+    },
+    /// A live row read a KV cell another slot or admission wrote.
+    ForeignPage {
+        /// The launch.
+        launch: u64,
+        /// The reading slot.
+        slot: Slot,
+        /// The token position.
+        position: u32,
+        /// The page read.
+        page: Page,
+    },
+    /// A graph capacity that was not captured, rows that do not fit it, or
+    /// the same slot twice in a decode.
+    Capacity {
+        /// The launch.
+        launch: u64,
+    },
+    /// A chunk's tokens are not the admitted prompt's next tokens, or its
+    /// `ends_prompt` flag is wrong.
+    ChunkTokens {
+        /// The launch.
+        launch: u64,
+        /// The slot.
+        slot: Slot,
+    },
+    /// A decode of a slot whose prompt was not fully consumed.
+    DecodeBeforePrompt {
+        /// The launch.
+        launch: u64,
+        /// The slot.
+        slot: Slot,
+    },
+}

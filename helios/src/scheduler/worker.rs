@@ -1,0 +1,360 @@
+//! The model thread: one thread owns the [`Scheduler`] and its executor;
+//! everything else talks to it by message through a [`SchedulerHandle`].
+//!
+//! The thread sleeps on its inbox while the scheduler is idle and otherwise
+//! alternates between taking every queued message and running one
+//! iteration. Each request's events go to its own channel; a dropped
+//! receiver cancels the request at the next submission boundary. The model
+//! thread never blocks on a consumer: a request's channel holds at most its
+//! output limit of tokens plus its admission and terminal events.
+
+use std::collections::BTreeMap;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+
+use super::engine::{Scheduler, SchedulerConfig};
+use super::error::{AdmissionError, ExecutionError, SchedulerError};
+use super::events::{Event, Metrics};
+use super::executor::Executor;
+use super::geometry::Geometry;
+use super::ids::RequestId;
+use super::request::RequestSpec;
+
+/// How a shutdown treats requests that have not finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShutdownMode {
+    /// Stop admitting new requests and run the others to completion.
+    Finish,
+    /// Stop admitting and cancel every request; launches in flight drain.
+    Cancel,
+}
+
+/// Whether the model thread can take requests.
+#[derive(Debug, Clone)]
+pub enum Health {
+    /// Serving.
+    Ready,
+    /// Shutting down: no new requests.
+    Stopping,
+    /// The executor failed; every request failed with this error.
+    Failed(ExecutionError),
+}
+
+/// Health and counters, as `/health` and `/metrics` report them.
+#[derive(Debug, Clone)]
+pub struct Status {
+    /// Whether the model thread can take requests.
+    pub health: Health,
+    /// Scheduler counters.
+    pub metrics: Metrics,
+}
+
+type SubmitReply = Sender<Result<RequestId, AdmissionError>>;
+
+enum Message {
+    Submit {
+        spec: RequestSpec,
+        events: Sender<Event>,
+        reply: SubmitReply,
+    },
+    Cancel(RequestId),
+    Status(Sender<Status>),
+    Shutdown(ShutdownMode),
+}
+
+/// A cloneable way to talk to the model thread.
+#[derive(Debug, Clone)]
+pub struct SchedulerHandle {
+    inbox: Sender<Message>,
+}
+
+impl std::fmt::Debug for Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Submit { .. } => "Submit",
+            Self::Cancel(_) => "Cancel",
+            Self::Status(_) => "Status",
+            Self::Shutdown(_) => "Shutdown",
+        })
+    }
+}
+
+impl SchedulerHandle {
+    /// Submits a request; on success its events arrive on the stream,
+    /// starting with [`Event::Admitted`].
+    pub fn submit(&self, spec: RequestSpec) -> Result<RequestStream, AdmissionError> {
+        let (events, receiver) = mpsc::channel();
+        let (reply, answer) = mpsc::channel();
+        let message = Message::Submit {
+            spec,
+            events,
+            reply,
+        };
+        self.inbox
+            .send(message)
+            .map_err(|_| AdmissionError::Unavailable)?;
+        let id = answer.recv().map_err(|_| AdmissionError::Unavailable)??;
+        Ok(RequestStream {
+            id,
+            events: receiver,
+            handle: self.clone(),
+            finished: false,
+        })
+    }
+
+    /// Cancels a request at the next submission boundary.
+    pub fn cancel(&self, id: RequestId) {
+        let _ = self.inbox.send(Message::Cancel(id));
+    }
+
+    /// Health and counters.
+    pub fn status(&self) -> Result<Status, SchedulerError> {
+        let (reply, answer) = mpsc::channel();
+        (self.inbox.send(Message::Status(reply))).map_err(|_| SchedulerError::WorkerGone)?;
+        answer.recv().map_err(|_| SchedulerError::WorkerGone)
+    }
+}
+
+/// The events of one submitted request. Dropping it before the terminal
+/// event cancels the request.
+#[derive(Debug)]
+pub struct RequestStream {
+    id: RequestId,
+    events: Receiver<Event>,
+    handle: SchedulerHandle,
+    finished: bool,
+}
+
+impl RequestStream {
+    /// The request's id.
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    /// The next event, waiting for it; `Ok(None)` after the terminal event.
+    /// A channel that closes before the terminal event is
+    /// [`SchedulerError::WorkerGone`].
+    pub fn next_event(&mut self) -> Result<Option<Event>, SchedulerError> {
+        if self.finished {
+            return Ok(None);
+        }
+        let event = self.events.recv().map_err(|_| SchedulerError::WorkerGone)?;
+        self.finished = event.is_terminal();
+        Ok(Some(event))
+    }
+
+    /// Cancels the request; its terminal event still arrives.
+    pub fn cancel(&self) {
+        self.handle.cancel(self.id);
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.handle.cancel(self.id);
+        }
+    }
+}
+
+/// The running model thread. Dropping it cancels everything and joins.
+#[derive(Debug)]
+pub struct Worker {
+    handle: SchedulerHandle,
+    thread: Option<JoinHandle<Result<(), SchedulerError>>>,
+}
+
+impl Worker {
+    /// Starts the model thread: `make_executor` runs on it (the executor
+    /// never leaves it), then the scheduler is built. Returns once the
+    /// thread is ready, or with the startup failure.
+    pub fn spawn<E, F>(
+        geometry: Geometry,
+        config: SchedulerConfig,
+        make_executor: F,
+    ) -> Result<Self, SchedulerError>
+    where
+        E: Executor + 'static,
+        F: FnOnce() -> Result<E, ExecutionError> + Send + 'static,
+    {
+        let (inbox, messages) = mpsc::channel();
+        let (ready, started) = mpsc::sync_channel(1);
+        let thread = thread::Builder::new()
+            .name("helios-model".to_owned())
+            .spawn(move || {
+                let scheduler = make_executor()
+                    .map_err(SchedulerError::Execution)
+                    .and_then(|executor| Scheduler::new(geometry, config, executor));
+                match scheduler {
+                    Ok(scheduler) => {
+                        let _ = ready.send(Ok(()));
+                        ModelThread::new(scheduler, messages).run()
+                    }
+                    Err(error) => {
+                        let _ = ready.send(Err(error));
+                        Ok(())
+                    }
+                }
+            })
+            .map_err(|error| SchedulerError::Spawn(Arc::new(error)))?;
+        let startup = started.recv().unwrap_or(Err(SchedulerError::WorkerGone));
+        let worker = Self {
+            handle: SchedulerHandle { inbox },
+            thread: Some(thread),
+        };
+        match startup {
+            Ok(()) => Ok(worker),
+            Err(error) => {
+                drop(worker);
+                Err(error)
+            }
+        }
+    }
+
+    /// A handle for submitting, cancelling and reading status.
+    pub fn handle(&self) -> SchedulerHandle {
+        self.handle.clone()
+    }
+
+    /// Stops admission, finishes or cancels every request, drains launches
+    /// in flight and joins the thread. Returns the executor failure, if the
+    /// worker had one.
+    pub fn shutdown(mut self, mode: ShutdownMode) -> Result<(), SchedulerError> {
+        self.stop(mode)
+    }
+
+    fn stop(&mut self, mode: ShutdownMode) -> Result<(), SchedulerError> {
+        let Some(thread) = self.thread.take() else {
+            return Ok(());
+        };
+        let _ = self.handle.inbox.send(Message::Shutdown(mode));
+        thread.join().map_err(|_| SchedulerError::WorkerGone)?
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.stop(ShutdownMode::Cancel);
+    }
+}
+
+/// The loop of the model thread.
+struct ModelThread<E> {
+    scheduler: Scheduler<E>,
+    inbox: Receiver<Message>,
+    streams: BTreeMap<RequestId, Sender<Event>>,
+    stopping: bool,
+}
+
+impl<E: Executor> ModelThread<E> {
+    fn new(scheduler: Scheduler<E>, inbox: Receiver<Message>) -> Self {
+        Self {
+            scheduler,
+            inbox,
+            streams: BTreeMap::new(),
+            stopping: false,
+        }
+    }
+
+    fn run(mut self) -> Result<(), SchedulerError> {
+        loop {
+            if self.scheduler.is_idle() {
+                if self.stopping {
+                    break;
+                }
+                match self.inbox.recv() {
+                    Ok(message) => self.handle(message),
+                    Err(_) => self.stop(ShutdownMode::Cancel),
+                }
+            }
+            loop {
+                match self.inbox.try_recv() {
+                    Ok(message) => self.handle(message),
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        self.stop(ShutdownMode::Cancel);
+                        break;
+                    }
+                }
+            }
+            if !self.scheduler.is_idle() {
+                // A failure already failed every request; the scheduler is
+                // idle from now on and keeps the failure for `status`.
+                let _ = self.scheduler.step();
+            }
+            self.route_events();
+        }
+        match self.scheduler.failure() {
+            Some(error) => Err(SchedulerError::Execution(error.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn handle(&mut self, message: Message) {
+        match message {
+            Message::Submit {
+                spec,
+                events,
+                reply,
+            } => {
+                let result = if self.stopping {
+                    Err(AdmissionError::ShuttingDown)
+                } else {
+                    self.scheduler.submit(spec)
+                };
+                if let Ok(id) = result {
+                    self.streams.insert(id, events);
+                    if reply.send(Ok(id)).is_err() {
+                        self.scheduler.cancel(id);
+                    }
+                } else {
+                    let _ = reply.send(result);
+                }
+            }
+            Message::Cancel(id) => self.scheduler.cancel(id),
+            Message::Status(reply) => {
+                let _ = reply.send(self.status());
+            }
+            Message::Shutdown(mode) => self.stop(mode),
+        }
+    }
+
+    fn status(&self) -> Status {
+        let health = match self.scheduler.failure() {
+            Some(error) => Health::Failed(error.clone()),
+            None if self.stopping => Health::Stopping,
+            None => Health::Ready,
+        };
+        Status {
+            health,
+            metrics: self.scheduler.metrics(),
+        }
+    }
+
+    fn stop(&mut self, mode: ShutdownMode) {
+        self.stopping = true;
+        if mode == ShutdownMode::Cancel {
+            for &id in self.streams.keys() {
+                self.scheduler.cancel(id);
+            }
+        }
+    }
+
+    /// Sends each event to its request's channel; a closed channel cancels
+    /// the request.
+    fn route_events(&mut self) {
+        for event in self.scheduler.drain_events() {
+            let terminal = event.event.is_terminal();
+            let Some(channel) = self.streams.get(&event.request) else {
+                continue;
+            };
+            if channel.send(event.event).is_err() && !terminal {
+                self.scheduler.cancel(event.request);
+            }
+            if terminal {
+                self.streams.remove(&event.request);
+            }
+        }
+    }
+}

@@ -1,0 +1,285 @@
+//! Two decode steps in flight, completion validation and executor failure.
+
+mod scheduler_support;
+
+use helios::scheduler::test_executor::{
+    Corruption, RecordField, RequestLog, TestExecutor, Transcript,
+};
+use helios::scheduler::{
+    AdmissionError, ExecutionError, InvalidRecord, Operation, OperationKind, RequestId, Scheduler,
+    SchedulerConfig, SchedulerError, Slot,
+};
+use scheduler_support::{assert_clean, reference, run, spec, step, Setup};
+
+#[test]
+fn two_decode_steps_are_in_flight_when_completions_are_delayed() {
+    for (depth, expected) in [(2, 2), (1, 1)] {
+        let setup = Setup {
+            config: SchedulerConfig {
+                decode_depth: depth,
+                ..SchedulerConfig::default()
+            },
+            ..Setup::default()
+        };
+        let mut scheduler = setup.scheduler();
+        scheduler.executor_mut().set_completion_delay(3);
+        let requests: Vec<_> = (0..3).map(|seed| spec(12, 40, seed)).collect();
+        for request in &requests {
+            scheduler.submit(request.clone()).unwrap();
+        }
+        let transcript = run(&mut scheduler);
+        assert_eq!(scheduler.executor().max_decodes_in_flight(), expected);
+        for (index, request) in requests.iter().enumerate() {
+            let log = transcript.get(RequestId(index as u64));
+            assert_eq!(log.tokens, reference(&setup, request).tokens);
+        }
+        assert_clean(&scheduler);
+    }
+}
+
+#[test]
+fn completions_ready_at_once_keep_one_decode_step_in_flight() {
+    let setup = Setup::default();
+    let mut scheduler = setup.scheduler();
+    scheduler.submit(spec(12, 40, 0)).unwrap();
+    run(&mut scheduler);
+    // Each iteration retrieves the previous step before submitting the next.
+    assert_eq!(scheduler.executor().max_decodes_in_flight(), 1);
+}
+
+#[test]
+fn a_row_finished_by_the_step_before_it_is_masked_and_accepted() {
+    let setup = Setup {
+        stop_every: Some(6),
+        ..Setup::default()
+    };
+    let mut scheduler = setup.scheduler();
+    scheduler.executor_mut().set_completion_delay(2);
+    let requests: Vec<_> = (0..8).map(|seed| spec(5, 200, seed)).collect();
+    for request in &requests {
+        scheduler.submit(request.clone()).unwrap();
+    }
+    let transcript = run(&mut scheduler);
+    let mut decode_rows = 0;
+    for launch in scheduler.executor().log() {
+        if let Operation::Decode(decode) = &launch.operation {
+            decode_rows += decode.slots.iter().filter(|s| !s.is_null()).count();
+        }
+    }
+    let mut sampled_by_decode = 0;
+    for (index, request) in requests.iter().enumerate() {
+        let log = transcript.get(RequestId(index as u64));
+        let expected = reference(&setup, request);
+        assert_eq!(log.tokens, expected.tokens);
+        assert_eq!(log.finish, Some(expected.reason));
+        assert!(log.failure.is_none());
+        sampled_by_decode += log.tokens.len() - 1; // the first comes from prefill
+    }
+    // Stops cannot be foreseen: some rows were submitted after their
+    // request had already stopped on the device.
+    assert!(
+        decode_rows > sampled_by_decode,
+        "{decode_rows} rows, {sampled_by_decode} samples"
+    );
+    assert_clean(&scheduler);
+}
+
+/// Two decoding requests; `corruption` damages the next decode completion.
+/// Returns both request logs and the scheduler after a third request ran.
+fn corrupted_decode(corruption: Corruption) -> ([RequestLog; 2], Scheduler<TestExecutor>) {
+    let setup = Setup::default();
+    let mut scheduler = setup.scheduler();
+    let requests = [spec(5, 30, 0), spec(5, 30, 1)];
+    for request in &requests {
+        scheduler.submit(request.clone()).unwrap();
+    }
+    let mut transcript = Transcript::default();
+    while transcript.get(RequestId(1)).tokens.len() < 3 {
+        step(&mut scheduler, &mut transcript);
+    }
+    scheduler
+        .executor_mut()
+        .corrupt_next(OperationKind::Decode, corruption);
+    transcript.run(&mut scheduler, 10_000).unwrap();
+    // The failed request's slot is reused once nothing references it.
+    let later = spec(5, 10, 2);
+    let id = scheduler.submit(later.clone()).unwrap();
+    transcript.run(&mut scheduler, 10_000).unwrap();
+    assert_eq!(transcript.get(id).tokens, reference(&setup, &later).tokens);
+    assert_clean(&scheduler);
+    let logs = [transcript.get(RequestId(0)), transcript.get(RequestId(1))];
+    for (log, request) in logs.iter().zip(&requests) {
+        assert_eq!((log.terminal_events, log.protocol_errors), (1, 0));
+        let expected = reference(&setup, request).tokens;
+        assert_eq!(log.tokens, expected[..log.tokens.len()]);
+    }
+    (logs, scheduler)
+}
+
+/// Whether an invalid record is the expected one.
+type Matches = fn(&InvalidRecord) -> bool;
+
+fn invalid(log: &RequestLog) -> InvalidRecord {
+    match &log.failure {
+        Some(ExecutionError::InvalidRecord(invalid)) => invalid.clone(),
+        other => panic!("expected an invalid record, got {other:?}"),
+    }
+}
+
+#[test]
+fn an_invalid_record_fails_only_its_request() {
+    let field = |field, value| Corruption::Field {
+        row: 0,
+        field,
+        value,
+    };
+    let cases: [(Corruption, Matches); 6] = [
+        (field(RecordField::Slot, 3), |e| {
+            matches!(
+                e,
+                InvalidRecord::Slot {
+                    row: 0,
+                    expected: Slot(1),
+                    found: 3
+                }
+            )
+        }),
+        (field(RecordField::Token, 64), |e| {
+            matches!(
+                e,
+                InvalidRecord::Token {
+                    row: 0,
+                    token: 64,
+                    vocab_size: 64
+                }
+            )
+        }),
+        (field(RecordField::Token, -1), |e| {
+            matches!(e, InvalidRecord::Token { token: -1, .. })
+        }),
+        (field(RecordField::Generated, 1), |e| {
+            matches!(e, InvalidRecord::Generated { found: 1, .. })
+        }),
+        (field(RecordField::Consumed, 0), |e| {
+            matches!(e, InvalidRecord::Consumed { found: 0, .. })
+        }),
+        (field(RecordField::Valid, 0), |e| {
+            matches!(
+                e,
+                InvalidRecord::Valid {
+                    expected: true,
+                    found: 0,
+                    ..
+                }
+            )
+        }),
+    ];
+    for (corruption, expected) in cases {
+        let ([first, second], _) = corrupted_decode(corruption);
+        assert!(
+            expected(&invalid(&first)),
+            "{corruption:?}: {:?}",
+            first.failure
+        );
+        assert!(first.finish.is_none());
+        assert!(second.failure.is_none(), "{corruption:?}");
+        assert!(second.finish.is_some());
+    }
+}
+
+#[test]
+fn a_finish_flag_that_contradicts_the_token_fails_the_request() {
+    let ([first, second], _) = corrupted_decode(Corruption::Field {
+        row: 0,
+        field: RecordField::Done,
+        value: 1,
+    });
+    assert_eq!(
+        invalid(&first),
+        InvalidRecord::Done {
+            row: 0,
+            expected: 0,
+            found: 1
+        }
+    );
+    assert!(second.failure.is_none());
+}
+
+#[test]
+fn a_completion_with_the_wrong_row_count_fails_every_request_in_it() {
+    let ([first, second], _) = corrupted_decode(Corruption::DropRecord);
+    for log in [first, second] {
+        assert_eq!(
+            invalid(&log),
+            InvalidRecord::RowCount {
+                expected: 2,
+                found: 1
+            }
+        );
+    }
+}
+
+#[test]
+fn an_invalid_prefill_record_fails_the_request() {
+    let setup = Setup::default();
+    let mut scheduler = setup.scheduler();
+    scheduler.executor_mut().corrupt_next(
+        OperationKind::PrefillChunk,
+        Corruption::Field {
+            row: 0,
+            field: RecordField::Consumed,
+            value: 3,
+        },
+    );
+    let id = scheduler.submit(spec(100, 10, 0)).unwrap();
+    let transcript = run(&mut scheduler);
+    let log = transcript.get(id);
+    assert_eq!(
+        invalid(&log),
+        InvalidRecord::Consumed {
+            row: 0,
+            expected: 64,
+            found: 3
+        }
+    );
+    assert!(log.tokens.is_empty());
+    assert_clean(&scheduler);
+}
+
+#[test]
+fn an_executor_failure_fails_every_request_and_stops_the_scheduler() {
+    let setup = Setup::default();
+    let mut scheduler = setup.scheduler();
+    for seed in 0..3 {
+        scheduler.submit(spec(5, 30, seed)).unwrap();
+    }
+    let mut transcript = Transcript::default();
+    for _ in 0..4 {
+        step(&mut scheduler, &mut transcript);
+    }
+    scheduler.submit(spec(5, 30, 3)).unwrap();
+    scheduler.executor_mut().fail_next();
+    let error = scheduler.step().unwrap_err();
+    transcript.record(scheduler.drain_events());
+    assert!(matches!(
+        error,
+        SchedulerError::Execution(ExecutionError::Device { .. })
+    ));
+    for id in 0..4 {
+        let log = transcript.get(RequestId(id));
+        assert!(
+            matches!(log.failure, Some(ExecutionError::Device { .. })),
+            "{id}: {log:?}"
+        );
+        assert_eq!(log.terminal_events, 1);
+    }
+    assert!(matches!(
+        scheduler.step(),
+        Err(SchedulerError::Execution(_))
+    ));
+    assert_eq!(
+        scheduler.submit(spec(5, 5, 9)),
+        Err(AdmissionError::Unavailable)
+    );
+    assert!(scheduler.is_idle());
+}

@@ -1,0 +1,219 @@
+//! The model thread and its handle: submission, event streams,
+//! cancellation by dropping a stream, health, and shutdown.
+
+mod scheduler_support;
+
+use std::thread;
+
+use helios::scheduler::test_executor::{RequestLog, Transcript};
+use helios::scheduler::{
+    AdmissionError, Event, ExecutionError, FinishReason, Health, RequestEvent, RequestStream,
+    SchedulerConfig, SchedulerError, ShutdownMode, Worker,
+};
+use scheduler_support::{reference, spec, Setup};
+
+fn spawn(setup: &Setup, delay: u32) -> Worker {
+    let executor_setup = setup.clone();
+    Worker::spawn(setup.geometry(), setup.config.clone(), move || {
+        let mut executor = executor_setup.executor();
+        executor.set_completion_delay(delay);
+        Ok(executor)
+    })
+    .unwrap()
+}
+
+/// Reads a stream to its terminal event.
+fn drain(mut stream: RequestStream) -> RequestLog {
+    let id = stream.id();
+    let mut transcript = Transcript::default();
+    while let Some(event) = stream.next_event().unwrap() {
+        transcript.record(vec![RequestEvent { request: id, event }]);
+    }
+    transcript.get(id)
+}
+
+#[test]
+fn requests_from_many_threads_stream_their_reference_outputs() {
+    let setup = Setup {
+        kv_pages: 20,
+        stop_every: Some(30),
+        ..Setup::default()
+    };
+    let worker = spawn(&setup, 1);
+    let clients: Vec<_> = (0..12)
+        .map(|seed| {
+            let handle = worker.handle();
+            let setup = setup.clone();
+            thread::spawn(move || {
+                let request = spec(10 + seed as usize * 7, 40, seed);
+                let stream = handle.submit(request.clone()).unwrap();
+                let log = drain(stream);
+                let expected = reference(&setup, &request);
+                assert_eq!(log.tokens, expected.tokens);
+                assert_eq!(log.finish, Some(expected.reason));
+                assert_eq!((log.admitted, log.protocol_errors), (1, 0));
+            })
+        })
+        .collect();
+    for client in clients {
+        client.join().unwrap();
+    }
+    let status = worker.handle().status().unwrap();
+    assert!(matches!(status.health, Health::Ready));
+    assert_eq!(status.metrics.running, 0);
+    worker.shutdown(ShutdownMode::Finish).unwrap();
+}
+
+#[test]
+fn dropping_a_stream_cancels_its_request() {
+    let setup = Setup {
+        decode_capacities: vec![1],
+        ..Setup::default()
+    };
+    let worker = spawn(&setup, 0);
+    let handle = worker.handle();
+    let mut stream = handle.submit(spec(5, 900, 0)).unwrap();
+    assert!(matches!(
+        stream.next_event().unwrap(),
+        Some(Event::Admitted)
+    ));
+    assert!(matches!(
+        stream.next_event().unwrap(),
+        Some(Event::Tokens { .. })
+    ));
+    drop(stream);
+    // The only slot comes back: a second request runs to completion.
+    let request = spec(5, 5, 1);
+    let log = drain(handle.submit(request.clone()).unwrap());
+    assert_eq!(log.tokens, reference(&setup, &request).tokens);
+    let status = handle.status().unwrap();
+    assert_eq!((status.metrics.running, status.metrics.pages_used), (0, 0));
+    worker.shutdown(ShutdownMode::Finish).unwrap();
+}
+
+#[test]
+fn a_cancelled_stream_still_receives_its_terminal_event() {
+    let setup = Setup::default();
+    let worker = spawn(&setup, 0);
+    let mut stream = worker.handle().submit(spec(5, 900, 0)).unwrap();
+    assert!(matches!(
+        stream.next_event().unwrap(),
+        Some(Event::Admitted)
+    ));
+    stream.cancel();
+    let log = drain(stream);
+    assert_eq!(log.finish, Some(FinishReason::Cancelled));
+    worker.shutdown(ShutdownMode::Finish).unwrap();
+}
+
+#[test]
+fn shutdown_stops_admission_and_cancels_or_finishes_requests() {
+    for mode in [ShutdownMode::Cancel, ShutdownMode::Finish] {
+        let setup = Setup::default();
+        let worker = spawn(&setup, 2);
+        let handle = worker.handle();
+        let streams: Vec<_> = (0..6)
+            .map(|seed| handle.submit(spec(20, 300, seed)).unwrap())
+            .collect();
+        worker.shutdown(mode).unwrap();
+        for stream in streams {
+            let log = drain(stream);
+            assert_eq!((log.terminal_events, log.protocol_errors), (1, 0));
+            let expected = match mode {
+                ShutdownMode::Cancel => FinishReason::Cancelled,
+                ShutdownMode::Finish => FinishReason::Length,
+            };
+            assert_eq!(log.finish, Some(expected));
+        }
+        assert_eq!(
+            handle.submit(spec(5, 5, 9)).unwrap_err(),
+            AdmissionError::Unavailable
+        );
+    }
+}
+
+#[test]
+fn a_full_queue_is_reported_to_the_submitter() {
+    let setup = Setup {
+        decode_capacities: vec![1],
+        config: SchedulerConfig {
+            queue_capacity: 1,
+            ..SchedulerConfig::default()
+        },
+        ..Setup::default()
+    };
+    let worker = spawn(&setup, 0);
+    let handle = worker.handle();
+    let mut running = handle.submit(spec(5, 900, 0)).unwrap();
+    assert!(matches!(
+        running.next_event().unwrap(),
+        Some(Event::Admitted)
+    ));
+    let _queued = handle.submit(spec(5, 5, 1)).unwrap();
+    assert_eq!(
+        handle.submit(spec(5, 5, 2)).unwrap_err(),
+        AdmissionError::QueueFull { capacity: 1 }
+    );
+    worker.shutdown(ShutdownMode::Cancel).unwrap();
+}
+
+#[test]
+fn a_startup_failure_is_returned_before_serving() {
+    let setup = Setup::default();
+    let result = Worker::spawn(
+        setup.geometry(),
+        SchedulerConfig::default(),
+        || -> Result<helios::scheduler::test_executor::TestExecutor, _> {
+            Err(ExecutionError::UnknownTicket { ticket: 0 })
+        },
+    );
+    assert!(matches!(
+        result,
+        Err(SchedulerError::Execution(
+            ExecutionError::UnknownTicket { .. }
+        ))
+    ));
+    let invalid = Worker::spawn(
+        setup.geometry(),
+        SchedulerConfig {
+            decode_depth: 3,
+            ..SchedulerConfig::default()
+        },
+        move || Ok(setup.executor()),
+    );
+    assert!(matches!(
+        invalid,
+        Err(SchedulerError::Config {
+            field: "decode_depth",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn an_executor_failure_fails_requests_and_marks_the_worker_failed() {
+    let setup = Setup::default();
+    let executor_setup = setup.clone();
+    let worker = Worker::spawn(setup.geometry(), setup.config.clone(), move || {
+        let mut executor = executor_setup.executor();
+        executor.fail_next();
+        Ok(executor)
+    })
+    .unwrap();
+    let handle = worker.handle();
+    let log = drain(handle.submit(spec(5, 5, 0)).unwrap());
+    assert!(matches!(log.failure, Some(ExecutionError::Device { .. })));
+    let status = handle.status().unwrap();
+    assert!(matches!(
+        status.health,
+        Health::Failed(ExecutionError::Device { .. })
+    ));
+    assert_eq!(
+        handle.submit(spec(5, 5, 1)).unwrap_err(),
+        AdmissionError::Unavailable
+    );
+    assert!(matches!(
+        worker.shutdown(ShutdownMode::Finish),
+        Err(SchedulerError::Execution(ExecutionError::Device { .. }))
+    ));
+}
