@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
@@ -18,23 +17,13 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from ignition.loading.word_tokenizer import word_level_tokenizer
+
 VOCAB = 512
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 
 def _tokenizer() -> PreTrainedTokenizerFast:
-    words = ["<unk>", "<|im_end|>", "<|im_start|>"] + [f"w{i}" for i in range(VOCAB - 3)]
-    model = models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>")
-    tok = Tokenizer(model)
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>", bos_token="<|im_start|>"
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
+    return word_level_tokenizer(VOCAB)
 
 
 def write_tiny(

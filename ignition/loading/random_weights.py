@@ -23,23 +23,18 @@ import zlib
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     LlamaConfig,
     PretrainedConfig,
-    PreTrainedTokenizerFast,
     Qwen3Config,
 )
 
 from ignition.loading.source import CheckpointError, TensorInfo
+from ignition.loading.word_tokenizer import word_level_tokenizer
 
 MARKER = "random-weights.json"
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 # Tokenizer words: enough for prompts; token ids above them exist only in the model.
 TOKENIZER_WORDS = 32000
 _BLOCK = 1 << 20
@@ -85,18 +80,6 @@ def _qwen3_8b() -> PretrainedConfig:
 GEOMETRIES = {"llama-8b": _llama_8b, "qwen3-8b": _qwen3_8b}
 
 
-def _tokenizer() -> PreTrainedTokenizerFast:
-    words = ["<unk>", "<|im_end|>", "<|im_start|>"]
-    words += [f"w{i}" for i in range(TOKENIZER_WORDS - len(words))]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>", bos_token="<|im_start|>"
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
-
-
 def write_random_checkpoint(
     out: Path, config: PretrainedConfig | str, seed: int = 0, std: float = 0.02
 ) -> Path:
@@ -107,7 +90,7 @@ def write_random_checkpoint(
         config = GEOMETRIES[config]()
     out.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(out)
-    _tokenizer().save_pretrained(out)
+    word_level_tokenizer(TOKENIZER_WORDS).save_pretrained(out)
     (out / MARKER).write_text(json.dumps({"seed": seed, "std": std}))
     return out
 
