@@ -76,3 +76,27 @@ def test_native_replay_matches_python(exported: Path, tmp_path: Path) -> None:
         timeout=600,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+
+
+@pytest.mark.gpu
+def test_in_process_replay_through_heliopause(exported: Path) -> None:
+    """The design's in-process diagnostic path: Helios replays the core inside a
+    Python process (one that never opened the preparation window)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    code = (
+        "import json, sys, flare_heliopause as hp\n"
+        "report = json.loads(hp.replay_check(sys.argv[1]))\n"
+        "q = report['qualification']\n"
+        "print('RESULT', q['matched_steps'], q['total_steps'], q['allocation_free'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(exported)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    _, matched, total, allocation_free = done.stdout.split("RESULT")[1].split()
+    assert int(matched) == int(total) > 0 and allocation_free == "True"

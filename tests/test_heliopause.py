@@ -37,3 +37,12 @@ def _import_heliopause():
 def test_engine_version_matches_workspace():
     heliopause = _import_heliopause()
     assert heliopause.engine_version() == _workspace_version()
+
+
+def test_in_process_replay_reports_a_missing_core_before_any_cuda_work(tmp_path: Path):
+    heliopause = _import_heliopause()
+    missing = tmp_path / "no-core"
+    with pytest.raises(heliopause.ReplayError, match=r"manifest\.pb"):
+        heliopause.replay_check(str(missing))
+    with pytest.raises(heliopause.ReplayError, match=r"manifest\.pb"):
+        heliopause.replay_check(str(missing), isolate=True)

@@ -12,6 +12,7 @@
 //! - [`cuda_backing`]: its physical side, the CUDA driver loaded at run time.
 //! - [`allocator`]: the process-global window and the C entry points
 //!   `flare_window_alloc` / `flare_window_free` for PyTorch.
+//! - `replay_check`: in-process replay of an exported core through Helios.
 //!
 //! Python usage:
 //!
@@ -39,6 +40,34 @@ pyo3::create_exception!(
     "An operation on the fixed-address preparation window failed."
 );
 
+pyo3::create_exception!(
+    flare_heliopause,
+    ReplayError,
+    pyo3::exceptions::PyRuntimeError,
+    "Helios could not load or replay a runtime core in this process."
+);
+
+/// Loads the core at `path` with Helios in this process, runs `check` on it
+/// and renders its report as JSON; every failure becomes one message.
+fn replay_report(path: &std::path::Path, device: i32, isolate: bool) -> Result<String, String> {
+    use helios::replay::{LoadOptions, LoadedCore, ReplayReport};
+
+    let mut loaded = LoadedCore::load(path, &LoadOptions { device }).map_err(|e| e.to_string())?;
+    if isolate {
+        let report = loaded.isolate().map_err(|e| e.to_string())?;
+        return report.to_json().map_err(|e| e.to_string());
+    }
+    let qualification = loaded.check().map_err(|e| e.to_string())?;
+    ReplayReport {
+        core: path.display().to_string(),
+        load: loaded.report().clone(),
+        qualification: Some(qualification),
+        decode_bench: None,
+    }
+    .to_json()
+    .map_err(|e| e.to_string())
+}
+
 fn window_err(message: String) -> PyErr {
     WindowError::new_err(message)
 }
@@ -52,7 +81,29 @@ mod flare_heliopause {
     use super::{allocator, window_err};
 
     #[pymodule_export]
+    use super::ReplayError;
+    #[pymodule_export]
     use super::WindowError;
+
+    /// In-process replay through Helios (the design's diagnostic path until
+    /// Helios serves): loads the runtime core at `core` (its window must not
+    /// be reserved in this process: close the preparation window first),
+    /// replays its qualification sequence and compares every digest, and
+    /// returns the report as JSON (load timings, per-step results, free
+    /// memory before and after). With `isolate=True` it runs the sequence
+    /// node by node instead and reports the first node the device rejects.
+    /// Raises `ReplayError` when the core cannot be loaded or replayed.
+    #[pyfunction]
+    #[pyo3(signature = (core, device = 0, isolate = false))]
+    fn replay_check(
+        py: Python<'_>,
+        core: std::path::PathBuf,
+        device: i32,
+        isolate: bool,
+    ) -> PyResult<String> {
+        py.detach(|| super::replay_report(&core, device, isolate))
+            .map_err(super::ReplayError::new_err)
+    }
 
     /// Version of the Helios engine this extension was built against.
     #[pyfunction]
