@@ -25,6 +25,7 @@ pub mod core;
 pub mod cuda;
 pub mod error;
 pub mod frontend;
+pub mod http;
 pub mod replay;
 pub mod scheduler;
 

@@ -1,0 +1,158 @@
+//! `POST /v1/chat/completions`, streamed and not.
+
+use axum::extract::State;
+use axum::response::sse::Event;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::error::{log_failure, HttpError};
+use super::generation::{self, Finish, Job};
+use super::sampling::SamplingFields;
+use super::sse::{self, json_event, StreamFormat, Usage};
+use super::{
+    new_request_id, parse_body, unix_time, with_request_id, AppState, Body, StreamOptions,
+};
+use crate::frontend::ChatInput;
+
+/// The fields of a chat completion request Helios reads.
+#[derive(Debug, Deserialize)]
+struct ChatRequest {
+    messages: Vec<Value>,
+    #[serde(default)]
+    stream: bool,
+    stream_options: Option<StreamOptions>,
+    max_tokens: Option<u32>,
+    max_completion_tokens: Option<u32>,
+    n: Option<u32>,
+    tools: Option<Vec<Value>>,
+    chat_template_kwargs: Option<Map<String, Value>>,
+    #[serde(flatten)]
+    sampling: SamplingFields,
+}
+
+/// The handler: every response, success or failure, names the request.
+pub async fn completions(State(state): State<AppState>, body: Body) -> Response {
+    let request_id = new_request_id();
+    let response = match serve(&state, body, &request_id).await {
+        Ok(response) => response,
+        Err(error) => {
+            log_failure(&request_id, &error);
+            error.into_response()
+        }
+    };
+    with_request_id(response, &request_id)
+}
+
+async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Response, HttpError> {
+    let request: ChatRequest = parse_body(body)?;
+    if request.n.is_some_and(|n| n != 1) {
+        return Err(HttpError::InvalidParameter {
+            param: "n",
+            reason: "must be 1",
+        });
+    }
+    let sampling = request.sampling.check()?;
+    let input = ChatInput {
+        messages: request.messages,
+        tools: request.tools,
+        add_generation_prompt: true,
+        kwargs: request.chat_template_kwargs.unwrap_or_default(),
+        ..ChatInput::default()
+    };
+    let prompt = state.frontend().encode_chat(&input)?;
+    let max_tokens = request.max_completion_tokens.or(request.max_tokens);
+    let job = Job::new(state, prompt.token_ids, max_tokens, sampling)?;
+    let mut generation = generation::start(state, job).await?;
+    let header = Header {
+        id: format!("chatcmpl-{request_id}"),
+        created: unix_time(),
+        model: state.config().model.clone(),
+    };
+    if request.stream {
+        let include_usage = request.stream_options.unwrap_or_default().include_usage;
+        let format = ChatStream {
+            header,
+            include_usage,
+        };
+        return Ok(sse::response(generation, format, request_id));
+    }
+    let (text, finish, completion_tokens) = generation::collect(&mut generation).await?;
+    let usage = Usage::new(generation.prompt_tokens, completion_tokens);
+    Ok(Json(json!({
+        "id": header.id,
+        "object": "chat.completion",
+        "created": header.created,
+        "model": header.model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": null,
+            "finish_reason": finish.openai(),
+        }],
+        "usage": usage,
+    }))
+    .into_response())
+}
+
+/// What every chunk of one response repeats.
+#[derive(Debug, Clone)]
+struct Header {
+    id: String,
+    created: u64,
+    model: String,
+}
+
+/// OpenAI's `chat.completion.chunk` stream, ending with `[DONE]`.
+struct ChatStream {
+    header: Header,
+    include_usage: bool,
+}
+
+impl ChatStream {
+    fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> Event {
+        json_event(&json!({
+            "id": self.header.id,
+            "object": "chat.completion.chunk",
+            "created": self.header.created,
+            "model": self.header.model,
+            "choices": [{
+                "index": 0,
+                "delta": delta,
+                "logprobs": null,
+                "finish_reason": finish_reason,
+            }],
+        }))
+    }
+}
+
+impl StreamFormat for ChatStream {
+    fn start(&mut self) -> Vec<Event> {
+        vec![self.chunk(json!({"role": "assistant", "content": ""}), None)]
+    }
+
+    fn text(&mut self, text: &str) -> Vec<Event> {
+        vec![self.chunk(json!({"content": text}), None)]
+    }
+
+    fn finish(&mut self, finish: Finish, usage: Usage) -> Vec<Event> {
+        let mut events = vec![self.chunk(json!({}), Some(finish.openai()))];
+        if self.include_usage {
+            events.push(json_event(&json!({
+                "id": self.header.id,
+                "object": "chat.completion.chunk",
+                "created": self.header.created,
+                "model": self.header.model,
+                "choices": [],
+                "usage": usage,
+            })));
+        }
+        events.push(Event::default().data("[DONE]"));
+        events
+    }
+
+    fn error(&mut self, error: &HttpError) -> Vec<Event> {
+        vec![json_event(&error.envelope())]
+    }
+}

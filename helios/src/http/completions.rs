@@ -1,0 +1,148 @@
+//! `POST /v1/completions`: a raw prompt, streamed and not.
+
+use axum::extract::State;
+use axum::response::sse::Event;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::error::{log_failure, HttpError};
+use super::generation::{self, Finish, Job};
+use super::sampling::SamplingFields;
+use super::sse::{self, json_event, StreamFormat, Usage};
+use super::{
+    new_request_id, parse_body, unix_time, with_request_id, AppState, Body, StreamOptions,
+};
+
+/// OpenAI's default output limit for completions.
+const DEFAULT_MAX_TOKENS: u32 = 16;
+
+/// `prompt`: text, or token ids.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+    Batch(Vec<String>),
+}
+
+/// The fields of a completion request Helios reads.
+#[derive(Debug, Deserialize)]
+struct CompletionRequest {
+    prompt: Prompt,
+    #[serde(default)]
+    stream: bool,
+    stream_options: Option<StreamOptions>,
+    max_tokens: Option<u32>,
+    n: Option<u32>,
+    #[serde(default)]
+    echo: bool,
+    #[serde(flatten)]
+    sampling: SamplingFields,
+}
+
+/// The handler: every response, success or failure, names the request.
+pub async fn completions(State(state): State<AppState>, body: Body) -> Response {
+    let request_id = new_request_id();
+    let response = match serve(&state, body, &request_id).await {
+        Ok(response) => response,
+        Err(error) => {
+            log_failure(&request_id, &error);
+            error.into_response()
+        }
+    };
+    with_request_id(response, &request_id)
+}
+
+fn invalid(param: &'static str, reason: &'static str) -> HttpError {
+    HttpError::InvalidParameter { param, reason }
+}
+
+async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Response, HttpError> {
+    let request: CompletionRequest = parse_body(body)?;
+    if request.n.is_some_and(|n| n != 1) {
+        return Err(invalid("n", "must be 1"));
+    }
+    if request.echo {
+        return Err(invalid("echo", "is not supported"));
+    }
+    let sampling = request.sampling.check()?;
+    let prompt = match request.prompt {
+        Prompt::Text(text) => state.frontend().tokenizer().encode(&text, true)?,
+        Prompt::Tokens(tokens) => tokens,
+        Prompt::Batch(mut texts) if texts.len() == 1 => {
+            let text = texts.pop().unwrap_or_default();
+            state.frontend().tokenizer().encode(&text, true)?
+        }
+        Prompt::Batch(_) => return Err(invalid("prompt", "must be one prompt")),
+    };
+    let max_tokens = Some(request.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS));
+    let job = Job::new(state, prompt, max_tokens, sampling)?;
+    let mut generation = generation::start(state, job).await?;
+    let format = CompletionStream {
+        id: format!("cmpl-{request_id}"),
+        created: unix_time(),
+        model: state.config().model.clone(),
+        include_usage: request.stream_options.unwrap_or_default().include_usage,
+    };
+    if request.stream {
+        return Ok(sse::response(generation, format, request_id));
+    }
+    let (text, finish, completion_tokens) = generation::collect(&mut generation).await?;
+    let usage = Usage::new(generation.prompt_tokens, completion_tokens);
+    let mut body = format.body(&text, Some(finish));
+    body["usage"] = json!(usage);
+    Ok(Json(body).into_response())
+}
+
+/// OpenAI's `text_completion` objects, streamed and not.
+struct CompletionStream {
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+}
+
+impl CompletionStream {
+    fn body(&self, text: &str, finish: Option<Finish>) -> Value {
+        json!({
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{
+                "index": 0,
+                "text": text,
+                "logprobs": null,
+                "finish_reason": finish.map(Finish::openai),
+            }],
+        })
+    }
+}
+
+impl StreamFormat for CompletionStream {
+    fn start(&mut self) -> Vec<Event> {
+        Vec::new()
+    }
+
+    fn text(&mut self, text: &str) -> Vec<Event> {
+        vec![json_event(&self.body(text, None))]
+    }
+
+    fn finish(&mut self, finish: Finish, usage: Usage) -> Vec<Event> {
+        let mut events = vec![json_event(&self.body("", Some(finish)))];
+        if self.include_usage {
+            let mut last = self.body("", None);
+            last["choices"] = json!([]);
+            last["usage"] = json!(usage);
+            events.push(json_event(&last));
+        }
+        events.push(Event::default().data("[DONE]"));
+        events
+    }
+
+    fn error(&mut self, error: &HttpError) -> Vec<Event> {
+        vec![json_event(&error.envelope())]
+    }
+}

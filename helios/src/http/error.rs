@@ -1,0 +1,265 @@
+//! The HTTP layer's errors and the one place they become HTTP statuses,
+//! OpenAI envelopes and SSE error events.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+
+use crate::frontend::FrontendError;
+use crate::scheduler::{AdmissionError, ErrorClass, ExecutionError};
+
+/// A machine-readable error code, the envelope's `code`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorCode {
+    /// The body could not be read (larger than the body limit).
+    InvalidBody,
+    /// The body is not JSON of the expected shape.
+    InvalidJson,
+    /// A parameter is out of range or unsupported.
+    InvalidParameter,
+    /// The conversation cannot be rendered into a prompt.
+    InvalidPrompt,
+    /// The prompt and output limit do not fit the core's contract.
+    ContextLengthExceeded,
+    /// The server cannot take the request now (queue full, pool too small,
+    /// shutting down).
+    CapacityExceeded,
+    /// The scheduler's worker failed or is gone.
+    WorkerUnavailable,
+    /// Executing the admitted request failed.
+    ExecutionFailed,
+    /// The server cancelled the request before it finished (shutdown).
+    Cancelled,
+    /// The core's own assets failed (tokenizer, decoder).
+    InternalError,
+}
+
+impl ErrorCode {
+    /// The code as the envelope and the logs spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidBody => "invalid_body",
+            Self::InvalidJson => "invalid_json",
+            Self::InvalidParameter => "invalid_parameter",
+            Self::InvalidPrompt => "invalid_prompt",
+            Self::ContextLengthExceeded => "context_length_exceeded",
+            Self::CapacityExceeded => "capacity_exceeded",
+            Self::WorkerUnavailable => "worker_unavailable",
+            Self::ExecutionFailed => "execution_failed",
+            Self::Cancelled => "cancelled",
+            Self::InternalError => "internal_error",
+        }
+    }
+}
+
+impl Serialize for ErrorCode {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+/// Why a generation request was not answered with output.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HttpError {
+    /// The body could not be read (larger than the body limit).
+    #[error("cannot read the request body: {reason}")]
+    UnreadableBody {
+        /// Why.
+        reason: String,
+    },
+    /// The body does not parse as the endpoint's request.
+    #[error("invalid request body: {reason}")]
+    InvalidJson {
+        /// The parser's message.
+        reason: String,
+    },
+    /// A parameter is out of range or unsupported; `param` names it.
+    #[error("{param} {reason}")]
+    InvalidParameter {
+        /// The request field.
+        param: &'static str,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The frontend could not build the prompt, or decode output.
+    #[error(transparent)]
+    Frontend(#[from] FrontendError),
+    /// The scheduler refused the request.
+    #[error(transparent)]
+    Admission(#[from] AdmissionError),
+    /// The admitted request failed on the executor.
+    #[error(transparent)]
+    Execution(#[from] ExecutionError),
+    /// The scheduler's worker is gone.
+    #[error("the scheduler worker is gone")]
+    WorkerGone,
+    /// The scheduler cancelled the request (shutdown) before it finished.
+    #[error("the request was cancelled by the server before it finished")]
+    Cancelled,
+}
+
+impl HttpError {
+    /// The HTTP status: the request's fault is 400, the server's state 503,
+    /// a failure while executing 500.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::UnreadableBody { .. }
+            | Self::InvalidJson { .. }
+            | Self::InvalidParameter { .. } => StatusCode::BAD_REQUEST,
+            Self::Frontend(error) if frontend_is_request_fault(error) => StatusCode::BAD_REQUEST,
+            Self::Frontend(_) | Self::Execution(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Admission(error) => match error.class() {
+                ErrorClass::InvalidRequest => StatusCode::BAD_REQUEST,
+                ErrorClass::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            },
+            Self::WorkerGone | Self::Cancelled => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The typed code of the envelope.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::UnreadableBody { .. } => ErrorCode::InvalidBody,
+            Self::InvalidJson { .. } => ErrorCode::InvalidJson,
+            Self::InvalidParameter { .. } => ErrorCode::InvalidParameter,
+            Self::Frontend(FrontendError::EmptyStop { .. }) => ErrorCode::InvalidParameter,
+            Self::Frontend(error) if frontend_is_request_fault(error) => ErrorCode::InvalidPrompt,
+            Self::Frontend(_) => ErrorCode::InternalError,
+            Self::Admission(AdmissionError::ExceedsContext { .. }) => {
+                ErrorCode::ContextLengthExceeded
+            }
+            Self::Admission(AdmissionError::Unavailable) => ErrorCode::WorkerUnavailable,
+            Self::Admission(error) => match error.class() {
+                ErrorClass::InvalidRequest => ErrorCode::InvalidParameter,
+                ErrorClass::Unavailable => ErrorCode::CapacityExceeded,
+            },
+            Self::Execution(_) => ErrorCode::ExecutionFailed,
+            Self::WorkerGone => ErrorCode::WorkerUnavailable,
+            Self::Cancelled => ErrorCode::Cancelled,
+        }
+    }
+
+    /// Where the request failed, for the logs.
+    pub fn stage(&self) -> &'static str {
+        match self {
+            Self::UnreadableBody { .. }
+            | Self::InvalidJson { .. }
+            | Self::InvalidParameter { .. } => "validation",
+            Self::Frontend(error) if frontend_is_request_fault(error) => "validation",
+            Self::Frontend(_) => "frontend",
+            Self::Admission(_) => "admission",
+            Self::Execution(_) => "execution",
+            Self::WorkerGone | Self::Cancelled => "scheduler",
+        }
+    }
+
+    /// The request field at fault, when one is.
+    pub fn param(&self) -> Option<&'static str> {
+        match self {
+            Self::InvalidParameter { param, .. } => Some(param),
+            Self::Frontend(FrontendError::EmptyStop { .. }) => Some("stop"),
+            Self::Frontend(error) if frontend_is_request_fault(error) => Some("messages"),
+            Self::Admission(AdmissionError::ExceedsContext { .. }) => Some("max_tokens"),
+            Self::Admission(AdmissionError::ZeroOutputBudget) => Some("max_tokens"),
+            Self::Admission(AdmissionError::EmptyPrompt) => Some("prompt"),
+            Self::Admission(AdmissionError::InvalidSampling { field, .. }) => Some(field),
+            _ => None,
+        }
+    }
+
+    /// The OpenAI envelope: `{"error": {message, type, param, code}}`.
+    pub fn envelope(&self) -> ErrorEnvelope {
+        let kind = match self.status() {
+            StatusCode::BAD_REQUEST => "invalid_request_error",
+            StatusCode::SERVICE_UNAVAILABLE => "service_unavailable_error",
+            _ => "server_error",
+        };
+        ErrorEnvelope {
+            error: ErrorBody {
+                message: self.to_string(),
+                kind,
+                param: self.param(),
+                code: self.code(),
+            },
+        }
+    }
+}
+
+/// Logs a failed request on stderr, under the id its response's
+/// `x-request-id` header carries: timestamp, request id, stage, code.
+pub fn log_failure(request_id: &str, error: &HttpError) {
+    let time = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    eprintln!(
+        "{time} request_id={request_id} stage={} code={} status={}: {error}",
+        error.stage(),
+        error.code().as_str(),
+        error.status().as_u16(),
+    );
+}
+
+/// Frontend failures caused by the request's input rather than the core.
+fn frontend_is_request_fault(error: &FrontendError) -> bool {
+    matches!(
+        error,
+        FrontendError::InvalidChat { .. }
+            | FrontendError::TemplateException { .. }
+            | FrontendError::TemplateRender { .. }
+            | FrontendError::NoChatTemplate
+            | FrontendError::EmptyStop { .. }
+            | FrontendError::Encode { .. }
+    )
+}
+
+/// The OpenAI error envelope.
+#[derive(Debug, Clone, Serialize)]
+pub struct ErrorEnvelope {
+    /// The error.
+    pub error: ErrorBody,
+}
+
+/// The body of an OpenAI error envelope.
+#[derive(Debug, Clone, Serialize)]
+pub struct ErrorBody {
+    /// What went wrong, naming the field.
+    pub message: String,
+    /// The OpenAI error type (`invalid_request_error`, ...).
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The request field at fault.
+    pub param: Option<&'static str>,
+    /// The typed code.
+    pub code: ErrorCode,
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        (self.status(), Json(self.envelope())).into_response()
+    }
+}
+
+impl HttpError {
+    /// Anthropic's envelope: `{"type": "error", "error": {type, message}}`.
+    pub fn anthropic_envelope(&self) -> serde_json::Value {
+        let kind = match self.status() {
+            StatusCode::BAD_REQUEST => "invalid_request_error",
+            StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
+            _ => "api_error",
+        };
+        serde_json::json!({
+            "type": "error",
+            "error": {"type": kind, "message": self.to_string()},
+        })
+    }
+}
+
+/// An [`HttpError`] answered in Anthropic's envelope (`/v1/messages`).
+#[derive(Debug)]
+pub struct AnthropicError(pub HttpError);
+
+impl IntoResponse for AnthropicError {
+    fn into_response(self) -> Response {
+        (self.0.status(), Json(self.0.anthropic_envelope())).into_response()
+    }
+}

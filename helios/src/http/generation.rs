@@ -1,0 +1,327 @@
+//! One generation: submission, the wait for admission, and the delivery of
+//! text to the HTTP task.
+//!
+//! The scheduler's [`RequestStream`] blocks, so each request has one
+//! blocking task (the pump) that reads its events, detokenizes, applies
+//! stop sequences and sends [`Chunk`]s over a bounded channel. Only the
+//! pump waits on a slow consumer; the model thread never does (its
+//! per-request channel is bounded by the output limit). When the HTTP side
+//! drops its receiver (client disconnect), the pump's next send fails and
+//! it drops the stream, which cancels the request.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::error::HttpError;
+use super::sampling::{output_limit, Sampling};
+use super::AppState;
+use crate::frontend::{Detokenizer, Frontend, StopMatcher, StopStep};
+use crate::scheduler::{
+    Event, FinishReason, RequestId, RequestSpec, RequestStream, SchedulerHandle,
+};
+
+/// Prompt tokens the detokenizer decodes before the output, so the first
+/// output word keeps the spacing the full decode gives it.
+const DETOKENIZER_CONTEXT: usize = 4;
+
+/// Why generation ended, as the client sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// An EOS token was sampled.
+    Eos,
+    /// The stop sequence at this index of the request's list matched.
+    StopSequence(usize),
+    /// The output limit was reached.
+    Length,
+}
+
+impl Finish {
+    /// OpenAI's `finish_reason`.
+    pub fn openai(self) -> &'static str {
+        match self {
+            Self::Eos | Self::StopSequence(_) => "stop",
+            Self::Length => "length",
+        }
+    }
+
+    /// Anthropic's `stop_reason`.
+    pub fn anthropic(self) -> &'static str {
+        match self {
+            Self::Eos => "end_turn",
+            Self::StopSequence(_) => "stop_sequence",
+            Self::Length => "max_tokens",
+        }
+    }
+}
+
+/// What the pump hands the HTTP task.
+#[derive(Debug)]
+pub enum Chunk {
+    /// Output text, in order (never empty).
+    Text(String),
+    /// The request finished; no chunk follows.
+    Finished {
+        /// Why.
+        finish: Finish,
+        /// Output tokens generated (up to the one that completed a stop
+        /// sequence).
+        completion_tokens: u32,
+    },
+    /// The request failed after admission; no chunk follows.
+    Failed(HttpError),
+}
+
+/// A request ready for submission.
+#[derive(Debug)]
+pub struct Job {
+    /// Tokens, limit, sampling and seed.
+    pub spec: RequestSpec,
+    /// The request's stop sequences.
+    pub stops: StopMatcher,
+}
+
+impl Job {
+    /// A job for `prompt` with checked sampling; the output limit defaults
+    /// to what the context leaves after the prompt.
+    pub fn new(
+        state: &AppState,
+        prompt: Vec<u32>,
+        max_tokens: Option<u32>,
+        sampling: Sampling,
+    ) -> Result<Self, HttpError> {
+        let stops = StopMatcher::new(&sampling.stops)?;
+        let max_new_tokens = output_limit(max_tokens, prompt.len(), state.config().context_limit)?;
+        Ok(Self {
+            spec: RequestSpec {
+                prompt,
+                max_new_tokens,
+                sampling: sampling.params,
+                seed: sampling.seed,
+            },
+            stops,
+        })
+    }
+}
+
+/// An admitted generation: its chunks and its prompt size.
+#[derive(Debug)]
+pub struct Generation {
+    /// Chunks, ending with `Finished` or `Failed`.
+    pub chunks: mpsc::Receiver<Chunk>,
+    /// Prompt tokens, for usage.
+    pub prompt_tokens: u32,
+}
+
+/// Submits `job` and waits for its admission (or the failure that prevents
+/// it); dropping the returned future, or the generation, cancels it.
+pub async fn start(state: &AppState, job: Job) -> Result<Generation, HttpError> {
+    let prompt_tokens = u32::try_from(job.spec.prompt.len()).unwrap_or(u32::MAX);
+    let (admitted, admission) = oneshot::channel();
+    let (chunks, receiver) = mpsc::channel(state.config().chunk_capacity.max(1));
+    let handle = state.handle().clone();
+    let frontend = Arc::clone(state.frontend());
+    let submitted = Arc::new(Mutex::new(None));
+    let mut waiting = Waiting {
+        admission,
+        submitted: Arc::clone(&submitted),
+        handle: handle.clone(),
+        answered: false,
+    };
+    tokio::task::spawn_blocking(move || {
+        pump(&handle, &frontend, job, &submitted, admitted, &chunks);
+    });
+    let answer = (&mut waiting.admission).await;
+    waiting.answered = true;
+    match answer {
+        Ok(Ok(())) => Ok(Generation {
+            chunks: receiver,
+            prompt_tokens,
+        }),
+        Ok(Err(error)) => Err(error),
+        Err(_) => Err(HttpError::WorkerGone),
+    }
+}
+
+/// The wait for admission. Dropped while waiting (the client went away
+/// while the request was queued), it cancels the submitted request: the
+/// pump, blocked on the request's events, cannot notice by itself.
+struct Waiting {
+    admission: oneshot::Receiver<Result<(), HttpError>>,
+    submitted: Arc<Mutex<Option<RequestId>>>,
+    handle: SchedulerHandle,
+    answered: bool,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
+        // Close the answer channel before reading the id: a pump that
+        // stores the id after this read then sees the channel closed.
+        self.admission.close();
+        let submitted = *self
+            .submitted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(id) = submitted {
+            self.handle.cancel(id);
+        }
+    }
+}
+
+/// Reads collected output: the text and how it ended.
+pub async fn collect(generation: &mut Generation) -> Result<(String, Finish, u32), HttpError> {
+    let mut text = String::new();
+    while let Some(chunk) = generation.chunks.recv().await {
+        match chunk {
+            Chunk::Text(delta) => text.push_str(&delta),
+            Chunk::Finished {
+                finish,
+                completion_tokens,
+            } => return Ok((text, finish, completion_tokens)),
+            Chunk::Failed(error) => return Err(error),
+        }
+    }
+    Err(HttpError::WorkerGone)
+}
+
+/// The blocking side of one request. Returning drops the stream, which
+/// cancels the request if it has not finished.
+fn pump(
+    handle: &SchedulerHandle,
+    frontend: &Frontend,
+    job: Job,
+    submitted: &Mutex<Option<RequestId>>,
+    admitted: oneshot::Sender<Result<(), HttpError>>,
+    chunks: &mpsc::Sender<Chunk>,
+) {
+    let prompt = &job.spec.prompt;
+    let context = &prompt[prompt.len().saturating_sub(DETOKENIZER_CONTEXT)..];
+    let mut delivery = Delivery {
+        frontend,
+        detokenizer: Detokenizer::with_context(context, true),
+        stops: job.stops,
+        generated: 0,
+    };
+    let mut stream = match handle.submit(job.spec) {
+        Ok(stream) => stream,
+        Err(error) => {
+            let _ = admitted.send(Err(error.into()));
+            return;
+        }
+    };
+    *submitted.lock().unwrap_or_else(PoisonError::into_inner) = Some(stream.id());
+    if admitted.is_closed() {
+        return;
+    }
+    if let Err(error) = wait_for_admission(&mut stream) {
+        let _ = admitted.send(Err(error));
+        return;
+    }
+    if admitted.send(Ok(())).is_err() {
+        return;
+    }
+    loop {
+        let chunks_out = match stream.next_event() {
+            Ok(Some(Event::Tokens { tokens, .. })) => delivery.tokens(&tokens),
+            Ok(Some(Event::Finished { reason, .. })) => delivery.finish(reason),
+            Ok(Some(Event::Failed(error))) => vec![Chunk::Failed(error.into())],
+            Ok(Some(Event::Admitted | Event::Preempted { .. })) => Vec::new(),
+            Ok(None) => return,
+            Err(_) => vec![Chunk::Failed(HttpError::WorkerGone)],
+        };
+        for chunk in chunks_out {
+            let terminal = matches!(chunk, Chunk::Finished { .. } | Chunk::Failed(_));
+            if chunks.blocking_send(chunk).is_err() || terminal {
+                return;
+            }
+        }
+    }
+}
+
+fn wait_for_admission(stream: &mut RequestStream) -> Result<(), HttpError> {
+    loop {
+        match stream.next_event() {
+            Ok(Some(Event::Admitted)) => return Ok(()),
+            Ok(Some(Event::Failed(error))) => return Err(error.into()),
+            Ok(Some(Event::Finished { .. })) | Ok(None) => return Err(HttpError::Cancelled),
+            Ok(Some(Event::Tokens { .. } | Event::Preempted { .. })) => {}
+            Err(_) => return Err(HttpError::WorkerGone),
+        }
+    }
+}
+
+/// Output text of one request: detokenized, EOS dropped, cut at the first
+/// stop sequence.
+struct Delivery<'a> {
+    frontend: &'a Frontend,
+    detokenizer: Detokenizer,
+    stops: StopMatcher,
+    generated: u32,
+}
+
+impl Delivery<'_> {
+    fn tokens(&mut self, tokens: &[u32]) -> Vec<Chunk> {
+        let mut text = String::new();
+        for &id in tokens {
+            self.generated += 1;
+            if self.frontend.is_eos(id) {
+                continue;
+            }
+            let delta = match self.detokenizer.push(self.frontend.tokenizer(), id) {
+                Ok(delta) => delta,
+                Err(error) => return vec![Chunk::Failed(error.into())],
+            };
+            match self.stops.push(&delta) {
+                StopStep::Continue { text: released } => text.push_str(&released),
+                StopStep::Stopped {
+                    text: released,
+                    stop,
+                } => {
+                    text.push_str(&released);
+                    return self.end(text, Finish::StopSequence(stop));
+                }
+            }
+        }
+        with_text(text, Vec::new())
+    }
+
+    fn finish(&mut self, reason: FinishReason) -> Vec<Chunk> {
+        let finish = match reason {
+            FinishReason::Stop => Finish::Eos,
+            FinishReason::Length => Finish::Length,
+            FinishReason::Cancelled => return vec![Chunk::Failed(HttpError::Cancelled)],
+        };
+        let rest = match self.detokenizer.finish(self.frontend.tokenizer()) {
+            Ok(rest) => rest,
+            Err(error) => return vec![Chunk::Failed(error.into())],
+        };
+        match self.stops.push(&rest) {
+            StopStep::Stopped { text, stop } => self.end(text, Finish::StopSequence(stop)),
+            StopStep::Continue { mut text } => {
+                text.push_str(&self.stops.finish());
+                self.end(text, finish)
+            }
+        }
+    }
+
+    fn end(&self, text: String, finish: Finish) -> Vec<Chunk> {
+        let finished = Chunk::Finished {
+            finish,
+            completion_tokens: self.generated,
+        };
+        with_text(text, vec![finished])
+    }
+}
+
+/// `text` as a chunk (unless empty), followed by `rest`.
+fn with_text(text: String, rest: Vec<Chunk>) -> Vec<Chunk> {
+    let mut chunks = Vec::with_capacity(rest.len() + 1);
+    if !text.is_empty() {
+        chunks.push(Chunk::Text(text));
+    }
+    chunks.extend(rest);
+    chunks
+}

@@ -1,0 +1,118 @@
+//! `GET /v1/models`, `GET /health` and `GET /metrics`.
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use super::AppState;
+use crate::scheduler::Health;
+
+/// The one model this server serves.
+pub async fn models(State(state): State<AppState>) -> Response {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.config().model,
+            "object": "model",
+            "created": 0,
+            "owned_by": "flare",
+        }],
+    }))
+    .into_response()
+}
+
+/// 200 while the worker serves; 503 while it stops, after it failed, or
+/// when it is gone.
+pub async fn health(State(state): State<AppState>) -> Response {
+    let handle = state.handle().clone();
+    // `status` waits for the model thread's reply: not on the executor.
+    let status = tokio::task::spawn_blocking(move || handle.status()).await;
+    let (code, body) = match status {
+        Ok(Ok(status)) => match status.health {
+            Health::Ready => (StatusCode::OK, json!({"status": "ok"})),
+            Health::Stopping => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"status": "stopping"}),
+            ),
+            Health::Failed(error) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"status": "failed", "error": error.to_string()}),
+            ),
+        },
+        Ok(Err(_)) | Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"status": "unavailable"}),
+        ),
+    };
+    (code, Json(body)).into_response()
+}
+
+/// The scheduler's gauges and counters in Prometheus' text format; 503
+/// when the worker is gone.
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    let handle = state.handle().clone();
+    let Ok(Ok(status)) = tokio::task::spawn_blocking(move || handle.status()).await else {
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    };
+    let metrics = status.metrics;
+    let ready = u8::from(matches!(status.health, Health::Ready));
+    let samples: [(&str, &str, &str, u64); 8] = [
+        (
+            "flare_ready",
+            "gauge",
+            "1 while the worker serves",
+            ready.into(),
+        ),
+        (
+            "flare_queue_depth",
+            "gauge",
+            "Requests waiting for admission",
+            metrics.queue_depth as u64,
+        ),
+        (
+            "flare_running_requests",
+            "gauge",
+            "Requests holding a slot",
+            metrics.running as u64,
+        ),
+        (
+            "flare_launches_in_flight",
+            "gauge",
+            "Launches submitted and not retrieved",
+            metrics.in_flight as u64,
+        ),
+        (
+            "flare_pages_used",
+            "gauge",
+            "KV pages in page tables",
+            metrics.pages_used.into(),
+        ),
+        (
+            "flare_pages_reserved",
+            "gauge",
+            "Free KV pages reserved for growth",
+            metrics.pages_reserved.into(),
+        ),
+        (
+            "flare_pages_free",
+            "gauge",
+            "KV pages neither used nor reserved",
+            metrics.pages_free.into(),
+        ),
+        (
+            "flare_preemptions_total",
+            "counter",
+            "Preemptions since start",
+            metrics.preemptions,
+        ),
+    ];
+    let mut text = String::new();
+    for (name, kind, help, value) in samples {
+        text.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
+        ));
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}

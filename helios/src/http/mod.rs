@@ -1,0 +1,153 @@
+//! HTTP serving: OpenAI-compatible endpoints over the scheduler's worker.
+//!
+//! Handlers run on the async executor and never block it: everything that
+//! waits on the model thread (submission, events, status) runs on a
+//! blocking task. A generation response is sent only once its request was
+//! admitted (or refused), carries an `x-request-id` header, and maps every
+//! failure through [`HttpError`] (OpenAI envelopes, or Anthropic's on
+//! `/v1/messages`). Routes:
+//!
+//! - `POST /v1/chat/completions` (streamed as SSE with `"stream": true`);
+//! - `POST /v1/completions` (a text or token-id prompt, streamed or not);
+//! - `POST /v1/messages` (Anthropic, text content, streamed or not);
+//! - `GET /v1/models`;
+//! - `GET /health` (200 while the worker serves, 503 once it stops or fails);
+//! - `GET /metrics` (the scheduler's gauges, Prometheus text format).
+
+mod chat;
+mod completions;
+mod error;
+mod generation;
+mod info;
+mod messages;
+mod sampling;
+mod sse;
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::DefaultBodyLimit;
+use axum::http::HeaderValue;
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::Router;
+use serde::de::DeserializeOwned;
+
+pub use error::{AnthropicError, ErrorBody, ErrorCode, ErrorEnvelope, HttpError};
+
+use crate::frontend::Frontend;
+use crate::scheduler::SchedulerHandle;
+
+/// The header naming a generation request in responses and logs.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// What the HTTP layer serves and its limits.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// The model id `/v1/models` lists and responses name.
+    pub model: String,
+    /// The core's context limit (prompt plus output), for the default
+    /// output limit.
+    pub context_limit: u32,
+    /// The largest request body accepted, in bytes; a larger one is 400.
+    pub max_body_bytes: usize,
+    /// Chunks a request's output channel holds before its pump waits for
+    /// the client.
+    pub chunk_capacity: usize,
+}
+
+#[derive(Debug)]
+struct Shared {
+    handle: SchedulerHandle,
+    frontend: Arc<Frontend>,
+    config: ServeConfig,
+}
+
+/// What every handler shares: the scheduler handle, the frontend and the
+/// configuration.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    shared: Arc<Shared>,
+}
+
+impl AppState {
+    /// State over a running worker's handle and the core's frontend.
+    pub fn new(handle: SchedulerHandle, frontend: Arc<Frontend>, config: ServeConfig) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                handle,
+                frontend,
+                config,
+            }),
+        }
+    }
+
+    fn handle(&self) -> &SchedulerHandle {
+        &self.shared.handle
+    }
+
+    fn frontend(&self) -> &Arc<Frontend> {
+        &self.shared.frontend
+    }
+
+    fn config(&self) -> &ServeConfig {
+        &self.shared.config
+    }
+}
+
+/// The router of every endpoint.
+pub fn router(state: AppState) -> Router {
+    let body_limit = DefaultBodyLimit::max(state.config().max_body_bytes);
+    Router::new()
+        .route("/v1/chat/completions", post(chat::completions))
+        .route("/v1/completions", post(completions::completions))
+        .route("/v1/messages", post(messages::messages))
+        .route("/v1/models", get(info::models))
+        .route("/health", get(info::health))
+        .route("/metrics", get(info::metrics))
+        .layer(body_limit)
+        .with_state(state)
+}
+
+/// `stream_options` of the OpenAI endpoints.
+#[derive(Debug, Clone, Copy, Default, serde::Deserialize)]
+struct StreamOptions {
+    /// Send a last chunk with the usage counts.
+    #[serde(default)]
+    include_usage: bool,
+}
+
+/// A fresh request id.
+fn new_request_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// A request body as the handlers receive it: its bytes, or why it could
+/// not be read (too large for the body limit).
+type Body = Result<Bytes, BytesRejection>;
+
+/// Parses a request body; the parser's message names the field.
+fn parse_body<T: DeserializeOwned>(body: Body) -> Result<T, HttpError> {
+    let body = body.map_err(|rejection| HttpError::UnreadableBody {
+        reason: rejection.body_text(),
+    })?;
+    serde_json::from_slice(&body).map_err(|error| HttpError::InvalidJson {
+        reason: error.to_string(),
+    })
+}
+
+/// Sets the `x-request-id` header of a generation response.
+fn with_request_id(mut response: Response, request_id: &str) -> Response {
+    if let Ok(value) = HeaderValue::from_str(request_id) {
+        response.headers_mut().insert(REQUEST_ID_HEADER, value);
+    }
+    response
+}
+
+/// Seconds since the Unix epoch, for `created`.
+fn unix_time() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_secs())
+}

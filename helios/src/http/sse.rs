@@ -1,0 +1,108 @@
+//! Server-sent events over a generation's chunks, in an endpoint's format.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use super::error::{log_failure, HttpError};
+use super::generation::{Chunk, Finish, Generation};
+
+/// Token counts of a finished request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Output tokens.
+    pub completion_tokens: u32,
+    /// Both.
+    pub total_tokens: u32,
+}
+
+impl Usage {
+    /// Counts of a prompt and its output.
+    pub fn new(prompt_tokens: u32, completion_tokens: u32) -> Self {
+        Self {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens.saturating_add(completion_tokens),
+        }
+    }
+}
+
+/// How an endpoint spells its stream.
+pub trait StreamFormat: Send + 'static {
+    /// Events sent right after admission.
+    fn start(&mut self) -> Vec<Event>;
+    /// Events carrying one piece of output text.
+    fn text(&mut self, text: &str) -> Vec<Event>;
+    /// The last events of a request that finished, success marker included.
+    fn finish(&mut self, finish: Finish, usage: Usage) -> Vec<Event>;
+    /// The last event of a request that failed: no success marker follows.
+    fn error(&mut self, error: &HttpError) -> Vec<Event>;
+}
+
+struct Progress<F> {
+    generation: Generation,
+    format: F,
+    pending: VecDeque<Event>,
+    done: bool,
+    request_id: String,
+}
+
+impl<F: StreamFormat> Progress<F> {
+    fn fail(&mut self, error: &HttpError) -> Vec<Event> {
+        self.done = true;
+        log_failure(&self.request_id, error);
+        self.format.error(error)
+    }
+}
+
+/// The SSE response of an admitted generation. Dropping the body (client
+/// disconnect) drops the chunk receiver, which cancels the request.
+pub fn response<F: StreamFormat>(
+    generation: Generation,
+    mut format: F,
+    request_id: &str,
+) -> Response {
+    let pending = format.start().into();
+    let progress = Progress {
+        generation,
+        format,
+        pending,
+        done: false,
+        request_id: request_id.to_owned(),
+    };
+    let events = futures_util::stream::unfold(progress, |mut progress| async move {
+        loop {
+            if let Some(event) = progress.pending.pop_front() {
+                return Some((Ok::<_, Infallible>(event), progress));
+            }
+            if progress.done {
+                return None;
+            }
+            let events = match progress.generation.chunks.recv().await {
+                Some(Chunk::Text(text)) => progress.format.text(&text),
+                Some(Chunk::Finished {
+                    finish,
+                    completion_tokens,
+                }) => {
+                    progress.done = true;
+                    let usage = Usage::new(progress.generation.prompt_tokens, completion_tokens);
+                    progress.format.finish(finish, usage)
+                }
+                Some(Chunk::Failed(error)) => progress.fail(&error),
+                None => progress.fail(&HttpError::WorkerGone),
+            };
+            progress.pending.extend(events);
+        }
+    });
+    Sse::new(events).into_response()
+}
+
+/// An SSE event whose data is `value` as JSON.
+pub fn json_event<T: Serialize>(value: &T) -> Event {
+    Event::default().data(serde_json::to_string(value).unwrap_or_default())
+}

@@ -1,0 +1,79 @@
+//! `GET /health` follows the worker; `GET /v1/models` lists the model.
+
+mod http_support;
+
+use axum::http::StatusCode;
+use helios::scheduler::ShutdownMode;
+use http_support::{body_json, chat_body, server, Options, MODEL};
+use serde_json::json;
+
+#[tokio::test]
+async fn health_is_200_while_the_worker_serves_and_503_once_it_stops() {
+    let mut server = server(Options::default());
+    let response = server.get("/health").await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(body_json(response).await["status"], "ok");
+    let worker = server.worker.take().unwrap();
+    worker.shutdown(ShutdownMode::Finish).unwrap();
+    let response = server.get("/health").await;
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body_json(response).await["status"], "unavailable");
+}
+
+#[tokio::test]
+async fn health_reports_an_executor_failure() {
+    let server = server(Options {
+        fail_first_launch: true,
+        ..Options::default()
+    });
+    let response = server
+        .post("/v1/chat/completions", &chat_body("w1", json!({})))
+        .await;
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let response = server.get("/health").await;
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body = body_json(response).await;
+    assert_eq!(body["status"], "failed");
+    assert!(body["error"].is_string());
+}
+
+#[tokio::test]
+async fn models_lists_the_served_model() {
+    let server = server(Options::default());
+    let response = server.get("/v1/models").await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = body_json(response).await;
+    assert_eq!(body["object"], "list");
+    assert_eq!(body["data"][0]["id"], MODEL);
+    assert_eq!(body["data"][0]["object"], "model");
+}
+
+#[tokio::test]
+async fn metrics_reports_the_scheduler_gauges() {
+    let server = server(Options::default());
+    let response = server
+        .post(
+            "/v1/chat/completions",
+            &chat_body("w1", json!({"max_tokens": 3})),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let response = server.get("/metrics").await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let text = http_support::body_text(response).await;
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name} missing from {text}"))
+            .to_owned()
+    };
+    assert_eq!(value("flare_ready"), "1");
+    for name in [
+        "flare_queue_depth",
+        "flare_running_requests",
+        "flare_pages_used",
+    ] {
+        value(name).parse::<u64>().unwrap();
+    }
+    assert!(text.contains("# TYPE flare_preemptions_total counter"));
+}
