@@ -45,8 +45,9 @@ async fn dropping_the_sse_stream_cancels_the_request() {
     let status = server.handle.status().unwrap();
     assert_eq!(status.metrics.running, 1);
     drop(body);
-    wait_until_idle(&server.handle, Duration::from_millis(1000)).await;
+    let metrics = wait_until_idle(&server.handle, Duration::from_millis(1000)).await;
     assert!(started.elapsed() < Duration::from_millis(1500));
+    assert_eq!((metrics.cancelled, metrics.finished_length), (1, 0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

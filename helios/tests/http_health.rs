@@ -76,4 +76,16 @@ async fn metrics_reports_the_scheduler_gauges() {
         value(name).parse::<u64>().unwrap();
     }
     assert!(text.contains("# TYPE flare_preemptions_total counter"));
+    // The one request above finished (3 tokens, or earlier at a stop token).
+    let finished: u64 = ["stop", "length"]
+        .map(|r| {
+            value(&format!("flare_requests_finished_{r}_total"))
+                .parse::<u64>()
+                .unwrap()
+        })
+        .iter()
+        .sum();
+    assert_eq!(finished, 1);
+    assert_eq!(value("flare_requests_cancelled_total"), "0");
+    assert_eq!(value("flare_requests_failed_total"), "0");
 }

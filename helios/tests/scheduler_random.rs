@@ -150,6 +150,26 @@ fn workload(seed: u64, totals: &mut Totals) {
             "seed {seed}: admission out of order: {admitted_order:?}"
         );
     }
+    let mut finishes = [0u64; 3]; // stop, length, cancelled, from the logs
+    for (id, _) in &submitted {
+        match transcript.get(*id).finish {
+            Some(FinishReason::Stop) => finishes[0] += 1,
+            Some(FinishReason::Length) => finishes[1] += 1,
+            Some(FinishReason::Cancelled) => finishes[2] += 1,
+            None => {}
+        }
+    }
+    let metrics = scheduler.metrics();
+    assert_eq!(
+        [
+            metrics.finished_stop,
+            metrics.finished_length,
+            metrics.cancelled
+        ],
+        finishes,
+        "seed {seed}: finish counters"
+    );
+    assert_eq!(metrics.failed, 0, "seed {seed}");
     for (id, spec) in &submitted {
         let log = transcript.get(*id);
         let expected = reference_for(&setup, spec, &log);

@@ -58,7 +58,7 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     };
     let metrics = status.metrics;
     let ready = u8::from(matches!(status.health, Health::Ready));
-    let samples: [(&str, &str, &str, u64); 8] = [
+    let samples: [(&str, &str, &str, u64); 12] = [
         (
             "flare_ready",
             "gauge",
@@ -106,6 +106,30 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
             "counter",
             "Preemptions since start",
             metrics.preemptions,
+        ),
+        (
+            "flare_requests_finished_stop_total",
+            "counter",
+            "Requests finished by a stop token since start",
+            metrics.finished_stop,
+        ),
+        (
+            "flare_requests_finished_length_total",
+            "counter",
+            "Requests finished at their output limit since start",
+            metrics.finished_length,
+        ),
+        (
+            "flare_requests_cancelled_total",
+            "counter",
+            "Requests cancelled since start",
+            metrics.cancelled,
+        ),
+        (
+            "flare_requests_failed_total",
+            "counter",
+            "Requests failed since start",
+            metrics.failed,
         ),
     ];
     let mut text = String::new();

@@ -21,12 +21,21 @@ use std::collections::{BTreeMap, VecDeque};
 
 use super::admission::AdmissionQueue;
 use super::error::{AdmissionError, ExecutionError, SchedulerError};
-use super::events::{Event, Metrics, RequestEvent};
+use super::events::{Event, FinishReason, Metrics, RequestEvent};
 use super::executor::{Executor, Launch, Operation, PageTableUpdate, Ticket};
 use super::geometry::Geometry;
 use super::ids::RequestId;
 use super::pool::{PagePool, SlotPool};
 use super::request::{Exit, Placement, Request, RequestSpec};
+
+/// Counts of terminal events since the scheduler started.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Finished {
+    pub(super) stop: u64,
+    pub(super) length: u64,
+    pub(super) cancelled: u64,
+    pub(super) failed: u64,
+}
 
 /// Scheduling policy within the contract's geometry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,6 +117,8 @@ pub struct Scheduler<E> {
     next_arrival: u64,
     pub(super) next_admission: u64,
     pub(super) preemptions: u64,
+    /// Terminal events by kind, for [`Metrics`].
+    pub(super) finished: Finished,
     pub(super) failure: Option<ExecutionError>,
 }
 
@@ -143,6 +154,7 @@ impl<E: Executor> Scheduler<E> {
             next_arrival: 0,
             next_admission: 0,
             preemptions: 0,
+            finished: Finished::default(),
             failure: None,
         })
     }
@@ -241,6 +253,10 @@ impl<E: Executor> Scheduler<E> {
             pages_reserved: self.pages.reserved(),
             pages_free: self.pages.available(),
             preemptions: self.preemptions,
+            finished_stop: self.finished.stop,
+            finished_length: self.finished.length,
+            cancelled: self.finished.cancelled,
+            failed: self.finished.failed,
         }
     }
 
@@ -294,6 +310,18 @@ impl<E: Executor> Scheduler<E> {
     }
 
     pub(super) fn emit(&mut self, request: RequestId, event: Event) {
+        let counter = match &event {
+            Event::Finished { reason, .. } => Some(match reason {
+                FinishReason::Stop => &mut self.finished.stop,
+                FinishReason::Length => &mut self.finished.length,
+                FinishReason::Cancelled => &mut self.finished.cancelled,
+            }),
+            Event::Failed(_) => Some(&mut self.finished.failed),
+            _ => None,
+        };
+        if let Some(counter) = counter {
+            *counter += 1;
+        }
         self.events.push(RequestEvent { request, event });
     }
 }

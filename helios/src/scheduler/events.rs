@@ -83,4 +83,12 @@ pub struct Metrics {
     pub pages_free: u32,
     /// Preemptions since the scheduler started.
     pub preemptions: u64,
+    /// Requests finished by a stop token since the scheduler started.
+    pub finished_stop: u64,
+    /// Requests finished at their output limit (or pool) since it started.
+    pub finished_length: u64,
+    /// Requests cancelled since it started.
+    pub cancelled: u64,
+    /// Requests failed since it started.
+    pub failed: u64,
 }

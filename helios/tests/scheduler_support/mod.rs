@@ -140,6 +140,10 @@ pub fn assert_clean(scheduler: &Scheduler<TestExecutor>) {
         Metrics {
             pages_free: usable,
             preemptions: metrics.preemptions,
+            finished_stop: metrics.finished_stop,
+            finished_length: metrics.finished_length,
+            cancelled: metrics.cancelled,
+            failed: metrics.failed,
             ..Metrics::default()
         }
     );
