@@ -7,13 +7,11 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::error::{log_failure, HttpError};
+use super::error::HttpError;
 use super::generation::{self, Finish, Job};
 use super::sampling::SamplingFields;
 use super::sse::{self, json_event, StreamFormat, Usage};
-use super::{
-    new_request_id, parse_body, unix_time, with_request_id, AppState, Body, StreamOptions,
-};
+use super::{new_request_id, parse_body, respond, unix_time, AppState, Body, StreamOptions};
 use crate::frontend::ChatInput;
 
 /// The fields of a chat completion request Helios reads.
@@ -35,14 +33,8 @@ struct ChatRequest {
 /// The handler: every response, success or failure, names the request.
 pub async fn completions(State(state): State<AppState>, body: Body) -> Response {
     let request_id = new_request_id();
-    let response = match serve(&state, body, &request_id).await {
-        Ok(response) => response,
-        Err(error) => {
-            log_failure(&request_id, &error);
-            error.into_response()
-        }
-    };
-    with_request_id(response, &request_id)
+    let result = serve(&state, body, &request_id).await;
+    respond(&request_id, result, HttpError::into_response)
 }
 
 async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Response, HttpError> {

@@ -7,13 +7,11 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::error::{log_failure, HttpError};
+use super::error::HttpError;
 use super::generation::{self, Finish, Job};
 use super::sampling::SamplingFields;
 use super::sse::{self, json_event, StreamFormat, Usage};
-use super::{
-    new_request_id, parse_body, unix_time, with_request_id, AppState, Body, StreamOptions,
-};
+use super::{new_request_id, parse_body, respond, unix_time, AppState, Body, StreamOptions};
 
 /// OpenAI's default output limit for completions.
 const DEFAULT_MAX_TOKENS: u32 = 16;
@@ -45,14 +43,8 @@ struct CompletionRequest {
 /// The handler: every response, success or failure, names the request.
 pub async fn completions(State(state): State<AppState>, body: Body) -> Response {
     let request_id = new_request_id();
-    let response = match serve(&state, body, &request_id).await {
-        Ok(response) => response,
-        Err(error) => {
-            log_failure(&request_id, &error);
-            error.into_response()
-        }
-    };
-    with_request_id(response, &request_id)
+    let result = serve(&state, body, &request_id).await;
+    respond(&request_id, result, HttpError::into_response)
 }
 
 fn invalid(param: &'static str, reason: &'static str) -> HttpError {

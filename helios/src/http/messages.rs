@@ -7,11 +7,11 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::error::{log_failure, AnthropicError, HttpError};
+use super::error::{AnthropicError, HttpError};
 use super::generation::{self, Finish, Job};
 use super::sampling::{SamplingFields, Stop};
 use super::sse::{self, StreamFormat, Usage};
-use super::{new_request_id, parse_body, with_request_id, AppState, Body};
+use super::{new_request_id, parse_body, respond, AppState, Body};
 use crate::frontend::ChatInput;
 
 /// A content block; only `text` blocks are served.
@@ -72,14 +72,10 @@ struct MessagesRequest {
 /// The handler: every response, success or failure, names the request.
 pub async fn messages(State(state): State<AppState>, body: Body) -> Response {
     let request_id = new_request_id();
-    let response = match serve(&state, body, &request_id).await {
-        Ok(response) => response,
-        Err(error) => {
-            log_failure(&request_id, &error);
-            AnthropicError(error).into_response()
-        }
-    };
-    with_request_id(response, &request_id)
+    let result = serve(&state, body, &request_id).await;
+    respond(&request_id, result, |error| {
+        AnthropicError(error).into_response()
+    })
 }
 
 async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Response, HttpError> {

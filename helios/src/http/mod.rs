@@ -137,6 +137,21 @@ fn parse_body<T: DeserializeOwned>(body: Body) -> Result<T, HttpError> {
     })
 }
 
+/// A generation response from a handler's result: a failure is logged and
+/// rendered by `render` (the endpoint's error envelope); every response,
+/// success or failure, carries the request id.
+fn respond(
+    request_id: &str,
+    result: Result<Response, HttpError>,
+    render: fn(HttpError) -> Response,
+) -> Response {
+    let response = result.unwrap_or_else(|error| {
+        error::log_failure(request_id, &error);
+        render(error)
+    });
+    with_request_id(response, request_id)
+}
+
 /// Sets the `x-request-id` header of a generation response.
 fn with_request_id(mut response: Response, request_id: &str) -> Response {
     if let Ok(value) = HeaderValue::from_str(request_id) {
