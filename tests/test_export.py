@@ -98,5 +98,7 @@ def test_in_process_replay_through_heliopause(exported: Path) -> None:
         timeout=600,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    _, matched, total, allocation_free = done.stdout.split("RESULT")[1].split()
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, done.stdout[-3000:]
+    matched, total, allocation_free = lines[-1].split()[1:]
     assert int(matched) == int(total) > 0 and allocation_free == "True"

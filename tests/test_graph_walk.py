@@ -592,6 +592,9 @@ recorder = ImageRecorder()
 recorder.start()  # before the first kernel of the process loads
 a = torch.randn(256, 256, device="cuda")
 b = torch.randn(256, 256, device="cuda")
+# bf16 GEMMs that cuBLAS runs with (2, 4, 1)-block clusters on the H200.
+narrow = [torch.randn(m, 64, device="cuda", dtype=torch.bfloat16) for m in (128, 512)]
+wide = [torch.randn(n, 64, device="cuda", dtype=torch.bfloat16) for n in (128, 512)]
 
 
 @torch.compile(dynamic=False)
@@ -602,6 +605,9 @@ def pointwise(x):
 def step():
     h = a @ b  # cuBLAS
     h = torch.relu(h) + a  # ATen elementwise
+    for x in narrow:
+        for w in wide:
+            torch.nn.functional.linear(x, w)
     return pointwise(h)  # Inductor / Triton
 
 
@@ -630,6 +636,10 @@ print("RESULT " + json.dumps({
     "nodes": len(walked.nodes),
     "edges": len(walked.edges),
     "kernels": [k.function for k in kernels],
+    "clusters": [
+        [k.function, [k.grid.x, k.grid.y, k.grid.z], [k.cluster.x, k.cluster.y, k.cluster.z]]
+        for k in kernels
+    ],
     "without_image": [k.function for k in kernels if k.image_sha256 not in images],
     "without_params": [k.function for k in kernels if not k.params],
     "round_trips": pb.Graph.FromString(walked.SerializeToString()) == walked,
@@ -663,6 +673,17 @@ def test_walk_of_a_captured_torch_graph(tmp_path: Path) -> None:
     assert result["round_trips"], result
     assert result["errors"] == [], result
     assert result["refusal"] is not None and "outside the window" in result["refusal"], result
+    # cuBLAS's cluster kernels keep their cluster shape (one lost faults the rebuild with
+    # an illegal instruction at its first cluster barrier), and a cluster tiles the grid.
+    clustered = [
+        (name, grid, cluster) for name, grid, cluster in result["clusters"] if any(cluster)
+    ]
+    assert any(
+        name.startswith("nvjet") and cluster[0] * cluster[1] * cluster[2] > 1
+        for name, _, cluster in clustered
+    ), result["clusters"]
+    for name, grid, cluster in clustered:
+        assert all(g % c == 0 for g, c in zip(grid, cluster, strict=True)), (name, grid, cluster)
 
 
 # ---------------------------------------------------------------- the walk, driver-shaped
@@ -712,12 +733,16 @@ class _FakeDriver:
         # The value is a union (CUlaunchAttributeValue): fill only the queried member.
         value = self.cu.CUkernelNodeAttrValue()
         cluster, policy = self._node(node)[1]
+        # Written as the union's bytes: the walk reads bytes, not the binding's members.
         if int(attribute) == 4:
-            value.clusterDim.x, value.clusterDim.y, value.clusterDim.z = cluster
+            words = struct.pack("<3I", *cluster)
         elif int(attribute) == 5:
-            value.clusterSchedulingPolicyPreference = self.cu.CUclusterSchedulingPolicy(policy)
+            words = struct.pack("<I", policy)
         elif int(attribute) == 2:
-            value.cooperative = self.cooperative
+            words = struct.pack("<i", self.cooperative)
+        else:
+            words = b""
+        ctypes.memmove(int(value.getPtr()), words, len(words))
         return self._ok(), value
 
     def cuGraphMemsetNodeGetParams(self, node: Any) -> tuple:
@@ -916,6 +941,9 @@ def test_walk_reads_memcpy_nodes_and_refuses_cooperative_kernels(
 def test_cluster_dimensions_are_normalized() -> None:
     from ignition.export.graph_walk import normalize_cluster
 
-    assert normalize_cluster((1, 0, 0)) == (0, 0, 0)  # what the driver reports for none
+    assert normalize_cluster((0, 0, 0)) == (0, 0, 0)
     assert normalize_cluster((1, 1, 1)) == (0, 0, 0)
     assert normalize_cluster((2, 1, 1)) == (2, 1, 1)
+    assert normalize_cluster((2, 4, 1)) == (2, 4, 1)
+    with pytest.raises(ValueError, match="zero axis"):
+        normalize_cluster((1, 0, 0))

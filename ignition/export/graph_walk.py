@@ -689,24 +689,43 @@ def _read_extra(address: int) -> bytes:
 
 def _launch_attributes(cu: Any, node: Any, where: str) -> tuple[Dim, int, bool]:
     """Cluster dimension and scheduling policy (cuBLAS launches clusters through the
-    node attribute, and the rebuild fails without it), and whether it is cooperative."""
-    cluster = _node_attribute(cu, node, ATTRIBUTE_CLUSTER_DIMENSION, where).clusterDim
-    policy = _node_attribute(cu, node, ATTRIBUTE_CLUSTER_SCHEDULING_POLICY, where)
+    node attribute, and its kernels execute cluster barriers: a rebuild without the
+    cluster faults with an illegal instruction), and whether it is cooperative.
+
+    The values are read as the bytes of the driver's ``CUlaunchAttributeValue`` union,
+    not through the binding's member accessors: cuda-bindings 13.3 reports
+    ``clusterDim`` as (1, 0, 0) for every node, clusters of (2, 4, 1) included."""
+    cluster = _attribute_words(cu, node, ATTRIBUTE_CLUSTER_DIMENSION, 3, where)
+    (policy,) = _attribute_words(cu, node, ATTRIBUTE_CLUSTER_SCHEDULING_POLICY, 1, where)
     try:
-        cooperative = bool(_node_attribute(cu, node, ATTRIBUTE_COOPERATIVE, where).cooperative)
+        (cooperative,) = _attribute_words(cu, node, ATTRIBUTE_COOPERATIVE, 1, where)
     except ExportError:  # not queryable on this driver: nothing requested it
-        cooperative = False
-    dims = (int(cluster.x), int(cluster.y), int(cluster.z))
-    return normalize_cluster(dims), int(policy.clusterSchedulingPolicyPreference), cooperative
+        cooperative = 0
+    try:
+        dims = normalize_cluster((cluster[0], cluster[1], cluster[2]))
+    except ValueError as error:
+        raise ExportError(f"cannot export {where}: {error}") from error
+    return dims, policy, bool(cooperative)
 
 
 def normalize_cluster(dims: Dim) -> Dim:
     """The manifest's cluster dimension: (0, 0, 0) unless the launch asked for a cluster
-    of more than one block. The driver reports (1, 0, 0) for a node launched without
-    clusters, and a loader must not set that."""
-    if 0 in dims or dims == (1, 1, 1):
+    of more than one block. A launch without clusters reads (0, 0, 0) or (1, 1, 1),
+    and a loader must not set either; a partly-zero dimension is not a launch shape."""
+    if dims in ((0, 0, 0), (1, 1, 1)):
         return (0, 0, 0)
+    if 0 in dims:
+        raise ValueError(f"cluster dimension {dims} has a zero axis")
     return dims
+
+
+def _attribute_words(cu: Any, node: Any, attribute: int, count: int, where: str) -> Dim:
+    """The first ``count`` 32-bit words of a kernel node's launch attribute value."""
+    import ctypes
+
+    value = _node_attribute(cu, node, attribute, where)
+    raw = ctypes.string_at(int(value.getPtr()), 4 * count)
+    return struct.unpack(f"<{count}I", raw)  # type: ignore[return-value]
 
 
 def _node_attribute(cu: Any, node: Any, attribute: int, where: str) -> Any:
