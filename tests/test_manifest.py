@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 from checkpoints import write_tiny
 from tokenizers import Tokenizer
 
+from ignition.components.kv_cache import PAGE_AXIS
 from ignition.export import flare_core_pb2 as pb
 from ignition.export.core_dir import CoreDirError, read_core_dir, write_core_dir
 from ignition.export.manifest import ABI_VERSION, tiny_fixture
@@ -58,6 +60,26 @@ def test_buffers_fit_the_window_without_overlap(prepared: PreparedModel) -> None
     assert spans[-1][1] <= core.window.size
     weight = sum(b.size_bytes for b in core.buffers if b.role == pb.BUFFER_ROLE_WEIGHT)
     assert weight == prepared.model.weight_bytes()
+
+
+def test_the_kv_page_axis_describes_the_cache_as_slabs_of_pages(
+    prepared: PreparedModel,
+) -> None:
+    core, _ = tiny_fixture(prepared)
+    contract = core.contract
+    assert contract.HasField("kv_page_axis") and contract.kv_page_axis == PAGE_AXIS
+    (kv,) = [b for b in core.buffers if b.role == pb.BUFFER_ROLE_KV_PAGES]
+    axis = contract.kv_page_axis
+    # Helios's rule (helios/src/core/kv_layout.rs): the axis counts kv_pages, the
+    # axes after it lie inside one page stride, and bytes_per_page is the slabs
+    # (the axes before it) times that stride in bytes.
+    assert kv.shape[axis] == contract.kv_pages == prepared.storage.cache.pages
+    page_dims = zip(kv.shape[axis + 1 :], kv.strides[axis + 1 :], strict=True)
+    inner = 1 + sum((d - 1) * s for d, s in page_dims)
+    assert inner <= kv.strides[axis]
+    slabs = math.prod(kv.shape[:axis])
+    itemsize = prepared.storage.cache.kv.element_size()
+    assert contract.bytes_per_page == slabs * kv.strides[axis] * itemsize
 
 
 def test_frontend_assets_reproduce_the_tokenizer(prepared: PreparedModel) -> None:

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use clap::{ArgGroup, Parser, Subcommand};
 use helios::core::proto::{FloatRange, GraphKind};
 use helios::core::CoreSummary;
-use helios::replay::{LoadOptions, LoadedCore, ReplayError, ReplayReport};
+use helios::replay::{KvBacking, LoadOptions, LoadedCore, ReplayError, ReplayReport};
 use helios::HeliosError;
 
 /// Flare: serve a runtime core prepared by Ignition, without Python.
@@ -52,18 +52,20 @@ pub enum Command {
     /// their replay.
     ///
     /// Loads the runtime core at CORE with no Python: reserves its window at
-    /// the recorded base address, uploads the initial contents, loads the
-    /// kernel images and rebuilds and instantiates every graph, reporting how
-    /// long each part took. --check then replays the qualification sequence
-    /// recorded from Python replay at export and compares every recorded
-    /// digest bitwise. --bench-decode CAPACITY runs the qualification (when
-    /// the core has one) and then times STEPS replays of the decode graph of
-    /// that capacity, each launching it, waiting and copying the completion
-    /// records to the host, as the Python replay harness does. --isolate runs
-    /// the qualification sequence with every graph node launched alone and
-    /// waited for, and names the first node the device rejects (a kernel
-    /// fault poisons the process's CUDA context, so only the first can be
-    /// seen). Exit status: 0 when every digest matches (or no node faults),
+    /// the recorded base address, backs it (the KV pages at their prepared
+    /// extent unless --gpu-reserve is given), uploads the initial contents,
+    /// loads the kernel images and rebuilds and instantiates every graph,
+    /// reporting how long each part took and how many KV pages are backed.
+    /// --check then replays the qualification sequence recorded from Python
+    /// replay at export and compares every recorded digest bitwise.
+    /// --bench-decode CAPACITY runs the qualification (when the core has one
+    /// and every prepared KV page is backed) and then times STEPS replays of
+    /// the decode graph of that capacity, each launching it, waiting and
+    /// copying the completion records to the host, as the Python replay
+    /// harness does. --isolate runs the qualification sequence with every
+    /// graph node launched alone and waited for, and names the first node
+    /// the device rejects (a kernel fault poisons the process's CUDA
+    /// context, so only the first can be seen). Exit status: 0 when every digest matches (or no node faults),
     /// 1 when one differs (or a node faults), 2 when the core cannot be
     /// loaded or replayed.
     #[command(group(
@@ -86,6 +88,15 @@ pub enum Command {
         /// Decode steps to time.
         #[arg(long, default_value = "256", conflicts_with = "check")]
         steps: NonZeroU32,
+        /// With --bench-decode: back only as many KV pages as fit once
+        /// everything else is loaded, leaving MIB MiB plus a 64 MiB driver
+        /// margin of device memory free (at most the prepared pages, at
+        /// least one request of the context limit). The qualification is
+        /// skipped when fewer pages than prepared are backed: its digests
+        /// cover them all. --check and --isolate always back every prepared
+        /// page.
+        #[arg(long, value_name = "MIB", conflicts_with_all = ["check", "isolate"])]
+        gpu_reserve: Option<u64>,
         /// Also write the report as JSON to PATH.
         #[arg(long, value_name = "PATH")]
         json: Option<PathBuf>,
@@ -134,17 +145,39 @@ pub fn execute(command: Command) -> Result<Outcome, HeliosError> {
             check,
             bench_decode,
             steps,
+            gpu_reserve,
             json,
             device,
             ..
-        } => run_replay(&core, check, bench_decode.map(|c| (c, steps)), json, device),
+        } => {
+            let load = LoadOptions {
+                device,
+                kv: kv_backing(gpu_reserve),
+            };
+            run_replay(&core, check, bench_decode.map(|c| (c, steps)), json, &load)
+        }
         Command::Run { core, .. } => Err(HeliosError::CoreUnavailable { path: core }),
     }
 }
 
-/// `flare replay --isolate`: load, then the qualification node by node.
+/// `--gpu-reserve MIB` as a KV backing: absent, the prepared extent.
+fn kv_backing(gpu_reserve_mib: Option<u64>) -> KvBacking {
+    match gpu_reserve_mib {
+        None => KvBacking::Prepared,
+        Some(mib) => KvBacking::FromFreeMemory {
+            reserve_bytes: mib.saturating_mul(1 << 20),
+        },
+    }
+}
+
+/// `flare replay --isolate`: load (every prepared KV page, which the
+/// qualification covers), then the qualification node by node.
 fn run_isolation(path: &Path, json: Option<PathBuf>, device: i32) -> Result<Outcome, HeliosError> {
-    let mut loaded = LoadedCore::load(path, &LoadOptions { device })?;
+    let load = LoadOptions {
+        device,
+        kv: KvBacking::Prepared,
+    };
+    let mut loaded = LoadedCore::load(path, &load)?;
     let report = loaded.isolate()?;
     let text = report.to_json().map_err(std::io::Error::other);
     let text = text.map_err(|source| HeliosError::WriteReport {
@@ -177,15 +210,16 @@ fn run_isolation(path: &Path, json: Option<PathBuf>, device: i32) -> Result<Outc
 }
 
 /// `flare replay`: load, then the qualification check (always with
-/// `--check`; before the bench when the core has one), then the bench.
+/// `--check`; before the bench when the core has one and every prepared KV
+/// page is backed, since its digests cover them all), then the bench.
 fn run_replay(
     path: &Path,
     check: bool,
     bench: Option<(u32, NonZeroU32)>,
     json: Option<PathBuf>,
-    device: i32,
+    load: &LoadOptions,
 ) -> Result<Outcome, HeliosError> {
-    let mut loaded = LoadedCore::load(path, &LoadOptions { device })?;
+    let mut loaded = LoadedCore::load(path, load)?;
     if let Some((capacity, _)) = bench {
         if loaded.core().graph(GraphKind::Decode, capacity).is_none() {
             return Err(ReplayError::NoDecodeGraph {
@@ -195,7 +229,8 @@ fn run_replay(
             .into());
         }
     }
-    let qualification = if check || loaded.core().qualification().is_some() {
+    let every_page = loaded.kv_pages() == loaded.core().contract().kv_pages;
+    let qualification = if check || (every_page && loaded.core().qualification().is_some()) {
         Some(loaded.check()?)
     } else {
         None
@@ -524,6 +559,42 @@ mod tests {
                 assert_eq!(device, 0);
             }
             other => panic!("expected replay, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_gpu_reserve_needs_the_bench() {
+        let cli = Cli::try_parse_from([
+            "flare",
+            "replay",
+            "c",
+            "--bench-decode",
+            "4",
+            "--gpu-reserve",
+            "1024",
+        ])
+        .unwrap();
+        match cli.command {
+            Command::Replay { gpu_reserve, .. } => {
+                assert_eq!(gpu_reserve, Some(1024));
+                assert_eq!(
+                    kv_backing(gpu_reserve),
+                    KvBacking::FromFreeMemory {
+                        reserve_bytes: 1 << 30
+                    }
+                );
+            }
+            other => panic!("expected replay, got {other:?}"),
+        }
+        assert_eq!(kv_backing(None), KvBacking::Prepared);
+        for mode in ["--check", "--isolate"] {
+            let err = Cli::try_parse_from(["flare", "replay", "c", mode, "--gpu-reserve", "1"])
+                .unwrap_err();
+            assert_eq!(
+                err.kind(),
+                clap::error::ErrorKind::ArgumentConflict,
+                "{mode}"
+            );
         }
     }
 

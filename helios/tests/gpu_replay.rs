@@ -14,7 +14,7 @@ use helios::core::proto::{
 use helios::core::sample::{tiny_core, SAMPLE_BASE};
 use helios::core::ValidCore;
 use helios::cuda::{Context, CudaError, Event, Graph, Modules, Span, Stream, Window};
-use helios::replay::{sha256_hex, LoadOptions, LoadedCore, ReplayError};
+use helios::replay::{sha256_hex, KvBacking, LoadOptions, LoadedCore, ReplayError};
 use safetensors::Dtype;
 use support::{fresh_dir, give_initial, use_image, write_core, Tensor};
 
@@ -367,6 +367,45 @@ fn a_core_loads_checks_bitwise_and_benches() {
     assert!(bench.step.median_ms > 0.0);
     assert!(bench.submission_gap.is_some());
     assert!(bench.device_ms_per_replay > 0.0);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn kv_pages_sized_from_free_memory_are_mapped_after_the_graphs() {
+    // A context limit of 64 tokens: one request needs 5 of the 8 pages.
+    let dir = runnable_core("kv-free", base(9), |core| {
+        core.contract.as_mut().unwrap().context_limit = 64;
+    });
+    let free = |reserve_bytes| LoadOptions {
+        device: 0,
+        kv: KvBacking::FromFreeMemory { reserve_bytes },
+    };
+    let mut loaded = LoadedCore::load(&dir, &free(0)).unwrap();
+    let load = loaded.report().clone();
+    assert_eq!((loaded.kv_pages(), load.kv_pages_prepared), (8, 8));
+    assert_eq!(load.kv_tokens, 7 * 16);
+    assert_eq!(load.kv_reserve_bytes, Some(0));
+    assert!(loaded.check().unwrap().passed());
+    drop(loaded);
+
+    let total = load.device.total_memory;
+    let err = LoadedCore::load(&dir, &free(total)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ReplayError::InsufficientKvPages {
+                needed: 5,
+                backable: 0,
+                budget: 0,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // The failed load released its window: the prepared extent loads.
+    let mut prepared = LoadedCore::load(&dir, &LoadOptions::default()).unwrap();
+    assert_eq!(prepared.report().kv_reserve_bytes, None);
+    assert!(prepared.check().unwrap().passed());
 }
 
 #[test]

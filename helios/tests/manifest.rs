@@ -6,12 +6,15 @@
 use std::path::Path;
 
 use helios::core::proto::{
-    node::Op, Binding, Core, Edge, GraphKind, KernelNode, Node, Region, RegionKind, Semantic,
+    node::Op, Binding, Buffer, BufferRole, Core, Edge, GraphKind, KernelNode, Node, Region,
+    RegionKind, Semantic,
 };
 use helios::core::sample::{
     tiny_core, SAMPLE_DECODE, SAMPLE_IMAGE, SAMPLE_PREFILL, SAMPLE_QUALIFIED,
 };
-use helios::core::{decode_manifest, load_manifest, CoreError, ValidCore, ENGINE_ABI};
+use helios::core::{
+    decode_manifest, load_manifest, CoreError, KvAxisProblem, ValidCore, ENGINE_ABI,
+};
 use prost::Message;
 
 /// One change to the sample core.
@@ -693,6 +696,158 @@ fn qualification_steps_are_checked() {
         err,
         CoreError::UnknownReference { what: "buffer", .. }
     ));
+}
+
+// ------------------------------------------------------------ KV page axis
+
+fn kv_buffer(core: &mut Core) -> &mut Buffer {
+    let index = buffer_index(core, "kv.pages");
+    &mut core.buffers[index]
+}
+
+fn kv_problem(change: impl FnOnce(&mut Core)) -> KvAxisProblem {
+    match mutated_err(change) {
+        CoreError::KvPageAxis { problem, .. } => problem,
+        other => panic!("expected a kv_page_axis error, got {other:?}"),
+    }
+}
+
+#[test]
+fn the_page_axis_gives_the_kv_layout() {
+    // The sample's KV pages buffer is [pages 8, 2, 16, 64] bf16 at 8 MiB.
+    let core = decode(&tiny_core()).unwrap();
+    let layout = core.kv_layout().expect("the sample names its page axis");
+    assert_eq!(layout.slabs, [8 << 20]);
+    assert_eq!(layout.page_stride, core.contract().bytes_per_page);
+    let older = mutated(|c| contract(c).kv_page_axis = None).expect("the axis is optional");
+    assert!(older.kv_layout().is_none());
+}
+
+#[test]
+fn ignitions_kv_layout_is_validated_slab_by_slab() {
+    // [layers 2, 2, pages 8, page_size 16, heads 1, dim 32]: 4 slabs.
+    let core = mutated(|c| {
+        let kv = kv_buffer(c);
+        kv.shape = vec![2, 2, 8, 16, 1, 32];
+        kv.strides = vec![8192, 4096, 512, 32, 32, 1];
+        contract(c).kv_page_axis = Some(2);
+        contract(c).bytes_per_page = 4 * 512 * 2;
+    })
+    .unwrap();
+    let layout = core.kv_layout().unwrap();
+    let base = 8u64 << 20;
+    assert_eq!(
+        layout.slabs,
+        [base, base + 8192, base + 16384, base + 24576]
+    );
+    assert_eq!(layout.page_stride, 1024);
+}
+
+#[test]
+fn a_page_axis_that_does_not_fit_the_buffer_is_rejected() {
+    assert_eq!(
+        kv_problem(|c| contract(c).kv_page_axis = Some(4)),
+        KvAxisProblem::PastRank { rank: 4 }
+    );
+    assert_eq!(
+        kv_problem(|c| contract(c).kv_page_axis = Some(1)),
+        KvAxisProblem::PageCount {
+            found: 2,
+            kv_pages: 8
+        }
+    );
+    assert!(matches!(
+        kv_problem(|c| contract(c).bytes_per_page *= 2),
+        KvAxisProblem::BytesPerPage {
+            slabs: 1,
+            computed: 4096,
+            ..
+        }
+    ));
+    assert!(matches!(
+        kv_problem(|c| kv_buffer(c).strides[0] = 1024),
+        KvAxisProblem::PageOverlap {
+            span: 2048,
+            stride: 1024
+        }
+    ));
+    assert_eq!(
+        kv_problem(|c| kv_buffer(c).offset = 0),
+        KvAxisProblem::OutsideRegion
+    );
+}
+
+#[test]
+fn the_page_axis_needs_exactly_one_kv_pages_buffer() {
+    let err = mutated_err(|c| kv_buffer(c).role = BufferRole::Weight as i32);
+    assert!(matches!(err, CoreError::Missing { .. }), "{err:?}");
+    assert!(mutated(|c| {
+        kv_buffer(c).role = BufferRole::Weight as i32;
+        contract(c).kv_page_axis = None;
+    })
+    .is_ok());
+    let err = mutated_err(|c| {
+        let index = buffer_index(c, "snapshot.kv");
+        c.buffers[index].role = BufferRole::KvPages as i32;
+    });
+    assert!(
+        matches!(err, CoreError::Duplicate { ref name, .. } if name == "snapshot.kv"),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn random_kv_geometries_are_rejected_or_consistent() {
+    let mut rng = XorShift(0x5eed_5eed_4b1e_a7e5);
+    let (mut accepted, mut rejected) = (0u32, 0u32);
+    for _ in 0..3000 {
+        let mut core = tiny_core();
+        let rank = 1 + rng.below(6);
+        let shape: Vec<u64> = (0..rank).map(|_| rng.below(5) as u64).collect();
+        let strides: Vec<u64> = (0..rank).map(|_| rng.below(300) as u64).collect();
+        let axis = rng.below(rank + 1);
+        let kv_pages = 2 + rng.below(3) as u32;
+        let mut shape = shape;
+        // Half the time the axis counts the pages and bytes_per_page is the
+        // slabs' page strides in bytes, so that some geometries pass.
+        let consistent = rng.below(2) == 0 && axis < rank;
+        if consistent {
+            shape[axis] = u64::from(kv_pages);
+        }
+        let bytes_per_page = if consistent {
+            shape[..axis].iter().product::<u64>() * strides[axis] * 2
+        } else {
+            rng.below(4096) as u64
+        };
+        let kv = kv_buffer(&mut core);
+        kv.shape = shape;
+        kv.strides = strides;
+        kv.size_bytes = 1 + rng.below(1 << 16) as u64;
+        let c = contract(&mut core);
+        c.kv_page_axis = Some(axis as u32);
+        c.kv_pages = kv_pages;
+        c.bytes_per_page = bytes_per_page;
+        let Ok(valid) = decode(&core) else {
+            rejected += 1;
+            continue;
+        };
+        accepted += 1;
+        // Accepted: one page of every slab is bytes_per_page together, and
+        // every prepared page lies inside the buffer.
+        let layout = valid.kv_layout().unwrap();
+        let contract = valid.contract();
+        let kv = valid.buffer_named("kv.pages").unwrap();
+        assert_eq!(
+            layout.slabs.len() as u64 * layout.page_stride,
+            contract.bytes_per_page
+        );
+        for (start, end) in layout.page_ranges(contract.kv_pages) {
+            assert!(kv.offset <= start && start < end);
+            let last_page_end = end - layout.page_stride;
+            assert!(last_page_end < kv.offset + kv.size_bytes);
+        }
+    }
+    assert!(accepted > 0 && rejected > 0, "{accepted} / {rejected}");
 }
 
 // ------------------------------------------------------------------- fuzz

@@ -18,6 +18,10 @@ from ignition.components import attention
 from ignition.components.triton_kv_write import triton_write_kv
 
 NULL_PAGE = 0
+# The axis of the cache's shape that indexes pages. The axes before it (layer, K/V)
+# are slabs of ``pages`` pages each, so a loader can back pages [0, n) of every slab
+# alone (the runtime core's ``kv_page_axis``).
+PAGE_AXIS = 2
 
 
 @dataclass
@@ -45,16 +49,17 @@ class PagedKvCache:
         dtype: torch.dtype,
         device: torch.device,
     ) -> PagedKvCache:
-        shape = (layers, 2, pages, page_size, kv_heads, head_dim)
+        slabs = (layers, 2)  # the axes before PAGE_AXIS
+        shape = (*slabs, pages, page_size, kv_heads, head_dim)
         return PagedKvCache(torch.zeros(shape, dtype=dtype, device=device))
 
     @property
     def page_size(self) -> int:
-        return self.kv.shape[3]
+        return self.kv.shape[PAGE_AXIS + 1]
 
     @property
     def pages(self) -> int:
-        return self.kv.shape[2]
+        return self.kv.shape[PAGE_AXIS]
 
     @staticmethod
     def bytes_per_page(

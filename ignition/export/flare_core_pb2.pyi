@@ -356,7 +356,7 @@ class Binding(_message.Message):
     def __init__(self, semantic: _Optional[_Union[Semantic, str]] = ..., buffer: _Optional[str] = ...) -> None: ...
 
 class PreparedContract(_message.Message):
-    __slots__ = ("page_size", "max_concurrency", "context_limit", "prefill_chunk_size", "decode_capacities", "prefill_capacities", "kv_pages", "bytes_per_page", "snapshot_rows", "vocab_size", "bindings", "completion_fields")
+    __slots__ = ("page_size", "max_concurrency", "context_limit", "prefill_chunk_size", "decode_capacities", "prefill_capacities", "kv_pages", "bytes_per_page", "snapshot_rows", "vocab_size", "bindings", "completion_fields", "kv_page_axis")
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LIMIT_FIELD_NUMBER: _ClassVar[int]
@@ -369,6 +369,7 @@ class PreparedContract(_message.Message):
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     BINDINGS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    KV_PAGE_AXIS_FIELD_NUMBER: _ClassVar[int]
     page_size: int
     max_concurrency: int
     context_limit: int
@@ -381,7 +382,8 @@ class PreparedContract(_message.Message):
     vocab_size: int
     bindings: _containers.RepeatedCompositeFieldContainer[Binding]
     completion_fields: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, page_size: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., context_limit: _Optional[int] = ..., prefill_chunk_size: _Optional[int] = ..., decode_capacities: _Optional[_Iterable[int]] = ..., prefill_capacities: _Optional[_Iterable[int]] = ..., kv_pages: _Optional[int] = ..., bytes_per_page: _Optional[int] = ..., snapshot_rows: _Optional[int] = ..., vocab_size: _Optional[int] = ..., bindings: _Optional[_Iterable[_Union[Binding, _Mapping]]] = ..., completion_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+    kv_page_axis: int
+    def __init__(self, page_size: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., context_limit: _Optional[int] = ..., prefill_chunk_size: _Optional[int] = ..., decode_capacities: _Optional[_Iterable[int]] = ..., prefill_capacities: _Optional[_Iterable[int]] = ..., kv_pages: _Optional[int] = ..., bytes_per_page: _Optional[int] = ..., snapshot_rows: _Optional[int] = ..., vocab_size: _Optional[int] = ..., bindings: _Optional[_Iterable[_Union[Binding, _Mapping]]] = ..., completion_fields: _Optional[_Iterable[str]] = ..., kv_page_axis: _Optional[int] = ...) -> None: ...
 
 class FloatRange(_message.Message):
     __slots__ = ("min", "max")

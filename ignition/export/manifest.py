@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from ignition.components.kv_cache import PAGE_AXIS
 from ignition.components.token_state import COMPLETION_FIELDS
 from ignition.export import flare_core_pb2 as pb
 from ignition.export.core_dir import write_core_dir
@@ -135,6 +136,7 @@ def contract_message(prepared: PreparedModel) -> pb.PreparedContract:
         prefill_capacities=list(catalog.prefill),
         kv_pages=prepared.storage.cache.pages,
         bytes_per_page=prepared.memory.bytes_per_page,
+        kv_page_axis=PAGE_AXIS,
         snapshot_rows=prepared.storage.snapshots.consumed.shape[0],
         vocab_size=prepared.model.geometry.vocab,
         bindings=[pb.Binding(semantic=s, buffer=b) for b, s in _SEMANTICS.items()],

@@ -3,7 +3,9 @@
 
 use std::fmt;
 
-use helios::replay::{DecodeBench, LoadReport, QualificationReport, ReplayReport, Timing};
+use helios::replay::{
+    DecodeBench, LoadReport, QualificationReport, ReplayReport, Timing, DRIVER_MARGIN,
+};
 
 use super::{short, Mib};
 
@@ -17,6 +19,12 @@ impl fmt::Display for Text<'_> {
         write_load(f, &report.load)?;
         if let Some(qualification) = &report.qualification {
             write_qualification(f, qualification)?;
+        } else if report.load.kv_pages < report.load.kv_pages_prepared {
+            writeln!(
+                f,
+                "qualification not run: its digests cover all {} prepared KV pages",
+                report.load.kv_pages_prepared
+            )?;
         }
         if let Some(bench) = &report.decode_bench {
             write_bench(f, bench)?;
@@ -46,6 +54,7 @@ fn write_load(f: &mut fmt::Formatter<'_>, load: &LoadReport) -> fmt::Result {
         Mib(load.backed_bytes),
         load.spans
     )?;
+    write_kv(f, load)?;
     writeln!(
         f,
         "loaded        {} initial tensors ({}), {} kernel images ({}), {} graphs ({} nodes)",
@@ -71,6 +80,25 @@ fn write_load(f: &mut fmt::Formatter<'_>, load: &LoadReport) -> fmt::Result {
         f,
         "free memory   {} after loading",
         Mib(load.free_after_load)
+    )
+}
+
+fn write_kv(f: &mut fmt::Formatter<'_>, load: &LoadReport) -> fmt::Result {
+    let sized = match load.kv_reserve_bytes {
+        None => "the prepared extent".to_owned(),
+        Some(reserve) => format!(
+            "from free memory, {} reserve + {} driver margin kept free",
+            Mib(reserve),
+            Mib(DRIVER_MARGIN)
+        ),
+    };
+    writeln!(
+        f,
+        "kv cache      {} of {} prepared pages backed ({}), {} tokens; {sized}",
+        load.kv_pages,
+        load.kv_pages_prepared,
+        Mib(load.kv_bytes),
+        load.kv_tokens
     )
 }
 
@@ -177,6 +205,11 @@ mod tests {
             graphs: 9,
             nodes: 10,
             free_after_load: 100 << 30,
+            kv_pages: 64,
+            kv_pages_prepared: 64,
+            kv_bytes: 64 << 20,
+            kv_tokens: 63 * 16,
+            kv_reserve_bytes: None,
         }
     }
 
@@ -232,6 +265,38 @@ mod tests {
         );
         assert!(out.contains("replay allocated nothing"), "{out}");
         assert!(out.contains("1 of 2 steps match: DIGESTS DIFFER"), "{out}");
+        assert!(
+            out.contains("kv cache      64 of 64 prepared pages backed (64.00 MiB), 1008 tokens; the prepared extent"),
+            "{out}"
+        );
+        assert!(!out.contains("qualification not run"), "{out}");
+    }
+
+    #[test]
+    fn pages_sized_from_free_memory_report_the_reserve_and_the_skipped_check() {
+        let mut load = load();
+        load.kv_pages = 17;
+        load.kv_bytes = 17 << 20;
+        load.kv_tokens = 16 * 16;
+        load.kv_reserve_bytes = Some(2 << 30);
+        let out = Text(&ReplayReport {
+            core: "tiny.core".to_owned(),
+            load,
+            qualification: None,
+            decode_bench: None,
+        })
+        .to_string();
+        assert!(
+            out.contains(
+                "kv cache      17 of 64 prepared pages backed (17.00 MiB), 256 tokens; \
+                 from free memory, 2048.00 MiB reserve + 64.00 MiB driver margin kept free"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains("qualification not run: its digests cover all 64 prepared KV pages"),
+            "{out}"
+        );
     }
 
     #[test]

@@ -134,4 +134,73 @@ pub enum CoreError {
         /// What is wrong with them.
         reason: &'static str,
     },
+    /// `contract.kv_page_axis` does not describe the KV pages buffer as
+    /// slabs of `kv_pages` pages of `bytes_per_page` bytes together.
+    #[error("invalid contract.kv_page_axis {axis} of KV pages buffer {buffer:?}: {problem}")]
+    KvPageAxis {
+        /// The KV pages buffer.
+        buffer: String,
+        /// The axis the contract names.
+        axis: u32,
+        /// What does not match.
+        problem: KvAxisProblem,
+    },
+}
+
+/// Why `contract.kv_page_axis` does not fit the KV pages buffer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KvAxisProblem {
+    /// The axis is not one of the buffer's.
+    #[error("the buffer has rank {rank}")]
+    PastRank {
+        /// The buffer's rank.
+        rank: usize,
+    },
+    /// A dimension of the buffer is 0.
+    #[error("the buffer has an empty dimension")]
+    EmptyDimension,
+    /// The page axis does not count `contract.kv_pages` pages.
+    #[error("the axis holds {found} pages, contract.kv_pages is {kv_pages}")]
+    PageCount {
+        /// `shape[axis]`.
+        found: u64,
+        /// `contract.kv_pages`.
+        kv_pages: u32,
+    },
+    /// The axes after the page axis reach past one page's stride, so pages
+    /// overlap and a prefix of them cannot be backed alone.
+    #[error("one page spans {span} elements, more than the page stride of {stride}")]
+    PageOverlap {
+        /// Elements from a page's first element to its last, plus one.
+        span: u64,
+        /// `strides[axis]`.
+        stride: u64,
+    },
+    /// More slabs (the product of the axes before the page axis) than a
+    /// load plans spans for.
+    #[error("{slabs} slabs exceed the limit of {limit}")]
+    TooManySlabs {
+        /// The product of `shape[..axis]`.
+        slabs: u64,
+        /// The most slabs accepted.
+        limit: u64,
+    },
+    /// `contract.bytes_per_page` is not the slabs times the page stride in
+    /// bytes.
+    #[error("{slabs} slabs of a {stride_bytes}-byte page stride make {computed} bytes per page, contract.bytes_per_page is {declared}")]
+    BytesPerPage {
+        /// The product of `shape[..axis]`.
+        slabs: u64,
+        /// `strides[axis]` times the dtype's size.
+        stride_bytes: u64,
+        /// Their product.
+        computed: u128,
+        /// `contract.bytes_per_page`.
+        declared: u64,
+    },
+    /// The buffer does not lie inside one `REGION_KIND_KV_PAGES` region, so
+    /// backing that region's pages would not back the buffer's.
+    #[error("the buffer does not lie inside a REGION_KIND_KV_PAGES region")]
+    OutsideRegion,
 }

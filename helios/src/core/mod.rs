@@ -7,6 +7,7 @@
 //! [`ValidCore`] whose accessors can rely on what was checked.
 
 mod error;
+mod kv_layout;
 pub mod proto;
 pub mod sample;
 mod summary;
@@ -17,7 +18,8 @@ use std::path::Path;
 
 use prost::Message;
 
-pub use error::CoreError;
+pub use error::{CoreError, KvAxisProblem};
+pub use kv_layout::{KvLayout, MAX_KV_SLABS};
 /// The `prost` version the manifest types are generated with, for crates that
 /// encode or decode them without depending on `prost` themselves.
 pub use prost;
@@ -70,6 +72,7 @@ pub struct ValidCore {
     qualification: Option<Qualification>,
     bound: BTreeMap<Semantic, usize>,
     catalog: BTreeMap<(GraphKind, u32), usize>,
+    kv_layout: Option<KvLayout>,
 }
 
 impl ValidCore {
@@ -98,6 +101,7 @@ impl ValidCore {
         let digests = validate::check_images(&images)?;
         let catalog = validate::check_graphs(&graphs, &digests)?;
         validate::check_contract(&contract, &catalog)?;
+        let kv_layout = kv_layout::check_kv_layout(&contract, &buffers, &window.regions)?;
         let bound = validate::check_bindings(&contract.bindings, &names)?;
         validate::check_frontend(&frontend)?;
         let sampling = frontend.sampling.ok_or(missing("frontend.sampling"))?;
@@ -118,6 +122,7 @@ impl ValidCore {
             qualification,
             bound,
             catalog,
+            kv_layout,
         })
     }
 
@@ -203,6 +208,13 @@ impl ValidCore {
     /// when `tokens` exceeds `prefill_chunk_size`.
     pub fn prefill_capacity_for(&self, tokens: u32) -> Option<u32> {
         smallest_at_least(&self.contract.prefill_capacities, tokens)
+    }
+
+    /// Where the KV pages lie, when the contract names `kv_page_axis`: then
+    /// pages `[0, n)` of every slab can be backed alone. `None` for cores
+    /// exported before the axis existed.
+    pub fn kv_layout(&self) -> Option<&KvLayout> {
+        self.kv_layout.as_ref()
     }
 
     /// Facts about the core for display, as `flare inspect` prints them.

@@ -279,6 +279,7 @@ pub fn tiny_core() -> Core {
             vocab_size: VOCAB,
             bindings,
             completion_fields: ["slot", "token", "finished"].map(str::to_owned).to_vec(),
+            kv_page_axis: Some(0),
         }),
         frontend: Some(Frontend {
             tokenizer_json: r#"{"version":"1.0","model":{"type":"WordLevel"}}"#.to_owned(),

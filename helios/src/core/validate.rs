@@ -103,7 +103,8 @@ fn check_regions(regions: &[Region], window_size: u64) -> Result<(), CoreError> 
     Ok(())
 }
 
-fn itemsize(dtype: DType) -> u64 {
+/// Bytes of one element of `dtype` (0 for unspecified).
+pub(super) fn itemsize(dtype: DType) -> u64 {
     match dtype {
         DType::DtypeUnspecified => 0,
         DType::DtypeU8 => 1,

@@ -116,6 +116,25 @@ pub enum ReplayError {
         /// Free device memory.
         free: u64,
     },
+    /// Free device memory, after everything else was loaded and the reserve
+    /// and driver margin set aside, backs fewer KV pages than one request of
+    /// the context limit needs (or, for a core without `kv_page_axis`, not
+    /// all of them).
+    #[error(
+        "the KV cache needs at least {needed} pages of {bytes_per_page} bytes; the {budget} bytes \
+         free after the reserve and the driver margin back {backable}"
+    )]
+    InsufficientKvPages {
+        /// Pages needed: one request of the context limit and the null page
+        /// (every prepared page for a core without `kv_page_axis`).
+        needed: u32,
+        /// Pages the budget backs.
+        backable: u32,
+        /// `contract.bytes_per_page`.
+        bytes_per_page: u64,
+        /// Free memory less the reserve and the driver margin.
+        budget: u64,
+    },
     /// The device's compute capability differs from the core's.
     #[error(
         "the core was prepared for compute capability {}.{}, device {ordinal} ({name}) has {}.{}",

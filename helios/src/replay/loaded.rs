@@ -13,10 +13,14 @@ use super::error::ReplayError;
 use super::identity::check_device;
 use super::initial::InitialContents;
 use super::isolate::{isolate, IsolationReport, NodeDevice};
+use super::kv_backing::{plan_kv_from_free, plan_kv_prepared, KvBacking, KvPlan, KvWindow};
 use super::qualify::{qualify, QualificationReport, ReplayDevice};
 use super::report::LoadReport;
-use super::spans::{check_backed, plan_spans};
-use crate::core::proto::{self, GraphKind};
+use super::spans::{
+    check_backed, check_initial_backed, check_qualification_backed, merged, plan_spans_of,
+    span_bytes,
+};
+use crate::core::proto::{self, GraphKind, RegionKind};
 use crate::core::ValidCore;
 use crate::cuda::{Context, CudaError, Event, Graph, GraphExec, Modules, Stream, Window};
 
@@ -25,6 +29,21 @@ use crate::cuda::{Context, CudaError, Event, Graph, GraphExec, Modules, Stream, 
 pub struct LoadOptions {
     /// CUDA device ordinal.
     pub device: i32,
+    /// How many KV pages to back: the prepared extent (what the
+    /// qualification covers) or as many as free memory holds.
+    pub kv: KvBacking,
+}
+
+/// When the KV pages are mapped.
+enum KvStage {
+    /// With the other regions, before anything uses them: the prepared
+    /// extent.
+    Early(KvPlan),
+    /// Once the graphs are uploaded, sized from the free memory left then.
+    Late {
+        /// Device memory to keep free besides the driver margin.
+        reserve_bytes: u64,
+    },
 }
 
 /// The GPU side of a loaded core.
@@ -174,9 +193,12 @@ impl LoadedCore {
     ///
     /// Every file is read and checked before any CUDA work; then the device
     /// is checked against the core's identity, the window reserved at its
-    /// exact base and its backed spans mapped and zeroed, the initial
-    /// contents uploaded, the kernel images loaded and every graph rebuilt,
-    /// instantiated and uploaded.
+    /// exact base and the backed spans of every region but the KV page
+    /// region mapped and zeroed, the initial contents uploaded, the kernel
+    /// images loaded and every graph rebuilt, instantiated and uploaded.
+    /// The KV pages are mapped with the other regions for
+    /// [`KvBacking::Prepared`]; for [`KvBacking::FromFreeMemory`] they are
+    /// mapped last, as many as the free memory measured then holds.
     pub fn load(path: &Path, options: &LoadOptions) -> Result<Self, ReplayError> {
         let started = Instant::now();
         let dir = CoreDir::read(path)?;
@@ -189,12 +211,32 @@ impl LoadedCore {
         let device = context.info()?;
         check_device(core.identity(), &device)?;
         let granularity = context.granularity()?;
-        let plan = plan_spans(core.window(), granularity)?;
-        check_backed(&core, &plan.spans)?;
+        let not_kv = |region: &proto::Region| region.kind != RegionKind::KvPages as i32;
+        let plan = plan_spans_of(core.window(), granularity, not_kv)?;
+        let kv_window = |mapped| KvWindow {
+            granularity,
+            reservation: plan.reservation,
+            mapped,
+        };
+        let mut early = plan.spans.clone();
+        let stage = match options.kv {
+            KvBacking::Prepared => {
+                let kv = plan_kv_prepared(&core, kv_window(&plan.spans))?;
+                early = merged([early, kv.spans.clone()].concat());
+                check_backed(&core, &early)?;
+                KvStage::Early(kv)
+            }
+            KvBacking::FromFreeMemory { reserve_bytes } => {
+                // The qualification is checked when it runs: with fewer
+                // pages than prepared it cannot.
+                check_initial_backed(&core, &early)?;
+                KvStage::Late { reserve_bytes }
+            }
+        };
         let free = context.mem_get_info()?.free;
-        if plan.backed_bytes() > free {
+        if span_bytes(&early) > free {
             return Err(ReplayError::InsufficientMemory {
-                needed: plan.backed_bytes(),
+                needed: span_bytes(&early),
                 free,
             });
         }
@@ -204,11 +246,11 @@ impl LoadedCore {
         // same safe order as `Gpu`.
         let mapping = Instant::now();
         let mut window = Window::reserve(&context, core.window().base, plan.reservation)?;
-        for &span in &plan.spans {
+        for &span in &early {
             window.map(span)?;
         }
         context.synchronize()?;
-        let map = mapping.elapsed();
+        let mut map = mapping.elapsed();
 
         let times = upload_initial(&core, &initial, &window)?;
         context.synchronize()?;
@@ -240,6 +282,22 @@ impl LoadedCore {
         stream.synchronize()?;
         let graph_build = building.elapsed();
 
+        let (kv, kv_reserve_bytes) = match stage {
+            KvStage::Early(kv) => (kv, None),
+            KvStage::Late { reserve_bytes } => {
+                let free = context.mem_get_info()?.free;
+                let kv = plan_kv_from_free(&core, kv_window(window.mapped()), free, reserve_bytes)?;
+                let mapping = Instant::now();
+                for &span in &kv.spans {
+                    window.map(span)?;
+                }
+                context.synchronize()?;
+                map += mapping.elapsed();
+                (kv, Some(reserve_bytes))
+            }
+        };
+        let contract = core.contract();
+
         let report = LoadReport {
             device,
             read_ms: ms(read),
@@ -260,6 +318,11 @@ impl LoadedCore {
             graphs: graphs.len(),
             nodes: graphs.iter().map(Graph::node_count).sum(),
             free_after_load: context.mem_get_info()?.free,
+            kv_pages: kv.pages,
+            kv_pages_prepared: contract.kv_pages,
+            kv_bytes: u64::from(kv.pages) * contract.bytes_per_page,
+            kv_tokens: u64::from(kv.pages.saturating_sub(1)) * u64::from(contract.page_size),
+            kv_reserve_bytes,
         };
         Ok(Self {
             core,
@@ -285,18 +348,29 @@ impl LoadedCore {
         &self.report
     }
 
+    /// KV pages backed in every slab, the null page included: the host may
+    /// hand out pages `1..kv_pages()` only. At most the prepared pages.
+    pub fn kv_pages(&self) -> u32 {
+        self.report.kv_pages
+    }
+
     /// Replays the recorded qualification sequence and compares every
     /// digest. Meant for the freshly loaded core: the sequence starts from
-    /// the initial contents.
+    /// the initial contents. Its digests cover the whole KV pages buffer, so
+    /// a core loaded with fewer KV pages than prepared is refused
+    /// ([`ReplayError::Unbacked`]).
     pub fn check(&mut self) -> Result<QualificationReport, ReplayError> {
+        check_qualification_backed(&self.core, self.gpu.window.mapped())?;
         qualify(&self.core, &mut self.gpu)
     }
 
     /// Runs the qualification sequence with every node of every graph
     /// launched alone (topological order, waiting after each) and reports
     /// the first node the device rejects. A fault poisons the context, so
-    /// this is the only use of a core after it.
+    /// this is the only use of a core after it. Refused, as
+    /// [`LoadedCore::check`], with fewer KV pages than prepared.
     pub fn isolate(&mut self) -> Result<IsolationReport, ReplayError> {
+        check_qualification_backed(&self.core, self.gpu.window.mapped())?;
         isolate(&self.core, &mut self.gpu)
     }
 

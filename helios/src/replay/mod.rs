@@ -5,7 +5,9 @@
 //! before any CUDA work. [`LoadedCore::load`] then reserves the fixed window
 //! at its exact base, backs and zeroes the spans the regions record, uploads
 //! the initial contents, loads the kernel images and rebuilds and
-//! instantiates every graph, timing each part ([`LoadReport`]).
+//! instantiates every graph, timing each part ([`LoadReport`]). The KV page
+//! region is backed at its prepared extent or, per [`KvBacking`], last and
+//! from the free memory left then ([`plan_kv_from_free`]).
 //!
 //! [`LoadedCore::check`] replays the qualification sequence recorded from
 //! Python replay and compares every digest bitwise
@@ -22,6 +24,7 @@ mod error;
 mod identity;
 mod initial;
 mod isolate;
+mod kv_backing;
 mod loaded;
 mod qualify;
 mod report;
@@ -36,7 +39,14 @@ pub use initial::{is_contiguous, InitialContents, InitialUpload, TensorReader, B
 pub use isolate::{
     isolate, topological_order, IsolationReport, NodeDevice, NodeFailure, NodeSummary,
 };
+pub use kv_backing::{
+    kv_budget, min_kv_pages, page_spans, plan_kv_from_free, plan_kv_prepared, KvBacking, KvPlan,
+    KvWindow, DRIVER_MARGIN,
+};
 pub use loaded::{LoadOptions, LoadedCore};
 pub use qualify::{qualify, QualificationReport, ReplayDevice, StepReport};
 pub use report::{LoadReport, ReplayReport};
-pub use spans::{check_backed, plan_spans, SpanPlan};
+pub use spans::{
+    check_backed, check_initial_backed, check_qualification_backed, plan_spans, plan_spans_of,
+    SpanPlan,
+};

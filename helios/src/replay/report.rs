@@ -48,6 +48,19 @@ pub struct LoadReport {
     pub nodes: usize,
     /// Free device memory once loaded.
     pub free_after_load: u64,
+    /// KV pages backed in every slab, the null page included: the host may
+    /// hand out pages `1..kv_pages`.
+    pub kv_pages: u32,
+    /// KV pages the core was prepared with, the most a load can back.
+    pub kv_pages_prepared: u32,
+    /// Bytes of the backed KV pages: `kv_pages` times `bytes_per_page`.
+    pub kv_bytes: u64,
+    /// Tokens the backed KV pages hold, the null page excluded.
+    pub kv_tokens: u64,
+    /// Device memory kept free besides the driver margin when the KV pages
+    /// were sized from free memory; `None` when the prepared extent was
+    /// backed.
+    pub kv_reserve_bytes: Option<u64>,
 }
 
 /// Everything `flare replay` reports, for `--json`.

@@ -3,10 +3,11 @@
 //! Each region's `backed_bytes` from its start are backed, widened to whole
 //! granules (regions are laid out at buffer alignment, not granule
 //! alignment), clipped to the reservation and merged where they touch or
-//! overlap, so every granule is mapped once.
+//! overlap, so every granule is mapped once. The KV page region may instead
+//! be backed page by page (`super::kv_backing`), after the others.
 
 use super::error::ReplayError;
-use crate::core::proto::Window;
+use crate::core::proto::{Region, Window};
 use crate::core::ValidCore;
 use crate::cuda::{covered, Span};
 
@@ -22,13 +23,23 @@ pub struct SpanPlan {
 impl SpanPlan {
     /// Bytes the spans back.
     pub fn backed_bytes(&self) -> u64 {
-        self.spans.iter().map(|span| span.len).sum()
+        span_bytes(&self.spans)
     }
 }
 
 /// Plans the reservation and the backed spans of `window` for allocation
 /// granularity `granularity`.
 pub fn plan_spans(window: &Window, granularity: u64) -> Result<SpanPlan, ReplayError> {
+    plan_spans_of(window, granularity, |_| true)
+}
+
+/// [`plan_spans`] for the regions `keep` accepts only; the reservation is
+/// the whole window's.
+pub fn plan_spans_of(
+    window: &Window,
+    granularity: u64,
+    keep: impl Fn(&Region) -> bool,
+) -> Result<SpanPlan, ReplayError> {
     let layout = |reason| ReplayError::WindowLayout { reason };
     if granularity == 0 {
         return Err(layout("the device reports an allocation granularity of 0"));
@@ -44,41 +55,112 @@ pub fn plan_spans(window: &Window, granularity: u64) -> Result<SpanPlan, ReplayE
         .checked_next_multiple_of(granularity)
         .filter(|&size| window.base.checked_add(size).is_some())
         .ok_or_else(overflow)?;
-    let mut wanted = Vec::with_capacity(window.regions.len());
-    for region in &window.regions {
-        if region.backed_bytes == 0 {
+    let kept = window.regions.iter().filter(|region| keep(region));
+    let ranges = kept.map(|region| {
+        (
+            region.offset,
+            region.offset.saturating_add(region.backed_bytes),
+        )
+    });
+    let spans = granule_spans(ranges, granularity, reservation).ok_or_else(overflow)?;
+    Ok(SpanPlan { reservation, spans })
+}
+
+/// The granules that hold the byte ranges `[start, end)`: each range widened
+/// to whole granules and clipped to `reservation`, then sorted and merged
+/// where they touch or overlap. `None` when a range's end cannot be rounded
+/// up (it overflows the address space); `granularity` must not be 0.
+pub(super) fn granule_spans(
+    ranges: impl Iterator<Item = (u64, u64)>,
+    granularity: u64,
+    reservation: u64,
+) -> Option<Vec<Span>> {
+    let mut wanted = Vec::new();
+    for (start, end) in ranges {
+        if start >= end {
             continue;
         }
-        let start = region.offset - region.offset % granularity;
-        let end = region
-            .offset
-            .checked_add(region.backed_bytes)
-            .and_then(|end| end.checked_next_multiple_of(granularity))
-            .ok_or_else(overflow)?
-            .min(reservation);
+        let start = start - start % granularity;
+        let end = end.checked_next_multiple_of(granularity)?.min(reservation);
         if start < end {
             wanted.push((start, end));
         }
     }
-    wanted.sort_unstable();
-    let mut spans: Vec<Span> = Vec::with_capacity(wanted.len());
-    for (start, end) in wanted {
-        match spans.last_mut() {
-            Some(last) if start <= last.end() => {
-                last.len = last.len.max(end - last.offset);
+    let wanted = wanted.into_iter().map(|(start, end)| Span {
+        offset: start,
+        len: end - start,
+    });
+    Some(merged(wanted.collect()))
+}
+
+/// `spans` sorted, with spans that touch or overlap merged into one.
+pub(super) fn merged(mut spans: Vec<Span>) -> Vec<Span> {
+    spans.sort_unstable();
+    let mut out: Vec<Span> = Vec::with_capacity(spans.len());
+    for span in spans {
+        match out.last_mut() {
+            Some(last) if span.offset <= last.end() => {
+                last.len = last.len.max(span.end() - last.offset);
             }
-            _ => spans.push(Span {
-                offset: start,
-                len: end - start,
-            }),
+            _ => out.push(span),
         }
     }
-    Ok(SpanPlan { reservation, spans })
+    out
+}
+
+/// The parts of `spans` that `mapped` does not cover. Both are sorted by
+/// offset and disjoint; the result is too.
+pub(super) fn subtract(spans: &[Span], mapped: &[Span]) -> Vec<Span> {
+    let mut out = Vec::with_capacity(spans.len());
+    for span in spans {
+        let mut cursor = span.offset;
+        let end = span.end();
+        for taken in mapped {
+            if taken.end() <= cursor || taken.offset >= end {
+                continue;
+            }
+            if taken.offset > cursor {
+                out.push(Span {
+                    offset: cursor,
+                    len: taken.offset - cursor,
+                });
+            }
+            cursor = cursor.max(taken.end());
+        }
+        if cursor < end {
+            out.push(Span {
+                offset: cursor,
+                len: end - cursor,
+            });
+        }
+    }
+    out
+}
+
+/// Bytes `spans` cover (disjoint spans).
+pub(super) fn span_bytes(spans: &[Span]) -> u64 {
+    spans.iter().map(|span| span.len).sum()
 }
 
 /// Checks that every buffer the host touches (initial contents, the
 /// qualification's writes and digests) lies in backed memory.
 pub fn check_backed(core: &ValidCore, spans: &[Span]) -> Result<(), ReplayError> {
+    check_initial_backed(core, spans)?;
+    check_qualification_backed(core, spans)
+}
+
+/// Checks that every buffer with initial contents lies in backed memory.
+pub fn check_initial_backed(core: &ValidCore, spans: &[Span]) -> Result<(), ReplayError> {
+    let initial = (core.buffers().iter())
+        .filter(|buffer| !buffer.initial_tensor.is_empty())
+        .map(|buffer| buffer.name.as_str());
+    check_named(core, spans, initial)
+}
+
+/// Checks that every buffer the qualification writes or digests lies in
+/// backed memory: with fewer KV pages backed than prepared, the KV pages
+/// buffer does not.
+pub fn check_qualification_backed(core: &ValidCore, spans: &[Span]) -> Result<(), ReplayError> {
     let steps = core
         .qualification()
         .map(|q| q.steps.as_slice())
@@ -87,10 +169,14 @@ pub fn check_backed(core: &ValidCore, spans: &[Span]) -> Result<(), ReplayError>
         (step.writes.iter().map(|write| write.buffer.as_str()))
             .chain(step.digests.iter().map(|digest| digest.buffer.as_str()))
     });
-    let touched = (core.buffers().iter())
-        .filter(|buffer| !buffer.initial_tensor.is_empty())
-        .map(|buffer| buffer.name.as_str())
-        .chain(qualified);
+    check_named(core, spans, qualified)
+}
+
+fn check_named<'a>(
+    core: &ValidCore,
+    spans: &[Span],
+    touched: impl Iterator<Item = &'a str>,
+) -> Result<(), ReplayError> {
     for name in touched {
         let Some(buffer) = core.buffer_named(name) else {
             continue; // validation guarantees it exists
@@ -185,6 +271,48 @@ mod tests {
         let plan = plan_spans(&w, G).unwrap();
         assert_eq!(plan.reservation, 34 << 20);
         assert_eq!(plan.spans, vec![span(0, 34 << 20)]);
+    }
+
+    #[test]
+    fn a_filtered_plan_keeps_the_whole_reservation() {
+        let regions = vec![region(0, 4 * G, 4 * G), region(8 * G, 4 * G, 4 * G)];
+        let plan = plan_spans_of(&window(regions), G, |r| r.offset != 0).unwrap();
+        assert_eq!(plan.reservation, 32 << 20);
+        assert_eq!(plan.spans, vec![span(8 * G, 4 * G)]);
+    }
+
+    #[test]
+    fn subtracting_leaves_the_unmapped_parts() {
+        let spans = [span(0, 4 * G), span(6 * G, 2 * G)];
+        let mapped = [span(G, G), span(3 * G, 4 * G)];
+        assert_eq!(
+            subtract(&spans, &mapped),
+            vec![span(0, G), span(2 * G, G), span(7 * G, G)]
+        );
+        assert_eq!(subtract(&spans, &[]), spans.to_vec());
+        assert!(subtract(&spans, &[span(0, 8 * G)]).is_empty());
+    }
+
+    #[test]
+    fn a_qualification_over_unbacked_kv_pages_is_refused_when_it_runs() {
+        use crate::core::proto::BufferDigest;
+        let mut core = crate::core::sample::tiny_core();
+        let kv = core.buffers.iter().find(|b| b.name == "kv.pages").unwrap();
+        let kv_end = kv.offset + kv.size_bytes;
+        core.qualification.as_mut().unwrap().steps[0]
+            .digests
+            .push(BufferDigest {
+                buffer: "kv.pages".to_owned(),
+                sha256: "0".repeat(64),
+            });
+        let core = ValidCore::new(core).unwrap();
+        let everything = [span(0, 32 << 20)];
+        check_qualification_backed(&core, &everything).unwrap();
+        // The KV region backed up to the buffer's last page only.
+        let short = [span(0, kv_end - 1), span(kv_end, (32 << 20) - kv_end)];
+        check_initial_backed(&core, &short).unwrap();
+        let err = check_qualification_backed(&core, &short).unwrap_err();
+        assert!(matches!(err, ReplayError::Unbacked { ref buffer } if buffer == "kv.pages"));
     }
 
     #[test]
