@@ -23,20 +23,45 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Serve a runtime core over HTTP (not in this build yet).
+    /// Serve a runtime core over OpenAI- and Anthropic-compatible HTTP.
     ///
-    /// Loads the runtime core at CORE and serves it over HTTP, streaming
-    /// generated tokens with server-sent events. This build cannot serve yet
-    /// (`flare replay` loads and replays a core): it exits with status 2.
+    /// Loads the runtime core at CORE onto the GPU (no Python: window at its
+    /// recorded base, initial contents, kernel images, every graph rebuilt,
+    /// then as many KV pages as the prepared count allows beside
+    /// --gpu-reserve) and serves POST /v1/chat/completions, /v1/completions
+    /// and /v1/messages (streamed as server-sent events or not), GET
+    /// /v1/models, /health and /metrics. A core that cannot load fails before
+    /// the socket is bound (exit status 2). SIGINT or SIGTERM stops
+    /// admission, lets running requests finish (a second signal cancels
+    /// them), drains the GPU and exits 0.
     Run {
         /// Path to the runtime core exported by Ignition.
         core: PathBuf,
         /// Address or host name to listen on.
         #[arg(long, default_value = "127.0.0.1")]
         host: String,
-        /// TCP port to listen on.
+        /// TCP port to listen on (0 picks a free one; the address is printed).
         #[arg(long, default_value_t = 8080)]
         port: u16,
+        /// Require this key on the /v1 routes (`Authorization: Bearer KEY` or
+        /// `x-api-key: KEY`); /health and /metrics stay open.
+        #[arg(long, value_name = "KEY")]
+        api_key: Option<String>,
+        /// The model id /v1/models lists (default: the core directory's name).
+        #[arg(long)]
+        model: Option<String>,
+        /// GPU memory to leave free after backing the KV pages, in MiB.
+        #[arg(long, value_name = "MIB", default_value_t = 2048)]
+        gpu_reserve: u64,
+        /// The largest request body accepted, in bytes (a larger one is 400).
+        #[arg(long, value_name = "BYTES", default_value_t = 4 << 20)]
+        max_body_bytes: usize,
+        /// Requests the admission queue holds (more are refused with 503).
+        #[arg(long, default_value_t = 1024)]
+        queue_capacity: usize,
+        /// CUDA device ordinal.
+        #[arg(long, default_value_t = 0)]
+        device: i32,
     },
     /// Print a runtime core's identity, regions, graphs and contract.
     ///
@@ -119,7 +144,7 @@ pub enum Outcome {
 ///
 /// `inspect` loads and validates the core's manifest (no CUDA) and prints it.
 /// `replay` loads the core onto the GPU and checks or times its replay.
-/// `run` cannot succeed yet: serving is not part of this build.
+/// `run` loads the core and serves it until SIGINT or SIGTERM.
 pub fn execute(command: Command) -> Result<Outcome, HeliosError> {
     match command {
         Command::Inspect { core } => {
@@ -156,7 +181,30 @@ pub fn execute(command: Command) -> Result<Outcome, HeliosError> {
             };
             run_replay(&core, check, bench_decode.map(|c| (c, steps)), json, &load)
         }
-        Command::Run { core, .. } => Err(HeliosError::CoreUnavailable { path: core }),
+        Command::Run {
+            core,
+            host,
+            port,
+            api_key,
+            model,
+            gpu_reserve,
+            max_body_bytes,
+            queue_capacity,
+            device,
+        } => {
+            helios::serve::run(helios::serve::RunOptions {
+                core,
+                host,
+                port,
+                api_key,
+                device,
+                gpu_reserve_mib: gpu_reserve,
+                model,
+                max_body_bytes,
+                queue_capacity,
+            })?;
+            Ok(Outcome::Success)
+        }
     }
 }
 
@@ -495,10 +543,17 @@ mod tests {
     fn run_defaults_to_loopback() {
         let cli = Cli::try_parse_from(["flare", "run", "tiny.core"]).unwrap();
         match cli.command {
-            Command::Run { core, host, port } => {
+            Command::Run {
+                core,
+                host,
+                port,
+                api_key,
+                ..
+            } => {
                 assert_eq!(core, PathBuf::from("tiny.core"));
                 assert_eq!(host, "127.0.0.1");
                 assert_eq!(port, 8080);
+                assert_eq!(api_key, None);
             }
             other => panic!("expected run, got {other:?}"),
         }
@@ -617,13 +672,13 @@ mod tests {
     }
 
     #[test]
-    fn run_reports_that_serving_is_missing() {
-        let cli = Cli::try_parse_from(["flare", "run", "tiny.core", "--port", "9000"]).unwrap();
+    fn run_refuses_an_unreadable_core_before_binding() {
+        let cli = Cli::try_parse_from(["flare", "run", "missing.core", "--port", "9000"]).unwrap();
         let err = execute(cli.command).unwrap_err();
-        assert!(matches!(
-            err,
-            HeliosError::CoreUnavailable { ref path } if path == &PathBuf::from("tiny.core")
-        ));
+        assert!(
+            matches!(err, HeliosError::Serve(helios::serve::ServeError::Core(_))),
+            "{err}"
+        );
     }
 
     #[test]

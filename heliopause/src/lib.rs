@@ -52,7 +52,14 @@ pyo3::create_exception!(
 fn replay_report(path: &std::path::Path, device: i32, isolate: bool) -> Result<String, String> {
     use helios::replay::{LoadOptions, LoadedCore, ReplayReport};
 
-    let mut loaded = LoadedCore::load(path, &LoadOptions { device }).map_err(|e| e.to_string())?;
+    let mut loaded = LoadedCore::load(
+        path,
+        &LoadOptions {
+            device,
+            ..LoadOptions::default()
+        },
+    )
+    .map_err(|e| e.to_string())?;
     if isolate {
         let report = loaded.isolate().map_err(|e| e.to_string())?;
         return report.to_json().map_err(|e| e.to_string());

@@ -24,10 +24,12 @@
 pub mod core;
 pub mod cuda;
 pub mod error;
+pub mod execution;
 pub mod frontend;
 pub mod http;
 pub mod replay;
 pub mod scheduler;
+pub mod serve;
 
 pub use error::HeliosError;
 

@@ -64,6 +64,16 @@ pub enum CudaError {
         /// Length of the range in bytes.
         len: u64,
     },
+    /// A host range of a pinned buffer lies outside it.
+    #[error("{len} bytes at offset {offset} do not fit a pinned buffer of {size} bytes")]
+    HostRange {
+        /// Offset into the buffer.
+        offset: usize,
+        /// Length of the range.
+        len: usize,
+        /// Size of the buffer.
+        size: usize,
+    },
     /// A kernel node's parameter bytes disagree with its layout.
     #[error("kernel parameters: {0}")]
     Params(#[from] ParamError),

@@ -9,7 +9,9 @@
 //!   attributes.
 //! - [`Graph`] and [`GraphExec`]: a manifest graph rebuilt node by node with
 //!   its edges, instantiated and launched.
-//! - [`Stream`] and [`Event`]: where graphs run and how their time is taken.
+//! - [`Stream`] and [`Event`]: where graphs and asynchronous copies run, and
+//!   how their completion and time are observed.
+//! - [`PinnedBuffer`]: page-locked host memory for asynchronous copies.
 //!
 //! Every driver object has one RAII owner holding an `Rc<Context>`, so the
 //! context is released last. The owner of several (Helios's loaded core)
@@ -22,6 +24,7 @@ mod error;
 mod graph;
 mod module;
 mod params;
+mod pinned;
 mod stream;
 mod window;
 
@@ -30,5 +33,6 @@ pub use error::CudaError;
 pub use graph::{cluster_launch, edge_data, memset_extent, Graph, GraphExec};
 pub use module::{Function, Module, Modules};
 pub use params::{extra_words, param_ranges, KernelArgs, ParamError};
+pub use pinned::PinnedBuffer;
 pub use stream::{Event, Stream};
 pub use window::{covered, Span, Window};

@@ -7,6 +7,8 @@ use cudarc::driver::sys;
 
 use super::context::Context;
 use super::error::{check, CudaError};
+use super::pinned::PinnedBuffer;
+use super::window::Window;
 
 /// A blocking stream: it is ordered with the legacy null stream, where the
 /// window's synchronous host copies and zero fills run, so a launch always
@@ -39,6 +41,64 @@ impl Stream {
         })
     }
 
+    /// Queues a copy of `len` bytes from `source[offset..]` to device
+    /// address `addr`, ordered after everything queued before it. The
+    /// source bytes must stay unchanged until the copy has run (an event
+    /// recorded after it completed).
+    pub fn copy_to_device(
+        &self,
+        window: &Window,
+        addr: u64,
+        source: &PinnedBuffer,
+        offset: usize,
+        len: usize,
+    ) -> Result<(), CudaError> {
+        if !window.covers(addr, len as u64) {
+            return Err(CudaError::Unmapped {
+                addr,
+                len: len as u64,
+            });
+        }
+        let host = source.range(offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        // SAFETY: the destination lies in mapped window memory and the
+        // source range in the pinned buffer (both checked above); the
+        // caller keeps the source alive and unchanged until the copy ran.
+        check("cuMemcpyHtoDAsync", unsafe {
+            sys::cuMemcpyHtoDAsync_v2(addr, host.cast_const().cast(), len, self.raw)
+        })
+    }
+
+    /// Queues a copy of `len` bytes from device address `addr` into
+    /// `target[offset..]`, ordered after everything queued before it. The
+    /// target bytes may be read once an event recorded after it completed.
+    pub fn copy_to_host(
+        &self,
+        window: &Window,
+        target: &mut PinnedBuffer,
+        offset: usize,
+        addr: u64,
+        len: usize,
+    ) -> Result<(), CudaError> {
+        if !window.covers(addr, len as u64) {
+            return Err(CudaError::Unmapped {
+                addr,
+                len: len as u64,
+            });
+        }
+        let host = target.range(offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        // SAFETY: the source lies in mapped window memory and the target
+        // range in the pinned buffer (both checked above).
+        check("cuMemcpyDtoHAsync", unsafe {
+            sys::cuMemcpyDtoHAsync_v2(host.cast(), addr, len, self.raw)
+        })
+    }
+
     pub(crate) fn raw(&self) -> sys::CUstream {
         self.raw
     }
@@ -53,7 +113,7 @@ impl Drop for Stream {
     }
 }
 
-/// A timing event.
+/// An event: a timing event, or a completion marker without timing.
 #[derive(Debug)]
 pub struct Event {
     context: Rc<Context>,
@@ -63,15 +123,36 @@ pub struct Event {
 impl Event {
     /// Creates a timing event in `context`.
     pub fn new(context: &Rc<Context>) -> Result<Self, CudaError> {
+        Self::with_flags(context, sys::CUevent_flags::CU_EVENT_DEFAULT as u32)
+    }
+
+    /// Creates an event that only marks completion (cheaper to record and
+    /// query than a timing event).
+    pub fn marker(context: &Rc<Context>) -> Result<Self, CudaError> {
+        Self::with_flags(context, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
+    }
+
+    fn with_flags(context: &Rc<Context>, flags: u32) -> Result<Self, CudaError> {
         let mut raw: sys::CUevent = ptr::null_mut();
         // SAFETY: the out-pointer points to a local; the context is current.
         check("cuEventCreate", unsafe {
-            sys::cuEventCreate(&mut raw, sys::CUevent_flags::CU_EVENT_DEFAULT as u32)
+            sys::cuEventCreate(&mut raw, flags)
         })?;
         Ok(Self {
             context: Rc::clone(context),
             raw,
         })
+    }
+
+    /// Whether the work before the event's last record has completed
+    /// (true for an event never recorded).
+    pub fn query(&self) -> Result<bool, CudaError> {
+        // SAFETY: the event was created in `with_flags`.
+        let result = unsafe { sys::cuEventQuery(self.raw) };
+        if result == sys::CUresult::CUDA_ERROR_NOT_READY {
+            return Ok(false);
+        }
+        check("cuEventQuery", result).map(|()| true)
     }
 
     /// Queues the event on `stream`.

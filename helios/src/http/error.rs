@@ -33,6 +33,8 @@ pub enum ErrorCode {
     Cancelled,
     /// The core's own assets failed (tokenizer, decoder).
     InternalError,
+    /// The server requires an API key and the request has none, or a wrong one.
+    InvalidApiKey,
 }
 
 impl ErrorCode {
@@ -49,6 +51,7 @@ impl ErrorCode {
             Self::ExecutionFailed => "execution_failed",
             Self::Cancelled => "cancelled",
             Self::InternalError => "internal_error",
+            Self::InvalidApiKey => "invalid_api_key",
         }
     }
 }
@@ -98,6 +101,12 @@ pub enum HttpError {
     /// The scheduler cancelled the request (shutdown) before it finished.
     #[error("the request was cancelled by the server before it finished")]
     Cancelled,
+    /// The server was started with an API key and the request does not carry
+    /// it (`Authorization: Bearer KEY` or `x-api-key: KEY`).
+    #[error(
+        "a valid API key is required: send it as `Authorization: Bearer KEY` or `x-api-key: KEY`"
+    )]
+    Unauthorized,
 }
 
 impl HttpError {
@@ -115,6 +124,7 @@ impl HttpError {
                 ErrorClass::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             },
             Self::WorkerGone | Self::Cancelled => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
         }
     }
 
@@ -138,6 +148,7 @@ impl HttpError {
             Self::Execution(_) => ErrorCode::ExecutionFailed,
             Self::WorkerGone => ErrorCode::WorkerUnavailable,
             Self::Cancelled => ErrorCode::Cancelled,
+            Self::Unauthorized => ErrorCode::InvalidApiKey,
         }
     }
 
@@ -152,6 +163,7 @@ impl HttpError {
             Self::Admission(_) => "admission",
             Self::Execution(_) => "execution",
             Self::WorkerGone | Self::Cancelled => "scheduler",
+            Self::Unauthorized => "authentication",
         }
     }
 
@@ -174,6 +186,7 @@ impl HttpError {
         let kind = match self.status() {
             StatusCode::BAD_REQUEST => "invalid_request_error",
             StatusCode::SERVICE_UNAVAILABLE => "service_unavailable_error",
+            StatusCode::UNAUTHORIZED => "authentication_error",
             _ => "server_error",
         };
         ErrorEnvelope {
@@ -245,6 +258,7 @@ impl HttpError {
         let kind = match self.status() {
             StatusCode::BAD_REQUEST => "invalid_request_error",
             StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
+            StatusCode::UNAUTHORIZED => "authentication_error",
             _ => "api_error",
         };
         serde_json::json!({

@@ -13,7 +13,11 @@
 //! - `GET /v1/models`;
 //! - `GET /health` (200 while the worker serves, 503 once it stops or fails);
 //! - `GET /metrics` (the scheduler's gauges, Prometheus text format).
+//!
+//! With an API key configured, the `/v1` routes answer 401 without it;
+//! `/health` and `/metrics` stay open.
 
+mod auth;
 mod chat;
 mod completions;
 mod error;
@@ -55,6 +59,9 @@ pub struct ServeConfig {
     /// Chunks a request's output channel holds before its pump waits for
     /// the client.
     pub chunk_capacity: usize,
+    /// When set, every `/v1` route requires this key (`Authorization: Bearer
+    /// KEY` or `x-api-key: KEY`); a request without it is 401.
+    pub api_key: Option<String>,
 }
 
 #[derive(Debug)]
@@ -99,11 +106,17 @@ impl AppState {
 /// The router of every endpoint.
 pub fn router(state: AppState) -> Router {
     let body_limit = DefaultBodyLimit::max(state.config().max_body_bytes);
-    Router::new()
+    let api = Router::new()
         .route("/v1/chat/completions", post(chat::completions))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/messages", post(messages::messages))
         .route("/v1/models", get(info::models))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_key,
+        ));
+    Router::new()
+        .merge(api)
         .route("/health", get(info::health))
         .route("/metrics", get(info::metrics))
         .layer(body_limit)

@@ -385,3 +385,29 @@ impl LoadedCore {
         bench_decode(&self.core, &mut self.gpu, capacity, steps)
     }
 }
+
+/// What the serving executor drives: the core's stream, window and graphs.
+impl LoadedCore {
+    /// The CUDA context the core lives in.
+    pub fn context(&self) -> &Rc<Context> {
+        &self.gpu.context
+    }
+
+    /// The stream every graph of the core runs on.
+    pub fn stream(&self) -> &Stream {
+        &self.gpu.stream
+    }
+
+    /// The window, mapped at its exact base.
+    pub fn window(&self) -> &Window {
+        &self.gpu.window
+    }
+
+    /// Queues the graph at manifest position `index` on [`Self::stream`].
+    pub fn launch_graph(&self, index: usize) -> Result<(), CudaError> {
+        let exec = self.gpu.execs.get(index).ok_or(CudaError::InvalidNode {
+            reason: format!("no graph at position {index}"),
+        })?;
+        exec.launch(&self.gpu.stream)
+    }
+}

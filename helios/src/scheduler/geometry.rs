@@ -116,6 +116,20 @@ impl Geometry {
         &self.prefill_capacities
     }
 
+    /// The same geometry over `kv_pages` backed pages (at least 2, at most
+    /// the prepared count): a loaded core may back fewer pages than it was
+    /// prepared with.
+    pub fn with_kv_pages(mut self, kv_pages: u32) -> Result<Self, GeometryError> {
+        if kv_pages < 2 || kv_pages > self.kv_pages {
+            return Err(GeometryError {
+                field: "kv_pages",
+                reason: "backed pages must be at least 2 and at most the prepared count",
+            });
+        }
+        self.kv_pages = kv_pages;
+        Ok(self)
+    }
+
     /// Pages the KV region holds, the null page included.
     pub fn kv_pages(&self) -> u32 {
         self.kv_pages
@@ -205,6 +219,18 @@ mod tests {
         assert_eq!(geometry.pages_for(0), 0);
         assert_eq!(geometry.pages_for(17), 2);
         assert_eq!(geometry.usable_pages(), 8);
+    }
+
+    #[test]
+    fn a_loaded_core_may_back_fewer_pages_never_more() {
+        let geometry = Geometry::from_contract(&contract(), &[2]).unwrap();
+        let smaller = geometry.clone().with_kv_pages(5).unwrap();
+        assert_eq!(smaller.kv_pages(), 5);
+        assert_eq!(smaller.usable_pages(), 4);
+        for pages in [1, 10] {
+            let error = geometry.clone().with_kv_pages(pages).unwrap_err();
+            assert_eq!(error.field, "kv_pages");
+        }
     }
 
     #[test]

@@ -108,6 +108,13 @@ impl SchedulerHandle {
         let _ = self.inbox.send(Message::Cancel(id));
     }
 
+    /// Stops admission (new submissions fail with
+    /// [`AdmissionError::ShuttingDown`]) and finishes or cancels the
+    /// requests already submitted; [`Worker::shutdown`] then joins.
+    pub fn begin_shutdown(&self, mode: ShutdownMode) {
+        let _ = self.inbox.send(Message::Shutdown(mode));
+    }
+
     /// Health and counters.
     pub fn status(&self) -> Result<Status, SchedulerError> {
         let (reply, answer) = mpsc::channel();
@@ -178,14 +185,25 @@ impl Worker {
         E: Executor + 'static,
         F: FnOnce() -> Result<E, ExecutionError> + Send + 'static,
     {
+        Self::spawn_with(config, move || make_executor().map(|e| (e, geometry)))
+    }
+
+    /// Like [`Worker::spawn`], for an executor whose geometry is known only
+    /// once it exists (a loaded core backs as many KV pages as fit): `make`
+    /// returns both.
+    pub fn spawn_with<E, F>(config: SchedulerConfig, make: F) -> Result<Self, SchedulerError>
+    where
+        E: Executor + 'static,
+        F: FnOnce() -> Result<(E, Geometry), ExecutionError> + Send + 'static,
+    {
         let (inbox, messages) = mpsc::channel();
         let (ready, started) = mpsc::sync_channel(1);
         let thread = thread::Builder::new()
             .name("helios-model".to_owned())
             .spawn(move || {
-                let scheduler = make_executor()
+                let scheduler = make()
                     .map_err(SchedulerError::Execution)
-                    .and_then(|executor| Scheduler::new(geometry, config, executor));
+                    .and_then(|(executor, geometry)| Scheduler::new(geometry, config, executor));
                 match scheduler {
                     Ok(scheduler) => {
                         let _ = ready.send(Ok(()));

@@ -36,6 +36,8 @@ pub struct Options {
     pub chunk_capacity: Option<usize>,
     /// Make the first launch fail.
     pub fail_first_launch: bool,
+    /// Require this API key on the `/v1` routes.
+    pub api_key: Option<String>,
 }
 
 /// A router over a running worker.
@@ -100,6 +102,7 @@ pub fn server(options: Options) -> Server {
         context_limit: geometry.context_limit(),
         max_body_bytes: 64 * 1024,
         chunk_capacity: options.chunk_capacity.unwrap_or(16),
+        api_key: options.api_key.clone(),
     };
     let state = AppState::new(handle.clone(), Arc::clone(&frontend), config);
     Server {

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Serving check in one call: the Python replay harness answers the 50 agent prompts,
+# Ignition exports the same preparation as a runtime core, `flare run` serves it, and
+# bench/serve_clients.py streams with the OpenAI client, replays the prompts at
+# concurrency 1, 2 and 4 (outputs compared with the harness's), and disconnects a
+# stream mid-way (metrics must show it cancelled and freed). Then SIGTERM: flare must
+# drain and exit 0. Results go to OUT_DIR.
+#
+#   bench/serve_check.sh OUT_DIR MODEL FLARE_BIN [-- PREPARE_ARGS...]
+#
+# Needs flare_heliopause and the openai client importable.
+set -uo pipefail
+usage="usage: bench/serve_check.sh OUT_DIR MODEL FLARE_BIN [-- PREPARE_ARGS...]"
+out=${1:?$usage}
+model=${2:?$usage}
+flare=${3:?$usage}
+shift 3
+[ "${1:-}" = "--" ] && shift
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+prompts=bench/prompts/agent50.jsonl
+sampling=(--temperature 0.7 --top-k 40 --top-p 0.9 --min-p 0 --seed 1000 --max-new-tokens 64)
+python3 -m ignition.cli replay "$model" --prompts "$prompts" "${sampling[@]}" \
+  --out "$out/python.json" "$@" > "$out/python.log" 2>&1 || { tail -20 "$out/python.log"; exit 1; }
+core=$(mktemp -d)/core
+python3 -m ignition.cli prepare "$model" --out "$core" "$@" > "$out/export.log" 2>&1 \
+  || { tail -20 "$out/export.log"; exit 1; }
+"$flare" run "$core" --port 0 > "$out/flare-run.log" 2>&1 &
+pid=$!
+url=""
+for _ in $(seq 600); do
+  url=$(grep -o 'serving on http://[^ ]*' "$out/flare-run.log" | head -1 | cut -d' ' -f3)
+  [ -n "$url" ] && break
+  kill -0 $pid 2>/dev/null || break
+  sleep 0.1
+done
+if [ -z "$url" ]; then
+  echo "flare run did not start"; cat "$out/flare-run.log"; kill $pid 2>/dev/null; exit 1
+fi
+status=0
+python3 bench/serve_clients.py --url "$url" --prompts "$prompts" --python "$out/python.json" \
+  --out "$out/serve.json" --seed 1000 --max-tokens 64 2>&1 | tee "$out/serve.log" || status=1
+kill -TERM $pid
+wait $pid
+code=$?
+echo "flare run exited with $code after SIGTERM" | tee -a "$out/serve.log"
+[ $code -eq 0 ] || status=1
+tail -5 "$out/flare-run.log"
+exit $status

@@ -1,0 +1,181 @@
+//! The executor over a loaded core: launches become asynchronous copies and
+//! a graph replay on the core's stream.
+//!
+//! Each submission takes one pinned host slot of a small ring: its packed
+//! inputs are copied there and queued to the staging buffers, the graph is
+//! queued after them, the completion records are queued back into the same
+//! slot, and an event marks the end. Everything runs on one stream, so a
+//! launch's staging writes land after the previous graph read its inputs,
+//! and its records are copied out before the next graph overwrites them.
+//! A slot is reused only after its launch was retrieved. Nothing here
+//! allocates device memory: the ring is allocated when the executor is
+//! built.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use super::staging::{StagingError, StagingLayout};
+use crate::cuda::{CudaError, Event, PinnedBuffer};
+use crate::replay::LoadedCore;
+use crate::scheduler::{Completion, ExecutionError, Executor, Launch, Ticket};
+
+/// Launches the scheduler may have in flight: two record-writing launches
+/// behind one admit, plus one spare.
+const RING: usize = 4;
+
+struct Slot {
+    input: PinnedBuffer,
+    output: PinnedBuffer,
+    done: Event,
+}
+
+struct InFlight {
+    ticket: Ticket,
+    slot: usize,
+    rows: usize,
+}
+
+/// An [`Executor`] over a [`LoadedCore`]; it lives on the thread that loaded
+/// the core.
+pub struct GpuExecutor {
+    core: LoadedCore,
+    staging: StagingLayout,
+    ring: Vec<Slot>,
+    in_flight: VecDeque<InFlight>,
+    next_ticket: u64,
+}
+
+impl std::fmt::Debug for GpuExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuExecutor")
+            .field("in_flight", &self.in_flight.len())
+            .field("next_ticket", &self.next_ticket)
+            .finish_non_exhaustive()
+    }
+}
+
+fn device(operation: &'static str) -> impl Fn(CudaError) -> ExecutionError {
+    move |error| ExecutionError::Device {
+        operation,
+        source: Arc::new(error),
+    }
+}
+
+fn staging(error: StagingError) -> ExecutionError {
+    ExecutionError::Device {
+        operation: "staging",
+        source: Arc::new(error),
+    }
+}
+
+impl GpuExecutor {
+    /// An executor over `core`, with its pinned ring allocated.
+    pub fn new(core: LoadedCore) -> Result<Self, ExecutionError> {
+        let staging_layout = StagingLayout::new(core.core()).map_err(staging)?;
+        let input_bytes = staging_layout.max_packed_bytes();
+        let output_bytes = staging_layout.record_bytes(staging_layout.max_rows());
+        let context = core.context();
+        let ring = (0..RING)
+            .map(|_| {
+                Ok(Slot {
+                    input: PinnedBuffer::new(context, input_bytes)?,
+                    output: PinnedBuffer::new(context, output_bytes)?,
+                    done: Event::marker(context)?,
+                })
+            })
+            .collect::<Result<Vec<_>, CudaError>>()
+            .map_err(device("pinned staging allocation"))?;
+        Ok(Self {
+            core,
+            staging: staging_layout,
+            ring,
+            in_flight: VecDeque::with_capacity(RING),
+            next_ticket: 0,
+        })
+    }
+
+    /// The loaded core.
+    pub fn core(&self) -> &LoadedCore {
+        &self.core
+    }
+
+    fn check_oldest(&self, ticket: Ticket) -> Result<&InFlight, ExecutionError> {
+        match self.in_flight.front() {
+            Some(oldest) if oldest.ticket == ticket => Ok(oldest),
+            _ => Err(ExecutionError::UnknownTicket { ticket: ticket.0 }),
+        }
+    }
+
+    fn retrieve(&mut self) -> Completion {
+        let oldest = self.in_flight.pop_front().expect("checked by check_oldest");
+        let bytes = self.ring[oldest.slot].output.as_slice();
+        self.staging.records(bytes, oldest.rows)
+    }
+}
+
+impl Executor for GpuExecutor {
+    fn submit(&mut self, launch: &Launch) -> Result<Ticket, ExecutionError> {
+        if self.in_flight.len() == RING {
+            return Err(device("submit")(CudaError::InvalidNode {
+                reason: format!("more than {RING} launches in flight"),
+            }));
+        }
+        let packed = self.staging.pack(launch).map_err(staging)?;
+        let ticket = Ticket(self.next_ticket);
+        let index = (self.next_ticket % RING as u64) as usize;
+        let slot = &mut self.ring[index];
+        // The slot's last launch was retrieved (in order, and fewer than RING
+        // are in flight), so its copies have run.
+        let input = slot.input.as_mut_slice();
+        if packed.bytes.len() > input.len() {
+            return Err(staging(StagingError::TooLong {
+                what: "packed launch bytes",
+                len: packed.bytes.len(),
+                capacity: input.len() as u64,
+            }));
+        }
+        input[..packed.bytes.len()].copy_from_slice(&packed.bytes);
+        let stream = self.core.stream();
+        let window = self.core.window();
+        for write in &packed.writes {
+            stream
+                .copy_to_device(window, write.addr, &slot.input, write.offset, write.len)
+                .map_err(device("staging copy"))?;
+        }
+        self.core
+            .launch_graph(packed.graph)
+            .map_err(device("graph launch"))?;
+        let record_bytes = self.staging.record_bytes(packed.rows);
+        stream
+            .copy_to_host(
+                window,
+                &mut slot.output,
+                0,
+                self.staging.completions_addr(),
+                record_bytes,
+            )
+            .map_err(device("completion copy"))?;
+        slot.done.record(stream).map_err(device("event record"))?;
+        self.in_flight.push_back(InFlight {
+            ticket,
+            slot: index,
+            rows: packed.rows,
+        });
+        self.next_ticket += 1;
+        Ok(ticket)
+    }
+
+    fn poll(&mut self, ticket: Ticket) -> Result<Option<Completion>, ExecutionError> {
+        let slot = self.check_oldest(ticket)?.slot;
+        if !self.ring[slot].done.query().map_err(device("poll"))? {
+            return Ok(None);
+        }
+        Ok(Some(self.retrieve()))
+    }
+
+    fn wait(&mut self, ticket: Ticket) -> Result<Completion, ExecutionError> {
+        let slot = self.check_oldest(ticket)?.slot;
+        self.ring[slot].done.synchronize().map_err(device("wait"))?;
+        Ok(self.retrieve())
+    }
+}

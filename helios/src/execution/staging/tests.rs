@@ -1,0 +1,279 @@
+use super::*;
+use crate::core::proto::{BufferRole, Core};
+use crate::core::sample::{tiny_core, SAMPLE_BASE};
+use crate::scheduler::{Admit, Decode, Page, PrefillChunk, Resume};
+
+const FIELDS: [&str; 6] = ["slot", "token", "generated", "consumed", "done", "valid"];
+
+/// The sample core with the serving contract's completion records.
+fn core() -> Core {
+    let mut core = tiny_core();
+    let contract = core.contract.as_mut().unwrap();
+    contract.completion_fields = FIELDS.map(str::to_owned).to_vec();
+    // Six fields no longer fit the sample's buffer: move it to the end of the
+    // staging region (18..20 MiB), clear of every other buffer.
+    let completions = buffer_mut(&mut core, "staging.completions");
+    completions.shape = vec![4, 6];
+    completions.strides = vec![6, 1];
+    completions.size_bytes = 4 * 6 * 4;
+    completions.offset = (20 << 20) - 4096;
+    core
+}
+
+fn buffer_mut<'c>(core: &'c mut Core, name: &str) -> &'c mut Buffer {
+    core.buffers.iter_mut().find(|b| b.name == name).unwrap()
+}
+
+fn layout(core: Core) -> Result<StagingLayout, StagingError> {
+    StagingLayout::new(&ValidCore::new(core).unwrap())
+}
+
+fn addr_of(core: &Core, name: &str) -> u64 {
+    SAMPLE_BASE + core.buffers.iter().find(|b| b.name == name).unwrap().offset
+}
+
+fn words(packed: &Packed, write: &Write) -> Vec<i32> {
+    packed.bytes[write.offset..write.offset + write.len]
+        .chunks(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn graph_position(core: &Core, kind: GraphKind, capacity: u32) -> usize {
+    (core.graphs.iter())
+        .position(|g| g.kind == kind as i32 && g.capacity == capacity)
+        .unwrap()
+}
+
+#[test]
+fn a_decode_packs_its_slots_and_page_updates_in_order() {
+    let core = core();
+    let staging = layout(core.clone()).unwrap();
+    let launch = Launch {
+        page_updates: vec![PageTableUpdate {
+            slot: Slot(2),
+            first: 3,
+            pages: vec![Page(5), Page(6)],
+        }],
+        operation: Operation::Decode(Decode {
+            capacity: 4,
+            slots: vec![Slot(2), Slot(1), Slot::NULL, Slot::NULL],
+        }),
+    };
+    let packed = staging.pack(&launch).unwrap();
+    assert_eq!(packed.writes.len(), 2);
+    let table = addr_of(&core, "state.page_table");
+    let max_pages = core
+        .buffers
+        .iter()
+        .find(|b| b.name == "state.page_table")
+        .unwrap()
+        .shape[1];
+    assert_eq!(packed.writes[0].addr, table + (2 * max_pages + 3) * 4);
+    assert_eq!(words(&packed, &packed.writes[0]), vec![5, 6]);
+    assert_eq!(
+        packed.writes[1].addr,
+        addr_of(&core, "staging.decode_slots")
+    );
+    assert_eq!(words(&packed, &packed.writes[1]), vec![2, 1, 0, 0]);
+    assert_eq!(packed.graph, graph_position(&core, GraphKind::Decode, 4));
+    assert_eq!(packed.rows, 4);
+}
+
+#[test]
+fn an_admit_packs_every_parameter_in_the_semantic_order() {
+    let core = core();
+    let staging = layout(core.clone()).unwrap();
+    let sampling = SamplingParams {
+        temperature: 0.5,
+        top_k: 7,
+        top_p: 0.9,
+        min_p: 0.05,
+        repetition_penalty: 1.1,
+        presence_penalty: 0.2,
+        frequency_penalty: 0.3,
+    };
+    let launch = Launch {
+        page_updates: Vec::new(),
+        operation: Operation::Admit(Admit {
+            slot: Slot(3),
+            prompt: vec![10, 11, 12],
+            max_new_tokens: 40,
+            sampling,
+            seed: u64::MAX - 1,
+            consumed: 0,
+        }),
+    };
+    let packed = staging.pack(&launch).unwrap();
+    let by_addr: HashMap<u64, &Write> = packed.writes.iter().map(|w| (w.addr, w)).collect();
+    let get = |name: &str| words(&packed, by_addr[&addr_of(&core, name)]);
+    assert_eq!(get("staging.admit_slot"), vec![3]);
+    assert_eq!(get("staging.admit_tokens"), vec![10, 11, 12]);
+    assert_eq!(get("staging.admit_len"), vec![3]);
+    assert_eq!(get("staging.admit_consumed"), vec![0]);
+    assert_eq!(get("staging.admit_int"), vec![7, 40]);
+    let floats: Vec<f32> = get("staging.admit_float")
+        .into_iter()
+        .map(|w| f32::from_le_bytes(w.to_le_bytes()))
+        .collect();
+    assert_eq!(floats, vec![0.5, 0.9, 0.05, 1.1, 0.2, 0.3]);
+    // The seed buffer is I64: the key's bits.
+    let seed = by_addr[&addr_of(&core, "staging.admit_seed")];
+    let bytes = &packed.bytes[seed.offset..seed.offset + seed.len];
+    assert_eq!(u64::from_le_bytes(bytes.try_into().unwrap()), u64::MAX - 1);
+    assert_eq!(packed.graph, graph_position(&core, GraphKind::Admit, 1));
+    assert_eq!(packed.rows, 0);
+}
+
+#[test]
+fn a_chunk_and_a_resume_select_their_graphs() {
+    let core = core();
+    let staging = layout(core.clone()).unwrap();
+    let chunk = Launch {
+        page_updates: Vec::new(),
+        operation: Operation::PrefillChunk(PrefillChunk {
+            slot: Slot(1),
+            capacity: 256,
+            tokens: vec![4; 130],
+            ends_prompt: true,
+        }),
+    };
+    let packed = staging.pack(&chunk).unwrap();
+    assert_eq!(packed.graph, graph_position(&core, GraphKind::Prefill, 256));
+    assert_eq!(packed.rows, 1);
+    let sample = packed.writes.last().unwrap();
+    assert_eq!(sample.addr, addr_of(&core, "staging.chunk_sample"));
+    assert_eq!(words(&packed, sample), vec![1]);
+    let resume = Launch {
+        page_updates: Vec::new(),
+        operation: Operation::Resume(Resume { slot: Slot(2) }),
+    };
+    let packed = staging.pack(&resume).unwrap();
+    assert_eq!(packed.graph, graph_position(&core, GraphKind::Resume, 1));
+    assert_eq!(words(&packed, &packed.writes[0]), vec![2]);
+}
+
+#[test]
+fn launches_that_do_not_fit_are_refused() {
+    let staging = layout(core()).unwrap();
+    let too_long = Launch {
+        page_updates: Vec::new(),
+        operation: Operation::PrefillChunk(PrefillChunk {
+            slot: Slot(1),
+            capacity: 256,
+            tokens: vec![4; 257],
+            ends_prompt: false,
+        }),
+    };
+    assert!(matches!(
+        staging.pack(&too_long),
+        Err(StagingError::TooLong { what: "chunk", .. })
+    ));
+    let no_graph = Launch {
+        page_updates: Vec::new(),
+        operation: Operation::Decode(Decode {
+            capacity: 3,
+            slots: vec![Slot(1); 3],
+        }),
+    };
+    assert!(matches!(
+        staging.pack(&no_graph),
+        Err(StagingError::NoGraph { capacity: 3, .. })
+    ));
+    let past_row = Launch {
+        page_updates: vec![PageTableUpdate {
+            slot: Slot(1),
+            first: 1000,
+            pages: vec![Page(1)],
+        }],
+        operation: Operation::Resume(Resume { slot: Slot(1) }),
+    };
+    assert!(matches!(
+        staging.pack(&past_row),
+        Err(StagingError::TooLong {
+            what: "page-table row",
+            ..
+        })
+    ));
+    let token = Launch {
+        page_updates: Vec::new(),
+        operation: Operation::PrefillChunk(PrefillChunk {
+            slot: Slot(1),
+            capacity: 128,
+            tokens: vec![u32::MAX],
+            ends_prompt: false,
+        }),
+    };
+    assert!(matches!(
+        staging.pack(&token),
+        Err(StagingError::OutOfRange { what: "chunk", .. })
+    ));
+}
+
+#[test]
+fn records_follow_the_declared_field_order() {
+    let mut core = core();
+    let order = ["valid", "done", "consumed", "generated", "token", "slot"];
+    core.contract.as_mut().unwrap().completion_fields = order.map(str::to_owned).to_vec();
+    let staging = layout(core).unwrap();
+    let rows: Vec<i32> = vec![1, 0, 9, 2, 77, 3, 1, 2, 4, 5, 88, 1];
+    let bytes: Vec<u8> = rows.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let completion = staging.records(&bytes, 2);
+    assert_eq!(
+        completion.records[0],
+        CompletionRecord {
+            slot: 3,
+            token: 77,
+            generated: 2,
+            consumed: 9,
+            done: 0,
+            valid: 1,
+        }
+    );
+    assert_eq!(completion.records[1].slot, 1);
+    assert_eq!(completion.records[1].done, 2);
+    assert_eq!(staging.record_bytes(2), 48);
+}
+
+#[test]
+fn a_contract_the_records_cannot_be_read_from_is_refused() {
+    let mut missing = core();
+    missing.contract.as_mut().unwrap().completion_fields.pop();
+    assert_eq!(
+        layout(missing).unwrap_err(),
+        StagingError::MissingField("valid")
+    );
+    let mut float_slots = core();
+    let slots = buffer_mut(&mut float_slots, "staging.decode_slots");
+    slots.dtype = DType::DtypeF32 as i32;
+    assert!(matches!(
+        layout(float_slots),
+        Err(StagingError::Binding {
+            semantic: Semantic::DecodeSlots,
+            ..
+        })
+    ));
+    let mut short_floats = core();
+    let floats = buffer_mut(&mut short_floats, "staging.admit_float");
+    floats.shape = vec![5];
+    floats.strides = vec![1];
+    assert!(matches!(
+        layout(short_floats),
+        Err(StagingError::Binding {
+            semantic: Semantic::AdmitFloat,
+            ..
+        })
+    ));
+    let mut flat_table = core();
+    let table = buffer_mut(&mut flat_table, "state.page_table");
+    table.shape = vec![table.shape.iter().product()];
+    table.strides = vec![1];
+    table.role = BufferRole::RequestState as i32;
+    assert!(matches!(
+        layout(flat_table),
+        Err(StagingError::Binding {
+            semantic: Semantic::PageTable,
+            ..
+        })
+    ));
+}

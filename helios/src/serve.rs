@@ -1,0 +1,262 @@
+//! `flare run`: a runtime core served over HTTP.
+//!
+//! Startup reads and validates the core on the host, builds its frontend,
+//! loads it onto the GPU on the model thread (window, initial contents,
+//! modules, graphs, then as many KV pages as fit beside the configured
+//! reserve), and only then binds the socket: a core that cannot load never
+//! answers a request. SIGINT or SIGTERM stops admission, lets the requests
+//! in flight finish (a second signal cancels them), drains the GPU, joins
+//! the model thread and returns.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::core::{load_manifest, CoreError};
+use crate::execution::GpuExecutor;
+use crate::frontend::{Frontend, FrontendError};
+use crate::http::{router, AppState, ServeConfig};
+use crate::replay::{KvBacking, LoadOptions, LoadedCore};
+use crate::scheduler::{
+    ExecutionError, Geometry, GeometryError, SchedulerConfig, SchedulerError, SchedulerHandle,
+    ShutdownMode, Worker,
+};
+
+const MIB: u64 = 1 << 20;
+
+/// What `flare run` serves and how.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The runtime core directory.
+    pub core: PathBuf,
+    /// Address or host name to listen on.
+    pub host: String,
+    /// TCP port (0 picks a free one; the bound address is printed).
+    pub port: u16,
+    /// When set, every `/v1` route requires it.
+    pub api_key: Option<String>,
+    /// CUDA device ordinal.
+    pub device: i32,
+    /// GPU memory left free after the KV pages are backed, in MiB.
+    pub gpu_reserve_mib: u64,
+    /// The model id `/v1/models` lists (default: the core directory's name).
+    pub model: Option<String>,
+    /// The largest request body accepted, in bytes.
+    pub max_body_bytes: usize,
+    /// Requests the admission queue holds.
+    pub queue_capacity: usize,
+}
+
+/// Why the server could not start or stopped with a failure.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The core's manifest is unreadable or invalid.
+    #[error("invalid runtime core: {0}")]
+    Core(#[from] CoreError),
+    /// The core's frontend assets (tokenizer, template) are unusable.
+    #[error("the core's frontend cannot be built: {0}")]
+    Frontend(#[from] FrontendError),
+    /// The core's contract cannot be scheduled.
+    #[error("the core's contract cannot be scheduled: {0}")]
+    Geometry(#[from] GeometryError),
+    /// The model thread could not start (the core did not load onto the
+    /// GPU, or the executor could not be built).
+    #[error("cannot start serving: {0}")]
+    Start(SchedulerError),
+    /// The socket could not be bound.
+    #[error("cannot listen on {address}: {source}")]
+    Bind {
+        /// The address asked for.
+        address: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The async runtime or the server failed.
+    #[error("the HTTP server failed: {0}")]
+    Server(#[source] std::io::Error),
+    /// The model thread failed while serving.
+    #[error("the model thread failed: {0}")]
+    Worker(SchedulerError),
+}
+
+fn load_failure(error: crate::replay::ReplayError) -> ExecutionError {
+    ExecutionError::Device {
+        operation: "core load",
+        source: Arc::new(error),
+    }
+}
+
+/// The model id of a core served without `--model`: its directory's name.
+fn default_model_name(core: &std::path::Path) -> String {
+    core.canonicalize()
+        .ok()
+        .as_deref()
+        .unwrap_or(core)
+        .file_name()
+        .map_or_else(|| "flare".to_owned(), |n| n.to_string_lossy().into_owned())
+}
+
+/// Loads the core, serves it until a shutdown signal, then drains and
+/// joins. Blocks the calling thread.
+pub fn run(options: RunOptions) -> Result<(), ServeError> {
+    let core = load_manifest(&options.core)?;
+    let frontend = Arc::new(Frontend::from_core(core.frontend())?);
+    let prepared = Geometry::from_core(&core)?;
+    let context_limit = prepared.context_limit();
+    drop(core);
+
+    let path = options.core.clone();
+    let load = LoadOptions {
+        device: options.device,
+        kv: KvBacking::FromFreeMemory {
+            reserve_bytes: options.gpu_reserve_mib * MIB,
+        },
+    };
+    let config = SchedulerConfig {
+        queue_capacity: options.queue_capacity,
+        ..SchedulerConfig::default()
+    };
+    let worker = Worker::spawn_with(config, move || {
+        let loaded = LoadedCore::load(&path, &load).map_err(load_failure)?;
+        let report = loaded.report();
+        eprintln!(
+            "flare: loaded {} in {:.0} ms: {} graphs ({} nodes), {} KV pages, {} MiB free",
+            path.display(),
+            report.total_ms,
+            report.graphs,
+            report.nodes,
+            loaded.kv_pages(),
+            report.free_after_load / MIB,
+        );
+        let geometry =
+            prepared
+                .with_kv_pages(loaded.kv_pages())
+                .map_err(|error| ExecutionError::Device {
+                    operation: "core load",
+                    source: Arc::new(error),
+                })?;
+        Ok((GpuExecutor::new(loaded)?, geometry))
+    })
+    .map_err(ServeError::Start)?;
+
+    let handle = worker.handle();
+    let serve_config = ServeConfig {
+        model: options
+            .model
+            .clone()
+            .unwrap_or_else(|| default_model_name(&options.core)),
+        context_limit,
+        max_body_bytes: options.max_body_bytes,
+        chunk_capacity: 64,
+        api_key: options.api_key.clone(),
+    };
+    let app = router(AppState::new(handle.clone(), frontend, serve_config));
+    let address = format!("{}:{}", options.host, options.port);
+    let served = serve_http(&address, app, handle);
+    // Requests still running were finished by the model thread (or
+    // cancelled by a second signal); join it whatever the server did.
+    let joined = worker.shutdown(ShutdownMode::Finish);
+    served?;
+    joined.map_err(ServeError::Worker)
+}
+
+/// Binds `address`, prints the bound address on stderr (`flare: serving on
+/// http://ADDR`) and serves `app` until SIGINT or SIGTERM, telling the model
+/// thread behind `handle` to stop admitting first. Blocks the calling
+/// thread; the caller joins the model thread afterwards.
+pub fn serve_http(
+    address: &str,
+    app: axum::Router,
+    handle: SchedulerHandle,
+) -> Result<(), ServeError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("helios-http")
+        .build()
+        .map_err(ServeError::Server)?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .map_err(|source| ServeError::Bind {
+                address: address.to_owned(),
+                source,
+            })?;
+        let bound: SocketAddr = listener.local_addr().map_err(ServeError::Server)?;
+        eprintln!("flare: serving on http://{bound} (Ctrl-C stops)");
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown_signal(handle))
+            .await
+            .map_err(ServeError::Server)
+    })
+}
+
+/// Resolves on the first SIGINT or SIGTERM, after telling the model thread
+/// to stop admitting; a second signal cancels the requests still running.
+async fn shutdown_signal(handle: SchedulerHandle) {
+    wait_for_signal().await;
+    eprintln!("flare: stopping: finishing the requests in flight (a second signal cancels them)");
+    handle.begin_shutdown(ShutdownMode::Finish);
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        eprintln!("flare: cancelling the requests in flight");
+        handle.begin_shutdown(ShutdownMode::Cancel);
+    });
+}
+
+async fn wait_for_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                tokio::select! {
+                    _ = interrupt => {}
+                    _ = terminate.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = interrupt.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(core: PathBuf) -> RunOptions {
+        RunOptions {
+            core,
+            host: "127.0.0.1".to_owned(),
+            port: 0,
+            api_key: None,
+            device: 0,
+            gpu_reserve_mib: 0,
+            model: None,
+            max_body_bytes: 1 << 20,
+            queue_capacity: 16,
+        }
+    }
+
+    #[test]
+    fn an_unreadable_core_fails_before_anything_starts() {
+        let error = run(options(PathBuf::from("/nonexistent/core"))).unwrap_err();
+        assert!(matches!(error, ServeError::Core(_)), "{error}");
+    }
+
+    #[test]
+    fn the_model_id_defaults_to_the_core_directory_name() {
+        assert_eq!(
+            default_model_name(std::path::Path::new("cores/smollm2-135m")),
+            "smollm2-135m"
+        );
+    }
+}

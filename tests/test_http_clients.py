@@ -1,0 +1,305 @@
+"""The real HTTP server over sockets, driven by the real ``openai`` and ``anthropic``
+clients and by raw SSE clients (no GPU).
+
+The server is Helios's own (router, scheduler worker, socket, graceful shutdown) over
+the deterministic test executor: the ``fake_server`` example of ``flare-helios``,
+built here with cargo. Outputs are the fake model's, so the tests check protocol
+behaviour (streaming and not, usage, finish reasons, errors, cancellation), and that
+seeded requests are reproducible whichever way they are read.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import openai
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "target" / "debug" / "examples" / "fake_server"
+MODEL = "tiny"
+KEY = "sk-flare-test"
+
+
+@pytest.fixture(scope="module")
+def fake_server_binary() -> Path:
+    cargo = shutil.which("cargo")
+    if cargo is None:
+        pytest.fail("cargo is needed to build the fake_server example (see scripts/test.sh)")
+    subprocess.run(
+        [cargo, "build", "-q", "-p", "flare-helios", "--example", "fake_server"],
+        cwd=ROOT,
+        check=True,
+        timeout=1800,
+    )
+    return EXAMPLE
+
+
+class Server:
+    """A running fake_server process and its base URL."""
+
+    def __init__(self, binary: Path, *args: str) -> None:
+        self.process = subprocess.Popen(
+            [str(binary), "--port", "0", *args],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+        )
+        self.log: list[str] = []
+        deadline = time.monotonic() + 60
+        assert self.process.stderr is not None
+        while time.monotonic() < deadline:
+            line = self.process.stderr.readline()
+            if not line:
+                break
+            self.log.append(line)
+            match = re.search(r"serving on http://(\S+)", line)
+            if match:
+                host, port = match.group(1).rsplit(":", 1)
+                self.host, self.port = host, int(port)
+                self.url = f"http://{host}:{port}"
+                return
+        self.process.kill()
+        raise AssertionError("fake_server did not start: " + "".join(self.log))
+
+    def stop(self) -> int:
+        """SIGTERM, as a service manager stops it; the exit status."""
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=30)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+
+    def metrics(self) -> dict[str, float]:
+        with socket.create_connection((self.host, self.port), timeout=10) as conn:
+            conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            data = _read_all(conn)
+        body = data.split(b"\r\n\r\n", 1)[1].decode()
+        values = {}
+        for line in body.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.split()
+                values[name] = float(value)
+        return values
+
+
+def _read_all(conn: socket.socket) -> bytes:
+    chunks = []
+    while chunk := conn.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@pytest.fixture(scope="module")
+def server(fake_server_binary: Path) -> Iterator[Server]:
+    running = Server(fake_server_binary)
+    yield running
+    assert running.stop() == 0, "".join(running.log)
+
+
+def _openai(server: Server, key: str = "unused") -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0)
+
+
+def _anthropic(server: Server, key: str = "unused") -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.url, api_key=key, max_retries=0)
+
+
+MESSAGES = [{"role": "user", "content": "hello there"}]
+
+
+def test_models_lists_the_served_model(server: Server) -> None:
+    models = _openai(server).models.list()
+    assert [model.id for model in models.data] == [MODEL]
+
+
+def test_openai_chat_streamed_and_not_agree_under_a_seed(server: Server) -> None:
+    client = _openai(server)
+    whole = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=12, seed=7, temperature=1.0
+    )
+    choice = whole.choices[0]
+    assert choice.finish_reason in ("stop", "length")
+    assert isinstance(choice.message.content, str) and choice.message.content
+    assert whole.usage is not None and whole.usage.prompt_tokens > 0
+    assert 0 < whole.usage.completion_tokens <= 12
+    again = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=12, seed=7, temperature=1.0
+    )
+    assert again.choices[0].message.content == choice.message.content
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=12,
+        seed=7,
+        temperature=1.0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    text, finish, usage = "", None, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for delta in chunk.choices:
+            text += delta.delta.content or ""
+            finish = delta.finish_reason or finish
+    assert text == choice.message.content
+    assert finish == choice.finish_reason
+    assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_openai_completions_streamed_and_not(server: Server) -> None:
+    client = _openai(server)
+    whole = client.completions.create(model=MODEL, prompt="hello there", max_tokens=6, seed=3)
+    assert whole.choices[0].finish_reason in ("stop", "length")
+    streamed = "".join(
+        chunk.choices[0].text
+        for chunk in client.completions.create(
+            model=MODEL, prompt="hello there", max_tokens=6, seed=3, stream=True
+        )
+        if chunk.choices
+    )
+    assert streamed == whole.choices[0].text
+
+
+def test_anthropic_messages_streamed_and_not(server: Server) -> None:
+    client = _anthropic(server)
+    whole = client.messages.create(model=MODEL, max_tokens=10, messages=MESSAGES)
+    assert whole.stop_reason in ("end_turn", "max_tokens", "stop_sequence")
+    assert whole.content and whole.content[0].type == "text"
+    assert whole.usage.input_tokens > 0 and 0 < whole.usage.output_tokens <= 10
+    with client.messages.stream(model=MODEL, max_tokens=10, messages=MESSAGES) as stream:
+        streamed = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    # Unseeded requests differ; the stream must agree with its own final message.
+    assert streamed == "".join(block.text for block in final.content if block.type == "text")
+    assert final.stop_reason in ("end_turn", "max_tokens", "stop_sequence")
+
+
+def test_bad_requests_are_400_with_the_envelope(server: Server) -> None:
+    client = _openai(server)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=-1)
+    assert caught.value.status_code == 400
+    body = caught.value.body
+    assert isinstance(body, dict) and body.get("code"), body
+    with socket.create_connection((server.host, server.port), timeout=10) as conn:
+        payload = b"{not json"
+        conn.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            b"Content-Type: application/json\r\nContent-Length: "
+            + str(len(payload)).encode()
+            + b"\r\n\r\n"
+            + payload
+        )
+        head, body_bytes = _read_all(conn).split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 400")
+    assert json.loads(body_bytes)["error"]["code"] == "invalid_json"
+    with pytest.raises(anthropic.BadRequestError):
+        _anthropic(server).messages.create(model=MODEL, max_tokens=0, messages=MESSAGES)
+
+
+def test_an_api_key_is_required_when_configured(fake_server_binary: Path) -> None:
+    keyed = Server(fake_server_binary, "--api-key", KEY)
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            _openai(keyed, "sk-wrong").chat.completions.create(
+                model=MODEL, messages=MESSAGES, max_tokens=2
+            )
+        with pytest.raises(anthropic.AuthenticationError):
+            _anthropic(keyed, "sk-wrong").messages.create(
+                model=MODEL, max_tokens=2, messages=MESSAGES
+            )
+        ok = _openai(keyed, KEY).chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=2
+        )
+        assert ok.choices[0].message.content is not None
+        assert (
+            _anthropic(keyed, KEY)
+            .messages.create(model=MODEL, max_tokens=2, messages=MESSAGES)
+            .content
+        )
+    finally:
+        assert keyed.stop() == 0
+
+
+def _open_stream(server: Server, max_tokens: int) -> socket.socket:
+    body = json.dumps(
+        {"model": MODEL, "messages": MESSAGES, "max_tokens": max_tokens, "stream": True}
+    ).encode()
+    conn = socket.create_connection((server.host, server.port), timeout=30)
+    conn.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Content-Type: application/json\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
+    return conn
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_request(
+    fake_server_binary: Path,
+) -> None:
+    slow = Server(fake_server_binary, "--launch-ms", "5")
+    try:
+        conn = _open_stream(slow, max_tokens=900)
+        received = b""
+        while b"data:" not in received:
+            received += conn.recv(4096)
+        assert received.startswith(b"HTTP/1.1 200")
+        conn.close()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            metrics = slow.metrics()
+            if metrics["flare_requests_cancelled_total"] == 1:
+                break
+            time.sleep(0.05)
+        assert metrics["flare_requests_cancelled_total"] == 1, metrics
+        assert metrics["flare_running_requests"] == 0, metrics
+        assert metrics["flare_requests_finished_length_total"] == 0, metrics
+        assert metrics["flare_pages_used"] == 0, metrics
+    finally:
+        assert slow.stop() == 0
+
+
+def test_a_failure_after_the_headers_ends_the_stream_with_an_error_event(
+    fake_server_binary: Path,
+) -> None:
+    failing = Server(fake_server_binary, "--fail-after", "6")
+    try:
+        conn = _open_stream(failing, max_tokens=50)
+        conn.settimeout(30)
+        data = _read_all(conn)
+        conn.close()
+        assert data.startswith(b"HTTP/1.1 200"), data[:200]
+        text = data.decode(errors="replace")
+        assert "execution_failed" in text, text[-2000:]
+        assert "[DONE]" not in text
+    finally:
+        # The executor failed: the server still stops cleanly.
+        assert failing.stop() == 0
+
+
+def test_sigterm_lets_a_running_request_finish(fake_server_binary: Path) -> None:
+    slow = Server(fake_server_binary, "--launch-ms", "2")
+    conn = _open_stream(slow, max_tokens=200)
+    received = b""
+    while b"data:" not in received:
+        received += conn.recv(4096)
+    slow.process.send_signal(signal.SIGTERM)
+    received += _read_all(conn)
+    conn.close()
+    assert slow.process.wait(timeout=60) == 0
+    text = received.decode(errors="replace")
+    assert "[DONE]" in text, text[-1000:]
