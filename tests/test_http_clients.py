@@ -303,3 +303,31 @@ def test_sigterm_lets_a_running_request_finish(fake_server_binary: Path) -> None
     assert slow.process.wait(timeout=60) == 0
     text = received.decode(errors="replace")
     assert "[DONE]" in text, text[-1000:]
+
+
+def test_a_slow_consumer_never_blocks_other_requests(fake_server_binary: Path) -> None:
+    slow = Server(fake_server_binary, "--launch-ms", "1")
+    try:
+        # A client that reads nothing: a tiny receive window, and no recv at all.
+        stalled = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect((slow.host, slow.port))
+        body = json.dumps(
+            {"model": MODEL, "messages": MESSAGES, "max_tokens": 900, "stream": True}
+        ).encode()
+        stalled.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
+        time.sleep(0.5)
+        started = time.monotonic()
+        for _ in range(5):
+            answer = _openai(slow).chat.completions.create(
+                model=MODEL, messages=MESSAGES, max_tokens=8
+            )
+            assert answer.choices[0].message.content is not None
+        assert time.monotonic() - started < 10
+        assert slow.metrics()["flare_running_requests"] >= 1  # the stalled one still runs
+        stalled.close()
+    finally:
+        assert slow.stop() == 0

@@ -89,3 +89,42 @@ async fn metrics_reports_the_scheduler_gauges() {
     assert_eq!(value("flare_requests_cancelled_total"), "0");
     assert_eq!(value("flare_requests_failed_total"), "0");
 }
+
+#[tokio::test]
+async fn metrics_reports_latency_histograms() {
+    // The fake model draws no stop token by default: exactly 4 tokens.
+    let server = server(Options::default());
+    let response = server
+        .post(
+            "/v1/chat/completions",
+            &chat_body("w1", json!({"max_tokens": 4})),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let text = http_support::body_text(server.get("/metrics").await).await;
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|line| line.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name} missing from {text}"))
+            .parse()
+            .unwrap()
+    };
+    assert!(text.contains("# TYPE flare_time_to_first_token_seconds histogram"));
+    // One request: one first token, then three gaps (no stop token drawn).
+    assert_eq!(value("flare_time_to_first_token_seconds_count"), 1.0);
+    assert_eq!(
+        value("flare_time_to_first_token_seconds_bucket{le=\"+Inf\"}"),
+        1.0
+    );
+    assert_eq!(value("flare_inter_token_latency_seconds_count"), 3.0);
+    assert!(value("flare_time_to_first_token_seconds_sum") > 0.0);
+    // Buckets are cumulative: never decreasing up to +Inf.
+    let buckets: Vec<f64> = text
+        .lines()
+        .filter(|line| line.starts_with("flare_inter_token_latency_seconds_bucket"))
+        .map(|line| line.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(buckets.len(), 12);
+    assert!(buckets.windows(2).all(|pair| pair[0] <= pair[1]));
+    assert_eq!(*buckets.last().unwrap(), 3.0);
+}

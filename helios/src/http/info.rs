@@ -7,7 +7,7 @@ use axum::Json;
 use serde_json::json;
 
 use super::AppState;
-use crate::scheduler::Health;
+use crate::scheduler::{Health, Histogram};
 
 /// The one model this server serves.
 pub async fn models(State(state): State<AppState>) -> Response {
@@ -138,5 +138,34 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
             "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
         ));
     }
+    let latency = &status.latency;
+    write_histogram(
+        &mut text,
+        "flare_time_to_first_token_seconds",
+        "Submission to the first output token",
+        &latency.time_to_first_token,
+    );
+    write_histogram(
+        &mut text,
+        "flare_inter_token_latency_seconds",
+        "Time between successive output tokens of a request",
+        &latency.inter_token,
+    );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// One histogram in Prometheus' text format: cumulative `_bucket` lines
+/// (`le` ending in `+Inf`), `_sum` and `_count`.
+fn write_histogram(text: &mut String, name: &str, help: &str, histogram: &Histogram) {
+    text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} histogram\n"));
+    for (bound, count) in histogram.cumulative() {
+        let le = if bound.is_infinite() {
+            "+Inf".to_owned()
+        } else {
+            bound.to_string()
+        };
+        text.push_str(&format!("{name}_bucket{{le=\"{le}\"}} {count}\n"));
+    }
+    text.push_str(&format!("{name}_sum {}\n", histogram.sum()));
+    text.push_str(&format!("{name}_count {}\n", histogram.count()));
 }

@@ -12,7 +12,8 @@
 //! - `POST /v1/messages` (Anthropic, text content, streamed or not);
 //! - `GET /v1/models`;
 //! - `GET /health` (200 while the worker serves, 503 once it stops or fails);
-//! - `GET /metrics` (the scheduler's gauges, Prometheus text format).
+//! - `GET /metrics` (the scheduler's gauges and counters, and histograms of
+//!   time to first token and inter-token latency; Prometheus text format).
 //!
 //! With an API key configured, the `/v1` routes answer 401 without it;
 //! `/health` and `/metrics` stay open.

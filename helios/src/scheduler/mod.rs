@@ -32,6 +32,7 @@ mod executor;
 mod geometry;
 mod growth;
 mod ids;
+mod latency;
 mod plan;
 mod pool;
 mod request;
@@ -52,6 +53,7 @@ pub use executor::{
 };
 pub use geometry::Geometry;
 pub use ids::{Page, RequestId, Slot};
+pub use latency::{Histogram, Latency, INTER_TOKEN_BUCKETS, TTFT_BUCKETS};
 pub use request::RequestSpec;
 pub use rng::readmission_seed;
 pub use worker::{Health, RequestStream, SchedulerHandle, ShutdownMode, Status, Worker};

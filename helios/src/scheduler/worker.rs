@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
+use std::time::Instant;
 
 use super::engine::{Scheduler, SchedulerConfig};
 use super::error::{AdmissionError, ExecutionError, SchedulerError};
@@ -19,6 +20,7 @@ use super::events::{Event, Metrics};
 use super::executor::Executor;
 use super::geometry::Geometry;
 use super::ids::RequestId;
+use super::latency::{Latency, LatencyTracker};
 use super::request::RequestSpec;
 
 /// How a shutdown treats requests that have not finished.
@@ -41,13 +43,17 @@ pub enum Health {
     Failed(ExecutionError),
 }
 
-/// Health and counters, as `/health` and `/metrics` report them.
+/// Health, counters and latency histograms, as `/health` and `/metrics`
+/// report them.
 #[derive(Debug, Clone)]
 pub struct Status {
     /// Whether the model thread can take requests.
     pub health: Health,
     /// Scheduler counters.
     pub metrics: Metrics,
+    /// Time to first token and inter-token latency, as the model thread
+    /// hands tokens to the requests' streams.
+    pub latency: Latency,
 }
 
 type SubmitReply = Sender<Result<RequestId, AdmissionError>>;
@@ -263,6 +269,7 @@ struct ModelThread<E> {
     inbox: Receiver<Message>,
     streams: BTreeMap<RequestId, Sender<Event>>,
     stopping: bool,
+    latency: LatencyTracker,
 }
 
 impl<E: Executor> ModelThread<E> {
@@ -272,6 +279,7 @@ impl<E: Executor> ModelThread<E> {
             inbox,
             streams: BTreeMap::new(),
             stopping: false,
+            latency: LatencyTracker::default(),
         }
     }
 
@@ -322,6 +330,7 @@ impl<E: Executor> ModelThread<E> {
                     self.scheduler.submit(spec)
                 };
                 if let Ok(id) = result {
+                    self.latency.submitted(id, Instant::now());
                     self.streams.insert(id, events);
                     if reply.send(Ok(id)).is_err() {
                         self.scheduler.cancel(id);
@@ -347,6 +356,7 @@ impl<E: Executor> ModelThread<E> {
         Status {
             health,
             metrics: self.scheduler.metrics(),
+            latency: self.latency.latency().clone(),
         }
     }
 
@@ -362,7 +372,9 @@ impl<E: Executor> ModelThread<E> {
     /// Sends each event to its request's channel; a closed channel cancels
     /// the request.
     fn route_events(&mut self) {
+        let now = Instant::now();
         for event in self.scheduler.drain_events() {
+            self.latency.routed(&event, now);
             let terminal = event.event.is_terminal();
             let Some(channel) = self.streams.get(&event.request) else {
                 continue;
