@@ -13,6 +13,8 @@
 //! - [`allocator`]: the process-global window and the C entry points
 //!   `flare_window_alloc` / `flare_window_free` for PyTorch.
 //! - `replay_check`: in-process replay of an exported core through Helios.
+//! - [`server`]: `start_server`, Helios serving graphs prepared in this
+//!   process (the in-process diagnostic path).
 //!
 //! Python usage:
 //!
@@ -29,6 +31,7 @@
 
 pub mod allocator;
 pub mod cuda_backing;
+pub mod server;
 pub mod window;
 
 use pyo3::prelude::*;
@@ -88,12 +91,14 @@ mod flare_heliopause {
     use super::{allocator, window_err};
 
     #[pymodule_export]
+    use super::server::{start_server, ServerError, ServerHandle};
+    #[pymodule_export]
     use super::ReplayError;
     #[pymodule_export]
     use super::WindowError;
 
-    /// In-process replay through Helios (the design's diagnostic path until
-    /// Helios serves): loads the runtime core at `core` (its window must not
+    /// In-process replay through Helios (a diagnostic path beside
+    /// `start_server`): loads the runtime core at `core` (its window must not
     /// be reserved in this process: close the preparation window first),
     /// replays its qualification sequence and compares every digest, and
     /// returns the report as JSON (load timings, per-step results, free

@@ -99,11 +99,12 @@ def _driver_version() -> int:
     return int(version) if err == cu.CUresult.CUDA_SUCCESS else 0
 
 
-def _buffers(
-    prepared: PreparedModel, window: WindowPlacement
+def buffer_views(
+    prepared: PreparedModel, window: WindowPlacement, initial_contents: bool = True
 ) -> tuple[list[pb.Buffer], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Buffer views at their window offsets, initial contents (after reset), and the
-    tensors by manifest name. Refuses a buffer outside its role's region."""
+    """Buffer views at their window offsets, initial contents (after reset; none
+    copied with ``initial_contents=False``), and the tensors by manifest name.
+    Refuses a buffer outside its role's region."""
     regions = {REGION_KINDS[u.name]: u for u in window.usage()}
     messages, initial, tensors = [], {}, {}
     for name, role, tensor in named_buffers(prepared):
@@ -125,9 +126,45 @@ def _buffers(
             )
         messages.append(message)
         tensors[name] = tensor
-        if message.initial_tensor:
+        if message.initial_tensor and initial_contents:
             initial[name] = tensor.detach().cpu()
     return messages, initial, tensors
+
+
+def window_core(
+    prepared: PreparedModel,
+    window: WindowPlacement,
+    device: int,
+    buffers: list[pb.Buffer],
+    graphs: list[pb.Graph],
+    images: dict[str, bytes] | None = None,
+    qualification: pb.Qualification | None = None,
+) -> pb.Core:
+    """The manifest of ``prepared`` in ``window``: identity, the window's regions as
+    backed now, buffers, kernel images, graphs, contract and frontend."""
+    return pb.Core(
+        abi_version=ABI_VERSION,
+        identity=_identity(prepared, device),
+        window=pb.Window(
+            base=window.base,
+            size=window.size,
+            regions=[
+                pb.Region(
+                    kind=REGION_KINDS[u.name],
+                    offset=u.offset,
+                    size=u.capacity,
+                    backed_bytes=u.mapped,
+                )
+                for u in window.usage()
+            ],
+        ),
+        buffers=buffers,
+        images=[pb.KernelImage(sha256=d, size_bytes=len(b)) for d, b in (images or {}).items()],
+        graphs=graphs,
+        contract=contract_message(prepared),
+        frontend=frontend_message(prepared),
+        qualification=qualification,
+    )
 
 
 def decode_floor(prepared: PreparedModel, capacity: int, steps: int = 256) -> dict[str, float]:
@@ -170,7 +207,7 @@ def export_core(model: Path, options: PrepareOptions, out: Path, device: int = 0
             keys = prepared.catalog.keys()
             prepared.reset()
             torch.cuda.synchronize()
-            buffers, initial, tensors = _buffers(prepared, window)
+            buffers, initial, tensors = buffer_views(prepared, window)
 
             t1 = time.perf_counter()
             qualifier = QualificationRecorder(
@@ -214,29 +251,7 @@ def export_core(model: Path, options: PrepareOptions, out: Path, device: int = 0
             recorded = recorder.images()
             images = {digest: recorded[digest] for digest in sorted(wanted)}
             usage = window.usage()
-            core = pb.Core(
-                abi_version=ABI_VERSION,
-                identity=_identity(prepared, device),
-                window=pb.Window(
-                    base=window.base,
-                    size=window.size,
-                    regions=[
-                        pb.Region(
-                            kind=REGION_KINDS[u.name],
-                            offset=u.offset,
-                            size=u.capacity,
-                            backed_bytes=u.mapped,
-                        )
-                        for u in usage
-                    ],
-                ),
-                buffers=buffers,
-                images=[pb.KernelImage(sha256=d, size_bytes=len(b)) for d, b in images.items()],
-                graphs=graphs,
-                contract=contract_message(prepared),
-                frontend=frontend_message(prepared),
-                qualification=qualification,
-            )
+            core = window_core(prepared, window, device, buffers, graphs, images, qualification)
             with console.status(f"writing {out}"):
                 write_core_dir(out, core, initial, images)
         report.graphs = len(graphs)

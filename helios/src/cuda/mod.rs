@@ -29,6 +29,7 @@ mod stream;
 mod window;
 
 pub use context::{Context, DeviceInfo, MemoryInfo};
+pub(crate) use error::check;
 pub use error::CudaError;
 pub use graph::{cluster_launch, edge_data, memset_extent, Graph, GraphExec};
 pub use module::{Function, Module, Modules};

@@ -58,6 +58,11 @@ pub fn covered(spans: &[Span], offset: u64, len: u64) -> bool {
 }
 
 /// The reserved window and the spans mapped into it.
+///
+/// A window is owned (reserved and mapped here, released on drop) or
+/// borrowed: the same range reserved and mapped by someone else in this
+/// process (Heliopause's preparation window, while the prepared model that
+/// owns it is alive), which this value only describes and never releases.
 #[derive(Debug)]
 pub struct Window {
     context: Rc<Context>,
@@ -66,6 +71,7 @@ pub struct Window {
     granularity: u64,
     /// Sorted by offset, non-overlapping.
     mapped: Vec<Span>,
+    owned: bool,
 }
 
 impl Window {
@@ -111,6 +117,44 @@ impl Window {
             size,
             granularity,
             mapped: Vec::new(),
+            owned: true,
+        })
+    }
+
+    /// Describes a window another owner in this process reserved at `base`
+    /// with `mapped` spans (offsets from `base`) backed. Copies and graph
+    /// nodes are checked against these spans; nothing is mapped, unmapped
+    /// or freed here. The caller keeps the owner alive for this value's life.
+    pub fn borrowed(
+        context: &Rc<Context>,
+        base: u64,
+        size: u64,
+        mut mapped: Vec<Span>,
+    ) -> Result<Self, CudaError> {
+        mapped.sort_unstable_by_key(|span| span.offset);
+        let invalid = |reason| CudaError::InvalidSpan {
+            offset: 0,
+            len: size,
+            reason,
+        };
+        if base.checked_add(size).is_none() {
+            return Err(invalid("the window overflows the address space"));
+        }
+        for pair in mapped.windows(2) {
+            if pair[0].end() > pair[1].offset {
+                return Err(invalid("the borrowed spans overlap"));
+            }
+        }
+        if mapped.last().is_some_and(|span| span.end() > size) {
+            return Err(invalid("a borrowed span lies past the window"));
+        }
+        Ok(Self {
+            context: Rc::clone(context),
+            base,
+            size,
+            granularity: context.granularity()?,
+            mapped,
+            owned: false,
         })
     }
 
@@ -177,6 +221,13 @@ impl Window {
     /// and fills it with zeros (queued on the null stream, so ordered before
     /// every later copy and launch).
     pub fn map(&mut self, span: Span) -> Result<(), CudaError> {
+        if !self.owned {
+            return Err(CudaError::InvalidSpan {
+                offset: span.offset,
+                len: span.len,
+                reason: "a borrowed window is mapped by its owner",
+            });
+        }
         let len = self.check_span(span)?;
         let addr = self.base + span.offset;
         let prop = self.context.allocation_prop();
@@ -260,6 +311,9 @@ impl Drop for Window {
     fn drop(&mut self) {
         let _ = self.context.bind();
         let _ = self.context.synchronize();
+        if !self.owned {
+            return;
+        }
         for span in self.mapped.drain(..).rev() {
             // SAFETY: each span was mapped by `map` and is unmapped once.
             let _ = unsafe { sys::cuMemUnmap(self.base + span.offset, span.len as usize) };

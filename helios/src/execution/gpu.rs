@@ -14,10 +14,52 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use std::rc::Rc;
+
 use super::staging::{StagingError, StagingLayout};
-use crate::cuda::{CudaError, Event, PinnedBuffer};
+use crate::core::ValidCore;
+use crate::cuda::{Context, CudaError, Event, PinnedBuffer, Stream, Window};
 use crate::replay::LoadedCore;
 use crate::scheduler::{Completion, ExecutionError, Executor, Launch, Ticket};
+
+/// What the executor drives: a core's contract, its window, the stream its
+/// graphs run on, and those graphs by manifest position. A core loaded by
+/// Helios ([`LoadedCore`]) is one; graphs borrowed from the process that
+/// prepared them ([`super::BorrowedGraphs`]) are another.
+pub trait GraphTarget {
+    /// The validated manifest (contract, bindings, graph catalog).
+    fn core(&self) -> &ValidCore;
+    /// The CUDA context the graphs live in.
+    fn context(&self) -> &Rc<Context>;
+    /// The stream the graphs and copies run on.
+    fn stream(&self) -> &Stream;
+    /// The window the staging buffers lie in.
+    fn window(&self) -> &Window;
+    /// Queues the graph at manifest position `index` on [`Self::stream`].
+    fn launch_graph(&self, index: usize) -> Result<(), CudaError>;
+}
+
+impl GraphTarget for LoadedCore {
+    fn core(&self) -> &ValidCore {
+        LoadedCore::core(self)
+    }
+
+    fn context(&self) -> &Rc<Context> {
+        LoadedCore::context(self)
+    }
+
+    fn stream(&self) -> &Stream {
+        LoadedCore::stream(self)
+    }
+
+    fn window(&self) -> &Window {
+        LoadedCore::window(self)
+    }
+
+    fn launch_graph(&self, index: usize) -> Result<(), CudaError> {
+        LoadedCore::launch_graph(self, index)
+    }
+}
 
 /// Launches the scheduler may have in flight: two record-writing launches
 /// behind one admit, plus one spare.
@@ -35,17 +77,17 @@ struct InFlight {
     rows: usize,
 }
 
-/// An [`Executor`] over a [`LoadedCore`]; it lives on the thread that loaded
-/// the core.
-pub struct GpuExecutor {
-    core: LoadedCore,
+/// An [`Executor`] over a [`GraphTarget`] (by default a [`LoadedCore`]); it
+/// lives on the thread that created the target.
+pub struct GpuExecutor<T: GraphTarget = LoadedCore> {
+    core: T,
     staging: StagingLayout,
     ring: Vec<Slot>,
     in_flight: VecDeque<InFlight>,
     next_ticket: u64,
 }
 
-impl std::fmt::Debug for GpuExecutor {
+impl<T: GraphTarget> std::fmt::Debug for GpuExecutor<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GpuExecutor")
             .field("in_flight", &self.in_flight.len())
@@ -68,9 +110,9 @@ fn staging(error: StagingError) -> ExecutionError {
     }
 }
 
-impl GpuExecutor {
+impl<T: GraphTarget> GpuExecutor<T> {
     /// An executor over `core`, with its pinned ring allocated.
-    pub fn new(core: LoadedCore) -> Result<Self, ExecutionError> {
+    pub fn new(core: T) -> Result<Self, ExecutionError> {
         let staging_layout = StagingLayout::new(core.core()).map_err(staging)?;
         let input_bytes = staging_layout.max_packed_bytes();
         let output_bytes = staging_layout.record_bytes(staging_layout.max_rows());
@@ -94,8 +136,8 @@ impl GpuExecutor {
         })
     }
 
-    /// The loaded core.
-    pub fn core(&self) -> &LoadedCore {
+    /// The target the executor drives.
+    pub fn target(&self) -> &T {
         &self.core
     }
 
@@ -113,7 +155,7 @@ impl GpuExecutor {
     }
 }
 
-impl Executor for GpuExecutor {
+impl<T: GraphTarget> Executor for GpuExecutor<T> {
     fn submit(&mut self, launch: &Launch) -> Result<Ticket, ExecutionError> {
         if self.in_flight.len() == RING {
             return Err(device("submit")(CudaError::InvalidNode {

@@ -1,9 +1,12 @@
-//! Execution over a loaded core: the scheduler's launches packed into the
+//! Execution over a core's graphs: the scheduler's launches packed into the
 //! core's staging buffers ([`StagingLayout`]) and replayed on the GPU
-//! ([`GpuExecutor`]).
+//! ([`GpuExecutor`]), over a core Helios loaded or over graphs borrowed from
+//! the process that prepared them ([`BorrowedGraphs`]).
 
+mod borrowed;
 mod gpu;
 mod staging;
 
-pub use gpu::GpuExecutor;
+pub use borrowed::{BorrowError, BorrowedGraphs};
+pub use gpu::{GpuExecutor, GraphTarget};
 pub use staging::{Packed, StagingError, StagingLayout, View, Write};

@@ -12,6 +12,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+mod in_process;
+
+pub use in_process::{start_in_process, InProcessConfig, InProcessServer};
+
 use crate::core::{load_manifest, CoreError};
 use crate::execution::GpuExecutor;
 use crate::frontend::{Frontend, FrontendError};
@@ -171,6 +175,24 @@ pub fn serve_http(
     app: axum::Router,
     handle: SchedulerHandle,
 ) -> Result<(), ServeError> {
+    serve_http_with(address, app, shutdown_signal(handle), |bound| {
+        eprintln!("flare: serving on http://{bound} (Ctrl-C stops)");
+    })
+}
+
+/// Binds `address`, calls `on_bound` with the bound address and serves
+/// `app` until `shutdown` resolves, then lets open responses finish.
+/// Blocks the calling thread.
+pub fn serve_http_with<S, B>(
+    address: &str,
+    app: axum::Router,
+    shutdown: S,
+    on_bound: B,
+) -> Result<(), ServeError>
+where
+    S: std::future::Future<Output = ()> + Send + 'static,
+    B: FnOnce(SocketAddr),
+{
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("helios-http")
@@ -184,9 +206,9 @@ pub fn serve_http(
                 source,
             })?;
         let bound: SocketAddr = listener.local_addr().map_err(ServeError::Server)?;
-        eprintln!("flare: serving on http://{bound} (Ctrl-C stops)");
+        on_bound(bound);
         axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown_signal(handle))
+            .with_graceful_shutdown(shutdown)
             .await
             .map_err(ServeError::Server)
     })

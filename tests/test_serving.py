@@ -1,0 +1,104 @@
+"""In-process serving (``ignition.serving``): a tiny model prepared in the Heliopause
+window is handed to Helios in the same process, served over HTTP at concurrency 4,
+then closed; the Python replay harness then answers the same requests on the same
+graphs, and the texts must be identical. A second handoff is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ignition.serving import ServablePreparedModel, ServerConfig, ServingError, start_server
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_SCENARIO = r"""
+import json, sys, urllib.error, urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from checkpoints import write_tiny
+from ignition.preparation.prepared import PrepareOptions
+from ignition.replay.harness import Harness, Request
+from ignition.replay.packing import SamplingParams
+from ignition.serving import ServerConfig, ServingError, prepare_model, start_server
+
+tmp = Path(sys.argv[1])
+checkpoint = write_tiny(tmp / "ckpt", "llama", hidden=128, head_dim=32)
+options = PrepareOptions(max_concurrency=4, prefill_chunk_size=256, context_limit=512,
+                         kv_pages=64, snapshot_rows=2, compile=False)
+servable = prepare_model(checkpoint, options)
+prompts = [[5, 6, 7, 8, 9], list(range(10, 60)), [3] * 17, list(range(100, 300))]
+sampling = dict(temperature=0.8, top_k=20, top_p=0.95, min_p=0.0)
+handle = start_server(servable, ServerConfig(port=0, model="tiny"))
+
+def complete(i):
+    body = dict(model="tiny", prompt=prompts[i], max_tokens=12, seed=100 + i,
+                presence_penalty=0.0, frequency_penalty=0.0, **sampling)
+    request = urllib.request.Request(
+        f"http://{handle.address}/v1/completions", json.dumps(body).encode(),
+        {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        answer = json.load(response)
+    return answer["choices"][0]["text"], answer["choices"][0]["finish_reason"]
+
+with ThreadPoolExecutor(4) as pool:
+    served = list(pool.map(complete, range(len(prompts))))
+try:
+    start_server(servable)
+    second = None
+except ServingError as error:
+    second = str(error)
+handle.close()
+try:
+    urllib.request.urlopen(f"http://{handle.address}/health", timeout=5)
+    still_listening = True
+except (urllib.error.URLError, OSError):
+    still_listening = False
+
+prepared = servable.prepared
+prepared.reset()
+requests = [Request(i, p, 12, SamplingParams(**sampling), 100 + i) for i, p in enumerate(prompts)]
+results = Harness(prepared).run(requests)
+def continuation(prompt, tokens):
+    # The text the output adds to the prompt's (a word-level decoder joins words
+    # with spaces, so the continuation starts with one), as Helios streams it.
+    decode = lambda ids: prepared.tokenizer.decode(ids, skip_special_tokens=True)
+    return decode(prompt + tokens)[len(decode(prompt)):]
+
+python = [(continuation(p, r.tokens), r.finish_reason) for p, r in zip(prompts, results)]
+print("RESULT " + json.dumps({"served": served, "python": python, "second": second,
+                              "still_listening": still_listening}))
+"""
+
+
+@pytest.mark.gpu
+def test_in_process_server_matches_the_python_harness(tmp_path: Path) -> None:
+    env = dict(os.environ)
+    paths = [str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH")]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
+    done = subprocess.run(
+        [sys.executable, "-c", _SCENARIO, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-6000:]
+    result = json.loads(lines[-1].removeprefix("RESULT "))
+    assert [tuple(x) for x in result["served"]] == [tuple(x) for x in result["python"]], result
+    assert all(text for text, _ in result["served"]), result
+    assert result["second"] is not None and "already" in result["second"], result
+    assert result["still_listening"] is False, result
+
+
+def test_a_consumed_model_is_refused_before_any_work() -> None:
+    servable = ServablePreparedModel.__new__(ServablePreparedModel)
+    servable.consumed = True
+    with pytest.raises(ServingError, match="already handed"):
+        start_server(servable, ServerConfig(port=0))
