@@ -949,3 +949,81 @@ fn the_python_fixture_loads() {
     assert_eq!(summary.contract.decode_capacities, [1, 2, 4]);
     assert_eq!(summary.contract.prefill_capacities, [128, 256]);
 }
+
+#[test]
+fn kernel_parameters_must_fit_their_bytes() {
+    let err = mutated_err(|c| match &mut c.graphs[0].nodes[1].op {
+        Some(Op::Kernel(kernel)) => kernel.param_offsets[0] = 4,
+        _ => unreachable!(),
+    });
+    assert!(
+        matches!(&err, CoreError::InvalidGraph { capacity: 1, reason, .. } if reason.contains("kernel parameters")),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_partly_zero_cluster_is_rejected() {
+    let err = mutated_err(|c| match &mut c.graphs[0].nodes[1].op {
+        Some(Op::Kernel(kernel)) => {
+            kernel.cluster = Some(helios::core::proto::Dim3 { x: 1, y: 0, z: 0 })
+        }
+        _ => unreachable!(),
+    });
+    assert!(
+        matches!(&err, CoreError::InvalidGraph { reason, .. } if reason.contains("zero axis")),
+        "{err}"
+    );
+}
+
+#[test]
+fn memset_and_memcpy_nodes_must_stay_in_the_window() {
+    use helios::core::proto::{MemcpyNode, MemsetNode};
+    let base = helios::core::sample::SAMPLE_BASE;
+    let size = helios::core::sample::SAMPLE_WINDOW;
+    let memset = |dst, width| Node {
+        op: Some(Op::Memset(MemsetNode {
+            dst,
+            pitch: 0,
+            value: 0,
+            element_size: 4,
+            width,
+            height: 1,
+        })),
+    };
+    assert!(mutated(|c| c.graphs[2].nodes.push(memset(base, 16))).is_ok());
+    let err = mutated_err(|c| c.graphs[2].nodes.push(memset(base + size - 8, 16)));
+    assert!(
+        matches!(&err, CoreError::InvalidGraph { reason, .. } if reason.contains("outside the window")),
+        "{err}"
+    );
+    let err = mutated_err(|c| {
+        let mut odd = memset(base, 16);
+        if let Some(Op::Memset(m)) = &mut odd.op {
+            m.element_size = 3;
+        }
+        c.graphs[2].nodes.push(odd)
+    });
+    assert!(
+        matches!(&err, CoreError::InvalidGraph { reason, .. } if reason.contains("element size")),
+        "{err}"
+    );
+    let copy = |src, dst, size_bytes| Node {
+        op: Some(Op::Memcpy(MemcpyNode {
+            src,
+            dst,
+            size_bytes,
+        })),
+    };
+    assert!(mutated(|c| c.graphs[2].nodes.push(copy(base, base + 4096, 64))).is_ok());
+    let err = mutated_err(|c| c.graphs[2].nodes.push(copy(base - 4096, base, 64)));
+    assert!(
+        matches!(&err, CoreError::InvalidGraph { reason, .. } if reason.contains("source")),
+        "{err}"
+    );
+    let err = mutated_err(|c| c.graphs[2].nodes.push(copy(base, base, 0)));
+    assert!(
+        matches!(&err, CoreError::InvalidGraph { reason, .. } if reason.contains("0 bytes")),
+        "{err}"
+    );
+}

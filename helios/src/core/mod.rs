@@ -99,7 +99,7 @@ impl ValidCore {
         validate::check_window(&window)?;
         let names = validate::check_buffers(&buffers, window.size)?;
         let digests = validate::check_images(&images)?;
-        let catalog = validate::check_graphs(&graphs, &digests)?;
+        let catalog = validate::check_graphs(&graphs, &digests, &window)?;
         validate::check_contract(&contract, &catalog)?;
         let kv_layout = kv_layout::check_kv_layout(&contract, &buffers, &window.regions)?;
         let bound = validate::check_bindings(&contract.bindings, &names)?;

@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use super::error::CoreError;
 use super::proto::{
     node::Op, Binding, Buffer, BufferRole, DType, Dim3, Frontend, Graph, GraphKind, KernelImage,
-    PreparedContract, Qualification, ReasoningParser, Region, RegionKind, Semantic, ToolParser,
-    Window,
+    KernelNode, MemcpyNode, MemsetNode, PreparedContract, Qualification, ReasoningParser, Region,
+    RegionKind, Semantic, ToolParser, Window,
 };
 use super::ENGINE_ABI;
 
@@ -207,6 +207,7 @@ fn positive(dim: Option<&Dim3>) -> bool {
 pub(crate) fn check_graphs(
     graphs: &[Graph],
     images: &HashSet<&str>,
+    window: &Window,
 ) -> Result<BTreeMap<(GraphKind, u32), usize>, CoreError> {
     let mut catalog = BTreeMap::new();
     for (position, graph) in graphs.iter().enumerate() {
@@ -229,7 +230,21 @@ pub(crate) fn check_graphs(
             let Some(op) = &node.op else {
                 return Err(invalid(format!("node {index} has no op")));
             };
-            let Op::Kernel(kernel) = op else { continue };
+            let kernel = match op {
+                Op::Kernel(kernel) => kernel,
+                Op::Memset(memset) => {
+                    check_memset(memset, window)
+                        .map_err(|reason| invalid(format!("node {index}: {reason}")))?;
+                    continue;
+                }
+                Op::Memcpy(memcpy) => {
+                    check_memcpy(memcpy, window)
+                        .map_err(|reason| invalid(format!("node {index}: {reason}")))?;
+                    continue;
+                }
+                Op::Empty(_) => continue,
+            };
+            check_launch(kernel).map_err(|reason| invalid(format!("node {index}: {reason}")))?;
             if !images.contains(kernel.image_sha256.as_str()) {
                 return Err(CoreError::UnknownReference {
                     what: "kernel image",
@@ -255,6 +270,57 @@ pub(crate) fn check_graphs(
         }
     }
     Ok(catalog)
+}
+
+/// Whether `[addr, addr + len)` lies inside the window's address range.
+fn in_window(addr: u64, len: u64, window: &Window) -> bool {
+    addr.checked_sub(window.base)
+        .and_then(|offset| offset.checked_add(len))
+        .is_some_and(|end| end <= window.size)
+}
+
+/// A memset the driver can do, inside the window (whether it is backed is
+/// checked when the graph is built).
+fn check_memset(memset: &MemsetNode, window: &Window) -> Result<(), String> {
+    let extent = crate::cuda::memset_extent(memset)?;
+    if !in_window(memset.dst, extent, window) {
+        return Err(format!(
+            "memset of {extent} bytes at {:#x} lies outside the window",
+            memset.dst
+        ));
+    }
+    Ok(())
+}
+
+/// A device-to-device copy inside the window.
+fn check_memcpy(memcpy: &MemcpyNode, window: &Window) -> Result<(), String> {
+    if memcpy.size_bytes == 0 {
+        return Err("memcpy of 0 bytes".to_owned());
+    }
+    for (what, addr) in [("source", memcpy.src), ("destination", memcpy.dst)] {
+        if !in_window(addr, memcpy.size_bytes, window) {
+            return Err(format!(
+                "memcpy {what} of {} bytes at {addr:#x} lies outside the window",
+                memcpy.size_bytes
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A kernel launch the loader can express: its parameter layout fits its
+/// bytes and its cluster shape is none or fully positive.
+fn check_launch(kernel: &KernelNode) -> Result<(), String> {
+    crate::cuda::param_ranges(
+        kernel.params.len(),
+        &kernel.param_offsets,
+        &kernel.param_sizes,
+    )
+    .map_err(|error| format!("kernel parameters: {error}"))?;
+    let cluster = kernel.cluster.unwrap_or_default();
+    crate::cuda::cluster_launch(cluster.x, cluster.y, cluster.z)
+        .map_err(|error| error.to_string())?;
+    Ok(())
 }
 
 /// Capacity lists: non-empty, positive, strictly ascending, ending at `last`.
