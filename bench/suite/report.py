@@ -1,0 +1,506 @@
+"""Results of several engines into one summary: the bandwidth roofline, a table of
+ratios (Flare / each baseline, Flare / roofline; each workload separate) as markdown,
+and PNG plots beside it.
+
+    python -m bench.suite.report flare.json transformers.json floor.json \\
+        [--flare flare] [--geometry smollm2-135m] [--bandwidth-gbs 4000] [--out-dir DIR]
+
+The roofline of one decode step is the bytes it must read divided by the read
+bandwidth measured on the device: every weight once (a tied model reads its
+embedding table in full as the LM head; an untied one reads one embedding row per
+sequence and the LM head in full) plus, per sequence, K and V of every layer for
+every position of its context. Bytes per decoded token at bf16:
+
+==============================  ================  ==================
+                                SmolLM2-135M      Qwen3-8B
+==============================  ================  ==================
+parameters                      134,515,008       8,190,735,360
+stored weights                  269,030,016 B     16,381,470,720 B
+weights read per step (batch 1) 269,030,016 B     15,136,819,200 B
+K+V per context position        23,040 B          147,456 B
+one step, batch 1, context 4096 363,401,856 B     15,740,798,976 B
+==============================  ================  ==================
+
+(SmolLM2-135M: 30 layers, hidden 576, 9 heads, 3 KV heads, head dim 64, intermediate
+1536, vocab 49152, tied. Qwen3-8B: 36 layers, hidden 4096, 32 heads, 8 KV heads, head
+dim 128, intermediate 12288, vocab 151936, untied, q/k norms. ``test_bench_suite``
+recomputes the table.) At 4.0 TB/s a batch-1 step is 67 µs for SmolLM2 (launch-bound
+in practice) and 3.78 ms for Qwen3-8B.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.suite.client import (
+    Sample,
+    decode_tokens_per_s,
+    itl_values,
+    median,
+    p99,
+    prefill_tokens_per_s,
+    throughput_tokens_per_s,
+)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What a decode step reads, from a dense model's declared shapes."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool
+    dtype_bytes: int = 2
+    qk_norm: bool = False
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], dtype_bytes: int = 2) -> Geometry:
+        """From a Transformers ``config.json`` (q/k norms are not declared there; pass
+        ``qk_norm`` yourself when the family has them)."""
+        heads = int(config["num_attention_heads"])
+        hidden = int(config["hidden_size"])
+        return cls(
+            layers=int(config["num_hidden_layers"]),
+            hidden=hidden,
+            heads=heads,
+            kv_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or hidden // heads),
+            intermediate=int(config["intermediate_size"]),
+            vocab=int(config["vocab_size"]),
+            tied=bool(config.get("tie_word_embeddings", False)),
+            dtype_bytes=dtype_bytes,
+        )
+
+    def layer_parameters(self) -> int:
+        q = self.hidden * self.heads * self.head_dim
+        kv = 2 * self.hidden * self.kv_heads * self.head_dim
+        o = self.heads * self.head_dim * self.hidden
+        mlp = 3 * self.hidden * self.intermediate
+        norms = 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
+        return q + kv + o + mlp + norms
+
+    def parameters(self) -> int:
+        embedding = self.vocab * self.hidden
+        head = 0 if self.tied else embedding
+        return self.layers * self.layer_parameters() + self.hidden + embedding + head
+
+    def weight_bytes(self) -> int:
+        return self.parameters() * self.dtype_bytes
+
+    def weight_bytes_read(self, batch: int = 1) -> int:
+        """Weights one decode step of ``batch`` sequences reads."""
+        if self.tied:
+            return self.weight_bytes()
+        table = self.vocab * self.hidden
+        return (self.parameters() - table + batch * self.hidden) * self.dtype_bytes
+
+    def kv_bytes_per_position(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    def bytes_per_step(self, batch: int = 1, context: int = 0) -> int:
+        """Bytes one decode step reads: weights once, each sequence's K and V."""
+        return self.weight_bytes_read(batch) + batch * context * self.kv_bytes_per_position()
+
+
+GEOMETRIES = {
+    "smollm2-135m": Geometry(30, 576, 9, 3, 64, 1536, 49152, tied=True),
+    "qwen3-8b": Geometry(36, 4096, 32, 8, 128, 12288, 151936, tied=False, qk_norm=True),
+}
+
+
+def roofline_step_s(
+    geometry: Geometry, bandwidth: float, batch: int = 1, context: int = 0
+) -> float:
+    """Seconds per decode step (= per token of each sequence) at ``bandwidth`` bytes/s."""
+    return geometry.bytes_per_step(batch, context) / bandwidth
+
+
+def resolve_geometry(name: str) -> Geometry:
+    """A named geometry, a ``config.json`` path, or a JSON object of the fields."""
+    if name in GEOMETRIES:
+        return GEOMETRIES[name]
+    path = Path(name)
+    data = json.loads(path.read_text()) if path.exists() else json.loads(name)
+    if "num_hidden_layers" in data:
+        return Geometry.from_config(data)
+    return Geometry(**data)
+
+
+def measure_read_bandwidth(gib: float = 4.0, repeats: int = 20) -> float:
+    """Device read bandwidth in bytes/s: the median time of a sum over ``gib`` GiB
+    (reads every byte once, writes one value). Needs torch and a CUDA device."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("measuring the read bandwidth needs a CUDA device")
+    values = int(gib * (1 << 30)) // 4
+    data = torch.ones(values, dtype=torch.float32, device="cuda")
+    times = []
+    for _ in range(repeats + 2):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.sum(data)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del data
+    torch.cuda.empty_cache()
+    return values * 4 / median(times[2:])
+
+
+# ---------------------------------------------------------------- metrics
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the summary: a metric of one workload."""
+
+    key: str
+    workload: str
+    label: str
+    higher_is_better: bool
+
+
+def samples_of(result: dict[str, Any]) -> dict[str, list[Sample]]:
+    """Successful samples by measurement."""
+    grouped: dict[str, list[Sample]] = defaultdict(list)
+    for data in result.get("samples", []):
+        sample = Sample.from_json(data)
+        if sample.ok:
+            grouped[sample.measurement].append(sample)
+    return grouped
+
+
+def _med(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return median(present) if present else None
+
+
+def engine_metrics(result: dict[str, Any]) -> dict[Row, float]:
+    """Every metric the samples of one engine support (times in ms, rates in tok/s)."""
+    metrics: dict[Row, float] = {}
+
+    def put(row: Row, value: float | None) -> None:
+        if value is not None:
+            metrics[row] = value
+
+    for name, samples in samples_of(result).items():
+        kind = name.split("-", 1)[0]
+        if kind == "long":
+            tokens = int(name.split("-")[1])
+            ttft = _med([s.ttft_s for s in samples])
+            put(
+                Row(f"ttft-{tokens}", name, f"cold TTFT, {tokens} tokens (ms)", False),
+                None if ttft is None else ttft * 1e3,
+            )
+            put(
+                Row(f"prefill-{tokens}", name, f"prefill, {tokens} tokens (tok/s)", True),
+                _med([prefill_tokens_per_s(s) for s in samples]),
+            )
+        elif kind == "decode":
+            c = name.split("-c")[1]
+            gaps = itl_values(samples)
+            if gaps:
+                put(Row(f"itl-p50-c{c}", name, f"ITL p50, c={c} (ms)", False), median(gaps) * 1e3)
+                put(Row(f"itl-p99-c{c}", name, f"ITL p99, c={c} (ms)", False), p99(gaps) * 1e3)
+            put(
+                Row(f"decode-c{c}", name, f"decode per request, c={c} (tok/s)", True),
+                _med([decode_tokens_per_s(s) for s in samples]),
+            )
+            put(
+                Row(f"throughput-c{c}", name, f"decode throughput, c={c} (tok/s)", True),
+                throughput_tokens_per_s(samples),
+            )
+        elif kind == "prefix":
+            for role, label in (("prefix", "cold prefix"), ("hit", "prefix-hit")):
+                ttft = _med([s.ttft_s for s in samples if s.meta.get("role") == role])
+                put(
+                    Row(f"prefix-{role}", name, f"{label} TTFT (ms)", False),
+                    None if ttft is None else ttft * 1e3,
+                )
+        elif kind == "agent":
+            main = sorted(
+                (s for s in samples if s.meta.get("branch") == "main"),
+                key=lambda s: s.meta["turn"],
+            )
+            fork = [s for s in samples if s.meta.get("branch") == "fork"]
+            ttft = _med([s.ttft_s for s in main])
+            put(
+                Row("agent-p50", name, "agent TTFT per turn, median (ms)", False),
+                ttft and ttft * 1e3,
+            )
+            if main:
+                last = main[-1]
+                put(
+                    Row("agent-last", name, "agent TTFT, last turn (ms)", False),
+                    None if last.ttft_s is None else last.ttft_s * 1e3,
+                )
+                put(
+                    Row("agent-last-tokens", name, "agent prompt tokens, last turn", True),
+                    last.prompt_tokens,
+                )
+            ttft = _med([s.ttft_s for s in fork])
+            put(Row("agent-fork", name, "agent fork TTFT (ms)", False), ttft and ttft * 1e3)
+        elif kind == "tools":
+            ttft = _med([s.ttft_s for s in samples])
+            put(Row("tools-ttft", name, "tool-use TTFT (ms)", False), ttft and ttft * 1e3)
+    return metrics
+
+
+def roofline_metrics(
+    result: dict[str, Any], geometry: Geometry, bandwidth: float
+) -> dict[str, float]:
+    """Roofline values of the decode rows, at the mean context of ``result``'s decode
+    samples (prompt plus half the output)."""
+    values: dict[str, float] = {}
+    for name, samples in samples_of(result).items():
+        if not name.startswith("decode-c"):
+            continue
+        c = int(name.split("-c")[1])
+        contexts = [(s.prompt_tokens or 0) + (s.output_tokens or 0) / 2 for s in samples]
+        context = round(sum(contexts) / len(contexts))
+        step = roofline_step_s(geometry, bandwidth, c, context)
+        values[f"itl-p50-c{c}"] = step * 1e3
+        values[f"decode-c{c}"] = 1 / step
+        values[f"throughput-c{c}"] = c / step
+    return values
+
+
+def _fmt(value: float | None) -> str:
+    if value is None or math.isnan(value):
+        return "–"
+    if value == 0:
+        return "0"
+    digits = max(0, 2 - math.floor(math.log10(abs(value))))
+    return f"{value:,.{digits}f}"
+
+
+def _natural(text: str) -> list[Any]:
+    """Sort key that orders embedded numbers by value (long-512 before long-4096)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "–" if a is None or not b else f"{a / b:.2f}"
+
+
+def summary_table(
+    results: Sequence[dict[str, Any]],
+    flare: str = "flare",
+    geometry: Geometry | None = None,
+    bandwidth: float | None = None,
+) -> str:
+    """The markdown summary: one line per metric, each engine's value, the roofline,
+    and Flare's value divided by each other's."""
+    by_engine = {r["engine"]: engine_metrics(r) for r in results}
+    if flare not in by_engine:
+        raise ValueError(f"no results of engine {flare!r}; have {', '.join(by_engine)}")
+    others = [name for name in by_engine if name != flare]
+    engines = [flare, *others]
+    roof: dict[str, float] = {}
+    if geometry is not None and bandwidth:
+        flare_result = next(r for r in results if r["engine"] == flare)
+        roof = roofline_metrics(flare_result, geometry, bandwidth)
+    rows: dict[str, Row] = {}
+    for metrics in by_engine.values():
+        for row in metrics:
+            rows.setdefault(row.key, row)
+    values = {e: {row.key: v for row, v in by_engine[e].items()} for e in engines}
+    header = ["workload", "metric", "better", *engines]
+    if roof:
+        header.append("roofline")
+    header += [f"{flare} / {o}" for o in others]
+    if roof:
+        header.append(f"{flare} / roofline")
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for key in sorted(rows, key=lambda k: (_natural(rows[k].workload), _natural(k))):
+        row = rows[key]
+        mine = values[flare].get(key)
+        better = "higher" if row.higher_is_better else "lower"
+        cells = [row.workload, row.label, better, *(_fmt(values[e].get(key)) for e in engines)]
+        if roof:
+            cells.append(_fmt(roof.get(key)))
+        cells += [_ratio(mine, values[o].get(key)) for o in others]
+        if roof:
+            cells.append(_ratio(mine, roof.get(key)))
+        lines.append("| " + " | ".join(cells) + " |")
+    notes = [
+        "",
+        f"Ratios are {flare}'s value divided by the other's: for times (ms) below 1 means "
+        f"{flare} is faster, for rates (tok/s) above 1 does. Medians unless named; p99 is "
+        "the sample at index floor(0.99 n) of the sorted samples.",
+    ]
+    if roof and geometry is not None and bandwidth:
+        notes.append(
+            f"Roofline: {geometry.weight_bytes_read():,} weight bytes and "
+            f"{geometry.kv_bytes_per_position():,} K+V bytes per context position per step, "
+            f"over {bandwidth / 1e9:,.0f} GB/s measured."
+        )
+    for result in results:
+        for skip in result.get("skipped", []):
+            notes.append(f"- {result['engine']}: {skip['measurement']} skipped: {skip['reason']}")
+    return "\n".join(lines + notes) + "\n"
+
+
+# ---------------------------------------------------------------- plots
+
+
+def plot(
+    results: Sequence[dict[str, Any]],
+    out_dir: Path,
+    flare: str = "flare",
+    geometry: Geometry | None = None,
+    bandwidth: float | None = None,
+) -> list[Path]:
+    """PNG plots beside the summary; none (with a message) without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not importable: no plots (pip install matplotlib)", file=sys.stderr)
+        return []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    grouped = {r["engine"]: samples_of(r) for r in results}
+    written: list[Path] = []
+
+    def decode_levels(samples: dict[str, list[Sample]]) -> list[tuple[int, list[Sample]]]:
+        levels = [
+            (int(n.split("-c")[1]), s) for n, s in samples.items() if n.startswith("decode-c")
+        ]
+        return sorted(levels, key=lambda level: level[0])
+
+    roof = None
+    if geometry is not None and bandwidth:
+        ordered = sorted(results, key=lambda r: r["engine"] != flare)
+        roof = roofline_metrics(ordered[0], geometry, bandwidth)
+
+    figure, (itl_axis, rate_axis) = plt.subplots(1, 2, figsize=(11, 4))
+    for engine, samples in grouped.items():
+        levels = decode_levels(samples)
+        if not levels:
+            continue
+        cs = [c for c, _ in levels]
+        itl_axis.plot(
+            cs, [median(itl_values(s)) * 1e3 for _, s in levels], "o-", label=f"{engine} p50"
+        )
+        itl_axis.plot(
+            cs, [p99(itl_values(s)) * 1e3 for _, s in levels], "x--", label=f"{engine} p99"
+        )
+        rate_axis.plot(cs, [throughput_tokens_per_s(s) or 0 for _, s in levels], "o-", label=engine)
+    if roof:
+        cs = sorted(int(k.split("-c")[1]) for k in roof if k.startswith("itl-p50-c"))
+        itl_axis.plot(cs, [roof[f"itl-p50-c{c}"] for c in cs], "k:", label="roofline")
+        rate_axis.plot(cs, [roof[f"throughput-c{c}"] for c in cs], "k:", label="roofline")
+    itl_axis.set(xlabel="concurrency", ylabel="inter-token latency (ms)", title="ITL")
+    rate_axis.set(xlabel="concurrency", ylabel="tokens/s (all requests)", title="decode throughput")
+    levels = sorted({c for samples in grouped.values() for c, _ in decode_levels(samples)})
+    for axis in (itl_axis, rate_axis):
+        # Log scale: the roofline of a small model sits far below every engine.
+        axis.set(yscale="log", xticks=levels)
+        axis.legend(fontsize=7)
+        axis.grid(alpha=0.3)
+    written.append(_save(figure, out_dir / "decode_vs_concurrency.png"))
+
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for engine, samples in grouped.items():
+        points = sorted(
+            (int(n.split("-")[1]), _med([s.ttft_s for s in group]))
+            for n, group in samples.items()
+            if n.startswith("long-")
+        )
+        points = [(n, t) for n, t in points if t is not None]
+        if points:
+            axis.plot([n for n, _ in points], [t * 1e3 for _, t in points], "o-", label=engine)
+    # No bandwidth roofline here: prefill is bound by compute, not by reading weights.
+    axis.set(xscale="log", yscale="log", xlabel="prompt tokens", ylabel="TTFT (ms)")
+    axis.set_title("cold TTFT against prompt length")
+    axis.legend(fontsize=7)
+    axis.grid(alpha=0.3)
+    written.append(_save(figure, out_dir / "ttft_vs_prompt_length.png"))
+
+    figure, (ttft_axis, tokens_axis) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    for engine, samples in grouped.items():
+        trace = [s for n, group in samples.items() if n.startswith("agent-") for s in group]
+        for branch, style in (("main", "-"), ("fork", "x")):
+            turns = sorted(
+                (s.meta["turn"], s) for s in trace if s.meta.get("branch") == branch and s.ttft_s
+            )
+            if not turns:
+                continue
+            xs = [t for t, _ in turns]
+            label = engine if branch == "main" else f"{engine} fork"
+            ttft_axis.plot(xs, [(s.ttft_s or 0) * 1e3 for _, s in turns], style, label=label)
+            if branch == "main":
+                tokens_axis.plot(xs, [s.prompt_tokens or 0 for _, s in turns], "-", label=engine)
+    ttft_axis.set(ylabel="TTFT (ms)", title="agent trace: TTFT per turn")
+    tokens_axis.set(xlabel="turn", ylabel="prompt tokens")
+    for axis in (ttft_axis, tokens_axis):
+        axis.legend(fontsize=7)
+        axis.grid(alpha=0.3)
+    written.append(_save(figure, out_dir / "agent_ttft_per_turn.png"))
+    return written
+
+
+def _save(figure: Any, path: Path) -> Path:
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
+    return path
+
+
+def _first(results: Sequence[dict[str, Any]], key: str, flare: str) -> Any:
+    ordered = sorted(results, key=lambda r: r["engine"] != flare)
+    return next((r[key] for r in ordered if r.get(key)), None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.suite.report", description=__doc__)
+    parser.add_argument("results", nargs="+", type=Path, help="results JSON of each engine")
+    parser.add_argument("--flare", default="flare", help="the engine the ratios are of")
+    parser.add_argument(
+        "--geometry", help=f"{' | '.join(GEOMETRIES)} | config.json (default: from the results)"
+    )
+    parser.add_argument(
+        "--bandwidth-gbs", type=float, help="measured read bandwidth (default: from the results)"
+    )
+    parser.add_argument("--out-dir", type=Path, help="write summary.md and the PNG plots here")
+    args = parser.parse_args(argv)
+    results = [json.loads(path.read_text()) for path in args.results]
+    geometry = resolve_geometry(args.geometry) if args.geometry else None
+    if geometry is None and (recorded := _first(results, "geometry", args.flare)):
+        geometry = Geometry(**recorded)
+    bandwidth = args.bandwidth_gbs * 1e9 if args.bandwidth_gbs else None
+    bandwidth = bandwidth or _first(results, "bandwidth_bytes_per_s", args.flare)
+    table = summary_table(results, args.flare, geometry, bandwidth)
+    print(table)
+    if args.out_dir:
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        (args.out_dir / "summary.md").write_text(table)
+        for path in plot(results, args.out_dir, args.flare, geometry, bandwidth):
+            print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

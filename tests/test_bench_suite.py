@@ -1,0 +1,547 @@
+"""The benchmark suite on the CPU: deterministic workloads at exact token counts, the
+statistics on hand-computed samples, the streaming client's SSE parsing and timing
+against Helios's real server over the test executor (the ``fake_server`` example, as
+in ``test_http_clients.py``), the whole CLI against it, the replay floor on a tiny
+checkpoint, and the report's ratio table and roofline."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import pytest
+from checkpoints import write_tiny
+
+from bench.suite.__main__ import main as suite_main
+from bench.suite.client import (
+    Endpoint,
+    HttpEngine,
+    Sample,
+    Summary,
+    decode_tokens_per_s,
+    median,
+    p99,
+    prefill_tokens_per_s,
+    request_body,
+    run_requests,
+    stream_request,
+    throughput_tokens_per_s,
+)
+from bench.suite.report import (
+    GEOMETRIES,
+    Geometry,
+    engine_metrics,
+    roofline_step_s,
+    summary_table,
+)
+from bench.suite.workloads import (
+    BenchRequest,
+    Sampling,
+    SuiteSettings,
+    agent_trace,
+    chat_requests,
+    fit_to_tokens,
+    long_prompt,
+    long_requests,
+    minimum_set,
+    prefix_requests,
+    tool_requests,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "target" / "debug" / "examples" / "fake_server"
+
+
+def words(text: str) -> list[str]:
+    return text.split()
+
+
+def trigrams(text: str) -> list[str]:
+    """A toy tokenizer that ignores word boundaries: one token per 3 characters."""
+    return [text[i : i + 3] for i in range(0, len(text), 3)]
+
+
+# ---------------------------------------------------------------- workloads
+
+
+@pytest.mark.parametrize("encode", [words, trigrams])
+@pytest.mark.parametrize("tokens", [512, 4096, 32768, 65536])
+def test_long_prompts_hit_their_token_count_exactly(
+    encode: Callable[[str], list[str]], tokens: int
+) -> None:
+    prompt = long_prompt(encode, tokens, key=7)
+    assert len(encode(prompt)) == tokens
+    assert long_prompt(encode, tokens, key=7) == prompt
+    assert long_prompt(encode, tokens, key=8) != prompt
+
+
+def test_fitting_keeps_head_and_tail_and_refuses_what_cannot_fit() -> None:
+    text = fit_to_tokens(trigrams, 100, lambda n: ["word"] * n, head="HEAD ", tail=" TAIL")
+    assert text.startswith("HEAD ") and text.endswith(" TAIL")
+    assert len(trigrams(text)) == 100
+    with pytest.raises(ValueError, match="exceed"):
+        fit_to_tokens(words, 2, lambda n: ["w"] * n, head="one two three")
+
+
+def _json(requests: list[BenchRequest]) -> str:
+    return json.dumps([r.to_json() for r in requests])
+
+
+def test_generators_are_deterministic_given_a_seed() -> None:
+    def everything(seed: int) -> str:
+        settings = SuiteSettings(seed=seed, prefix_tokens=256, prefix_repeats=2)
+        return _json(
+            long_requests(words, 512, 3, seed, 1)
+            + chat_requests(seed, 5, 16)
+            + chat_requests(seed, 5, 16, long_answers=True)
+            + tool_requests(seed, 6, 32)
+            + agent_trace(words, seed=seed, target_tokens=3000)
+            + prefix_requests(words, settings)
+        )
+
+    assert everything(1) == everything(1)
+    assert everything(1) != everything(2)
+
+
+def test_requests_carry_the_design_sampling_and_distinct_seeds() -> None:
+    requests = long_requests(words, 64, 4, seed=0, max_tokens=1) + chat_requests(0, 4, 8)
+    assert {(r.sampling.temperature, r.sampling.top_k, r.sampling.top_p) for r in requests} == {
+        (1.0, 20, 0.95)
+    }
+    assert len({r.sampling.seed for r in requests}) == len(requests)
+    # Each long prompt is different, so each one is cold.
+    assert len({r.prompt for r in requests if r.prompt}) == 4
+
+
+def test_a_request_round_trips_through_json_and_has_one_input() -> None:
+    request = tool_requests(3, 1, 32)[0]
+    assert BenchRequest.from_json(json.loads(json.dumps(request.to_json()))) == request
+    assert request.endpoint == "chat"
+    with pytest.raises(ValueError, match="exactly one"):
+        BenchRequest("x", "chat", 4, Sampling(), messages=[], prompt="both")
+
+
+def test_tool_conversations_are_in_openais_shape() -> None:
+    for request in tool_requests(0, 6, 32):
+        assert request.tools and request.tools[0]["type"] == "function"
+        assert request.messages is not None
+        call, result = request.messages[-2], request.messages[-1]
+        assert call["role"] == "assistant"
+        (tool_call,) = call["tool_calls"]
+        json.loads(tool_call["function"]["arguments"])
+        assert result == {
+            "role": "tool",
+            "tool_call_id": tool_call["id"],
+            "content": result["content"],
+        }
+
+
+def test_agent_trace_grows_to_its_target_and_forks_an_earlier_turn() -> None:
+    trace = agent_trace(words, seed=4, target_tokens=8000, result_tokens=(200, 400))
+    main = [r for r in trace if r.meta["branch"] == "main"]
+    fork = [r for r in trace if r.meta["branch"] == "fork"]
+    assert [r.meta["turn"] for r in main] == list(range(len(main)))
+    assert len(fork) == 2
+    history = [r.meta["history_tokens"] for r in main]
+    steps = [b - a for a, b in pairwise(history)]
+    # Each turn appends one tool call (a few tokens) and a 200-400 token result.
+    assert all(200 < step < 440 for step in steps)
+    assert history[-1] <= 8000 < history[-1] + 440
+    for request in main:
+        counted = sum(
+            len(words(str(m.get("content") or "")))
+            + sum(
+                len(words(c["function"]["name"] + c["function"]["arguments"]))
+                for c in m.get("tool_calls", [])
+            )
+            for m in request.messages or []
+        )
+        assert counted == request.meta["history_tokens"]
+    at = fork[0].meta["fork_of"]
+    base = main[at].messages or []
+    for request in fork:
+        messages = request.messages or []
+        assert messages[: len(base)] == base
+        assert messages[len(base)] != main[at + 1].messages[len(base)]  # type: ignore[index]
+        assert request.meta["history_tokens"] > main[at].meta["history_tokens"]
+
+
+def test_prefix_pairs_share_the_prefix_and_add_the_tail() -> None:
+    settings = SuiteSettings(prefix_tokens=4096, tail_tokens=11, prefix_repeats=2)
+    for encode in (words, trigrams):
+        requests = prefix_requests(encode, settings)
+        assert [r.meta["role"] for r in requests] == ["prefix", "hit"] * 2
+        for prefix, hit in zip(requests[::2], requests[1::2], strict=True):
+            assert len(encode(str(prefix.prompt))) == 4096
+            assert len(encode(str(hit.prompt))) == 4107
+            assert str(hit.prompt).startswith(str(prefix.prompt))
+            # Whether the prefix's tokens begin the hit's is recorded, not assumed: a
+            # tokenizer may merge across the boundary (trigrams can).
+            shared = encode(str(hit.prompt))[:4096] == encode(str(prefix.prompt))
+            assert hit.meta["prefix_tokens_shared"] == shared
+            assert shared or encode is trigrams
+
+
+def test_the_minimum_set_runs_in_order_and_builds_lazily() -> None:
+    built: list[str] = []
+
+    def encode(text: str) -> list[str]:
+        built.append(text[:10])
+        return words(text)
+
+    settings = SuiteSettings(lengths=(4096, 512), agent_tokens=2000)
+    plan = list(minimum_set(encode, settings))
+    assert not built
+    assert [m.name for m in plan] == [
+        "long-512",
+        "long-4096",
+        "decode-c1",
+        "decode-c2",
+        "decode-c4",
+        "prefix-4096+11",
+        "agent-2000",
+        "tools",
+    ]
+    warmup, requests = plan[3].build()
+    assert len(warmup) == 2 and len(requests) == 2 * settings.decode_rounds
+    assert {r.max_tokens for r in requests} == {256}
+    with pytest.raises(ValueError, match="unknown"):
+        list(minimum_set(encode, settings, ["bogus"]))
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def _sample(**fields: Any) -> Sample:
+    return Sample(request="r", workload="w", status=200, **fields)
+
+
+def test_median_and_p99_match_the_native_definition() -> None:
+    assert median([3.0, 1.0, 2.0]) == 2.0
+    assert median([4.0, 1.0, 3.0, 2.0]) == 2.5
+    # floor(0.99 * 200) = 198, floor(0.99 * 50) = 49 (as helios/src/replay/bench.rs).
+    assert p99([float(v) for v in range(200)]) == 198.0
+    assert p99([float(v) for v in reversed(range(50))]) == 49.0
+    assert p99([5.0]) == 5.0
+    assert Summary.of([1.0, 2.0, 3.0, 10.0]) == Summary(4, 2.5, 10.0, 4.0, 1.0, 10.0)
+    assert Summary.of([]) is None
+    with pytest.raises(ValueError):
+        median([])
+
+
+def test_rates_on_hand_computed_samples() -> None:
+    one = _sample(ttft_s=0.1, e2e_s=1.1, output_tokens=11, prompt_tokens=4096, start_s=0.0)
+    assert decode_tokens_per_s(one) == pytest.approx(10.0)
+    assert prefill_tokens_per_s(one) == pytest.approx(40960.0)
+    two = _sample(ttft_s=0.2, e2e_s=1.0, output_tokens=20, prompt_tokens=8, start_s=0.5)
+    # 31 tokens from t=0 to t=1.5.
+    assert throughput_tokens_per_s([one, two]) == pytest.approx(31 / 1.5)
+    assert decode_tokens_per_s(_sample(ttft_s=0.1, e2e_s=0.1, output_tokens=1)) is None
+    failed = _sample(error={"code": "x"}, output_tokens=5, e2e_s=1.0)
+    assert throughput_tokens_per_s([failed]) is None
+
+
+def test_request_bodies_spell_sampling_in_each_dialect() -> None:
+    request = chat_requests(0, 1, 32)[0]
+    openai = request_body(Endpoint("http://h:1", api_key="k"), request)
+    assert openai["top_k"] == 20 and openai["top_p"] == 0.95 and openai["temperature"] == 1.0
+    assert openai["seed"] == request.sampling.seed and openai["max_tokens"] == 32
+    assert openai["stream"] and openai["stream_options"] == {"include_usage": True}
+    assert "model" not in openai
+    hf = request_body(Endpoint("http://h:1", model="m", dialect="transformers"), request)
+    assert "top_k" not in hf and "stream_options" not in hf and hf["model"] == "m"
+    assert json.loads(hf["generation_config"]) == {
+        "do_sample": True,
+        "temperature": 1.0,
+        "top_k": 20,
+        "top_p": 0.95,
+        "max_new_tokens": 32,
+    }
+    assert Endpoint("http://h:1", api_key="k").headers()["Authorization"] == "Bearer k"
+    assert Endpoint("http://h:1/v1/").path("chat") == "/v1/chat/completions"
+    assert Endpoint("http://h:1").path("completions") == "/v1/completions"
+    with pytest.raises(ValueError, match="dialect"):
+        Endpoint("http://h:1", dialect="nope")
+
+
+# ---------------------------------------------------------------- against a real server
+
+
+class FakeServer:
+    """The ``fake_server`` example on a free port (as ``test_http_clients.py`` runs it)."""
+
+    def __init__(self, *args: str) -> None:
+        self.process = subprocess.Popen(
+            [str(EXAMPLE), "--port", "0", *args],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+        )
+        assert self.process.stderr is not None
+        log = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = self.process.stderr.readline()
+            if not line:
+                break
+            log.append(line)
+            if match := re.search(r"serving on (http://\S+)", line):
+                self.url = match.group(1)
+                return
+        self.process.kill()
+        raise AssertionError("fake_server did not start: " + "".join(log))
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=30)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+
+
+@pytest.fixture(scope="module")
+def fake_server_binary() -> Path:
+    cargo = shutil.which("cargo")
+    if cargo is None:
+        pytest.fail("cargo is needed to build the fake_server example (see scripts/test.sh)")
+    subprocess.run(
+        [cargo, "build", "-q", "-p", "flare-helios", "--example", "fake_server"],
+        cwd=ROOT,
+        check=True,
+        timeout=1800,
+    )
+    return EXAMPLE
+
+
+@pytest.fixture(scope="module")
+def server(fake_server_binary: Path) -> Iterator[FakeServer]:
+    running = FakeServer("--launch-ms", "2")
+    yield running
+    assert running.stop() == 0
+
+
+def test_streamed_chat_is_timed_chunk_by_chunk(server: FakeServer) -> None:
+    engine = HttpEngine(Endpoint(server.url))
+    samples = engine.run(chat_requests(0, 8, 24, long_answers=True), 1)
+    exact = 0
+    for sample in samples:
+        assert sample.ok and sample.status == 200
+        assert sample.ttft_s is not None and 0 < sample.ttft_s <= sample.e2e_s
+        assert sample.finish_reason == "length"
+        assert sample.output_tokens == 24 and sample.output_tokens_source == "usage"
+        assert sample.prompt_tokens and sample.prompt_tokens > 0
+        # The fake model's tokens are words ("w17"): one chunk per word, so one gap
+        # between successive words; a special token has no text and sends no chunk.
+        chunks = len(sample.text.split())
+        assert len(sample.gaps_s) == chunks - 1
+        assert all(gap >= 0 for gap in sample.gaps_s)
+        assert sample.ttft_s + sum(sample.gaps_s) <= sample.e2e_s
+        if chunks == sample.output_tokens:
+            exact += 1
+            assert len(sample.gaps_s) == sample.output_tokens - 1
+            # Each step sleeps 2 ms in the fake executor.
+            assert median(sample.gaps_s) >= 0.0015
+    assert exact > 0
+
+
+def test_completions_report_the_fitted_prompt_length(server: FakeServer) -> None:
+    (request,) = long_requests(words, 300, 1, seed=0, max_tokens=5)
+    sample = stream_request(Endpoint(server.url), request)
+    assert sample.ok and sample.prompt_tokens == 300 and sample.output_tokens == 5
+
+
+def test_concurrent_requests_overlap_and_keep_their_order(server: FakeServer) -> None:
+    requests = chat_requests(1, 8, 32, long_answers=True)
+    warm = chat_requests(2, 2, 4)
+    samples = run_requests(HttpEngine(Endpoint(server.url)), requests, 4, warmup=warm, repeats=2)
+    assert [s.request for s in samples] == [r.name for r in requests] * 2
+    assert [s.repeat for s in samples] == [0] * 8 + [1] * 8
+    assert all(s.ok and s.concurrency == 4 for s in samples)
+    first = samples[:4]
+    assert max(s.start_s for s in first) < min(s.start_s + s.e2e_s for s in first)
+
+
+def test_a_rejected_request_is_a_sample_with_the_servers_error(server: FakeServer) -> None:
+    (request,) = long_requests(words, 1100, 1, seed=0, max_tokens=1)
+    sample = stream_request(Endpoint(server.url), request)
+    assert not sample.ok and sample.status == 400 and sample.ttft_s is None
+    assert sample.error is not None and sample.error["code"] == "context_length_exceeded"
+    assert "context limit 1024" in sample.error["message"]
+
+
+def test_api_key_and_stops(fake_server_binary: Path) -> None:
+    keyed = FakeServer("--api-key", "sk-bench", "--stop-every", "3")
+    try:
+        requests = chat_requests(0, 4, 64)
+        refused = stream_request(Endpoint(keyed.url), requests[0])
+        assert refused.status == 401 and refused.error is not None
+        samples = HttpEngine(Endpoint(keyed.url, api_key="sk-bench")).run(requests, 2)
+        assert all(s.ok for s in samples)
+        stopped = [s for s in samples if s.finish_reason == "stop"]
+        assert stopped and all((s.output_tokens or 0) < 64 for s in stopped)
+    finally:
+        assert keyed.stop() == 0
+
+
+def test_the_suite_cli_measures_a_server_and_the_report_compares_engines(
+    server: FakeServer, tmp_path: Path
+) -> None:
+    out = tmp_path / "flare.json"
+    args = (
+        f"--url {server.url} --engine flare --out {out} --tokenizer words "
+        "--lengths 64 512 2048 --repeats 2 --decode-tokens 16 --decode-rounds 1 "
+        "--concurrency 1 2 --prefix-tokens 256 --agent-tokens 1500 --warmup 1 "
+        "--geometry smollm2-135m --bandwidth-gbs 4000"
+    )
+    assert suite_main(args.split()) == 0
+    results = json.loads(out.read_text())
+    assert results["context_limit"] == 1024
+    assert Geometry(**results["geometry"]) == GEOMETRIES["smollm2-135m"]
+    assert results["bandwidth_bytes_per_s"] == 4e12
+    by = {}
+    for data in results["samples"]:
+        by.setdefault(data["measurement"], []).append(Sample.from_json(data))
+    assert [s.prompt_tokens for s in by["long-512"]] == [512, 512]
+    assert all(not s.ok for s in by["long-2048"])
+    skipped = {s["measurement"]: s["reason"] for s in results["skipped"]}
+    assert "context limit 1024" in skipped["long-2048"]
+    assert "agent-1500" in skipped  # its last turns pass the fake server's 1024 tokens
+    hits = [s for s in by["prefix-256+11"] if s.meta["role"] == "hit"]
+    assert [s.prompt_tokens for s in hits] == [267, 267, 267]
+    turns = [s for s in by["agent-1500"] if s.meta["branch"] == "main"]
+    assert [s.prompt_tokens or 0 for s in turns] == sorted(s.prompt_tokens or 0 for s in turns)
+    assert len(by["decode-c2"]) == 2 and len(by["tools"]) == 8
+    metrics = {row.key: value for row, value in engine_metrics(results).items()}
+    assert metrics["agent-last-tokens"] == turns[-1].prompt_tokens
+    table = summary_table([results], "flare", GEOMETRIES["smollm2-135m"], 4e12)
+    assert "| long-512 | cold TTFT, 512 tokens (ms) |" in table
+    assert "long-2048 skipped" in table
+
+
+def test_the_suite_cli_launches_a_server_and_times_its_startup(
+    fake_server_binary: Path, tmp_path: Path
+) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = tmp_path / "startup.json"
+    args = [
+        "--url", f"http://127.0.0.1:{port}", "--engine", "flare", "--out", str(out),
+        "--launch", f"exec {fake_server_binary} --port {port}", "--workloads",
+    ]  # fmt: skip
+    assert suite_main(args) == 0
+    results = json.loads(out.read_text())
+    assert 0 < results["startup_s"] < 60
+    assert results["server_exit_status"] == 0
+    assert results["versions"]["server_models"]["data"][0]["id"] == "tiny"
+    assert "serving on" in out.with_suffix(".server.log").read_text()
+
+
+# ---------------------------------------------------------------- replay floor
+
+
+def test_the_replay_floor_answers_suite_requests(tmp_path: Path) -> None:
+    from bench.suite.replay_floor import ReplayFloorEngine, prepare_floor
+
+    path = write_tiny(tmp_path / "llama", "llama")
+    prepared = prepare_floor(path, max_concurrency=2, context_limit=512, eager=True)
+    floor = ReplayFloorEngine(prepared)
+    requests = long_requests(floor.encode, 40, 2, seed=0, max_tokens=5)
+    too_long = long_requests(floor.encode, 510, 1, seed=0, max_tokens=5)
+    samples = floor.run(requests + too_long, 2)
+    for sample in samples[:2]:
+        assert sample.ok and sample.prompt_tokens == 40 and sample.concurrency == 2
+        assert sample.ttft_s is not None and sample.ttft_s <= sample.e2e_s
+        assert sample.finish_reason in ("stop", "length")
+        assert len(sample.gaps_s) == (sample.output_tokens or 0) - 1
+    assert samples[2].error is not None
+    assert samples[2].error["code"] == "context_length_exceeded"
+
+
+# ---------------------------------------------------------------- report
+
+
+def test_geometry_bytes_match_the_documented_table() -> None:
+    small, large = GEOMETRIES["smollm2-135m"], GEOMETRIES["qwen3-8b"]
+    assert small.parameters() == 134_515_008
+    assert small.weight_bytes_read() == small.weight_bytes() == 269_030_016
+    assert small.kv_bytes_per_position() == 23_040
+    assert small.bytes_per_step(1, 4096) == 363_401_856
+    assert large.parameters() == 8_190_735_360
+    assert large.weight_bytes() == 16_381_470_720
+    assert large.weight_bytes_read() == 15_136_819_200
+    assert large.kv_bytes_per_position() == 147_456
+    assert large.bytes_per_step(1, 4096) == 15_740_798_976
+    assert roofline_step_s(large, 4.0e12) == pytest.approx(3.784e-3, rel=1e-3)
+    config = {
+        "num_hidden_layers": 30,
+        "hidden_size": 576,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "intermediate_size": 1536,
+        "vocab_size": 49152,
+        "tie_word_embeddings": True,
+    }
+    assert Geometry.from_config(config) == small
+
+
+def _synthetic(engine: str, gap_s: float, ttft_s: float) -> dict[str, object]:
+    samples = []
+    for c in (1, 4):
+        for i in range(c):
+            sample = _sample(
+                measurement=f"decode-c{c}",
+                concurrency=c,
+                ttft_s=ttft_s,
+                start_s=0.0,
+                gaps_s=[gap_s] * 10,
+                e2e_s=ttft_s + 10 * gap_s,
+                output_tokens=11,
+                prompt_tokens=90,
+                meta={"repeat": i},
+            )
+            samples.append(sample.to_json())
+    long = _sample(measurement="long-4096", ttft_s=ttft_s * 8, e2e_s=ttft_s * 8, prompt_tokens=4096)
+    samples.append(long.to_json())
+    return {"engine": engine, "samples": samples, "skipped": []}
+
+
+def test_the_summary_table_gives_flare_over_each_baseline_and_the_roofline() -> None:
+    flare = _synthetic("flare", gap_s=0.004, ttft_s=0.02)
+    baseline = _synthetic("transformers", gap_s=0.008, ttft_s=0.05)
+    geometry = GEOMETRIES["qwen3-8b"]
+    table = summary_table([baseline, flare], "flare", geometry, 4.0e12)
+    lines = {line.split(" | ")[1]: line for line in table.splitlines() if line.startswith("| ")}
+    header = lines["metric"].strip("| ").split(" | ")
+    assert header == [
+        "workload",
+        "metric",
+        "better",
+        "flare",
+        "transformers",
+        "roofline",
+        "flare / transformers",
+        "flare / roofline",
+    ]
+    itl = lines["ITL p50, c=1 (ms)"].strip("| ").split(" | ")
+    assert itl[2:5] == ["lower", "4.00", "8.00"] and itl[6] == "0.50"
+    # Context 90 + 11 / 2 = 95.5 -> 96 positions at batch 1.
+    roof = geometry.bytes_per_step(1, 96) / 4.0e12
+    assert float(itl[5]) == pytest.approx(roof * 1e3, rel=1e-2)
+    assert float(itl[7]) == pytest.approx(4.0 / (roof * 1e3), rel=1e-2)
+    rate = lines["decode per request, c=4 (tok/s)"].strip("| ").split(" | ")
+    assert rate[2] == "higher" and rate[6] == "2.00"
+    ttft = lines["cold TTFT, 4096 tokens (ms)"].strip("| ").split(" | ")
+    assert ttft[3:5] == ["160", "400"] and ttft[6] == "0.40" and ttft[7] == "–"
+    with pytest.raises(ValueError, match="no results"):
+        summary_table([baseline], "flare")
