@@ -40,8 +40,13 @@ TOKENIZER_WORDS = 32000
 _BLOCK = 1 << 20
 
 
+# Positions the geometries admit: enough for the 64K-token prompts of the benchmark
+# suite. The weights are random, so the rotary variant changes no timing and no shape.
+_MAX_POSITIONS = 131072
+
+
 def _llama_8b() -> PretrainedConfig:
-    """Llama-3-8B's geometry (GQA 32/8, vocab 128256, llama3 rope)."""
+    """Llama-3-8B's geometry (GQA 32/8, vocab 128256), up to 128K positions."""
     return LlamaConfig(
         vocab_size=128256,
         hidden_size=4096,
@@ -49,7 +54,7 @@ def _llama_8b() -> PretrainedConfig:
         num_hidden_layers=32,
         num_attention_heads=32,
         num_key_value_heads=8,
-        max_position_embeddings=8192,
+        max_position_embeddings=_MAX_POSITIONS,
         rms_norm_eps=1e-5,
         rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
         bos_token_id=2,
@@ -59,7 +64,8 @@ def _llama_8b() -> PretrainedConfig:
 
 
 def _qwen3_8b() -> PretrainedConfig:
-    """Qwen3-8B's geometry (GQA 32/8, head_dim 128, q/k norms, vocab 151936)."""
+    """Qwen3-8B's geometry (GQA 32/8, head_dim 128, q/k norms, vocab 151936), up to
+    128K positions."""
     return Qwen3Config(
         vocab_size=151936,
         hidden_size=4096,
@@ -68,7 +74,7 @@ def _qwen3_8b() -> PretrainedConfig:
         num_attention_heads=32,
         num_key_value_heads=8,
         head_dim=128,
-        max_position_embeddings=8192,
+        max_position_embeddings=_MAX_POSITIONS,
         rms_norm_eps=1e-6,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         bos_token_id=2,
