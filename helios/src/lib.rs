@@ -27,6 +27,7 @@ pub mod error;
 pub mod execution;
 pub mod frontend;
 pub mod http;
+pub mod prefix;
 pub mod replay;
 pub mod scheduler;
 pub mod serve;
