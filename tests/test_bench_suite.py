@@ -7,12 +7,7 @@ checkpoint, and the report's ratio table and roofline."""
 from __future__ import annotations
 
 import json
-import re
-import shutil
-import signal
 import socket
-import subprocess
-import time
 from collections.abc import Callable, Iterator
 from itertools import pairwise
 from pathlib import Path
@@ -20,6 +15,7 @@ from typing import Any
 
 import pytest
 from checkpoints import write_tiny
+from fake_server import FakeServer, build_fake_server
 
 from bench.suite.__main__ import main as suite_main
 from bench.suite.client import (
@@ -56,9 +52,6 @@ from bench.suite.workloads import (
     prefix_requests,
     tool_requests,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "target" / "debug" / "examples" / "fake_server"
 
 
 def words(text: str) -> list[str]:
@@ -276,56 +269,14 @@ def test_request_bodies_spell_sampling_in_each_dialect() -> None:
 # ---------------------------------------------------------------- against a real server
 
 
-class FakeServer:
-    """The ``fake_server`` example on a free port (as ``test_http_clients.py`` runs it)."""
-
-    def __init__(self, *args: str) -> None:
-        self.process = subprocess.Popen(
-            [str(EXAMPLE), "--port", "0", *args],
-            stderr=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            text=True,
-        )
-        assert self.process.stderr is not None
-        log = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = self.process.stderr.readline()
-            if not line:
-                break
-            log.append(line)
-            if match := re.search(r"serving on (http://\S+)", line):
-                self.url = match.group(1)
-                return
-        self.process.kill()
-        raise AssertionError("fake_server did not start: " + "".join(log))
-
-    def stop(self) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout=30)
-        finally:
-            if self.process.poll() is None:
-                self.process.kill()
-
-
 @pytest.fixture(scope="module")
 def fake_server_binary() -> Path:
-    cargo = shutil.which("cargo")
-    if cargo is None:
-        pytest.fail("cargo is needed to build the fake_server example (see scripts/test.sh)")
-    subprocess.run(
-        [cargo, "build", "-q", "-p", "flare-helios", "--example", "fake_server"],
-        cwd=ROOT,
-        check=True,
-        timeout=1800,
-    )
-    return EXAMPLE
+    return build_fake_server()
 
 
 @pytest.fixture(scope="module")
 def server(fake_server_binary: Path) -> Iterator[FakeServer]:
-    running = FakeServer("--launch-ms", "2")
+    running = FakeServer(fake_server_binary, "--launch-ms", "2")
     yield running
     assert running.stop() == 0
 
@@ -380,7 +331,7 @@ def test_a_rejected_request_is_a_sample_with_the_servers_error(server: FakeServe
 
 
 def test_api_key_and_stops(fake_server_binary: Path) -> None:
-    keyed = FakeServer("--api-key", "sk-bench", "--stop-every", "3")
+    keyed = FakeServer(fake_server_binary, "--api-key", "sk-bench", "--stop-every", "3")
     try:
         requests = chat_requests(0, 4, 64)
         refused = stream_request(Endpoint(keyed.url), requests[0])

@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.make_prompts import EVENTS, SERVICES
+
 Encode = Callable[[str], Sequence[int]]
 Message = dict[str, Any]
 
@@ -50,17 +52,6 @@ TOPICS = [
     "the life cycle of a star",
 ]
 
-SERVICES = ["auth", "billing", "search", "gateway", "storage", "mailer", "scheduler", "metrics"]
-EVENTS = [
-    "latency rose above the alert threshold",
-    "a deploy finished and traffic shifted to the new version",
-    "the error rate returned to normal",
-    "a replica restarted after running out of memory",
-    "disk usage crossed eighty percent",
-    "a certificate was renewed ahead of expiry",
-    "the cache hit ratio dropped sharply",
-    "an operator rolled back the previous release",
-]
 DETAILS = [
     "see the runbook section on queues",
     "two pages were sent to the on-call engineer",

@@ -53,12 +53,7 @@ impl Stream {
         offset: usize,
         len: usize,
     ) -> Result<(), CudaError> {
-        if !window.covers(addr, len as u64) {
-            return Err(CudaError::Unmapped {
-                addr,
-                len: len as u64,
-            });
-        }
+        mapped(window, addr, len)?;
         let host = source.range(offset, len)?;
         if len == 0 {
             return Ok(());
@@ -82,12 +77,7 @@ impl Stream {
         addr: u64,
         len: usize,
     ) -> Result<(), CudaError> {
-        if !window.covers(addr, len as u64) {
-            return Err(CudaError::Unmapped {
-                addr,
-                len: len as u64,
-            });
-        }
+        mapped(window, addr, len)?;
         let host = target.range(offset, len)?;
         if len == 0 {
             return Ok(());
@@ -101,6 +91,16 @@ impl Stream {
 
     pub(crate) fn raw(&self) -> sys::CUstream {
         self.raw
+    }
+}
+
+/// `Unmapped` unless `[addr, addr + len)` lies in `window`'s mapped memory.
+fn mapped(window: &Window, addr: u64, len: usize) -> Result<(), CudaError> {
+    let len = len as u64;
+    if window.covers(addr, len) {
+        Ok(())
+    } else {
+        Err(CudaError::Unmapped { addr, len })
     }
 }
 
