@@ -5,9 +5,10 @@
 //! ids the checkpoint's own tooling produces:
 //!
 //! - [`ChatTemplate`] renders a conversation with the core's Jinja chat
-//!   template (MiniJinja, configured like Transformers' Jinja2 environment);
-//! - [`Tokenizer`] encodes the prompt and decodes ids (Hugging Face
-//!   `tokenizers`);
+//!   template (MiniJinja, configured like Transformers' Jinja2 environment),
+//!   and marks where each complete message ends ([`RenderedChat`]);
+//! - [`Tokenizer`] encodes the prompt, with each token's byte span when
+//!   asked, and decodes ids (Hugging Face `tokenizers`);
 //! - [`Detokenizer`] turns generated ids into UTF-8-safe text deltas;
 //! - [`StopMatcher`] ends the visible output at a stop sequence, across token
 //!   boundaries.
@@ -17,6 +18,7 @@
 
 mod detokenizer;
 mod error;
+mod offsets;
 mod stop;
 mod template;
 mod tokenizer;
@@ -24,8 +26,8 @@ mod tokenizer;
 pub use detokenizer::Detokenizer;
 pub use error::{FrontendError, InvalidChat};
 pub use stop::{StopMatcher, StopStep};
-pub use template::{ChatInput, ChatTemplate, SpecialTokens};
-pub use tokenizer::Tokenizer;
+pub use template::{ChatInput, ChatTemplate, RenderedChat, SpecialTokens};
+pub use tokenizer::{ByteSpan, Tokenizer};
 
 use crate::core::proto;
 
@@ -36,6 +38,28 @@ pub struct ChatPrompt {
     pub text: String,
     /// Its token ids (no special tokens added beyond the text's own).
     pub token_ids: Vec<u32>,
+}
+
+/// A chat prompt with what prefix checkpoints map to token endpoints
+/// (`helios::prefix::prompt_endpoints(&text, &marks(), &token_offsets)`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MarkedChatPrompt {
+    /// The prompt text, as the template rendered it.
+    pub text: String,
+    /// Its token ids, as [`ChatPrompt::token_ids`].
+    pub token_ids: Vec<u32>,
+    /// Each token's byte span in `text` ([`Tokenizer::encode_with_offsets`]).
+    pub token_offsets: Vec<ByteSpan>,
+    /// Where each message's rendering ends in `text`, or `None`
+    /// ([`RenderedChat::message_ends`]).
+    pub message_ends: Vec<Option<usize>>,
+}
+
+impl MarkedChatPrompt {
+    /// The marks alone, in increasing order.
+    pub fn marks(&self) -> Vec<usize> {
+        self.message_ends.iter().flatten().copied().collect()
+    }
 }
 
 /// The frontend assets of a core, built once at startup and shared by every
@@ -121,5 +145,21 @@ impl Frontend {
         let text = self.chat_template()?.render(input)?;
         let token_ids = self.tokenizer.encode(&text, false)?;
         Ok(ChatPrompt { text, token_ids })
+    }
+
+    /// [`Self::encode_chat`], with each token's byte span and each
+    /// message's end mark ([`ChatTemplate::render_with_marks`]).
+    pub fn encode_chat_with_marks(
+        &self,
+        input: &ChatInput,
+    ) -> Result<MarkedChatPrompt, FrontendError> {
+        let RenderedChat { text, message_ends } = self.chat_template()?.render_with_marks(input)?;
+        let (token_ids, token_offsets) = self.tokenizer.encode_with_offsets(&text, false)?;
+        Ok(MarkedChatPrompt {
+            text,
+            token_ids,
+            token_offsets,
+            message_ends,
+        })
     }
 }

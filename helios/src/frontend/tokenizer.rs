@@ -2,7 +2,13 @@
 
 use std::str::FromStr;
 
+use tokenizers::processors::PostProcessorWrapper;
+
+use super::offsets::byte_spans;
 use super::FrontendError;
+
+/// A token's bytes in the encoded text: `(start, end)`, end exclusive.
+pub type ByteSpan = (usize, usize);
 
 /// The core's tokenizer (a Hugging Face `tokenizers` serialization).
 ///
@@ -11,6 +17,12 @@ use super::FrontendError;
 /// it (`add_special_tokens=False`). Special-token text inside the input (for
 /// example a user writing `<|im_end|>`) is matched as that special token, as
 /// Transformers does.
+///
+/// Token byte spans ([`Self::encode_with_offsets`]) are never trimmed: the
+/// post-processor's `trim_offsets` (ByteLevel, RoBERTa) is switched off at
+/// load time. Trimming changes no id; it only hides a token's leading space,
+/// which would make a token that starts before a message mark look as if it
+/// started at the mark.
 #[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
@@ -32,8 +44,12 @@ impl Tokenizer {
     /// Loads a `tokenizer.json` serialization (the core's
     /// `Frontend.tokenizer_json`).
     pub fn from_json(json: &str) -> Result<Self, FrontendError> {
-        let inner = tokenizers::Tokenizer::from_str(json)
+        let mut inner = tokenizers::Tokenizer::from_str(json)
             .map_err(|source| FrontendError::Tokenizer { source })?;
+        if let Some(mut processor) = inner.get_post_processor().cloned() {
+            untrim_offsets(&mut processor);
+            inner.with_post_processor(Some(processor));
+        }
         // The `ByteFallback` decoder reads both spellings of the hex digits.
         let mut byte_tokens: Vec<u32> = (0..=u8::MAX)
             .flat_map(|byte| [format!("<0x{byte:02X}>"), format!("<0x{byte:02x}>")])
@@ -62,6 +78,35 @@ impl Tokenizer {
             .encode_fast(text, add_special_tokens)
             .map_err(|source| FrontendError::Encode { source })?;
         Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Token ids of `text`, as [`Self::encode`] gives them, and each token's
+    /// byte span `(start, end)` in `text` (not in the normalized text, and
+    /// untrimmed: a byte-level token's leading space is inside its span).
+    ///
+    /// Spans are nondecreasing in both ends, lie on character boundaries
+    /// and together cover every byte of `text` (when the tokenizer
+    /// truncates, up to the last token), but may overlap: the tokens holding
+    /// the bytes of one character (byte-level or byte-fallback pieces) all
+    /// carry that character's span. Bytes the normalizer merges away (NFC
+    /// composition) belong to the token before them. A token the
+    /// post-processor adds (a BOS or EOS that `add_special_tokens` asks for,
+    /// absent from `text`) gets the empty span `(p, p)` at its place, `p`
+    /// being the furthest end of the tokens before it (0 for a leading one),
+    /// so it never crosses a mark. Special tokens written in `text` itself
+    /// keep their own spans.
+    pub fn encode_with_offsets(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<(Vec<u32>, Vec<ByteSpan>), FrontendError> {
+        let encoding = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(|source| FrontendError::Encode { source })?;
+        let truncates = self.inner.get_truncation().is_some();
+        let offsets = byte_spans(&encoding, text.len(), truncates);
+        Ok((encoding.get_ids().to_vec(), offsets))
     }
 
     /// The text of `ids`; special tokens are left out when
@@ -110,5 +155,18 @@ impl Tokenizer {
     /// The underlying `tokenizers` instance.
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
+    }
+}
+
+/// Switches off offset trimming in a post-processor and the processors it
+/// chains; ids are unaffected.
+fn untrim_offsets(processor: &mut PostProcessorWrapper) {
+    match processor {
+        PostProcessorWrapper::ByteLevel(byte_level) => byte_level.trim_offsets = false,
+        PostProcessorWrapper::Roberta(roberta) => roberta.trim_offsets = false,
+        PostProcessorWrapper::Sequence(sequence) => {
+            sequence.as_mut().iter_mut().for_each(untrim_offsets);
+        }
+        PostProcessorWrapper::Bert(_) | PostProcessorWrapper::Template(_) => {}
     }
 }

@@ -9,6 +9,7 @@
 mod continuation;
 mod environment;
 mod json;
+mod marks;
 mod python;
 mod value;
 
@@ -17,6 +18,7 @@ use serde::Deserialize;
 
 use super::error::{FrontendError, InvalidChat};
 use environment::{RaisedException, TEMPLATE_NAME};
+pub use marks::RenderedChat;
 
 /// The named special tokens Transformers passes to every template
 /// (`tokenizer.special_tokens_map`): `bos_token`, `eos_token`, and so on.
@@ -151,14 +153,22 @@ impl ChatTemplate {
             }
         }
 
-        let rendered = self.render_context(self.context(input, messages))?;
+        let context = self.context(input, messages, input.add_generation_prompt);
+        let rendered = self.render_context(context)?;
         match continuation {
             Some(continuation) => continuation::cut(rendered, &continuation),
             None => Ok(rendered),
         }
     }
 
-    fn context(&self, input: &ChatInput, messages: Vec<Value>) -> Value {
+    /// The template's variables: `input`'s tools, documents and kwargs with
+    /// the given `messages` and `add_generation_prompt`.
+    fn context(
+        &self,
+        input: &ChatInput,
+        messages: Vec<Value>,
+        add_generation_prompt: bool,
+    ) -> Value {
         let list = |values: &Option<Vec<serde_json::Value>>| match values {
             Some(values) => Value::from(values.iter().map(value::from_json).collect::<Vec<_>>()),
             None => Value::from(()),
@@ -178,7 +188,7 @@ impl ChatTemplate {
             ("documents".to_owned(), list(&input.documents)),
             (
                 "add_generation_prompt".to_owned(),
-                Value::from(input.add_generation_prompt),
+                Value::from(add_generation_prompt),
             ),
         ];
         // Later entries win: kwargs override special tokens, as in Transformers.
