@@ -162,20 +162,7 @@ mod tests {
 
     /// A contiguous bf16 buffer of `shape` at `offset`.
     fn buffer(offset: u64, shape: &[u64]) -> Buffer {
-        let mut strides = vec![1u64; shape.len()];
-        for i in (0..shape.len().saturating_sub(1)).rev() {
-            strides[i] = strides[i + 1] * shape[i + 1];
-        }
-        Buffer {
-            name: "kv.pages".to_owned(),
-            role: BufferRole::KvPages as i32,
-            offset,
-            size_bytes: shape.iter().product::<u64>() * 2,
-            dtype: DType::DtypeBf16 as i32,
-            shape: shape.to_vec(),
-            strides,
-            initial_tensor: String::new(),
-        }
+        crate::core::sample::contiguous_kv_buffer(offset, shape)
     }
 
     fn contract(kv_pages: u32, bytes_per_page: u64, axis: u32) -> PreparedContract {

@@ -314,3 +314,22 @@ pub fn tiny_core() -> Core {
         }),
     }
 }
+
+/// A contiguous bf16 KV pages buffer (`kv.pages`, role KV pages) of `shape`
+/// at window offset `offset`, for tests that vary the page geometry.
+pub fn contiguous_kv_buffer(offset: u64, shape: &[u64]) -> Buffer {
+    let mut strides = vec![1u64; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1];
+    }
+    Buffer {
+        name: "kv.pages".to_owned(),
+        role: BufferRole::KvPages as i32,
+        offset,
+        size_bytes: shape.iter().product::<u64>() * itemsize(DType::DtypeBf16),
+        dtype: DType::DtypeBf16 as i32,
+        shape: shape.to_vec(),
+        strides,
+        initial_tensor: String::new(),
+    }
+}

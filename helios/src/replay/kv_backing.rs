@@ -180,7 +180,7 @@ pub fn plan_kv_from_free(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::proto::{Buffer, BufferRole, Core, DType};
+    use crate::core::proto::{BufferRole, Core};
     use crate::core::sample::tiny_core;
 
     const K: u64 = 1 << 10;
@@ -197,23 +197,10 @@ mod tests {
     fn core(layers: u64, pages: u32, offset: u64, axis: Option<u32>, min_pages: u32) -> ValidCore {
         let mut core: Core = tiny_core();
         let shape = [layers, 2, u64::from(pages), 16, 1, 64];
-        let mut strides = vec![1u64; shape.len()];
-        for i in (0..shape.len() - 1).rev() {
-            strides[i] = strides[i + 1] * shape[i + 1];
-        }
         let kv = (core.buffers.iter_mut())
             .find(|buffer| buffer.role == BufferRole::KvPages as i32)
             .unwrap();
-        *kv = Buffer {
-            name: "kv.pages".to_owned(),
-            role: BufferRole::KvPages as i32,
-            offset,
-            size_bytes: shape.iter().product::<u64>() * 2,
-            dtype: DType::DtypeBf16 as i32,
-            shape: shape.to_vec(),
-            strides,
-            initial_tensor: String::new(),
-        };
+        *kv = crate::core::sample::contiguous_kv_buffer(offset, &shape);
         let contract = core.contract.as_mut().unwrap();
         contract.kv_pages = pages;
         contract.bytes_per_page = layers * 2 * PAGE;
