@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use std::rc::Rc;
 
-use super::staging::{StagingError, StagingLayout};
+use super::staging::{Packed, StagingError, StagingLayout};
 use crate::core::ValidCore;
 use crate::cuda::{Context, CudaError, Event, PinnedBuffer, Stream, Window};
 use crate::replay::LoadedCore;
@@ -82,6 +82,8 @@ struct InFlight {
 pub struct GpuExecutor<T: GraphTarget = LoadedCore> {
     core: T,
     staging: StagingLayout,
+    /// The launch being submitted, packed; reused so steps allocate nothing.
+    packed: Packed,
     ring: Vec<Slot>,
     in_flight: VecDeque<InFlight>,
     next_ticket: u64,
@@ -130,6 +132,7 @@ impl<T: GraphTarget> GpuExecutor<T> {
         Ok(Self {
             core,
             staging: staging_layout,
+            packed: Packed::default(),
             ring,
             in_flight: VecDeque::with_capacity(RING),
             next_ticket: 0,
@@ -162,7 +165,10 @@ impl<T: GraphTarget> Executor for GpuExecutor<T> {
                 reason: format!("more than {RING} launches in flight"),
             }));
         }
-        let packed = self.staging.pack(launch).map_err(staging)?;
+        self.staging
+            .pack_into(launch, &mut self.packed)
+            .map_err(staging)?;
+        let packed = &self.packed;
         let ticket = Ticket(self.next_ticket);
         let index = (self.next_ticket % RING as u64) as usize;
         let slot = &mut self.ring[index];

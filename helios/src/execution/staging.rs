@@ -124,13 +124,27 @@ pub struct Packed {
 }
 
 impl Packed {
-    fn push(&mut self, addr: u64, bytes: &[u8]) {
+    /// Appends one copy to `addr` whose bytes `fill` appends to [`Self::bytes`].
+    fn append<E>(
+        &mut self,
+        addr: u64,
+        fill: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let offset = self.bytes.len();
+        fill(&mut self.bytes)?;
         self.writes.push(Write {
             addr,
-            offset: self.bytes.len(),
-            len: bytes.len(),
+            offset,
+            len: self.bytes.len() - offset,
         });
-        self.bytes.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.writes.clear();
+        self.graph = 0;
+        self.rows = 0;
     }
 }
 
@@ -300,59 +314,64 @@ impl StagingLayout {
     /// The copies, graph and record count of `launch`.
     pub fn pack(&self, launch: &Launch) -> Result<Packed, StagingError> {
         let mut packed = Packed::default();
+        self.pack_into(launch, &mut packed)?;
+        Ok(packed)
+    }
+
+    /// [`Self::pack`] into `packed`, reusing its storage (the executor packs
+    /// every step into one buffer, allocating nothing once it has grown).
+    pub fn pack_into(&self, launch: &Launch, packed: &mut Packed) -> Result<(), StagingError> {
+        packed.clear();
+        let packed = &mut *packed;
         for update in &launch.page_updates {
-            self.pack_page_update(&mut packed, update)?;
+            self.pack_page_update(packed, update)?;
         }
         let (kind, capacity) = match &launch.operation {
             Operation::Admit(admit) => {
-                let slot = i128::from(admit.slot.0);
-                self.put(&mut packed, Semantic::AdmitSlot, "admit slot", &[slot])?;
-                let tokens: Vec<i128> = admit.prompt.iter().map(|&t| i128::from(t)).collect();
-                self.put(&mut packed, Semantic::AdmitTokens, "prompt", &tokens)?;
-                let len = i128::from(len_u32(admit.prompt.len()));
-                self.put(&mut packed, Semantic::AdmitLen, "prompt length", &[len])?;
-                let consumed = i128::from(admit.consumed);
+                let one = |value: u32| std::iter::once(i128::from(value));
+                self.put(packed, Semantic::AdmitSlot, "admit slot", one(admit.slot.0))?;
+                let tokens = admit.prompt.iter().map(|&t| i128::from(t));
+                self.put(packed, Semantic::AdmitTokens, "prompt", tokens)?;
+                let len = one(len_u32(admit.prompt.len()));
+                self.put(packed, Semantic::AdmitLen, "prompt length", len)?;
                 self.put(
-                    &mut packed,
+                    packed,
                     Semantic::AdmitConsumed,
                     "consumed",
-                    &[consumed],
+                    one(admit.consumed),
                 )?;
-                let ints = [
-                    i128::from(admit.sampling.top_k),
-                    i128::from(admit.max_new_tokens),
-                ];
-                self.put(&mut packed, Semantic::AdmitInt, "admit integers", &ints)?;
-                self.put_floats(&mut packed, &admit.sampling);
+                let ints = [admit.sampling.top_k, admit.max_new_tokens].map(i128::from);
+                self.put(
+                    packed,
+                    Semantic::AdmitInt,
+                    "admit integers",
+                    ints.into_iter(),
+                )?;
+                self.put_floats(packed, &admit.sampling);
                 // The seed is a 64-bit key: its bits, whatever the sign.
-                let seed = i128::from(admit.seed as i64);
-                self.put(&mut packed, Semantic::AdmitSeed, "seed", &[seed])?;
+                let seed = std::iter::once(i128::from(admit.seed as i64));
+                self.put(packed, Semantic::AdmitSeed, "seed", seed)?;
                 (GraphKind::Admit, 1)
             }
             Operation::PrefillChunk(chunk) => {
-                let slot = i128::from(chunk.slot.0);
-                self.put(&mut packed, Semantic::ChunkSlot, "chunk slot", &[slot])?;
-                let tokens: Vec<i128> = chunk.tokens.iter().map(|&t| i128::from(t)).collect();
-                self.put(&mut packed, Semantic::ChunkTokens, "chunk", &tokens)?;
-                let len = i128::from(len_u32(chunk.tokens.len()));
-                self.put(&mut packed, Semantic::ChunkLen, "chunk length", &[len])?;
-                let sample = i128::from(chunk.ends_prompt);
-                self.put(
-                    &mut packed,
-                    Semantic::ChunkSample,
-                    "chunk sample",
-                    &[sample],
-                )?;
+                let one = |value: u32| std::iter::once(i128::from(value));
+                self.put(packed, Semantic::ChunkSlot, "chunk slot", one(chunk.slot.0))?;
+                let tokens = chunk.tokens.iter().map(|&t| i128::from(t));
+                self.put(packed, Semantic::ChunkTokens, "chunk", tokens)?;
+                let len = one(len_u32(chunk.tokens.len()));
+                self.put(packed, Semantic::ChunkLen, "chunk length", len)?;
+                let sample = one(u32::from(chunk.ends_prompt));
+                self.put(packed, Semantic::ChunkSample, "chunk sample", sample)?;
                 (GraphKind::Prefill, chunk.capacity)
             }
             Operation::Decode(decode) => {
-                let slots: Vec<i128> = decode.slots.iter().map(|s| i128::from(s.0)).collect();
-                self.put(&mut packed, Semantic::DecodeSlots, "decode slots", &slots)?;
+                let slots = decode.slots.iter().map(|s| i128::from(s.0));
+                self.put(packed, Semantic::DecodeSlots, "decode slots", slots)?;
                 (GraphKind::Decode, decode.capacity)
             }
             Operation::Resume(resume) => {
-                let slot = i128::from(resume.slot.0);
-                self.put(&mut packed, Semantic::ResumeSlot, "resume slot", &[slot])?;
+                let slot = std::iter::once(i128::from(resume.slot.0));
+                self.put(packed, Semantic::ResumeSlot, "resume slot", slot)?;
                 (GraphKind::Resume, 1)
             }
         };
@@ -368,7 +387,7 @@ impl StagingLayout {
                 capacity: self.max_rows() as u64,
             });
         }
-        Ok(packed)
+        Ok(())
     }
 
     /// Completion records from the bytes the graph wrote (`rows` rows).
@@ -416,17 +435,17 @@ impl StagingLayout {
                 dtype: DType::DtypeI32,
             });
         }
-        let mut bytes = Vec::with_capacity(update.pages.len() * 4);
-        for page in &update.pages {
-            let value = i32::try_from(page.0).map_err(|_| StagingError::OutOfRange {
-                what: "page",
-                value: i128::from(page.0),
-                dtype: DType::DtypeI32,
-            })?;
-            bytes.extend_from_slice(&value.to_le_bytes());
-        }
-        packed.push(self.page_table.addr + start * 4, &bytes);
-        Ok(())
+        packed.append(self.page_table.addr + start * 4, |bytes| {
+            for page in &update.pages {
+                let value = i32::try_from(page.0).map_err(|_| StagingError::OutOfRange {
+                    what: "page",
+                    value: i128::from(page.0),
+                    dtype: DType::DtypeI32,
+                })?;
+                bytes.extend_from_slice(&value.to_le_bytes());
+            }
+            Ok(())
+        })
     }
 
     fn put(
@@ -434,7 +453,7 @@ impl StagingLayout {
         packed: &mut Packed,
         semantic: Semantic,
         what: &'static str,
-        values: &[i128],
+        values: impl ExactSizeIterator<Item = i128>,
     ) -> Result<(), StagingError> {
         let view = self.views[&semantic];
         if values.len() as u64 > view.elements {
@@ -444,26 +463,26 @@ impl StagingLayout {
                 capacity: view.elements,
             });
         }
-        let mut bytes = Vec::with_capacity(values.len() * view.element_bytes() as usize);
-        for &value in values {
-            let out_of_range = || StagingError::OutOfRange {
-                what,
-                value,
-                dtype: view.dtype,
-            };
-            match view.dtype {
-                DType::DtypeI64 => {
-                    let v = i64::try_from(value).map_err(|_| out_of_range())?;
-                    bytes.extend_from_slice(&v.to_le_bytes());
-                }
-                _ => {
-                    let v = i32::try_from(value).map_err(|_| out_of_range())?;
-                    bytes.extend_from_slice(&v.to_le_bytes());
+        packed.append(view.addr, |bytes| {
+            for value in values {
+                let out_of_range = || StagingError::OutOfRange {
+                    what,
+                    value,
+                    dtype: view.dtype,
+                };
+                match view.dtype {
+                    DType::DtypeI64 => {
+                        let v = i64::try_from(value).map_err(|_| out_of_range())?;
+                        bytes.extend_from_slice(&v.to_le_bytes());
+                    }
+                    _ => {
+                        let v = i32::try_from(value).map_err(|_| out_of_range())?;
+                        bytes.extend_from_slice(&v.to_le_bytes());
+                    }
                 }
             }
-        }
-        packed.push(view.addr, &bytes);
-        Ok(())
+            Ok(())
+        })
     }
 
     fn put_floats(&self, packed: &mut Packed, s: &SamplingParams) {
@@ -476,8 +495,10 @@ impl StagingLayout {
             s.presence_penalty,
             s.frequency_penalty,
         ];
-        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        packed.push(view.addr, &bytes);
+        let Ok(()) = packed.append::<std::convert::Infallible>(view.addr, |bytes| {
+            bytes.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+            Ok(())
+        });
     }
 }
 

@@ -277,3 +277,35 @@ fn a_contract_the_records_cannot_be_read_from_is_refused() {
         })
     ));
 }
+
+#[test]
+fn packing_into_a_reused_buffer_equals_a_fresh_pack() {
+    let staging = layout(core()).unwrap();
+    let admit = Launch {
+        page_updates: vec![PageTableUpdate {
+            slot: Slot(1),
+            first: 0,
+            pages: vec![Page(3), Page(4)],
+        }],
+        operation: Operation::Admit(Admit {
+            slot: Slot(1),
+            prompt: (0..100).collect(),
+            max_new_tokens: 9,
+            sampling: SamplingParams::default(),
+            seed: 7,
+            consumed: 0,
+        }),
+    };
+    let decode = Launch {
+        page_updates: Vec::new(),
+        operation: Operation::Decode(Decode {
+            capacity: 2,
+            slots: vec![Slot(1), Slot::NULL],
+        }),
+    };
+    let mut reused = Packed::default();
+    for launch in [&admit, &decode, &admit] {
+        staging.pack_into(launch, &mut reused).unwrap();
+        assert_eq!(reused, staging.pack(launch).unwrap());
+    }
+}
