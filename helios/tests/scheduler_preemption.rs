@@ -2,8 +2,10 @@
 
 mod scheduler_support;
 
-use helios::scheduler::test_executor::Transcript;
-use helios::scheduler::{readmission_seed, Admit, FinishReason, Operation, RequestId};
+use helios::scheduler::test_executor::{TestExecutor, Transcript};
+use helios::scheduler::{
+    readmission_seed, Admit, FinishReason, Operation, RequestId, RequestSpec, Scheduler,
+};
 use scheduler_support::{assert_clean, reference, reference_for, run, spec, Setup};
 
 /// Four requests that cannot all grow to their output limit in the pool.
@@ -90,8 +92,10 @@ fn readmissions(
     found
 }
 
-#[test]
-fn readmission_carries_history_remaining_budget_and_a_derived_seed() {
+/// Four requests of 20 + 60 tokens over 13 pages, run to the end: too few
+/// pages for all, so decoders are preempted.
+fn four_requests_in_thirteen_pages(
+) -> (Setup, Scheduler<TestExecutor>, Vec<RequestSpec>, Transcript) {
     let setup = Setup {
         kv_pages: 13,
         ..Setup::default()
@@ -102,6 +106,12 @@ fn readmission_carries_history_remaining_budget_and_a_derived_seed() {
         scheduler.submit(request.clone()).unwrap();
     }
     let transcript = run(&mut scheduler);
+    (setup, scheduler, requests, transcript)
+}
+
+#[test]
+fn readmission_carries_history_remaining_budget_and_a_derived_seed() {
+    let (setup, scheduler, requests, transcript) = four_requests_in_thirteen_pages();
     let found = readmissions(scheduler.executor().log(), &requests);
     assert!(!found.is_empty());
     for (index, admit) in found {
@@ -122,16 +132,7 @@ fn readmission_carries_history_remaining_budget_and_a_derived_seed() {
 
 #[test]
 fn the_newest_decoder_is_preempted() {
-    let setup = Setup {
-        kv_pages: 13,
-        ..Setup::default()
-    };
-    let mut scheduler = setup.scheduler();
-    let requests: Vec<_> = (0..4).map(|seed| spec(20, 60, seed)).collect();
-    for request in &requests {
-        scheduler.submit(request.clone()).unwrap();
-    }
-    run(&mut scheduler);
+    let (_, scheduler, _, _) = four_requests_in_thirteen_pages();
     // Nothing finishes before the first preemption, so the first page-table
     // clear is the first victim's retirement.
     let mut seeds = std::collections::BTreeMap::new();
