@@ -42,6 +42,7 @@ class ServerConfig:
     model: str = "flare"
     max_body_bytes: int = 4 << 20
     queue_capacity: int = 1024
+    prefix_cache: bool = True
 
 
 class ServablePreparedModel:
@@ -113,4 +114,5 @@ def start_server(servable: ServablePreparedModel, config: ServerConfig | None = 
         max_body_bytes=config.max_body_bytes,
         queue_capacity=config.queue_capacity,
         device=servable.device,
+        prefix_cache=config.prefix_cache,
     )

@@ -36,6 +36,7 @@ from bench.suite.report import (
     GEOMETRIES,
     Geometry,
     engine_metrics,
+    prefilled_tokens,
     roofline_step_s,
     summary_table,
 )
@@ -303,6 +304,17 @@ def test_streamed_chat_is_timed_chunk_by_chunk(server: FakeServer) -> None:
             # Each step sleeps 2 ms in the fake executor.
             assert median(sample.gaps_s) >= 0.0015
     assert exact > 0
+
+
+def test_a_repeated_chat_reports_its_prompt_cached(server: FakeServer) -> None:
+    engine = HttpEngine(Endpoint(server.url))
+    (request,) = chat_requests(7, 1, 4)
+    first, second = engine.run([request, request], 1)
+    assert first.ok and second.ok
+    assert first.cached_tokens == 0
+    # The fake server runs the prefix cache: the repeat restores the whole prompt.
+    assert second.cached_tokens == second.prompt_tokens == first.prompt_tokens
+    assert prefilled_tokens(second) == 0 and prefilled_tokens(first) == first.prompt_tokens
 
 
 def test_completions_report_the_fitted_prompt_length(server: FakeServer) -> None:

@@ -1,7 +1,13 @@
 """In-process serving (``ignition.serving``): a tiny model prepared in the Heliopause
 window is handed to Helios in the same process, served over HTTP at concurrency 4,
 then closed; the Python replay harness then answers the same requests on the same
-graphs, and the texts must be identical. A second handoff is refused."""
+graphs, and the texts must be identical. A second handoff is refused.
+
+With the prefix cache, prompts just before, at and after page boundaries are served
+cold, then again as whole-prompt hits (restore and resume sampling) with another
+seed and with penalties that depend on the rebuilt histogram: every hit's text must
+be the harness's cold answer to the same prompt and seed. An extended prompt
+restores the shorter one and prefills the rest; repeating it must reproduce it."""
 
 from __future__ import annotations
 
@@ -76,13 +82,71 @@ print("RESULT " + json.dumps({"served": served, "python": python, "second": seco
 """
 
 
-@pytest.mark.gpu
-def test_in_process_server_matches_the_python_harness(tmp_path: Path) -> None:
+_PREFIX_SCENARIO = r"""
+import json, sys, urllib.request
+from pathlib import Path
+from checkpoints import write_tiny
+from ignition.preparation.prepared import PrepareOptions
+from ignition.replay.harness import Harness, Request
+from ignition.replay.packing import SamplingParams
+from ignition.serving import ServerConfig, prepare_model, start_server
+
+tmp = Path(sys.argv[1])
+checkpoint = write_tiny(tmp / "ckpt", "qwen3", hidden=256, head_dim=64)
+options = PrepareOptions(max_concurrency=4, prefill_chunk_size=256, context_limit=512,
+                         kv_pages=96, snapshot_rows=32, compile=False)
+servable = prepare_model(checkpoint, options)
+page = servable.prepared.catalog.page_size
+sampling = dict(temperature=0.9, top_k=30, top_p=0.95, min_p=0.0,
+                repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.2)
+handle = start_server(servable, ServerConfig(port=0, model="tiny"))
+
+def complete(prompt, seed):
+    body = dict(model="tiny", prompt=prompt, max_tokens=10, seed=seed, **sampling)
+    request = urllib.request.Request(
+        f"http://{handle.address}/v1/completions", json.dumps(body).encode(),
+        {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        answer = json.load(response)
+    cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+    return answer["choices"][0]["text"], cached
+
+cases = []
+for i, n in enumerate([page - 1, page, page + 1, 2 * page + 1]):
+    prompt = [(7 * j + 13 * i) % 250 + 3 for j in range(n)]
+    extended = prompt + [11, 12, 13, 14, 15]
+    cases.append(dict(
+        n=n, prompt=prompt, extended=extended,
+        cold=complete(prompt, 10 + i),
+        hit=complete(prompt, 20 + i),
+        partial=complete(extended, 30 + i),
+        again=complete(extended, 30 + i),
+    ))
+handle.close()
+
+prepared = servable.prepared
+prepared.reset()
+params = SamplingParams(**sampling)
+requests = []
+for i, case in enumerate(cases):
+    requests += [Request(2 * i, case["prompt"], 10, params, 10 + i),
+                 Request(2 * i + 1, case["prompt"], 10, params, 20 + i)]
+results = Harness(prepared).run(requests)
+def continuation(prompt, tokens):
+    decode = lambda ids: prepared.tokenizer.decode(ids, skip_special_tokens=True)
+    return decode(prompt + tokens)[len(decode(prompt)):]
+for i, case in enumerate(cases):
+    case["python"] = [continuation(case["prompt"], results[2 * i + k].tokens) for k in (0, 1)]
+print("RESULT " + json.dumps({"page": page, "cases": cases}))
+"""
+
+
+def _run_scenario(scenario: str, tmp_path: Path) -> dict:
     env = dict(os.environ)
     paths = [str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH")]
     env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
     done = subprocess.run(
-        [sys.executable, "-c", _SCENARIO, str(tmp_path)],
+        [sys.executable, "-c", scenario, str(tmp_path)],
         env=env,
         capture_output=True,
         text=True,
@@ -90,7 +154,28 @@ def test_in_process_server_matches_the_python_harness(tmp_path: Path) -> None:
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-6000:]
-    result = json.loads(lines[-1].removeprefix("RESULT "))
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+@pytest.mark.gpu
+def test_prefix_hits_reproduce_cold_answers_bitwise(tmp_path: Path) -> None:
+    result = _run_scenario(_PREFIX_SCENARIO, tmp_path)
+    for case in result["cases"]:
+        n = case["n"]
+        (cold, cold_cached), (hit, hit_cached) = case["cold"], case["hit"]
+        assert cold_cached == 0, case
+        # A whole-prompt hit restores every token and samples from the saved hidden
+        # vector: the cold answer to the same prompt and seed, penalties included.
+        assert hit_cached == n, case
+        assert [cold, hit] == case["python"], case
+        (partial, partial_cached), (again, again_cached) = case["partial"], case["again"]
+        assert partial_cached == n and again_cached == n + 5, case
+        assert again == partial and partial, case
+
+
+@pytest.mark.gpu
+def test_in_process_server_matches_the_python_harness(tmp_path: Path) -> None:
+    result = _run_scenario(_SCENARIO, tmp_path)
     assert [tuple(x) for x in result["served"]] == [tuple(x) for x in result["python"]], result
     assert all(text for text, _ in result["served"]), result
     assert result["second"] is not None and "already" in result["second"], result

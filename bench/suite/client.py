@@ -47,6 +47,9 @@ class Sample:
     output_tokens: int | None = None
     output_tokens_source: str = "none"
     prompt_tokens: int | None = None
+    # Prompt tokens the server reports served from its prefix cache
+    # (usage.prompt_tokens_details.cached_tokens; None when it reports none).
+    cached_tokens: int | None = None
     finish_reason: str | None = None
     text: str = ""
     status: int = 0
@@ -220,6 +223,9 @@ def stream_request(endpoint: Endpoint, request: BenchRequest, epoch: float = 0.0
                 arrivals.append(now)
             if usage:
                 sample.prompt_tokens = usage.get("prompt_tokens", sample.prompt_tokens)
+                details = usage.get("prompt_tokens_details") or {}
+                if details.get("cached_tokens") is not None:
+                    sample.cached_tokens = int(details["cached_tokens"])
                 total = usage.get("completion_tokens")
                 if total is not None:
                     if output:

@@ -122,6 +122,14 @@ GEOMETRIES = {
 }
 
 
+def prefilled_tokens(sample: Sample) -> int | None:
+    """Prompt tokens the server prefilled: the prompt less what it reports cached;
+    None when it reports neither."""
+    if sample.prompt_tokens is None or sample.cached_tokens is None:
+        return None
+    return sample.prompt_tokens - sample.cached_tokens
+
+
 def roofline_step_s(
     geometry: Geometry, bandwidth: float, batch: int = 1, context: int = 0
 ) -> float:
@@ -252,6 +260,10 @@ def engine_metrics(result: dict[str, Any]) -> dict[Row, float]:
                 put(
                     Row("agent-last-tokens", name, "agent prompt tokens, last turn", True),
                     last.prompt_tokens,
+                )
+                put(
+                    Row("agent-last-prefilled", name, "agent prefilled tokens, last turn", False),
+                    prefilled_tokens(last),
                 )
             ttft = _med([s.ttft_s for s in fork])
             put(Row("agent-fork", name, "agent fork TTFT (ms)", False), ttft and ttft * 1e3)
@@ -451,8 +463,16 @@ def plot(
             ttft_axis.plot(xs, [(s.ttft_s or 0) * 1e3 for _, s in turns], style, label=label)
             if branch == "main":
                 tokens_axis.plot(xs, [s.prompt_tokens or 0 for _, s in turns], "-", label=engine)
+                prefilled = [(x, prefilled_tokens(s)) for x, s in turns]
+                if any(p is not None for _, p in prefilled):
+                    tokens_axis.plot(
+                        [x for x, p in prefilled if p is not None],
+                        [p for _, p in prefilled if p is not None],
+                        ":",
+                        label=f"{engine} prefilled",
+                    )
     ttft_axis.set(ylabel="TTFT (ms)", title="agent trace: TTFT per turn")
-    tokens_axis.set(xlabel="turn", ylabel="prompt tokens")
+    tokens_axis.set(xlabel="turn", ylabel="prompt tokens (dotted: prefilled)")
     for axis in (ttft_axis, tokens_axis):
         axis.legend(fontsize=7)
         axis.grid(alpha=0.3)

@@ -62,6 +62,10 @@ pub enum Command {
         /// CUDA device ordinal.
         #[arg(long, default_value_t = 0)]
         device: i32,
+        /// Do not reuse exact prefix checkpoints across requests (every
+        /// prompt is prefilled from its first token).
+        #[arg(long)]
+        no_prefix_cache: bool,
     },
     /// Print a runtime core's identity, regions, graphs and contract.
     ///
@@ -191,6 +195,7 @@ pub fn execute(command: Command) -> Result<Outcome, HeliosError> {
             max_body_bytes,
             queue_capacity,
             device,
+            no_prefix_cache,
         } => {
             helios::serve::run(helios::serve::RunOptions {
                 core,
@@ -202,6 +207,7 @@ pub fn execute(command: Command) -> Result<Outcome, HeliosError> {
                 model,
                 max_body_bytes,
                 queue_capacity,
+                prefix_cache: !no_prefix_cache,
             })?;
             Ok(Outcome::Success)
         }

@@ -106,7 +106,7 @@ impl Drop for ServerHandle {
 #[pyo3(signature = (
     manifest, graph_execs, owner, host = "127.0.0.1".to_owned(), port = 8080,
     api_key = None, model = "flare".to_owned(), max_body_bytes = 4 << 20,
-    queue_capacity = 1024, device = 0
+    queue_capacity = 1024, device = 0, prefix_cache = true
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn start_server(
@@ -121,6 +121,7 @@ pub fn start_server(
     max_body_bytes: usize,
     queue_capacity: usize,
     device: i32,
+    prefix_cache: bool,
 ) -> PyResult<ServerHandle> {
     let config = InProcessConfig {
         host,
@@ -130,6 +131,7 @@ pub fn start_server(
         max_body_bytes,
         queue_capacity,
         device,
+        prefix_cache,
     };
     // SAFETY: the handles come from the owner's captured graphs, which it
     // keeps instantiated and alive; the handle returned keeps the owner

@@ -21,8 +21,8 @@ use helios::frontend::Frontend;
 use helios::http::{router, AppState, ServeConfig};
 use helios::scheduler::test_executor::{FakeModel, TestExecutor};
 use helios::scheduler::{
-    Completion, ExecutionError, Executor, Geometry, Launch, SchedulerConfig, ShutdownMode, Ticket,
-    Worker,
+    Completion, ExecutionError, Executor, Geometry, Launch, PrefixConfig, SchedulerConfig,
+    ShutdownMode, Ticket, Worker,
 };
 use helios::serve::serve_http;
 
@@ -102,9 +102,18 @@ fn main() -> ExitCode {
     let model = FakeModel::new(&geometry, args.stop_every);
     let executor_geometry = geometry.clone();
     let (launch_time, fail_after) = (args.launch_time, args.fail_after);
-    let worker = Worker::spawn(geometry.clone(), SchedulerConfig::default(), move || {
+    // The prefix cache over 16 snapshot rows, as a prepared core has them.
+    let rows = 16;
+    let config = SchedulerConfig {
+        prefix: Some(PrefixConfig {
+            snapshot_rows: rows,
+            ..PrefixConfig::from_core(&core).expect("the fixture declares its rows")
+        }),
+        ..SchedulerConfig::default()
+    };
+    let worker = Worker::spawn(geometry.clone(), config, move || {
         Ok(Fake {
-            inner: TestExecutor::new(&executor_geometry, model),
+            inner: TestExecutor::with_snapshot_rows(&executor_geometry, model, rows),
             launch_time,
             fail_after,
             launches: 0,
@@ -118,6 +127,7 @@ fn main() -> ExitCode {
         max_body_bytes: 64 * 1024,
         chunk_capacity: 16,
         api_key: args.api_key,
+        marked_messages: helios::prefix::MAX_CAPTURES_PER_REQUEST as usize,
     };
     let app = router(AppState::new(handle.clone(), frontend, config));
     let served = serve_http(&format!("127.0.0.1:{}", args.port), app, handle);

@@ -11,7 +11,8 @@ use http_body_util::BodyExt;
 use http_support::{body_json, chat_body, server, Options};
 use serde_json::json;
 
-/// Waits until the scheduler holds no request and no page.
+/// Waits until the scheduler holds no request and no page outside the
+/// prefix cache.
 async fn wait_until_idle(handle: &SchedulerHandle, within: Duration) -> Metrics {
     let start = Instant::now();
     loop {
@@ -19,7 +20,9 @@ async fn wait_until_idle(handle: &SchedulerHandle, within: Duration) -> Metrics 
         let metrics = tokio::task::spawn_blocking(move || probe.status().unwrap().metrics)
             .await
             .unwrap();
-        if metrics.running == 0 && metrics.queue_depth == 0 && metrics.pages_used == 0 {
+        // Pages the prefix cache holds stay used; nothing else may.
+        let cached = metrics.cache.map_or(0, |cache| cache.pages_held);
+        if metrics.running == 0 && metrics.queue_depth == 0 && metrics.pages_used == cached {
             return metrics;
         }
         assert!(start.elapsed() < within, "still busy: {metrics:?}");

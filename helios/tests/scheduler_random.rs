@@ -2,8 +2,12 @@
 //! cancellations, stop tokens and completion delays. Every request ends
 //! exactly once with the fake model's reference continuation (or a prefix
 //! of it when cancelled), no page or slot is used twice or leaked, and with
-//! `max_bypass` 0 admission is strictly FIFO. `SCHEDULER_SEEDS=N` runs N
-//! workloads instead of 40 (about 2,000 requests).
+//! `max_bypass` 0 admission is strictly FIFO. Half the workloads run with
+//! the prefix cache over a random snapshot-row pool, on prompts that branch
+//! from a few shared conversations at random message endpoints: outputs
+//! stay the references, and the checkpoint store's invariants hold with no
+//! pin, use or reservation left. `SCHEDULER_SEEDS=N` runs N workloads
+//! instead of 40 (about 2,000 requests).
 
 mod scheduler_support;
 
@@ -13,7 +17,7 @@ use helios::scheduler::test_executor::Transcript;
 use helios::scheduler::{
     AdmissionError, Event, FinishReason, RequestId, RequestSpec, SamplingParams, SchedulerConfig,
 };
-use scheduler_support::{assert_clean, prompt, reference_for, Rng, Setup};
+use scheduler_support::{assert_clean, dense_row, prompt, reference_for, Rng, Setup};
 
 /// Totals over all workloads, to check that every path was exercised.
 #[derive(Debug, Default)]
@@ -25,6 +29,9 @@ struct Totals {
     length: usize,
     queue_full: usize,
     two_in_flight: usize,
+    hit_tokens: u64,
+    restores: u64,
+    evicted: u64,
 }
 
 fn choose<T: Copy>(rng: &mut Rng, values: &[T]) -> T {
@@ -69,13 +76,21 @@ fn random_setup(rng: &mut Rng, requests: &[RequestSpec]) -> (Setup, u32) {
             queue_capacity: choose(rng, &[4, 16, 1000]),
             max_bypass: choose(rng, &[0, 1, 4, 8]),
             decode_depth: choose(rng, &[1, 2]),
+            prefix: None,
         },
+        snapshot_rows: 0,
+    };
+    let setup = if rng.chance(50) {
+        setup.with_cache(choose(rng, &[1, 2, 4, 8, 32]), dense_row())
+    } else {
+        setup
     };
     (setup, choose(rng, &[0, 1, 2, 5]))
 }
 
 fn random_requests(rng: &mut Rng) -> Vec<RequestSpec> {
     let count = rng.range(30, 80);
+    let conversations: Vec<Vec<u32>> = (0..3).map(|_| prompt(400, rng.next())).collect();
     (0..count)
         .map(|index| {
             let long = rng.chance(10);
@@ -85,11 +100,26 @@ fn random_requests(rng: &mut Rng) -> Vec<RequestSpec> {
             } else {
                 rng.range(1, 100)
             };
+            let mut tokens = prompt(len as usize, rng.next());
+            if rng.chance(50) {
+                // A branch of a shared conversation.
+                let base = &conversations[rng.below(3) as usize];
+                let shared = rng.range(1, 400) as usize;
+                let tail = rng.below(len) as usize;
+                tokens = [&base[..shared], &tokens[..tail]].concat();
+            }
+            let mut message_endpoints: Vec<u32> = (0..rng.below(6))
+                .map(|_| 1 + rng.below(tokens.len() as u64) as u32)
+                .filter(|&e| (e as usize) < tokens.len())
+                .collect();
+            message_endpoints.sort_unstable();
+            message_endpoints.dedup();
             RequestSpec {
-                prompt: prompt(len as usize, rng.next()),
+                prompt: tokens,
                 max_new_tokens: rng.range(1, limit) as u32,
                 sampling: SamplingParams::default(),
                 seed: index,
+                message_endpoints,
             }
         })
         .collect()
@@ -130,7 +160,7 @@ fn workload(seed: u64, totals: &mut Totals) {
         let events = scheduler.drain_events();
         admitted_order.extend(
             (events.iter())
-                .filter(|e| matches!(e.event, Event::Admitted))
+                .filter(|e| matches!(e.event, Event::Admitted { .. }))
                 .map(|e| e.request),
         );
         transcript.record(events);
@@ -202,6 +232,11 @@ fn workload(seed: u64, totals: &mut Totals) {
     totals.requests += submitted.len();
     totals.preemptions += scheduler.metrics().preemptions;
     totals.two_in_flight += usize::from(scheduler.executor().max_decodes_in_flight() == 2);
+    if let Some(cache) = scheduler.metrics().cache {
+        totals.hit_tokens += cache.counters.hit_tokens;
+        totals.evicted += cache.counters.evicted + cache.counters.thinned;
+        totals.restores += scheduler.executor().counts().restore;
+    }
 }
 
 #[test]
@@ -222,6 +257,10 @@ fn random_workloads_keep_every_invariant() {
     );
     assert!(
         totals.queue_full > 0 && totals.two_in_flight > 0,
+        "{totals:?}"
+    );
+    assert!(
+        totals.hit_tokens > 0 && totals.restores > 0 && totals.evicted > 0 || seeds < 40,
         "{totals:?}"
     );
 }

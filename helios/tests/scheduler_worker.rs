@@ -75,7 +75,7 @@ fn dropping_a_stream_cancels_its_request() {
     let mut stream = handle.submit(spec(5, 900, 0)).unwrap();
     assert!(matches!(
         stream.next_event().unwrap(),
-        Some(Event::Admitted)
+        Some(Event::Admitted { cached_tokens: 0 })
     ));
     assert!(matches!(
         stream.next_event().unwrap(),
@@ -98,7 +98,7 @@ fn a_cancelled_stream_still_receives_its_terminal_event() {
     let mut stream = worker.handle().submit(spec(5, 900, 0)).unwrap();
     assert!(matches!(
         stream.next_event().unwrap(),
-        Some(Event::Admitted)
+        Some(Event::Admitted { cached_tokens: 0 })
     ));
     stream.cancel();
     let log = drain(stream);
@@ -147,7 +147,7 @@ fn a_full_queue_is_reported_to_the_submitter() {
     let mut running = handle.submit(spec(5, 900, 0)).unwrap();
     assert!(matches!(
         running.next_event().unwrap(),
-        Some(Event::Admitted)
+        Some(Event::Admitted { cached_tokens: 0 })
     ));
     let _queued = handle.submit(spec(5, 5, 1)).unwrap();
     assert_eq!(

@@ -19,6 +19,7 @@ fn config() -> InProcessConfig {
         max_body_bytes: 1 << 20,
         queue_capacity: 8,
         device: 0,
+        prefix_cache: true,
     }
 }
 

@@ -20,7 +20,7 @@ use super::staging::{Packed, StagingError, StagingLayout};
 use crate::core::ValidCore;
 use crate::cuda::{Context, CudaError, Event, PinnedBuffer, Stream, Window};
 use crate::replay::LoadedCore;
-use crate::scheduler::{Completion, ExecutionError, Executor, Launch, Ticket};
+use crate::scheduler::{Completion, ExecutionError, Executor, Launch, Ticket, MAX_IN_FLIGHT};
 
 /// What the executor drives: a core's contract, its window, the stream its
 /// graphs run on, and those graphs by manifest position. A core loaded by
@@ -61,9 +61,8 @@ impl GraphTarget for LoadedCore {
     }
 }
 
-/// Launches the scheduler may have in flight: two record-writing launches
-/// behind one admit, plus one spare.
-const RING: usize = 4;
+/// Launches the scheduler may have in flight ([`MAX_IN_FLIGHT`]).
+const RING: usize = MAX_IN_FLIGHT;
 
 struct Slot {
     input: PinnedBuffer,
@@ -75,6 +74,7 @@ struct InFlight {
     ticket: Ticket,
     slot: usize,
     rows: usize,
+    status: bool,
 }
 
 /// An [`Executor`] over a [`GraphTarget`] (by default a [`LoadedCore`]); it
@@ -117,7 +117,8 @@ impl<T: GraphTarget> GpuExecutor<T> {
     pub fn new(core: T) -> Result<Self, ExecutionError> {
         let staging_layout = StagingLayout::new(core.core()).map_err(staging)?;
         let input_bytes = staging_layout.max_packed_bytes();
-        let output_bytes = staging_layout.record_bytes(staging_layout.max_rows());
+        let output_bytes =
+            staging_layout.record_bytes(staging_layout.max_rows()) + StagingLayout::STATUS_BYTES;
         let context = core.context();
         let ring = (0..RING)
             .map(|_| {
@@ -154,7 +155,7 @@ impl<T: GraphTarget> GpuExecutor<T> {
     fn retrieve(&mut self) -> Completion {
         let oldest = self.in_flight.pop_front().expect("checked by check_oldest");
         let bytes = self.ring[oldest.slot].output.as_slice();
-        self.staging.records(bytes, oldest.rows)
+        self.staging.completion(bytes, oldest.rows, oldest.status)
     }
 }
 
@@ -203,11 +204,25 @@ impl<T: GraphTarget> Executor for GpuExecutor<T> {
                 record_bytes,
             )
             .map_err(device("completion copy"))?;
+        if packed.status {
+            // The status lands right after the records, where
+            // `StagingLayout::completion` reads it.
+            stream
+                .copy_to_host(
+                    window,
+                    &mut slot.output,
+                    record_bytes,
+                    self.staging.status_addr(),
+                    StagingLayout::STATUS_BYTES,
+                )
+                .map_err(device("maintenance status copy"))?;
+        }
         slot.done.record(stream).map_err(device("event record"))?;
         self.in_flight.push_back(InFlight {
             ticket,
             slot: index,
             rows: packed.rows,
+            status: packed.status,
         });
         self.next_ticket += 1;
         Ok(ticket)

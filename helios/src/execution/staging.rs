@@ -15,6 +15,7 @@ use std::collections::HashMap;
 
 use crate::core::proto::{Buffer, DType, GraphKind, Semantic};
 use crate::core::ValidCore;
+use crate::prefix::SnapshotRow;
 use crate::scheduler::{
     Completion, CompletionRecord, Launch, Operation, PageTableUpdate, SamplingParams, Slot,
 };
@@ -121,6 +122,8 @@ pub struct Packed {
     pub graph: usize,
     /// Completion records the graph writes.
     pub rows: usize,
+    /// Whether the graph writes a maintenance status to read back.
+    pub status: bool,
 }
 
 impl Packed {
@@ -145,6 +148,7 @@ impl Packed {
         self.writes.clear();
         self.graph = 0;
         self.rows = 0;
+        self.status = false;
     }
 }
 
@@ -167,12 +171,13 @@ pub struct StagingLayout {
     page_table: View,
     max_pages: u64,
     completions: View,
+    status: View,
     fields: Fields,
     graphs: HashMap<(GraphKind, u32), usize>,
 }
 
 /// The semantic values a launch writes, with the element kinds they need.
-const INTEGER_INPUTS: [Semantic; 11] = [
+const INTEGER_INPUTS: [Semantic; 14] = [
     Semantic::DecodeSlots,
     Semantic::ChunkSlot,
     Semantic::ChunkTokens,
@@ -184,6 +189,9 @@ const INTEGER_INPUTS: [Semantic; 11] = [
     Semantic::AdmitConsumed,
     Semantic::AdmitInt,
     Semantic::AdmitSeed,
+    Semantic::MaintSlot,
+    Semantic::MaintRow,
+    Semantic::MaintExpect,
 ];
 const ADMIT_INT_VALUES: u64 = 2;
 const ADMIT_FLOAT_VALUES: u64 = 6;
@@ -271,6 +279,14 @@ impl StagingLayout {
                 "an I32 [rows, completion fields] buffer",
             ));
         }
+        let (buffer, status) = resolve(Semantic::MaintStatus)?;
+        if status.dtype != DType::DtypeI32 || status.elements == 0 {
+            return Err(binding_error(
+                Semantic::MaintStatus,
+                buffer,
+                "an I32 buffer of at least one element",
+            ));
+        }
         let mut graphs = HashMap::new();
         for (index, graph) in core.graphs().iter().enumerate() {
             if let Ok(kind) = GraphKind::try_from(graph.kind) {
@@ -282,6 +298,7 @@ impl StagingLayout {
             page_table,
             max_pages,
             completions,
+            status,
             fields,
             graphs,
         })
@@ -305,6 +322,14 @@ impl StagingLayout {
     pub fn completions_addr(&self) -> u64 {
         self.completions.addr
     }
+
+    /// Address of the maintenance status a snapshot or restore writes.
+    pub fn status_addr(&self) -> u64 {
+        self.status.addr
+    }
+
+    /// Bytes of the maintenance status.
+    pub const STATUS_BYTES: usize = 4;
 
     /// Completion rows the records buffer holds.
     pub fn max_rows(&self) -> usize {
@@ -374,12 +399,21 @@ impl StagingLayout {
                 self.put(packed, Semantic::ResumeSlot, "resume slot", slot)?;
                 (GraphKind::Resume, 1)
             }
+            Operation::Snapshot(snapshot) => {
+                self.put_maintenance(packed, snapshot.slot, snapshot.row, None)?;
+                (GraphKind::Snapshot, 1)
+            }
+            Operation::Restore(restore) => {
+                self.put_maintenance(packed, restore.slot, restore.row, Some(restore.expect))?;
+                (GraphKind::Restore, 1)
+            }
         };
         packed.graph = *self
             .graphs
             .get(&(kind, capacity))
             .ok_or(StagingError::NoGraph { kind, capacity })?;
         packed.rows = launch.operation.record_rows();
+        packed.status = launch.operation.reports_status();
         if packed.rows > self.max_rows() {
             return Err(StagingError::TooLong {
                 what: "completion records",
@@ -388,6 +422,20 @@ impl StagingLayout {
             });
         }
         Ok(())
+    }
+
+    /// Completion records from the bytes the graph wrote (`rows` rows),
+    /// and the maintenance status from the [`Self::STATUS_BYTES`] after them
+    /// when `status`.
+    pub fn completion(&self, bytes: &[u8], rows: usize, status: bool) -> Completion {
+        let mut completion = self.records(bytes, rows);
+        if status {
+            let at = self.record_bytes(rows);
+            completion.status = bytes
+                .get(at..at + Self::STATUS_BYTES)
+                .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        }
+        completion
     }
 
     /// Completion records from the bytes the graph wrote (`rows` rows).
@@ -409,7 +457,10 @@ impl StagingLayout {
                 valid: word(row, f.valid),
             })
             .collect();
-        Completion { records }
+        Completion {
+            records,
+            status: None,
+        }
     }
 
     fn pack_page_update(
@@ -483,6 +534,28 @@ impl StagingLayout {
             }
             Ok(())
         })
+    }
+
+    /// The maintenance slot, row and (for a restore) expected consumed count.
+    fn put_maintenance(
+        &self,
+        packed: &mut Packed,
+        slot: Slot,
+        row: SnapshotRow,
+        expect: Option<u32>,
+    ) -> Result<(), StagingError> {
+        let one = |value: u32| std::iter::once(i128::from(value));
+        self.put(packed, Semantic::MaintSlot, "maintenance slot", one(slot.0))?;
+        self.put(packed, Semantic::MaintRow, "snapshot row", one(row.0))?;
+        if let Some(expect) = expect {
+            self.put(
+                packed,
+                Semantic::MaintExpect,
+                "expected consumed",
+                one(expect),
+            )?;
+        }
+        Ok(())
     }
 
     fn put_floats(&self, packed: &mut Packed, s: &SamplingParams) {

@@ -60,6 +60,16 @@ impl MarkedChatPrompt {
     pub fn marks(&self) -> Vec<usize> {
         self.message_ends.iter().flatten().copied().collect()
     }
+
+    /// The exact token endpoints of the marked messages inside the prompt
+    /// (the exact-cut rule of [`crate::prefix::prompt_endpoints`]): what a
+    /// request offers the prefix cache. Spans that cannot be mapped offer
+    /// none.
+    pub fn message_endpoints(&self) -> Vec<u32> {
+        crate::prefix::prompt_endpoints(&self.text, &self.marks(), &self.token_offsets)
+            .map(|endpoints| endpoints.messages)
+            .unwrap_or_default()
+    }
 }
 
 /// The frontend assets of a core, built once at startup and shared by every
@@ -153,7 +163,19 @@ impl Frontend {
         &self,
         input: &ChatInput,
     ) -> Result<MarkedChatPrompt, FrontendError> {
-        let RenderedChat { text, message_ends } = self.chat_template()?.render_with_marks(input)?;
+        self.encode_chat_with_recent_marks(input, usize::MAX)
+    }
+
+    /// [`Self::encode_chat_with_marks`] marking the last `recent` messages
+    /// only ([`ChatTemplate::render_with_recent_marks`]).
+    pub fn encode_chat_with_recent_marks(
+        &self,
+        input: &ChatInput,
+        recent: usize,
+    ) -> Result<MarkedChatPrompt, FrontendError> {
+        let template = self.chat_template()?;
+        let RenderedChat { text, message_ends } =
+            template.render_with_recent_marks(input, recent)?;
         let (token_ids, token_offsets) = self.tokenizer.encode_with_offsets(&text, false)?;
         Ok(MarkedChatPrompt {
             text,

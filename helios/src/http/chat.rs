@@ -53,9 +53,8 @@ async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Respons
         kwargs: request.chat_template_kwargs.unwrap_or_default(),
         ..ChatInput::default()
     };
-    let prompt = state.frontend().encode_chat(&input)?;
     let max_tokens = request.max_completion_tokens.or(request.max_tokens);
-    let job = Job::new(state, prompt.token_ids, max_tokens, sampling)?;
+    let job = Job::chat(state, &input, max_tokens, sampling)?;
     let mut generation = generation::start(state, job).await?;
     let header = Header {
         id: format!("chatcmpl-{request_id}"),
@@ -71,7 +70,7 @@ async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Respons
         return Ok(sse::response(generation, format, request_id));
     }
     let (text, finish, completion_tokens) = generation::collect(&mut generation).await?;
-    let usage = Usage::new(generation.prompt_tokens, completion_tokens);
+    let usage = Usage::new(&generation, completion_tokens);
     Ok(Json(json!({
         "id": header.id,
         "object": "chat.completion",

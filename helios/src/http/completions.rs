@@ -82,7 +82,7 @@ async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Respons
         return Ok(sse::response(generation, format, request_id));
     }
     let (text, finish, completion_tokens) = generation::collect(&mut generation).await?;
-    let usage = Usage::new(generation.prompt_tokens, completion_tokens);
+    let usage = Usage::new(&generation, completion_tokens);
     let mut body = format.body(&text, Some(finish));
     body["usage"] = json!(usage);
     Ok(Json(body).into_response())

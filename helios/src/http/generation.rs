@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::error::HttpError;
 use super::sampling::{output_limit, Sampling};
 use super::AppState;
-use crate::frontend::{Detokenizer, Frontend, StopMatcher, StopStep};
+use crate::frontend::{ChatInput, Detokenizer, Frontend, StopMatcher, StopStep};
 use crate::scheduler::{
     Event, FinishReason, RequestId, RequestSpec, RequestStream, SchedulerHandle,
 };
@@ -98,9 +98,37 @@ impl Job {
                 max_new_tokens,
                 sampling: sampling.params,
                 seed: sampling.seed,
+                message_endpoints: Vec::new(),
             },
             stops,
         })
+    }
+}
+
+impl Job {
+    /// A job for a rendered conversation, offering the prefix cache the
+    /// exact endpoints of its last [`ServeConfig::marked_messages`]
+    /// messages.
+    ///
+    /// [`ServeConfig::marked_messages`]: super::ServeConfig::marked_messages
+    pub fn chat(
+        state: &AppState,
+        input: &ChatInput,
+        max_tokens: Option<u32>,
+        sampling: Sampling,
+    ) -> Result<Self, HttpError> {
+        let recent = state.config().marked_messages;
+        if recent == 0 {
+            let prompt = state.frontend().encode_chat(input)?;
+            return Self::new(state, prompt.token_ids, max_tokens, sampling);
+        }
+        let prompt = state
+            .frontend()
+            .encode_chat_with_recent_marks(input, recent)?;
+        let message_endpoints = prompt.message_endpoints();
+        let mut job = Self::new(state, prompt.token_ids, max_tokens, sampling)?;
+        job.spec.message_endpoints = message_endpoints;
+        Ok(job)
     }
 }
 
@@ -111,6 +139,8 @@ pub struct Generation {
     pub chunks: mpsc::Receiver<Chunk>,
     /// Prompt tokens, for usage.
     pub prompt_tokens: u32,
+    /// Of those, tokens restored from a prefix checkpoint.
+    pub cached_tokens: u32,
 }
 
 /// Submits `job` and waits for its admission (or the failure that prevents
@@ -134,9 +164,10 @@ pub async fn start(state: &AppState, job: Job) -> Result<Generation, HttpError> 
     let answer = (&mut waiting.admission).await;
     waiting.answered = true;
     match answer {
-        Ok(Ok(())) => Ok(Generation {
+        Ok(Ok(cached_tokens)) => Ok(Generation {
             chunks: receiver,
             prompt_tokens,
+            cached_tokens,
         }),
         Ok(Err(error)) => Err(error),
         Err(_) => Err(HttpError::WorkerGone),
@@ -147,7 +178,7 @@ pub async fn start(state: &AppState, job: Job) -> Result<Generation, HttpError> 
 /// while the request was queued), it cancels the submitted request: the
 /// pump, blocked on the request's events, cannot notice by itself.
 struct Waiting {
-    admission: oneshot::Receiver<Result<(), HttpError>>,
+    admission: oneshot::Receiver<Result<u32, HttpError>>,
     submitted: Arc<Mutex<Option<RequestId>>>,
     handle: SchedulerHandle,
     answered: bool,
@@ -194,7 +225,7 @@ fn pump(
     frontend: &Frontend,
     job: Job,
     submitted: &Mutex<Option<RequestId>>,
-    admitted: oneshot::Sender<Result<(), HttpError>>,
+    admitted: oneshot::Sender<Result<u32, HttpError>>,
     chunks: &mpsc::Sender<Chunk>,
 ) {
     let prompt = &job.spec.prompt;
@@ -216,11 +247,14 @@ fn pump(
     if admitted.is_closed() {
         return;
     }
-    if let Err(error) = wait_for_admission(&mut stream) {
-        let _ = admitted.send(Err(error));
-        return;
-    }
-    if admitted.send(Ok(())).is_err() {
+    let cached_tokens = match wait_for_admission(&mut stream) {
+        Ok(cached_tokens) => cached_tokens,
+        Err(error) => {
+            let _ = admitted.send(Err(error));
+            return;
+        }
+    };
+    if admitted.send(Ok(cached_tokens)).is_err() {
         return;
     }
     loop {
@@ -228,7 +262,7 @@ fn pump(
             Ok(Some(Event::Tokens { tokens, .. })) => delivery.tokens(&tokens),
             Ok(Some(Event::Finished { reason, .. })) => delivery.finish(reason),
             Ok(Some(Event::Failed(error))) => vec![Chunk::Failed(error.into())],
-            Ok(Some(Event::Admitted | Event::Preempted { .. })) => Vec::new(),
+            Ok(Some(Event::Admitted { .. } | Event::Preempted { .. })) => Vec::new(),
             Ok(None) => return,
             Err(_) => vec![Chunk::Failed(HttpError::WorkerGone)],
         };
@@ -241,10 +275,11 @@ fn pump(
     }
 }
 
-fn wait_for_admission(stream: &mut RequestStream) -> Result<(), HttpError> {
+/// Waits for the request's admission; the prompt tokens it restored.
+fn wait_for_admission(stream: &mut RequestStream) -> Result<u32, HttpError> {
     loop {
         match stream.next_event() {
-            Ok(Some(Event::Admitted)) => return Ok(()),
+            Ok(Some(Event::Admitted { cached_tokens })) => return Ok(cached_tokens),
             Ok(Some(Event::Failed(error))) => return Err(error.into()),
             Ok(Some(Event::Finished { .. })) | Ok(None) => return Err(HttpError::Cancelled),
             Ok(Some(Event::Tokens { .. } | Event::Preempted { .. })) => {}

@@ -7,7 +7,7 @@ use axum::Json;
 use serde_json::json;
 
 use super::AppState;
-use crate::scheduler::{Health, Histogram};
+use crate::scheduler::{Health, Histogram, Metrics};
 
 /// The one model this server serves.
 pub async fn models(State(state): State<AppState>) -> Response {
@@ -133,7 +133,7 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         ),
     ];
     let mut text = String::new();
-    for (name, kind, help, value) in samples {
+    for (name, kind, help, value) in samples.into_iter().chain(cache_samples(&metrics)) {
         text.push_str(&format!(
             "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
         ));
@@ -152,6 +152,101 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         &latency.inter_token,
     );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// The prefix cache's gauges and counters, when it is enabled: page
+/// pressure and snapshot pressure apart.
+fn cache_samples(metrics: &Metrics) -> Vec<(&'static str, &'static str, &'static str, u64)> {
+    let Some(cache) = metrics.cache else {
+        return Vec::new();
+    };
+    let counters = cache.counters;
+    vec![
+        (
+            "flare_prefix_checkpoints",
+            "gauge",
+            "Live prefix checkpoints",
+            cache.checkpoints.into(),
+        ),
+        (
+            "flare_prefix_pages_held",
+            "gauge",
+            "KV pages checkpoint chains hold",
+            cache.pages_held.into(),
+        ),
+        (
+            "flare_prefix_pages_reclaimable",
+            "gauge",
+            "Checkpoint pages eviction could free now",
+            cache.pages_reclaimable.into(),
+        ),
+        (
+            "flare_prefix_snapshot_rows",
+            "gauge",
+            "Snapshot rows in the pool",
+            cache.rows.into(),
+        ),
+        (
+            "flare_prefix_snapshot_rows_free",
+            "gauge",
+            "Snapshot rows free",
+            cache.rows_free.into(),
+        ),
+        (
+            "flare_prefix_lookups_total",
+            "counter",
+            "Admissions that looked up a prefix",
+            counters.lookups,
+        ),
+        (
+            "flare_prefix_hits_total",
+            "counter",
+            "Admissions that restored a prefix",
+            counters.hits,
+        ),
+        (
+            "flare_prefix_hit_tokens_total",
+            "counter",
+            "Prompt tokens restored instead of prefilled",
+            counters.hit_tokens,
+        ),
+        (
+            "flare_prefix_published_total",
+            "counter",
+            "Checkpoints published",
+            counters.published,
+        ),
+        (
+            "flare_prefix_duplicate_publications_total",
+            "counter",
+            "Captures of an endpoint already cached",
+            counters.duplicate_publications,
+        ),
+        (
+            "flare_prefix_evicted_total",
+            "counter",
+            "Checkpoints evicted with their pages",
+            counters.evicted,
+        ),
+        (
+            "flare_prefix_thinned_total",
+            "counter",
+            "Checkpoints thinned from a chain",
+            counters.thinned,
+        ),
+        (
+            "flare_prefix_page_pressure_total",
+            "counter",
+            "Times pages were reclaimed from the cache",
+            counters.page_pressure,
+        ),
+        (
+            "flare_prefix_snapshot_pressure_total",
+            "counter",
+            "Captures that found no free snapshot row",
+            counters.snapshot_pressure,
+        ),
+    ]
 }
 
 /// One histogram in Prometheus' text format: cumulative `_bucket` lines

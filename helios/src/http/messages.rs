@@ -101,14 +101,14 @@ async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Respons
         add_generation_prompt: true,
         ..ChatInput::default()
     };
-    let prompt = state.frontend().encode_chat(&input)?;
-    let job = Job::new(state, prompt.token_ids, Some(request.max_tokens), sampling)?;
+    let job = Job::chat(state, &input, Some(request.max_tokens), sampling)?;
     let mut generation = generation::start(state, job).await?;
     let format = MessageStream {
         id: format!("msg_{request_id}"),
         model: state.config().model.clone(),
         stops: request.stop_sequences.unwrap_or_default(),
-        input_tokens: generation.prompt_tokens,
+        input_tokens: generation.prompt_tokens - generation.cached_tokens,
+        cache_read_input_tokens: generation.cached_tokens,
     };
     if request.stream {
         return Ok(sse::response(generation, format, request_id));
@@ -124,7 +124,10 @@ struct MessageStream {
     id: String,
     model: String,
     stops: Vec<String>,
+    /// Prompt tokens prefilled (Anthropic counts cached ones apart).
     input_tokens: u32,
+    /// Prompt tokens restored from a prefix checkpoint.
+    cache_read_input_tokens: u32,
 }
 
 fn event(name: &str, data: &Value) -> Event {
@@ -148,7 +151,11 @@ impl MessageStream {
             "content": content,
             "stop_reason": finish.map(Finish::anthropic),
             "stop_sequence": self.stop_sequence(finish),
-            "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
+            "usage": {
+                "input_tokens": self.input_tokens,
+                "cache_read_input_tokens": self.cache_read_input_tokens,
+                "output_tokens": 0,
+            },
         })
     }
 }

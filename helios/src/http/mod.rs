@@ -63,6 +63,20 @@ pub struct ServeConfig {
     /// When set, every `/v1` route requires this key (`Authorization: Bearer
     /// KEY` or `x-api-key: KEY`); a request without it is 401.
     pub api_key: Option<String>,
+    /// Chat requests offer the prefix cache the endpoints of their last
+    /// this many messages (0: none, when the cache is off); marking a
+    /// message renders the conversation once more.
+    pub marked_messages: usize,
+}
+
+/// What [`ServeConfig::marked_messages`] should be: the most captures one
+/// request may make when the prefix cache is on, none when it is off.
+pub fn marked_messages(prefix_cache: bool) -> usize {
+    if prefix_cache {
+        crate::prefix::MAX_CAPTURES_PER_REQUEST as usize
+    } else {
+        0
+    }
 }
 
 #[derive(Debug)]

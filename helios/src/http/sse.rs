@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::error::{log_failure, HttpError};
 use super::generation::{Chunk, Finish, Generation};
 
-/// Token counts of a finished request.
+/// Token counts of a finished request, as OpenAI reports them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Usage {
     /// Prompt tokens.
@@ -19,15 +19,28 @@ pub struct Usage {
     pub completion_tokens: u32,
     /// Both.
     pub total_tokens: u32,
+    /// What the prompt reused.
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// The part of the prompt served from the prefix cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens restored from a prefix checkpoint, not prefilled.
+    pub cached_tokens: u32,
 }
 
 impl Usage {
-    /// Counts of a prompt and its output.
-    pub fn new(prompt_tokens: u32, completion_tokens: u32) -> Self {
+    /// Counts of a generation's prompt and its output.
+    pub fn new(generation: &Generation, completion_tokens: u32) -> Self {
+        let prompt_tokens = generation.prompt_tokens;
         Self {
             prompt_tokens,
             completion_tokens,
             total_tokens: prompt_tokens.saturating_add(completion_tokens),
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: generation.cached_tokens,
+            },
         }
     }
 }
@@ -90,7 +103,7 @@ pub fn response<F: StreamFormat>(
                     completion_tokens,
                 }) => {
                     progress.done = true;
-                    let usage = Usage::new(progress.generation.prompt_tokens, completion_tokens);
+                    let usage = Usage::new(&progress.generation, completion_tokens);
                     progress.format.finish(finish, usage)
                 }
                 Some(Chunk::Failed(error)) => progress.fail(&error),

@@ -54,20 +54,17 @@
 //!   hit, a pin, an unpin or a duplicate publication of it; a descendant's
 //!   access does not refresh its ancestors.
 //!
-//! Left for the scheduler wiring and the maintenance graphs:
-//! - encode prompts with offsets (`Tokenizer::encode`, not `encode_fast`)
-//!   and have the renderer return message-end byte marks;
-//! - drain at each selected endpoint, run the snapshot graph into the
-//!   reservation's row, publish after the completion, restore into a
-//!   private slot with a private tail page, resume sampling on a
-//!   whole-prompt hit (fresh sampling state, penalty histogram rebuilt
-//!   from the whole prompt at admission), readmit preempted requests from
-//!   their terminal checkpoint;
-//! - hold a pin or a [`GpuUse`] until every launch reading a chain's pages
-//!   has completed; map pool rows to the state pool's physical rows;
-//! - salt the root with the core's identity (model, tokenizer, token
-//!   layout); positioned conditioning (images) and draft (MTP) boundary
-//!   pages, which the design also checkpoints, are not modelled yet.
+//! The scheduler drives the store (`scheduler/checkpoints.rs`): chat
+//! requests offer the exact endpoints of their recent messages
+//! (`Frontend::encode_chat_with_recent_marks`), admission restores the
+//! longest cached prefix under a pin held until retirement (the pin covers
+//! every launch that reads the chain, so no [`GpuUse`] is needed there),
+//! prefill stops at the selected endpoints to snapshot them, and finished
+//! or preempted requests capture their consumed prefix. The root salt is
+//! the core's identity (recipe, checkpoint, configuration and tokenizer
+//! fingerprints), and pool rows are the core's snapshot-row indices.
+//! Positioned conditioning (images) and draft (MTP) boundary pages, which
+//! the design also checkpoints, are not modelled yet.
 
 mod checkpoint;
 mod endpoints;

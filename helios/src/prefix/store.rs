@@ -144,14 +144,25 @@ impl CheckpointStore {
     /// will restore it; counts the hit tokens. A whole-prompt hit
     /// (`tokens == limit`) resumes sampling from the row's hidden vector.
     pub fn acquire(&mut self, chain: &PrefixChain, limit: u32) -> Option<(Pin, Hit)> {
-        self.metrics.lookups += 1;
-        let hit = self.lookup(chain, limit)?;
-        self.metrics.hits += 1;
-        self.metrics.hit_tokens += u64::from(hit.tokens());
+        let hit = self.lookup(chain, limit);
+        self.note_lookup(hit.as_ref());
+        let hit = hit?;
         let pin = self
             .pin(hit.checkpoint)
             .expect("a hit is a live checkpoint");
         Some((pin, hit))
+    }
+
+    /// Counts one admission's lookup and the tokens its hit covered, for a
+    /// caller that looked up and pinned in separate steps (the scheduler
+    /// pins a hit before it knows whether the request fits, and counts it
+    /// once it is admitted).
+    pub fn note_lookup(&mut self, hit: Option<&Hit>) {
+        self.metrics.lookups += 1;
+        if let Some(hit) = hit {
+            self.metrics.hits += 1;
+            self.metrics.hit_tokens += u64::from(hit.tokens());
+        }
     }
 
     /// Pins a live checkpoint: it keeps its snapshot and pages until the

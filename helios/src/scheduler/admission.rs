@@ -9,14 +9,21 @@
 //! reservation never exceeds the pool (checked at submission), and running
 //! requests finish or are preempted, so it is admitted within bounded time:
 //! no request starves.
+//!
+//! With the prefix cache, a request reserves only the pages past its longest
+//! cached prefix's complete pages (the hit is pinned while admission
+//! decides), and a reservation that does not fit first evicts least
+//! recently used unpinned checkpoints.
 
 use std::collections::BTreeMap;
 
+use super::checkpoints::PlacementPrefix;
 use super::engine::Scheduler;
 use super::events::{Event, FinishReason};
 use super::executor::Executor;
 use super::ids::RequestId;
 use super::request::{admission_pages, len32, Confirmed, Placement};
+use crate::prefix::{Hit, Pin};
 
 /// Requests waiting for admission, by arrival.
 #[derive(Debug, Default)]
@@ -90,7 +97,15 @@ impl<E: Executor> Scheduler<E> {
                 );
                 continue;
             }
-            if required > self.admission_room() {
+            let reuse = self.pin_reuse(id);
+            let shared =
+                reuse.as_ref().map_or(0, |(_, hit)| hit.tokens()) / self.geometry.page_size();
+            let required = required - shared;
+            let room = self.admission_room();
+            if required > room && required > room + self.reclaim_cache(required - room) {
+                if let Some((pin, _)) = reuse {
+                    self.unpin(pin);
+                }
                 if self.queue.bypassed(arrival) >= self.config.max_bypass {
                     break;
                 }
@@ -98,7 +113,7 @@ impl<E: Executor> Scheduler<E> {
                 continue;
             }
             self.queue.remove(arrival);
-            self.place(id, history, budget, required);
+            self.place(id, history, budget, required, reuse);
             for &earlier in &skipped {
                 self.queue.bypass(earlier);
             }
@@ -119,8 +134,15 @@ impl<E: Executor> Scheduler<E> {
         self.pages.available().saturating_sub(self.growth_debt())
     }
 
-    /// Gives a queued request a slot and its reservation.
-    fn place(&mut self, id: RequestId, history: u32, budget: u32, reserved: u32) {
+    /// Gives a queued request a slot, its reservation and its prefix hit.
+    fn place(
+        &mut self,
+        id: RequestId,
+        history: u32,
+        budget: u32,
+        reserved: u32,
+        reuse: Option<(Pin, Hit)>,
+    ) {
         let slot = self
             .slots
             .take()
@@ -145,11 +167,14 @@ impl<E: Executor> Scheduler<E> {
             confirmed: Confirmed::default(),
             refs: 0,
             exit: None,
+            prefix: PlacementPrefix::default(),
         });
         let first = !std::mem::replace(&mut request.admitted, true);
         self.placed.insert(admission, id);
+        let cached_tokens = reuse.as_ref().map_or(0, |(_, hit)| hit.tokens());
+        self.plan_prefix(id, reuse);
         if first {
-            self.emit(id, Event::Admitted);
+            self.emit(id, Event::Admitted { cached_tokens });
         }
     }
 }

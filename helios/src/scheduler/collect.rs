@@ -55,10 +55,13 @@ impl<E: Executor> Scheduler<E> {
                 None => return Ok(false),
             }
         };
-        let launch = self.window.pop_front().expect("the oldest launch exists");
+        let mut launch = self.window.pop_front().expect("the oldest launch exists");
         let verdict = check_records(&launch.rows, &completion.records, &self.geometry, |id| {
             self.expectation(id)
         });
+        if let Some(maintenance) = launch.maintenance.take() {
+            self.apply_maintenance(maintenance, completion.status);
+        }
         self.apply(launch, verdict);
         Ok(true)
     }
@@ -84,7 +87,7 @@ impl<E: Executor> Scheduler<E> {
             Ok(outcomes) => {
                 for (row, outcome) in launch.rows.iter().zip(outcomes) {
                     let id = match *row {
-                        Row::Chunk { id, .. } | Row::Decode { id } => id,
+                        Row::Chunk { id, .. } | Row::Decode { id } | Row::Resume { id } => id,
                         Row::Padding => continue,
                     };
                     match outcome {
@@ -146,7 +149,7 @@ impl<E: Executor> Scheduler<E> {
     }
 
     /// Fails a request whose record is invalid, unless it already ended.
-    fn fail(&mut self, id: RequestId, invalid: &InvalidRecord) {
+    pub(super) fn fail(&mut self, id: RequestId, invalid: &InvalidRecord) {
         let exit = self.placement_mut(id).map(|placement| placement.exit);
         if !matches!(exit, Some(None | Some(Exit::Preempted))) {
             return;

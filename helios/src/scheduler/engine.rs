@@ -20,6 +20,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use super::admission::AdmissionQueue;
+use super::checkpoints::{Cache, Maintenance, PrefixConfig};
 use super::error::{AdmissionError, ExecutionError, SchedulerError};
 use super::events::{Event, FinishReason, Metrics, RequestEvent};
 use super::executor::{Executor, Launch, Operation, PageTableUpdate, Ticket};
@@ -50,6 +51,9 @@ pub struct SchedulerConfig {
     /// step run while the host reads the previous one's records; 1
     /// serializes. An iteration that prefills drains first, whatever this is.
     pub decode_depth: usize,
+    /// Exact prefix checkpoints over the core's snapshot rows; `None` (or
+    /// no row) disables the cache.
+    pub prefix: Option<PrefixConfig>,
 }
 
 impl Default for SchedulerConfig {
@@ -58,6 +62,7 @@ impl Default for SchedulerConfig {
             queue_capacity: 1024,
             max_bypass: 8,
             decode_depth: 2,
+            prefix: None,
         }
     }
 }
@@ -70,6 +75,8 @@ pub(super) struct InFlight {
     pub(super) rows: Vec<Row>,
     /// Requests whose slot the launch references.
     pub(super) refs: Vec<RequestId>,
+    /// What a snapshot or restore was submitted for.
+    pub(super) maintenance: Option<Maintenance>,
 }
 
 /// What one completion record row was submitted for.
@@ -85,6 +92,8 @@ pub(super) enum Row {
     },
     /// A decode row.
     Decode { id: RequestId },
+    /// A resume after a whole-history restore: it samples without consuming.
+    Resume { id: RequestId },
 }
 
 /// What one [`Scheduler::step`] did.
@@ -120,6 +129,8 @@ pub struct Scheduler<E> {
     /// Terminal events by kind, for [`Metrics`].
     pub(super) finished: Finished,
     pub(super) failure: Option<ExecutionError>,
+    /// The prefix cache, when the core has snapshot rows.
+    pub(super) cache: Option<Cache>,
 }
 
 impl<E: Executor> Scheduler<E> {
@@ -137,7 +148,12 @@ impl<E: Executor> Scheduler<E> {
         if !(1..=2).contains(&config.decode_depth) {
             return invalid("decode_depth", "must be 1 or 2");
         }
+        let cache = match &config.prefix {
+            Some(prefix) => Cache::new(prefix, &geometry)?,
+            None => None,
+        };
         Ok(Self {
+            cache,
             slots: SlotPool::new(geometry.max_concurrency()),
             pages: PagePool::new(geometry.kv_pages()),
             geometry,
@@ -175,7 +191,9 @@ impl<E: Executor> Scheduler<E> {
         let arrival = self.next_arrival;
         self.next_arrival += 1;
         self.queue.push(arrival, id);
+        let chain = self.cache.as_ref().map(|cache| cache.chain(&spec.prompt));
         let request = Request {
+            chain,
             spec,
             arrival,
             output: Vec::new(),
@@ -217,7 +235,7 @@ impl<E: Executor> Scheduler<E> {
             self.wait_for_room()?
         };
         self.apply_cancels();
-        self.retire();
+        report.submitted += self.retire()?;
         self.admit_queued();
         if self.window.is_empty() {
             if let Some(id) = self.prefill_candidate() {
@@ -257,6 +275,7 @@ impl<E: Executor> Scheduler<E> {
             finished_length: self.finished.length,
             cancelled: self.finished.cancelled,
             failed: self.finished.failed,
+            cache: self.cache_metrics(),
         }
     }
 
@@ -290,6 +309,7 @@ impl<E: Executor> Scheduler<E> {
         operation: Operation,
         rows: Vec<Row>,
         refs: Vec<RequestId>,
+        maintenance: Option<Maintenance>,
     ) -> Result<(), ExecutionError> {
         let launch = Launch {
             page_updates: std::mem::take(&mut self.page_updates),
@@ -301,7 +321,12 @@ impl<E: Executor> Scheduler<E> {
                 placement.refs += 1;
             }
         }
-        self.window.push_back(InFlight { ticket, rows, refs });
+        self.window.push_back(InFlight {
+            ticket,
+            rows,
+            refs,
+            maintenance,
+        });
         Ok(())
     }
 

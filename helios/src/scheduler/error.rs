@@ -71,6 +71,17 @@ pub enum AdmissionError {
         /// Pages of the whole pool (the null page excluded).
         usable_pages: u32,
     },
+    /// The message endpoints are not strictly ascending inside the prompt.
+    #[error(
+        "message endpoint {endpoint} is not strictly after the previous one and inside \
+         the {prompt_tokens}-token prompt"
+    )]
+    MessageEndpoint {
+        /// The offending endpoint.
+        endpoint: u32,
+        /// Tokens in the prompt.
+        prompt_tokens: u32,
+    },
     /// A sampling parameter the graphs cannot use.
     #[error("sampling.{field} {reason}")]
     InvalidSampling {
@@ -101,6 +112,7 @@ impl AdmissionError {
             | Self::ZeroOutputBudget
             | Self::TokenOutsideVocabulary { .. }
             | Self::ExceedsContext { .. }
+            | Self::MessageEndpoint { .. }
             | Self::InvalidSampling { .. } => ErrorClass::InvalidRequest,
             Self::ExceedsPool { .. }
             | Self::QueueFull { .. }
@@ -183,6 +195,15 @@ pub enum InvalidRecord {
         expected: i32,
         /// The raw field.
         found: i32,
+    },
+    /// A snapshot or restore did not report that it applied (status 1): a
+    /// restore's row did not hold the consumed count the checkpoint records.
+    #[error("{operation} reported status {status:?}, expected 1")]
+    Maintenance {
+        /// `snapshot` or `restore`.
+        operation: &'static str,
+        /// The raw status, `None` when none came back.
+        status: Option<i32>,
     },
 }
 

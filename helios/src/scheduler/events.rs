@@ -1,5 +1,6 @@
 //! What the scheduler tells the outside: per-request events and metrics.
 
+use super::checkpoints::CacheMetrics;
 use super::error::ExecutionError;
 use super::ids::RequestId;
 
@@ -23,7 +24,11 @@ pub enum FinishReason {
 #[derive(Debug, Clone)]
 pub enum Event {
     /// The request holds a slot and its reservation for the first time.
-    Admitted,
+    Admitted {
+        /// Prompt tokens restored from a prefix checkpoint instead of
+        /// prefilled (0 without a hit or a cache).
+        cached_tokens: u32,
+    },
     /// The request was preempted after `generated` output tokens and, its
     /// launches completed, is queued again; it is readmitted by recompute and
     /// its random stream restarts with
@@ -69,13 +74,16 @@ pub struct RequestEvent {
 /// Counters of the scheduler's state, for `/metrics` and tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Metrics {
+    /// The prefix cache's counters, when it is enabled.
+    pub cache: Option<CacheMetrics>,
     /// Requests waiting for admission (preempted ones included).
     pub queue_depth: usize,
     /// Requests holding a slot that have not finished.
     pub running: usize,
     /// Launches submitted and not yet retrieved.
     pub in_flight: usize,
-    /// Pages in some slot's page table (retiring requests included).
+    /// Pages in some slot's page table (retiring requests included) or
+    /// held by prefix checkpoints.
     pub pages_used: u32,
     /// Free pages reserved for admitted requests' growth.
     pub pages_reserved: u32,

@@ -10,6 +10,7 @@
 
 use super::error::ExecutionError;
 use super::ids::{Page, Slot};
+use crate::prefix::SnapshotRow;
 
 /// Sampling parameters the admit operation writes into a slot.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -101,6 +102,33 @@ pub struct Resume {
     pub slot: Slot,
 }
 
+/// Freeze a slot's exact consumed state into a snapshot row (the snapshot
+/// graph): the recipe's continuation row (for the dense recipe, the partial
+/// tail page and the saved hidden vector) and the consumed count. The
+/// pending sampled token is not part of it. The graph reports status 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The slot whose state is frozen.
+    pub slot: Slot,
+    /// The row written.
+    pub row: SnapshotRow,
+}
+
+/// Install a snapshot row into an admitted slot whose page table already
+/// maps the checkpoint's shared pages and, for an unaligned endpoint, a
+/// private tail page (the restore graph). It applies only when the row holds
+/// `expect` consumed tokens, and reports status 1 when it applied, 0 when
+/// not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Restore {
+    /// The restored slot.
+    pub slot: Slot,
+    /// The row read.
+    pub row: SnapshotRow,
+    /// The consumed count the row must hold.
+    pub expect: u32,
+}
+
 /// One graph replay.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Operation {
@@ -112,6 +140,10 @@ pub enum Operation {
     Decode(Decode),
     /// Sample from a restored slot's saved hidden vector.
     Resume(Resume),
+    /// Copy a slot's state into a snapshot row.
+    Snapshot(Snapshot),
+    /// Copy a snapshot row into a slot.
+    Restore(Restore),
 }
 
 impl Operation {
@@ -122,14 +154,22 @@ impl Operation {
             Self::PrefillChunk(_) => OperationKind::PrefillChunk,
             Self::Decode(_) => OperationKind::Decode,
             Self::Resume(_) => OperationKind::Resume,
+            Self::Snapshot(_) => OperationKind::Snapshot,
+            Self::Restore(_) => OperationKind::Restore,
         }
     }
 
+    /// Whether the graph reports a maintenance status (snapshot, restore).
+    pub fn reports_status(&self) -> bool {
+        matches!(self, Self::Snapshot(_) | Self::Restore(_))
+    }
+
     /// Completion records the graph writes: one per decode row (padding
-    /// included), one for a prefill chunk or resume, none for admit.
+    /// included), one for a prefill chunk or resume, none for admit,
+    /// snapshot or restore.
     pub fn record_rows(&self) -> usize {
         match self {
-            Self::Admit(_) => 0,
+            Self::Admit(_) | Self::Snapshot(_) | Self::Restore(_) => 0,
             Self::PrefillChunk(_) | Self::Resume(_) => 1,
             Self::Decode(decode) => decode.slots.len(),
         }
@@ -138,7 +178,7 @@ impl Operation {
     /// The slot of each record row.
     pub fn record_slots(&self) -> Vec<Slot> {
         match self {
-            Self::Admit(_) => Vec::new(),
+            Self::Admit(_) | Self::Snapshot(_) | Self::Restore(_) => Vec::new(),
             Self::PrefillChunk(chunk) => vec![chunk.slot],
             Self::Resume(resume) => vec![resume.slot],
             Self::Decode(decode) => decode.slots.clone(),
@@ -157,6 +197,10 @@ pub enum OperationKind {
     Decode,
     /// [`Operation::Resume`].
     Resume,
+    /// [`Operation::Snapshot`].
+    Snapshot,
+    /// [`Operation::Restore`].
+    Restore,
 }
 
 /// Writes page-table entries `first..first + pages.len()` of `slot`
@@ -219,7 +263,15 @@ pub mod done {
 pub struct Completion {
     /// One record per row ([`Operation::record_rows`]).
     pub records: Vec<CompletionRecord>,
+    /// The maintenance status a snapshot or restore wrote (1: applied), as
+    /// the device wrote it; `None` for other operations.
+    pub status: Option<i32>,
 }
+
+/// The most launches the scheduler has in flight at once: one prefill
+/// iteration's admit, restore, chunk (or resume) and snapshot, then a decode
+/// step, with the previous decode step still running.
+pub const MAX_IN_FLIGHT: usize = 6;
 
 /// Runs launches over the prepared graphs.
 ///
@@ -229,7 +281,9 @@ pub struct Completion {
 /// completion records are in flight, possibly behind one admit launch.
 /// Completions are retrieved in submission order, each exactly once; the
 /// storage a launch reads or writes (staging inputs, completion records)
-/// stays owned by the executor until then.
+/// stays owned by the executor until then. A prefill iteration with prefix
+/// checkpoints submits at most admit, restore, a chunk or resume, and a
+/// snapshot before its decode step: [`MAX_IN_FLIGHT`] launches.
 pub trait Executor {
     /// Enqueues `launch` after every earlier launch.
     fn submit(&mut self, launch: &Launch) -> Result<Ticket, ExecutionError>;

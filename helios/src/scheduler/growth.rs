@@ -50,12 +50,14 @@ impl<E: Executor> Scheduler<E> {
             .filter(|placement| placement.exit.is_none())
     }
 
-    /// Pages of ended placements that wait for their launches in flight.
+    /// Private pages of ended placements that wait for their launches in
+    /// flight (or a terminal capture, which may keep their complete pages
+    /// cached).
     fn releasing_pages(&self) -> u32 {
         (self.placed.values())
             .filter_map(|id| self.requests[id].placement.as_ref())
             .filter(|placement| placement.exit.is_some())
-            .map(|placement| len32(placement.pages.len()))
+            .map(Placement::private_pages)
             .sum()
     }
 
@@ -82,6 +84,9 @@ impl<E: Executor> Scheduler<E> {
             }
             if from_pool <= self.pages.available() + self.releasing_pages() {
                 return Growth::Stalled;
+            }
+            if self.reclaim_cache(from_pool - self.pages.available()) > 0 {
+                continue;
             }
             let victim = (self.placed.values().rev().copied())
                 .find(|victim| {
@@ -135,11 +140,9 @@ impl<E: Executor> Scheduler<E> {
     fn preempt(&mut self, id: RequestId) {
         self.end_placement(id, Exit::Preempted);
         self.preemptions += 1;
-        if self.requests[&id]
-            .placement
-            .as_ref()
-            .is_some_and(|p| p.refs == 0)
-        {
+        let placement = self.requests[&id].placement.as_ref().expect("placed");
+        // A terminal capture waits for the next submission boundary.
+        if placement.refs == 0 && !self.wants_terminal(placement) {
             self.retire_one(id);
         }
     }

@@ -19,11 +19,16 @@
 //! - every completion record is validated before any state changes
 //!   (`validate.rs`); cancellation and completion are applied at submission
 //!   boundaries, and a slot or page is reused only once no launch in flight
-//!   references it (`retire.rs`).
+//!   references it (`retire.rs`);
+//! - with a snapshot-row pool, admission restores the longest cached exact
+//!   prefix, prefill stops at the selected endpoints to snapshot them, and
+//!   finished or preempted requests capture their terminal prefix
+//!   (`checkpoints.rs`).
 //!
 //! [`test_executor`] is a deterministic CPU executor for tests.
 
 mod admission;
+mod checkpoints;
 mod collect;
 mod engine;
 mod error;
@@ -42,6 +47,7 @@ pub mod test_executor;
 mod validate;
 mod worker;
 
+pub use checkpoints::{CacheMetrics, PrefixConfig};
 pub use engine::{Scheduler, SchedulerConfig, StepReport};
 pub use error::{
     AdmissionError, ErrorClass, ExecutionError, GeometryError, InvalidRecord, SchedulerError,
@@ -49,7 +55,8 @@ pub use error::{
 pub use events::{Event, FinishReason, Metrics, RequestEvent};
 pub use executor::{
     done, Admit, Completion, CompletionRecord, Decode, Executor, Launch, Operation, OperationKind,
-    PageTableUpdate, PrefillChunk, Resume, SamplingParams, Ticket,
+    PageTableUpdate, PrefillChunk, Restore, Resume, SamplingParams, Snapshot, Ticket,
+    MAX_IN_FLIGHT,
 };
 pub use geometry::Geometry;
 pub use ids::{Page, RequestId, Slot};

@@ -41,15 +41,23 @@ impl<E: Executor> Scheduler<E> {
                 max_new_tokens: placement.budget,
                 sampling: request.spec.sampling,
                 seed: readmission_seed(request.spec.seed, request.output.len() as u64),
-                consumed: 0,
+                consumed: placement.submitted_consumed,
             };
             self.placement_mut(id).expect("placed").initialized = true;
-            self.launch(Operation::Admit(admit), Vec::new(), vec![id])?;
+            self.launch(Operation::Admit(admit), Vec::new(), vec![id], None)?;
             submitted += 1;
         }
+        submitted += self.submit_restore(id)?;
         let placement = self.placement(id);
+        if placement.prompt_submitted() {
+            // A whole-history hit: the resume sampled instead of a chunk.
+            return Ok(submitted);
+        }
         let start = placement.submitted_consumed;
-        let len = (placement.history - start).min(self.geometry.prefill_chunk_size());
+        let stop = (placement.prefix.stops.iter().copied())
+            .find(|&stop| stop > start)
+            .unwrap_or(placement.history);
+        let len = (stop - start).min(self.geometry.prefill_chunk_size());
         let end = start + len;
         let ends_prompt = end == placement.history;
         let capacity = (self.geometry)
@@ -73,8 +81,10 @@ impl<E: Executor> Scheduler<E> {
             len,
             ends_prompt,
         };
-        self.launch(Operation::PrefillChunk(chunk), vec![row], vec![id])?;
-        Ok(submitted + 1)
+        self.launch(Operation::PrefillChunk(chunk), vec![row], vec![id], None)?;
+        submitted += 1;
+        submitted += self.capture_at_stop(id, end)?;
+        Ok(submitted)
     }
 
     /// Submits one decode step over every runnable request (oldest first,
@@ -108,7 +118,7 @@ impl<E: Executor> Scheduler<E> {
         slots.resize(capacity as usize, Slot::NULL);
         rows.resize(capacity as usize, Row::Padding);
         let decode = Decode { capacity, slots };
-        self.launch(Operation::Decode(decode), rows, batch)?;
+        self.launch(Operation::Decode(decode), rows, batch, None)?;
         Ok(1)
     }
 }

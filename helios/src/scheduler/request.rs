@@ -1,9 +1,11 @@
 //! A request as the scheduler holds it, and its placement on a slot.
 
+use super::checkpoints::PlacementPrefix;
 use super::error::AdmissionError;
 use super::executor::SamplingParams;
 use super::geometry::Geometry;
 use super::ids::{Page, Slot};
+use crate::prefix::PrefixChain;
 
 /// What a request asks for, in tokens: the frontend has already rendered,
 /// tokenized and clamped it.
@@ -17,6 +19,11 @@ pub struct RequestSpec {
     pub sampling: SamplingParams,
     /// The request's Philox key.
     pub seed: u64,
+    /// Exact token endpoints of complete messages inside the prompt
+    /// (strictly ascending, each in `1..prompt.len()`), from the renderer's
+    /// marks and the exact-cut rule; the prefix cache may capture them.
+    /// Empty when the prompt is not a rendered conversation.
+    pub message_endpoints: Vec<u32>,
 }
 
 impl RequestSpec {
@@ -39,6 +46,17 @@ impl RequestSpec {
                 token,
                 vocab_size,
             });
+        }
+        let prompt_len = self.prompt.len();
+        let mut previous = 0;
+        for &endpoint in &self.message_endpoints {
+            if endpoint <= previous || endpoint as usize >= prompt_len {
+                return Err(AdmissionError::MessageEndpoint {
+                    endpoint,
+                    prompt_tokens: u32::try_from(prompt_len).unwrap_or(u32::MAX),
+                });
+            }
+            previous = endpoint;
         }
         let temperature = self.sampling.temperature;
         if !(temperature.is_finite() && temperature > 0.0) {
@@ -84,6 +102,9 @@ pub(super) fn max_pages(geometry: &Geometry, history: u32, budget: u32) -> u32 {
 #[derive(Debug)]
 pub(super) struct Request {
     pub(super) spec: RequestSpec,
+    /// The prefix chain of its token stream (prompt, then output as
+    /// captures need it), when the prefix cache is enabled.
+    pub(super) chain: Option<PrefixChain>,
     /// Arrival order; a preempted request re-enters the queue at it.
     pub(super) arrival: u64,
     /// Every output token delivered so far, across admissions.
@@ -174,12 +195,18 @@ pub(super) struct Placement {
     pub(super) refs: u32,
     /// Set once no further launch may reference the slot.
     pub(super) exit: Option<Exit>,
+    /// Its checkpoint pin, shared pages, restore and captures.
+    pub(super) prefix: PlacementPrefix,
 }
 
 impl Placement {
-    /// Whether every prompt token was submitted for prefill.
+    /// Whether every prompt token was submitted for prefill (after the
+    /// admit, and the restore and resume of a prefix hit).
     pub(super) fn prompt_submitted(&self) -> bool {
-        self.submitted_consumed >= self.history
+        self.initialized
+            && self.prefix.restore.is_none()
+            && !self.prefix.resume
+            && self.submitted_consumed >= self.history
     }
 
     /// Whether the next decode step should include it: still live, prompt
@@ -191,5 +218,11 @@ impl Placement {
     /// Pages in the page table plus pages reserved.
     pub(super) fn held(&self) -> u32 {
         len32(self.pages.len()) + self.reserved
+    }
+
+    /// Pages in the page table that retirement frees: all but the shared
+    /// checkpoint pages.
+    pub(super) fn private_pages(&self) -> u32 {
+        len32(self.pages.len()) - self.prefix.shared
     }
 }

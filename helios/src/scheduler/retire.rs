@@ -61,17 +61,32 @@ impl<E: Executor> Scheduler<E> {
     }
 
     /// Frees the slot and pages of every ended placement no launch in
-    /// flight references; preempted requests go back to the queue.
-    pub(super) fn retire(&mut self) {
+    /// flight references; preempted requests go back to the queue. A
+    /// placement with a terminal capture to make is snapshotted first (one
+    /// per iteration) and retired once the snapshot completed. Returns the
+    /// launches submitted.
+    pub(super) fn retire(&mut self) -> Result<usize, ExecutionError> {
         let ready: Vec<RequestId> = (self.placed.values().copied())
             .filter(|&id| {
                 let placement = self.requests[&id].placement.as_ref();
                 placement.is_some_and(|p| p.exit.is_some() && p.refs == 0)
             })
             .collect();
+        let mut submitted = 0;
         for id in ready {
+            let placement = self.requests[&id].placement.as_ref().expect("placed");
+            if self.wants_terminal(placement) {
+                if submitted > 0 {
+                    continue;
+                }
+                if self.capture_terminal(id)? {
+                    submitted += 1;
+                    continue;
+                }
+            }
             self.retire_one(id);
         }
+        Ok(submitted)
     }
 
     /// Retires one ended placement with no launch in flight.
@@ -80,18 +95,23 @@ impl<E: Executor> Scheduler<E> {
             .requests
             .get_mut(&id)
             .expect("retiring a known request");
-        let placement = request.placement.take().expect("retiring a placed request");
+        let mut placement = request.placement.take().expect("retiring a placed request");
         debug_assert!(placement.refs == 0 && placement.reserved == 0);
         self.placed.remove(&placement.admission);
+        let private = self.release_prefix(&mut placement);
         if !placement.pages.is_empty() {
             self.page_updates.push(PageTableUpdate {
                 slot: placement.slot,
                 first: 0,
                 pages: vec![Page::NULL; placement.pages.len()],
             });
-            self.pages.release(&placement.pages);
+            self.pages.release(&private);
         }
         self.slots.release(placement.slot);
+        let request = self
+            .requests
+            .get_mut(&id)
+            .expect("retiring a known request");
         if placement.exit == Some(Exit::Preempted) {
             // Every launch of the placement has completed: its output is final
             // and the readmission derives its seed from this count.

@@ -73,7 +73,7 @@ pub(super) fn check_records(
                 outcomes.push(Ok(Outcome::Ignored));
                 continue;
             }
-            Row::Chunk { id, .. } | Row::Decode { id } => id,
+            Row::Chunk { id, .. } | Row::Decode { id } | Row::Resume { id } => id,
         };
         let outcome = match expect(id) {
             Some(expectation) if !expectation.ignored => check.row(*row, &expectation),
@@ -115,6 +115,7 @@ impl Check<'_> {
                 Ok(Outcome::Inactive)
             }
             Row::Decode { .. } => self.sampled(confirmed.consumed + 1, expectation),
+            Row::Resume { .. } => self.sampled(confirmed.consumed, expectation),
             Row::Padding => unreachable!("padding rows are checked by the caller"),
         }
     }

@@ -18,9 +18,9 @@ use super::{serve_http_with, ServeError};
 use crate::core::decode_manifest;
 use crate::execution::{BorrowedGraphs, GpuExecutor};
 use crate::frontend::Frontend;
-use crate::http::{router, AppState, ServeConfig};
+use crate::http::{marked_messages, router, AppState, ServeConfig};
 use crate::scheduler::{
-    ExecutionError, Geometry, SchedulerConfig, SchedulerError, ShutdownMode, Worker,
+    ExecutionError, Geometry, PrefixConfig, SchedulerConfig, SchedulerError, ShutdownMode, Worker,
 };
 
 /// How the in-process server listens and admits.
@@ -40,6 +40,9 @@ pub struct InProcessConfig {
     pub queue_capacity: usize,
     /// CUDA device ordinal the graphs were prepared on.
     pub device: i32,
+    /// Reuse exact prefix checkpoints across requests (when the core has
+    /// snapshot rows).
+    pub prefix_cache: bool,
 }
 
 /// A running in-process server.
@@ -113,9 +116,13 @@ pub unsafe fn start_in_process(
     let frontend = Arc::new(Frontend::from_core(core.frontend())?);
     let geometry = Geometry::from_core(&core)?;
     let context_limit = geometry.context_limit();
+    let prefix = (config.prefix_cache)
+        .then(|| PrefixConfig::from_core(&core))
+        .transpose()?;
     drop(core);
     let scheduler = SchedulerConfig {
         queue_capacity: config.queue_capacity,
+        prefix,
         ..SchedulerConfig::default()
     };
     let device = config.device;
@@ -133,6 +140,7 @@ pub unsafe fn start_in_process(
         max_body_bytes: config.max_body_bytes,
         chunk_capacity: 64,
         api_key: config.api_key.clone(),
+        marked_messages: marked_messages(config.prefix_cache),
     };
     let app = router(AppState::new(handle.clone(), frontend, serve_config));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

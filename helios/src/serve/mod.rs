@@ -19,11 +19,11 @@ pub use in_process::{start_in_process, InProcessConfig, InProcessServer};
 use crate::core::{load_manifest, CoreError};
 use crate::execution::GpuExecutor;
 use crate::frontend::{Frontend, FrontendError};
-use crate::http::{router, AppState, ServeConfig};
+use crate::http::{marked_messages, router, AppState, ServeConfig};
 use crate::replay::{KvBacking, LoadOptions, LoadedCore};
 use crate::scheduler::{
-    ExecutionError, Geometry, GeometryError, SchedulerConfig, SchedulerError, SchedulerHandle,
-    ShutdownMode, Worker,
+    ExecutionError, Geometry, GeometryError, PrefixConfig, SchedulerConfig, SchedulerError,
+    SchedulerHandle, ShutdownMode, Worker,
 };
 
 const MIB: u64 = 1 << 20;
@@ -49,6 +49,9 @@ pub struct RunOptions {
     pub max_body_bytes: usize,
     /// Requests the admission queue holds.
     pub queue_capacity: usize,
+    /// Reuse exact prefix checkpoints across requests (when the core has
+    /// snapshot rows).
+    pub prefix_cache: bool,
 }
 
 /// Why the server could not start or stopped with a failure.
@@ -109,6 +112,9 @@ pub fn run(options: RunOptions) -> Result<(), ServeError> {
     let frontend = Arc::new(Frontend::from_core(core.frontend())?);
     let prepared = Geometry::from_core(&core)?;
     let context_limit = prepared.context_limit();
+    let prefix = (options.prefix_cache)
+        .then(|| PrefixConfig::from_core(&core))
+        .transpose()?;
     drop(core);
 
     let path = options.core.clone();
@@ -120,6 +126,7 @@ pub fn run(options: RunOptions) -> Result<(), ServeError> {
     };
     let config = SchedulerConfig {
         queue_capacity: options.queue_capacity,
+        prefix,
         ..SchedulerConfig::default()
     };
     let worker = Worker::spawn_with(config, move || {
@@ -155,6 +162,7 @@ pub fn run(options: RunOptions) -> Result<(), ServeError> {
         max_body_bytes: options.max_body_bytes,
         chunk_capacity: 64,
         api_key: options.api_key.clone(),
+        marked_messages: marked_messages(options.prefix_cache),
     };
     let app = router(AppState::new(handle.clone(), frontend, serve_config));
     let address = format!("{}:{}", options.host, options.port);
@@ -265,6 +273,7 @@ mod tests {
             model: None,
             max_body_bytes: 1 << 20,
             queue_capacity: 16,
+            prefix_cache: true,
         }
     }
 

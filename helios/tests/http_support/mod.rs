@@ -12,11 +12,11 @@ use axum::response::Response;
 use axum::Router;
 use helios::core::load_manifest;
 use helios::frontend::{Frontend, Tokenizer};
-use helios::http::{router, AppState, ServeConfig};
+use helios::http::{marked_messages, router, AppState, ServeConfig};
 use helios::scheduler::test_executor::{FakeModel, TestExecutor};
 use helios::scheduler::{
-    Completion, ExecutionError, Executor, Geometry, Launch, SchedulerConfig, SchedulerHandle,
-    Ticket, Worker,
+    Completion, ExecutionError, Executor, Geometry, Launch, PrefixConfig, SchedulerConfig,
+    SchedulerHandle, Ticket, Worker,
 };
 use http_body_util::BodyExt;
 use serde_json::Value;
@@ -38,7 +38,12 @@ pub struct Options {
     pub fail_first_launch: bool,
     /// Require this API key on the `/v1` routes.
     pub api_key: Option<String>,
+    /// Serve without the prefix cache (it is on by default, over 16 rows).
+    pub no_prefix_cache: bool,
 }
+
+/// Snapshot rows of the test server's prefix cache.
+pub const SNAPSHOT_ROWS: u32 = 16;
 
 /// A router over a running worker.
 pub struct Server {
@@ -85,8 +90,17 @@ pub fn server(options: Options) -> Server {
     let model = FakeModel::new(&geometry, options.stop_every);
     let executor_model = model.clone();
     let executor_geometry = geometry.clone();
-    let worker = Worker::spawn(geometry.clone(), SchedulerConfig::default(), move || {
-        let mut inner = TestExecutor::new(&executor_geometry, executor_model);
+    let prefix = (!options.no_prefix_cache).then(|| PrefixConfig {
+        snapshot_rows: SNAPSHOT_ROWS,
+        ..PrefixConfig::from_core(&core).unwrap()
+    });
+    let config = SchedulerConfig {
+        prefix,
+        ..SchedulerConfig::default()
+    };
+    let worker = Worker::spawn(geometry.clone(), config, move || {
+        let mut inner =
+            TestExecutor::with_snapshot_rows(&executor_geometry, executor_model, SNAPSHOT_ROWS);
         if options.fail_first_launch {
             inner.fail_next();
         }
@@ -103,6 +117,7 @@ pub fn server(options: Options) -> Server {
         max_body_bytes: 64 * 1024,
         chunk_capacity: options.chunk_capacity.unwrap_or(16),
         api_key: options.api_key.clone(),
+        marked_messages: marked_messages(!options.no_prefix_cache),
     };
     let state = AppState::new(handle.clone(), Arc::clone(&frontend), config);
     Server {

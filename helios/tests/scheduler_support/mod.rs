@@ -3,11 +3,13 @@
 #![allow(dead_code)] // each test crate uses a different part
 
 use helios::core::proto::PreparedContract;
+use helios::prefix::{Outstanding, RowLayout};
 use helios::scheduler::test_executor::{
     FakeModel, Reference, RequestLog, TestExecutor, Transcript, Violation,
 };
 use helios::scheduler::{
-    Geometry, Metrics, RequestId, RequestSpec, SamplingParams, Scheduler, SchedulerConfig,
+    Geometry, Metrics, PrefixConfig, RequestId, RequestSpec, SamplingParams, Scheduler,
+    SchedulerConfig,
 };
 
 /// The stop token of every test geometry.
@@ -24,6 +26,9 @@ pub struct Setup {
     pub vocab_size: u32,
     pub stop_every: Option<u64>,
     pub config: SchedulerConfig,
+    /// Snapshot rows of the test executor (the cache is enabled when the
+    /// config's `prefix` names rows too).
+    pub snapshot_rows: u32,
 }
 
 impl Default for Setup {
@@ -37,6 +42,7 @@ impl Default for Setup {
             vocab_size: 64,
             stop_every: None,
             config: SchedulerConfig::default(),
+            snapshot_rows: 0,
         }
     }
 }
@@ -65,7 +71,19 @@ impl Setup {
     }
 
     pub fn executor(&self) -> TestExecutor {
-        TestExecutor::new(&self.geometry(), self.model())
+        TestExecutor::with_snapshot_rows(&self.geometry(), self.model(), self.snapshot_rows)
+    }
+
+    /// This setup with the prefix cache over `rows` snapshot rows holding
+    /// `layout`.
+    pub fn with_cache(mut self, rows: u32, layout: RowLayout) -> Self {
+        self.snapshot_rows = rows;
+        self.config.prefix = Some(PrefixConfig {
+            snapshot_rows: rows,
+            layout,
+            salt: b"test-core".to_vec(),
+        });
+        self
     }
 
     pub fn scheduler(&self) -> Scheduler<TestExecutor> {
@@ -86,6 +104,7 @@ pub fn spec(prompt_len: usize, max_new_tokens: u32, seed: u64) -> RequestSpec {
         max_new_tokens,
         sampling: SamplingParams::default(),
         seed,
+        message_endpoints: Vec::new(),
     }
 }
 
@@ -124,21 +143,35 @@ pub fn step(scheduler: &mut Scheduler<TestExecutor>, transcript: &mut Transcript
 pub fn admission_order(events: &[helios::scheduler::RequestEvent]) -> Vec<RequestId> {
     events
         .iter()
-        .filter(|e| matches!(e.event, helios::scheduler::Event::Admitted))
+        .filter(|e| matches!(e.event, helios::scheduler::Event::Admitted { .. }))
         .map(|e| e.request)
         .collect()
 }
 
-/// Nothing leaked and the executor saw no contract breach.
+/// The dense recipe's row: a tail page of 16-token pages and a hidden vector.
+pub fn dense_row() -> RowLayout {
+    RowLayout::new([("kv_tail", 16 * 2 * 64), ("hidden", 256)]).unwrap()
+}
+
+/// Nothing leaked and the executor saw no contract breach. Pages the prefix
+/// cache holds are used; nothing else is, and the store lends nothing out.
 pub fn assert_clean(scheduler: &Scheduler<TestExecutor>) {
     let violations: &[Violation] = scheduler.executor().violations();
     assert!(violations.is_empty(), "{violations:?}");
     let usable = scheduler.geometry().usable_pages();
     let metrics = scheduler.metrics();
+    let cached = metrics.cache.map_or(0, |cache| cache.pages_held);
+    if let Some(store) = scheduler.checkpoints() {
+        store.verify().unwrap();
+        assert_eq!(store.outstanding(), Outstanding::default());
+        assert_eq!(metrics.cache.unwrap().pages_reclaimable, cached);
+    }
     assert_eq!(
         metrics,
         Metrics {
-            pages_free: usable,
+            cache: metrics.cache,
+            pages_used: cached,
+            pages_free: usable - cached,
             preemptions: metrics.preemptions,
             finished_stop: metrics.finished_stop,
             finished_length: metrics.finished_length,

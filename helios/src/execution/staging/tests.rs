@@ -1,7 +1,8 @@
 use super::*;
 use crate::core::proto::{BufferRole, Core};
 use crate::core::sample::{tiny_core, SAMPLE_BASE};
-use crate::scheduler::{Admit, Decode, Page, PrefillChunk, Resume};
+use crate::prefix::SnapshotRow;
+use crate::scheduler::{Admit, Decode, Page, PrefillChunk, Restore, Resume, Snapshot};
 
 const FIELDS: [&str; 6] = ["slot", "token", "generated", "consumed", "done", "valid"];
 
@@ -151,6 +152,59 @@ fn a_chunk_and_a_resume_select_their_graphs() {
     let packed = staging.pack(&resume).unwrap();
     assert_eq!(packed.graph, graph_position(&core, GraphKind::Resume, 1));
     assert_eq!(words(&packed, &packed.writes[0]), vec![2]);
+}
+
+#[test]
+fn snapshot_and_restore_pack_the_maintenance_inputs_and_read_the_status_back() {
+    let core = core();
+    let staging = layout(core.clone()).unwrap();
+    let snapshot = Launch {
+        page_updates: Vec::new(),
+        operation: Operation::Snapshot(Snapshot {
+            slot: Slot(3),
+            row: SnapshotRow(1),
+        }),
+    };
+    let packed = staging.pack(&snapshot).unwrap();
+    assert_eq!(packed.graph, graph_position(&core, GraphKind::Snapshot, 1));
+    assert_eq!((packed.rows, packed.status), (0, true));
+    let targets: Vec<(u64, Vec<i32>)> = (packed.writes.iter())
+        .map(|w| (w.addr, words(&packed, w)))
+        .collect();
+    assert_eq!(
+        targets,
+        vec![
+            (addr_of(&core, "staging.maint_slot"), vec![3]),
+            (addr_of(&core, "staging.maint_row"), vec![1]),
+        ]
+    );
+    let restore = Launch {
+        page_updates: vec![PageTableUpdate {
+            slot: Slot(2),
+            first: 0,
+            pages: vec![Page(7), Page(9)],
+        }],
+        operation: Operation::Restore(Restore {
+            slot: Slot(2),
+            row: SnapshotRow(1),
+            expect: 70,
+        }),
+    };
+    let packed = staging.pack(&restore).unwrap();
+    assert_eq!(packed.graph, graph_position(&core, GraphKind::Restore, 1));
+    assert_eq!(packed.writes.len(), 4);
+    let expect = &packed.writes[3];
+    assert_eq!(expect.addr, addr_of(&core, "staging.maint_expect"));
+    assert_eq!(words(&packed, expect), vec![70]);
+    // The executor copies the status right after the (zero) records.
+    assert_eq!(
+        staging.completion(&1i32.to_le_bytes(), 0, true).status,
+        Some(1)
+    );
+    assert_eq!(staging.completion(&[], 0, true).status, None);
+    let resume = Operation::Resume(Resume { slot: Slot(1) });
+    assert!(!resume.reports_status());
+    assert_eq!(staging.completion(&[0; 24], 1, false).status, None);
 }
 
 #[test]

@@ -21,7 +21,10 @@
 //!   rendered nothing of its own), so marks are strictly increasing.
 //!
 //! Marks lie on character boundaries: a prefix that is itself valid UTF-8
-//! ends on one. Finding them renders the conversation once per message.
+//! ends on one. Finding them renders the conversation once per message
+//! marked: a server marks only the most recent messages
+//! ([`ChatTemplate::render_with_recent_marks`]), whose endpoints are the
+//! ones a later turn or branch is likely to reuse.
 
 use minijinja::Value;
 
@@ -53,11 +56,26 @@ impl ChatTemplate {
     /// complete message ends in the prompt. Only the full rendering can
     /// fail; a truncated conversation the template rejects has no mark.
     pub fn render_with_marks(&self, input: &ChatInput) -> Result<RenderedChat, FrontendError> {
+        self.render_with_recent_marks(input, usize::MAX)
+    }
+
+    /// [`Self::render_with_marks`] for the last `recent` messages only
+    /// (earlier entries are `None`), rendering the conversation `recent`
+    /// more times at most.
+    pub fn render_with_recent_marks(
+        &self,
+        input: &ChatInput,
+        recent: usize,
+    ) -> Result<RenderedChat, FrontendError> {
         let text = self.render(input)?;
         let messages: Vec<Value> = input.messages.iter().map(value::from_json).collect();
+        let first = messages.len().saturating_sub(recent);
         let mut previous = 0;
         let message_ends = (1..=messages.len())
             .map(|k| {
+                if k <= first {
+                    return None;
+                }
                 let context = self.context(input, messages[..k].to_vec(), false);
                 let end = (self.render_context(context).ok())
                     .filter(|prefix| text.starts_with(prefix.as_str()))

@@ -1,13 +1,19 @@
-//! Emulated device state: per-slot request state, page tables and KV pages
-//! whose cells remember which slot and admission wrote them, so reading a
-//! page another request wrote is caught as a [`Violation`].
+//! Emulated device state: per-slot request state, page tables, KV pages
+//! whose cells remember which slot and admission wrote them (so reading a
+//! page another request wrote is caught as a [`Violation`] unless it lies in
+//! the prefix the slot restored), and snapshot rows.
+//!
+//! Pages may be mapped by several page-table entries at once (a checkpoint's
+//! shared pages), but a page mapped twice must never be written.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::model::{FakeModel, History};
 use super::violation::Violation;
+use crate::prefix::SnapshotRow;
 use crate::scheduler::executor::{
-    done, Admit, CompletionRecord, Decode, Operation, PageTableUpdate, PrefillChunk, Resume,
+    done, Admit, CompletionRecord, Decode, Operation, PageTableUpdate, PrefillChunk, Restore,
+    Resume, Snapshot,
 };
 use crate::scheduler::geometry::Geometry;
 use crate::scheduler::ids::{Page, Slot};
@@ -28,6 +34,18 @@ struct SlotState {
     seed: u64,
     counter: u64,
     histogram: u64,
+    /// The consumed count whose final hidden vector the slot holds (what
+    /// the resume graph samples from); `None` after an admit.
+    hidden_at: Option<u32>,
+}
+
+/// One snapshot row: the consumed count, the partial tail page's cells and
+/// the hidden vector's position.
+#[derive(Debug, Clone)]
+struct RowState {
+    consumed: u32,
+    tail: Vec<Option<Cell>>,
+    hidden_at: Option<u32>,
 }
 
 /// Who wrote a KV cell.
@@ -44,6 +62,8 @@ struct Cell {
 pub(super) struct Touched {
     pub(super) slots: BTreeSet<Slot>,
     pub(super) entries: BTreeSet<(Slot, u32, Page)>,
+    /// Pages written.
+    pub(super) written: BTreeSet<Page>,
 }
 
 /// The emulated device.
@@ -54,12 +74,13 @@ pub(super) struct Device {
     slots: Vec<SlotState>,
     tables: Vec<Vec<Page>>,
     cells: Vec<Vec<Option<Cell>>>,
-    /// Page -> the one page-table entry that maps it.
-    mapped: BTreeMap<Page, (Slot, u32)>,
+    /// Page -> the page-table entries that map it.
+    mapped: BTreeMap<Page, BTreeSet<(Slot, u32)>>,
+    rows: Vec<Option<RowState>>,
 }
 
 impl Device {
-    pub(super) fn new(geometry: &Geometry, model: FakeModel) -> Self {
+    pub(super) fn new(geometry: &Geometry, model: FakeModel, snapshot_rows: u32) -> Self {
         let rows = geometry.max_concurrency() as usize + 1;
         let entries = geometry.pages_for(geometry.context_limit()) as usize;
         Self {
@@ -68,6 +89,7 @@ impl Device {
             tables: vec![vec![Page::NULL; entries]; rows],
             cells: vec![vec![None; geometry.page_size() as usize]; geometry.kv_pages() as usize],
             mapped: BTreeMap::new(),
+            rows: vec![None; snapshot_rows as usize],
             geometry: geometry.clone(),
         }
     }
@@ -112,46 +134,50 @@ impl Device {
                     continue;
                 }
                 if !page.is_null() {
-                    if busy.entries.iter().any(|&(_, _, used)| used == page) {
+                    if busy.written.contains(&page) {
                         violations.push(Violation::PageInFlight { launch, page });
                     }
-                    if self.mapped.contains_key(&page) {
-                        violations.push(Violation::PageMappedTwice { launch, page });
-                    }
-                    self.mapped.insert(page, (slot, logical));
+                    self.mapped.entry(page).or_default().insert((slot, logical));
                 }
-                if !old.is_null() && self.mapped.get(&old) == Some(&(slot, logical)) {
-                    self.mapped.remove(&old);
+                if let Some(entries) = self.mapped.get_mut(&old) {
+                    entries.remove(&(slot, logical));
+                    if entries.is_empty() {
+                        self.mapped.remove(&old);
+                    }
                 }
                 self.tables[slot.0 as usize][logical as usize] = page;
             }
         }
     }
 
-    /// Executes one operation: its records and what it touched.
+    /// Executes one operation: its records, its maintenance status and what
+    /// it touched.
     pub(super) fn execute(
         &mut self,
         launch: u64,
         operation: &Operation,
         busy: &Touched,
         violations: &mut Vec<Violation>,
-    ) -> (Vec<CompletionRecord>, Touched) {
+    ) -> (Vec<CompletionRecord>, Option<i32>, Touched) {
         let mut run = Run {
             device: self,
             launch,
             touched: Touched::default(),
             violations,
+            busy,
         };
-        let records = match operation {
+        let (records, status) = match operation {
             Operation::Admit(admit) => {
-                run.admit(admit, busy);
-                Vec::new()
+                run.admit(admit);
+                (Vec::new(), None)
             }
-            Operation::PrefillChunk(chunk) => vec![run.prefill(chunk)],
-            Operation::Decode(decode) => run.decode(decode),
-            Operation::Resume(Resume { slot }) => vec![run.resume(*slot)],
+            Operation::PrefillChunk(chunk) => (vec![run.prefill(chunk)], None),
+            Operation::Decode(decode) => (run.decode(decode), None),
+            Operation::Resume(Resume { slot }) => (vec![run.resume(*slot)], None),
+            Operation::Snapshot(snapshot) => (Vec::new(), Some(run.snapshot(snapshot))),
+            Operation::Restore(restore) => (Vec::new(), Some(run.restore(restore))),
         };
-        (records, run.touched)
+        (records, status, run.touched)
     }
 }
 
@@ -161,6 +187,7 @@ struct Run<'a> {
     launch: u64,
     touched: Touched,
     violations: &'a mut Vec<Violation>,
+    busy: &'a Touched,
 }
 
 impl Run<'_> {
@@ -186,13 +213,13 @@ impl Run<'_> {
         true
     }
 
-    fn admit(&mut self, admit: &Admit, busy: &Touched) {
+    fn admit(&mut self, admit: &Admit) {
         let (launch, slot) = (self.launch, admit.slot);
         if slot.is_null() || slot.0 > self.device.geometry.max_concurrency() {
             self.flag(Violation::SlotOutOfRange { launch, slot });
             return;
         }
-        if busy.slots.contains(&slot) {
+        if self.busy.slots.contains(&slot) {
             self.flag(Violation::SlotInFlight { launch, slot });
         }
         self.touched.slots.insert(slot);
@@ -235,7 +262,9 @@ impl Run<'_> {
         for (position, &token) in (consumed..).zip(&chunk.tokens) {
             self.write(slot, position, token);
         }
-        self.device.slots[slot.0 as usize].consumed += u32::try_from(len).expect("chunk fits");
+        let state = &mut self.device.slots[slot.0 as usize];
+        state.consumed += u32::try_from(len).expect("chunk fits");
+        state.hidden_at = Some(state.consumed);
         let sampled = chunk.ends_prompt && len > 0;
         let token = sampled.then(|| self.sample(slot));
         self.record(slot, token)
@@ -275,7 +304,9 @@ impl Run<'_> {
                 self.flag(Violation::DecodeBeforePrompt { launch, slot });
             }
             self.write(slot, position, pending);
-            self.device.slots[slot.0 as usize].consumed += 1;
+            let state = &mut self.device.slots[slot.0 as usize];
+            state.consumed += 1;
+            state.hidden_at = Some(state.consumed);
             let token = self.sample(slot);
             records.push(self.record(slot, Some(token)));
         }
@@ -284,8 +315,110 @@ impl Run<'_> {
 
     fn resume(&mut self, slot: Slot) -> CompletionRecord {
         let active = self.live(slot) && self.device.slots[slot.0 as usize].done == done::RUNNING;
+        if active {
+            let state = &self.device.slots[slot.0 as usize];
+            if state.hidden_at != Some(state.consumed) {
+                let launch = self.launch;
+                self.flag(Violation::StaleHidden { launch, slot });
+            }
+        }
         let token = active.then(|| self.sample(slot));
         self.record(slot, token)
+    }
+
+    /// The snapshot row `row`, flagged when outside the pool.
+    fn row_index(&mut self, row: SnapshotRow) -> Option<usize> {
+        let index = row.0 as usize;
+        if index >= self.device.rows.len() {
+            let launch = self.launch;
+            self.flag(Violation::RowOutOfRange { launch, row });
+            return None;
+        }
+        Some(index)
+    }
+
+    /// The physical tail page and its first position for a slot at
+    /// `consumed`; `None` at an aligned endpoint.
+    fn tail(&mut self, slot: Slot, consumed: u32) -> Option<(Page, u32)> {
+        let page_size = self.device.geometry.page_size();
+        if consumed.is_multiple_of(page_size) {
+            return None;
+        }
+        let start = consumed - consumed % page_size;
+        self.page(slot, start).map(|(page, _)| (page, start))
+    }
+
+    fn snapshot(&mut self, snapshot: &Snapshot) -> i32 {
+        let slot = snapshot.slot;
+        let Some(index) = self.row_index(snapshot.row) else {
+            return 0;
+        };
+        if !self.live(slot) {
+            return 0;
+        }
+        let state = &self.device.slots[slot.0 as usize];
+        let (consumed, hidden_at) = (state.consumed, state.hidden_at);
+        let tail = match self.tail(slot, consumed) {
+            Some((page, start)) => {
+                let cells = &self.device.cells[page.0 as usize];
+                cells[..(consumed - start) as usize].to_vec()
+            }
+            None => Vec::new(),
+        };
+        self.device.rows[index] = Some(RowState {
+            consumed,
+            tail,
+            hidden_at,
+        });
+        1
+    }
+
+    fn restore(&mut self, restore: &Restore) -> i32 {
+        let slot = restore.slot;
+        let Some(index) = self.row_index(restore.row) else {
+            return 0;
+        };
+        if !self.live(slot) {
+            return 0;
+        }
+        let Some(row) = self.device.rows[index].clone() else {
+            return 0;
+        };
+        if row.consumed != restore.expect {
+            return 0;
+        }
+        if let Some((page, _)) = self.tail(slot, row.consumed) {
+            self.check_write(page);
+            let cells = &mut self.device.cells[page.0 as usize];
+            cells[..row.tail.len()].copy_from_slice(&row.tail);
+        }
+        let state = &mut self.device.slots[slot.0 as usize];
+        state.consumed = row.consumed;
+        state.hidden_at = row.hidden_at;
+        1
+    }
+
+    /// Flags a write to a page mapped by several entries, or one a launch in
+    /// flight touched through another entry.
+    fn check_write(&mut self, page: Page) {
+        let launch = self.launch;
+        let mapped = self.device.mapped.get(&page).map_or(0, BTreeSet::len);
+        if mapped > 1 {
+            self.flag(Violation::SharedPageWritten { launch, page });
+        }
+        if self.busy.entries.iter().any(|&(_, _, used)| used == page) && !self.busy_owner(page) {
+            self.flag(Violation::PageInFlight { launch, page });
+        }
+        self.touched.written.insert(page);
+    }
+
+    /// Whether every in-flight use of `page` is through the entry that maps
+    /// it now (the same request's earlier launches).
+    fn busy_owner(&self, page: Page) -> bool {
+        let entries = self.device.mapped.get(&page);
+        (self.busy.entries.iter())
+            .filter(|&&(_, _, used)| used == page)
+            .all(|&(slot, logical, _)| entries.is_some_and(|e| e.contains(&(slot, logical))))
     }
 
     /// The physical page of `position` in `slot`'s page table.
@@ -312,6 +445,7 @@ impl Run<'_> {
     fn write(&mut self, slot: Slot, position: u32, token: u32) {
         let epoch = self.device.slots[slot.0 as usize].epoch;
         if let Some((page, offset)) = self.page(slot, position) {
+            self.check_write(page);
             self.device.cells[page.0 as usize][offset] = Some(Cell { token, slot, epoch });
         }
     }

@@ -59,6 +59,8 @@ pub enum Corruption {
     },
     /// Drop the last record.
     DropRecord,
+    /// Overwrite the maintenance status a snapshot or restore reports.
+    Status(i32),
 }
 
 /// The failure [`TestExecutor::fail_next`] injects.
@@ -80,6 +82,10 @@ pub struct LaunchCounts {
     pub decode: u64,
     /// Resume launches.
     pub resume: u64,
+    /// Snapshot launches.
+    pub snapshot: u64,
+    /// Restore launches.
+    pub restore: u64,
 }
 
 #[derive(Debug)]
@@ -87,6 +93,7 @@ struct Outstanding {
     ticket: Ticket,
     kind: OperationKind,
     records: Vec<CompletionRecord>,
+    status: Option<i32>,
     touched: Touched,
     polls_left: u32,
 }
@@ -107,11 +114,16 @@ pub struct TestExecutor {
 }
 
 impl TestExecutor {
-    /// An executor over the geometry's slots and pages, running `model`;
-    /// completions are ready at the first poll.
+    /// An executor over the geometry's slots and pages, running `model`,
+    /// with no snapshot row; completions are ready at the first poll.
     pub fn new(geometry: &Geometry, model: FakeModel) -> Self {
+        Self::with_snapshot_rows(geometry, model, 0)
+    }
+
+    /// [`Self::new`] with a snapshot-row pool of `rows` rows.
+    pub fn with_snapshot_rows(geometry: &Geometry, model: FakeModel, rows: u32) -> Self {
         Self {
-            device: Device::new(geometry, model),
+            device: Device::new(geometry, model, rows),
             delay: 0,
             outstanding: VecDeque::new(),
             next_ticket: 0,
@@ -178,6 +190,7 @@ impl TestExecutor {
         for launch in &self.outstanding {
             busy.slots.extend(&launch.touched.slots);
             busy.entries.extend(&launch.touched.entries);
+            busy.written.extend(&launch.touched.written);
         }
         busy
     }
@@ -192,11 +205,12 @@ impl TestExecutor {
     }
 }
 
-fn corrupt(records: &mut Vec<CompletionRecord>, corruption: Corruption) {
+fn corrupt(records: &mut Vec<CompletionRecord>, status: &mut Option<i32>, corruption: Corruption) {
     match corruption {
         Corruption::DropRecord => {
             records.pop();
         }
+        Corruption::Status(value) => *status = Some(value),
         Corruption::Field { row, field, value } => {
             if let Some(record) = records.get_mut(row) {
                 let target = match field {
@@ -229,13 +243,15 @@ impl Executor for TestExecutor {
             OperationKind::PrefillChunk => &mut self.counts.prefill,
             OperationKind::Decode => &mut self.counts.decode,
             OperationKind::Resume => &mut self.counts.resume,
+            OperationKind::Snapshot => &mut self.counts.snapshot,
+            OperationKind::Restore => &mut self.counts.restore,
         };
         *counter += 1;
         let busy = self.busy();
         let violations = &mut self.violations;
         self.device
             .update_tables(index, &launch.page_updates, &busy, violations);
-        let (mut records, touched) =
+        let (mut records, mut status, touched) =
             self.device
                 .execute(index, &launch.operation, &busy, violations);
         if let Some(corruption) = self
@@ -243,7 +259,7 @@ impl Executor for TestExecutor {
             .get_mut(&kind)
             .and_then(VecDeque::pop_front)
         {
-            corrupt(&mut records, corruption);
+            corrupt(&mut records, &mut status, corruption);
         }
         let ticket = Ticket(self.next_ticket);
         self.next_ticket += 1;
@@ -251,6 +267,7 @@ impl Executor for TestExecutor {
             ticket,
             kind,
             records,
+            status,
             touched,
             polls_left: self.delay,
         });
@@ -270,13 +287,19 @@ impl Executor for TestExecutor {
             oldest.polls_left -= 1;
             return Ok(None);
         }
-        let records = self.take_oldest(ticket)?.records;
-        Ok(Some(Completion { records }))
+        let oldest = self.take_oldest(ticket)?;
+        Ok(Some(Completion {
+            records: oldest.records,
+            status: oldest.status,
+        }))
     }
 
     fn wait(&mut self, ticket: Ticket) -> Result<Completion, ExecutionError> {
-        let records = self.take_oldest(ticket)?.records;
-        Ok(Completion { records })
+        let oldest = self.take_oldest(ticket)?;
+        Ok(Completion {
+            records: oldest.records,
+            status: oldest.status,
+        })
     }
 }
 
@@ -284,8 +307,9 @@ impl Executor for TestExecutor {
 mod tests {
     use super::*;
     use crate::core::proto::PreparedContract;
+    use crate::prefix::SnapshotRow;
     use crate::scheduler::executor::{
-        Admit, Decode, Operation, PageTableUpdate, PrefillChunk, Resume,
+        Admit, Decode, Operation, PageTableUpdate, PrefillChunk, Restore, Resume, Snapshot,
     };
     use crate::scheduler::ids::{Page, Slot};
     use crate::scheduler::SamplingParams;
@@ -374,40 +398,100 @@ mod tests {
 
     #[test]
     fn resume_after_a_restore_samples_like_the_end_of_the_prompt() {
-        let mut executor = executor();
-        let prompt = [5, 6, 7];
+        let contract = PreparedContract {
+            page_size: 4,
+            max_concurrency: 2,
+            context_limit: 64,
+            prefill_chunk_size: 8,
+            decode_capacities: vec![1, 2],
+            prefill_capacities: vec![8],
+            kv_pages: 9,
+            vocab_size: 50,
+            ..PreparedContract::default()
+        };
+        let geometry = Geometry::from_contract(&contract, &[0]).unwrap();
+        let mut executor =
+            TestExecutor::with_snapshot_rows(&geometry, FakeModel::new(&geometry, None), 2);
+        let prompt = [5, 6, 7, 8, 9, 10];
         let expected = executor.device_model().reference(&prompt, 10, 3).tokens;
         executor
-            .submit(&launch(vec![map(1, &[1])], admit(1, &prompt)))
+            .submit(&launch(vec![map(1, &[1, 2])], admit(1, &prompt)))
             .unwrap();
         executor.submit(&launch(vec![], chunk(1, &prompt))).unwrap();
+        let row = SnapshotRow(1);
+        let snapshot = Operation::Snapshot(Snapshot { slot: Slot(1), row });
+        executor.submit(&launch(vec![], snapshot)).unwrap();
         executor.wait(Ticket(0)).unwrap();
         let prefilled = executor.wait(Ticket(1)).unwrap().records[0];
         assert_eq!(prefilled.token, expected[0] as i32);
-        // Readmit with the prompt already in the pages, then resume.
-        let Operation::Admit(mut restored) = admit(1, &prompt) else {
+        assert_eq!(executor.wait(Ticket(2)).unwrap().status, Some(1));
+        // Slot 2 shares page 1 and gets a private tail page 3 for positions
+        // 4..6, which the restore fills from the row.
+        let Operation::Admit(mut restored) = admit(2, &prompt) else {
             unreachable!()
         };
-        restored.consumed = 3;
+        restored.consumed = 6;
+        let mapping = vec![map(2, &[1, 3])];
         executor
-            .submit(&launch(vec![], Operation::Admit(restored)))
+            .submit(&launch(mapping, Operation::Admit(restored)))
             .unwrap();
-        let resume = Operation::Resume(Resume { slot: Slot(1) });
+        let wrong = Operation::Restore(Restore {
+            slot: Slot(2),
+            row,
+            expect: 5,
+        });
+        executor.submit(&launch(vec![], wrong)).unwrap();
+        let restore = Operation::Restore(Restore {
+            slot: Slot(2),
+            row,
+            expect: 6,
+        });
+        executor.submit(&launch(vec![], restore)).unwrap();
+        let resume = Operation::Resume(Resume { slot: Slot(2) });
         executor.submit(&launch(vec![], resume)).unwrap();
-        executor.wait(Ticket(2)).unwrap();
-        let record = executor.wait(Ticket(3)).unwrap().records[0];
+        executor.wait(Ticket(3)).unwrap();
+        assert_eq!(executor.wait(Ticket(4)).unwrap().status, Some(0));
+        assert_eq!(executor.wait(Ticket(5)).unwrap().status, Some(1));
+        let record = executor.wait(Ticket(6)).unwrap().records[0];
         let sampled = (
+            record.slot,
             record.token,
             record.generated,
             record.consumed,
             record.valid,
         );
-        assert_eq!(sampled, (expected[0] as i32, 1, 3, 1));
+        assert_eq!(sampled, (2, expected[0] as i32, 1, 6, 1));
         assert!(
             executor.violations().is_empty(),
             "{:?}",
             executor.violations()
         );
+    }
+
+    #[test]
+    fn a_resume_without_a_restore_is_flagged() {
+        let mut executor = executor();
+        let prompt = [5, 6, 7];
+        executor
+            .submit(&launch(vec![map(1, &[1])], admit(1, &prompt)))
+            .unwrap();
+        executor.submit(&launch(vec![], chunk(1, &prompt))).unwrap();
+        // Readmit with the prompt "already in the pages" but nothing restored.
+        let Operation::Admit(mut readmit) = admit(1, &prompt) else {
+            unreachable!()
+        };
+        readmit.consumed = 3;
+        executor.wait(Ticket(0)).unwrap();
+        executor.wait(Ticket(1)).unwrap();
+        executor
+            .submit(&launch(vec![], Operation::Admit(readmit)))
+            .unwrap();
+        let resume = Operation::Resume(Resume { slot: Slot(1) });
+        executor.submit(&launch(vec![], resume)).unwrap();
+        assert!(executor.violations().contains(&Violation::StaleHidden {
+            launch: 3,
+            slot: Slot(1)
+        }));
     }
 
     #[test]
@@ -426,14 +510,19 @@ mod tests {
             launch: 2,
             page: Page(1)
         }));
-        assert!(violations.contains(&Violation::PageMappedTwice {
-            launch: 2,
-            page: Page(1)
-        }));
         assert!(violations.contains(&Violation::SlotInFlight {
             launch: 2,
             slot: Slot(1)
         }));
+        // Page 1 is now mapped by slots 1 and 2: writing it is flagged.
+        executor.submit(&launch(vec![], admit(2, &[7]))).unwrap();
+        executor.submit(&launch(vec![], chunk(2, &[7]))).unwrap();
+        assert!(executor
+            .violations()
+            .contains(&Violation::SharedPageWritten {
+                launch: 4,
+                page: Page(1)
+            }));
     }
 
     #[test]

@@ -60,7 +60,7 @@ impl Transcript {
                 log.protocol_errors += 1;
             }
             match event {
-                Event::Admitted => {
+                Event::Admitted { .. } => {
                     log.admitted += 1;
                     if log.admitted > 1 {
                         log.protocol_errors += 1;

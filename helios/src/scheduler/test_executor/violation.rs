@@ -1,5 +1,6 @@
 //! Contract breaches the test executor detects in what it is asked to run.
 
+use crate::prefix::SnapshotRow;
 use crate::scheduler::ids::{Page, Slot};
 
 /// A launch that breaks the executor contract; `launch` is the launch's
@@ -44,19 +45,36 @@ pub enum Violation {
         /// The logical page.
         logical: u32,
     },
-    /// A page an unfinished launch used was mapped elsewhere.
+    /// A page an unfinished launch wrote was mapped elsewhere, or a page an
+    /// unfinished launch used through another entry was written.
     PageInFlight {
         /// The launch.
         launch: u64,
         /// The page.
         page: Page,
     },
-    /// A page was mapped by two page-table entries at once.
-    PageMappedTwice {
+    /// A page mapped by two page-table entries at once (a shared
+    /// checkpoint page) was written.
+    SharedPageWritten {
         /// The launch.
         launch: u64,
         /// The page.
         page: Page,
+    },
+    /// A snapshot row outside the pool.
+    RowOutOfRange {
+        /// The launch.
+        launch: u64,
+        /// The row.
+        row: SnapshotRow,
+    },
+    /// A resume sampled from a hidden vector that is not the slot's last
+    /// consumed token's (no restore installed it).
+    StaleHidden {
+        /// The launch.
+        launch: u64,
+        /// The slot.
+        slot: Slot,
     },
     /// A live row read or wrote a position whose page-table entry is the
     /// null page.
