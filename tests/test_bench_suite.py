@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from checkpoints import write_tiny
 from fake_server import FakeServer, build_fake_server
 
@@ -383,6 +384,13 @@ def test_the_suite_cli_measures_a_server_and_the_report_compares_engines(
     assert [s.prompt_tokens for s in hits] == [267, 267, 267]
     turns = [s for s in by["agent-1500"] if s.meta["branch"] == "main"]
     assert [s.prompt_tokens or 0 for s in turns] == sorted(s.prompt_tokens or 0 for s in turns)
+    # The fake server runs the prefix cache: each turn restores the whole previous
+    # prompt (its generation header included) and prefills only what was appended.
+    answered = [s for s in turns if s.ok]
+    assert len(answered) >= 3 and answered[0].cached_tokens == 0
+    for earlier, later in pairwise(answered):
+        assert later.cached_tokens == earlier.prompt_tokens
+        assert prefilled_tokens(later) == (later.prompt_tokens or 0) - (earlier.prompt_tokens or 0)
     assert len(by["decode-c2"]) == 2 and len(by["tools"]) == 8
     metrics = {row.key: value for row, value in engine_metrics(results).items()}
     assert metrics["agent-last-tokens"] == turns[-1].prompt_tokens
@@ -508,3 +516,30 @@ def test_the_summary_table_gives_flare_over_each_baseline_and_the_roofline() -> 
     assert ttft[3:5] == ["160", "400"] and ttft[6] == "0.40" and ttft[7] == "–"
     with pytest.raises(ValueError, match="no results"):
         summary_table([baseline], "flare")
+
+
+# ---------------------------------------------------------------- generate loop
+
+
+def test_the_generate_loop_answers_one_request_at_a_time(tmp_path: Path) -> None:
+    from bench.suite.generate_loop import GenerateLoopEngine
+
+    path = write_tiny(tmp_path / "llama", "llama")
+    loop = GenerateLoopEngine(path, device="cpu", dtype=torch.float32, context_limit=256)
+    requests = long_requests(loop.tokenizer.encode, 40, 3, seed=0, max_tokens=6)
+    too_long = long_requests(loop.tokenizer.encode, 254, 1, seed=0, max_tokens=6)
+    samples = loop.run(requests + too_long, 2)
+    for sample in samples[:3]:
+        assert sample.ok and sample.prompt_tokens == 40 and sample.concurrency == 2
+        assert sample.ttft_s is not None and sample.ttft_s <= sample.e2e_s
+        assert sample.finish_reason in ("stop", "length")
+        assert 1 <= (sample.output_tokens or 0) <= 6
+        assert len(sample.gaps_s) == (sample.output_tokens or 0) - 1
+    # The second of a group of two waits for the first: its TTFT includes that wait.
+    first, second = samples[0], samples[1]
+    assert first.start_s == second.start_s
+    assert second.ttft_s is not None and first.e2e_s <= second.ttft_s
+    assert samples[3].error is not None and samples[3].error["code"] == "context_length_exceeded"
+    # Same seed, same answer: the cache is reset between requests.
+    again = loop.run(requests[:1], 1)[0]
+    assert again.text == first.text

@@ -85,3 +85,23 @@ def test_prepares_and_generates(tmp_path: Path) -> None:
         [Request(0, list(range(3, 40)), 5, SamplingParams(temperature=1.0), seed=1)]
     )
     assert len(result.tokens) == 5 or result.finish_reason == "stop"
+
+
+def test_materialized_weights_are_the_generated_ones(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from ignition.loading.random_weights import materialize
+
+    geometry = _tiny(tmp_path / "geo")
+    # Shards of ~20 KB: several files and an index, as an 8B checkpoint has.
+    checkpoint = materialize(geometry, tmp_path / "ckpt", shard_bytes=20_000)
+    assert len(list(checkpoint.glob("model-*-of-*.safetensors"))) > 2
+    generated = RandomWeightsCheckpoint(geometry)
+    loaded = open_checkpoint(checkpoint)
+    assert not isinstance(loaded, RandomWeightsCheckpoint)
+    assert set(loaded.tensors()) == set(generated.tensors())
+    for name in generated.tensors():
+        assert torch.equal(loaded.load(name), generated.load(name)), name
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16)
+    q = model.model.layers[1].self_attn.q_proj.weight
+    assert torch.equal(q, generated.load("model.layers.1.self_attn.q_proj.weight"))

@@ -10,9 +10,13 @@ measured).
 
     python -m bench.suite --replay [MODEL] --engine python-floor --out floor.json
 
+    python -m bench.suite --generate MODEL_DIR --engine transformers-static --out gen.json
+
 ``--url`` measures any OpenAI-compatible server (``--launch CMD`` starts it first and
 records the time until it answers); ``--replay`` prepares MODEL (default: the
-embedded SmolLM2) and measures Ignition's replay harness in this process. Prompt
+embedded SmolLM2) and measures Ignition's replay harness in this process;
+``--generate`` measures Transformers' static-cache generate loop on a Transformers
+checkpoint directory in this process (one request at a time). Prompt
 lengths are exact under ``--tokenizer`` (a ``tokenizer.json``, a Transformers
 directory or hub name, a ``.gguf`` file, or ``words`` for whitespace word-level
 tokenizers); the replay floor uses its own. Then ``python -m bench.suite.report``.
@@ -79,6 +83,13 @@ def load_encode(spec: str) -> Encode:
     else:
         auto = AutoTokenizer.from_pretrained(spec)
     return lambda text: auto.encode(text)
+
+
+def torch_dtype(name: str) -> Any:
+    """A torch dtype by name (torch is imported only by the in-process engines)."""
+    import torch
+
+    return getattr(torch, name)
 
 
 def _get(endpoint: Endpoint, path: str) -> tuple[int, bytes]:
@@ -290,6 +301,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MODEL",
         help="measure Ignition's replay harness on MODEL (default: the embedded SmolLM2)",
     )
+    target.add_argument(
+        "--generate",
+        type=Path,
+        metavar="MODEL_DIR",
+        help="measure Transformers' static-cache generate loop on a checkpoint directory",
+    )
     parser.add_argument("--engine", required=True, help="name of the engine in the results")
     parser.add_argument("--out", type=Path, required=True, help="results JSON")
     parser.add_argument(
@@ -329,7 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--measure-bandwidth", action="store_true", help="measure it here (torch, CUDA)"
     )
-    parser.add_argument("--replay-eager", action="store_true", help="CPU replay (tests)")
+    parser.add_argument(
+        "--replay-eager", action="store_true", help="CPU replay or generate loop (tests)"
+    )
     parser.add_argument("--dump-requests", type=Path, help="also write the requests here")
     parser.add_argument("--note", default="", help="free text kept in the results")
     return parser
@@ -396,6 +415,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         results["context_limit"] = args.context_limit or advertised_context(models)
         engine = HttpEngine(endpoint)
         encode = load_encode(args.tokenizer) if args.tokenizer else None
+    elif args.generate is not None:
+        from bench.suite.generate_loop import GenerateLoopEngine
+
+        started = time.perf_counter()
+        loop = GenerateLoopEngine(
+            args.generate,
+            device="cpu" if args.replay_eager else "cuda",
+            dtype=torch_dtype("float32" if args.replay_eager else "bfloat16"),
+            context_limit=args.context_limit,
+        )
+        results["startup_s"] = time.perf_counter() - started
+        results["target"] = str(args.generate)
+        results["compiled_decode"] = loop.compiles
+        results["context_limit"] = loop.context_limit
+        engine = loop
+        encode = load_encode(args.tokenizer) if args.tokenizer else loop.tokenizer.encode
     else:
         from bench.suite.replay_floor import ReplayFloorEngine, prepare_floor
         from ignition.loading.default_model import default_model_path

@@ -11,6 +11,11 @@ come at memory-copy speed and identically every time; norm weights are ones. The
 weights suit measurements of time and memory, not of quality.
 
     python -m ignition.loading.random_weights --geometry llama-8b --out DIR
+
+With ``--safetensors`` the directory is an ordinary Transformers checkpoint instead:
+the same generated weights written to safetensors shards with an index, so that
+engines that only read checkpoints (Transformers itself) load exactly the tensors
+Ignition generates.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import torch
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    AutoTokenizer,
     LlamaConfig,
     PretrainedConfig,
     Qwen3Config,
@@ -152,13 +158,55 @@ class RandomWeightsCheckpoint:
         return digest.hexdigest()
 
 
+def materialize(geometry_dir: Path, out: Path, shard_bytes: int = 4 << 30) -> Path:
+    """Writes the geometry directory's generated weights as a Transformers checkpoint
+    in ``out``: its config and tokenizer, safetensors shards of at most
+    ``shard_bytes`` (one tensor may exceed it alone) and ``model.safetensors.index.json``."""
+    from safetensors.torch import save_file
+
+    source = RandomWeightsCheckpoint(geometry_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    source.config().save_pretrained(out)
+    AutoTokenizer.from_pretrained(geometry_dir).save_pretrained(out)
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name, info in source.tensors().items():
+        nbytes = math.prod(info.shape) * info.dtype.itemsize
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    weight_map: dict[str, str] = {}
+    total = 0
+    for index, names in enumerate(shards, start=1):
+        file = f"model-{index:05d}-of-{len(shards):05d}.safetensors"
+        tensors = {name: source.load(name).contiguous() for name in names}
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
+        save_file(tensors, str(out / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(names, file))
+    index_doc = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index_doc, indent=1))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="write a random-weight geometry directory")
     parser.add_argument("--geometry", choices=sorted(GEOMETRIES), required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--safetensors",
+        action="store_true",
+        help="write an ordinary Transformers checkpoint of the same weights",
+    )
     args = parser.parse_args()
-    print(write_random_checkpoint(args.out, args.geometry, args.seed))
+    if not args.safetensors:
+        print(write_random_checkpoint(args.out, args.geometry, args.seed))
+        return
+    geometry_dir = args.out.with_name(args.out.name + ".geometry")
+    write_random_checkpoint(geometry_dir, args.geometry, args.seed)
+    print(materialize(geometry_dir, args.out))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,143 @@
+"""Transformers' static-cache generate loop as a suite engine: the same requests through
+``model.generate`` with a ``StaticCache`` of the context limit (so one compiled decode
+step serves every request; Transformers compiles it itself on CUDA), in this process,
+timed from a streamer that stamps each token as generate hands it over.
+
+It is the baseline a user gets from Transformers without a server: one request at a
+time. Concurrency ``c`` submits requests in groups of ``c`` and answers them one after
+another, so TTFT includes the wait behind the group's earlier requests (what a client
+of such a loop sees) and throughput is the loop's. Prompts render with the tokenizer's
+own chat template, as the other engines render them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.suite.client import Sample
+from bench.suite.workloads import BenchRequest
+
+
+class TokenTimes:
+    """A ``generate`` streamer that records when each new token reaches the host."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._prompt_seen = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self._prompt_seen:
+            self._prompt_seen = True  # generate first hands over the prompt
+            return
+        now = time.perf_counter()
+        self.times.extend(now for _ in range(value.numel()))
+
+    def end(self) -> None:
+        pass
+
+
+class GenerateLoopEngine:
+    """A Transformers model answering requests with a static cache, batch 1."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        device: str = "cuda",
+        dtype: torch.dtype = torch.bfloat16,
+        context_limit: int | None = None,
+    ) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer, StaticCache
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
+        self.model.eval()
+        config = self.model.config
+        limit = context_limit or int(config.max_position_embeddings)
+        self.context_limit = limit
+        self.device = device
+        self.cache = StaticCache(config=config, max_cache_len=limit)
+        self.epoch = time.perf_counter()
+
+    @property
+    def compiles(self) -> bool:
+        """Whether generate compiles its decode step (Transformers does on CUDA)."""
+        return self.model.device.type == "cuda"
+
+    def prompt_ids(self, request: BenchRequest) -> list[int]:
+        if request.messages is None:
+            prompt = request.prompt
+            if isinstance(prompt, list):
+                return list(prompt)
+            return list(self.tokenizer.encode(str(prompt)))
+        text = self.tokenizer.apply_chat_template(
+            request.messages, tools=request.tools, add_generation_prompt=True, tokenize=False
+        )
+        return list(self.tokenizer.encode(str(text), add_special_tokens=False))
+
+    def run(self, requests: Sequence[BenchRequest], concurrency: int) -> list[Sample]:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        samples: list[Sample] = []
+        for first in range(0, len(requests), concurrency):
+            group = requests[first : first + concurrency]
+            submitted = time.perf_counter()
+            samples += [self._answer(request, concurrency, submitted) for request in group]
+        return samples
+
+    def _answer(self, request: BenchRequest, concurrency: int, submitted: float) -> Sample:
+        sample = Sample(
+            request=request.name,
+            workload=request.workload,
+            concurrency=concurrency,
+            meta=dict(request.meta),
+            start_s=submitted - self.epoch,
+        )
+        ids = self.prompt_ids(request)
+        sample.prompt_tokens = len(ids)
+        if len(ids) + request.max_tokens > self.context_limit:
+            sample.status = 400
+            sample.error = {
+                "code": "context_length_exceeded",
+                "message": f"{len(ids)} prompt tokens plus max_tokens {request.max_tokens} "
+                f"exceed the context limit {self.context_limit}",
+            }
+            return sample
+        sampling = request.sampling
+        streamer = TokenTimes()
+        self.cache.reset()
+        torch.manual_seed(sampling.seed)
+        options: dict[str, Any] = dict(
+            max_new_tokens=request.max_tokens,
+            do_sample=True,
+            temperature=sampling.temperature,
+            top_k=sampling.top_k or None,
+            top_p=sampling.top_p,
+            past_key_values=self.cache,
+            streamer=streamer,
+            pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
+        )
+        inputs = torch.tensor([ids], device=self.device)
+        # generate runs under no_grad; inference mode would make the cache's tensors
+        # impossible to reset outside it.
+        output = self.model.generate(inputs, attention_mask=torch.ones_like(inputs), **options)
+        tokens = output[0, len(ids) :].tolist()
+        eos = self.model.generation_config.eos_token_id
+        stops = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        sample.status = 200
+        sample.output_tokens = len(tokens)
+        sample.output_tokens_source = "generate"
+        sample.finish_reason = "stop" if tokens and tokens[-1] in stops else "length"
+        sample.text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        times = streamer.times
+        if times:
+            sample.ttft_s = times[0] - submitted
+            sample.gaps_s = [b - a for a, b in pairwise(times)]
+            sample.e2e_s = times[-1] - submitted
+        return sample

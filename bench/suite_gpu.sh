@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# The benchmark suite on the GPU machine, one stage per call (each fits 10 minutes;
+# stages of one model share WORK, so later stages must follow while the machine is
+# still up). Every stage writes its raw results and logs under OUT.
+#
+#   bench/suite_gpu.sh smollm2-prepare   OUT GGUF    GGUF -> bf16 checkpoint, Flare core
+#   bench/suite_gpu.sh smollm2-flare     OUT FLARE   flare run (cache on, then off), decode bench
+#   bench/suite_gpu.sh smollm2-baselines OUT         transformers serve (continuous batching),
+#                                                    the static-cache generate loop
+#   bench/suite_gpu.sh smollm2-floor     OUT         the Python replay floor
+#   bench/suite_gpu.sh qwen3-8b-prepare  OUT         random Qwen3-8B weights (safetensors), core
+#   bench/suite_gpu.sh qwen3-8b-flare    OUT FLARE
+#   bench/suite_gpu.sh qwen3-8b-baselines OUT
+#   bench/suite_gpu.sh report            OUT         summary table and plots of OUT/*.json
+#
+# WORK (default /tmp/flare-suite) holds checkpoints and cores between stages;
+# WHEELS, when set, is a folder of wheels installed first (the machine has no
+# registry): gguf and flare_heliopause, plus openai's and transformers serve's
+# dependencies for the baselines.
+set -uo pipefail
+usage="usage: bench/suite_gpu.sh STAGE OUT [GGUF|FLARE] (see the header)"
+stage=${1:?$usage}
+out=${2:?$usage}
+shift 2
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+cd "$(dirname "$0")/.."
+work=${WORK:-/tmp/flare-suite}
+mkdir -p "$work"
+if [ -n "${WHEELS:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/flare-site "$WHEELS"/*.whl || exit 1
+  export PYTHONPATH=/tmp/flare-site${PYTHONPATH:+:$PYTHONPATH}
+  export PATH=/tmp/flare-site/bin:$PATH
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/flare-triton TORCHINDUCTOR_CACHE_DIR=/tmp/flare-inductor
+port=18080
+
+environment() {
+  {
+    nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.max.memory \
+      --format=csv
+    python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
+    git log -1 --format='commit %H' 2>/dev/null
+  } > "$out/environment.txt" 2>&1
+}
+
+# Runs the suite against a server it launches: ENGINE LAUNCH_COMMAND GEOMETRY TOKENIZER
+# [suite options...]
+suite_http() {
+  local engine=$1 launch=$2 geometry=$3 tokenizer=$4
+  shift 4
+  python3 -m bench.suite --url "http://127.0.0.1:$port/v1" --launch "$launch" \
+    --engine "$engine" --out "$out/$engine.json" --tokenizer "$tokenizer" \
+    --geometry "$geometry" --measure-bandwidth "$@" 2>&1 | tee "$out/$engine.log"
+}
+
+# Prepares a checkpoint into a Flare core: CHECKPOINT CORE [prepare options...]
+prepare_core() {
+  local checkpoint=$1 core=$2
+  shift 2
+  rm -rf "$core"
+  python3 -m ignition.cli prepare "$checkpoint" --out "$core" --max-concurrency 4 "$@" \
+    > "$out/prepare.log" 2>&1 || { tail -30 "$out/prepare.log"; return 1; }
+  tail -25 "$out/prepare.log"
+}
+
+# The flare stages of one model: CORE CHECKPOINT GEOMETRY FLARE [suite options...]
+flare_stage() {
+  local core=$1 checkpoint=$2 geometry=$3 flare=$4
+  shift 4
+  mkdir -p "$out/decode-bench"
+  for capacity in 1 4; do
+    "$flare" replay "$core" --bench-decode "$capacity" --steps 256 \
+      --json "$out/decode-bench/flare-c$capacity.json" > "$out/decode-bench/flare-c$capacity.log" 2>&1
+  done
+  suite_http flare "$flare run $core --port $port" "$geometry" "$checkpoint" "$@"
+  suite_http flare-no-cache "$flare run $core --port $port --no-prefix-cache" \
+    "$geometry" "$checkpoint" --workloads prefix agent "$@"
+}
+
+# Transformers' baselines of one model: CHECKPOINT GEOMETRY [suite options...]
+baselines_stage() {
+  local checkpoint=$1 geometry=$2
+  shift 2
+  suite_http transformers-cb \
+    "python3 -m transformers.cli.transformers serve $checkpoint --continuous-batching --cb-use-cuda-graph --dtype bfloat16 --device cuda:0 --host 127.0.0.1 --port $port" \
+    "$geometry" "$checkpoint" --dialect transformers --model "$checkpoint" "$@"
+  python3 -m bench.suite --generate "$checkpoint" --engine transformers-static \
+    --out "$out/transformers-static.json" --tokenizer "$checkpoint" --geometry "$geometry" \
+    --measure-bandwidth "$@" 2>&1 | tee "$out/transformers-static.log"
+}
+
+smol=$work/smollm2
+smol_core=$work/smollm2-core
+# SmolLM2 admits 8K positions: the 32K and 64K rows are skipped by the suite itself,
+# and the agent trace stops before the context limit.
+smol_suite=(--lengths 512 4096 32768 65536 --agent-tokens 7000)
+qwen=$work/qwen3-8b
+qwen_core=$work/qwen3-8b-core
+qwen_suite=(--lengths 512 4096 32768 --agent-tokens 32768)
+
+case $stage in
+  smollm2-prepare)
+    gguf=${1:?$usage}
+    environment
+    python3 -m bench.suite.convert_gguf "$gguf" --out "$smol" > "$out/convert.log" 2>&1 \
+      || { tail -30 "$out/convert.log"; exit 1; }
+    prepare_core "$smol" "$smol_core" --context-limit 8192
+    ;;
+  smollm2-flare)
+    flare_stage "$smol_core" "$smol" smollm2-135m "${1:?$usage}" "${smol_suite[@]}"
+    ;;
+  smollm2-baselines)
+    baselines_stage "$smol" smollm2-135m "${smol_suite[@]}"
+    ;;
+  smollm2-floor)
+    python3 -m bench.suite --replay "$smol" --engine python-floor --out "$out/python-floor.json" \
+      --tokenizer "$smol" --geometry smollm2-135m --context-limit 8192 "${smol_suite[@]}" \
+      2>&1 | tee "$out/python-floor.log"
+    ;;
+  qwen3-8b-prepare)
+    environment
+    rm -rf "$qwen" "$qwen.geometry"
+    python3 -m ignition.loading.random_weights --geometry qwen3-8b --out "$qwen" --safetensors \
+      > "$out/weights.log" 2>&1 || { tail -30 "$out/weights.log"; exit 1; }
+    prepare_core "$qwen" "$qwen_core" --context-limit 40960
+    ;;
+  qwen3-8b-flare)
+    flare_stage "$qwen_core" "$qwen" qwen3-8b "${1:?$usage}" "${qwen_suite[@]}"
+    ;;
+  qwen3-8b-baselines)
+    baselines_stage "$qwen" qwen3-8b "${qwen_suite[@]}"
+    ;;
+  report)
+    python3 -m bench.suite.report "$out"/*.json --out-dir "$out/report" 2>&1 | tee "$out/report.log"
+    ;;
+  *)
+    echo "$usage" >&2
+    exit 2
+    ;;
+esac
