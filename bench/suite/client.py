@@ -56,6 +56,15 @@ class Sample:
     error: dict[str, Any] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
 
+    def refuse_context(self, prompt_tokens: int, max_tokens: int, context_limit: int) -> None:
+        """Marks the sample refused as a server refuses a request past its context."""
+        self.status = 400
+        self.error = {
+            "code": "context_length_exceeded",
+            "message": f"{prompt_tokens} prompt tokens plus max_tokens {max_tokens} "
+            f"exceed the context limit {context_limit}",
+        }
+
     @property
     def ok(self) -> bool:
         return self.error is None and self.ttft_s is not None

@@ -102,12 +102,7 @@ class GenerateLoopEngine:
         ids = self.prompt_ids(request)
         sample.prompt_tokens = len(ids)
         if len(ids) + request.max_tokens > self.context_limit:
-            sample.status = 400
-            sample.error = {
-                "code": "context_length_exceeded",
-                "message": f"{len(ids)} prompt tokens plus max_tokens {request.max_tokens} "
-                f"exceed the context limit {self.context_limit}",
-            }
+            sample.refuse_context(len(ids), request.max_tokens, self.context_limit)
             return sample
         sampling = request.sampling
         streamer = TokenTimes()

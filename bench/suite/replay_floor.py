@@ -95,12 +95,7 @@ class ReplayFloorEngine:
                 index, ids, request.max_tokens, sampling, request.sampling.seed
             )
             if len(ids) + request.max_tokens > self.context_limit:
-                sample.status = 400
-                sample.error = {
-                    "code": "context_length_exceeded",
-                    "message": f"{len(ids)} prompt tokens plus max_tokens {request.max_tokens} "
-                    f"exceed the context limit {self.context_limit}",
-                }
+                sample.refuse_context(len(ids), request.max_tokens, self.context_limit)
                 continue
             try:
                 self.harness.validate(harness_request)

@@ -216,21 +216,14 @@ impl<E: Executor> Scheduler<E> {
         let cache = self.cache.as_mut()?;
         let request = self.requests.get_mut(&id).expect("a queued request");
         let history = request.history_len();
-        let chain = request
-            .chain
-            .as_mut()
-            .expect("a cached scheduler chains requests");
-        if chain.len() < history {
-            let start = chain.len() as usize;
-            let prompt = request.spec.prompt.len();
-            let tokens: Vec<u32> = (start..history as usize)
-                .map(|i| {
-                    (request.spec.prompt.get(i).copied())
-                        .unwrap_or_else(|| request.output[i - prompt])
-                })
-                .collect();
-            chain.extend(&tokens);
+        let chained = (request.chain.as_ref())
+            .expect("a cached scheduler chains requests")
+            .len();
+        if chained < history {
+            let tokens = request.history(chained, history);
+            (request.chain.as_mut()).expect("chained").extend(&tokens);
         }
+        let chain = request.chain.as_ref().expect("chained");
         let hit = cache.store.lookup(chain, history)?;
         let pin = cache.store.pin(hit.checkpoint).expect("a hit is live");
         Some((pin, hit))

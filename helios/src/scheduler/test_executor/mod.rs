@@ -315,6 +315,11 @@ mod tests {
     use crate::scheduler::SamplingParams;
 
     fn executor() -> TestExecutor {
+        executor_with_rows(0)
+    }
+
+    /// Four-token pages, two slots, and `rows` snapshot rows.
+    fn executor_with_rows(rows: u32) -> TestExecutor {
         let contract = PreparedContract {
             page_size: 4,
             max_concurrency: 2,
@@ -327,7 +332,7 @@ mod tests {
             ..PreparedContract::default()
         };
         let geometry = Geometry::from_contract(&contract, &[0]).unwrap();
-        TestExecutor::new(&geometry, FakeModel::new(&geometry, None))
+        TestExecutor::with_snapshot_rows(&geometry, FakeModel::new(&geometry, None), rows)
     }
 
     fn launch(page_updates: Vec<PageTableUpdate>, operation: Operation) -> Launch {
@@ -398,20 +403,7 @@ mod tests {
 
     #[test]
     fn resume_after_a_restore_samples_like_the_end_of_the_prompt() {
-        let contract = PreparedContract {
-            page_size: 4,
-            max_concurrency: 2,
-            context_limit: 64,
-            prefill_chunk_size: 8,
-            decode_capacities: vec![1, 2],
-            prefill_capacities: vec![8],
-            kv_pages: 9,
-            vocab_size: 50,
-            ..PreparedContract::default()
-        };
-        let geometry = Geometry::from_contract(&contract, &[0]).unwrap();
-        let mut executor =
-            TestExecutor::with_snapshot_rows(&geometry, FakeModel::new(&geometry, None), 2);
+        let mut executor = executor_with_rows(2);
         let prompt = [5, 6, 7, 8, 9, 10];
         let expected = executor.device_model().reference(&prompt, 10, 3).tokens;
         executor
