@@ -8,9 +8,11 @@
 #   bench/suite_gpu.sh smollm2-baselines OUT         transformers serve (continuous batching),
 #                                                    the static-cache generate loop
 #   bench/suite_gpu.sh smollm2-floor     OUT         the Python replay floor
+#   bench/suite_gpu.sh smollm2-timeline  OUT         per-kernel timeline of decode at c=1, 4
 #   bench/suite_gpu.sh qwen3-8b-prepare  OUT         random Qwen3-8B weights (safetensors), core
 #   bench/suite_gpu.sh qwen3-8b-flare    OUT FLARE
 #   bench/suite_gpu.sh qwen3-8b-baselines OUT
+#   bench/suite_gpu.sh qwen3-8b-timeline OUT
 #   bench/suite_gpu.sh report            OUT         summary table and plots of OUT/*.json
 #
 # WORK (default /tmp/flare-suite) holds checkpoints and cores between stages;
@@ -119,6 +121,14 @@ case $stage in
     python3 -m bench.suite --replay "$smol" --engine python-floor --out "$out/python-floor.json" \
       --tokenizer "$smol" --geometry smollm2-135m --context-limit 8192 "${smol_suite[@]}" \
       2>&1 | tee "$out/python-floor.log"
+    ;;
+  smollm2-timeline)
+    python3 bench/kernel_timeline.py "$smol" --capacities 1 4 --context-limit 8192 \
+      --out "$out/timeline/smollm2.json" --trace-dir "$out/timeline" 2>&1 | tail -20
+    ;;
+  qwen3-8b-timeline)
+    python3 bench/kernel_timeline.py "$qwen" --capacities 1 4 --context-limit 8192 \
+      --out "$out/timeline/qwen3-8b.json" --trace-dir "$out/timeline" 2>&1 | tail -20
     ;;
   qwen3-8b-prepare)
     environment

@@ -1,0 +1,228 @@
+"""Per-kernel timeline of the decode graphs: where a decode step's time goes.
+
+Prepares MODEL as ``ignition prepare`` does (compiled, captured), puts ``c`` requests
+into the decode state for each capacity ``c``, and replays the decode graph of that
+capacity ``--steps`` times under the PyTorch profiler (CUPTI records every kernel a
+graph launch runs, with the launch's correlation id). Per capacity it reports:
+
+- kernels per graph launch and per layer;
+- the summed kernel time against the graph's span on the GPU (first kernel start to
+  last kernel end) and against the wall time between CUDA events around the launch:
+  the gaps between them are launch latency inside the graph and host time outside;
+- the kernels by total time (name, count per launch, median duration).
+
+    python bench/kernel_timeline.py MODEL --capacities 1 4 --steps 50 --out timeline.json \\
+        [--trace-dir DIR] [--context-limit N] [--no-compile]
+
+``summarize`` (the aggregation) is pure and tested on the CPU; the measurement needs
+a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def summarize(
+    events: Iterable[dict[str, Any]], *, layers: int, wall_us: Sequence[float] = ()
+) -> dict[str, Any]:
+    """Aggregates a Chrome trace's events (``ph: X``, times in microseconds) of graph
+    launches. Kernels (``cat: kernel``) belong to the ``cudaGraphLaunch`` runtime event
+    whose ``args.correlation`` they carry; launches with no kernel are dropped."""
+    events = list(events)
+    launches: dict[int, list[dict[str, Any]]] = {}
+    for event in events:
+        if event.get("ph") != "X":
+            continue
+        correlation = (event.get("args") or {}).get("correlation")
+        if correlation is None:
+            continue
+        if event.get("cat") == "cuda_runtime" and "GraphLaunch" in str(event.get("name")):
+            launches.setdefault(int(correlation), [])
+    for event in events:
+        correlation = (event.get("args") or {}).get("correlation")
+        if event.get("cat") == "kernel" and correlation is not None:
+            group = launches.get(int(correlation))
+            if group is not None:
+                group.append(event)
+    per_launch = []
+    by_name: dict[str, list[float]] = defaultdict(list)
+    for correlation in sorted(launches):
+        kernels = sorted(launches[correlation], key=lambda k: float(k["ts"]))
+        if not kernels:
+            continue
+        busy = sum(float(k["dur"]) for k in kernels)
+        start = float(kernels[0]["ts"])
+        end = max(float(k["ts"]) + float(k["dur"]) for k in kernels)
+        per_launch.append({"kernels": len(kernels), "kernel_us": busy, "span_us": end - start})
+        for kernel in kernels:
+            by_name[str(kernel["name"])].append(float(kernel["dur"]))
+    count = len(per_launch)
+    kernels = _median([p["kernels"] for p in per_launch])
+    kernel_us = _median([p["kernel_us"] for p in per_launch])
+    span_us = _median([p["span_us"] for p in per_launch])
+    wall = _median(list(wall_us))
+    top = sorted(
+        (
+            {
+                "name": name,
+                "per_launch": len(durations) / count,
+                "median_us": statistics.median(durations),
+                "total_us_per_launch": sum(durations) / count,
+            }
+            for name, durations in by_name.items()
+        ),
+        key=lambda row: -row["total_us_per_launch"],
+    )
+    return {
+        "launches": count,
+        "kernels_per_launch": kernels,
+        "kernels_per_layer": None if kernels is None else kernels / layers,
+        "kernel_us": kernel_us,
+        "span_us": span_us,
+        "wall_us": wall,
+        "kernel_over_span": None if not span_us or kernel_us is None else kernel_us / span_us,
+        "kernel_over_wall": None if not wall or kernel_us is None else kernel_us / wall,
+        "top_kernels": top[:25],
+        "per_launch": per_launch,
+    }
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The summary of every capacity, then each capacity's top kernels."""
+    lines = [
+        f"# Decode kernel timeline: {results['model']}",
+        "",
+        "| capacity | kernels/launch | kernels/layer | kernel time (us) | GPU span (us) | "
+        "wall (us) | kernel/span | kernel/wall |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+    def fmt(value: Any, digits: int = 1) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    for capacity, row in results["capacities"].items():
+        lines.append(
+            f"| {capacity} | {fmt(row['kernels_per_launch'], 0)} | "
+            f"{fmt(row['kernels_per_layer'])} | {fmt(row['kernel_us'])} | "
+            f"{fmt(row['span_us'])} | {fmt(row['wall_us'])} | "
+            f"{fmt(row['kernel_over_span'], 3)} | {fmt(row['kernel_over_wall'], 3)} |"
+        )
+    for capacity, row in results["capacities"].items():
+        lines += ["", f"## Capacity {capacity}: kernels by time", ""]
+        lines += ["| kernel | per launch | median (us) | total/launch (us) |", "|---|---|---|---|"]
+        for kernel in row["top_kernels"]:
+            name = kernel["name"].replace("|", "/")[:90]
+            lines.append(
+                f"| `{name}` | {kernel['per_launch']:.1f} | {kernel['median_us']:.2f} | "
+                f"{kernel['total_us_per_launch']:.2f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from ignition.components.token_state import NULL_SLOT
+    from ignition.preparation.catalog import GraphKey, GraphKind
+    from ignition.preparation.prepared import PrepareOptions, prepare
+    from ignition.replay.packing import SamplingParams, pack_admission, pack_chunk, pack_decode
+
+    capacities = sorted(set(args.capacities))
+    prepared = prepare(
+        args.model,
+        PrepareOptions(
+            max_concurrency=max(capacities),
+            context_limit=args.context_limit,
+            compile=not args.no_compile,
+        ),
+    )
+    catalog = prepared.catalog
+    state, staging = prepared.storage.state, prepared.storage.staging
+    page = catalog.page_size
+    pages_each = (args.prompt_tokens + args.steps + args.warmup + page) // page + 1
+    layers = int(prepared.model.geometry.layers)
+    sampling = SamplingParams(temperature=1.0, top_k=20, top_p=0.95)
+    results: dict[str, Any] = {"model": str(args.model), "steps": args.steps, "capacities": {}}
+    for capacity in capacities:
+        prepared.reset()
+        graph_capacity = catalog.decode_capacity(capacity)
+        slots = list(range(1, capacity + 1))
+        prompt = [(7 * i) % 1000 + 3 for i in range(args.prompt_tokens)]
+        for slot in slots:
+            first = 1 + (slot - 1) * pages_each
+            pages = torch.arange(first, first + pages_each, dtype=torch.int32)
+            state.page_table[slot, :pages_each] = pages
+            budget = args.steps + args.warmup + 8
+            pack_admission(staging, slot, prompt, budget, sampling, seed=slot)
+            prepared.execute(GraphKey(GraphKind.ADMIT, 1))
+            pack_chunk(staging, slot, prompt, ends_prompt=True)
+            prepared.execute(GraphKey(GraphKind.PREFILL, catalog.prefill_capacity(len(prompt))))
+        assert NULL_SLOT not in slots
+        pack_decode(staging, slots, graph_capacity)
+        key = GraphKey(GraphKind.DECODE, graph_capacity)
+        for _ in range(args.warmup):
+            prepared.execute(key)
+        torch.cuda.synchronize()
+        marks = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            for _ in range(args.steps)
+        ]
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for begin, end in marks:
+                begin.record()
+                prepared.execute(key)
+                end.record()
+            torch.cuda.synchronize()
+        wall_us = [begin.elapsed_time(end) * 1e3 for begin, end in marks]
+        trace = Path(args.trace_dir or "/tmp") / f"decode-c{capacity}.trace.json"
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text())["traceEvents"]
+        summary = summarize(events, layers=layers, wall_us=wall_us)
+        summary["graph_capacity"] = graph_capacity
+        results["capacities"][str(capacity)] = summary
+        print(
+            f"c={capacity}: {summary['kernels_per_launch']} kernels, "
+            f"kernel {summary['kernel_us']} us, span {summary['span_us']} us, "
+            f"wall {summary['wall_us']} us",
+            file=sys.stderr,
+        )
+    results["layers"] = layers
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", type=Path, help="checkpoint directory or .gguf")
+    parser.add_argument("--capacities", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--context-limit", type=int, default=4096)
+    parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--trace-dir", type=Path, help="keep the Chrome traces here")
+    parser.add_argument("--out", type=Path, required=True, help="results JSON (and .md)")
+    args = parser.parse_args(argv)
+    results = measure(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(results))
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

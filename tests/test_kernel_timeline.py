@@ -1,0 +1,75 @@
+"""The decode kernel timeline's aggregation, on a hand-made Chrome trace."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bench.kernel_timeline import markdown, summarize
+
+
+def _launch(correlation: int, start: float, kernels: list[tuple[str, float, float]]) -> list:
+    events: list[dict[str, Any]] = [
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaGraphLaunch",
+            "ts": start,
+            "dur": 3.0,
+            "args": {"correlation": correlation},
+        }
+    ]
+    for name, offset, duration in kernels:
+        events.append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": name,
+                "ts": start + offset,
+                "dur": duration,
+                "args": {"correlation": correlation, "graph id": 7},
+            }
+        )
+    return events
+
+
+def test_kernels_group_by_their_graph_launch() -> None:
+    events = [
+        # A kernel launched outside any graph and a CPU op are ignored.
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "stray",
+            "ts": 0,
+            "dur": 50,
+            "args": {"correlation": 1},
+        },
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 9, "args": {}},
+        *_launch(10, 100.0, [("gemm", 5, 10), ("norm", 16, 2), ("gemm", 20, 10)]),
+        *_launch(20, 200.0, [("gemm", 5, 12), ("norm", 18, 2), ("gemm", 22, 12)]),
+        *_launch(30, 300.0, [("gemm", 5, 10), ("norm", 16, 2), ("gemm", 20, 10)]),
+    ]
+    summary = summarize(events, layers=2, wall_us=[40.0, 50.0, 45.0])
+    assert summary["launches"] == 3
+    assert summary["kernels_per_launch"] == 3
+    assert summary["kernels_per_layer"] == 1.5
+    # Summed kernel time per launch: 22, 26, 22; GPU spans: 25, 29, 25.
+    assert summary["kernel_us"] == 22
+    assert summary["span_us"] == 25
+    assert summary["wall_us"] == 45
+    assert summary["kernel_over_span"] == pytest.approx(22 / 25)
+    assert summary["kernel_over_wall"] == pytest.approx(22 / 45)
+    gemm, norm = summary["top_kernels"]
+    assert (gemm["name"], gemm["per_launch"], gemm["median_us"]) == ("gemm", 2, 10)
+    assert gemm["total_us_per_launch"] == pytest.approx(64 / 3)
+    assert (norm["name"], norm["per_launch"]) == ("norm", 1)
+    table = markdown({"model": "m", "capacities": {"1": summary}})
+    assert "| 1 | 3 | 1.5 | 22.0 | 25.0 | 45.0 | 0.880 | 0.489 |" in table
+    assert "| `gemm` | 2.0 | 10.00 | 21.33 |" in table
+
+
+def test_an_empty_trace_reports_nothing_measured() -> None:
+    summary = summarize([], layers=4)
+    assert summary["launches"] == 0 and summary["kernels_per_launch"] is None
+    assert summary["kernel_over_wall"] is None
