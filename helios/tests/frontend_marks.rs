@@ -302,3 +302,62 @@ fn qwen3_chat_endpoints_end_at_marks() {
         .sum();
     assert!(total > 20, "{total}");
 }
+
+/// The cost of encoding a long agent conversation's next turn (about 120K
+/// tokens of tool results under the Qwen3 fixture's tokenizer): rendering,
+/// a cold encoding, and the next turn encoded with its last eight messages
+/// marked, which reuses the history's tokens. Run with `--release --ignored
+/// --nocapture`; it asserts only that the paths agree.
+#[test]
+#[ignore = "a timing probe: run it by hand"]
+fn next_turn_encoding_cost_on_a_long_agent_conversation() {
+    let suite = suite("qwen3.json");
+    let frontend = frontend(&suite);
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a coding agent."}),
+        json!({"role": "user", "content": "Find why the nightly job fails."}),
+    ];
+    let exchange = |turn: usize| {
+        let call = json!({"name": "read_file", "arguments": {"path": format!("src/f{turn}.rs")}});
+        let body: String = (0..400)
+            .map(|i| format!("w{} ", (turn * 31 + i) % 997))
+            .collect();
+        [
+            json!({"role": "assistant", "content": "", "tool_calls": [
+                {"id": format!("c{turn}"), "type": "function", "function": call}]}),
+            json!({"role": "tool", "tool_call_id": format!("c{turn}"), "content": body}),
+        ]
+    };
+    for turn in 0..60 {
+        messages.extend(exchange(turn));
+    }
+    let input = |messages: &[Value]| ChatInput {
+        messages: messages.to_vec(),
+        add_generation_prompt: true,
+        ..ChatInput::default()
+    };
+    let started = std::time::Instant::now();
+    let text = template(&suite).render(&input(&messages)).unwrap();
+    let render_time = started.elapsed();
+    let started = std::time::Instant::now();
+    let cold = frontend
+        .encode_chat_with_recent_marks(&input(&messages), 8)
+        .unwrap();
+    let cold_time = started.elapsed();
+    assert_eq!(cold.text, text);
+    messages.extend(exchange(60));
+    let started = std::time::Instant::now();
+    let next = frontend
+        .encode_chat_with_recent_marks(&input(&messages), 8)
+        .unwrap();
+    let next_time = started.elapsed();
+    let fresh = frontend.tokenizer().encode(&next.text, false).unwrap();
+    assert_eq!(next.token_ids, fresh);
+    eprintln!(
+        "{} tokens, {} bytes: render {render_time:?}, cold encode with marks {cold_time:?}, \
+         next turn {next_time:?} ({} endpoints)",
+        next.token_ids.len(),
+        next.text.len(),
+        next.message_endpoints().len()
+    );
+}

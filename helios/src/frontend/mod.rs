@@ -17,6 +17,7 @@
 //! the core's EOS ids for the request state.
 
 mod detokenizer;
+mod encode_cache;
 mod error;
 mod offsets;
 mod stop;
@@ -24,6 +25,7 @@ mod template;
 mod tokenizer;
 
 pub use detokenizer::Detokenizer;
+pub use encode_cache::{EncodeCache, Reuse};
 pub use error::{FrontendError, InvalidChat};
 pub use stop::{StopMatcher, StopStep};
 pub use template::{ChatInput, ChatTemplate, RenderedChat, SpecialTokens};
@@ -79,6 +81,8 @@ pub struct Frontend {
     tokenizer: Tokenizer,
     chat_template: Option<ChatTemplate>,
     eos_token_ids: Vec<u32>,
+    /// Recent chat encodings, whose history a next turn reuses.
+    encodings: EncodeCache,
 }
 
 impl Frontend {
@@ -121,6 +125,7 @@ impl Frontend {
             source => Some(ChatTemplate::new(source, special_tokens)?),
         };
         Ok(Self {
+            encodings: EncodeCache::new(&tokenizer),
             tokenizer,
             chat_template,
             eos_token_ids: frontend.eos_token_ids.clone(),
@@ -150,10 +155,15 @@ impl Frontend {
     }
 
     /// Renders `input` with the chat template and encodes it as Transformers'
-    /// `apply_chat_template(..., tokenize=True)` does.
+    /// `apply_chat_template(..., tokenize=True)` does, reusing the tokens of
+    /// a recent conversation it continues ([`EncodeCache`]).
     pub fn encode_chat(&self, input: &ChatInput) -> Result<ChatPrompt, FrontendError> {
         let text = self.chat_template()?.render(input)?;
-        let token_ids = self.tokenizer.encode(&text, false)?;
+        let token_ids = if self.encodings.enabled() {
+            self.encodings.encode(&self.tokenizer, &text)?.0
+        } else {
+            self.tokenizer.encode(&text, false)?
+        };
         Ok(ChatPrompt { text, token_ids })
     }
 
@@ -176,7 +186,7 @@ impl Frontend {
         let template = self.chat_template()?;
         let RenderedChat { text, message_ends } =
             template.render_with_recent_marks(input, recent)?;
-        let (token_ids, token_offsets) = self.tokenizer.encode_with_offsets(&text, false)?;
+        let (token_ids, token_offsets, _) = self.encodings.encode(&self.tokenizer, &text)?;
         Ok(MarkedChatPrompt {
             text,
             token_ids,
