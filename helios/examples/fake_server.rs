@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use helios::core::load_manifest;
 use helios::frontend::Frontend;
-use helios::http::{router, AppState, ServeConfig};
+use helios::http::{marked_messages, router, AppState, ServeConfig};
 use helios::scheduler::test_executor::{FakeModel, TestExecutor};
 use helios::scheduler::{
     Completion, ExecutionError, Executor, Geometry, Launch, PrefixConfig, SchedulerConfig,
@@ -104,11 +104,13 @@ fn main() -> ExitCode {
     let (launch_time, fail_after) = (args.launch_time, args.fail_after);
     // The prefix cache over 16 snapshot rows, as a prepared core has them.
     let rows = 16;
+    let prefix = Some(PrefixConfig {
+        snapshot_rows: rows,
+        ..PrefixConfig::from_core(&core).expect("the fixture declares its rows")
+    });
+    let marked = marked_messages(prefix.as_ref(), geometry.max_concurrency());
     let config = SchedulerConfig {
-        prefix: Some(PrefixConfig {
-            snapshot_rows: rows,
-            ..PrefixConfig::from_core(&core).expect("the fixture declares its rows")
-        }),
+        prefix,
         ..SchedulerConfig::default()
     };
     let worker = Worker::spawn(geometry.clone(), config, move || {
@@ -127,7 +129,7 @@ fn main() -> ExitCode {
         max_body_bytes: 64 * 1024,
         chunk_capacity: 16,
         api_key: args.api_key,
-        marked_messages: helios::prefix::MAX_CAPTURES_PER_REQUEST as usize,
+        marked_messages: marked,
     };
     let app = router(AppState::new(handle.clone(), frontend, config));
     let served = serve_http(&format!("127.0.0.1:{}", args.port), app, handle);

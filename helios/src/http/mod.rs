@@ -42,7 +42,7 @@ use serde::de::DeserializeOwned;
 pub use error::{AnthropicError, ErrorBody, ErrorCode, ErrorEnvelope, HttpError};
 
 use crate::frontend::Frontend;
-use crate::scheduler::SchedulerHandle;
+use crate::scheduler::{PrefixConfig, SchedulerHandle};
 
 /// The header naming a generation request in responses and logs.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
@@ -69,14 +69,13 @@ pub struct ServeConfig {
     pub marked_messages: usize,
 }
 
-/// What [`ServeConfig::marked_messages`] should be: the most captures one
-/// request may make when the prefix cache is on, none when it is off.
-pub fn marked_messages(prefix_cache: bool) -> usize {
-    if prefix_cache {
-        crate::prefix::MAX_CAPTURES_PER_REQUEST as usize
-    } else {
-        0
-    }
+/// What [`ServeConfig::marked_messages`] should be: as many messages as one
+/// request may capture (marking more would be wasted renders), none
+/// without the prefix cache.
+pub fn marked_messages(prefix: Option<&PrefixConfig>, max_concurrency: u32) -> usize {
+    prefix.map_or(0, |prefix| {
+        crate::prefix::capture_budget(prefix.snapshot_rows, max_concurrency) as usize
+    })
 }
 
 #[derive(Debug)]

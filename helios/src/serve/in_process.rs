@@ -120,6 +120,7 @@ pub unsafe fn start_in_process(
         .then(|| PrefixConfig::from_core(&core))
         .transpose()?;
     drop(core);
+    let marked = marked_messages(prefix.as_ref(), geometry.max_concurrency());
     let scheduler = SchedulerConfig {
         queue_capacity: config.queue_capacity,
         prefix,
@@ -140,7 +141,7 @@ pub unsafe fn start_in_process(
         max_body_bytes: config.max_body_bytes,
         chunk_capacity: 64,
         api_key: config.api_key.clone(),
-        marked_messages: marked_messages(config.prefix_cache),
+        marked_messages: marked,
     };
     let app = router(AppState::new(handle.clone(), frontend, serve_config));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

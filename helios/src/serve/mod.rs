@@ -124,6 +124,7 @@ pub fn run(options: RunOptions) -> Result<(), ServeError> {
             reserve_bytes: options.gpu_reserve_mib * MIB,
         },
     };
+    let marked = marked_messages(prefix.as_ref(), prepared.max_concurrency());
     let config = SchedulerConfig {
         queue_capacity: options.queue_capacity,
         prefix,
@@ -162,7 +163,7 @@ pub fn run(options: RunOptions) -> Result<(), ServeError> {
         max_body_bytes: options.max_body_bytes,
         chunk_capacity: 64,
         api_key: options.api_key.clone(),
-        marked_messages: marked_messages(options.prefix_cache),
+        marked_messages: marked,
     };
     let app = router(AppState::new(handle.clone(), frontend, serve_config));
     let address = format!("{}:{}", options.host, options.port);

@@ -94,6 +94,7 @@ pub fn server(options: Options) -> Server {
         snapshot_rows: SNAPSHOT_ROWS,
         ..PrefixConfig::from_core(&core).unwrap()
     });
+    let marked = marked_messages(prefix.as_ref(), geometry.max_concurrency());
     let config = SchedulerConfig {
         prefix,
         ..SchedulerConfig::default()
@@ -117,7 +118,7 @@ pub fn server(options: Options) -> Server {
         max_body_bytes: 64 * 1024,
         chunk_capacity: options.chunk_capacity.unwrap_or(16),
         api_key: options.api_key.clone(),
-        marked_messages: marked_messages(!options.no_prefix_cache),
+        marked_messages: marked,
     };
     let state = AppState::new(handle.clone(), Arc::clone(&frontend), config);
     Server {
