@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Serving check in one call: the Python replay harness answers the 50 agent prompts,
-# Ignition exports the same preparation as a runtime core, `flare run` serves it, and
-# bench/serve_clients.py streams with the OpenAI client, replays the prompts at
-# concurrency 1, 2 and 4 (outputs compared with the harness's), and disconnects a
-# stream mid-way (metrics must show it cancelled and freed). Then SIGTERM: flare must
-# drain and exit 0. Results go to OUT_DIR.
+# Ignition exports the same preparation as a runtime core, `flare run
+# --no-prefix-cache` serves it, and bench/serve_clients.py streams with the OpenAI
+# client, replays the prompts at concurrency 1, 2 and 4 (outputs compared with the
+# harness's: the cache would split prefill at message endpoints, a different chunk
+# partition than the harness's), and disconnects a stream mid-way (metrics must show
+# it cancelled and freed). Then SIGTERM: flare must drain and exit 0. Then `flare
+# run` with the prefix cache: each prompt again, twice (the repeat must restore the
+# whole prompt and answer identically), and a next turn that must restore the first
+# prompt. Results go to OUT_DIR.
 #
 #   bench/serve_check.sh OUT_DIR MODEL FLARE_BIN [-- PREPARE_ARGS...]
 #
@@ -27,25 +31,43 @@ python3 -m ignition.cli replay "$model" --prompts "$prompts" "${sampling[@]}" \
 core=$(mktemp -d)/core
 python3 -m ignition.cli prepare "$model" --out "$core" "$@" > "$out/export.log" 2>&1 \
   || { tail -20 "$out/export.log"; exit 1; }
-"$flare" run "$core" --port 0 > "$out/flare-run.log" 2>&1 &
-pid=$!
-url=""
-for _ in $(seq 600); do
-  url=$(grep -o 'serving on http://[^ ]*' "$out/flare-run.log" | head -1 | cut -d' ' -f3)
-  [ -n "$url" ] && break
-  kill -0 $pid 2>/dev/null || break
-  sleep 0.1
-done
-if [ -z "$url" ]; then
-  echo "flare run did not start"; cat "$out/flare-run.log"; kill $pid 2>/dev/null; exit 1
-fi
+# serve NAME [flare options]: starts flare, sets $pid and $url.
+serve() {
+  local name=$1
+  shift
+  "$flare" run "$core" --port 0 "$@" > "$out/$name.log" 2>&1 &
+  pid=$!
+  url=""
+  for _ in $(seq 600); do
+    url=$(grep -o 'serving on http://[^ ]*' "$out/$name.log" | head -1 | cut -d' ' -f3)
+    [ -n "$url" ] && break
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.1
+  done
+  if [ -z "$url" ]; then
+    echo "flare run did not start"; cat "$out/$name.log"; kill $pid 2>/dev/null; return 1
+  fi
+}
+
+# stop NAME: SIGTERM, and flare must drain and exit 0.
+stop() {
+  kill -TERM $pid
+  wait $pid
+  local code=$?
+  echo "flare run exited with $code after SIGTERM" | tee -a "$out/$1.client.log"
+  tail -5 "$out/$1.log"
+  [ $code -eq 0 ]
+}
+
 status=0
+serve flare-run --no-prefix-cache || exit 1
 python3 bench/serve_clients.py --url "$url" --prompts "$prompts" --python "$out/python.json" \
-  --out "$out/serve.json" --seed 1000 --max-tokens 64 2>&1 | tee "$out/serve.log" || status=1
-kill -TERM $pid
-wait $pid
-code=$?
-echo "flare run exited with $code after SIGTERM" | tee -a "$out/serve.log"
-[ $code -eq 0 ] || status=1
-tail -5 "$out/flare-run.log"
+  --out "$out/serve.json" --seed 1000 --max-tokens 64 2>&1 | tee "$out/flare-run.client.log" || status=1
+stop flare-run || status=1
+serve flare-run-prefix || exit 1
+python3 bench/serve_clients.py --url "$url" --prompts "$prompts" --prefix-check \
+  --out "$out/serve-prefix.json" --seed 1000 --max-tokens 64 \
+  --sampling '{"temperature": 0.7, "top_k": 40, "top_p": 0.9, "min_p": 0}' 2>&1 \
+  | tee "$out/flare-run-prefix.client.log" || status=1
+stop flare-run-prefix || status=1
 exit $status

@@ -6,10 +6,17 @@
    with the Python replay harness's (``ignition replay --out``, same prompts, seeds
    and sampling): batch packing must not change a request's tokens.
 3. A raw SSE client disconnects mid-stream; the server's metrics must show the
-   request cancelled and its slot and pages free.
+   request cancelled and its slot and pages free (pages the prefix cache holds
+   stay used).
+
+With ``--prefix-check`` (a server with the prefix cache), step 2 becomes: each prompt
+is sent twice with the same seed, and the repeat must restore the whole prompt
+(usage reports every prompt token cached) and answer exactly as the first request
+did; then the conversation continues with that answer and a new user turn, which
+must restore at least the first prompt.
 
     python3 bench/serve_clients.py --url http://127.0.0.1:8080 --prompts P.jsonl \\
-        --python python.json --out serve.json [--concurrency 1 2 4]
+        (--python python.json | --prefix-check) --out serve.json [--concurrency 1 2 4]
 """
 
 from __future__ import annotations
@@ -99,6 +106,68 @@ def run_prompts(
         return list(pool.map(one, range(len(prompts))))
 
 
+def prefix_check(
+    client: openai.OpenAI, model: str, prompts: list[dict[str, Any]], sampling: dict[str, Any]
+) -> dict[str, Any]:
+    """Cold request, its whole-prompt hit, and the next turn, for every prompt."""
+
+    def ask(messages: list[dict[str, Any]], seed: int) -> tuple[str, int, int, float]:
+        started = time.perf_counter()
+        response = client.chat.completions.create(
+            model=model,
+            messages=messages,
+            max_tokens=sampling["max_tokens"],
+            temperature=sampling["temperature"],
+            top_p=sampling["top_p"],
+            seed=seed,
+            extra_body={"top_k": sampling["top_k"], "min_p": sampling["min_p"]},
+        )
+        usage = response.usage
+        assert usage is not None and usage.prompt_tokens_details is not None
+        cached = usage.prompt_tokens_details.cached_tokens or 0
+        elapsed = (time.perf_counter() - started) * 1e3
+        return response.choices[0].message.content or "", usage.prompt_tokens, cached, elapsed
+
+    cases = []
+    for index, prompt in enumerate(prompts):
+        seed = sampling["seed"] + index
+        messages = prompt["messages"]
+        cold, tokens, cold_cached, cold_ms = ask(messages, seed)
+        hit, _, hit_cached, hit_ms = ask(messages, seed)
+        turn = [
+            *messages,
+            {"role": "assistant", "content": cold},
+            {"role": "user", "content": "Thanks. Now say it in one sentence."},
+        ]
+        _, turn_tokens, turn_cached, turn_ms = ask(turn, seed + 7)
+        cases.append(
+            {
+                "index": index,
+                "prompt_tokens": tokens,
+                "cold_cached": cold_cached,
+                "hit_cached": hit_cached,
+                "hit_equal": hit == cold,
+                "next_turn_tokens": turn_tokens,
+                "next_turn_cached": turn_cached,
+                "ms": {"cold": cold_ms, "hit": hit_ms, "next_turn": turn_ms},
+            }
+        )
+    whole = [c["index"] for c in cases if c["hit_cached"] != c["prompt_tokens"]]
+    unequal = [c["index"] for c in cases if not c["hit_equal"]]
+    short = [c["index"] for c in cases if c["next_turn_cached"] < c["prompt_tokens"]]
+    return {
+        "requests": len(cases),
+        "hits_not_whole": whole,
+        "hits_not_equal": unequal,
+        "next_turns_short": short,
+        "median_ms": {
+            key: statistics.median(c["ms"][key] for c in cases)
+            for key in ("cold", "hit", "next_turn")
+        },
+        "cases": cases,
+    }
+
+
 def disconnect(host: str, port: int, model: str) -> dict[str, Any]:
     body = json.dumps(
         {
@@ -146,15 +215,24 @@ def disconnect(host: str, port: int, model: str) -> dict[str, Any]:
         "cancelled": after["flare_requests_cancelled_total"]
         - before["flare_requests_cancelled_total"]
         == 1,
-        "freed": after["flare_running_requests"] == 0 and after["flare_pages_used"] == 0,
+        "freed": after["flare_running_requests"] == 0
+        and after["flare_pages_used"] == after.get("flare_prefix_pages_held", 0),
     }
 
 
 def main() -> None:
+    """Runs the checks, writes the report, and exits 1 when one failed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True)
     parser.add_argument("--prompts", type=Path, required=True)
-    parser.add_argument("--python", type=Path, required=True, help="ignition replay --out")
+    check = parser.add_mutually_exclusive_group(required=True)
+    check.add_argument("--python", type=Path, help="ignition replay --out, to compare with")
+    check.add_argument(
+        "--prefix-check", action="store_true", help="repeat each prompt: it must hit exactly"
+    )
+    parser.add_argument(
+        "--sampling", type=json.loads, help="with --prefix-check: temperature, top_k, ..."
+    )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--seed", type=int, default=1000, help="the harness's --seed")
@@ -166,9 +244,13 @@ def main() -> None:
     client = openai.OpenAI(base_url=args.url + "/v1", api_key="unused", max_retries=0)
     model = client.models.list().data[0].id
     prompts = [json.loads(line) for line in args.prompts.read_text().splitlines() if line]
-    python = json.loads(args.python.read_text())
-    reference = [r["text"] for r in python["results"]]
-    s = python["sampling"]
+    if args.python is not None:
+        python = json.loads(args.python.read_text())
+        reference = [r["text"] for r in python["results"]]
+        s = python["sampling"]
+    else:
+        reference = []
+        s = args.sampling or {"temperature": 0.7, "top_k": 40, "top_p": 0.9, "min_p": 0.0}
     sampling = {
         "temperature": s["temperature"],
         "top_k": s["top_k"],
@@ -179,7 +261,11 @@ def main() -> None:
     }
     report: dict[str, Any] = {"model": model, "streamed": stream_one(client, model), "runs": {}}
     print("streamed:", json.dumps(report["streamed"]))
-    for concurrency in args.concurrency:
+    if args.prefix_check:
+        report["prefix"] = prefix_check(client, model, prompts, sampling)
+        summary = {k: v for k, v in report["prefix"].items() if k != "cases"}
+        print("prefix:", json.dumps(summary))
+    for concurrency in args.concurrency if args.python is not None else []:
         started = time.perf_counter()
         results = run_prompts(client, model, prompts, sampling, concurrency)
         wall = time.perf_counter() - started
@@ -203,7 +289,19 @@ def main() -> None:
     report["disconnect"] = disconnect(host, port, model)
     print("disconnect:", json.dumps(report["disconnect"]))
     report["metrics"] = _metrics(host, port)
+    failed = [f"concurrency {c}" for c, run in report["runs"].items() if run["mismatches"]]
+    if not (report["disconnect"]["cancelled"] and report["disconnect"]["freed"]):
+        failed.append("disconnect")
+    prefix = report.get("prefix")
+    if prefix and (
+        prefix["hits_not_whole"] or prefix["hits_not_equal"] or prefix["next_turns_short"]
+    ):
+        failed.append("prefix")
+    report["failed"] = failed
     args.out.write_text(json.dumps(report, indent=1) + "\n")
+    if failed:
+        print("FAILED:", ", ".join(failed))
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":
