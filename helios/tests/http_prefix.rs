@@ -83,6 +83,13 @@ async fn an_agents_next_turn_restores_the_conversation_so_far() {
     let hits = metric(&cached, "flare_prefix_hits_total").await;
     assert!(hits >= 5, "hits {hits}");
     assert_eq!(hit_tokens, reused);
+    // Everything not restored was prefilled, and nothing else.
+    let prompts = metric(&cached, "flare_prefill_tokens_total").await
+        + metric(&cached, "flare_prefix_hit_tokens_total").await;
+    assert_eq!(
+        prompts,
+        metric(&plain, "flare_prefill_tokens_total").await * 2
+    );
     assert!(metric(&cached, "flare_prefix_published_total").await > 0);
     assert_eq!(metric(&plain, "flare_prefix_hits_total").await, 0);
 }

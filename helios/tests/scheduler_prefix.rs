@@ -110,8 +110,10 @@ fn a_repeated_prompt_restores_and_resumes_without_prefill() {
             (admit.consumed, admit.prompt.len(), admit.seed),
             (300, 300, 2)
         );
-        let cache = scheduler.metrics().cache.unwrap();
-        assert_eq!(cache.counters.hit_tokens, 300);
+        let metrics = scheduler.metrics();
+        assert_eq!(metrics.cache.unwrap().counters.hit_tokens, 300);
+        // Only the first request prefilled its prompt.
+        assert_eq!(metrics.prefilled_tokens, 300);
         assert_clean(&scheduler);
     }
 }

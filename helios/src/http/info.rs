@@ -58,7 +58,7 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     };
     let metrics = status.metrics;
     let ready = u8::from(matches!(status.health, Health::Ready));
-    let samples: [(&str, &str, &str, u64); 12] = [
+    let samples: [(&str, &str, &str, u64); 13] = [
         (
             "flare_ready",
             "gauge",
@@ -106,6 +106,12 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
             "counter",
             "Preemptions since start",
             metrics.preemptions,
+        ),
+        (
+            "flare_prefill_tokens_total",
+            "counter",
+            "Prompt tokens prefilled since start (restored prefixes excluded)",
+            metrics.prefilled_tokens,
         ),
         (
             "flare_requests_finished_stop_total",

@@ -126,6 +126,7 @@ pub struct Scheduler<E> {
     next_arrival: u64,
     pub(super) next_admission: u64,
     pub(super) preemptions: u64,
+    pub(super) prefilled_tokens: u64,
     /// Terminal events by kind, for [`Metrics`].
     pub(super) finished: Finished,
     pub(super) failure: Option<ExecutionError>,
@@ -170,6 +171,7 @@ impl<E: Executor> Scheduler<E> {
             next_arrival: 0,
             next_admission: 0,
             preemptions: 0,
+            prefilled_tokens: 0,
             finished: Finished::default(),
             failure: None,
         })
@@ -271,6 +273,7 @@ impl<E: Executor> Scheduler<E> {
             pages_reserved: self.pages.reserved(),
             pages_free: self.pages.available(),
             preemptions: self.preemptions,
+            prefilled_tokens: self.prefilled_tokens,
             finished_stop: self.finished.stop,
             finished_length: self.finished.length,
             cancelled: self.finished.cancelled,

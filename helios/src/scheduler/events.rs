@@ -91,6 +91,9 @@ pub struct Metrics {
     pub pages_free: u32,
     /// Preemptions since the scheduler started.
     pub preemptions: u64,
+    /// Prompt tokens submitted for prefill since the scheduler started
+    /// (restored prefixes are not prefilled).
+    pub prefilled_tokens: u64,
     /// Requests finished by a stop token since the scheduler started.
     pub finished_stop: u64,
     /// Requests finished at their output limit (or pool) since it started.

@@ -67,6 +67,7 @@ impl<E: Executor> Scheduler<E> {
         let tokens = self.requests[&id].history(start, end);
         // The admission reservation covers the whole history.
         self.take_pages(id, self.geometry.pages_for(end));
+        self.prefilled_tokens += u64::from(len);
         let placement = self.placement_mut(id).expect("placed");
         placement.submitted_consumed = end;
         placement.submitted_samples += u32::from(ends_prompt);

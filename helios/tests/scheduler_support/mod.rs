@@ -173,6 +173,7 @@ pub fn assert_clean(scheduler: &Scheduler<TestExecutor>) {
             pages_used: cached,
             pages_free: usable - cached,
             preemptions: metrics.preemptions,
+            prefilled_tokens: metrics.prefilled_tokens,
             finished_stop: metrics.finished_stop,
             finished_length: metrics.finished_length,
             cancelled: metrics.cancelled,
