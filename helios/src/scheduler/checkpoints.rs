@@ -27,8 +27,19 @@
 //! - under page pressure, admission and growth evict least recently used
 //!   unpinned checkpoints before waiting or preempting.
 //!
-//! At most one terminal capture is submitted per iteration, so launches in
-//! flight stay within [`super::MAX_IN_FLIGHT`].
+//! Decided here where the design is open:
+//! - at most one terminal capture is submitted per iteration, so launches in
+//!   flight stay within [`super::MAX_IN_FLIGHT`]; other ended placements keep
+//!   their slot until their turn;
+//! - a cancelled or failed request captures nothing and publishes nothing
+//!   in flight: its late records are not validated, so its device state is
+//!   not known to be the endpoint's;
+//! - a capture whose endpoint is already cached, or not past the request's
+//!   pinned checkpoint, is skipped before any row is taken;
+//! - prefill chunks end at the selected endpoints, so a request's chunk
+//!   partition (and with it the low bits of its prefill) depends on its
+//!   captures and hits; a restored prefix is bitwise the state its capture
+//!   froze.
 
 use std::collections::VecDeque;
 
