@@ -441,3 +441,61 @@ fn cancelling_everything_while_snapshots_are_in_flight_leaks_nothing() {
         assert_clean(&scheduler);
     }
 }
+
+/// An agent's conversation as the HTTP layer submits it for the benchmark's
+/// trace: each turn's prompt is the previous one (its generation header
+/// included: ChatML renders the assistant's tool call right after it), a
+/// fixed tool call that replaces the model's answer, its result, and the
+/// header again; the message endpoints are the ends of the last few
+/// messages. The terminal captures are never extended. Over many turns, with
+/// the pool under snapshot pressure, every turn must prefill only what it
+/// appended and the header.
+#[test]
+fn an_agent_trace_prefills_only_each_turns_new_messages() {
+    for rows in [16, 8] {
+        let setup = Setup {
+            page_size: 64,
+            prefill_capacities: vec![64, 128],
+            context_limit: 16384,
+            kv_pages: 16384 / 64 * 4 + 1,
+            ..Setup::default()
+        }
+        .with_cache(rows, dense_row());
+        let mut scheduler = setup.scheduler();
+        const HEADER: u32 = 3;
+        let header = [7, 8, 9];
+        let mut history: Vec<u32> = prompt(200, 1);
+        let mut ends: Vec<u32> = vec![40, 200];
+        let mut turn_prefills = Vec::new();
+        for turn in 0..30u64 {
+            let mut tokens = history.clone();
+            tokens.extend(header);
+            let recent: Vec<u32> = ends.iter().rev().take(4).rev().copied().collect();
+            let request = RequestSpec {
+                prompt: tokens.clone(),
+                message_endpoints: recent,
+                ..spec(1, 16, turn)
+            };
+            let launches = serve_checked(&setup, &mut scheduler, &request);
+            turn_prefills.push(prefilled(&launches));
+            // The model's answer is not part of the trace: a fixed tool call
+            // and its result follow the prompt.
+            history = tokens;
+            let call = prompt(20, 1000 + turn);
+            history.extend(&call);
+            ends.push(history.len() as u32);
+            let result = prompt(150 + (turn as usize * 37) % 200, 2000 + turn);
+            history.extend(&result);
+            ends.push(history.len() as u32);
+        }
+        for (turn, &prefilled) in turn_prefills.iter().enumerate().skip(1) {
+            let appended = 20 + 150 + ((turn - 1) * 37) % 200;
+            assert!(
+                prefilled <= appended + HEADER as usize,
+                "rows {rows}, turn {turn}: prefilled {prefilled} for {appended} appended: \
+                 {turn_prefills:?}"
+            );
+        }
+        assert_clean(&scheduler);
+    }
+}
