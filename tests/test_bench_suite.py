@@ -36,6 +36,7 @@ from bench.suite.client import (
 from bench.suite.report import (
     GEOMETRIES,
     Geometry,
+    agent_turns,
     engine_metrics,
     prefilled_tokens,
     roofline_step_s,
@@ -394,6 +395,13 @@ def test_the_suite_cli_measures_a_server_and_the_report_compares_engines(
     assert len(by["decode-c2"]) == 2 and len(by["tools"]) == 8
     metrics = {row.key: value for row, value in engine_metrics(results).items()}
     assert metrics["agent-last-tokens"] == turns[-1].prompt_tokens
+    turns_table = agent_turns([results])
+    second = answered[1]
+    row = (
+        f"| {second.meta['turn']} | main | {second.prompt_tokens} | {second.cached_tokens} | "
+        f"{prefilled_tokens(second)} | {second.prompt_tokens - answered[0].prompt_tokens} |"
+    )
+    assert row in turns_table, turns_table
     table = summary_table([results], "flare", GEOMETRIES["smollm2-135m"], 4e12)
     assert "| long-512 | cold TTFT, 512 tokens (ms) |" in table
     assert "long-2048 skipped" in table

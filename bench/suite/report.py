@@ -371,6 +371,56 @@ def summary_table(
     return "\n".join(lines + notes) + "\n"
 
 
+def agent_turns(results: Sequence[dict[str, Any]]) -> str:
+    """The agent trace turn by turn for each engine: prompt tokens, what the server
+    reports cached, what it prefilled, what the turn appended to the previous one,
+    and TTFT. With an exact prefix cache, prefilled is the appended tokens plus the
+    template's generation header."""
+    lines: list[str] = []
+    for result in results:
+        trace = [
+            s
+            for name, group in samples_of(result).items()
+            if name.startswith("agent-")
+            for s in group
+        ]
+        main_line = sorted(
+            (s for s in trace if s.meta.get("branch") == "main"), key=lambda s: s.meta["turn"]
+        )
+        forks = [s for s in trace if s.meta.get("branch") == "fork"]
+        if not main_line:
+            continue
+        lines += [
+            "",
+            f"### Agent trace, {result['engine']}",
+            "",
+            "| turn | branch | prompt tokens | cached | prefilled | appended | TTFT (ms) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        previous: int | None = None
+        for sample in main_line + forks:
+            appended = None
+            if sample.meta.get("branch") == "main":
+                if previous is not None and sample.prompt_tokens is not None:
+                    appended = sample.prompt_tokens - previous
+                previous = sample.prompt_tokens
+            ttft = None if sample.ttft_s is None else sample.ttft_s * 1e3
+            counts = (
+                sample.prompt_tokens,
+                sample.cached_tokens,
+                prefilled_tokens(sample),
+                appended,
+            )
+            cells = [
+                str(sample.meta.get("turn")),
+                str(sample.meta.get("branch")),
+                *("–" if n is None else str(n) for n in counts),
+                _fmt(ttft),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
 # ---------------------------------------------------------------- plots
 
 
@@ -512,7 +562,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         geometry = Geometry(**recorded)
     bandwidth = args.bandwidth_gbs * 1e9 if args.bandwidth_gbs else None
     bandwidth = bandwidth or _first(results, "bandwidth_bytes_per_s", args.flare)
-    table = summary_table(results, args.flare, geometry, bandwidth)
+    table = summary_table(results, args.flare, geometry, bandwidth) + agent_turns(results)
     print(table)
     if args.out_dir:
         args.out_dir.mkdir(parents=True, exist_ok=True)
