@@ -179,3 +179,49 @@ fn a_tokenizer_with_a_single_word_added_token_is_never_shortcut() {
     let tokenizer = Tokenizer::from_json(&json.to_string()).unwrap();
     assert!(!EncodeCache::new(&tokenizer).enabled());
 }
+
+/// A SentencePiece-style tokenizer (a `Prepend("▁")` normalizer applied to
+/// every piece between added tokens, byte fallback): documents that grow by
+/// `<s>`-separated pieces, and branches of them, encode through the cache
+/// exactly as they encode whole.
+#[test]
+fn a_prepending_byte_fallback_tokenizer_reuses_exactly() {
+    let tokenizer = Tokenizer::from_json(&read("byte_fallback.tokenizer.json")).unwrap();
+    let cache = EncodeCache::new(&tokenizer);
+    assert!(cache.enabled());
+    let mut rng = Rng::new(77);
+    let mut reused_any = false;
+    for _ in 0..4 {
+        let mut document = String::new();
+        let mut versions = Vec::new();
+        for _ in 0..10 {
+            for _ in 0..(1 + rng.below(3)) {
+                document.push_str("<s>");
+                let words = 20 + rng.below(60);
+                document.push_str(&text(&mut rng, words));
+                document.push_str("</s>");
+            }
+            versions.push(document.clone());
+            let (ids, spans, reuse) = cache.encode(&tokenizer, &document).unwrap();
+            let (full_ids, full_spans) = tokenizer.encode_with_offsets(&document, false).unwrap();
+            assert_eq!(
+                (ids, spans),
+                (full_ids, full_spans),
+                "after reusing {reuse:?}"
+            );
+            reused_any |= reuse.tokens > 0;
+        }
+        let mut branch = versions[rng.below(versions.len() as u64) as usize].clone();
+        branch.push_str("<s>branch ");
+        branch.push_str(&text(&mut rng, 30));
+        let (ids, spans, _) = cache.encode(&tokenizer, &branch).unwrap();
+        assert_eq!(
+            (ids, spans),
+            tokenizer.encode_with_offsets(&branch, false).unwrap()
+        );
+    }
+    assert!(
+        reused_any,
+        "pieces after <s> that start with a letter are cut points"
+    );
+}
