@@ -54,7 +54,7 @@ async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Respons
         ..ChatInput::default()
     };
     let max_tokens = request.max_completion_tokens.or(request.max_tokens);
-    let job = Job::chat(state, &input, max_tokens, sampling)?;
+    let job = Job::chat(state, input, max_tokens, sampling).await?;
     let mut generation = generation::start(state, job).await?;
     let header = Header {
         id: format!("chatcmpl-{request_id}"),

@@ -51,6 +51,13 @@ fn invalid(param: &'static str, reason: &'static str) -> HttpError {
     HttpError::InvalidParameter { param, reason }
 }
 
+/// A text prompt's ids, with the tokenizer's special tokens, encoded on the
+/// blocking pool.
+async fn encode_text(state: &AppState, text: String) -> Result<Vec<u32>, HttpError> {
+    let frontend = std::sync::Arc::clone(state.frontend());
+    generation::prepare(move || Ok(frontend.tokenizer().encode(&text, true)?)).await
+}
+
 async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Response, HttpError> {
     let request: CompletionRequest = parse_body(body)?;
     if request.n.is_some_and(|n| n != 1) {
@@ -61,11 +68,10 @@ async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Respons
     }
     let sampling = request.sampling.check()?;
     let prompt = match request.prompt {
-        Prompt::Text(text) => state.frontend().tokenizer().encode(&text, true)?,
         Prompt::Tokens(tokens) => tokens,
+        Prompt::Text(text) => encode_text(state, text).await?,
         Prompt::Batch(mut texts) if texts.len() == 1 => {
-            let text = texts.pop().unwrap_or_default();
-            state.frontend().tokenizer().encode(&text, true)?
+            encode_text(state, texts.pop().unwrap_or_default()).await?
         }
         Prompt::Batch(_) => return Err(invalid("prompt", "must be one prompt")),
     };

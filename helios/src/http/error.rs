@@ -98,6 +98,10 @@ pub enum HttpError {
     /// The scheduler's worker is gone.
     #[error("the scheduler worker is gone")]
     WorkerGone,
+    /// The task preparing the prompt (rendering, tokenization) did not
+    /// finish: it panicked or the runtime is shutting down.
+    #[error("preparing the prompt failed")]
+    PreparationFailed,
     /// The scheduler cancelled the request (shutdown) before it finished.
     #[error("the request was cancelled by the server before it finished")]
     Cancelled,
@@ -118,7 +122,9 @@ impl HttpError {
             | Self::InvalidJson { .. }
             | Self::InvalidParameter { .. } => StatusCode::BAD_REQUEST,
             Self::Frontend(error) if frontend_is_request_fault(error) => StatusCode::BAD_REQUEST,
-            Self::Frontend(_) | Self::Execution(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Frontend(_) | Self::Execution(_) | Self::PreparationFailed => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
             Self::Admission(error) => match error.class() {
                 ErrorClass::InvalidRequest => StatusCode::BAD_REQUEST,
                 ErrorClass::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
@@ -136,7 +142,7 @@ impl HttpError {
             Self::InvalidParameter { .. } => ErrorCode::InvalidParameter,
             Self::Frontend(FrontendError::EmptyStop { .. }) => ErrorCode::InvalidParameter,
             Self::Frontend(error) if frontend_is_request_fault(error) => ErrorCode::InvalidPrompt,
-            Self::Frontend(_) => ErrorCode::InternalError,
+            Self::Frontend(_) | Self::PreparationFailed => ErrorCode::InternalError,
             Self::Admission(AdmissionError::ExceedsContext { .. }) => {
                 ErrorCode::ContextLengthExceeded
             }
@@ -159,7 +165,7 @@ impl HttpError {
             | Self::InvalidJson { .. }
             | Self::InvalidParameter { .. } => "validation",
             Self::Frontend(error) if frontend_is_request_fault(error) => "validation",
-            Self::Frontend(_) => "frontend",
+            Self::Frontend(_) | Self::PreparationFailed => "frontend",
             Self::Admission(_) => "admission",
             Self::Execution(_) => "execution",
             Self::WorkerGone | Self::Cancelled => "scheduler",
@@ -275,5 +281,19 @@ pub struct AnthropicError(pub HttpError);
 impl IntoResponse for AnthropicError {
     fn into_response(self) -> Response {
         (self.0.status(), Json(self.0.anthropic_envelope())).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_preparation_is_the_servers_fault() {
+        let error = HttpError::PreparationFailed;
+        assert_eq!(error.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(error.code().as_str(), "internal_error");
+        assert_eq!(error.stage(), "frontend");
+        assert_eq!(error.param(), None);
     }
 }

@@ -105,13 +105,34 @@ impl Job {
     }
 }
 
+/// Runs CPU-heavy frontend work (rendering, tokenization, endpoint
+/// mapping) on the blocking pool, so that a long prompt never stalls the
+/// async workers streaming other requests.
+pub async fn prepare<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, HttpError> + Send + 'static,
+) -> Result<T, HttpError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|_| HttpError::PreparationFailed)?
+}
+
 impl Job {
     /// A job for a rendered conversation, offering the prefix cache the
     /// exact endpoints of its last [`ServeConfig::marked_messages`]
-    /// messages.
+    /// messages; the work runs on the blocking pool ([`prepare`]).
     ///
     /// [`ServeConfig::marked_messages`]: super::ServeConfig::marked_messages
-    pub fn chat(
+    pub async fn chat(
+        state: &AppState,
+        input: ChatInput,
+        max_tokens: Option<u32>,
+        sampling: Sampling,
+    ) -> Result<Self, HttpError> {
+        let state = state.clone();
+        prepare(move || Self::chat_now(&state, &input, max_tokens, sampling)).await
+    }
+
+    fn chat_now(
         state: &AppState,
         input: &ChatInput,
         max_tokens: Option<u32>,

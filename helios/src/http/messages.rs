@@ -101,7 +101,7 @@ async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Respons
         add_generation_prompt: true,
         ..ChatInput::default()
     };
-    let job = Job::chat(state, &input, Some(request.max_tokens), sampling)?;
+    let job = Job::chat(state, input, Some(request.max_tokens), sampling).await?;
     let mut generation = generation::start(state, job).await?;
     let format = MessageStream {
         id: format!("msg_{request_id}"),
