@@ -267,9 +267,10 @@ impl<E: Executor> Scheduler<E> {
     }
 
     /// Sets up a new placement's restore and captures: its page table
-    /// starts with the hit's shared pages (the update travels with the
-    /// admit), the device counts start at the restored endpoint, and the
-    /// capture budget selects the endpoints to snapshot.
+    /// starts with the hit's shared pages (the update travels with the next
+    /// launch, at the latest the admit; the slot was retired with no launch
+    /// in flight referencing it), the device counts start at the restored
+    /// endpoint, and the capture budget selects the endpoints to snapshot.
     pub(super) fn plan_prefix(&mut self, id: RequestId, reuse: Option<(Pin, Hit)>) {
         let Some(cache) = self.cache.as_mut() else {
             return;
