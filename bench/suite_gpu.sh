@@ -12,6 +12,7 @@
 #   bench/suite_gpu.sh qwen3-8b-prepare  OUT         random Qwen3-8B weights (safetensors), core
 #   bench/suite_gpu.sh qwen3-8b-flare    OUT FLARE
 #   bench/suite_gpu.sh qwen3-8b-baselines OUT
+#   bench/suite_gpu.sh qwen3-8b-floor    OUT
 #   bench/suite_gpu.sh qwen3-8b-timeline OUT
 #   bench/suite_gpu.sh report            OUT         summary table and plots of OUT/*.json
 #
@@ -142,6 +143,11 @@ case $stage in
     ;;
   qwen3-8b-baselines)
     baselines_stage "$qwen" qwen3-8b "${qwen_suite[@]}"
+    ;;
+  qwen3-8b-floor)
+    python3 -m bench.suite --replay "$qwen" --engine python-floor --out "$out/python-floor.json" \
+      --tokenizer "$qwen" --geometry qwen3-8b --context-limit 40960 "${qwen_suite[@]}" \
+      2>&1 | tee "$out/python-floor.log"
     ;;
   report)
     python3 -m bench.suite.report "$out"/*.json --out-dir "$out/report" 2>&1 | tee "$out/report.log"
