@@ -78,6 +78,13 @@ flare_stage() {
     "$flare" replay "$core" --bench-decode "$capacity" --steps 256 \
       --json "$out/decode-bench/flare-c$capacity.json" > "$out/decode-bench/flare-c$capacity.log" 2>&1
   done
+  # Cold start: drop the page cache when allowed (the first launch then reads the
+  # core from disk; the second, without the prefix cache, is the warm start).
+  if sync && echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; then
+    echo "page cache dropped before the first flare launch" > "$out/startup-caches.txt"
+  else
+    echo "page cache not dropped (no permission): both launches are warm" > "$out/startup-caches.txt"
+  fi
   suite_http flare "$flare run $core --port $port" "$geometry" "$checkpoint" "$@"
   suite_http flare-no-cache "$flare run $core --port $port --no-prefix-cache" \
     "$geometry" "$checkpoint" --workloads prefix agent "$@"
