@@ -217,3 +217,69 @@ fn an_executor_failure_fails_requests_and_marks_the_worker_failed() {
         Err(SchedulerError::Execution(ExecutionError::Device { .. }))
     ));
 }
+
+/// With the prefix cache: clients branching from one conversation stream
+/// their reference outputs through the model thread, the later ones restore
+/// the shared prefix, and a shutdown that cancels everything while captures
+/// are in flight joins cleanly, each stream ending once.
+#[test]
+fn cached_branches_stream_references_and_shutdown_drains_captures() {
+    let setup = Setup {
+        kv_pages: 120,
+        ..Setup::default()
+    }
+    .with_cache(16, scheduler_support::dense_row());
+    let worker = spawn(&setup, 2);
+    let root = spec(300, 4, 1);
+    let request = |seed: u64| {
+        let mut request = spec(300, 12, seed);
+        request.prompt = [&root.prompt[..], &request.prompt[..40]].concat();
+        request.message_endpoints = vec![300];
+        request
+    };
+    let log = drain(worker.handle().submit(request(2)).unwrap());
+    assert_eq!(log.tokens, reference(&setup, &request(2)).tokens);
+    let clients: Vec<_> = (3..9)
+        .map(|seed| {
+            let handle = worker.handle();
+            let setup = setup.clone();
+            let request = request(seed);
+            thread::spawn(move || {
+                let log = drain(handle.submit(request.clone()).unwrap());
+                assert_eq!(log.tokens, reference(&setup, &request).tokens);
+            })
+        })
+        .collect();
+    for client in clients {
+        client.join().unwrap();
+    }
+    // A finished request's terminal capture and retirement follow its last
+    // event: wait until only the cache holds pages.
+    let started = std::time::Instant::now();
+    let (metrics, cache) = loop {
+        let metrics = worker.handle().status().unwrap().metrics;
+        let cache = metrics.cache.unwrap();
+        if metrics.pages_used == cache.pages_held && metrics.in_flight == 0 {
+            break (metrics, cache);
+        }
+        assert!(
+            started.elapsed().as_secs() < 10,
+            "never settled: {metrics:?}"
+        );
+        thread::sleep(std::time::Duration::from_millis(1));
+    };
+    assert!(
+        cache.counters.hits >= 6 && cache.counters.hit_tokens >= 6 * 300,
+        "{cache:?}"
+    );
+    assert_eq!((metrics.running, metrics.pages_reserved), (0, 0));
+    // Long requests, then a shutdown that cancels them mid-flight.
+    let streams: Vec<RequestStream> = (20..24)
+        .map(|seed| worker.handle().submit(request(seed)).unwrap())
+        .collect();
+    worker.shutdown(ShutdownMode::Cancel).unwrap();
+    for stream in streams {
+        let log = drain(stream);
+        assert_eq!(log.terminal_events, 1, "{log:?}");
+    }
+}
