@@ -17,9 +17,9 @@
 #   bench/suite_gpu.sh report            OUT         summary table and plots of OUT/*.json
 #
 # WORK (default /tmp/flare-suite) holds checkpoints and cores between stages;
-# WHEELS, when set, is a folder of wheels installed first (the machine has no
-# registry): gguf and flare_heliopause, plus openai's and transformers serve's
-# dependencies for the baselines.
+# WHEELS, when set, names folders of wheels (space-separated) installed first (the
+# machine has no registry): gguf and flare_heliopause, plus openai's and
+# transformers serve's dependencies for the baselines.
 set -uo pipefail
 usage="usage: bench/suite_gpu.sh STAGE OUT [GGUF|FLARE] (see the header)"
 stage=${1:?$usage}
@@ -31,8 +31,12 @@ cd "$(dirname "$0")/.."
 work=${WORK:-/tmp/flare-suite}
 mkdir -p "$work"
 if [ -n "${WHEELS:-}" ]; then
+  wheels=()
+  for folder in $WHEELS; do
+    wheels+=("$folder"/*.whl)
+  done
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/flare-site "$WHEELS"/*.whl || exit 1
+    --target /tmp/flare-site "${wheels[@]}" || exit 1
   export PYTHONPATH=/tmp/flare-site${PYTHONPATH:+:$PYTHONPATH}
   export PATH=/tmp/flare-site/bin:$PATH
 fi
