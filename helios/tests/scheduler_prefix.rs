@@ -499,3 +499,45 @@ fn an_agent_trace_prefills_only_each_turns_new_messages() {
         assert_clean(&scheduler);
     }
 }
+
+/// A queued request that would not fit even with every cached page evicted
+/// leaves the cache alone while it waits (admission retries it every
+/// iteration); once the running request ends it is admitted.
+#[test]
+fn a_request_that_cannot_fit_does_not_drain_the_cache_while_it_waits() {
+    let setup = Setup {
+        kv_pages: 41,
+        ..Setup::default()
+    }
+    .with_cache(16, dense_row());
+    let mut scheduler = setup.scheduler();
+    serve_checked(&setup, &mut scheduler, &spec(100, 2, 1));
+    let cached = scheduler.metrics().cache.unwrap().pages_held;
+    assert!(cached > 0);
+    let running = spec(200, 150, 2);
+    let waiting = spec(400, 4, 3);
+    let running_id = scheduler.submit(running.clone()).unwrap();
+    let mut transcript = Transcript::default();
+    for _ in 0..20 {
+        scheduler.step().unwrap();
+        transcript.record(scheduler.drain_events());
+    }
+    let waiting_id = scheduler.submit(waiting.clone()).unwrap();
+    let mut waited = 0;
+    while transcript.get(waiting_id).admitted == 0 {
+        scheduler.step().unwrap();
+        transcript.record(scheduler.drain_events());
+        let metrics = scheduler.metrics();
+        if metrics.queue_depth == 1 {
+            waited += 1;
+            assert_eq!(metrics.cache.unwrap().counters.evicted, 0, "{metrics:?}");
+        }
+        assert!(waited < 10_000);
+    }
+    assert!(waited > 10, "the request never had to wait");
+    transcript.run(&mut scheduler, 100_000).unwrap();
+    for (id, request) in [(running_id, &running), (waiting_id, &waiting)] {
+        assert_eq!(transcript.get(id).tokens, reference(&setup, request).tokens);
+    }
+    assert_clean(&scheduler);
+}

@@ -102,7 +102,7 @@ impl<E: Executor> Scheduler<E> {
                 reuse.as_ref().map_or(0, |(_, hit)| hit.tokens()) / self.geometry.page_size();
             let required = required - shared;
             let room = self.admission_room();
-            if required > room && required > room + self.reclaim_cache(required - room) {
+            if required > room && !self.reclaim_for_admission(required - room) {
                 if let Some((pin, _)) = reuse {
                     self.unpin(pin);
                 }

@@ -259,6 +259,19 @@ impl<E: Executor> Scheduler<E> {
         self.free_evicted(eviction)
     }
 
+    /// Evicts cache pages for an admission `wanted` pages short, only when
+    /// eviction can cover the whole shortfall: a request that would not fit
+    /// anyway leaves the cache alone (it is retried every iteration).
+    pub(super) fn reclaim_for_admission(&mut self, wanted: u32) -> bool {
+        let Some(cache) = self.cache.as_ref() else {
+            return false;
+        };
+        if cache.store.pressure().pages.reclaimable < wanted {
+            return false;
+        }
+        self.reclaim_cache(wanted) >= wanted
+    }
+
     fn free_evicted(&mut self, eviction: Eviction) -> u32 {
         // Evicted checkpoints had no pin and no GPU use: no page table maps
         // their pages and no launch in flight reads them.
