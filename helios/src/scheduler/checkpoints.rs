@@ -227,14 +227,7 @@ impl<E: Executor> Scheduler<E> {
         let cache = self.cache.as_mut()?;
         let request = self.requests.get_mut(&id).expect("a queued request");
         let history = request.history_len();
-        let chained = (request.chain.as_ref())
-            .expect("a cached scheduler chains requests")
-            .len();
-        if chained < history {
-            let tokens = request.history(chained, history);
-            (request.chain.as_mut()).expect("chained").extend(&tokens);
-        }
-        let chain = request.chain.as_ref().expect("chained");
+        let chain = request.chain_to(history);
         let hit = cache.store.lookup(chain, history)?;
         let pin = cache.store.pin(hit.checkpoint).expect("a hit is live");
         Some((pin, hit))
@@ -406,14 +399,7 @@ impl<E: Executor> Scheduler<E> {
         if endpoint <= parent {
             return Ok(false);
         }
-        let history = request.history(0, endpoint);
-        let chain = request
-            .chain
-            .as_mut()
-            .expect("a cached scheduler chains requests");
-        if chain.len() < endpoint {
-            chain.extend(&history[chain.len() as usize..]);
-        }
+        let chain = request.chain_to(endpoint);
         let key = chain.endpoint_key(endpoint).expect("within the chain");
         if cache.store.find(&key).is_some() {
             return Ok(false);

@@ -28,6 +28,7 @@ use super::geometry::Geometry;
 use super::ids::RequestId;
 use super::pool::{PagePool, SlotPool};
 use super::request::{Exit, Placement, Request, RequestSpec};
+use crate::prefix::PrefixChain;
 
 /// Counts of terminal events since the scheduler started.
 #[derive(Debug, Clone, Copy, Default)]
@@ -179,6 +180,17 @@ impl<E: Executor> Scheduler<E> {
 
     /// Queues a request for admission.
     pub fn submit(&mut self, spec: RequestSpec) -> Result<RequestId, AdmissionError> {
+        self.submit_chained(spec, None)
+    }
+
+    /// [`Self::submit`] with the prompt's prefix chain already hashed under
+    /// the cache's salt (by the submitting thread, so the model thread does
+    /// not hash long prompts); `None` hashes it here when the cache needs it.
+    pub fn submit_chained(
+        &mut self,
+        spec: RequestSpec,
+        chain: Option<PrefixChain>,
+    ) -> Result<RequestId, AdmissionError> {
         if self.failure.is_some() {
             return Err(AdmissionError::Unavailable);
         }
@@ -193,7 +205,11 @@ impl<E: Executor> Scheduler<E> {
         let arrival = self.next_arrival;
         self.next_arrival += 1;
         self.queue.push(arrival, id);
-        let chain = self.cache.as_ref().map(|cache| cache.chain(&spec.prompt));
+        let chain = (self.cache.as_ref()).map(|cache| {
+            chain
+                .filter(|chain| chain.tokens() == spec.prompt.as_slice())
+                .unwrap_or_else(|| cache.chain(&spec.prompt))
+        });
         let request = Request {
             chain,
             spec,

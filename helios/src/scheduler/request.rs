@@ -128,6 +128,22 @@ impl Request {
             .saturating_sub(len32(self.output.len()))
     }
 
+    /// The prefix chain extended with the history up to `end` tokens (output
+    /// tokens join it as captures and readmissions need them).
+    ///
+    /// # Panics
+    /// When the prefix cache is off (no chain).
+    pub(super) fn chain_to(&mut self, end: u32) -> &PrefixChain {
+        let chained = (self.chain.as_ref())
+            .expect("a cached scheduler chains requests")
+            .len();
+        if chained < end {
+            let tokens = self.history(chained, end);
+            (self.chain.as_mut()).expect("chained").extend(&tokens);
+        }
+        self.chain.as_ref().expect("chained")
+    }
+
     /// History tokens `range` of the current placement.
     pub(super) fn history(&self, start: u32, end: u32) -> Vec<u32> {
         let prompt = &self.spec.prompt;

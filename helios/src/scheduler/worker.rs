@@ -22,6 +22,7 @@ use super::geometry::Geometry;
 use super::ids::RequestId;
 use super::latency::{Latency, LatencyTracker};
 use super::request::RequestSpec;
+use crate::prefix::PrefixChain;
 
 /// How a shutdown treats requests that have not finished.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +62,8 @@ type SubmitReply = Sender<Result<RequestId, AdmissionError>>;
 enum Message {
     Submit {
         spec: RequestSpec,
+        /// The prompt's prefix chain, hashed by the submitting thread.
+        chain: Option<PrefixChain>,
         events: Sender<Event>,
         reply: SubmitReply,
     },
@@ -73,6 +76,9 @@ enum Message {
 #[derive(Debug, Clone)]
 pub struct SchedulerHandle {
     inbox: Sender<Message>,
+    /// The prefix cache's root salt, when it is enabled: a submission
+    /// hashes its prompt's chain on its own thread, not the model thread's.
+    prefix_salt: Option<Arc<[u8]>>,
 }
 
 impl std::fmt::Debug for Message {
@@ -92,8 +98,10 @@ impl SchedulerHandle {
     pub fn submit(&self, spec: RequestSpec) -> Result<RequestStream, AdmissionError> {
         let (events, receiver) = mpsc::channel();
         let (reply, answer) = mpsc::channel();
+        let chain = (self.prefix_salt.as_deref()).map(|salt| PrefixChain::new(salt, &spec.prompt));
         let message = Message::Submit {
             spec,
+            chain,
             events,
             reply,
         };
@@ -204,6 +212,9 @@ impl Worker {
     {
         let (inbox, messages) = mpsc::channel();
         let (ready, started) = mpsc::sync_channel(1);
+        let prefix_salt = (config.prefix.as_ref())
+            .filter(|prefix| prefix.snapshot_rows > 0)
+            .map(|prefix| Arc::from(prefix.salt.as_slice()));
         let thread = thread::Builder::new()
             .name("helios-model".to_owned())
             .spawn(move || {
@@ -224,7 +235,7 @@ impl Worker {
             .map_err(|error| SchedulerError::Spawn(Arc::new(error)))?;
         let startup = started.recv().unwrap_or(Err(SchedulerError::WorkerGone));
         let worker = Self {
-            handle: SchedulerHandle { inbox },
+            handle: SchedulerHandle { inbox, prefix_salt },
             thread: Some(thread),
         };
         match startup {
@@ -321,13 +332,14 @@ impl<E: Executor> ModelThread<E> {
         match message {
             Message::Submit {
                 spec,
+                chain,
                 events,
                 reply,
             } => {
                 let result = if self.stopping {
                     Err(AdmissionError::ShuttingDown)
                 } else {
-                    self.scheduler.submit(spec)
+                    self.scheduler.submit_chained(spec, chain)
                 };
                 if let Ok(id) = result {
                     self.latency.submitted(id, Instant::now());
