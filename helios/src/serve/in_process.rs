@@ -14,14 +14,12 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::plan::{plan, Admission};
 use super::{serve_http_with, ServeError};
 use crate::core::decode_manifest;
 use crate::execution::{BorrowedGraphs, GpuExecutor};
-use crate::frontend::Frontend;
-use crate::http::{marked_messages, router, AppState, ServeConfig};
-use crate::scheduler::{
-    ExecutionError, Geometry, PrefixConfig, SchedulerConfig, SchedulerError, ShutdownMode, Worker,
-};
+use crate::http::{router, AppState};
+use crate::scheduler::{ExecutionError, SchedulerError, ShutdownMode, Worker};
 
 /// How the in-process server listens and admits.
 #[derive(Debug, Clone)]
@@ -113,21 +111,18 @@ pub unsafe fn start_in_process(
     config: InProcessConfig,
 ) -> Result<InProcessServer, ServeError> {
     let core = decode_manifest(&manifest)?;
-    let frontend = Arc::new(Frontend::from_core(core.frontend())?);
-    let geometry = Geometry::from_core(&core)?;
-    let context_limit = geometry.context_limit();
-    let prefix = (config.prefix_cache)
-        .then(|| PrefixConfig::from_core(&core))
-        .transpose()?;
-    drop(core);
-    let marked = marked_messages(prefix.as_ref(), geometry.max_concurrency());
-    let scheduler = SchedulerConfig {
+    let admission = Admission {
+        model: config.model.clone(),
+        api_key: config.api_key.clone(),
+        max_body_bytes: config.max_body_bytes,
         queue_capacity: config.queue_capacity,
-        prefix,
-        ..SchedulerConfig::default()
+        prefix_cache: config.prefix_cache,
     };
+    let plan = plan(&core, admission)?;
+    drop(core);
+    let geometry = plan.geometry;
     let device = config.device;
-    let worker = Worker::spawn_with(scheduler, move || {
+    let worker = Worker::spawn_with(plan.scheduler, move || {
         // SAFETY: the caller's contract, forwarded.
         let graphs =
             unsafe { BorrowedGraphs::new(&manifest, &execs, device) }.map_err(borrow_failure)?;
@@ -135,15 +130,7 @@ pub unsafe fn start_in_process(
     })
     .map_err(ServeError::Start)?;
     let handle = worker.handle();
-    let serve_config = ServeConfig {
-        model: config.model.clone(),
-        context_limit,
-        max_body_bytes: config.max_body_bytes,
-        chunk_capacity: 64,
-        api_key: config.api_key.clone(),
-        marked_messages: marked,
-    };
-    let app = router(AppState::new(handle.clone(), frontend, serve_config));
+    let app = router(AppState::new(handle.clone(), plan.frontend, plan.http));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let (bound_tx, bound_rx) = mpsc::channel();
     let (done_tx, done) = mpsc::channel();

@@ -13,17 +13,18 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 mod in_process;
+mod plan;
 
 pub use in_process::{start_in_process, InProcessConfig, InProcessServer};
 
+use self::plan::{plan, Admission};
 use crate::core::{load_manifest, CoreError};
 use crate::execution::GpuExecutor;
-use crate::frontend::{Frontend, FrontendError};
-use crate::http::{marked_messages, router, AppState, ServeConfig};
+use crate::frontend::FrontendError;
+use crate::http::{router, AppState};
 use crate::replay::{KvBacking, LoadOptions, LoadedCore};
 use crate::scheduler::{
-    ExecutionError, Geometry, GeometryError, PrefixConfig, SchedulerConfig, SchedulerError,
-    SchedulerHandle, ShutdownMode, Worker,
+    ExecutionError, GeometryError, SchedulerError, SchedulerHandle, ShutdownMode, Worker,
 };
 
 const MIB: u64 = 1 << 20;
@@ -109,13 +110,16 @@ fn default_model_name(core: &std::path::Path) -> String {
 /// joins. Blocks the calling thread.
 pub fn run(options: RunOptions) -> Result<(), ServeError> {
     let core = load_manifest(&options.core)?;
-    let frontend = Arc::new(Frontend::from_core(core.frontend())?);
-    let prepared = Geometry::from_core(&core)?;
-    let context_limit = prepared.context_limit();
-    let prefix = (options.prefix_cache)
-        .then(|| PrefixConfig::from_core(&core))
-        .transpose()?;
+    let admission = Admission {
+        model: (options.model.clone()).unwrap_or_else(|| default_model_name(&options.core)),
+        api_key: options.api_key.clone(),
+        max_body_bytes: options.max_body_bytes,
+        queue_capacity: options.queue_capacity,
+        prefix_cache: options.prefix_cache,
+    };
+    let plan = plan(&core, admission)?;
     drop(core);
+    let prepared = plan.geometry;
 
     let path = options.core.clone();
     let load = LoadOptions {
@@ -124,13 +128,7 @@ pub fn run(options: RunOptions) -> Result<(), ServeError> {
             reserve_bytes: options.gpu_reserve_mib * MIB,
         },
     };
-    let marked = marked_messages(prefix.as_ref(), prepared.max_concurrency());
-    let config = SchedulerConfig {
-        queue_capacity: options.queue_capacity,
-        prefix,
-        ..SchedulerConfig::default()
-    };
-    let worker = Worker::spawn_with(config, move || {
+    let worker = Worker::spawn_with(plan.scheduler, move || {
         let loaded = LoadedCore::load(&path, &load).map_err(load_failure)?;
         let report = loaded.report();
         eprintln!(
@@ -154,18 +152,7 @@ pub fn run(options: RunOptions) -> Result<(), ServeError> {
     .map_err(ServeError::Start)?;
 
     let handle = worker.handle();
-    let serve_config = ServeConfig {
-        model: options
-            .model
-            .clone()
-            .unwrap_or_else(|| default_model_name(&options.core)),
-        context_limit,
-        max_body_bytes: options.max_body_bytes,
-        chunk_capacity: 64,
-        api_key: options.api_key.clone(),
-        marked_messages: marked,
-    };
-    let app = router(AppState::new(handle.clone(), frontend, serve_config));
+    let app = router(AppState::new(handle.clone(), plan.frontend, plan.http));
     let address = format!("{}:{}", options.host, options.port);
     let served = serve_http(&address, app, handle);
     // Requests still running were finished by the model thread (or

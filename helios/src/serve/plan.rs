@@ -1,0 +1,67 @@
+//! What both servers derive from a validated core before its graphs run:
+//! the native frontend, the declared geometry, and the scheduler's and the
+//! HTTP layer's configuration.
+
+use std::sync::Arc;
+
+use super::ServeError;
+use crate::core::ValidCore;
+use crate::frontend::Frontend;
+use crate::http::{marked_messages, ServeConfig};
+use crate::scheduler::{Geometry, PrefixConfig, SchedulerConfig};
+
+/// Output chunks a request's channel holds before its pump waits.
+const CHUNK_CAPACITY: usize = 64;
+
+/// The serving options both servers share.
+#[derive(Debug, Clone)]
+pub(super) struct Admission {
+    /// The model id `/v1/models` lists.
+    pub(super) model: String,
+    /// When set, every `/v1` route requires it.
+    pub(super) api_key: Option<String>,
+    /// The largest request body accepted, in bytes.
+    pub(super) max_body_bytes: usize,
+    /// Requests the admission queue holds.
+    pub(super) queue_capacity: usize,
+    /// Reuse exact prefix checkpoints across requests.
+    pub(super) prefix_cache: bool,
+}
+
+/// A core's serving plan.
+#[derive(Debug)]
+pub(super) struct Plan {
+    pub(super) frontend: Arc<Frontend>,
+    /// The prepared geometry (a loaded core may back fewer KV pages).
+    pub(super) geometry: Geometry,
+    pub(super) scheduler: SchedulerConfig,
+    pub(super) http: ServeConfig,
+}
+
+/// The plan of `core` under `admission`.
+pub(super) fn plan(core: &ValidCore, admission: Admission) -> Result<Plan, ServeError> {
+    let frontend = Arc::new(Frontend::from_core(core.frontend())?);
+    let geometry = Geometry::from_core(core)?;
+    let prefix = (admission.prefix_cache)
+        .then(|| PrefixConfig::from_core(core))
+        .transpose()?;
+    let http = ServeConfig {
+        model: admission.model,
+        context_limit: geometry.context_limit(),
+        max_body_bytes: admission.max_body_bytes,
+        chunk_capacity: CHUNK_CAPACITY,
+        api_key: admission.api_key,
+        marked_messages: marked_messages(prefix.as_ref(), geometry.max_concurrency()),
+    };
+    let scheduler = SchedulerConfig {
+        queue_capacity: admission.queue_capacity,
+        prefix,
+        ..SchedulerConfig::default()
+    };
+    Ok(Plan {
+        frontend,
+        geometry,
+        scheduler,
+        http,
+    })
+}
