@@ -58,88 +58,16 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     };
     let metrics = status.metrics;
     let ready = u8::from(matches!(status.health, Health::Ready));
-    let samples: [(&str, &str, &str, u64); 13] = [
-        (
-            "flare_ready",
-            "gauge",
-            "1 while the worker serves",
-            ready.into(),
-        ),
-        (
-            "flare_queue_depth",
-            "gauge",
-            "Requests waiting for admission",
-            metrics.queue_depth as u64,
-        ),
-        (
-            "flare_running_requests",
-            "gauge",
-            "Requests holding a slot",
-            metrics.running as u64,
-        ),
-        (
-            "flare_launches_in_flight",
-            "gauge",
-            "Launches submitted and not retrieved",
-            metrics.in_flight as u64,
-        ),
-        (
-            "flare_pages_used",
-            "gauge",
-            "KV pages in page tables",
-            metrics.pages_used.into(),
-        ),
-        (
-            "flare_pages_reserved",
-            "gauge",
-            "Free KV pages reserved for growth",
-            metrics.pages_reserved.into(),
-        ),
-        (
-            "flare_pages_free",
-            "gauge",
-            "KV pages neither used nor reserved",
-            metrics.pages_free.into(),
-        ),
-        (
-            "flare_preemptions_total",
-            "counter",
-            "Preemptions since start",
-            metrics.preemptions,
-        ),
-        (
-            "flare_prefill_tokens_total",
-            "counter",
-            "Prompt tokens prefilled since start (restored prefixes excluded)",
-            metrics.prefilled_tokens,
-        ),
-        (
-            "flare_requests_finished_stop_total",
-            "counter",
-            "Requests finished by a stop token since start",
-            metrics.finished_stop,
-        ),
-        (
-            "flare_requests_finished_length_total",
-            "counter",
-            "Requests finished at their output limit since start",
-            metrics.finished_length,
-        ),
-        (
-            "flare_requests_cancelled_total",
-            "counter",
-            "Requests cancelled since start",
-            metrics.cancelled,
-        ),
-        (
-            "flare_requests_failed_total",
-            "counter",
-            "Requests failed since start",
-            metrics.failed,
-        ),
-    ];
     let mut text = String::new();
-    for (name, kind, help, value) in samples.into_iter().chain(cache_samples(&metrics)) {
+    for Sample {
+        name,
+        kind,
+        help,
+        value,
+    } in scheduler_samples(&metrics, ready)
+        .into_iter()
+        .chain(cache_samples(&metrics))
+    {
         text.push_str(&format!(
             "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
         ));
@@ -160,97 +88,174 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
+/// One Prometheus sample: a gauge or a counter.
+struct Sample {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+    value: u64,
+}
+
+fn gauge(name: &'static str, help: &'static str, value: impl Into<u64>) -> Sample {
+    let value = value.into();
+    Sample {
+        name,
+        kind: "gauge",
+        help,
+        value,
+    }
+}
+
+fn counter(name: &'static str, help: &'static str, value: u64) -> Sample {
+    Sample {
+        name,
+        kind: "counter",
+        help,
+        value,
+    }
+}
+
+/// The model thread's gauges and counters.
+fn scheduler_samples(m: &Metrics, ready: u8) -> Vec<Sample> {
+    let count = |n: usize| n as u64;
+    vec![
+        gauge("flare_ready", "1 while the worker serves", ready),
+        gauge(
+            "flare_queue_depth",
+            "Requests waiting for admission",
+            count(m.queue_depth),
+        ),
+        gauge(
+            "flare_running_requests",
+            "Requests holding a slot",
+            count(m.running),
+        ),
+        gauge(
+            "flare_launches_in_flight",
+            "Launches submitted and not retrieved",
+            count(m.in_flight),
+        ),
+        gauge("flare_pages_used", "KV pages in page tables", m.pages_used),
+        gauge(
+            "flare_pages_reserved",
+            "Free KV pages reserved for growth",
+            m.pages_reserved,
+        ),
+        gauge(
+            "flare_pages_free",
+            "KV pages neither used nor reserved",
+            m.pages_free,
+        ),
+        counter(
+            "flare_preemptions_total",
+            "Preemptions since start",
+            m.preemptions,
+        ),
+        counter(
+            "flare_prefill_tokens_total",
+            "Prompt tokens prefilled since start (restored prefixes excluded)",
+            m.prefilled_tokens,
+        ),
+        counter(
+            "flare_requests_finished_stop_total",
+            "Requests finished by a stop token since start",
+            m.finished_stop,
+        ),
+        counter(
+            "flare_requests_finished_length_total",
+            "Requests finished at their output limit since start",
+            m.finished_length,
+        ),
+        counter(
+            "flare_requests_cancelled_total",
+            "Requests cancelled since start",
+            m.cancelled,
+        ),
+        counter(
+            "flare_requests_failed_total",
+            "Requests failed since start",
+            m.failed,
+        ),
+    ]
+}
+
 /// The prefix cache's gauges and counters, when it is enabled: page
 /// pressure and snapshot pressure apart.
-fn cache_samples(metrics: &Metrics) -> Vec<(&'static str, &'static str, &'static str, u64)> {
+fn cache_samples(metrics: &Metrics) -> Vec<Sample> {
     let Some(cache) = metrics.cache else {
         return Vec::new();
     };
-    let counters = cache.counters;
+    let c = cache.counters;
     vec![
-        (
+        gauge(
             "flare_prefix_checkpoints",
-            "gauge",
             "Live prefix checkpoints",
-            cache.checkpoints.into(),
+            cache.checkpoints,
         ),
-        (
+        gauge(
             "flare_prefix_pages_held",
-            "gauge",
             "KV pages checkpoint chains hold",
-            cache.pages_held.into(),
+            cache.pages_held,
         ),
-        (
+        gauge(
             "flare_prefix_pages_reclaimable",
-            "gauge",
             "Checkpoint pages eviction could free now",
-            cache.pages_reclaimable.into(),
+            cache.pages_reclaimable,
         ),
-        (
+        gauge(
             "flare_prefix_snapshot_rows",
-            "gauge",
             "Snapshot rows in the pool",
-            cache.rows.into(),
+            cache.rows,
         ),
-        (
+        gauge(
             "flare_prefix_snapshot_rows_free",
-            "gauge",
             "Snapshot rows free",
-            cache.rows_free.into(),
+            cache.rows_free,
         ),
-        (
+        counter(
             "flare_prefix_lookups_total",
-            "counter",
             "Admissions that looked up a prefix",
-            counters.lookups,
+            c.lookups,
         ),
-        (
+        counter(
             "flare_prefix_hits_total",
-            "counter",
             "Admissions that restored a prefix",
-            counters.hits,
+            c.hits,
         ),
-        (
+        counter(
             "flare_prefix_hit_tokens_total",
-            "counter",
             "Prompt tokens restored instead of prefilled",
-            counters.hit_tokens,
+            c.hit_tokens,
         ),
-        (
+        counter(
             "flare_prefix_published_total",
-            "counter",
             "Checkpoints published",
-            counters.published,
+            c.published,
         ),
-        (
+        counter(
             "flare_prefix_duplicate_publications_total",
-            "counter",
             "Captures of an endpoint already cached",
-            counters.duplicate_publications,
+            c.duplicate_publications,
         ),
-        (
+        counter(
             "flare_prefix_evicted_total",
-            "counter",
             "Checkpoints evicted with their pages",
-            counters.evicted,
+            c.evicted,
         ),
-        (
+        counter(
             "flare_prefix_thinned_total",
-            "counter",
             "Checkpoints thinned from a chain",
-            counters.thinned,
+            c.thinned,
         ),
-        (
+        counter(
             "flare_prefix_page_pressure_total",
-            "counter",
             "Times pages were reclaimed from the cache",
-            counters.page_pressure,
+            c.page_pressure,
         ),
-        (
+        counter(
             "flare_prefix_snapshot_pressure_total",
-            "counter",
             "Captures that found no free snapshot row",
-            counters.snapshot_pressure,
+            c.snapshot_pressure,
         ),
     ]
 }
