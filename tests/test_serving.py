@@ -7,7 +7,9 @@ With the prefix cache, prompts just before, at and after page boundaries are ser
 cold, then again as whole-prompt hits (restore and resume sampling) with another
 seed and with penalties that depend on the rebuilt histogram: every hit's text must
 be the harness's cold answer to the same prompt and seed. An extended prompt
-restores the shorter one and prefills the rest; repeating it must reproduce it."""
+restores the shorter one and prefills the rest; repeating it must reproduce it. Two
+branches of one cached prompt served together (each restores the shared ancestor and
+prefills its own tail) must answer as each does alone from its own checkpoint."""
 
 from __future__ import annotations
 
@@ -84,6 +86,7 @@ print("RESULT " + json.dumps({"served": served, "python": python, "second": seco
 
 _PREFIX_SCENARIO = r"""
 import json, sys, urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from checkpoints import write_tiny
 from ignition.preparation.prepared import PrepareOptions
@@ -122,6 +125,14 @@ for i, n in enumerate([page - 1, page, page + 1, 2 * page + 1]):
         partial=complete(extended, 30 + i),
         again=complete(extended, 30 + i),
     ))
+# Two branches of the longest cached prompt, served together: each restores the
+# shared ancestor into its own slot and prefills its own tail over private pages.
+# Served again alone, each is a whole-prompt hit of its own final-prompt checkpoint.
+base = cases[-1]["prompt"]
+branches = [base + [21, 22, 23], base + [31, 32, 33, 34, 35, 36, 37]]
+with ThreadPoolExecutor(2) as pool:
+    together = list(pool.map(lambda b: complete(b[1], 40 + b[0]), enumerate(branches)))
+alone = [complete(branch, 40 + i) for i, branch in enumerate(branches)]
 handle.close()
 
 prepared = servable.prepared
@@ -137,7 +148,9 @@ def continuation(prompt, tokens):
     return decode(prompt + tokens)[len(decode(prompt)):]
 for i, case in enumerate(cases):
     case["python"] = [continuation(case["prompt"], results[2 * i + k].tokens) for k in (0, 1)]
-print("RESULT " + json.dumps({"page": page, "cases": cases}))
+print("RESULT " + json.dumps({"page": page, "cases": cases, "base": len(base),
+                              "branches": [len(b) for b in branches],
+                              "together": together, "alone": alone}))
 """
 
 
@@ -171,6 +184,14 @@ def test_prefix_hits_reproduce_cold_answers_bitwise(tmp_path: Path) -> None:
         (partial, partial_cached), (again, again_cached) = case["partial"], case["again"]
         assert partial_cached == n and again_cached == n + 5, case
         assert again == partial and partial, case
+    base, lengths = result["base"], result["branches"]
+    # At least the shared ancestor is restored (a cached terminal prefix may by chance
+    # also cover a tail's first token), never the whole branch.
+    restored = [cached for _, cached in result["together"]]
+    assert all(base <= c < n for c, n in zip(restored, lengths, strict=True)), result["together"]
+    assert [cached for _, cached in result["alone"]] == lengths, result["alone"]
+    together = [text for text, _ in result["together"]]
+    assert together == [text for text, _ in result["alone"]] and all(together), result
 
 
 @pytest.mark.gpu
