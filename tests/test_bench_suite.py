@@ -6,8 +6,10 @@ checkpoint, and the report's ratio table and roofline."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from itertools import pairwise
 from pathlib import Path
@@ -267,6 +269,42 @@ def test_request_bodies_spell_sampling_in_each_dialect() -> None:
     assert Endpoint("http://h:1").path("completions") == "/v1/completions"
     with pytest.raises(ValueError, match="dialect"):
         Endpoint("http://h:1", dialect="nope")
+
+
+def test_an_answer_that_stops_on_its_first_token_has_a_ttft() -> None:
+    """A stop token sampled first streams no text: the finishing event times it."""
+    events = [
+        {"choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 1}},
+    ]
+    body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+    body += b"data: [DONE]\n\n"
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler) as httpd:
+        thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+        thread.start()
+        try:
+            (request,) = chat_requests(3, 1, 4)
+            sample = stream_request(Endpoint(f"http://127.0.0.1:{httpd.server_port}"), request)
+        finally:
+            httpd.shutdown()
+    assert sample.ok and sample.stopped_first and sample.text == ""
+    assert sample.ttft_s is not None and 0 < sample.ttft_s <= sample.e2e_s
+    assert sample.gaps_s == [] and sample.output_tokens == 1
+    assert sample.finish_reason == "stop"
 
 
 # ---------------------------------------------------------------- against a real server

@@ -51,6 +51,9 @@ class Sample:
     # (usage.prompt_tokens_details.cached_tokens; None when it reports none).
     cached_tokens: int | None = None
     finish_reason: str | None = None
+    # True when the first sampled token was a stop token: no text arrived, and
+    # ttft_s is the arrival of the event that finished the answer.
+    stopped_first: bool = False
     text: str = ""
     status: int = 0
     error: dict[str, Any] | None = None
@@ -198,6 +201,7 @@ def stream_request(endpoint: Endpoint, request: BenchRequest, epoch: float = 0.0
     body = json.dumps(request_body(endpoint, request)).encode()
     connection = endpoint.connection()
     arrivals: list[float] = []
+    finished: float | None = None
     chunk_tokens: list[int] = []
     counted = 0
     start = time.perf_counter()
@@ -228,6 +232,8 @@ def stream_request(endpoint: Endpoint, request: BenchRequest, epoch: float = 0.0
                 output = output or carries
                 sample.text += text
                 sample.finish_reason = choice.get("finish_reason") or sample.finish_reason
+                if choice.get("finish_reason") and finished is None:
+                    finished = now
             if output:
                 arrivals.append(now)
             if usage:
@@ -250,6 +256,11 @@ def stream_request(endpoint: Endpoint, request: BenchRequest, epoch: float = 0.0
     if arrivals:
         sample.ttft_s = arrivals[0] - start
         sample.gaps_s = [b - a for a, b in itertools.pairwise(arrivals)]
+    elif finished is not None and sample.error is None:
+        # The answer ended on its first token (a stop token streams no text): the
+        # event that says so is when the first token was known.
+        sample.ttft_s = finished - start
+        sample.stopped_first = True
     if len(chunk_tokens) == len(arrivals) and arrivals:
         sample.chunk_tokens = chunk_tokens
     if sample.output_tokens is None and arrivals:
