@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 from ignition.components.kv_cache import PAGE_AXIS
 from ignition.export import flare_core_pb2 as pb
 from ignition.export.core_dir import CoreDirError, read_core_dir, write_core_dir
-from ignition.export.manifest import ABI_VERSION, tiny_fixture
+from ignition.export.manifest import ABI_VERSION, any_nonzero, tiny_fixture
 from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare
 
 FIXTURE = Path(__file__).resolve().parents[1] / "helios/tests/fixtures/tiny-core/manifest.pb"
@@ -122,3 +122,16 @@ def test_core_directory_round_trips_and_refuses_disagreeing_parts(
     (tmp_path / "core" / "images" / f"{digest}.bin").unlink()
     with pytest.raises(CoreDirError, match="missing"):
         read_core_dir(tmp_path / "core")
+
+
+def test_nonzero_contents_are_found_in_bounded_chunks() -> None:
+    # An 8B model's KV pages are tens of GiB: count_nonzero over them asked the
+    # GPU for a temporary four times their size. Chunks of 7 elements here.
+    zeros = torch.zeros(5, 6, 7, dtype=torch.bfloat16)
+    assert not any_nonzero(zeros, chunk_elements=7)
+    for index in [(0, 0, 0), (4, 5, 6), (2, 3, 1)]:
+        one = zeros.clone()
+        one[index] = -0.5
+        assert any_nonzero(one, chunk_elements=7)
+        assert any_nonzero(one.transpose(0, 2), chunk_elements=7)  # not contiguous
+    assert not any_nonzero(torch.zeros(0), chunk_elements=7)

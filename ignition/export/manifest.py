@@ -121,8 +121,15 @@ def buffer_message(name: str, role: int, tensor: torch.Tensor, offset: int) -> p
         dtype=_DTYPES[tensor.dtype],
         shape=list(tensor.shape),
         strides=list(tensor.stride()),
-        initial_tensor=name if bool(tensor.count_nonzero()) else "",
+        initial_tensor=name if any_nonzero(tensor) else "",
     )
+
+
+def any_nonzero(tensor: torch.Tensor, chunk_elements: int = 1 << 26) -> bool:
+    """Whether any element is nonzero, reading the tensor in bounded chunks so a
+    buffer of tens of GiB (an 8B model's KV pages) needs no temporary of its size."""
+    flat = tensor.reshape(-1) if tensor.is_contiguous() else tensor.flatten()
+    return any(bool(chunk.any()) for chunk in flat.split(chunk_elements))
 
 
 def contract_message(prepared: PreparedModel) -> pb.PreparedContract:
