@@ -51,7 +51,10 @@ def _add_preparation(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--kv-pages", type=int, help="KV pages (default: sized from free memory)")
     parser.add_argument(
-        "--snapshot-rows", type=int, default=16, help="prefix-checkpoint rows (default 16)"
+        "--snapshot-rows",
+        type=int,
+        default=None,
+        help="prefix-checkpoint rows (default 32 per concurrent request)",
     )
     parser.add_argument(
         "--gpu-reserve-gib",

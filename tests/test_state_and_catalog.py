@@ -11,6 +11,7 @@ from ignition.components.state_transfer import SnapshotRows
 from ignition.components.token_state import RequestState, StagingInputs
 from ignition.preparation.catalog import Catalog, CatalogError, GraphKind
 from ignition.preparation.memory import GIB, MIB, MemoryPlanError, plan_kv_pages
+from ignition.preparation.prepared import PrepareOptions, snapshot_rows
 
 
 def test_catalog_capacities() -> None:
@@ -40,6 +41,13 @@ def test_catalog_rejects_unsupported_values(concurrency: int, chunk: int, contex
 def test_catalog_rejects_more_rows_than_the_largest_capacity() -> None:
     with pytest.raises(CatalogError):
         Catalog.plan(4, 128, 1024, 64).decode_capacity(5)
+
+
+def test_snapshot_rows_default_to_32_per_concurrent_request() -> None:
+    assert snapshot_rows(PrepareOptions()) == 128
+    assert snapshot_rows(PrepareOptions(max_concurrency=8)) == 256
+    assert snapshot_rows(PrepareOptions(snapshot_rows=2)) == 2
+    assert snapshot_rows(PrepareOptions(snapshot_rows=0)) == 0
 
 
 def test_kv_page_plan_arithmetic() -> None:

@@ -442,62 +442,108 @@ fn cancelling_everything_while_snapshots_are_in_flight_leaks_nothing() {
     }
 }
 
+/// The benchmark agent trace's setup: 64-token pages, room for 16K-token
+/// conversations, the cache over `rows` rows.
+fn agent_setup(rows: u32) -> Setup {
+    Setup {
+        page_size: 64,
+        prefill_capacities: vec![64, 128],
+        context_limit: 16384,
+        kv_pages: 16384 / 64 * 4 + 1,
+        ..Setup::default()
+    }
+    .with_cache(rows, dense_row())
+}
+
+const AGENT_HEADER: [u32; 3] = [7, 8, 9];
+
 /// An agent's conversation as the HTTP layer submits it for the benchmark's
 /// trace: each turn's prompt is the previous one (its generation header
 /// included: ChatML renders the assistant's tool call right after it), a
 /// fixed tool call that replaces the model's answer, its result, and the
 /// header again; the message endpoints are the ends of the last few
-/// messages. The terminal captures are never extended. Over many turns, with
-/// the pool under snapshot pressure, every turn must prefill only what it
-/// appended and the header.
+/// messages. The terminal captures are never extended. Returns each turn's
+/// prompt and the tokens it prefilled.
+fn agent_turns(
+    setup: &Setup,
+    scheduler: &mut Scheduler<TestExecutor>,
+    turns: u64,
+) -> (Vec<Vec<u32>>, Vec<usize>) {
+    let mut history: Vec<u32> = prompt(200, 1);
+    let mut ends: Vec<u32> = vec![40, 200];
+    let (mut prompts, mut prefills) = (Vec::new(), Vec::new());
+    for turn in 0..turns {
+        let mut tokens = history.clone();
+        tokens.extend(AGENT_HEADER);
+        let recent: Vec<u32> = ends.iter().rev().take(4).rev().copied().collect();
+        let request = RequestSpec {
+            prompt: tokens.clone(),
+            message_endpoints: recent,
+            ..spec(1, 16, turn)
+        };
+        let launches = serve_checked(setup, scheduler, &request);
+        prefills.push(prefilled(&launches));
+        prompts.push(tokens.clone());
+        // The model's answer is not part of the trace: a fixed tool call
+        // and its result follow the prompt.
+        history = tokens;
+        history.extend(prompt(20, 1000 + turn));
+        ends.push(history.len() as u32);
+        history.extend(prompt(150 + (turn as usize * 37) % 200, 2000 + turn));
+        ends.push(history.len() as u32);
+    }
+    (prompts, prefills)
+}
+
+/// Over many turns, with the pool under snapshot pressure, every turn of the
+/// agent trace must prefill only what it appended and the header.
 #[test]
 fn an_agent_trace_prefills_only_each_turns_new_messages() {
     for rows in [16, 8] {
-        let setup = Setup {
-            page_size: 64,
-            prefill_capacities: vec![64, 128],
-            context_limit: 16384,
-            kv_pages: 16384 / 64 * 4 + 1,
-            ..Setup::default()
-        }
-        .with_cache(rows, dense_row());
+        let setup = agent_setup(rows);
         let mut scheduler = setup.scheduler();
-        const HEADER: u32 = 3;
-        let header = [7, 8, 9];
-        let mut history: Vec<u32> = prompt(200, 1);
-        let mut ends: Vec<u32> = vec![40, 200];
-        let mut turn_prefills = Vec::new();
-        for turn in 0..30u64 {
-            let mut tokens = history.clone();
-            tokens.extend(header);
-            let recent: Vec<u32> = ends.iter().rev().take(4).rev().copied().collect();
-            let request = RequestSpec {
-                prompt: tokens.clone(),
-                message_endpoints: recent,
-                ..spec(1, 16, turn)
-            };
-            let launches = serve_checked(&setup, &mut scheduler, &request);
-            turn_prefills.push(prefilled(&launches));
-            // The model's answer is not part of the trace: a fixed tool call
-            // and its result follow the prompt.
-            history = tokens;
-            let call = prompt(20, 1000 + turn);
-            history.extend(&call);
-            ends.push(history.len() as u32);
-            let result = prompt(150 + (turn as usize * 37) % 200, 2000 + turn);
-            history.extend(&result);
-            ends.push(history.len() as u32);
-        }
+        let (_, turn_prefills) = agent_turns(&setup, &mut scheduler, 30);
         for (turn, &prefilled) in turn_prefills.iter().enumerate().skip(1) {
             let appended = 20 + 150 + ((turn - 1) * 37) % 200;
             assert!(
-                prefilled <= appended + HEADER as usize,
+                prefilled <= appended + AGENT_HEADER.len(),
                 "rows {rows}, turn {turn}: prefilled {prefilled} for {appended} appended: \
                  {turn_prefills:?}"
             );
         }
         assert_clean(&scheduler);
     }
+}
+
+/// A branch of the trace's middle turn (another tool call and result after
+/// that turn's prompt), sent after 30 turns, restores the whole history it
+/// shares when the pool holds the conversation's checkpoints (the prepared
+/// default is 32 rows per concurrent request: 128 here). Each turn left a
+/// terminal checkpoint the next prompt does not extend, so every prompt
+/// checkpoint has two children and none can be thinned: under a small pool
+/// the design's rules evict from the oldest turn on, and the branch would
+/// find nothing.
+#[test]
+fn a_branch_of_an_earlier_turn_restores_the_history_it_shares() {
+    let setup = agent_setup(128);
+    let mut scheduler = setup.scheduler();
+    let (prompts, _) = agent_turns(&setup, &mut scheduler, 30);
+    let shared = &prompts[15];
+    let mut branch = shared.clone();
+    branch.extend(prompt(20, 5000));
+    let call_end = branch.len() as u32;
+    branch.extend(prompt(200, 6000));
+    let result_end = branch.len() as u32;
+    branch.extend(AGENT_HEADER);
+    let request = RequestSpec {
+        prompt: branch.clone(),
+        message_endpoints: vec![call_end, result_end],
+        ..spec(1, 16, 99)
+    };
+    let launches = serve_checked(&setup, &mut scheduler, &request);
+    assert_eq!(prefilled(&launches), branch.len() - shared.len());
+    assert_eq!(count(&launches, OperationKind::Restore), 1);
+    assert_clean(&scheduler);
 }
 
 /// A queued request that would not fit even with every cached page evicted

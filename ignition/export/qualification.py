@@ -30,9 +30,9 @@ from ignition.replay.packing import SamplingParams, pack_admission, pack_chunk, 
 
 # Buffers the host may write between launches (by manifest-name prefix).
 HOST_WRITTEN = ("state.", "staging.")
-# Buffers too large to digest after every step: pages every ``full_every`` steps,
-# weights (which no graph writes) only at the last step.
-LARGE = ("kv.", "weight.")
+# Buffers too large to digest after every step: pages and snapshot-row pages every
+# ``full_every`` steps, weights (which no graph writes) only at the last step.
+LARGE = ("kv.", "weight.", "snapshot.kv")
 READ_ONLY = ("weight.",)
 
 

@@ -30,6 +30,12 @@ from ignition.preparation.progress import console, phase
 from ignition.preparation.steps import Storage, build_steps, decode_forward, prefill_forward
 from recipes import llama
 
+# Default prefix-checkpoint rows per concurrent request. A request captures at most
+# eight checkpoints (the design's budget cap); the pool keeps four times that per
+# slot so older turns of long conversations survive for branches (a row costs one KV
+# page and one hidden vector: 1.4 MiB for SmolLM2-135M, 9 MiB for Qwen3-8B).
+SNAPSHOT_ROWS_PER_SLOT = 32
+
 
 @dataclass(frozen=True)
 class PrepareOptions:
@@ -37,7 +43,8 @@ class PrepareOptions:
     prefill_chunk_size: int = 4096
     context_limit: int | None = None
     kv_pages: int | None = None
-    snapshot_rows: int = 16
+    # Prefix-checkpoint rows; None: SNAPSHOT_ROWS_PER_SLOT per concurrent request.
+    snapshot_rows: int | None = None
     gpu_reserve_gib: float = 2.0
     capture_headroom_gib: float = 2.0
     compile: bool = True
@@ -46,6 +53,13 @@ class PrepareOptions:
     keep_graphs: bool = False
     device: str = "cuda"
     dtype: torch.dtype = torch.bfloat16
+
+
+def snapshot_rows(options: PrepareOptions) -> int:
+    """The prefix-checkpoint rows ``options`` prepare."""
+    if options.snapshot_rows is not None:
+        return options.snapshot_rows
+    return SNAPSHOT_ROWS_PER_SLOT * options.max_concurrency
 
 
 @dataclass
@@ -197,7 +211,8 @@ def prepare(
         geometry.layers, llama.PAGE_SIZE, geometry.kv_heads, geometry.head_dim, options.dtype
     )
     useful_pages = 1 + options.max_concurrency * catalog.max_pages_per_request
-    snapshot_bytes = options.snapshot_rows * (per_page + geometry.hidden * options.dtype.itemsize)
+    rows = snapshot_rows(options)
+    snapshot_bytes = rows * (per_page + geometry.hidden * options.dtype.itemsize)
     if options.kv_pages is not None:
         pages = options.kv_pages
     elif device.type == "cuda":
@@ -223,7 +238,7 @@ def prepare(
             device,
         ).kv
     with placement.region("snapshot_rows"):
-        snapshots = SnapshotRows.allocate(options.snapshot_rows, cache, geometry.hidden, device)
+        snapshots = SnapshotRows.allocate(rows, cache, geometry.hidden, device)
     storage = Storage(state, cache, snapshots, staging)
 
     decode = decode_forward(model, llama.PAGE_SIZE)
