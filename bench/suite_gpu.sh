@@ -19,7 +19,8 @@
 # WORK (default /tmp/flare-suite) holds checkpoints and cores between stages;
 # WHEELS, when set, names folders of wheels (space-separated) installed first (the
 # machine has no registry): gguf and flare_heliopause, plus openai's and
-# transformers serve's dependencies for the baselines.
+# transformers serve's dependencies for the baselines. PREPARE_ARGS, when set, adds
+# options to `ignition prepare` (for example --no-compile).
 set -uo pipefail
 usage="usage: bench/suite_gpu.sh STAGE OUT [GGUF|FLARE] (see the header)"
 stage=${1:?$usage}
@@ -68,7 +69,8 @@ prepare_core() {
   local checkpoint=$1 core=$2
   shift 2
   rm -rf "$core"
-  python3 -m ignition.cli prepare "$checkpoint" --out "$core" --max-concurrency 4 "$@" \
+  # shellcheck disable=SC2086 # PREPARE_ARGS is a list of options
+  python3 -m ignition.cli prepare "$checkpoint" --out "$core" --max-concurrency 4 "$@" ${PREPARE_ARGS:-} \
     > "$out/prepare.log" 2>&1 || { tail -30 "$out/prepare.log"; return 1; }
   tail -25 "$out/prepare.log"
 }
