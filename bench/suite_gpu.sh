@@ -149,7 +149,10 @@ case $stage in
     rm -rf "$qwen" "$qwen.geometry"
     python3 -m ignition.loading.random_weights --geometry qwen3-8b --out "$qwen" --safetensors \
       > "$out/weights.log" 2>&1 || { tail -30 "$out/weights.log"; exit 1; }
-    prepare_core "$qwen" "$qwen_core" --context-limit 40960
+    # 1,024 pages of 64 tokens: the 32K agent trace, its branch and the cache's
+    # chains; sized from free memory (23 GiB) the pages make qualification's
+    # digests outlast a call.
+    prepare_core "$qwen" "$qwen_core" --context-limit 40960 --kv-pages 1024
     ;;
   qwen3-8b-flare)
     flare_stage "$qwen_core" "$qwen" qwen3-8b "${1:?$usage}" "${qwen_suite[@]}"
