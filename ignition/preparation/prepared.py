@@ -148,7 +148,7 @@ def _capture(
                 steps[key]()
             torch.cuda.synchronize()
             graphs[key] = graph
-            advance(1)
+            advance(1, str(key))
     return graphs
 
 
@@ -156,7 +156,7 @@ def _warm_up(steps: dict[GraphKey, Callable[[], None]], keys: list[GraphKey]) ->
     with phase("warm-up (compile)", len(keys)) as advance:
         for key in keys:
             steps[key]()
-            advance(1)
+            advance(1, str(key))
 
 
 def prepare(
