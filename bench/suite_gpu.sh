@@ -15,6 +15,9 @@
 #   bench/suite_gpu.sh qwen3-8b-floor    OUT
 #   bench/suite_gpu.sh qwen3-8b-timeline OUT
 #   bench/suite_gpu.sh report            OUT         summary table and plots of OUT/*.json
+#   bench/suite_gpu.sh caches-save       OUT         the Inductor and Triton caches as
+#                                                    15 MiB parts (a later machine restores
+#   bench/suite_gpu.sh caches-restore    OUT DIR     them from DIR and skips recompiling)
 #
 # WORK (default /tmp/flare-suite) holds checkpoints and cores between stages;
 # WHEELS, when set, names folders of wheels (space-separated) installed first (the
@@ -22,7 +25,7 @@
 # transformers serve's dependencies for the baselines. PREPARE_ARGS, when set, adds
 # options to `ignition prepare` (for example --no-compile).
 set -uo pipefail
-usage="usage: bench/suite_gpu.sh STAGE OUT [GGUF|FLARE] (see the header)"
+usage="usage: bench/suite_gpu.sh STAGE OUT [GGUF|FLARE|DIR] (see the header)"
 stage=${1:?$usage}
 out=${2:?$usage}
 shift 2
@@ -164,6 +167,15 @@ case $stage in
     python3 -m bench.suite --replay "$qwen" --engine python-floor --out "$out/python-floor.json" \
       --tokenizer "$qwen" --geometry qwen3-8b --context-limit 40960 "${qwen_suite[@]}" \
       2>&1 | tee "$out/python-floor.log"
+    ;;
+  caches-save)
+    tar -C /tmp -czf - flare-inductor flare-triton | split -b 15m - "$out/compile-caches.tgz.part-"
+    ls -l "$out"/compile-caches.tgz.part-*
+    ;;
+  caches-restore)
+    folder=${1:?$usage}
+    cat "$folder"/compile-caches.tgz.part-* | tar -C /tmp -xzf - || exit 1
+    du -sh /tmp/flare-inductor /tmp/flare-triton
     ;;
   report)
     python3 -m bench.suite.report "$out"/*.json --out-dir "$out/report" 2>&1 | tee "$out/report.log"
