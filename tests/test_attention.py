@@ -22,13 +22,14 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from ignition.components import attention
+from ignition.components import attention, triton_attention
 from ignition.components.attention import (
     paged_decode_attention_ref,
     paged_prefill_attention_ref,
     triton_paged_decode_attention,
     triton_paged_prefill_attention,
 )
+from ignition.components.triton_attention import MAX_PREFILL_SPLITS, prefill_splits
 
 TOLERANCE = 1e-2
 # The small-geometry tests run on the GPU where there is one (the kernels only run
@@ -50,6 +51,7 @@ class Geometry:
 
 SMALL = Geometry(num_heads=4, num_kv_heads=2, head_dim=32, page_size=16)
 SERVING = Geometry(num_heads=32, num_kv_heads=8, head_dim=128, page_size=64)
+SMOL = Geometry(num_heads=9, num_kv_heads=3, head_dim=64, page_size=64)  # SmolLM2-135M
 
 
 @dataclass
@@ -176,6 +178,70 @@ def check_decode(
         assert torch.equal(mirrored.flip(0), out), "output depends on the row's batch index"
 
 
+@dataclass
+class PrefillInputs:
+    q: torch.Tensor  # on the CPU: the reference reads it there
+    kv: torch.Tensor
+    table: torch.Tensor
+    start: torch.Tensor
+    n_valid: torch.Tensor
+
+
+def prefill_inputs(
+    geometry: Geometry, chunk: int, start: int, n_valid: int, *, seed: int, device: str
+) -> PrefillInputs:
+    """One chunk of ``chunk`` rows (the last ``chunk - n_valid`` NaN padding) after
+    ``start`` cached tokens, on shuffled pages."""
+    max_pages = -(-(start + chunk) // geometry.page_size) + 1
+    # Request 0 is the prefilled one (history plus this chunk's real tokens); request 1
+    # only owns pages, left NaN, that must never be read.
+    reqs = make_requests(
+        geometry, [start + n_valid, 2 * geometry.page_size], max_pages=max_pages, seed=seed
+    )
+    q = random_q(chunk, geometry, seed + 1)
+    q[n_valid:] = float("nan")
+    return PrefillInputs(
+        q=q,
+        kv=reqs.kv([0], device),
+        table=reqs.tables[0].to(device),
+        start=torch.tensor([start], dtype=torch.int32, device=device),
+        n_valid=torch.tensor([n_valid], dtype=torch.int32, device=device),
+    )
+
+
+def run_prefill(
+    inputs: PrefillInputs,
+    geometry: Geometry,
+    q: torch.Tensor | None = None,
+    *,
+    block_t: int | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """The Triton kernel on ``inputs`` (with ``q`` in place of ``inputs.q`` if given)."""
+    q = inputs.q if q is None else q
+    return triton_paged_prefill_attention(
+        q.to(inputs.kv.device),
+        inputs.kv,
+        inputs.table,
+        inputs.start,
+        inputs.n_valid,
+        geometry.scale,
+        block_t=block_t,
+        num_splits=num_splits,
+    )
+
+
+def prefill_ref(inputs: PrefillInputs, geometry: Geometry) -> torch.Tensor:
+    return paged_prefill_attention_ref(
+        inputs.q,
+        inputs.kv.cpu(),
+        inputs.table.cpu(),
+        inputs.start.cpu(),
+        inputs.n_valid.cpu(),
+        geometry.scale,
+    )
+
+
 def check_prefill(
     geometry: Geometry,
     chunk: int,
@@ -185,28 +251,14 @@ def check_prefill(
     seed: int,
     device: str = LOCAL_DEVICE,
     block_t: int | None = None,
-) -> None:
+    num_splits: int | None = None,
+) -> torch.Tensor:
     """Reference match, exact zeros for padding rows, no NaN; padding rows (NaN in q)
-    do not change the real rows."""
-    max_pages = -(-(start + chunk) // geometry.page_size) + 1
-    # Request 0 is the prefilled one (history plus this chunk's real tokens); request 1
-    # only owns pages, left NaN, that must never be read.
-    reqs = make_requests(
-        geometry, [start + n_valid, 2 * geometry.page_size], max_pages=max_pages, seed=seed
-    )
-    kv = reqs.kv([0], device)
-    table = reqs.tables[0].to(device)
-    q = random_q(chunk, geometry, seed + 1)
-    q[n_valid:] = float("nan")
-    start_t = torch.tensor([start], dtype=torch.int32, device=device)
-    n_valid_t = torch.tensor([n_valid], dtype=torch.int32, device=device)
-
-    out = triton_paged_prefill_attention(
-        q.to(device), kv, table, start_t, n_valid_t, geometry.scale, block_t=block_t
-    )
-    ref = paged_prefill_attention_ref(
-        q, kv.cpu(), table.cpu(), start_t.cpu(), n_valid_t.cpu(), geometry.scale
-    )
+    do not change the real rows. Returns the output."""
+    inputs = prefill_inputs(geometry, chunk, start, n_valid, seed=seed, device=device)
+    q = inputs.q
+    out = run_prefill(inputs, geometry, block_t=block_t, num_splits=num_splits)
+    ref = prefill_ref(inputs, geometry)
     assert out.shape == q.shape and out.dtype == torch.bfloat16
     assert not out.isnan().any()
     assert torch.all(out[n_valid:] == 0), "padding rows are not zero"
@@ -216,10 +268,9 @@ def check_prefill(
 
     q_other = q.clone()
     q_other[n_valid:] = 1.0
-    again = triton_paged_prefill_attention(
-        q_other.to(device), kv, table, start_t, n_valid_t, geometry.scale, block_t=block_t
-    )
+    again = run_prefill(inputs, geometry, q_other, block_t=block_t, num_splits=num_splits)
     assert torch.equal(again, out), "padding rows changed the real rows"
+    return out
 
 
 # --- small geometry: Triton interpreter on CPU, or the GPU where there is one ----------
@@ -259,6 +310,7 @@ def test_decode_group_not_power_of_two() -> None:
     check_decode(geometry, [33, 0, 16], max_pages=3, seed=13, num_splits=4)
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("block_t", [None, 8])
 @pytest.mark.parametrize(
     ("start", "n_valid"),
@@ -273,23 +325,92 @@ def test_decode_group_not_power_of_two() -> None:
         (47, 9),
     ],
 )
-def test_prefill_small(start: int, n_valid: int, block_t: int | None) -> None:
-    check_prefill(SMALL, 32, start, n_valid, seed=start * 64 + n_valid, block_t=block_t)
+def test_prefill_small(start: int, n_valid: int, block_t: int | None, num_splits: int) -> None:
+    check_prefill(
+        SMALL,
+        32,
+        start,
+        n_valid,
+        seed=start * 64 + n_valid,
+        block_t=block_t,
+        num_splits=num_splits,
+    )
 
 
-def test_prefill_page_64_head_dim_64() -> None:
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_prefill_page_64_head_dim_64(num_splits: int) -> None:
     geometry = Geometry(num_heads=4, num_kv_heads=2, head_dim=64, page_size=64)
-    check_prefill(geometry, 48, 63, 40, seed=5, block_t=8)
+    check_prefill(geometry, 48, 63, 40, seed=5, block_t=8, num_splits=num_splits)
 
 
 def test_prefill_group_not_power_of_two() -> None:
     geometry = Geometry(num_heads=6, num_kv_heads=2, head_dim=32, page_size=16)
-    check_prefill(geometry, 24, 5, 20, seed=6, block_t=4)
+    check_prefill(geometry, 24, 5, 20, seed=6, block_t=4, num_splits=1)
+
+
+# Split-KV prefill after a long history: tiles of 8 tokens, so the tiles' page counts
+# differ and split boundaries fall in different places per tile. Split s of a tile takes
+# pages [s * pps, (s + 1) * pps) of its total_pages, pps = cdiv(total_pages, num_splits).
+#   start 95, n_valid 32: tile 0 (positions 95..102) has 6 full pages and 1 tail page, so
+#     with 3 or 7 splits the last split is page 6 alone, which position 95 cannot see
+#     (a row with no visible key in its split); with 2, split 1 mixes full pages and the
+#     tail. Tiles 2 and 3 have 8 pages: with 7 splits (pps 2) splits 4..6 are empty.
+#   start 95, n_valid 21: as above, tile 3 is padding only (no pages in any split).
+#   start 108, n_valid 13: tile 0's tail spans 2 pages; tiles 2 and 3 are padding only.
+@pytest.mark.parametrize("num_splits", [2, 3, 7])
+@pytest.mark.parametrize(("start", "n_valid"), [(95, 32), (95, 21), (108, 13)])
+def test_prefill_split_long_history(start: int, n_valid: int, num_splits: int) -> None:
+    check_prefill(SMALL, 32, start, n_valid, seed=start + n_valid, block_t=8, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("num_splits", [3, 7])
+def test_prefill_split_group_not_power_of_two(num_splits: int) -> None:
+    # Group 3 padded to 4, tiles of 4 tokens. Position 79 ends page 4, so tile 0 has 5
+    # full pages and page 5 as its tail, which its first row cannot see; with 7 splits
+    # that page is a split of its own and the last split is empty.
+    geometry = Geometry(num_heads=6, num_kv_heads=2, head_dim=32, page_size=16)
+    check_prefill(geometry, 24, 79, 19, seed=8, block_t=4, num_splits=num_splits)
+
+
+def test_prefill_split_default() -> None:
+    # One tile of 32 tokens x 2 kv heads: the default asks for the most splits; 8 pages
+    # give one page per split and leave splits 8..15 empty.
+    assert prefill_splits(32, 32, SMALL.num_kv_heads) == MAX_PREFILL_SPLITS == 16
+    check_prefill(SMALL, 32, 95, 21, seed=9)
+
+
+def test_prefill_splits_rule() -> None:
+    # SmolLM2-135M (3 kv heads, group 3 padded to 4: tiles of 16 tokens): 8 tiles x 3 kv
+    # heads = 24 programs -> 11 splits; 96 -> 3; 384 programs need no split.
+    assert prefill_splits(128, 16, 3) == 11
+    assert prefill_splits(512, 16, 3) == 3
+    assert prefill_splits(2048, 16, 3) == 1
+    # 8 kv heads: 64 programs -> 5; 256 -> 2; 264 (the target) -> 1.
+    assert prefill_splits(128, 16, 8) == 5
+    assert prefill_splits(512, 16, 8) == 2
+    assert prefill_splits(528, 16, 8) == 1
+    assert prefill_splits(1, 16, 3) == MAX_PREFILL_SPLITS
+    assert prefill_splits(0, 16, 3) == 1
+    for kv_heads in (1, 2, 3, 8):
+        for tokens in range(1, 3000, 7):
+            assert 1 <= prefill_splits(tokens, 16, kv_heads) <= MAX_PREFILL_SPLITS
+
+
+def test_prefill_default_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default runs the single-pass kernel when the grid is wide enough and the split
+    kernel otherwise, bitwise as the explicit choice. "Wide enough" is 264 programs, too
+    many for the interpreter, so the target is lowered to 8 here."""
+    monkeypatch.setattr(triton_attention, "PREFILL_TARGET_PROGRAMS", 8)
+    inputs = prefill_inputs(SMALL, 32, 95, 21, seed=10, device=LOCAL_DEVICE)
+    assert prefill_splits(32, 8, SMALL.num_kv_heads) == 1  # 4 tiles x 2 kv heads
+    default = run_prefill(inputs, SMALL, block_t=8)
+    assert torch.equal(default, run_prefill(inputs, SMALL, block_t=8, num_splits=1))
+    assert prefill_splits(32, 16, SMALL.num_kv_heads) == 2  # 2 tiles x 2 kv heads
+    default = run_prefill(inputs, SMALL, block_t=16)
+    assert torch.equal(default, run_prefill(inputs, SMALL, block_t=16, num_splits=2))
 
 
 def test_num_splits_default_matches_kernels() -> None:
-    from ignition.components import triton_attention
-
     assert attention.DEFAULT_NUM_SPLITS == triton_attention.DEFAULT_NUM_SPLITS
 
 
@@ -326,6 +447,38 @@ def test_decode_gpu(lengths: list[int]) -> None:
 @pytest.mark.parametrize("short", [0, 37])
 def test_prefill_gpu(chunk: int, start: int, short: int) -> None:
     check_prefill(SERVING, chunk, start, chunk - short, seed=chunk + start + short, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [None, MAX_PREFILL_SPLITS])
+@pytest.mark.parametrize("start", [8000, 8033])
+@pytest.mark.parametrize(("chunk", "n_valid"), [(128, 11), (512, 370)])
+@pytest.mark.parametrize("geometry", [SMOL, SERVING], ids=["smol", "serving"])
+def test_prefill_split_gpu(
+    geometry: Geometry, chunk: int, n_valid: int, start: int, num_splits: int | None
+) -> None:
+    # The prefix-cache case: a short chunk after a long cached history. By default SmolLM2
+    # gets 11 splits at capacity 128 and 3 at 512; the serving geometry 5 and 2.
+    check_prefill(
+        geometry,
+        chunk,
+        start,
+        n_valid,
+        seed=start + chunk + n_valid + geometry.head_dim,
+        device="cuda",
+        num_splits=num_splits,
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("geometry", [SMOL, SERVING], ids=["smol", "serving"])
+def test_prefill_large_chunk_single_pass_gpu(geometry: Geometry) -> None:
+    # 128 tiles of 16 tokens x 3 or 8 kv heads fill the GPU: the default is the
+    # single-pass kernel, bitwise.
+    assert prefill_splits(2048, 16, geometry.num_kv_heads) == 1
+    out = check_prefill(geometry, 2048, 4096, 2000, seed=21, device="cuda")
+    inputs = prefill_inputs(geometry, 2048, 4096, 2000, seed=21, device="cuda")
+    assert torch.equal(out, run_prefill(inputs, geometry, num_splits=1))
 
 
 def _capture(fn: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
@@ -393,13 +546,14 @@ def test_decode_cuda_graph_replay() -> None:
         assert torch.equal(out, step()), f"replay {i} differs from an eager call"
 
 
-@pytest.mark.gpu
-def test_prefill_cuda_graph_replay() -> None:
-    g = SERVING
-    chunk = 128
-    max_pages = -(-(4096 + chunk) // g.page_size) + 1
+def check_prefill_replay(
+    g: Geometry, chunk: int, scenarios: Sequence[tuple[int, int]], num_splits: int | None
+) -> None:
+    """Captures one call with ``scenarios[0]`` (start, n_valid), replays the graph with
+    each other scenario written into the captured tensors, and checks every replay."""
+    max_start = max(first for first, _ in scenarios)
+    max_pages = -(-(max_start + chunk) // g.page_size) + 1
     num_pages = 1 + max_pages + 8
-    scenarios = [(0, 128), (4096, 128), (1000, 77), (63, 1), (64, 0)]  # (start, n_valid)
     q = torch.empty((chunk, g.num_heads, g.head_dim), dtype=torch.bfloat16, device="cuda")
     kv = torch.empty(
         (2, num_pages, g.page_size, g.num_kv_heads, g.head_dim),
@@ -424,7 +578,9 @@ def test_prefill_cuda_graph_replay() -> None:
         n_valid.fill_(count)
 
     def step() -> torch.Tensor:
-        return triton_paged_prefill_attention(q, kv, table, start, n_valid, g.scale)
+        return triton_paged_prefill_attention(
+            q, kv, table, start, n_valid, g.scale, num_splits=num_splits
+        )
 
     load(0)
     graph, out = _capture(step)
@@ -442,3 +598,20 @@ def test_prefill_cuda_graph_replay() -> None:
             err = rel_l2(out[:count], ref[:count])
             assert err < TOLERANCE, f"replay {i}: rel L2 {err:.2e}"
         assert torch.equal(out, step()), f"replay {i} differs from an eager call"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [1, None])
+def test_prefill_cuda_graph_replay(num_splits: int | None) -> None:
+    # (start, n_valid); the default gives 5 splits here.
+    scenarios = [(0, 128), (4096, 128), (1000, 77), (63, 1), (64, 0)]
+    check_prefill_replay(SERVING, 128, scenarios, num_splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("chunk", [128, 512])
+def test_prefill_split_cuda_graph_replay(chunk: int) -> None:
+    # SmolLM2 with its default splits (11 at capacity 128, 3 at 512), captured on a
+    # short chunk after a long history and replayed with other histories and lengths.
+    scenarios = [(8000, 11), (6000, chunk - 1), (0, chunk), (8191, 1), (4096, 0), (63, 77)]
+    check_prefill_replay(SMOL, chunk, scenarios, None)

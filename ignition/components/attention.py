@@ -69,6 +69,7 @@ def triton_paged_prefill_attention(
     scale: float,
     *,
     block_t: int | None = None,
+    num_splits: int | None = None,
 ) -> torch.Tensor:
     """Flash-attention-style Triton causal attention for one request's prefill chunk.
 
@@ -77,11 +78,14 @@ def triton_paged_prefill_attention(
     n_valid: int32 ``[1]``, the number of real tokens. Row ``i < n_valid`` attends keys
     ``[0, start + i]`` (the chunk's own keys are already in the cache); rows
     ``i >= n_valid`` are padding, come back as zeros and affect no other row.
+
+    ``num_splits`` (split-KV over the context's pages, for short chunks after a long
+    history) defaults to a count picked from the shapes; 1 is the single-pass kernel.
     """
     from ignition.components import triton_attention
 
     return triton_attention.triton_paged_prefill_attention(
-        q, kv, page_table_row, start, n_valid, scale, block_t=block_t
+        q, kv, page_table_row, start, n_valid, scale, block_t=block_t, num_splits=num_splits
     )
 
 

@@ -10,7 +10,14 @@ that varies per step (sequence lengths, chunk start, valid-token count, page tab
 read from device tensors inside the kernels; the launch grid and every constexpr depend
 only on tensor shapes. Nothing here calls ``.item()`` or allocates a data-dependent shape.
 
-Both kernels work in the log2 domain (scores pre-multiplied by ``scale * log2(e)``, then
+Decode is split-KV ("flash decoding"): ``_decode_split_kernel`` runs each row's pages in
+NUM_SPLITS contiguous ranges and writes fp32 partial softmaxes, ``_decode_combine_kernel``
+merges them. Prefill has two paths over the same keys: ``_prefill_kernel``, where one
+program per (token tile, kv head) walks the tile's whole context and normalises in place,
+and, for short chunks after a long history (too few tiles to fill the GPU), the split-KV
+pair ``_prefill_split_kernel`` + ``_prefill_combine_kernel``.
+
+All kernels work in the log2 domain (scores pre-multiplied by ``scale * log2(e)``, then
 ``exp2``), accumulate in fp32, and cast the softmax probabilities to the cache dtype for
 the P @ V product.
 """
@@ -35,6 +42,15 @@ DEFAULT_NUM_SPLITS = 16
 # accumulator at 64 registers per thread for head_dim 128 with 4 warps, and gives small
 # chunks (T=128) more programs than 128-row tiles would.
 DEFAULT_PREFILL_ROWS = 64
+# Split-KV prefill: aim for about two programs per SM (132 SMs on an H200). A short chunk
+# after a long history has few token tiles, each walking the whole context serially;
+# splitting the pages fills the GPU and shortens each walk. Capped because the fp32
+# partials grow with the split count and the combine pass reads them all. A grid of at
+# least this many (tile, kv head) programs runs the plain kernel (one split).
+PREFILL_TARGET_PROGRAMS = 264
+MAX_PREFILL_SPLITS = 16
+# Chunk tokens per program of the prefill combine (one query head each).
+PREFILL_COMBINE_TOKENS = 16
 # tl.dot needs every operand dimension to be at least 16.
 _MIN_DOT = 16
 
@@ -315,6 +331,194 @@ def _prefill_kernel(
     )
 
 
+@triton.jit
+def _prefill_split_kernel(
+    q_ptr,
+    kv_ptr,
+    page_table_ptr,
+    start_ptr,
+    n_valid_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    part_acc_ptr,
+    qk_scale,
+    T,
+    stride_qt,
+    stride_qh,
+    stride_qd,
+    stride_kv,
+    stride_kvp,
+    stride_kvs,
+    stride_kvh,
+    stride_kvd,
+    stride_ptp,
+    stride_mt,
+    stride_mh,
+    stride_ms,
+    stride_at,
+    stride_ah,
+    stride_as,
+    stride_ad,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """One (token tile, kv head, split): ``_prefill_kernel``'s rows against a contiguous
+    range of the tile's pages; writes unnormalised partial results."""
+    tile = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    BLOCK_R: tl.constexpr = BLOCK_T * GROUP_PAD
+
+    start = tl.load(start_ptr)
+    n_valid = tl.minimum(tl.load(n_valid_ptr), T)
+
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_s = tl.arange(0, PAGE_SIZE)
+    t = tile * BLOCK_T + offs_r // GROUP_PAD
+    g = offs_r % GROUP_PAD
+    heads = kvh * GROUP + g
+    row_real = (t < T) & (g < GROUP)
+    row_valid = row_real & (t < n_valid)
+    q_pos = start + t
+
+    q = tl.load(
+        q_ptr + t[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+        mask=row_valid[:, None],
+        other=0.0,
+    )
+
+    # The tile's key range, full pages and tail exactly as in _prefill_kernel; this split
+    # takes pages [page_lo, page_hi) of [0, total_pages), empty for late splits of short
+    # ranges (and for tiles of padding only).
+    tile_first = tile * BLOCK_T
+    n_tile = tl.minimum(tl.maximum(n_valid - tile_first, 0), BLOCK_T)
+    kv_end = tl.where(n_tile > 0, start + tile_first + n_tile, 0)
+    total_pages = tl.cdiv(kv_end, PAGE_SIZE)
+    full_pages = tl.where(n_tile > 0, (start + tile_first + 1) // PAGE_SIZE, 0)
+    per_split = tl.cdiv(total_pages, NUM_SPLITS)
+    page_lo = split * per_split
+    page_hi = tl.minimum(page_lo + per_split, total_pages)
+
+    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, HEAD_DIM], tl.float32)
+
+    tile_off = kvh * stride_kvh + offs_s[:, None] * stride_kvs + offs_d[None, :] * stride_kvd
+    # Full pages come first and every row sees all their keys, so m_i is finite after the
+    # first of them (no -inf - -inf in alpha).
+    for p in range(page_lo, tl.minimum(page_hi, full_pages)):
+        page = tl.load(page_table_ptr + p * stride_ptp).to(tl.int64)
+        page_ptr = kv_ptr + page * stride_kvp + tile_off
+        k = tl.load(page_ptr)
+        v = tl.load(page_ptr + stride_kv)
+        qk = _dot(q, tl.trans(k), UPCAST) * qk_scale
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p_ij = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p_ij, 1)
+        acc = acc * alpha[:, None] + _dot(p_ij.to(v.dtype), v, UPCAST)
+        m_i = m_new
+
+    for p in range(tl.maximum(page_lo, full_pages), page_hi):
+        page = tl.load(page_table_ptr + p * stride_ptp).to(tl.int64)
+        page_ptr = kv_ptr + page * stride_kvp + tile_off
+        k_pos = p * PAGE_SIZE + offs_s
+        key_ok = k_pos < kv_end
+        # Keys at or past kv_end are never read (unwritten chunk padding may be NaN).
+        k = tl.load(page_ptr, mask=key_ok[:, None], other=0.0)
+        v = tl.load(page_ptr + stride_kv, mask=key_ok[:, None], other=0.0)
+        qk = _dot(q, tl.trans(k), UPCAST) * qk_scale
+        visible = key_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
+        qk = tl.where(visible, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        # Unlike _prefill_kernel, a split starting past page 0 can begin with a tail page
+        # in which a row sees no key yet (m_new = -inf): shift such rows by 0, so alpha
+        # and p are exp2(-inf) = 0 and the row keeps m=-inf, l=0, acc=0.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p_ij = tl.exp2(qk - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p_ij, 1)
+        acc = acc * alpha[:, None] + _dot(p_ij.to(v.dtype), v, UPCAST)
+        m_i = m_new
+
+    # Empty splits (and rows that saw no key) store m=-inf, l=0, acc=0. Every (token < T,
+    # head, split) is written, so the combine never reads stale scratch; padding tokens
+    # (q loaded as 0) get finite or empty partials, which the combine replaces by 0.
+    m_off = t * stride_mt + heads * stride_mh + split * stride_ms
+    tl.store(part_m_ptr + m_off, m_i, mask=row_real)
+    tl.store(part_l_ptr + m_off, l_i, mask=row_real)
+    a_off = (
+        t[:, None] * stride_at
+        + heads[:, None] * stride_ah
+        + split * stride_as
+        + offs_d[None, :] * stride_ad
+    )
+    tl.store(part_acc_ptr + a_off, acc, mask=row_real[:, None])
+
+
+@triton.jit
+def _prefill_combine_kernel(
+    part_m_ptr,
+    part_l_ptr,
+    part_acc_ptr,
+    n_valid_ptr,
+    out_ptr,
+    T,
+    stride_mt,
+    stride_mh,
+    stride_ms,
+    stride_at,
+    stride_ah,
+    stride_as,
+    stride_ad,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    """One (token block, query head): merge the NUM_SPLITS partial softmaxes of BLOCK_T
+    chunk tokens; padding tokens get 0, tokens >= T are not written."""
+    tile = tl.program_id(0)
+    h = tl.program_id(1)
+    t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_d = tl.arange(0, HEAD_DIM)
+    t_ok = t < T
+    valid = t < tl.minimum(tl.load(n_valid_ptr), T)
+    m_ptr = part_m_ptr + t * stride_mt + h * stride_mh
+    l_ptr = part_l_ptr + t * stride_mt + h * stride_mh
+    a_ptr = part_acc_ptr + t[:, None] * stride_at + h * stride_ah + offs_d[None, :] * stride_ad
+
+    m_max = tl.full([BLOCK_T], float("-inf"), tl.float32)
+    for s in range(NUM_SPLITS):
+        m_max = tl.maximum(m_max, tl.load(m_ptr + s * stride_ms, mask=t_ok, other=float("-inf")))
+    # Tokens whose splits are all empty (padding tiles): shift by 0, so every weight is
+    # exp2(-inf - 0) = 0 and no -inf - -inf appears.
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    denom = tl.zeros([BLOCK_T], tl.float32)
+    num = tl.zeros([BLOCK_T, HEAD_DIM], tl.float32)
+    for s in range(NUM_SPLITS):
+        w = tl.exp2(tl.load(m_ptr + s * stride_ms, mask=t_ok, other=float("-inf")) - m_max)
+        denom += w * tl.load(l_ptr + s * stride_ms, mask=t_ok, other=0.0)
+        acc = tl.load(a_ptr + s * stride_as, mask=t_ok[:, None], other=0.0)
+        num += w[:, None] * acc
+    # A valid token's split holding key 0 has l >= 1, so denom > 0 for every valid token.
+    out = num / tl.where(denom > 0.0, denom, 1.0)[:, None]
+    out = tl.where(valid[:, None], out, 0.0)
+    tl.store(
+        out_ptr + t[:, None] * stride_ot + h * stride_oh + offs_d[None, :] * stride_od,
+        out.to(out_ptr.dtype.element_ty),
+        mask=t_ok[:, None],
+    )
+
+
 # triton.jit decides at decoration time whether kernels run compiled or interpreted.
 _INTERPRETED = isinstance(_decode_split_kernel, InterpretedFunction)
 if _INTERPRETED:
@@ -435,6 +639,20 @@ def triton_paged_decode_attention(
     return out
 
 
+def prefill_splits(num_tokens: int, block_t: int, num_kv_heads: int) -> int:
+    """Default KV split count of ``triton_paged_prefill_attention``: enough splits for
+    about PREFILL_TARGET_PROGRAMS programs, at most MAX_PREFILL_SPLITS, at least 1.
+
+    ``block_t`` is the tile as launched (after the minimum for ``tl.dot``). Shapes only,
+    never tensor contents: the count fixes the grid and the scratch shapes of a captured
+    CUDA graph, which is replayed with every start and n_valid.
+    """
+    programs = triton.cdiv(num_tokens, block_t) * num_kv_heads
+    if programs <= 0:
+        return 1
+    return max(1, min(MAX_PREFILL_SPLITS, triton.cdiv(PREFILL_TARGET_PROGRAMS, programs)))
+
+
 def triton_paged_prefill_attention(
     q: torch.Tensor,
     kv: torch.Tensor,
@@ -444,6 +662,7 @@ def triton_paged_prefill_attention(
     scale: float,
     *,
     block_t: int | None = None,
+    num_splits: int | None = None,
 ) -> torch.Tensor:
     """Causal paged attention for one request's prefill chunk (flash-attention style).
 
@@ -454,6 +673,10 @@ def triton_paged_prefill_attention(
 
     ``block_t`` (tokens per program, a power of two) is a tuning knob; by default each
     program holds DEFAULT_PREFILL_ROWS rows of (token, head-in-group) pairs.
+    ``num_splits`` splits each tile's pages into that many contiguous ranges run by
+    separate programs, merged afterwards (split-KV, as in decode); by default
+    ``prefill_splits`` picks it from the shapes. 1 runs the single-pass kernel. Every
+    choice is CUDA-graph safe: grid, scratch shapes and constexprs depend only on shapes.
     """
     num_heads, num_kv_heads, head_dim, page_size = _check_cache(q, kv)
     _check_index("page_table_row", page_table_row, 1, q.device)
@@ -468,31 +691,86 @@ def triton_paged_prefill_attention(
         raise ValueError(f"block_t must be a power of two, got {block_t}")
     # tl.dot needs at least 16 rows.
     block_t = max(block_t, math.ceil(_MIN_DOT / group_pad))
+    if num_splits is not None and num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
 
     num_tokens = q.shape[0]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if num_tokens == 0:
         return out
-    _prefill_kernel[(triton.cdiv(num_tokens, block_t), num_kv_heads)](
+    if num_splits is None:
+        num_splits = prefill_splits(num_tokens, block_t, num_kv_heads)
+    tiles = triton.cdiv(num_tokens, block_t)
+    if num_splits == 1:
+        _prefill_kernel[(tiles, num_kv_heads)](
+            q,
+            kv,
+            page_table_row,
+            start,
+            n_valid,
+            out,
+            scale * LOG2E,
+            num_tokens,
+            *q.stride(),
+            *kv.stride(),
+            *page_table_row.stride(),
+            *out.stride(),
+            GROUP=group,
+            GROUP_PAD=group_pad,
+            BLOCK_T=block_t,
+            HEAD_DIM=head_dim,
+            PAGE_SIZE=page_size,
+            UPCAST=_INTERPRETED,
+            num_warps=4,
+            num_stages=2,
+        )
+        return out
+
+    # fp32 partials per (token, head, split); captured into the graph's pool under capture.
+    part_m = torch.empty((num_tokens, num_heads, num_splits), dtype=torch.float32, device=q.device)
+    part_l = torch.empty_like(part_m)
+    part_acc = torch.empty(
+        (num_tokens, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
+    )
+    _prefill_split_kernel[(tiles, num_kv_heads, num_splits)](
         q,
         kv,
         page_table_row,
         start,
         n_valid,
-        out,
+        part_m,
+        part_l,
+        part_acc,
         scale * LOG2E,
         num_tokens,
         *q.stride(),
         *kv.stride(),
         *page_table_row.stride(),
-        *out.stride(),
+        *part_m.stride(),
+        *part_acc.stride(),
         GROUP=group,
         GROUP_PAD=group_pad,
         BLOCK_T=block_t,
         HEAD_DIM=head_dim,
         PAGE_SIZE=page_size,
+        NUM_SPLITS=num_splits,
         UPCAST=_INTERPRETED,
         num_warps=4,
         num_stages=2,
+    )
+    _prefill_combine_kernel[(triton.cdiv(num_tokens, PREFILL_COMBINE_TOKENS), num_heads)](
+        part_m,
+        part_l,
+        part_acc,
+        n_valid,
+        out,
+        num_tokens,
+        *part_m.stride(),
+        *part_acc.stride(),
+        *out.stride(),
+        HEAD_DIM=head_dim,
+        NUM_SPLITS=num_splits,
+        BLOCK_T=PREFILL_COMBINE_TOKENS,
+        num_warps=4,
     )
     return out
