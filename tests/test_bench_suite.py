@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import math
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -38,7 +39,9 @@ from bench.suite.client import (
 from bench.suite.report import (
     GEOMETRIES,
     Geometry,
+    agent_ttft_ms,
     agent_turns,
+    agent_turns_of,
     engine_metrics,
     prefilled_tokens,
     roofline_step_s,
@@ -589,3 +592,21 @@ def test_the_generate_loop_answers_one_request_at_a_time(tmp_path: Path) -> None
     # Same seed, same answer: the cache is reset between requests.
     again = loop.run(requests[:1], 1)[0]
     assert again.text == first.text
+
+
+def test_agent_turns_without_a_ttft_break_the_plotted_line() -> None:
+    def turn(n: int, ttft: float | None, branch: str = "main") -> Sample:
+        return Sample(
+            request=f"agent/turn-{n}",
+            workload="agent",
+            ttft_s=ttft,
+            meta={"turn": n, "branch": branch},
+        )
+
+    trace = [turn(2, 0.003), turn(0, 0.001), turn(1, None), turn(1, 0.5, "fork")]
+    turns = agent_turns_of(trace, "main")
+    assert [t for t, _ in turns] == [0, 1, 2]
+    ms = agent_ttft_ms(turns)
+    assert ms[0] == pytest.approx(1.0) and ms[2] == pytest.approx(3.0)
+    assert math.isnan(ms[1])
+    assert [t for t, _ in agent_turns_of(trace, "fork")] == [1]

@@ -502,15 +502,13 @@ def plot(
     figure, (ttft_axis, tokens_axis) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     for engine, samples in grouped.items():
         trace = [s for n, group in samples.items() if n.startswith("agent-") for s in group]
-        for branch, style in (("main", "-"), ("fork", "x")):
-            turns = sorted(
-                (s.meta["turn"], s) for s in trace if s.meta.get("branch") == branch and s.ttft_s
-            )
+        for branch, style in (("main", ".-"), ("fork", "x")):
+            turns = agent_turns_of(trace, branch)
             if not turns:
                 continue
             xs = [t for t, _ in turns]
             label = engine if branch == "main" else f"{engine} fork"
-            ttft_axis.plot(xs, [(s.ttft_s or 0) * 1e3 for _, s in turns], style, label=label)
+            ttft_axis.plot(xs, agent_ttft_ms(turns), style, label=label)
             if branch == "main":
                 tokens_axis.plot(xs, [s.prompt_tokens or 0 for _, s in turns], "-", label=engine)
                 prefilled = [(x, prefilled_tokens(s)) for x, s in turns]
@@ -528,6 +526,20 @@ def plot(
         axis.grid(alpha=0.3)
     written.append(_save(figure, out_dir / "agent_ttft_per_turn.png"))
     return written
+
+
+def agent_turns_of(trace: Sequence[Sample], branch: str) -> list[tuple[int, Sample]]:
+    """The agent trace's samples of ``branch`` by turn, failed ones included."""
+    return sorted(
+        ((s.meta["turn"], s) for s in trace if s.meta.get("branch") == branch),
+        key=lambda pair: pair[0],
+    )
+
+
+def agent_ttft_ms(turns: Sequence[tuple[int, Sample]]) -> list[float]:
+    """Per-turn TTFT in ms; NaN where a turn has none (a failed request), so a plotted
+    line breaks there instead of joining its neighbours."""
+    return [s.ttft_s * 1e3 if s.ttft_s is not None else math.nan for _, s in turns]
 
 
 def _save(figure: Any, path: Path) -> Path:
