@@ -118,7 +118,9 @@ smol_core=$work/smollm2-core
 smol_suite=(--lengths 512 4096 32768 65536 --agent-tokens 7000)
 qwen=$work/qwen3-8b
 qwen_core=$work/qwen3-8b-core
-qwen_suite=(--lengths 512 4096 32768 --agent-tokens 32768)
+# The random Qwen3-8B geometry admits 128K positions: the core serves 65,536-token
+# prompts plus their answers (66,560 = 1,040 pages of 64 tokens).
+qwen_suite=(--lengths 512 4096 32768 65536 --agent-tokens 32768)
 
 case $stage in
   smollm2-prepare)
@@ -144,7 +146,9 @@ case $stage in
       --out "$out/timeline/smollm2.json" --trace-dir "$out/timeline" 2>&1 | tail -20
     ;;
   qwen3-8b-timeline)
-    python3 bench/kernel_timeline.py "$qwen" --capacities 1 4 --context-limit 8192 \
+    timeline_args=()
+    [[ " ${PREPARE_ARGS:-} " == *" --no-compile "* ]] && timeline_args+=(--no-compile)
+    python3 bench/kernel_timeline.py "$qwen" "${timeline_args[@]}" --capacities 1 4 --context-limit 8192 \
       --out "$out/timeline/qwen3-8b.json" --trace-dir "$out/timeline" 2>&1 | tail -20
     ;;
   qwen3-8b-prepare)
@@ -152,10 +156,10 @@ case $stage in
     rm -rf "$qwen" "$qwen.geometry"
     python3 -m ignition.loading.random_weights --geometry qwen3-8b --out "$qwen" --safetensors \
       > "$out/weights.log" 2>&1 || { tail -30 "$out/weights.log"; exit 1; }
-    # 1,024 pages of 64 tokens: the 32K agent trace, its branch and the cache's
-    # chains; sized from free memory (23 GiB) the pages make qualification's
-    # digests outlast a call.
-    prepare_core "$qwen" "$qwen_core" --context-limit 40960 --kv-pages 1024
+    # 1,152 pages of 64 tokens (10.1 GiB): one 64K prompt, or the 32K agent trace
+    # with its branch and the cache's chains; sized from free memory (23 GiB) the
+    # pages make qualification's digests outlast a call.
+    prepare_core "$qwen" "$qwen_core" --context-limit 66560 --kv-pages 1152
     ;;
   qwen3-8b-flare)
     flare_stage "$qwen_core" "$qwen" qwen3-8b "${1:?$usage}" "${qwen_suite[@]}"
@@ -164,8 +168,12 @@ case $stage in
     baselines_stage "$qwen" qwen3-8b "${qwen_suite[@]}"
     ;;
   qwen3-8b-floor)
-    python3 -m bench.suite --replay "$qwen" --engine python-floor --out "$out/python-floor.json" \
-      --tokenizer "$qwen" --geometry qwen3-8b --context-limit 40960 "${qwen_suite[@]}" \
+    floor_args=()
+    # The floor replays forwards prepared as the core's were.
+    [[ " ${PREPARE_ARGS:-} " == *" --no-compile "* ]] && floor_args+=(--replay-no-compile)
+    python3 -m bench.suite --replay "$qwen" "${floor_args[@]}" --engine python-floor \
+      --out "$out/python-floor.json" \
+      --tokenizer "$qwen" --geometry qwen3-8b --context-limit 66560 "${qwen_suite[@]}" \
       2>&1 | tee "$out/python-floor.log"
     ;;
   caches-save)

@@ -349,6 +349,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--replay-eager", action="store_true", help="CPU replay or generate loop (tests)"
     )
+    parser.add_argument(
+        "--replay-no-compile",
+        action="store_true",
+        help="prepare the replay floor's forwards uncompiled (as a core prepared with "
+        "ignition prepare --no-compile)",
+    )
     parser.add_argument("--dump-requests", type=Path, help="also write the requests here")
     parser.add_argument("--note", default="", help="free text kept in the results")
     return parser
@@ -442,6 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_concurrency=max(args.concurrency),
             context_limit=args.context_limit,
             eager=args.replay_eager,
+            compile=not args.replay_no_compile,
         )
         results["startup_s"] = time.perf_counter() - started
         results["target"] = str(model)

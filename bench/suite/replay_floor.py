@@ -25,10 +25,16 @@ from ignition.replay.harness import AdmissionError, Harness, Request, SamplingPa
 
 
 def prepare_floor(
-    model: Path, *, max_concurrency: int, context_limit: int | None, eager: bool
+    model: Path,
+    *,
+    max_concurrency: int,
+    context_limit: int | None,
+    eager: bool,
+    compile: bool = True,
 ) -> PreparedModel:
-    """``model`` prepared as ``ignition replay`` prepares it (bf16, compiled and
-    captured on CUDA), or ``eager``: float32 on the CPU, no graphs (for tests)."""
+    """``model`` prepared as ``ignition replay`` prepares it (bf16, compiled unless
+    not ``compile``, captured on CUDA), or ``eager``: float32 on the CPU, no graphs
+    (for tests)."""
     if eager:
         options = PrepareOptions(
             max_concurrency=max_concurrency,
@@ -40,7 +46,9 @@ def prepare_floor(
             dtype=torch.float32,
         )
     else:
-        options = PrepareOptions(max_concurrency=max_concurrency, context_limit=context_limit)
+        options = PrepareOptions(
+            max_concurrency=max_concurrency, context_limit=context_limit, compile=compile
+        )
     return prepare(model, options)
 
 
