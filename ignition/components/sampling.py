@@ -15,6 +15,8 @@ tied at a threshold are never truncated to a fixed count.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ignition.components.token_state import (
@@ -103,8 +105,15 @@ def filtered_cumulative(
     return order, kept.cumsum(dim=-1), (sorted_p >= threshold).sum(dim=-1, keepdim=True)
 
 
+SamplePadded = Callable[[torch.Tensor, RequestState, torch.Tensor], torch.Tensor]
+
+
 def sample_rows(
-    logits: torch.Tensor, state: RequestState, slots: torch.Tensor, rows: int
+    logits: torch.Tensor,
+    state: RequestState,
+    slots: torch.Tensor,
+    rows: int,
+    sample: SamplePadded | None = None,
 ) -> torch.Tensor:
     """One token per row of ``logits`` [n, vocab] (float32), under each row's slot's
     sampling parameters, penalty histogram and Philox stream.
@@ -113,11 +122,18 @@ def sample_rows(
     and reductions pick their algorithm by shape (a single-row cumsum takes a
     different path from a batched one), so a fixed row count keeps a request's
     thresholds, and so its tokens, independent of how many requests share the step.
+    ``sample`` (default ``sample_padded``) is that fixed-shape arithmetic: a compiled
+    version sees one shape whatever ``n`` is, so every step runs the same kernels.
     """
     n = logits.shape[0]
     if n < rows:
         logits = torch.cat([logits, logits.new_zeros(rows - n, logits.shape[1])])
         slots = torch.cat([slots, slots.new_zeros(rows - n)])
+    return (sample or sample_padded)(logits, state, slots)[:n]
+
+
+def sample_padded(logits: torch.Tensor, state: RequestState, slots: torch.Tensor) -> torch.Tensor:
+    """``sample_rows``'s arithmetic on its padded rows: one token per row."""
     order, kept_cumulative, kept_count = filtered_cumulative(logits, state, slots)
     uniform = philox_uniform(
         state.seed.index_select(0, slots), state.counter.index_select(0, slots)
@@ -125,7 +141,7 @@ def sample_rows(
     target = uniform.unsqueeze(1) * kept_cumulative[:, -1:]
     choice = (kept_cumulative < target).sum(dim=-1, keepdim=True)
     choice = torch.minimum(choice, kept_count - 1).clamp(min=0)
-    return order.gather(1, choice).squeeze(1)[:n]
+    return order.gather(1, choice).squeeze(1)
 
 
 def commit_samples(

@@ -27,7 +27,13 @@ from ignition.preparation.catalog import Catalog, GraphKey
 from ignition.preparation.memory import GIB, MemoryReport, plan_kv_pages
 from ignition.preparation.placement import DefaultPlacement, Placement
 from ignition.preparation.progress import console, phase
-from ignition.preparation.steps import Storage, build_steps, decode_forward, prefill_forward
+from ignition.preparation.steps import (
+    SamplingOps,
+    Storage,
+    build_steps,
+    decode_forward,
+    prefill_forward,
+)
 from recipes import llama
 
 # Default prefix-checkpoint rows per concurrent request. A request captures at most
@@ -255,7 +261,8 @@ def prepare(
         torch._dynamo.config.accumulated_recompile_limit = 4096
         decode = torch.compile(decode, fullgraph=False, dynamic=False)
         prefill = torch.compile(prefill, fullgraph=False, dynamic=False)
-    steps = build_steps(catalog, storage, decode, prefill, model.logits)
+    ops = SamplingOps.compiled() if options.compile else SamplingOps()
+    steps = build_steps(catalog, storage, decode, prefill, model.logits, ops)
 
     memory = MemoryReport(
         weights=model.weight_bytes(),

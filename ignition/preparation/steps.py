@@ -40,6 +40,29 @@ class Storage:
 
 
 ForwardFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+CommitFn = Callable[[RequestState, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+
+
+@dataclass(frozen=True)
+class SamplingOps:
+    """The sampling half of every graph that samples: the fixed-row arithmetic
+    (``sampling.sample_padded``) and the commit. Preparation compiles both when it
+    compiles the forwards; run eagerly they are a few hundred small kernels per step
+    (the Philox rounds alone are about 150)."""
+
+    sample: sampling.SamplePadded = sampling.sample_padded
+    commit: CommitFn = sampling.commit_samples
+
+    @staticmethod
+    def compiled() -> SamplingOps:
+        """Both compiled as whole graphs: the sample at one shape (the sampler's fixed
+        row count) whatever the step's rows, so every graph runs the same kernels and
+        a request's draw stays independent of its batch; the commit is integer
+        arithmetic, exact however it is fused."""
+        return SamplingOps(
+            sample=torch.compile(sampling.sample_padded, fullgraph=True, dynamic=False),
+            commit=torch.compile(sampling.commit_samples, fullgraph=True, dynamic=False),
+        )
 
 
 def decode_forward(model: TextModel, page_size: int) -> ForwardFn:
@@ -92,13 +115,15 @@ def build_steps(
     decode: ForwardFn,
     prefill: ForwardFn,
     logits: Callable[[torch.Tensor], torch.Tensor],
+    ops: SamplingOps | None = None,
 ) -> dict[GraphKey, Callable[[], None]]:
     """One zero-argument callable per catalog entry, over the fixed storage."""
     state, staging, cache = storage.state, storage.staging, storage.cache
     sampler_rows = max(catalog.decode)
+    ops = ops or SamplingOps()
 
     def sample(row_logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        return sampling.sample_rows(row_logits, state, slots, sampler_rows)
+        return sampling.sample_rows(row_logits, state, slots, sampler_rows, ops.sample)
 
     def decode_step(capacity: int) -> Callable[[], None]:
         def run() -> None:
@@ -116,7 +141,7 @@ def build_steps(
             state.consumed.index_copy_(0, slots, consumed + active.to(torch.int32))
             staging.logits[:capacity].copy_(row_logits)
             tokens = sample(row_logits, slots)
-            sampling.commit_samples(state, slots, tokens, active, staging.completions)
+            ops.commit(state, slots, tokens, active, staging.completions)
 
         return run
 
@@ -137,7 +162,7 @@ def build_steps(
             staging.logits[:1].copy_(row_logits)
             ends_prompt = live & (staging.chunk_sample != 0) & (n_valid > 0)
             tokens = sample(row_logits, slot)
-            sampling.commit_samples(state, slot, tokens, ends_prompt, staging.completions)
+            ops.commit(state, slot, tokens, ends_prompt, staging.completions)
 
         return run
 
@@ -147,7 +172,7 @@ def build_steps(
         row_logits = logits(state.hidden.index_select(0, slot))
         staging.logits[:1].copy_(row_logits)
         tokens = sample(row_logits, slot)
-        sampling.commit_samples(state, slot, tokens, live, staging.completions)
+        ops.commit(state, slot, tokens, live, staging.completions)
 
     def admit_step() -> None:
         sampling.admit(state, staging)
