@@ -186,7 +186,9 @@ case $stage in
     du -sh /tmp/flare-inductor /tmp/flare-triton
     ;;
   report)
-    python3 -m bench.suite.report "$out"/*.json --out-dir "$out/report" 2>&1 | tee "$out/report.log"
+    shopt -s nullglob
+    python3 -m bench.suite.report "$out"/*.json --decode-bench "$out"/decode-bench/flare-c*.json \
+      --out-dir "$out/report" 2>&1 | tee "$out/report.log"
     ;;
   *)
     echo "$usage" >&2

@@ -42,6 +42,7 @@ from bench.suite.report import (
     agent_ttft_ms,
     agent_turns,
     agent_turns_of,
+    decode_bench_metrics,
     engine_metrics,
     prefilled_tokens,
     roofline_step_s,
@@ -565,6 +566,31 @@ def test_the_summary_table_gives_flare_over_each_baseline_and_the_roofline() -> 
     assert ttft[3:5] == ["160", "400"] and ttft[6] == "0.40" and ttft[7] == "–"
     with pytest.raises(ValueError, match="no results"):
         summary_table([baseline], "flare")
+
+
+def test_startup_and_the_native_decode_bench_are_rows_of_the_summary() -> None:
+    flare = {**_synthetic("flare", gap_s=0.004, ttft_s=0.02), "startup_s": 1.5}
+    baseline = {**_synthetic("transformers", gap_s=0.008, ttft_s=0.05), "startup_s": 6.0}
+    bench = {
+        "decode_bench": {
+            "capacity": 4,
+            "step": {"median_ms": 1.25, "p99_ms": 1.5},
+            "submission_gap": {"median_ms": 0.01, "p99_ms": 0.03},
+        }
+    }
+    extra = decode_bench_metrics(bench)
+    geometry = GEOMETRIES["qwen3-8b"]
+    table = summary_table([baseline, flare], "flare", geometry, 4.0e12, extra)
+    lines = {line.split(" | ")[1]: line for line in table.splitlines() if line.startswith("| ")}
+    startup = lines["startup to ready (s)"].strip("| ").split(" | ")
+    assert startup[2:5] == ["lower", "1.50", "6.00"] and startup[6] == "0.25"
+    step = lines["native decode step, c=4 (ms)"].strip("| ").split(" | ")
+    assert step[0] == "decode-c4" and step[3:5] == ["1.25", "–"]
+    # Against the same roofline as the ITL at c=4.
+    itl_roof = lines["ITL p50, c=4 (ms)"].strip("| ").split(" | ")[5]
+    assert step[5] == itl_roof
+    gap = lines["host submission gap p99, c=4 (ms)"].strip("| ").split(" | ")
+    assert gap[3] == "0.0300"
 
 
 # ---------------------------------------------------------------- generate loop

@@ -270,7 +270,29 @@ def engine_metrics(result: dict[str, Any]) -> dict[Row, float]:
         elif kind == "tools":
             ttft = _med([s.ttft_s for s in samples])
             put(Row("tools-ttft", name, "tool-use TTFT (ms)", False), ttft and ttft * 1e3)
+    # Until the engine answers: a server's launch to its first healthy reply, the floor's
+    # and the generate loop's preparation (compile and capture included).
+    put(Row("startup", "startup", "startup to ready (s)", False), result.get("startup_s"))
     return metrics
+
+
+def decode_bench_metrics(bench: dict[str, Any]) -> dict[Row, float]:
+    """Rows of one ``flare replay --bench-decode --json`` result: the native decode step
+    (no HTTP) and the host's submission gap between steps."""
+    run = bench["decode_bench"]
+    c = run["capacity"]
+    name = f"decode-c{c}"
+    step, gap = run["step"], run["submission_gap"]
+    return {
+        Row(f"native-step-c{c}", name, f"native decode step, c={c} (ms)", False): step["median_ms"],
+        Row(f"native-step-p99-c{c}", name, f"native decode step p99, c={c} (ms)", False): step[
+            "p99_ms"
+        ],
+        Row(f"host-gap-c{c}", name, f"host submission gap, c={c} (ms)", False): gap["median_ms"],
+        Row(f"host-gap-p99-c{c}", name, f"host submission gap p99, c={c} (ms)", False): gap[
+            "p99_ms"
+        ],
+    }
 
 
 def roofline_metrics(
@@ -287,6 +309,7 @@ def roofline_metrics(
         context = round(sum(contexts) / len(contexts))
         step = roofline_step_s(geometry, bandwidth, c, context)
         values[f"itl-p50-c{c}"] = step * 1e3
+        values[f"native-step-c{c}"] = step * 1e3
         values[f"decode-c{c}"] = 1 / step
         values[f"throughput-c{c}"] = c / step
     return values
@@ -315,12 +338,15 @@ def summary_table(
     flare: str = "flare",
     geometry: Geometry | None = None,
     bandwidth: float | None = None,
+    flare_extra: dict[Row, float] | None = None,
 ) -> str:
     """The markdown summary: one line per metric, each engine's value, the roofline,
-    and Flare's value divided by each other's."""
+    and Flare's value divided by each other's. ``flare_extra``: rows only Flare has
+    (``decode_bench_metrics``)."""
     by_engine = {r["engine"]: engine_metrics(r) for r in results}
     if flare not in by_engine:
         raise ValueError(f"no results of engine {flare!r}; have {', '.join(by_engine)}")
+    by_engine[flare].update(flare_extra or {})
     others = [name for name in by_engine if name != flare]
     engines = [flare, *others]
     roof: dict[str, float] = {}
@@ -567,6 +593,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--bandwidth-gbs", type=float, help="measured read bandwidth (default: from the results)"
     )
     parser.add_argument("--out-dir", type=Path, help="write summary.md and the PNG plots here")
+    parser.add_argument(
+        "--decode-bench",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="flare replay --bench-decode --json results: native step and host-gap rows",
+    )
     args = parser.parse_args(argv)
     results = [json.loads(path.read_text()) for path in args.results]
     geometry = resolve_geometry(args.geometry) if args.geometry else None
@@ -574,7 +607,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         geometry = Geometry(**recorded)
     bandwidth = args.bandwidth_gbs * 1e9 if args.bandwidth_gbs else None
     bandwidth = bandwidth or _first(results, "bandwidth_bytes_per_s", args.flare)
-    table = summary_table(results, args.flare, geometry, bandwidth) + agent_turns(results)
+    extra: dict[Row, float] = {}
+    for path in args.decode_bench:
+        extra.update(decode_bench_metrics(json.loads(path.read_text())))
+    table = summary_table(results, args.flare, geometry, bandwidth, extra) + agent_turns(results)
     print(table)
     if args.out_dir:
         args.out_dir.mkdir(parents=True, exist_ok=True)
