@@ -148,6 +148,7 @@ case $stage in
   qwen3-8b-timeline)
     timeline_args=()
     [[ " ${PREPARE_ARGS:-} " == *" --no-compile "* ]] && timeline_args+=(--no-compile)
+    [[ " ${PREPARE_ARGS:-} " == *" --compile-sampling "* ]] && timeline_args+=(--compile-sampling)
     python3 bench/kernel_timeline.py "$qwen" "${timeline_args[@]}" --capacities 1 4 --context-limit 8192 \
       --out "$out/timeline/qwen3-8b.json" --trace-dir "$out/timeline" 2>&1 | tail -20
     ;;
@@ -171,6 +172,8 @@ case $stage in
     floor_args=()
     # The floor replays forwards prepared as the core's were.
     [[ " ${PREPARE_ARGS:-} " == *" --no-compile "* ]] && floor_args+=(--replay-no-compile)
+    [[ " ${PREPARE_ARGS:-} " == *" --compile-sampling "* ]] &&
+      floor_args+=(--replay-compile-sampling)
     python3 -m bench.suite --replay "$qwen" "${floor_args[@]}" --engine python-floor \
       --out "$out/python-floor.json" \
       --tokenizer "$qwen" --geometry qwen3-8b --context-limit 66560 "${qwen_suite[@]}" \

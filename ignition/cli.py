@@ -66,6 +66,12 @@ def _add_preparation(parser: argparse.ArgumentParser) -> None:
         "--no-compile", action="store_true", help="skip torch.compile of the forwards"
     )
     parser.add_argument(
+        "--compile-sampling",
+        action="store_true",
+        help="compile the sampler even with --no-compile (it is small; run eagerly it "
+        "adds a few hundred kernels to every step)",
+    )
+    parser.add_argument(
         "--device", default="cuda", help="cuda (serving) or cpu (diagnostics; no graphs)"
     )
 
@@ -81,6 +87,7 @@ def _options(args: argparse.Namespace, capture: bool) -> PrepareOptions:
         snapshot_rows=args.snapshot_rows,
         gpu_reserve_gib=args.gpu_reserve_gib,
         compile=not args.no_compile,
+        compile_sampling=True if args.compile_sampling else None,
         capture=capture and device == "cuda",
         device=device,
         dtype=dtype,

@@ -11,7 +11,7 @@ from ignition.components.state_transfer import SnapshotRows
 from ignition.components.token_state import RequestState, StagingInputs
 from ignition.preparation.catalog import Catalog, CatalogError, GraphKind
 from ignition.preparation.memory import GIB, MIB, MemoryPlanError, plan_kv_pages
-from ignition.preparation.prepared import PrepareOptions, snapshot_rows
+from ignition.preparation.prepared import PrepareOptions, compiles_sampling, snapshot_rows
 
 
 def test_catalog_capacities() -> None:
@@ -48,6 +48,13 @@ def test_snapshot_rows_default_to_32_per_concurrent_request() -> None:
     assert snapshot_rows(PrepareOptions(max_concurrency=8)) == 256
     assert snapshot_rows(PrepareOptions(snapshot_rows=2)) == 2
     assert snapshot_rows(PrepareOptions(snapshot_rows=0)) == 0
+
+
+def test_the_sampler_compiles_with_the_forwards_unless_told() -> None:
+    assert compiles_sampling(PrepareOptions())
+    assert not compiles_sampling(PrepareOptions(compile=False))
+    assert compiles_sampling(PrepareOptions(compile=False, compile_sampling=True))
+    assert not compiles_sampling(PrepareOptions(compile_sampling=False))
 
 
 def test_kv_page_plan_arithmetic() -> None:
@@ -123,3 +130,15 @@ def test_aligned_endpoint_writes_no_page() -> None:
     assert int(staging.maint_status) == 1
     assert torch.equal(cache.kv[:, :, 1:], before[:, :, 1:])  # page 0 is the null page
     assert int(state.consumed[2]) == 16
+
+
+def test_the_cli_compiles_sampling_with_the_forwards_or_when_asked() -> None:
+    from ignition.cli import _options, build_parser
+
+    def options(*flags: str) -> PrepareOptions:
+        return _options(build_parser().parse_args(["prepare", "m", *flags]), capture=True)
+
+    assert compiles_sampling(options())
+    assert not compiles_sampling(options("--no-compile"))
+    both = options("--no-compile", "--compile-sampling")
+    assert compiles_sampling(both) and not both.compile

@@ -355,6 +355,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="prepare the replay floor's forwards uncompiled (as a core prepared with "
         "ignition prepare --no-compile)",
     )
+    parser.add_argument(
+        "--replay-compile-sampling",
+        action="store_true",
+        help="with --replay-no-compile: compile the sampler still (as --compile-sampling)",
+    )
     parser.add_argument("--dump-requests", type=Path, help="also write the requests here")
     parser.add_argument("--note", default="", help="free text kept in the results")
     return parser
@@ -449,6 +454,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             context_limit=args.context_limit,
             eager=args.replay_eager,
             compile=not args.replay_no_compile,
+            compile_sampling=True if args.replay_compile_sampling else None,
         )
         results["startup_s"] = time.perf_counter() - started
         results["target"] = str(model)

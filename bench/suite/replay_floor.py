@@ -31,10 +31,11 @@ def prepare_floor(
     context_limit: int | None,
     eager: bool,
     compile: bool = True,
+    compile_sampling: bool | None = None,
 ) -> PreparedModel:
     """``model`` prepared as ``ignition replay`` prepares it (bf16, compiled unless
-    not ``compile``, captured on CUDA), or ``eager``: float32 on the CPU, no graphs
-    (for tests)."""
+    not ``compile``, the sampler as ``compile_sampling`` says, captured on CUDA), or
+    ``eager``: float32 on the CPU, no graphs (for tests)."""
     if eager:
         options = PrepareOptions(
             max_concurrency=max_concurrency,
@@ -47,7 +48,10 @@ def prepare_floor(
         )
     else:
         options = PrepareOptions(
-            max_concurrency=max_concurrency, context_limit=context_limit, compile=compile
+            max_concurrency=max_concurrency,
+            context_limit=context_limit,
+            compile=compile,
+            compile_sampling=compile_sampling,
         )
     return prepare(model, options)
 

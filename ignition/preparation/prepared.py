@@ -54,6 +54,9 @@ class PrepareOptions:
     gpu_reserve_gib: float = 2.0
     capture_headroom_gib: float = 2.0
     compile: bool = True
+    # Compile the sampler and commit (small, independent of the model's size); None:
+    # as ``compile``.
+    compile_sampling: bool | None = None
     capture: bool = True
     # Keep each captured cudaGraph_t (an export walks them); they instantiate on use.
     keep_graphs: bool = False
@@ -66,6 +69,13 @@ def snapshot_rows(options: PrepareOptions) -> int:
     if options.snapshot_rows is not None:
         return options.snapshot_rows
     return SNAPSHOT_ROWS_PER_SLOT * options.max_concurrency
+
+
+def compiles_sampling(options: PrepareOptions) -> bool:
+    """Whether ``options`` compile the sampler and commit."""
+    if options.compile_sampling is None:
+        return options.compile
+    return options.compile_sampling
 
 
 @dataclass
@@ -261,7 +271,7 @@ def prepare(
         torch._dynamo.config.accumulated_recompile_limit = 4096
         decode = torch.compile(decode, fullgraph=False, dynamic=False)
         prefill = torch.compile(prefill, fullgraph=False, dynamic=False)
-    ops = SamplingOps.compiled() if options.compile else SamplingOps()
+    ops = SamplingOps.compiled() if compiles_sampling(options) else SamplingOps()
     steps = build_steps(catalog, storage, decode, prefill, model.logits, ops)
 
     memory = MemoryReport(
