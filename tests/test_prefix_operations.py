@@ -1,6 +1,7 @@
 """The dense prefix-checkpoint operations composed through the prepared catalog:
-prefill a prompt in slot 1, snapshot it, restore it into slot 2 over shared full
-pages and a private tail page, resume-sample there, and continue decoding. The
+prefill a prompt in slot 1, snapshot it, restore it into slot 2 (which has just
+served another prompt of the same length) over shared full pages and a private tail
+page, resume-sample there, and continue decoding. The
 restored request must see exactly the state of the original (bitwise: same graphs,
 same inputs), on the CPU through the eager operations and on the GPU through the
 captured graphs."""
@@ -66,6 +67,17 @@ def check_restore_then_resume(prepared: PreparedModel) -> None:
     staging.maint_slot.fill_(1)
     staging.maint_row.fill_(1)
     prepared.execute(GraphKey(GraphKind.SNAPSHOT, 1))
+    # Slot 2 first serves another prompt of the same length on its own pages, so the
+    # restore lands in a slot whose state stands at the same position (stale pending
+    # token, hidden vector, histogram and counters that must all be replaced).
+    other = torch.randint(3, 512, (PROMPT,), generator=torch.Generator().manual_seed(4)).tolist()
+    state.page_table[2, :3] = torch.tensor([10, 11, 12], dtype=torch.int32)
+    _admit(prepared, 2, other)
+    for start in range(0, PROMPT, 128):
+        n = min(128, PROMPT - start)
+        pack_chunk(staging, 2, other[start : start + n], start + n == PROMPT)
+        prepared.execute(GraphKey(GraphKind.PREFILL, 128))
+    assert int(state.consumed[2]) == PROMPT
     # The branch shares full pages 4 and 5 and owns private tail page 9.
     state.page_table[2, :3] = torch.tensor([4, 5, 9], dtype=torch.int32)
     _admit(prepared, 2, tokens, consumed=PROMPT)
