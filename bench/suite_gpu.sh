@@ -14,6 +14,7 @@
 #   bench/suite_gpu.sh qwen3-8b-baselines OUT
 #   bench/suite_gpu.sh qwen3-8b-floor    OUT
 #   bench/suite_gpu.sh qwen3-8b-timeline OUT
+#   bench/suite_gpu.sh attention-bench   OUT         prefill attention against KV splits
 #   bench/suite_gpu.sh report            OUT         summary table and plots of OUT/*.json
 #   bench/suite_gpu.sh caches-save       OUT         the Inductor and Triton caches as
 #                                                    15 MiB parts (a later machine restores
@@ -178,6 +179,10 @@ case $stage in
       --out "$out/python-floor.json" \
       --tokenizer "$qwen" --geometry qwen3-8b --context-limit 66560 "${qwen_suite[@]}" \
       2>&1 | tee "$out/python-floor.log"
+    ;;
+  attention-bench)
+    python3 bench/prefill_attention_bench.py --out "$out/prefill-attention.json" 2>&1 |
+      tee "$out/prefill-attention.log"
     ;;
   caches-save)
     tar -C /tmp -czf - flare-inductor flare-triton | split -b 15m - "$out/compile-caches.tgz.part-"

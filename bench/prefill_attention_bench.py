@@ -1,0 +1,90 @@
+"""Times the paged prefill attention kernel of one chunk after a cached history, for
+each KV split count: the data behind ``prefill_splits``' default.
+
+    python bench/prefill_attention_bench.py [--out bench.json]
+
+For SmolLM2-135M's and Qwen3-8B's attention shapes (one layer), chunk capacities 128
+and 512 with 11 and 370 real tokens, after 0 to 32K cached tokens: the median of CUDA
+events around 50 launches per split count (1, the default, and 2 to 32), and the
+default's choice. Needs a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from ignition.components.triton_attention import prefill_splits, triton_paged_prefill_attention
+
+PAGE = 64
+# (name, query heads, kv heads, head dim)
+SHAPES = [("smollm2-135m", 9, 3, 64), ("qwen3-8b", 32, 8, 128)]
+CHUNKS = [(128, 11), (512, 370)]
+HISTORIES = [0, 2048, 8192, 32768]
+SPLITS = [1, 2, 4, 8, 16, 32]
+
+
+def _time_ms(fn: Callable[[], object], launches: int = 50) -> float:
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(launches):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    rows = []
+    for name, heads, kv_heads, dim in SHAPES:
+        for history in HISTORIES:
+            for capacity, valid in CHUNKS:
+                pages = (history + capacity) // PAGE + 2
+                kv = torch.randn(2, pages + 1, PAGE, kv_heads, dim, device=device)
+                kv = kv.to(torch.bfloat16)
+                table = torch.randperm(pages, device=device).to(torch.int32) + 1
+                q = torch.randn(capacity, heads, dim, device=device, dtype=torch.bfloat16)
+                start = torch.tensor([history], dtype=torch.int32, device=device)
+                n_valid = torch.tensor([valid], dtype=torch.int32, device=device)
+
+                attend = partial(
+                    triton_paged_prefill_attention, q, kv, table, start, n_valid, dim**-0.5
+                )
+                timings = {str(s): _time_ms(partial(attend, num_splits=s)) for s in SPLITS}
+                default = prefill_splits(capacity, 16, kv_heads)
+                timings["default"] = _time_ms(attend)
+                row = dict(
+                    shape=name,
+                    history=history,
+                    capacity=capacity,
+                    valid=valid,
+                    default_splits=default,
+                    median_ms=timings,
+                )
+                rows.append(row)
+                best = min(SPLITS, key=lambda s: timings[str(s)])
+                print(
+                    f"{name:13} history {history:6} chunk {valid:4}/{capacity:4}: "
+                    + " ".join(f"{s}:{timings[str(s)]:.3f}" for s in SPLITS)
+                    + f"  default({default}) {timings['default']:.3f} ms, best {best}"
+                )
+    if args.out:
+        args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
