@@ -14,7 +14,8 @@
 #   bench/suite_gpu.sh qwen3-8b-baselines OUT
 #   bench/suite_gpu.sh qwen3-8b-floor    OUT
 #   bench/suite_gpu.sh qwen3-8b-timeline OUT
-#   bench/suite_gpu.sh attention-bench   OUT         prefill attention against KV splits
+#   bench/suite_gpu.sh attention-bench   OUT         prefill attention against KV splits, and
+#                                                    the decode projection against its tiles
 #   bench/suite_gpu.sh report            OUT         summary table and plots of OUT/*.json
 #   bench/suite_gpu.sh caches-save       OUT         the Inductor and Triton caches as
 #                                                    15 MiB parts (a later machine restores
@@ -183,6 +184,8 @@ case $stage in
   attention-bench)
     python3 bench/prefill_attention_bench.py --out "$out/prefill-attention.json" 2>&1 |
       tee "$out/prefill-attention.log"
+    python3 bench/rows_linear_bench.py --out "$out/rows-linear.json" 2>&1 |
+      tee "$out/rows-linear.log"
     ;;
   caches-save)
     tar -C /tmp -czf - flare-inductor flare-triton | split -b 15m - "$out/compile-caches.tgz.part-"

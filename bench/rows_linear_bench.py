@@ -1,0 +1,107 @@
+"""Times the batch-invariant decode projection (``ignition.components.linear``) on the
+projections of SmolLM2-135M and Qwen3-8B, over tile shapes, against cuBLAS and the
+device's copy bandwidth: the data behind the kernel's tile choice.
+
+    python bench/rows_linear_bench.py [--out bench.json]
+
+For each weight shape and 1 and 4 rows: the median of CUDA events around 50 launches
+per (BLOCK_N, BLOCK_K, num_stages), F.linear's, and the weight bytes over the time as
+GB/s, beside a device-to-device copy of the same bytes. Needs a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from ignition.components.linear import ROWS_TILE, _rows_linear_kernel
+
+# (model, projection, out features N, in features K)
+SHAPES = [
+    ("smollm2-135m", "qkv", 960, 576),
+    ("smollm2-135m", "o", 576, 576),
+    ("smollm2-135m", "gate_up", 3072, 576),
+    ("smollm2-135m", "down", 576, 1536),
+    ("smollm2-135m", "lm_head", 49152, 576),
+    ("qwen3-8b", "qkv", 6144, 4096),
+    ("qwen3-8b", "o", 4096, 4096),
+    ("qwen3-8b", "gate_up", 24576, 4096),
+    ("qwen3-8b", "down", 4096, 12288),
+    ("qwen3-8b", "lm_head", 151936, 4096),
+]
+TILES = list(itertools.product([16, 32, 64, 128], [64, 128, 256], [3, 4]))
+
+
+def _time_ms(fn: Callable[[], object], launches: int = 50) -> float:
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(launches):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, tile: tuple[int, int, int]):
+    block_n, block_k, stages = tile
+    rows, k = x.shape
+    n = w.shape[0]
+    return lambda: _rows_linear_kernel[(triton.cdiv(n, block_n),)](
+        x, w, w, y, rows, n, k, x.stride(0), w.stride(0), y.stride(0),
+        HAS_BIAS=False, BLOCK_M=ROWS_TILE, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=4, num_stages=stages,
+    )  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    rows_out = []
+    for model, name, n, k in SHAPES:
+        w = torch.randn(n, k, device=device, dtype=torch.bfloat16)
+        copy = torch.empty_like(w)
+        copy_ms = _time_ms(lambda w=w, copy=copy: copy.copy_(w))
+        gbs = 2 * w.numel() * w.element_size() / 1e6 / copy_ms  # read + write
+        for rows in (1, 4):
+            x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
+            y = torch.empty(rows, n, device=device, dtype=torch.bfloat16)
+            tiles: dict[str, float] = {}
+            for bn, bk, st in TILES:
+                try:
+                    tiles[f"{bn}x{bk}/s{st}"] = _time_ms(_launch(x, w, y, (bn, bk, st)))
+                except triton.runtime.errors.OutOfResources:
+                    continue  # the tile's pipeline does not fit in shared memory
+            cublas = _time_ms(lambda x=x, w=w: F.linear(x, w))
+            best = min(tiles, key=lambda t: tiles[t])
+            weight_gb = w.numel() * w.element_size() / 1e9
+            rows_out.append(
+                dict(model=model, projection=name, n=n, k=k, rows=rows, tiles_ms=tiles,
+                     cublas_ms=cublas, copy_gbs=gbs, current=tiles["64x128/s4"])
+            )  # fmt: skip
+            print(
+                f"{model:13} {name:8} {n:6}x{k:5} rows {rows}: current 64x128/s4 "
+                f"{tiles['64x128/s4'] * 1e3:7.1f} us ({weight_gb / tiles['64x128/s4'] * 1e3:6.0f}"
+                f" GB/s), best {best} {tiles[best] * 1e3:7.1f} us "
+                f"({weight_gb / tiles[best] * 1e3:6.0f} GB/s), cuBLAS {cublas * 1e3:7.1f} us; "
+                f"copy {gbs:6.0f} GB/s"
+            )
+    if args.out:
+        args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows_out}))
+
+
+if __name__ == "__main__":
+    main()
