@@ -67,9 +67,10 @@ def _add_preparation(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--compile-sampling",
-        action="store_true",
-        help="compile the sampler even with --no-compile (it is small; run eagerly it "
-        "adds a few hundred kernels to every step)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="compile the sampler and commit (default: as the forwards; it is small, and "
+        "run eagerly it adds a few hundred kernels to every step)",
     )
     parser.add_argument(
         "--device", default="cuda", help="cuda (serving) or cpu (diagnostics; no graphs)"
@@ -87,7 +88,7 @@ def _options(args: argparse.Namespace, capture: bool) -> PrepareOptions:
         snapshot_rows=args.snapshot_rows,
         gpu_reserve_gib=args.gpu_reserve_gib,
         compile=not args.no_compile,
-        compile_sampling=True if args.compile_sampling else None,
+        compile_sampling=args.compile_sampling,
         capture=capture and device == "cuda",
         device=device,
         dtype=dtype,

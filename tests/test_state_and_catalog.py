@@ -142,3 +142,5 @@ def test_the_cli_compiles_sampling_with_the_forwards_or_when_asked() -> None:
     assert not compiles_sampling(options("--no-compile"))
     both = options("--no-compile", "--compile-sampling")
     assert compiles_sampling(both) and not both.compile
+    forwards_only = options("--no-compile-sampling")
+    assert forwards_only.compile and not compiles_sampling(forwards_only)
