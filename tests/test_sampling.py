@@ -268,8 +268,12 @@ def _random_requests(device: str, seed: int) -> tuple[RequestState, torch.Tensor
 def _compiled_sampler_matches_eager(device: str, backend: str) -> None:
     eager = SamplingOps()
     ops = SamplingOps(
-        sample=torch.compile(sampling.sample_padded, backend=backend, fullgraph=True),
-        commit=torch.compile(sampling.commit_samples, backend=backend, fullgraph=True),
+        sample=torch.compile(
+            sampling.sample_padded, backend=backend, fullgraph=True, dynamic=False
+        ),
+        commit=torch.compile(
+            sampling.commit_samples, backend=backend, fullgraph=True, dynamic=False
+        ),
     )
     for seed in range(3):
         for rows_used in (1, 2, 4):  # decode capacities 1, 2, 4 and a prefill's one row
