@@ -219,6 +219,124 @@ def _decode_combine_kernel(
 
 
 @triton.jit
+def _prefill_tile(
+    q_ptr,
+    kv_ptr,
+    page_table_ptr,
+    start_ptr,
+    n_valid_ptr,
+    qk_scale,
+    T,
+    stride_qt,
+    stride_qh,
+    stride_qd,
+    stride_kv,
+    stride_kvp,
+    stride_kvs,
+    stride_kvh,
+    stride_kvd,
+    stride_ptp,
+    tile,
+    kvh,
+    split,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """Attention of one (token tile, kv head) over split ``split`` of NUM_SPLITS
+    contiguous ranges of the tile's pages: BLOCK_T tokens x all GROUP query heads of the
+    kv head as BLOCK_T * GROUP_PAD rows, so each key/value page is loaded once per
+    group. Returns the rows' token indices, heads, real and valid masks and the
+    unnormalised online-softmax state (m, l, acc); m = -inf, l = 0, acc = 0 for a row
+    that saw no key (an empty split)."""
+    BLOCK_R: tl.constexpr = BLOCK_T * GROUP_PAD
+
+    start = tl.load(start_ptr)
+    n_valid = tl.minimum(tl.load(n_valid_ptr), T)
+
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_s = tl.arange(0, PAGE_SIZE)
+    # Row r is token t = tile * BLOCK_T + r // GROUP_PAD and head-in-group r % GROUP_PAD.
+    t = tile * BLOCK_T + offs_r // GROUP_PAD
+    g = offs_r % GROUP_PAD
+    heads = kvh * GROUP + g
+    row_real = (t < T) & (g < GROUP)
+    row_valid = row_real & (t < n_valid)
+    q_pos = start + t
+
+    # Padding tokens (which may hold garbage) are loaded as zeros; rows are independent
+    # in both dots, so they could not affect other rows anyway.
+    q = tl.load(
+        q_ptr + t[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+        mask=row_valid[:, None],
+        other=0.0,
+    )
+
+    # Key range of the tile: [0, kv_end), kv_end one past the last valid token's position.
+    # Pages below full_pages hold only keys <= the tile's first query position, visible to
+    # every row: no mask there. A tile of padding only has no pages at all. This split
+    # takes pages [page_lo, page_hi) of [0, total_pages), empty for late splits of short
+    # ranges.
+    tile_first = tile * BLOCK_T
+    n_tile = tl.minimum(tl.maximum(n_valid - tile_first, 0), BLOCK_T)
+    kv_end = tl.where(n_tile > 0, start + tile_first + n_tile, 0)
+    total_pages = tl.cdiv(kv_end, PAGE_SIZE)
+    full_pages = tl.where(n_tile > 0, (start + tile_first + 1) // PAGE_SIZE, 0)
+    per_split = tl.cdiv(total_pages, NUM_SPLITS)
+    page_lo = split * per_split
+    page_hi = tl.minimum(page_lo + per_split, total_pages)
+
+    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, HEAD_DIM], tl.float32)
+
+    tile_off = kvh * stride_kvh + offs_s[:, None] * stride_kvs + offs_d[None, :] * stride_kvd
+    # Full pages come first and every row sees all their keys, so m_i is finite after the
+    # first of them (no -inf - -inf in alpha).
+    for p in range(page_lo, tl.minimum(page_hi, full_pages)):
+        page = tl.load(page_table_ptr + p * stride_ptp).to(tl.int64)
+        page_ptr = kv_ptr + page * stride_kvp + tile_off
+        k = tl.load(page_ptr)
+        v = tl.load(page_ptr + stride_kv)
+        qk = _dot(q, tl.trans(k), UPCAST) * qk_scale
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p_ij = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p_ij, 1)
+        acc = acc * alpha[:, None] + _dot(p_ij.to(v.dtype), v, UPCAST)
+        m_i = m_new
+
+    for p in range(tl.maximum(page_lo, full_pages), page_hi):
+        page = tl.load(page_table_ptr + p * stride_ptp).to(tl.int64)
+        page_ptr = kv_ptr + page * stride_kvp + tile_off
+        k_pos = p * PAGE_SIZE + offs_s
+        key_ok = k_pos < kv_end
+        # Keys at or past kv_end are never read (unwritten chunk padding may be NaN).
+        k = tl.load(page_ptr, mask=key_ok[:, None], other=0.0)
+        v = tl.load(page_ptr + stride_kv, mask=key_ok[:, None], other=0.0)
+        qk = _dot(q, tl.trans(k), UPCAST) * qk_scale
+        visible = key_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
+        qk = tl.where(visible, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        # A split starting past page 0 can begin with a tail page in which a row sees no
+        # key yet (m_new = -inf): shift such rows by 0, so alpha and p are exp2(-inf) = 0
+        # and the row keeps m=-inf, l=0, acc=0. (With one split, page 0 comes first and
+        # m_new is always finite here: the shift is m_new itself.)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p_ij = tl.exp2(qk - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p_ij, 1)
+        acc = acc * alpha[:, None] + _dot(p_ij.to(v.dtype), v, UPCAST)
+        m_i = m_new
+    return t, heads, row_real, row_valid, m_i, l_i, acc
+
+
+@triton.jit
 def _prefill_kernel(
     q_ptr,
     kv_ptr,
@@ -247,81 +365,14 @@ def _prefill_kernel(
     PAGE_SIZE: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    """One (token tile, kv head): BLOCK_T tokens x all GROUP query heads of the kv head
-    as BLOCK_T * GROUP_PAD rows, so each key/value page is loaded once per group."""
-    tile = tl.program_id(0)
-    kvh = tl.program_id(1)
-    BLOCK_R: tl.constexpr = BLOCK_T * GROUP_PAD
-
-    start = tl.load(start_ptr)
-    n_valid = tl.minimum(tl.load(n_valid_ptr), T)
-
-    offs_r = tl.arange(0, BLOCK_R)
+    """One (token tile, kv head) over the tile's whole context, normalised in place."""
+    t, heads, row_real, row_valid, _m, l_i, acc = _prefill_tile(
+        q_ptr, kv_ptr, page_table_ptr, start_ptr, n_valid_ptr, qk_scale, T,
+        stride_qt, stride_qh, stride_qd, stride_kv, stride_kvp, stride_kvs, stride_kvh,
+        stride_kvd, stride_ptp, tl.program_id(0), tl.program_id(1), 0,
+        GROUP, GROUP_PAD, BLOCK_T, HEAD_DIM, PAGE_SIZE, 1, UPCAST,
+    )  # fmt: skip
     offs_d = tl.arange(0, HEAD_DIM)
-    offs_s = tl.arange(0, PAGE_SIZE)
-    # Row r is token t = tile * BLOCK_T + r // GROUP_PAD and head-in-group r % GROUP_PAD.
-    t = tile * BLOCK_T + offs_r // GROUP_PAD
-    g = offs_r % GROUP_PAD
-    heads = kvh * GROUP + g
-    row_real = (t < T) & (g < GROUP)
-    row_valid = row_real & (t < n_valid)
-    q_pos = start + t
-
-    # Padding tokens (which may hold garbage) are loaded as zeros; rows are independent
-    # in both dots, so they could not affect other rows anyway.
-    q = tl.load(
-        q_ptr + t[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
-        mask=row_valid[:, None],
-        other=0.0,
-    )
-
-    # Key range of the tile: [0, kv_end), kv_end one past the last valid token's position.
-    # Pages below full_pages hold only keys <= the tile's first query position, visible to
-    # every row: no mask there. A tile of padding only has no pages at all.
-    tile_first = tile * BLOCK_T
-    n_tile = tl.minimum(tl.maximum(n_valid - tile_first, 0), BLOCK_T)
-    kv_end = tl.where(n_tile > 0, start + tile_first + n_tile, 0)
-    total_pages = tl.cdiv(kv_end, PAGE_SIZE)
-    full_pages = tl.where(n_tile > 0, (start + tile_first + 1) // PAGE_SIZE, 0)
-
-    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, HEAD_DIM], tl.float32)
-
-    tile_off = kvh * stride_kvh + offs_s[:, None] * stride_kvs + offs_d[None, :] * stride_kvd
-    # The first page processed always contains key 0, visible to every row, so m_i is
-    # finite after the first iteration (no -inf - -inf in alpha).
-    for p in range(0, full_pages):
-        page = tl.load(page_table_ptr + p * stride_ptp).to(tl.int64)
-        page_ptr = kv_ptr + page * stride_kvp + tile_off
-        k = tl.load(page_ptr)
-        v = tl.load(page_ptr + stride_kv)
-        qk = _dot(q, tl.trans(k), UPCAST) * qk_scale
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p_ij = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p_ij, 1)
-        acc = acc * alpha[:, None] + _dot(p_ij.to(v.dtype), v, UPCAST)
-        m_i = m_new
-
-    for p in range(full_pages, total_pages):
-        page = tl.load(page_table_ptr + p * stride_ptp).to(tl.int64)
-        page_ptr = kv_ptr + page * stride_kvp + tile_off
-        k_pos = p * PAGE_SIZE + offs_s
-        key_ok = k_pos < kv_end
-        # Keys at or past kv_end are never read (unwritten chunk padding may be NaN).
-        k = tl.load(page_ptr, mask=key_ok[:, None], other=0.0)
-        v = tl.load(page_ptr + stride_kv, mask=key_ok[:, None], other=0.0)
-        qk = _dot(q, tl.trans(k), UPCAST) * qk_scale
-        visible = key_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
-        qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p_ij = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p_ij, 1)
-        acc = acc * alpha[:, None] + _dot(p_ij.to(v.dtype), v, UPCAST)
-        m_i = m_new
-
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     out = tl.where(row_valid[:, None], out, 0.0)
     tl.store(
@@ -369,84 +420,14 @@ def _prefill_split_kernel(
 ):
     """One (token tile, kv head, split): ``_prefill_kernel``'s rows against a contiguous
     range of the tile's pages; writes unnormalised partial results."""
-    tile = tl.program_id(0)
-    kvh = tl.program_id(1)
     split = tl.program_id(2)
-    BLOCK_R: tl.constexpr = BLOCK_T * GROUP_PAD
-
-    start = tl.load(start_ptr)
-    n_valid = tl.minimum(tl.load(n_valid_ptr), T)
-
-    offs_r = tl.arange(0, BLOCK_R)
+    t, heads, row_real, _valid, m_i, l_i, acc = _prefill_tile(
+        q_ptr, kv_ptr, page_table_ptr, start_ptr, n_valid_ptr, qk_scale, T,
+        stride_qt, stride_qh, stride_qd, stride_kv, stride_kvp, stride_kvs, stride_kvh,
+        stride_kvd, stride_ptp, tl.program_id(0), tl.program_id(1), split,
+        GROUP, GROUP_PAD, BLOCK_T, HEAD_DIM, PAGE_SIZE, NUM_SPLITS, UPCAST,
+    )  # fmt: skip
     offs_d = tl.arange(0, HEAD_DIM)
-    offs_s = tl.arange(0, PAGE_SIZE)
-    t = tile * BLOCK_T + offs_r // GROUP_PAD
-    g = offs_r % GROUP_PAD
-    heads = kvh * GROUP + g
-    row_real = (t < T) & (g < GROUP)
-    row_valid = row_real & (t < n_valid)
-    q_pos = start + t
-
-    q = tl.load(
-        q_ptr + t[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
-        mask=row_valid[:, None],
-        other=0.0,
-    )
-
-    # The tile's key range, full pages and tail exactly as in _prefill_kernel; this split
-    # takes pages [page_lo, page_hi) of [0, total_pages), empty for late splits of short
-    # ranges (and for tiles of padding only).
-    tile_first = tile * BLOCK_T
-    n_tile = tl.minimum(tl.maximum(n_valid - tile_first, 0), BLOCK_T)
-    kv_end = tl.where(n_tile > 0, start + tile_first + n_tile, 0)
-    total_pages = tl.cdiv(kv_end, PAGE_SIZE)
-    full_pages = tl.where(n_tile > 0, (start + tile_first + 1) // PAGE_SIZE, 0)
-    per_split = tl.cdiv(total_pages, NUM_SPLITS)
-    page_lo = split * per_split
-    page_hi = tl.minimum(page_lo + per_split, total_pages)
-
-    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, HEAD_DIM], tl.float32)
-
-    tile_off = kvh * stride_kvh + offs_s[:, None] * stride_kvs + offs_d[None, :] * stride_kvd
-    # Full pages come first and every row sees all their keys, so m_i is finite after the
-    # first of them (no -inf - -inf in alpha).
-    for p in range(page_lo, tl.minimum(page_hi, full_pages)):
-        page = tl.load(page_table_ptr + p * stride_ptp).to(tl.int64)
-        page_ptr = kv_ptr + page * stride_kvp + tile_off
-        k = tl.load(page_ptr)
-        v = tl.load(page_ptr + stride_kv)
-        qk = _dot(q, tl.trans(k), UPCAST) * qk_scale
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p_ij = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p_ij, 1)
-        acc = acc * alpha[:, None] + _dot(p_ij.to(v.dtype), v, UPCAST)
-        m_i = m_new
-
-    for p in range(tl.maximum(page_lo, full_pages), page_hi):
-        page = tl.load(page_table_ptr + p * stride_ptp).to(tl.int64)
-        page_ptr = kv_ptr + page * stride_kvp + tile_off
-        k_pos = p * PAGE_SIZE + offs_s
-        key_ok = k_pos < kv_end
-        # Keys at or past kv_end are never read (unwritten chunk padding may be NaN).
-        k = tl.load(page_ptr, mask=key_ok[:, None], other=0.0)
-        v = tl.load(page_ptr + stride_kv, mask=key_ok[:, None], other=0.0)
-        qk = _dot(q, tl.trans(k), UPCAST) * qk_scale
-        visible = key_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
-        qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        # Unlike _prefill_kernel, a split starting past page 0 can begin with a tail page
-        # in which a row sees no key yet (m_new = -inf): shift such rows by 0, so alpha
-        # and p are exp2(-inf) = 0 and the row keeps m=-inf, l=0, acc=0.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p_ij = tl.exp2(qk - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p_ij, 1)
-        acc = acc * alpha[:, None] + _dot(p_ij.to(v.dtype), v, UPCAST)
-        m_i = m_new
-
     # Empty splits (and rows that saw no key) store m=-inf, l=0, acc=0. Every (token < T,
     # head, split) is written, so the combine never reads stale scratch; padding tokens
     # (q loaded as 0) get finite or empty partials, which the combine replaces by 0.
