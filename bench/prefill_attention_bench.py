@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 import torch
 
+from bench.cuda_timing import median_event_ms
 from ignition.components.triton_attention import prefill_splits, triton_paged_prefill_attention
 
 PAGE = 64
@@ -28,20 +27,6 @@ SHAPES = [("smollm2-135m", 9, 3, 64), ("qwen3-8b", 32, 8, 128)]
 CHUNKS = [(128, 11), (512, 370)]
 HISTORIES = [0, 2048, 8192, 32768]
 SPLITS = [1, 2, 4, 8, 16, 32]
-
-
-def _time_ms(fn: Callable[[], object], launches: int = 50) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(launches):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -64,9 +49,9 @@ def main() -> None:
                 attend = partial(
                     triton_paged_prefill_attention, q, kv, table, start, n_valid, dim**-0.5
                 )
-                timings = {str(s): _time_ms(partial(attend, num_splits=s)) for s in SPLITS}
+                timings = {str(s): median_event_ms(partial(attend, num_splits=s)) for s in SPLITS}
                 default = prefill_splits(capacity, 16, kv_heads)
-                timings["default"] = _time_ms(attend)
+                timings["default"] = median_event_ms(attend)
                 row = dict(
                     shape=name,
                     history=history,

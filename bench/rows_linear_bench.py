@@ -14,14 +14,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import triton
 
+from bench.cuda_timing import median_event_ms
 from ignition.components.linear import ROWS_TILE, _rows_linear_kernel
 
 # (model, projection, out features N, in features K)
@@ -38,20 +37,6 @@ SHAPES = [
     ("qwen3-8b", "lm_head", 151936, 4096),
 ]
 TILES = list(itertools.product([16, 32, 64, 128], [64, 128, 256], [3, 4]))
-
-
-def _time_ms(fn: Callable[[], object], launches: int = 50) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(launches):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def _launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, tile: tuple[int, int, int]):
@@ -74,7 +59,7 @@ def main() -> None:
     for model, name, n, k in SHAPES:
         w = torch.randn(n, k, device=device, dtype=torch.bfloat16)
         copy = torch.empty_like(w)
-        copy_ms = _time_ms(lambda w=w, copy=copy: copy.copy_(w))
+        copy_ms = median_event_ms(lambda w=w, copy=copy: copy.copy_(w))
         gbs = 2 * w.numel() * w.element_size() / 1e6 / copy_ms  # read + write
         for rows in (1, 4):
             x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
@@ -82,10 +67,10 @@ def main() -> None:
             tiles: dict[str, float] = {}
             for bn, bk, st in TILES:
                 try:
-                    tiles[f"{bn}x{bk}/s{st}"] = _time_ms(_launch(x, w, y, (bn, bk, st)))
+                    tiles[f"{bn}x{bk}/s{st}"] = median_event_ms(_launch(x, w, y, (bn, bk, st)))
                 except triton.runtime.errors.OutOfResources:
                     continue  # the tile's pipeline does not fit in shared memory
-            cublas = _time_ms(lambda x=x, w=w: F.linear(x, w))
+            cublas = median_event_ms(lambda x=x, w=w: F.linear(x, w))
             best = min(tiles, key=lambda t: tiles[t])
             weight_gb = w.numel() * w.element_size() / 1e9
             rows_out.append(
