@@ -682,28 +682,21 @@ def triton_paged_prefill_attention(
     if num_splits is None:
         num_splits = prefill_splits(num_tokens, block_t, num_kv_heads)
     tiles = triton.cdiv(num_tokens, block_t)
+    inputs = (q, kv, page_table_row, start, n_valid)
+    input_strides = (*q.stride(), *kv.stride(), *page_table_row.stride())
+    tiling = dict(
+        GROUP=group,
+        GROUP_PAD=group_pad,
+        BLOCK_T=block_t,
+        HEAD_DIM=head_dim,
+        PAGE_SIZE=page_size,
+        UPCAST=_INTERPRETED,
+        num_warps=4,
+        num_stages=2,
+    )
     if num_splits == 1:
         _prefill_kernel[(tiles, num_kv_heads)](
-            q,
-            kv,
-            page_table_row,
-            start,
-            n_valid,
-            out,
-            scale * LOG2E,
-            num_tokens,
-            *q.stride(),
-            *kv.stride(),
-            *page_table_row.stride(),
-            *out.stride(),
-            GROUP=group,
-            GROUP_PAD=group_pad,
-            BLOCK_T=block_t,
-            HEAD_DIM=head_dim,
-            PAGE_SIZE=page_size,
-            UPCAST=_INTERPRETED,
-            num_warps=4,
-            num_stages=2,
+            *inputs, out, scale * LOG2E, num_tokens, *input_strides, *out.stride(), **tiling
         )
         return out
 
@@ -714,30 +707,17 @@ def triton_paged_prefill_attention(
         (num_tokens, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
     )
     _prefill_split_kernel[(tiles, num_kv_heads, num_splits)](
-        q,
-        kv,
-        page_table_row,
-        start,
-        n_valid,
+        *inputs,
         part_m,
         part_l,
         part_acc,
         scale * LOG2E,
         num_tokens,
-        *q.stride(),
-        *kv.stride(),
-        *page_table_row.stride(),
+        *input_strides,
         *part_m.stride(),
         *part_acc.stride(),
-        GROUP=group,
-        GROUP_PAD=group_pad,
-        BLOCK_T=block_t,
-        HEAD_DIM=head_dim,
-        PAGE_SIZE=page_size,
         NUM_SPLITS=num_splits,
-        UPCAST=_INTERPRETED,
-        num_warps=4,
-        num_stages=2,
+        **tiling,
     )
     _prefill_combine_kernel[(triton.cdiv(num_tokens, PREFILL_COMBINE_TOKENS), num_heads)](
         part_m,
