@@ -51,16 +51,25 @@ def _decode(prepared: PreparedModel, slot: int) -> tuple[torch.Tensor, int]:
     return staging.logits[0].clone(), int(prepared.storage.state.pending[slot])
 
 
+def _prefill(prepared: PreparedModel, slot: int, *, seed: int, pages: list[int]) -> list[int]:
+    """Admits a random PROMPT-token prompt into ``slot`` over ``pages`` and prefills it
+    in 128-token chunks; returns the prompt."""
+    state, staging = prepared.storage.state, prepared.storage.staging
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(3, 512, (PROMPT,), generator=gen).tolist()
+    state.page_table[slot, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+    _admit(prepared, slot, tokens)
+    for start in range(0, PROMPT, 128):
+        n = min(128, PROMPT - start)
+        pack_chunk(staging, slot, tokens[start : start + n], start + n == PROMPT)
+        prepared.execute(GraphKey(GraphKind.PREFILL, 128))
+    return tokens
+
+
 def check_restore_then_resume(prepared: PreparedModel) -> None:
     state, staging = prepared.storage.state, prepared.storage.staging
     prepared.reset()
-    tokens = torch.randint(3, 512, (PROMPT,), generator=torch.Generator().manual_seed(3)).tolist()
-    state.page_table[1, :3] = torch.tensor([4, 5, 6], dtype=torch.int32)
-    _admit(prepared, 1, tokens)
-    for start in range(0, PROMPT, 128):
-        n = min(128, PROMPT - start)
-        pack_chunk(staging, 1, tokens[start : start + n], start + n == PROMPT)
-        prepared.execute(GraphKey(GraphKind.PREFILL, 128))
+    tokens = _prefill(prepared, 1, seed=3, pages=[4, 5, 6])
     prompt_logits = staging.logits[0].clone()
     first = int(state.pending[1])
 
@@ -70,13 +79,7 @@ def check_restore_then_resume(prepared: PreparedModel) -> None:
     # Slot 2 first serves another prompt of the same length on its own pages, so the
     # restore lands in a slot whose state stands at the same position (stale pending
     # token, hidden vector, histogram and counters that must all be replaced).
-    other = torch.randint(3, 512, (PROMPT,), generator=torch.Generator().manual_seed(4)).tolist()
-    state.page_table[2, :3] = torch.tensor([10, 11, 12], dtype=torch.int32)
-    _admit(prepared, 2, other)
-    for start in range(0, PROMPT, 128):
-        n = min(128, PROMPT - start)
-        pack_chunk(staging, 2, other[start : start + n], start + n == PROMPT)
-        prepared.execute(GraphKey(GraphKind.PREFILL, 128))
+    _prefill(prepared, 2, seed=4, pages=[10, 11, 12])
     assert int(state.consumed[2]) == PROMPT
     # The branch shares full pages 4 and 5 and owns private tail page 9.
     state.page_table[2, :3] = torch.tensor([4, 5, 9], dtype=torch.int32)

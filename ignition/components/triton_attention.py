@@ -536,6 +536,16 @@ def _check_cache(q: torch.Tensor, kv: torch.Tensor) -> tuple[int, int, int, int]
     return num_heads, num_kv_heads, head_dim, page_size
 
 
+def _split_partials(
+    rows: int, heads: int, splits: int, head_dim: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fp32 split-KV partials (m, l, acc) per (row, head, split); allocated by shape, so
+    under capture they come from the graph's pool."""
+    part_m = torch.empty((rows, heads, splits), dtype=torch.float32, device=device)
+    part_acc = torch.empty((rows, heads, splits, head_dim), dtype=torch.float32, device=device)
+    return part_m, torch.empty_like(part_m), part_acc
+
+
 def _check_index(name: str, t: torch.Tensor, dims: int, device: torch.device) -> None:
     if t.dtype != torch.int32 or t.dim() != dims or t.device != device:
         raise ValueError(
@@ -574,12 +584,7 @@ def triton_paged_decode_attention(
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if batch == 0:
         return out
-    # fp32 partials per (row, head, split); captured into the graph's pool under capture.
-    part_m = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
-    part_l = torch.empty_like(part_m)
-    part_acc = torch.empty(
-        (batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
-    )
+    part_m, part_l, part_acc = _split_partials(batch, num_heads, num_splits, head_dim, q.device)
 
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q,
@@ -700,11 +705,8 @@ def triton_paged_prefill_attention(
         )
         return out
 
-    # fp32 partials per (token, head, split); captured into the graph's pool under capture.
-    part_m = torch.empty((num_tokens, num_heads, num_splits), dtype=torch.float32, device=q.device)
-    part_l = torch.empty_like(part_m)
-    part_acc = torch.empty(
-        (num_tokens, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
+    part_m, part_l, part_acc = _split_partials(
+        num_tokens, num_heads, num_splits, head_dim, q.device
     )
     _prefill_split_kernel[(tiles, num_kv_heads, num_splits)](
         *inputs,
