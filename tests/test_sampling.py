@@ -243,6 +243,19 @@ def test_sampler_arithmetic_is_independent_of_live_rows_on_gpu() -> None:
         assert int(one[0]) == int(four[0])
 
 
+def test_padding_rows_never_change_a_requests_draw() -> None:
+    """The graphs sample straight from their staging buffer, whose rows past the step's
+    requests hold stale logits: a request's token must not depend on them."""
+    state, logits = _random_requests("cpu", 7)
+    slots = torch.tensor([2])
+    stale = torch.cat([logits[:1], 50 * torch.randn(3, logits.shape[1])])
+    for counter in range(32):
+        state.counter.fill_(counter)
+        padded = sampling.sample_rows(logits[:1], state, slots, 4)
+        in_place = sampling.sample_rows(stale, state, slots, 4)
+        assert padded.tolist() == in_place.tolist()
+
+
 def _random_requests(device: str, seed: int) -> tuple[RequestState, torch.Tensor]:
     """Five slots of mixed sampling parameters, histories and streams, and 4 rows of
     logits over a vocabulary large enough for real thresholds."""

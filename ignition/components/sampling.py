@@ -115,21 +115,27 @@ def sample_rows(
     rows: int,
     sample: SamplePadded | None = None,
 ) -> torch.Tensor:
-    """One token per row of ``logits`` [n, vocab] (float32), under each row's slot's
-    sampling parameters, penalty histogram and Philox stream.
+    """One token for each of the ``n`` ``slots``, from the first ``n`` rows of
+    ``logits`` (float32, at least ``n`` rows), under each slot's sampling parameters,
+    penalty histogram and Philox stream.
 
     The arithmetic always runs on ``rows`` rows (padding with the null slot): scans
     and reductions pick their algorithm by shape (a single-row cumsum takes a
     different path from a batched one), so a fixed row count keeps a request's
     thresholds, and so its tokens, independent of how many requests share the step.
-    ``sample`` (default ``sample_padded``) is that fixed-shape arithmetic: a compiled
-    version sees one shape whatever ``n`` is, so every step runs the same kernels.
+    Rows are independent, so ``logits`` may already hold ``rows`` rows whatever the
+    padding rows contain (the graphs pass their staging buffer: no copy); fewer rows
+    are padded with zeros. ``sample`` (default ``sample_padded``) is that fixed-shape
+    arithmetic: a compiled version sees one shape whatever ``n`` is, so every step
+    runs the same kernels.
     """
-    n = logits.shape[0]
+    n = slots.shape[0]
+    if logits.shape[0] < rows:
+        pad = logits.new_zeros(rows - logits.shape[0], logits.shape[1])
+        logits = torch.cat([logits, pad])
     if n < rows:
-        logits = torch.cat([logits, logits.new_zeros(rows - n, logits.shape[1])])
         slots = torch.cat([slots, slots.new_zeros(rows - n)])
-    return (sample or sample_padded)(logits, state, slots)[:n]
+    return (sample or sample_padded)(logits[:rows], state, slots)[:n]
 
 
 def sample_padded(logits: torch.Tensor, state: RequestState, slots: torch.Tensor) -> torch.Tensor:

@@ -122,8 +122,10 @@ def build_steps(
     sampler_rows = max(catalog.decode)
     ops = ops or SamplingOps()
 
-    def sample(row_logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        return sampling.sample_rows(row_logits, state, slots, sampler_rows, ops.sample)
+    def sample(slots: torch.Tensor) -> torch.Tensor:
+        # The step's logits are in staging.logits (one row per slot, then stale rows,
+        # which the sampler's independent rows ignore): no padded copy.
+        return sampling.sample_rows(staging.logits, state, slots, sampler_rows, ops.sample)
 
     def decode_step(capacity: int) -> Callable[[], None]:
         def run() -> None:
@@ -140,7 +142,7 @@ def build_steps(
             _save_hidden(state, slots, active, hidden)
             state.consumed.index_copy_(0, slots, consumed + active.to(torch.int32))
             staging.logits[:capacity].copy_(row_logits)
-            tokens = sample(row_logits, slots)
+            tokens = sample(slots)
             ops.commit(state, slots, tokens, active, staging.completions)
 
         return run
@@ -161,7 +163,7 @@ def build_steps(
             state.consumed.index_copy_(0, slot, start + n_valid)
             staging.logits[:1].copy_(row_logits)
             ends_prompt = live & (staging.chunk_sample != 0) & (n_valid > 0)
-            tokens = sample(row_logits, slot)
+            tokens = sample(slot)
             ops.commit(state, slot, tokens, ends_prompt, staging.completions)
 
         return run
@@ -171,7 +173,7 @@ def build_steps(
         live = (slot != NULL_SLOT) & (state.done.index_select(0, slot) == RUNNING)
         row_logits = logits(state.hidden.index_select(0, slot))
         staging.logits[:1].copy_(row_logits)
-        tokens = sample(row_logits, slot)
+        tokens = sample(slot)
         ops.commit(state, slot, tokens, live, staging.completions)
 
     def admit_step() -> None:
