@@ -33,6 +33,14 @@ fn addr_of(core: &Core, name: &str) -> u64 {
     SAMPLE_BASE + core.buffers.iter().find(|b| b.name == name).unwrap().offset
 }
 
+/// A launch of `operation` with no page-table updates.
+fn launch(operation: Operation) -> Launch {
+    Launch {
+        page_updates: Vec::new(),
+        operation,
+    }
+}
+
 fn words(packed: &Packed, write: &Write) -> Vec<i32> {
     packed.bytes[write.offset..write.offset + write.len]
         .chunks(4)
@@ -94,18 +102,15 @@ fn an_admit_packs_every_parameter_in_the_semantic_order() {
         presence_penalty: 0.2,
         frequency_penalty: 0.3,
     };
-    let launch = Launch {
-        page_updates: Vec::new(),
-        operation: Operation::Admit(Admit {
-            slot: Slot(3),
-            prompt: vec![10, 11, 12],
-            max_new_tokens: 40,
-            sampling,
-            seed: u64::MAX - 1,
-            consumed: 0,
-        }),
-    };
-    let packed = staging.pack(&launch).unwrap();
+    let admit = launch(Operation::Admit(Admit {
+        slot: Slot(3),
+        prompt: vec![10, 11, 12],
+        max_new_tokens: 40,
+        sampling,
+        seed: u64::MAX - 1,
+        consumed: 0,
+    }));
+    let packed = staging.pack(&admit).unwrap();
     let by_addr: HashMap<u64, &Write> = packed.writes.iter().map(|w| (w.addr, w)).collect();
     let get = |name: &str| words(&packed, by_addr[&addr_of(&core, name)]);
     assert_eq!(get("staging.admit_slot"), vec![3]);
@@ -130,25 +135,19 @@ fn an_admit_packs_every_parameter_in_the_semantic_order() {
 fn a_chunk_and_a_resume_select_their_graphs() {
     let core = core();
     let staging = layout(core.clone()).unwrap();
-    let chunk = Launch {
-        page_updates: Vec::new(),
-        operation: Operation::PrefillChunk(PrefillChunk {
-            slot: Slot(1),
-            capacity: 256,
-            tokens: vec![4; 130],
-            ends_prompt: true,
-        }),
-    };
+    let chunk = launch(Operation::PrefillChunk(PrefillChunk {
+        slot: Slot(1),
+        capacity: 256,
+        tokens: vec![4; 130],
+        ends_prompt: true,
+    }));
     let packed = staging.pack(&chunk).unwrap();
     assert_eq!(packed.graph, graph_position(&core, GraphKind::Prefill, 256));
     assert_eq!(packed.rows, 1);
     let sample = packed.writes.last().unwrap();
     assert_eq!(sample.addr, addr_of(&core, "staging.chunk_sample"));
     assert_eq!(words(&packed, sample), vec![1]);
-    let resume = Launch {
-        page_updates: Vec::new(),
-        operation: Operation::Resume(Resume { slot: Slot(2) }),
-    };
+    let resume = launch(Operation::Resume(Resume { slot: Slot(2) }));
     let packed = staging.pack(&resume).unwrap();
     assert_eq!(packed.graph, graph_position(&core, GraphKind::Resume, 1));
     assert_eq!(words(&packed, &packed.writes[0]), vec![2]);
@@ -158,13 +157,10 @@ fn a_chunk_and_a_resume_select_their_graphs() {
 fn snapshot_and_restore_pack_the_maintenance_inputs_and_read_the_status_back() {
     let core = core();
     let staging = layout(core.clone()).unwrap();
-    let snapshot = Launch {
-        page_updates: Vec::new(),
-        operation: Operation::Snapshot(Snapshot {
-            slot: Slot(3),
-            row: SnapshotRow(1),
-        }),
-    };
+    let snapshot = launch(Operation::Snapshot(Snapshot {
+        slot: Slot(3),
+        row: SnapshotRow(1),
+    }));
     let packed = staging.pack(&snapshot).unwrap();
     assert_eq!(packed.graph, graph_position(&core, GraphKind::Snapshot, 1));
     assert_eq!((packed.rows, packed.status), (0, true));
@@ -210,26 +206,20 @@ fn snapshot_and_restore_pack_the_maintenance_inputs_and_read_the_status_back() {
 #[test]
 fn launches_that_do_not_fit_are_refused() {
     let staging = layout(core()).unwrap();
-    let too_long = Launch {
-        page_updates: Vec::new(),
-        operation: Operation::PrefillChunk(PrefillChunk {
-            slot: Slot(1),
-            capacity: 256,
-            tokens: vec![4; 257],
-            ends_prompt: false,
-        }),
-    };
+    let too_long = launch(Operation::PrefillChunk(PrefillChunk {
+        slot: Slot(1),
+        capacity: 256,
+        tokens: vec![4; 257],
+        ends_prompt: false,
+    }));
     assert!(matches!(
         staging.pack(&too_long),
         Err(StagingError::TooLong { what: "chunk", .. })
     ));
-    let no_graph = Launch {
-        page_updates: Vec::new(),
-        operation: Operation::Decode(Decode {
-            capacity: 3,
-            slots: vec![Slot(1); 3],
-        }),
-    };
+    let no_graph = launch(Operation::Decode(Decode {
+        capacity: 3,
+        slots: vec![Slot(1); 3],
+    }));
     assert!(matches!(
         staging.pack(&no_graph),
         Err(StagingError::NoGraph { capacity: 3, .. })
@@ -249,15 +239,12 @@ fn launches_that_do_not_fit_are_refused() {
             ..
         })
     ));
-    let token = Launch {
-        page_updates: Vec::new(),
-        operation: Operation::PrefillChunk(PrefillChunk {
-            slot: Slot(1),
-            capacity: 128,
-            tokens: vec![u32::MAX],
-            ends_prompt: false,
-        }),
-    };
+    let token = launch(Operation::PrefillChunk(PrefillChunk {
+        slot: Slot(1),
+        capacity: 128,
+        tokens: vec![u32::MAX],
+        ends_prompt: false,
+    }));
     assert!(matches!(
         staging.pack(&token),
         Err(StagingError::OutOfRange { what: "chunk", .. })
@@ -350,13 +337,10 @@ fn packing_into_a_reused_buffer_equals_a_fresh_pack() {
             consumed: 0,
         }),
     };
-    let decode = Launch {
-        page_updates: Vec::new(),
-        operation: Operation::Decode(Decode {
-            capacity: 2,
-            slots: vec![Slot(1), Slot::NULL],
-        }),
-    };
+    let decode = launch(Operation::Decode(Decode {
+        capacity: 2,
+        slots: vec![Slot(1), Slot::NULL],
+    }));
     let mut reused = Packed::default();
     for launch in [&admit, &decode, &admit] {
         staging.pack_into(launch, &mut reused).unwrap();
