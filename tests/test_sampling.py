@@ -256,11 +256,10 @@ def test_padding_rows_never_change_a_requests_draw() -> None:
         assert padded.tolist() == in_place.tolist()
 
 
-def _random_requests(device: str, seed: int) -> tuple[RequestState, torch.Tensor]:
+def _random_requests(device: str, seed: int, vocab: int = 512) -> tuple[RequestState, torch.Tensor]:
     """Five slots of mixed sampling parameters, histories and streams, and 4 rows of
     logits over a vocabulary large enough for real thresholds."""
     gen = torch.Generator().manual_seed(seed)
-    vocab = 512
     state = RequestState.allocate(5, vocab, 4, 8, torch.float32, torch.device(device))
     state.temperature.copy_(torch.tensor([1.0, 0.7, 1.0, 1.3, 0.9]))
     state.top_k.copy_(torch.tensor([0, 20, 0, 5, 0], dtype=torch.int32))
@@ -278,7 +277,10 @@ def _random_requests(device: str, seed: int) -> tuple[RequestState, torch.Tensor
     return state, logits.to(device)
 
 
-def _compiled_sampler_matches_eager(device: str, backend: str) -> None:
+def _compiled_sampler_matches_eager(device: str, backend: str, vocab: int = 512) -> None:
+    # Each call compiles the commit at three shapes; Dynamo's per-function recompile
+    # limit (8) counts across calls, so every call starts from an empty cache.
+    torch._dynamo.reset()
     eager = SamplingOps()
     ops = SamplingOps(
         sample=torch.compile(
@@ -292,7 +294,7 @@ def _compiled_sampler_matches_eager(device: str, backend: str) -> None:
         for rows_used in (1, 2, 4):  # decode capacities 1, 2, 4 and a prefill's one row
             runs = []
             for step in (eager, ops):
-                state, logits = _random_requests(device, seed)
+                state, logits = _random_requests(device, seed, vocab)
                 completions = torch.zeros(4, 6, dtype=torch.int32, device=device)
                 slots = torch.tensor([1, 2, 3, 4][:rows_used], device=device)
                 active = torch.tensor([True, True, False, True][:rows_used], device=device)
@@ -319,6 +321,15 @@ def test_the_compiled_sampler_and_commit_match_eager_on_gpu() -> None:
     # float reductions may round differently from eager's, so a token could differ
     # only at a near-tie of a threshold (none in these draws).
     _compiled_sampler_matches_eager("cuda", "inductor")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vocab", [49152, 151936])
+def test_the_sampler_compiles_at_served_vocabularies_on_gpu(vocab: int) -> None:
+    # SmolLM2's and Qwen3's vocabularies over 4 rows: Inductor splits each row's scan
+    # over several programs there (a 512-token row takes one), and failed to generate
+    # the split scan of the thresholded mass that preparation compiled.
+    _compiled_sampler_matches_eager("cuda", "inductor", vocab)
 
 
 @pytest.mark.gpu

@@ -101,8 +101,13 @@ def filtered_cumulative(
     threshold_p = sorted_p.gather(1, nucleus_end)
     threshold_min = col(state.min_p) * sorted_p[:, :1]
     threshold = torch.maximum(torch.maximum(threshold_k, threshold_p), threshold_min)
-    kept = torch.where(sorted_p >= threshold, sorted_p, 0.0)
-    return order, kept.cumsum(dim=-1), (sorted_p >= threshold).sum(dim=-1, keepdim=True)
+    # The probabilities are sorted, so the kept tokens are a prefix and their
+    # cumulative mass is the prefix of ``cumulative``: one scan, over a plain sorted
+    # buffer (Inductor's split scan of a thresholded input fails to generate code).
+    kept_count = (sorted_p >= threshold).sum(dim=-1, keepdim=True)
+    kept_mass = cumulative.gather(1, (kept_count - 1).clamp(min=0))
+    position = torch.arange(vocab, device=logits.device).unsqueeze(0)
+    return order, torch.where(position < kept_count, cumulative, kept_mass), kept_count
 
 
 SamplePadded = Callable[[torch.Tensor, RequestState, torch.Tensor], torch.Tensor]
