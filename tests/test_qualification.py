@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,8 @@ from ignition.export.manifest import named_buffers
 from ignition.export.qualification import (
     QualificationRecorder,
     changed_span,
+    digest,
+    full_digest_period,
     replay_qualification,
     run_workload,
 )
@@ -84,3 +87,27 @@ def test_a_changed_input_is_caught(prepared: PreparedModel) -> None:
     write.data = bytes(data)
     mismatches = replay_qualification(prepared, qualification, buffers, keys)
     assert mismatches and "state.hidden" in " ".join(mismatches)
+
+
+def test_a_streamed_digest_is_the_digest_of_the_bytes() -> None:
+    tensor = torch.arange(1000, dtype=torch.int32)
+    whole = hashlib.sha256(tensor.numpy().tobytes()).hexdigest()
+    assert digest(tensor, chunk=96) == whole  # chunks that split elements
+    assert digest(tensor) == whole
+    with pytest.raises(ValueError, match="contiguous"):
+        digest(tensor.view(10, 100).t())
+
+
+def test_the_full_digest_period_grows_with_the_written_pools() -> None:
+    def sized(kv_bytes: int) -> dict[str, torch.Tensor]:
+        return {
+            "weight.w": torch.empty(1, dtype=torch.uint8).expand(3 << 32),  # never counted
+            "kv.pages": torch.empty(1, dtype=torch.uint8).expand(kv_bytes),
+            "snapshot.kv": torch.empty(1, dtype=torch.uint8).expand(1 << 20),
+            "state.counter": torch.empty(1, dtype=torch.uint8).expand(1 << 40),
+        }
+
+    assert full_digest_period(sized(700 << 20)) == 8  # SmolLM2's pool: as before
+    assert full_digest_period(sized((2 << 30) - (1 << 20))) == 8
+    assert full_digest_period(sized(2 << 30)) == 16
+    assert full_digest_period(sized(10368 << 20)) == 48  # the 8B's 1,152 pages

@@ -4,7 +4,9 @@ Recording wraps ``PreparedModel.execute``. Before each launch it records the byt
 the host changed since the previous launch (state and staging are the only buffers
 the host writes: page tables and packed inputs), as the smallest differing span per
 buffer; after the launch it records SHA-256 digests of the buffers the graphs write
-(every ``full_every`` steps and at the last, also the KV pages and the weights). The
+(every ``full_every`` steps, also the KV pages and snapshot pages; at the last, also
+the weights). ``full_every`` grows with those pages' size, so a large pool is
+digested a bounded number of times (hashing runs at a few GB/s). The
 sequence starts from the prepared model right after ``reset()``, which is what an
 exported core holds at load: initial contents, zeros elsewhere.
 
@@ -17,6 +19,7 @@ then a prefix snapshot, a restore into another slot, a resume and decodes of bot
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -34,6 +37,11 @@ HOST_WRITTEN = ("state.", "staging.")
 # ``full_every`` steps, weights (which no graph writes) only at the last step.
 LARGE = ("kv.", "weight.", "snapshot.kv")
 READ_ONLY = ("weight.",)
+# One full digest of the large written buffers per 8 steps for each 2 GiB of them.
+FULL_EVERY_PER_SIZE = 8
+FULL_DIGEST_BYTES = 2 << 30
+# Device buffers are hashed through host copies of this many bytes at a time.
+DIGEST_CHUNK = 256 << 20
 
 
 def buffer_bytes(tensor: torch.Tensor) -> np.ndarray:
@@ -43,8 +51,26 @@ def buffer_bytes(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().reshape(-1).view(torch.uint8).cpu().numpy()
 
 
-def digest(tensor: torch.Tensor) -> str:
-    return hashlib.sha256(buffer_bytes(tensor).tobytes()).hexdigest()
+def digest(tensor: torch.Tensor, chunk: int = DIGEST_CHUNK) -> str:
+    """SHA-256 of a contiguous tensor's bytes, streamed through the host ``chunk``
+    bytes at a time (no host copy of a whole page pool)."""
+    if not tensor.is_contiguous():
+        raise ValueError("qualification reads contiguous buffers only")
+    flat = tensor.detach().reshape(-1).view(torch.uint8)
+    sha = hashlib.sha256()
+    for start in range(0, flat.numel(), chunk):
+        sha.update(flat[start : start + chunk].cpu().numpy())
+    return sha.hexdigest()
+
+
+def full_digest_period(buffers: dict[str, torch.Tensor]) -> int:
+    """Steps between full digests: 8 per started 2 GiB of the large written buffers."""
+    large = sum(
+        tensor.numel() * tensor.element_size()
+        for name, tensor in buffers.items()
+        if name.startswith(LARGE) and not name.startswith(READ_ONLY)
+    )
+    return FULL_EVERY_PER_SIZE * max(1, math.ceil(large / FULL_DIGEST_BYTES))
 
 
 def changed_span(before: np.ndarray, after: np.ndarray) -> tuple[int, int] | None:
@@ -63,12 +89,12 @@ class QualificationRecorder:
         prepared: PreparedModel,
         buffers: dict[str, torch.Tensor],
         graph_index: dict[GraphKey, int],
-        full_every: int = 8,
+        full_every: int | None = None,
     ) -> None:
         self.prepared = prepared
         self.buffers = buffers
         self.graph_index = graph_index
-        self.full_every = full_every
+        self.full_every = full_every or full_digest_period(buffers)
         self.steps: list[pb.QualificationStep] = []
         self._mirror = {
             name: buffer_bytes(t).copy()
