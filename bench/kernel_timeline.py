@@ -12,7 +12,7 @@ graph launch runs, with the launch's correlation id). Per capacity it reports:
 - the kernels by total time (name, count per launch, median duration).
 
     python bench/kernel_timeline.py MODEL --capacities 1 4 --steps 50 --out timeline.json \\
-        [--trace-dir DIR] [--context-limit N] [--no-compile [--compile-sampling]]
+        [--trace-dir DIR] [--context-limit N] [--no-compile] [--[no-]compile-sampling]
 
 ``summarize`` (the aggregation) is pure and tested on the CPU; the measurement needs
 a GPU.
@@ -147,7 +147,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             max_concurrency=max(capacities),
             context_limit=args.context_limit,
             compile=not args.no_compile,
-            compile_sampling=True if args.compile_sampling else None,
+            compile_sampling=args.compile_sampling,
         ),
     )
     catalog = prepared.catalog
@@ -215,7 +215,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--context-limit", type=int, default=4096)
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument(
-        "--compile-sampling", action="store_true", help="compile the sampler even uncompiled"
+        "--compile-sampling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="compile the sampler, or not (default: as the forwards)",
     )
     parser.add_argument("--trace-dir", type=Path, help="keep the Chrome traces here")
     parser.add_argument("--out", type=Path, required=True, help="results JSON (and .md)")

@@ -124,6 +124,22 @@ qwen_core=$work/qwen3-8b-core
 # prompts plus their answers (66,560 = 1,040 pages of 64 tokens).
 qwen_suite=(--lengths 512 4096 32768 65536 --agent-tokens 32768)
 
+# The floor (`as_prepared floor`) and the timeline (`as_prepared timeline`) prepare
+# their forwards as the core's were: the preparation options of PREPARE_ARGS, in
+# their own spelling.
+as_prepared() {
+  local flag
+  for flag in ${PREPARE_ARGS:-}; do
+    case $1:$flag in
+      floor:--no-compile) echo --replay-no-compile ;;
+      floor:--compile-sampling) echo --replay-compile-sampling ;;
+      floor:--no-compile-sampling) echo --no-replay-compile-sampling ;;
+      timeline:--no-compile | timeline:--compile-sampling | timeline:--no-compile-sampling)
+        echo "$flag" ;;
+    esac
+  done
+}
+
 case $stage in
   smollm2-prepare)
     gguf=${1:?$usage}
@@ -139,19 +155,17 @@ case $stage in
     baselines_stage "$smol" smollm2-135m "${smol_suite[@]}"
     ;;
   smollm2-floor)
-    python3 -m bench.suite --replay "$smol" --engine python-floor --out "$out/python-floor.json" \
+    python3 -m bench.suite --replay "$smol" $(as_prepared floor) --engine python-floor \
+      --out "$out/python-floor.json" \
       --tokenizer "$smol" --geometry smollm2-135m --context-limit 8192 "${smol_suite[@]}" \
       2>&1 | tee "$out/python-floor.log"
     ;;
   smollm2-timeline)
-    python3 bench/kernel_timeline.py "$smol" --capacities 1 4 --context-limit 8192 \
+    python3 bench/kernel_timeline.py "$smol" $(as_prepared timeline) --capacities 1 4 --context-limit 8192 \
       --out "$out/timeline/smollm2.json" --trace-dir "$out/timeline" 2>&1 | tail -20
     ;;
   qwen3-8b-timeline)
-    timeline_args=()
-    [[ " ${PREPARE_ARGS:-} " == *" --no-compile "* ]] && timeline_args+=(--no-compile)
-    [[ " ${PREPARE_ARGS:-} " == *" --compile-sampling "* ]] && timeline_args+=(--compile-sampling)
-    python3 bench/kernel_timeline.py "$qwen" "${timeline_args[@]}" --capacities 1 4 --context-limit 8192 \
+    python3 bench/kernel_timeline.py "$qwen" $(as_prepared timeline) --capacities 1 4 --context-limit 8192 \
       --out "$out/timeline/qwen3-8b.json" --trace-dir "$out/timeline" 2>&1 | tail -20
     ;;
   qwen3-8b-prepare)
@@ -171,12 +185,7 @@ case $stage in
     baselines_stage "$qwen" qwen3-8b "${qwen_suite[@]}"
     ;;
   qwen3-8b-floor)
-    floor_args=()
-    # The floor replays forwards prepared as the core's were.
-    [[ " ${PREPARE_ARGS:-} " == *" --no-compile "* ]] && floor_args+=(--replay-no-compile)
-    [[ " ${PREPARE_ARGS:-} " == *" --compile-sampling "* ]] &&
-      floor_args+=(--replay-compile-sampling)
-    python3 -m bench.suite --replay "$qwen" "${floor_args[@]}" --engine python-floor \
+    python3 -m bench.suite --replay "$qwen" $(as_prepared floor) --engine python-floor \
       --out "$out/python-floor.json" \
       --tokenizer "$qwen" --geometry qwen3-8b --context-limit 66560 "${qwen_suite[@]}" \
       2>&1 | tee "$out/python-floor.log"

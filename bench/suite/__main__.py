@@ -357,8 +357,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--replay-compile-sampling",
-        action="store_true",
-        help="with --replay-no-compile: compile the sampler still (as --compile-sampling)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="compile the replay floor's sampler, or not (as ignition prepare "
+        "--[no-]compile-sampling; default: as the forwards)",
     )
     parser.add_argument("--dump-requests", type=Path, help="also write the requests here")
     parser.add_argument("--note", default="", help="free text kept in the results")
@@ -454,7 +456,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             context_limit=args.context_limit,
             eager=args.replay_eager,
             compile=not args.replay_no_compile,
-            compile_sampling=True if args.replay_compile_sampling else None,
+            compile_sampling=args.replay_compile_sampling,
         )
         results["startup_s"] = time.perf_counter() - started
         results["target"] = str(model)
