@@ -1,24 +1,57 @@
-"""Timing a GPU operation for the micro-benchmarks: CUDA events around each launch."""
+"""Timing GPU operations for the micro-benchmarks as Flare runs them: inside a CUDA
+graph, back to back, with operands that do not stay in L2.
+
+Timing each eager launch between CUDA events measures the host's launch latency
+(tens of microseconds for a Triton launch from Python) whenever the kernel is
+shorter; a graph of calls replays them without the host. Serving reads each layer's
+weights once per step with every other layer's in between, so the calls rotate
+over copies of their operands, together larger than the L2 cache.
+"""
 
 from __future__ import annotations
 
+import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+# Distinct operand bytes a graph's calls read before one repeats: more than twice
+# the H200's 50 MiB L2 cache.
+COLD_BYTES = 128 << 20
+MAX_COPIES = 256
+MIN_CALLS = 8
 
 
-def median_event_ms(fn: Callable[[], object], launches: int = 50, warmup: int = 5) -> float:
-    """The median of ``launches`` CUDA-event timings of ``fn`` (after ``warmup`` calls,
-    which also compile it), each launch synchronized before the next."""
+def cold_copies(operand_bytes: int) -> int:
+    """How many copies of an operand of ``operand_bytes`` the calls rotate over."""
+    return max(1, min(MAX_COPIES, math.ceil(COLD_BYTES / max(operand_bytes, 1))))
+
+
+def median_graph_ms(
+    calls: Sequence[Callable[[], object]], launches: int = 20, warmup: int = 2
+) -> float:
+    """Per-call milliseconds: the median over ``launches`` replays of one CUDA graph
+    holding ``calls`` (repeated to at least 8), divided by the calls it holds. The
+    warm-up runs each call eagerly first (compiling it) on a side stream."""
     import torch
 
-    for _ in range(warmup):
-        fn()
+    sequence = list(calls) * math.ceil(MIN_CALLS / len(calls))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            for call in sequence:
+                call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in sequence:
+            call()
     times = []
     for _ in range(launches):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) / len(sequence))
     return statistics.median(times)

@@ -4,9 +4,10 @@ device's copy bandwidth: the data behind the kernel's tile choice.
 
     python bench/rows_linear_bench.py [--out bench.json]
 
-For each weight shape and 1 and 4 rows: the median of CUDA events around 50 launches
-per (BLOCK_N, BLOCK_K, num_stages), F.linear's, and the weight bytes over the time as
-GB/s, beside a device-to-device copy of the same bytes. Needs a GPU.
+For each weight shape and 1 and 4 rows: the time per call inside a CUDA graph, over
+weight copies larger than L2 together (``bench/cuda_timing.py``), per (BLOCK_N,
+BLOCK_K, num_stages), F.linear's, and the weight bytes over the time as GB/s, beside
+a device-to-device copy of the same bytes. Needs a GPU.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from bench.cuda_timing import median_event_ms
+from bench.cuda_timing import cold_copies, median_graph_ms
 from ignition.components.linear import ROWS_TILE, _rows_linear_kernel
 
 # (model, projection, out features N, in features K)
@@ -58,8 +59,12 @@ def main() -> None:
     rows_out = []
     for model, name, n, k in SHAPES:
         w = torch.randn(n, k, device=device, dtype=torch.bfloat16)
-        copy = torch.empty_like(w)
-        copy_ms = median_event_ms(lambda w=w, copy=copy: copy.copy_(w))
+        weights = [w] + [w.clone() for _ in range(cold_copies(w.numel() * w.element_size()) - 1)]
+        copies = [torch.empty_like(w) for w in weights]
+        copy_ms = median_graph_ms(
+            [lambda w=w, c=c: c.copy_(w) for w, c in zip(weights, copies, strict=True)]
+        )
+        del copies
         gbs = 2 * w.numel() * w.element_size() / 1e6 / copy_ms  # read + write
         for rows in (1, 4):
             x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
@@ -67,10 +72,12 @@ def main() -> None:
             tiles: dict[str, float] = {}
             for bn, bk, st in TILES:
                 try:
-                    tiles[f"{bn}x{bk}/s{st}"] = median_event_ms(_launch(x, w, y, (bn, bk, st)))
+                    tiles[f"{bn}x{bk}/s{st}"] = median_graph_ms(
+                        [_launch(x, w, y, (bn, bk, st)) for w in weights]
+                    )
                 except triton.runtime.errors.OutOfResources:
                     continue  # the tile's pipeline does not fit in shared memory
-            cublas = median_event_ms(lambda x=x, w=w: F.linear(x, w))
+            cublas = median_graph_ms([lambda x=x, w=w: F.linear(x, w) for w in weights])
             best = min(tiles, key=lambda t: tiles[t])
             weight_gb = w.numel() * w.element_size() / 1e9
             rows_out.append(
