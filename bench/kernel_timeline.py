@@ -12,7 +12,8 @@ graph launch runs, with the launch's correlation id). Per capacity it reports:
 - the kernels by total time (name, count per launch, median duration).
 
     python bench/kernel_timeline.py MODEL --capacities 1 4 --steps 50 --out timeline.json \\
-        [--trace-dir DIR] [--context-limit N] [--no-compile] [--[no-]compile-sampling]
+        [--trace-dir DIR] [--context-limit N] [--no-compile] [--compile-scope S] \\
+        [--[no-]compile-sampling]
 
 ``summarize`` (the aggregation) is pure and tested on the CPU; the measurement needs
 a GPU.
@@ -148,6 +149,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             context_limit=args.context_limit,
             compile=not args.no_compile,
             compile_sampling=args.compile_sampling,
+            compile_scope=args.compile_scope,
         ),
     )
     catalog = prepared.catalog
@@ -214,6 +216,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--context-limit", type=int, default=4096)
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument(
+        "--compile-scope",
+        choices=("forward", "layer"),
+        default="forward",
+        help="compiled regions, as ignition prepare --compile-scope",
+    )
     parser.add_argument(
         "--compile-sampling",
         action=argparse.BooleanOptionalAction,

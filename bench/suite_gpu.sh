@@ -25,7 +25,8 @@
 # WHEELS, when set, names folders of wheels (space-separated) installed first (the
 # machine has no registry): gguf and flare_heliopause, plus openai's and
 # transformers serve's dependencies for the baselines. PREPARE_ARGS, when set, adds
-# options to `ignition prepare` (for example --no-compile).
+# options to `ignition prepare` (for example --no-compile, or --compile-scope=layer:
+# written with `=`, as the floor and the timeline follow it).
 set -uo pipefail
 usage="usage: bench/suite_gpu.sh STAGE OUT [GGUF|FLARE|DIR] (see the header)"
 stage=${1:?$usage}
@@ -136,7 +137,9 @@ as_prepared() {
       floor:--no-compile) echo --replay-no-compile ;;
       floor:--compile-sampling) echo --replay-compile-sampling ;;
       floor:--no-compile-sampling) echo --no-replay-compile-sampling ;;
-      timeline:--no-compile | timeline:--compile-sampling | timeline:--no-compile-sampling)
+      floor:--compile-scope=*) echo "--replay-compile-scope=${flag#--compile-scope=}" ;;
+      timeline:--no-compile | timeline:--compile-sampling | timeline:--no-compile-sampling | \
+        timeline:--compile-scope=*)
         echo "$flag" ;;
     esac
   done

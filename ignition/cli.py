@@ -16,7 +16,12 @@ from ignition.loading.default_model import default_model_path
 from ignition.loading.source import CheckpointError
 from ignition.preparation.catalog import CatalogError
 from ignition.preparation.memory import MemoryPlanError
-from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare
+from ignition.preparation.prepared import (
+    COMPILE_SCOPES,
+    PreparedModel,
+    PrepareOptions,
+    prepare,
+)
 from ignition.replay.harness import AdmissionError, Harness, Request, SamplingParams
 
 DESCRIPTION = """Ignition prepares a checkpoint (a Transformers directory with config.json and
@@ -66,6 +71,14 @@ def _add_preparation(parser: argparse.ArgumentParser) -> None:
         "--no-compile", action="store_true", help="skip torch.compile of the forwards"
     )
     parser.add_argument(
+        "--compile-scope",
+        choices=COMPILE_SCOPES,
+        default="forward",
+        help="what one compiled region holds: a whole forward (default; fusions across "
+        "layers, compile time grows with depth) or each decoder layer (one compilation "
+        "per shape serves every layer: for deep models)",
+    )
+    parser.add_argument(
         "--compile-sampling",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -88,6 +101,7 @@ def _options(args: argparse.Namespace, capture: bool) -> PrepareOptions:
         snapshot_rows=args.snapshot_rows,
         gpu_reserve_gib=args.gpu_reserve_gib,
         compile=not args.no_compile,
+        compile_scope=args.compile_scope,
         compile_sampling=args.compile_sampling,
         capture=capture and device == "cuda",
         device=device,

@@ -153,17 +153,13 @@ class PagedAttention(nn.Module):
     def __init__(
         self,
         canonical: nn.Module,
-        layer: int,
         qkv: torch.Tensor,
         qkv_bias: torch.Tensor | None,
-        cache: PagedKvCache,
         geometry: Geometry,
     ) -> None:
         super().__init__()
-        self.layer = layer
         self.register_buffer("qkv", qkv, persistent=False)
         self.register_buffer("qkv_bias", qkv_bias, persistent=False)
-        self.cache = cache
         self.o_proj = canonical.o_proj
         self.q_norm = getattr(canonical, "q_norm", None)
         self.k_norm = getattr(canonical, "k_norm", None)
@@ -178,8 +174,12 @@ class PagedAttention(nn.Module):
         hidden_states: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         step: AttentionStep,
+        kv: torch.Tensor,
         **_: object,
     ) -> tuple[torch.Tensor, None]:
+        """``kv``: this layer's pages, ``cache.kv[layer : layer + 1]``. The layer is
+        chosen by the caller, never by an attribute: every layer runs the same code
+        on its own tensors, so one compiled layer serves them all."""
         g = self.geometry
         x = hidden_states[0]
         tokens = x.shape[0]
@@ -193,17 +193,15 @@ class PagedAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = position_embeddings
         q, k = self.apply_rotary(q, k, cos, sin, unsqueeze_dim=1)
-        write_kv(self.cache.kv, self.layer, k, v, step.rows)
+        write_kv(kv, 0, k, v, step.rows)
         if step.seq_lens is not None:
-            out = decode_attention(
-                q, self.cache.kv, self.layer, step.page_tables, step.seq_lens, self.scaling
-            )
+            out = decode_attention(q, kv, 0, step.page_tables, step.seq_lens, self.scaling)
         else:
             assert step.start is not None and step.n_valid is not None
             out = prefill_attention(
                 q,
-                self.cache.kv,
-                self.layer,
+                kv,
+                0,
                 step.page_tables,
                 step.start,
                 step.n_valid,
@@ -290,7 +288,7 @@ class LlamaModel:
             ):
                 self.mapping.place(f"{prefix}mlp.{proj}.weight", gate_up[lo:hi])
                 packed.add(f"{prefix}mlp.{proj}.weight")
-            layer.self_attn = PagedAttention(attn, i, qkv, bias, cache, g)
+            layer.self_attn = PagedAttention(attn, qkv, bias, g)
             layer.mlp = PackedMLP(gate_up, layer.mlp.down_proj, layer.mlp.act_fn, g.intermediate)
         for name, param in list(model.named_parameters()):
             if name in packed:
@@ -328,9 +326,20 @@ class LlamaModel:
         text = self.model.model
         h = text.embed_tokens(tokens).unsqueeze(0)
         embeddings = self.rotary.lookup(positions)
-        for layer in text.layers:
-            h = layer(h, position_embeddings=embeddings, step=step)
+        kv = self.cache.kv
+        for i, layer in enumerate(text.layers):
+            h = layer(h, position_embeddings=embeddings, step=step, kv=kv[i : i + 1])
         return text.norm(h)[0]
+
+    def compile_layers(self, **options: object) -> None:
+        """Regional compilation: each decoder layer and the final norm as its own
+        compiled region (``torch.compile`` ``options``). The layers' code is one and
+        their weights and pages are inputs, so one compilation per shape serves every
+        layer: compile time no longer grows with depth. The embedding, the rotary
+        lookup and the vocabulary head run as they are (a few kernels per step)."""
+        for layer in self.model.model.layers:
+            layer.compile(**options)
+        self.model.model.norm.compile(**options)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 vocabulary logits of final hidden vectors."""

@@ -34,6 +34,7 @@ def write_tiny(
     seed: int = 0,
     hidden: int = 64,
     head_dim: int = 16,
+    layers: int = 2,
 ) -> Path:
     """A tiny ``llama`` or ``qwen3`` checkpoint with GQA (4 heads, 2 KV heads)."""
     torch.manual_seed(seed)
@@ -41,7 +42,7 @@ def write_tiny(
         vocab_size=VOCAB,
         hidden_size=hidden,
         intermediate_size=2 * hidden,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=2048,

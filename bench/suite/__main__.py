@@ -356,6 +356,12 @@ def build_parser() -> argparse.ArgumentParser:
         "ignition prepare --no-compile)",
     )
     parser.add_argument(
+        "--replay-compile-scope",
+        choices=("forward", "layer"),
+        default="forward",
+        help="the replay floor's compiled regions (as ignition prepare --compile-scope)",
+    )
+    parser.add_argument(
         "--replay-compile-sampling",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -457,6 +463,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             eager=args.replay_eager,
             compile=not args.replay_no_compile,
             compile_sampling=args.replay_compile_sampling,
+            compile_scope=args.replay_compile_scope,
         )
         results["startup_s"] = time.perf_counter() - started
         results["target"] = str(model)

@@ -20,7 +20,7 @@ import torch
 
 from bench.suite.client import Sample
 from bench.suite.workloads import BenchRequest
-from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare
+from ignition.preparation.prepared import CompileScope, PreparedModel, PrepareOptions, prepare
 from ignition.replay.harness import AdmissionError, Harness, Request, SamplingParams
 
 
@@ -32,9 +32,11 @@ def prepare_floor(
     eager: bool,
     compile: bool = True,
     compile_sampling: bool | None = None,
+    compile_scope: CompileScope = "forward",
 ) -> PreparedModel:
     """``model`` prepared as ``ignition replay`` prepares it (bf16, compiled unless
-    not ``compile``, the sampler as ``compile_sampling`` says, captured on CUDA), or
+    not ``compile``, in regions of ``compile_scope``, the sampler as ``compile_sampling``
+    says, captured on CUDA), or
     ``eager``: float32 on the CPU, no graphs (for tests)."""
     if eager:
         options = PrepareOptions(
@@ -52,6 +54,7 @@ def prepare_floor(
             context_limit=context_limit,
             compile=compile,
             compile_sampling=compile_sampling,
+            compile_scope=compile_scope,
         )
     return prepare(model, options)
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -41,6 +42,8 @@ from recipes import llama
 # slot so older turns of long conversations survive for branches (a row costs one KV
 # page and one hidden vector: 1.4 MiB for SmolLM2-135M, 9 MiB for Qwen3-8B).
 SNAPSHOT_ROWS_PER_SLOT = 32
+CompileScope = Literal["forward", "layer"]
+COMPILE_SCOPES: tuple[CompileScope, ...] = ("forward", "layer")
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,10 @@ class PrepareOptions:
     gpu_reserve_gib: float = 2.0
     capture_headroom_gib: float = 2.0
     compile: bool = True
+    # What one compiled region holds: "forward", a whole decode or prefill forward
+    # (fusions across layers; compile time grows with depth), or "layer", each
+    # decoder layer alone (one compilation per shape serves every layer).
+    compile_scope: CompileScope = "forward"
     # Compile the sampler and commit (small, independent of the model's size); None:
     # as ``compile``.
     compile_sampling: bool | None = None
@@ -269,8 +276,11 @@ def prepare(
         torch._inductor.config.emulate_precision_casts = True
         torch._dynamo.config.recompile_limit = 256
         torch._dynamo.config.accumulated_recompile_limit = 4096
-        decode = torch.compile(decode, fullgraph=False, dynamic=False)
-        prefill = torch.compile(prefill, fullgraph=False, dynamic=False)
+        if options.compile_scope == "layer":
+            model.compile_layers(fullgraph=False, dynamic=False)
+        else:
+            decode = torch.compile(decode, fullgraph=False, dynamic=False)
+            prefill = torch.compile(prefill, fullgraph=False, dynamic=False)
     ops = SamplingOps.compiled() if compiles_sampling(options) else SamplingOps()
     steps = build_steps(catalog, storage, decode, prefill, model.logits, ops)
 

@@ -28,6 +28,8 @@ class TextModel(Protocol):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
+    def compile_layers(self, **options: object) -> None: ...
+
 
 @dataclass
 class Storage:
