@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import triton
 
 from bench.cuda_timing import cold_copies, median_graph_ms
-from ignition.components.linear import ROWS_TILE, _rows_linear_kernel
+from ignition.components.linear import BLOCK_K, ROWS_TILE, _rows_linear_kernel, block_n
 
 # (model, projection, out features N, in features K)
 SHAPES = [
@@ -56,6 +56,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     device = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
     rows_out = []
     for model, name, n, k in SHAPES:
         w = torch.randn(n, k, device=device, dtype=torch.bfloat16)
@@ -79,14 +80,16 @@ def main() -> None:
                     continue  # the tile's pipeline does not fit in shared memory
             cublas = median_graph_ms([lambda x=x, w=w: F.linear(x, w) for w in weights])
             best = min(tiles, key=lambda t: tiles[t])
+            current = f"{block_n(n, sms)}x{BLOCK_K}/s4"  # what serving launches
             weight_gb = w.numel() * w.element_size() / 1e9
             rows_out.append(
                 dict(model=model, projection=name, n=n, k=k, rows=rows, tiles_ms=tiles,
-                     cublas_ms=cublas, copy_gbs=gbs, current=tiles["64x128/s4"])
+                     cublas_ms=cublas, copy_gbs=gbs, current_tile=current,
+                     current=tiles[current])
             )  # fmt: skip
             print(
-                f"{model:13} {name:8} {n:6}x{k:5} rows {rows}: current 64x128/s4 "
-                f"{tiles['64x128/s4'] * 1e3:7.1f} us ({weight_gb / tiles['64x128/s4'] * 1e3:6.0f}"
+                f"{model:13} {name:8} {n:6}x{k:5} rows {rows}: current {current} "
+                f"{tiles[current] * 1e3:7.1f} us ({weight_gb / tiles[current] * 1e3:6.0f}"
                 f" GB/s), best {best} {tiles[best] * 1e3:7.1f} us "
                 f"({weight_gb / tiles[best] * 1e3:6.0f} GB/s), cuBLAS {cublas * 1e3:7.1f} us; "
                 f"copy {gbs:6.0f} GB/s"

@@ -47,7 +47,7 @@ from ignition.components.kv_cache import (
     prefill_attention,
     write_kv,
 )
-from ignition.components.linear import project
+from ignition.components.linear import project, project_gated
 from ignition.components.rotary import RotaryTable
 from ignition.loading.mapping import WeightMapping
 from ignition.loading.source import CheckpointError
@@ -57,6 +57,8 @@ ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM")
 MODEL_TYPES = ("llama", "qwen3")
 PAGE_SIZE = 64
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# Activations whose gated MLP the down projection fuses (Transformers spells SiLU both ways).
+SILU_ACTIVATIONS = ("silu", "swish")
 
 
 @dataclass(frozen=True)
@@ -212,20 +214,32 @@ class PagedAttention(nn.Module):
 
 
 class PackedMLP(nn.Module):
-    """The canonical gated MLP with gate and up projections in one weight."""
+    """The canonical gated MLP with gate and up projections in one weight. With a
+    SiLU activation (``silu_down``) the down projection applies ``silu(gate) * up``
+    itself (``project_gated``: for decode-sized rows one kernel, not two); otherwise
+    the canonical activation module runs between the projections."""
 
     def __init__(
-        self, gate_up: torch.Tensor, down_proj: nn.Module, act_fn: nn.Module, intermediate: int
+        self,
+        gate_up: torch.Tensor,
+        down_proj: nn.Module,
+        act_fn: nn.Module,
+        intermediate: int,
+        silu_down: bool,
     ) -> None:
         super().__init__()
         self.register_buffer("gate_up", gate_up, persistent=False)
         self.down_proj = down_proj
         self.act_fn = act_fn
         self.intermediate = intermediate
+        self.silu_down = silu_down
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = project(x, self.gate_up).split(self.intermediate, dim=-1)
+        gate_up = project(x, self.gate_up)
         down = self.down_proj
+        if self.silu_down:
+            return project_gated(gate_up, down.weight, down.bias)
+        gate, up = gate_up.split(self.intermediate, dim=-1)
         return project(self.act_fn(gate) * up, down.weight, down.bias)
 
 
@@ -289,7 +303,13 @@ class LlamaModel:
                 self.mapping.place(f"{prefix}mlp.{proj}.weight", gate_up[lo:hi])
                 packed.add(f"{prefix}mlp.{proj}.weight")
             layer.self_attn = PagedAttention(attn, qkv, bias, g)
-            layer.mlp = PackedMLP(gate_up, layer.mlp.down_proj, layer.mlp.act_fn, g.intermediate)
+            layer.mlp = PackedMLP(
+                gate_up,
+                layer.mlp.down_proj,
+                layer.mlp.act_fn,
+                g.intermediate,
+                silu_down=config.hidden_act in SILU_ACTIVATIONS,
+            )
         for name, param in list(model.named_parameters()):
             if name in packed:
                 continue

@@ -5,8 +5,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from ignition.components.linear import ROWS_TILE, project, triton_rows_linear
+from ignition.components.linear import (
+    BLOCK_NS,
+    ROWS_TILE,
+    block_n,
+    project,
+    project_gated,
+    silu_mul,
+    triton_rows_linear,
+)
 
 
 def _operands(device: str, dtype: torch.dtype, n: int, k: int) -> tuple[torch.Tensor, ...]:
@@ -35,6 +44,54 @@ def test_rows_linear_matches_and_is_batch_invariant_interpreted(n: int, k: int) 
     _check("cpu", torch.float32, n, k, 1e-5)
 
 
+def _widths_agree(device: str, dtype: torch.dtype, n: int, k: int) -> None:
+    x, w, b = _operands(device, dtype, n, k)
+    outputs = [triton_rows_linear(x[:4], w, b, width) for width in BLOCK_NS]
+    for other in outputs[1:]:
+        assert torch.equal(other, outputs[0])
+
+
+def test_the_tile_width_fills_the_sms() -> None:
+    sms = 132
+    assert block_n(151936, sms) == 64  # vocabulary heads, gate/up: 64 columns
+    assert block_n(24576, sms) == 64
+    assert block_n(6144, sms) == 32  # Qwen3-8B's qkv: 192 programs
+    assert block_n(4096, sms) == 16  # its o and down: 256 programs, not 64
+    assert block_n(576, sms) == 16  # too narrow to fill the SMs at any width
+    assert block_n(64 * sms, sms) == 64
+
+
+@pytest.mark.parametrize(("n", "k"), [(64, 128), (100, 200)])
+def test_every_tile_width_computes_the_same_bits_interpreted(n: int, k: int) -> None:
+    _widths_agree("cpu", torch.float32, n, k)
+
+
+@pytest.mark.parametrize(("n", "k"), [(64, 128), (100, 200), (7, 33)])
+def test_the_gated_projection_applies_silu_mul_and_is_batch_invariant_interpreted(
+    n: int, k: int
+) -> None:
+    gen = torch.Generator().manual_seed(n + k)
+    gate_up = torch.randn(ROWS_TILE, 2 * k, generator=gen)
+    w = torch.randn(n, k, generator=gen) / k**0.5
+    b = torch.randn(n, generator=gen)
+    gate, up = gate_up.double().chunk(2, dim=-1)
+    reference = torch.nn.functional.linear(
+        torch.nn.functional.silu(gate) * up, w.double(), b.double()
+    )
+    full = triton_rows_linear(gate_up, w, b, gated=True)
+    assert (full.double() - reference).norm() / reference.norm() < 1e-5
+    for rows in (1, 2, 3, 4):
+        assert torch.equal(triton_rows_linear(gate_up[:rows], w, b, gated=True), full[:rows])
+    outputs = [triton_rows_linear(gate_up[:4], w, b, width, gated=True) for width in BLOCK_NS]
+    assert all(torch.equal(other, outputs[0]) for other in outputs[1:])
+    # project_gated: the fused kernel for few rows, the unfused operations beyond.
+    assert torch.equal(project_gated(gate_up[:4], w, b), full[:4])
+    many = torch.randn(ROWS_TILE + 1, 2 * k, generator=gen)
+    assert torch.allclose(project_gated(many, w, b), F.linear(silu_mul(many), w, b))
+    with pytest.raises(ValueError, match="columns"):
+        triton_rows_linear(gate_up[:, :k], w, b, gated=True)
+
+
 def test_project_uses_cublas_beyond_the_tile() -> None:
     x = torch.randn(2, ROWS_TILE + 1, 8)
     w = torch.randn(5, 8)
@@ -46,6 +103,31 @@ def test_project_uses_cublas_beyond_the_tile() -> None:
 @pytest.mark.parametrize(("n", "k"), [(960, 576), (49152, 576), (4096, 4096), (12288, 4096)])
 def test_rows_linear_on_gpu(n: int, k: int) -> None:
     _check("cuda", torch.bfloat16, n, k, 8e-3)
+
+
+# bf16: the fused activation rounds silu(gate) and the product as eager does, so the
+# operand matches the unfused one but for a rare fp32 ulp of the sigmoid at a bf16
+# rounding boundary; such an element moves outputs by far less than the one bf16
+# rounding of each output (2**-8 relative), which bounds the difference.
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n", "k"), [(576, 1536), (4096, 12288)])
+def test_the_gated_projection_matches_the_unfused_one_on_gpu(n: int, k: int) -> None:
+    gen = torch.Generator().manual_seed(n)
+    gate_up = torch.randn(4, 2 * k, generator=gen).cuda().bfloat16()
+    w = (torch.randn(n, k, generator=gen) / k**0.5).cuda().bfloat16()
+    fused = project_gated(gate_up, w)
+    unfused = triton_rows_linear(silu_mul(gate_up), w, None)
+    error = (fused.double() - unfused.double()).norm() / unfused.double().norm()
+    assert error < 2**-8, error
+    for rows in (1, 2, 3):
+        assert torch.equal(project_gated(gate_up[:rows], w), fused[:rows])
+
+
+# The width only moves columns between programs: each element's K loop is the same.
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n", "k"), [(960, 576), (4096, 4096), (4096, 12288)])
+def test_every_tile_width_computes_the_same_bits_on_gpu(n: int, k: int) -> None:
+    _widths_agree("cuda", torch.bfloat16, n, k)
 
 
 @pytest.mark.gpu

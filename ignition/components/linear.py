@@ -7,9 +7,17 @@ most ``ROWS_TILE`` rows therefore use one Triton kernel whose tiling is fixed: e
 row is computed by the same tile shape and K loop whatever the row count, so a row's
 result is bitwise independent of its batch. Larger (prefill) projections use cuBLAS.
 The choice is by static shape, so each captured graph holds one operator per GEMM.
+
+The output tile's width (``BLOCK_N``) follows the weight's shape and the device: the
+widest of 64, 32 and 16 columns that still gives every SM a program (a 4096-column
+projection at 64 columns would leave 68 of the H200's 132 SMs idle). Each output
+element's K loop (``BLOCK_K`` steps of ``tl.dot``) is the same at every width, so
+the width changes which program computes a column, not its arithmetic.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -20,8 +28,11 @@ from triton.runtime.interpreter import InterpretedFunction
 from ignition.components.triton_support import fix_interpreter_loop_bounds
 
 ROWS_TILE = 16
-BLOCK_N = 64
+BLOCK_NS = (64, 32, 16)
 BLOCK_K = 128
+# The interpreter's stand-in for a device's SM count: one, so it runs the widest tile
+# (the fewest programs, each a Python loop there); every width gives the same bits.
+INTERPRETER_SMS = 1
 
 
 @triton.jit
@@ -37,6 +48,7 @@ def _rows_linear_kernel(
     stride_wn,
     stride_ym,
     HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -48,11 +60,15 @@ def _rows_linear_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
-        x = tl.load(
-            x_ptr + rm[:, None] * stride_xm + kk[None, :],
-            mask=(rm[:, None] < M) & (kk[None, :] < K),
-            other=0.0,
-        )
+        x_mask = (rm[:, None] < M) & (kk[None, :] < K)
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=x_mask, other=0.0)
+        if GATED:
+            # x holds [gate | up]: the operand is silu(gate) * up, each rounded to
+            # the activations' dtype as the unfused (eager) operations round it.
+            up = tl.load(x_ptr + rm[:, None] * stride_xm + K + kk[None, :], mask=x_mask, other=0.0)
+            gate = x.to(tl.float32)
+            act = (gate * tl.sigmoid(gate)).to(x_ptr.dtype.element_ty).to(tl.float32)
+            x = (act * up.to(tl.float32)).to(x_ptr.dtype.element_ty)
         w = tl.load(
             w_ptr + rn[:, None] * stride_wn + kk[None, :],
             mask=(rn[:, None] < N) & (kk[None, :] < K),
@@ -73,15 +89,42 @@ if isinstance(_rows_linear_kernel, InterpretedFunction):
     fix_interpreter_loop_bounds()
 
 
-def triton_rows_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """``x @ w.T + b`` for x [rows <= ROWS_TILE, K]; batch-invariant per row."""
-    rows, k = x.shape
-    n = w.shape[0]
+def block_n(n: int, sms: int) -> int:
+    """The output tile's width for ``n`` columns on ``sms`` SMs: the widest of
+    ``BLOCK_NS`` with at least one program per SM, else the narrowest."""
+    for width in BLOCK_NS:
+        if triton.cdiv(n, width) >= sms:
+            return width
+    return BLOCK_NS[-1]
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def triton_rows_linear(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    width: int | None = None,
+    gated: bool = False,
+) -> torch.Tensor:
+    """``x @ w.T + b`` for x [rows <= ROWS_TILE, K]; batch-invariant per row.
+    ``width``: the output tile's width (default ``block_n`` of the shape and device).
+    ``gated``: x is [rows, 2K], gate then up, and the operand is ``silu(gate) * up``."""
+    rows = x.shape[0]
+    n, k = w.shape
     if rows > ROWS_TILE:
         raise ValueError(f"{rows} rows exceed the batch-invariant tile of {ROWS_TILE}")
+    if x.shape[1] != (2 * k if gated else k):
+        raise ValueError(f"x has {x.shape[1]} columns for a weight of {k} (gated: {gated})")
+    width = width or block_n(n, _sm_count(x.device))
     x = x.contiguous()
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    _rows_linear_kernel[(triton.cdiv(n, BLOCK_N),)](
+    _rows_linear_kernel[(triton.cdiv(n, width),)](
         x,
         w,
         b if b is not None else w,
@@ -93,8 +136,9 @@ def triton_rows_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None)
         w.stride(0),
         y.stride(0),
         HAS_BIAS=b is not None,
+        GATED=gated,
         BLOCK_M=ROWS_TILE,
-        BLOCK_N=BLOCK_N,
+        BLOCK_N=width,
         BLOCK_K=BLOCK_K,
         num_warps=4,
         num_stages=4,
@@ -118,6 +162,49 @@ def _rows_linear_cuda(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) 
 @rows_linear.register_fake
 def _rows_linear_fake(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     return x.new_empty(x.shape[0], w.shape[0])
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of ``[..., 2K]`` activations holding gate then up."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+@torch.library.custom_op("flare::rows_linear_gated", mutates_args=())
+def rows_linear_gated(
+    gate_up: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None
+) -> torch.Tensor:
+    """The down projection of a gated MLP with its activation fused in: one kernel
+    instead of the activation's and the projection's (torch reference on the CPU)."""
+    if isinstance(_rows_linear_kernel, InterpretedFunction):
+        return triton_rows_linear(gate_up, w, b, gated=True)
+    return F.linear(silu_mul(gate_up), w, b)
+
+
+@rows_linear_gated.register_kernel("cuda")
+def _rows_linear_gated_cuda(
+    gate_up: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None
+) -> torch.Tensor:
+    return triton_rows_linear(gate_up, w, b, gated=True)
+
+
+@rows_linear_gated.register_fake
+def _rows_linear_gated_fake(
+    gate_up: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None
+) -> torch.Tensor:
+    return gate_up.new_empty(gate_up.shape[0], w.shape[0])
+
+
+def project_gated(
+    gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``project(silu(gate) * up, weight, bias)`` for ``[..., 2K]`` gate-then-up
+    activations: fused into the projection when it has few rows."""
+    rows = gate_up.numel() // gate_up.shape[-1]
+    if rows > ROWS_TILE:
+        return F.linear(silu_mul(gate_up), weight, bias)
+    flat = rows_linear_gated(gate_up.reshape(rows, gate_up.shape[-1]), weight, bias)
+    return flat.view(*gate_up.shape[:-1], weight.shape[0])
 
 
 def project(
