@@ -30,6 +30,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ignition.preparation.compile_flags import add_compile_options, compile_options
+
 
 def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
@@ -147,9 +149,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         PrepareOptions(
             max_concurrency=max(capacities),
             context_limit=args.context_limit,
-            compile=not args.no_compile,
-            compile_sampling=args.compile_sampling,
-            compile_scope=args.compile_scope,
+            **compile_options(args),
         ),
     )
     catalog = prepared.catalog
@@ -215,19 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--context-limit", type=int, default=4096)
-    parser.add_argument("--no-compile", action="store_true")
-    parser.add_argument(
-        "--compile-scope",
-        choices=("forward", "layer"),
-        default="forward",
-        help="compiled regions, as ignition prepare --compile-scope",
-    )
-    parser.add_argument(
-        "--compile-sampling",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="compile the sampler, or not (default: as the forwards)",
-    )
+    add_compile_options(parser)
     parser.add_argument("--trace-dir", type=Path, help="keep the Chrome traces here")
     parser.add_argument("--out", type=Path, required=True, help="results JSON (and .md)")
     args = parser.parse_args(argv)

@@ -15,13 +15,9 @@ from ignition.export.window import WindowError
 from ignition.loading.default_model import default_model_path
 from ignition.loading.source import CheckpointError
 from ignition.preparation.catalog import CatalogError
+from ignition.preparation.compile_flags import add_compile_options, compile_options
 from ignition.preparation.memory import MemoryPlanError
-from ignition.preparation.prepared import (
-    COMPILE_SCOPES,
-    PreparedModel,
-    PrepareOptions,
-    prepare,
-)
+from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare
 from ignition.replay.harness import AdmissionError, Harness, Request, SamplingParams
 
 DESCRIPTION = """Ignition prepares a checkpoint (a Transformers directory with config.json and
@@ -67,24 +63,7 @@ def _add_preparation(parser: argparse.ArgumentParser) -> None:
         default=2.0,
         help="GPU memory left free after pages are sized (default 2)",
     )
-    parser.add_argument(
-        "--no-compile", action="store_true", help="skip torch.compile of the forwards"
-    )
-    parser.add_argument(
-        "--compile-scope",
-        choices=COMPILE_SCOPES,
-        default="forward",
-        help="what one compiled region holds: a whole forward (default; fusions across "
-        "layers, compile time grows with depth) or each decoder layer (one compilation "
-        "per shape serves every layer: for deep models)",
-    )
-    parser.add_argument(
-        "--compile-sampling",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="compile the sampler and commit (default: as the forwards; it is small, and "
-        "run eagerly it adds a few hundred kernels to every step)",
-    )
+    add_compile_options(parser)
     parser.add_argument(
         "--device", default="cuda", help="cuda (serving) or cpu (diagnostics; no graphs)"
     )
@@ -100,9 +79,7 @@ def _options(args: argparse.Namespace, capture: bool) -> PrepareOptions:
         kv_pages=args.kv_pages,
         snapshot_rows=args.snapshot_rows,
         gpu_reserve_gib=args.gpu_reserve_gib,
-        compile=not args.no_compile,
-        compile_scope=args.compile_scope,
-        compile_sampling=args.compile_sampling,
+        **compile_options(args),
         capture=capture and device == "cuda",
         device=device,
         dtype=dtype,

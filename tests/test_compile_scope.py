@@ -4,6 +4,7 @@ Inductor, tiny Qwen3 checkpoints."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from checkpoints import write_tiny
 from torch._dynamo.utils import counters
 
+from ignition.preparation.compile_flags import add_compile_options, compile_options
 from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare
 from ignition.replay.harness import Harness, Request, SamplingParams
 
@@ -73,3 +75,25 @@ def test_the_layer_compiled_model_answers_as_the_eager_one(
     # float32 on the CPU: fused kernels round within a few ulps of eager, far from
     # the margins between greedy choices of these random weights.
     assert _answers(compiled) == _answers(eager)
+
+
+def test_every_preparing_command_spells_the_compile_options_alike() -> None:
+    parser = argparse.ArgumentParser()
+    add_compile_options(parser)
+    add_compile_options(parser, "replay-")
+    args = parser.parse_args(
+        ["--no-compile", "--compile-sampling", "--replay-compile-scope", "layer"]
+    )
+    assert compile_options(args) == {
+        "compile": False,
+        "compile_scope": "forward",
+        "compile_sampling": True,
+    }
+    assert compile_options(args, "replay-") == {
+        "compile": True,
+        "compile_scope": "layer",
+        "compile_sampling": None,
+    }
+    off = parser.parse_args(["--no-replay-compile-sampling"])
+    assert compile_options(off, "replay-")["compile_sampling"] is False
+    assert PrepareOptions(**compile_options(off, "replay-")).compile_scope == "forward"

@@ -45,6 +45,7 @@ from urllib.parse import urlsplit
 
 from bench.suite.client import DIALECTS, Endpoint, Engine, HttpEngine, Sample
 from bench.suite.report import GEOMETRIES, measure_read_bandwidth, resolve_geometry
+from bench.suite.server_metrics import difference
 from bench.suite.workloads import (
     WORKLOADS,
     BenchRequest,
@@ -54,6 +55,7 @@ from bench.suite.workloads import (
     minimum_set,
     write_jsonl,
 )
+from ignition.preparation.compile_flags import add_compile_options, compile_options
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTEXT_EXCEEDED = "context_length_exceeded"
@@ -262,7 +264,15 @@ class Suite:
         started = time.perf_counter()
         if warmup:
             self.engine.run(self._runnable(warmup), m.concurrency)
+        counters = getattr(self.engine, "server_counters", lambda: None)
+        before = counters()
         samples = self.engine.run(runnable, m.concurrency)
+        delta = difference(before, counters())
+        if delta is not None:
+            self.results.setdefault("server_metrics", {})[m.name] = {
+                "requests": len(runnable),
+                "delta": delta,
+            }
         wall = time.perf_counter() - started
         for sample in samples:
             sample.measurement = m.name
@@ -349,25 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--replay-eager", action="store_true", help="CPU replay or generate loop (tests)"
     )
-    parser.add_argument(
-        "--replay-no-compile",
-        action="store_true",
-        help="prepare the replay floor's forwards uncompiled (as a core prepared with "
-        "ignition prepare --no-compile)",
-    )
-    parser.add_argument(
-        "--replay-compile-scope",
-        choices=("forward", "layer"),
-        default="forward",
-        help="the replay floor's compiled regions (as ignition prepare --compile-scope)",
-    )
-    parser.add_argument(
-        "--replay-compile-sampling",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="compile the replay floor's sampler, or not (as ignition prepare "
-        "--[no-]compile-sampling; default: as the forwards)",
-    )
+    # The replay floor's preparation, as ignition prepare's options.
+    add_compile_options(parser, "replay-")
     parser.add_argument("--dump-requests", type=Path, help="also write the requests here")
     parser.add_argument("--note", default="", help="free text kept in the results")
     return parser
@@ -461,9 +454,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_concurrency=max(args.concurrency),
             context_limit=args.context_limit,
             eager=args.replay_eager,
-            compile=not args.replay_no_compile,
-            compile_sampling=args.replay_compile_sampling,
-            compile_scope=args.replay_compile_scope,
+            **compile_options(args, "replay-"),
         )
         results["startup_s"] = time.perf_counter() - started
         results["target"] = str(model)

@@ -42,8 +42,8 @@ from recipes import llama
 # slot so older turns of long conversations survive for branches (a row costs one KV
 # page and one hidden vector: 1.4 MiB for SmolLM2-135M, 9 MiB for Qwen3-8B).
 SNAPSHOT_ROWS_PER_SLOT = 32
+# One of ``compile_flags.COMPILE_SCOPES``.
 CompileScope = Literal["forward", "layer"]
-COMPILE_SCOPES: tuple[CompileScope, ...] = ("forward", "layer")
 
 
 @dataclass(frozen=True)
