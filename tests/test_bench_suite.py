@@ -48,6 +48,8 @@ from bench.suite.report import (
     roofline_step_s,
     summary_table,
 )
+from bench.suite.server_metrics import difference, metrics_path, per_request
+from bench.suite.server_metrics import parse as parse_metrics
 from bench.suite.workloads import (
     BenchRequest,
     Sampling,
@@ -447,6 +449,19 @@ def test_the_suite_cli_measures_a_server_and_the_report_compares_engines(
     table = summary_table([results], "flare", GEOMETRIES["smollm2-135m"], 4e12)
     assert "| long-512 | cold TTFT, 512 tokens (ms) |" in table
     assert "long-2048 skipped" in table
+    # The server's own counters around each measurement: the two measured 512-token
+    # prompts were prepared once each and prefilled in one chunk each (completions
+    # have no message endpoints); each agent turn restored the previous prompt.
+    server = results["server_metrics"]
+    long_512 = server["long-512"]
+    assert long_512["requests"] == 2
+    assert long_512["delta"]["flare_prompt_preparation_seconds_count"] == 2
+    assert long_512["delta"]["flare_launches_prefill_total"] == 2
+    assert long_512["delta"]["flare_launches_admit_total"] == 2
+    assert server["agent-1500"]["delta"]["flare_launches_restore_total"] >= len(answered) - 1
+    assert metrics["server-prefill_launches-long-512"] == 1.0
+    assert metrics["server-preparation_ms-long-512"] > 0
+    assert "| long-512 | server: prefill chunks per request |" in table
 
 
 def test_the_suite_cli_launches_a_server_and_times_its_startup(
@@ -636,3 +651,39 @@ def test_agent_turns_without_a_ttft_break_the_plotted_line() -> None:
     assert ms[0] == pytest.approx(1.0) and ms[2] == pytest.approx(3.0)
     assert math.isnan(ms[1])
     assert [t for t, _ in agent_turns_of(trace, "fork")] == [1]
+
+
+def test_server_counters_parse_and_difference_per_request() -> None:
+    text = (
+        "# HELP flare_launches_prefill_total Prefill chunks\n"
+        "# TYPE flare_launches_prefill_total counter\n"
+        "flare_launches_prefill_total 7\n"
+        'flare_prompt_preparation_seconds_bucket{le="0.001"} 1\n'
+        "flare_prompt_preparation_seconds_sum 0.004\n"
+        "flare_prompt_preparation_seconds_count 2\n"
+        "flare_launches_snapshot_total 3\n"
+    )
+    after = parse_metrics(text)
+    assert after['flare_prompt_preparation_seconds_bucket{le="0.001"}'] == 1
+    before = {
+        "flare_launches_prefill_total": 1.0,
+        "flare_prompt_preparation_seconds_sum": 0.001,
+        "flare_prompt_preparation_seconds_count": 1.0,
+        "flare_launches_snapshot_total": 1.0,
+    }
+    delta = difference(before, after)
+    assert delta == pytest.approx(
+        {
+            "flare_launches_prefill_total": 6,
+            "flare_prompt_preparation_seconds_sum": 0.003,
+            "flare_prompt_preparation_seconds_count": 1,
+            "flare_launches_snapshot_total": 2,
+        }
+    )
+    per = per_request(delta, 2)
+    assert per == pytest.approx(
+        {"preparation_ms": 3.0, "prefill_launches": 3.0, "snapshot_launches": 1.0}
+    )
+    assert difference(None, after) is None
+    assert metrics_path(Endpoint("http://127.0.0.1:8080/v1")) == "/metrics"
+    assert metrics_path(Endpoint("http://host/flare/")) == "/flare/metrics"

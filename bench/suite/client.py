@@ -277,6 +277,12 @@ class HttpEngine:
         self.endpoint = endpoint
         self.epoch = time.perf_counter()
 
+    def server_counters(self) -> dict[str, float] | None:
+        """The server's own counters now (``bench.suite.server_metrics``), or None."""
+        from bench.suite.server_metrics import scrape
+
+        return scrape(self.endpoint)
+
     def run(self, requests: Sequence[BenchRequest], concurrency: int) -> list[Sample]:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")

@@ -50,6 +50,7 @@ from bench.suite.client import (
     prefill_tokens_per_s,
     throughput_tokens_per_s,
 )
+from bench.suite.server_metrics import per_request
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,15 @@ def measure_read_bandwidth(gib: float = 4.0, repeats: int = 20) -> float:
 # ---------------------------------------------------------------- metrics
 
 
+# Rows from the server's counters, per request of a measurement.
+SERVER_ROWS = (
+    ("preparation_ms", "server: prompt preparation per request (ms)"),
+    ("prefill_launches", "server: prefill chunks per request"),
+    ("snapshot_launches", "server: snapshots per request"),
+    ("restore_launches", "server: restores per request"),
+)
+
+
 @dataclass(frozen=True)
 class Row:
     """One line of the summary: a metric of one workload."""
@@ -270,6 +280,11 @@ def engine_metrics(result: dict[str, Any]) -> dict[Row, float]:
         elif kind == "tools":
             ttft = _med([s.ttft_s for s in samples])
             put(Row("tools-ttft", name, "tool-use TTFT (ms)", False), ttft and ttft * 1e3)
+    # The server's own account of each measurement (Flare's /metrics differences).
+    for name, entry in (result.get("server_metrics") or {}).items():
+        per = per_request(entry["delta"], entry["requests"])
+        for key, label in SERVER_ROWS:
+            put(Row(f"server-{key}-{name}", name, label, False), per.get(key))
     # Until the engine answers: a server's launch to its first healthy reply, the floor's
     # and the generate loop's preparation (compile and capture included).
     put(Row("startup", "startup", "startup to ready (s)", False), result.get("startup_s"))

@@ -127,4 +127,20 @@ async fn metrics_reports_latency_histograms() {
     assert_eq!(buckets.len(), 12);
     assert!(buckets.windows(2).all(|pair| pair[0] <= pair[1]));
     assert_eq!(*buckets.last().unwrap(), 3.0);
+    // One prompt rendered and tokenized before submission.
+    assert!(text.contains("# TYPE flare_prompt_preparation_seconds histogram"));
+    assert_eq!(value("flare_prompt_preparation_seconds_count"), 1.0);
+    assert!(value("flare_prompt_preparation_seconds_sum") > 0.0);
+    // Its launches: one admission; with the prefix cache on (the default),
+    // a prefill chunk that stops at the user message's end and one to the
+    // prompt's end, which samples the first token; a decode step per further
+    // token; snapshots at both endpoints and at the end (the terminal
+    // capture).
+    assert!(text.contains("# TYPE flare_launches_prefill_total counter"));
+    assert_eq!(value("flare_launches_admit_total"), 1.0);
+    assert_eq!(value("flare_launches_prefill_total"), 2.0);
+    assert_eq!(value("flare_launches_decode_total"), 3.0);
+    assert_eq!(value("flare_launches_snapshot_total"), 3.0);
+    assert_eq!(value("flare_launches_restore_total"), 0.0);
+    assert_eq!(value("flare_launches_resume_total"), 0.0);
 }

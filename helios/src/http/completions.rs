@@ -55,7 +55,10 @@ fn invalid(param: &'static str, reason: &'static str) -> HttpError {
 /// blocking pool.
 async fn encode_text(state: &AppState, text: String) -> Result<Vec<u32>, HttpError> {
     let frontend = std::sync::Arc::clone(state.frontend());
-    generation::prepare(move || Ok(frontend.tokenizer().encode(&text, true)?)).await
+    generation::prepare(state, move || {
+        Ok(frontend.tokenizer().encode(&text, true)?)
+    })
+    .await
 }
 
 async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Response, HttpError> {

@@ -10,6 +10,7 @@
 //! it drops the stream, which cancels the request.
 
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -107,13 +108,21 @@ impl Job {
 
 /// Runs CPU-heavy frontend work (rendering, tokenization, endpoint
 /// mapping) on the blocking pool, so that a long prompt never stalls the
-/// async workers streaming other requests.
+/// async workers streaming other requests; its time goes to the
+/// `flare_prompt_preparation_seconds` histogram.
 pub async fn prepare<T: Send + 'static>(
+    state: &AppState,
     work: impl FnOnce() -> Result<T, HttpError> + Send + 'static,
 ) -> Result<T, HttpError> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|_| HttpError::PreparationFailed)?
+    let state = state.clone();
+    tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        let prepared = work();
+        state.observe_preparation(started.elapsed().as_secs_f64());
+        prepared
+    })
+    .await
+    .map_err(|_| HttpError::PreparationFailed)?
 }
 
 impl Job {
@@ -128,8 +137,11 @@ impl Job {
         max_tokens: Option<u32>,
         sampling: Sampling,
     ) -> Result<Self, HttpError> {
-        let state = state.clone();
-        prepare(move || Self::chat_now(&state, &input, max_tokens, sampling)).await
+        let inner = state.clone();
+        prepare(state, move || {
+            Self::chat_now(&inner, &input, max_tokens, sampling)
+        })
+        .await
     }
 
     fn chat_now(

@@ -7,7 +7,7 @@ use axum::Json;
 use serde_json::json;
 
 use super::AppState;
-use crate::scheduler::{Health, Histogram, Metrics};
+use crate::scheduler::{Health, Histogram, Metrics, OperationKind};
 
 /// The one model this server serves.
 pub async fn models(State(state): State<AppState>) -> Response {
@@ -84,6 +84,12 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         "flare_inter_token_latency_seconds",
         "Time between successive output tokens of a request",
         &latency.inter_token,
+    );
+    write_histogram(
+        &mut text,
+        "flare_prompt_preparation_seconds",
+        "Rendering, tokenization and endpoint mapping of a prompt, before submission",
+        &state.preparation(),
     );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
@@ -177,6 +183,42 @@ fn scheduler_samples(m: &Metrics, ready: u8) -> Vec<Sample> {
             m.failed,
         ),
     ]
+    .into_iter()
+    .chain(OperationKind::ALL.map(|kind| {
+        let (name, help) = launch_counter(kind);
+        counter(name, help, m.launches[kind.index()])
+    }))
+    .collect()
+}
+
+/// The name and help of the launch counter of `kind`.
+fn launch_counter(kind: OperationKind) -> (&'static str, &'static str) {
+    match kind {
+        OperationKind::Admit => (
+            "flare_launches_admit_total",
+            "Admission graphs launched since start",
+        ),
+        OperationKind::PrefillChunk => (
+            "flare_launches_prefill_total",
+            "Prefill chunks launched since start",
+        ),
+        OperationKind::Decode => (
+            "flare_launches_decode_total",
+            "Decode steps launched since start",
+        ),
+        OperationKind::Resume => (
+            "flare_launches_resume_total",
+            "Resume-sampling graphs launched since start",
+        ),
+        OperationKind::Snapshot => (
+            "flare_launches_snapshot_total",
+            "Snapshot graphs launched since start",
+        ),
+        OperationKind::Restore => (
+            "flare_launches_restore_total",
+            "Restore graphs launched since start",
+        ),
+    }
 }
 
 /// The prefix cache's gauges and counters, when it is enabled: page

@@ -28,7 +28,7 @@ mod messages;
 mod sampling;
 mod sse;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -42,7 +42,7 @@ use serde::de::DeserializeOwned;
 pub use error::{AnthropicError, ErrorBody, ErrorCode, ErrorEnvelope, HttpError};
 
 use crate::frontend::Frontend;
-use crate::scheduler::{PrefixConfig, SchedulerHandle};
+use crate::scheduler::{Histogram, PrefixConfig, SchedulerHandle, PREPARATION_BUCKETS};
 
 /// The header naming a generation request in responses and logs.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
@@ -83,6 +83,8 @@ struct Shared {
     handle: SchedulerHandle,
     frontend: Arc<Frontend>,
     config: ServeConfig,
+    /// Seconds each prompt's frontend work took (`/metrics`).
+    preparation: Mutex<Histogram>,
 }
 
 /// What every handler shares: the scheduler handle, the frontend and the
@@ -100,6 +102,7 @@ impl AppState {
                 handle,
                 frontend,
                 config,
+                preparation: Mutex::new(Histogram::new(&PREPARATION_BUCKETS)),
             }),
         }
     }
@@ -110,6 +113,20 @@ impl AppState {
 
     fn frontend(&self) -> &Arc<Frontend> {
         &self.shared.frontend
+    }
+
+    /// Records one prompt's frontend work.
+    fn observe_preparation(&self, seconds: f64) {
+        if let Ok(mut histogram) = self.shared.preparation.lock() {
+            histogram.observe(seconds);
+        }
+    }
+
+    /// The prompt preparation histogram so far.
+    fn preparation(&self) -> Histogram {
+        (self.shared.preparation.lock())
+            .map(|histogram| histogram.clone())
+            .unwrap_or_else(|poisoned| poisoned.into_inner().clone())
     }
 
     fn config(&self) -> &ServeConfig {

@@ -128,6 +128,10 @@ pub struct Scheduler<E> {
     pub(super) next_admission: u64,
     pub(super) preemptions: u64,
     pub(super) prefilled_tokens: u64,
+    /// Launches submitted, by
+    /// [`OperationKind::index`](super::executor::OperationKind::index), for
+    /// [`Metrics`].
+    launches: [u64; 6],
     /// Terminal events by kind, for [`Metrics`].
     pub(super) finished: Finished,
     pub(super) failure: Option<ExecutionError>,
@@ -173,6 +177,7 @@ impl<E: Executor> Scheduler<E> {
             next_admission: 0,
             preemptions: 0,
             prefilled_tokens: 0,
+            launches: [0; 6],
             finished: Finished::default(),
             failure: None,
         })
@@ -294,6 +299,7 @@ impl<E: Executor> Scheduler<E> {
             finished_length: self.finished.length,
             cancelled: self.finished.cancelled,
             failed: self.finished.failed,
+            launches: self.launches,
             cache: self.cache_metrics(),
         }
     }
@@ -335,6 +341,7 @@ impl<E: Executor> Scheduler<E> {
             operation,
         };
         let ticket = self.executor.submit(&launch)?;
+        self.launches[launch.operation.kind().index()] += 1;
         for id in &refs {
             if let Some(placement) = self.placement_mut(*id) {
                 placement.refs += 1;

@@ -102,4 +102,9 @@ pub struct Metrics {
     pub cancelled: u64,
     /// Requests failed since it started.
     pub failed: u64,
+    /// Graph launches submitted since it started, by kind (indexed by
+    /// [`OperationKind::index`](super::OperationKind::index)): with the
+    /// request counters, how many prefill chunks, snapshots and restores a
+    /// request cost.
+    pub launches: [u64; 6],
 }

@@ -203,6 +203,24 @@ pub enum OperationKind {
     Restore,
 }
 
+impl OperationKind {
+    /// Every kind, in declaration order (the index of
+    /// [`Metrics::launches`](super::Metrics::launches)).
+    pub const ALL: [OperationKind; 6] = [
+        Self::Admit,
+        Self::PrefillChunk,
+        Self::Decode,
+        Self::Resume,
+        Self::Snapshot,
+        Self::Restore,
+    ];
+
+    /// The kind's position in [`OperationKind::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
 /// Writes page-table entries `first..first + pages.len()` of `slot`
 /// (logical page index to physical page). [`Page::NULL`] clears an entry.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -12,6 +12,11 @@ use super::ids::RequestId;
 pub const TTFT_BUCKETS: [f64; 12] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
+/// Upper bounds (seconds) of the prompt preparation buckets (rendering,
+/// tokenization and endpoint mapping, before submission).
+pub const PREPARATION_BUCKETS: [f64; 10] = [
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
 /// Upper bounds (seconds) of the inter-token latency buckets.
 pub const INTER_TOKEN_BUCKETS: [f64; 11] = [
     0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,

@@ -60,7 +60,7 @@ pub use executor::{
 };
 pub use geometry::Geometry;
 pub use ids::{Page, RequestId, Slot};
-pub use latency::{Histogram, Latency, INTER_TOKEN_BUCKETS, TTFT_BUCKETS};
+pub use latency::{Histogram, Latency, INTER_TOKEN_BUCKETS, PREPARATION_BUCKETS, TTFT_BUCKETS};
 pub use request::RequestSpec;
 pub use rng::readmission_seed;
 pub use worker::{Health, RequestStream, SchedulerHandle, ShutdownMode, Status, Worker};

@@ -160,6 +160,12 @@ pub fn assert_clean(scheduler: &Scheduler<TestExecutor>) {
     assert!(violations.is_empty(), "{violations:?}");
     let usable = scheduler.geometry().usable_pages();
     let metrics = scheduler.metrics();
+    // The launch counters are the launches the executor accepted, by kind.
+    let c = scheduler.executor().counts();
+    let accepted = [
+        c.admit, c.prefill, c.decode, c.resume, c.snapshot, c.restore,
+    ];
+    assert_eq!(metrics.launches, accepted);
     let cached = metrics.cache.map_or(0, |cache| cache.pages_held);
     if let Some(store) = scheduler.checkpoints() {
         store.verify().unwrap();
@@ -178,6 +184,7 @@ pub fn assert_clean(scheduler: &Scheduler<TestExecutor>) {
             finished_length: metrics.finished_length,
             cancelled: metrics.cancelled,
             failed: metrics.failed,
+            launches: metrics.launches,
             ..Metrics::default()
         }
     );

@@ -1,0 +1,88 @@
+"""A server's own account of a measurement: Flare's ``/metrics`` counters read just
+before the measured requests and just after them, as differences. They attribute a
+request's time the client cannot see: the prompt's preparation (rendering,
+tokenization, endpoint mapping) and the graph launches it cost, by kind (prefill
+chunks, snapshots, restores, ...). Servers without these counters give none.
+"""
+
+from __future__ import annotations
+
+import http.client
+from typing import Any
+from urllib.parse import urlsplit
+
+from bench.suite.client import Endpoint
+
+PREPARATION = "flare_prompt_preparation_seconds"
+LAUNCH_KINDS = ("admit", "prefill", "decode", "resume", "snapshot", "restore")
+COUNTERS = (
+    f"{PREPARATION}_sum",
+    f"{PREPARATION}_count",
+    *(f"flare_launches_{kind}_total" for kind in LAUNCH_KINDS),
+    "flare_prefill_tokens_total",
+    "flare_prefix_hit_tokens_total",
+)
+
+
+def parse(text: str) -> dict[str, float]:
+    """Prometheus text exposition: every sample by its name (labels included)."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            values[name] = float(value)
+        except ValueError:
+            continue
+    return values
+
+
+def metrics_path(endpoint: Endpoint) -> str:
+    """``/metrics`` beside the server's ``/v1`` routes."""
+    base = urlsplit(endpoint.url).path.rstrip("/")
+    return f"{base.removesuffix('/v1')}/metrics"
+
+
+def scrape(endpoint: Endpoint) -> dict[str, float] | None:
+    """The server's counters of ``COUNTERS`` now, or None when it exposes none."""
+    connection = endpoint.connection()
+    try:
+        connection.request("GET", metrics_path(endpoint), headers=endpoint.headers())
+        response = connection.getresponse()
+        body = response.read()
+        if response.status != 200:
+            return None
+        values = parse(body.decode(errors="replace"))
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        connection.close()
+    counters = {name: values[name] for name in COUNTERS if name in values}
+    return counters or None
+
+
+def difference(
+    before: dict[str, float] | None, after: dict[str, float] | None
+) -> dict[str, float] | None:
+    """``after - before`` for the counters both have."""
+    if before is None or after is None:
+        return None
+    return {
+        name: after[name] - before[name] for name in COUNTERS if name in before and name in after
+    }
+
+
+def per_request(delta: dict[str, Any], requests: int) -> dict[str, float]:
+    """A measurement's counters per request: preparation in ms, launches by kind."""
+    if requests <= 0:
+        return {}
+    out: dict[str, float] = {}
+    count = delta.get(f"{PREPARATION}_count")
+    if count:
+        out["preparation_ms"] = delta[f"{PREPARATION}_sum"] / count * 1e3
+    for kind in LAUNCH_KINDS:
+        name = f"flare_launches_{kind}_total"
+        if name in delta:
+            out[f"{kind}_launches"] = delta[name] / requests
+    return out
