@@ -17,6 +17,7 @@ from ignition.export.qualification import (
     QualificationRecorder,
     changed_span,
     digest,
+    digests,
     full_digest_period,
     replay_qualification,
     run_workload,
@@ -94,6 +95,8 @@ def test_a_streamed_digest_is_the_digest_of_the_bytes() -> None:
     whole = hashlib.sha256(tensor.numpy().tobytes()).hexdigest()
     assert digest(tensor, chunk=96) == whole  # chunks that split elements
     assert digest(tensor) == whole
+    others = [torch.arange(n, dtype=torch.int64) for n in (0, 1, 5000)]
+    assert digests([tensor, *others]) == [whole, *(digest(t) for t in others)]
     with pytest.raises(ValueError, match="contiguous"):
         digest(tensor.view(10, 100).t())
 
