@@ -7,7 +7,8 @@ device's copy bandwidth: the data behind the kernel's tile choice.
 For each weight shape and 1 and 4 rows: the time per call inside a CUDA graph, over
 weight copies larger than L2 together (``bench/cuda_timing.py``), per (BLOCK_N,
 BLOCK_K, num_stages), F.linear's, and the weight bytes over the time as GB/s, beside
-a device-to-device copy of the same bytes. Needs a GPU.
+a device-to-device copy of the same bytes; for the down projections, also the MLP's
+activation fused into it against the activation's kernel followed by it. Needs a GPU.
 """
 
 from __future__ import annotations
@@ -22,7 +23,15 @@ import torch.nn.functional as F
 import triton
 
 from bench.cuda_timing import cold_copies, median_graph_ms
-from ignition.components.linear import BLOCK_K, ROWS_TILE, _rows_linear_kernel, block_n
+from ignition.components.linear import (
+    BLOCK_K,
+    ROWS_TILE,
+    _rows_linear_kernel,
+    block_n,
+    project,
+    project_gated,
+    silu_mul,
+)
 
 # (model, projection, out features N, in features K)
 SHAPES = [
@@ -82,11 +91,25 @@ def main() -> None:
             best = min(tiles, key=lambda t: tiles[t])
             current = f"{block_n(n, sms)}x{BLOCK_K}/s4"  # what serving launches
             weight_gb = w.numel() * w.element_size() / 1e9
-            rows_out.append(
-                dict(model=model, projection=name, n=n, k=k, rows=rows, tiles_ms=tiles,
-                     cublas_ms=cublas, copy_gbs=gbs, current_tile=current,
-                     current=tiles[current])
-            )  # fmt: skip
+            row = dict(model=model, projection=name, n=n, k=k, rows=rows, tiles_ms=tiles,
+                       cublas_ms=cublas, copy_gbs=gbs, current_tile=current,
+                       current=tiles[current])  # fmt: skip
+            if name == "down":
+                # The MLP's activation fused into the down projection, against the
+                # activation's kernel followed by the projection.
+                gate_up = torch.randn(rows, 2 * k, device=device, dtype=torch.bfloat16)
+                row["gated_fused_ms"] = median_graph_ms(
+                    [lambda w=w, g=gate_up: project_gated(g, w) for w in weights]
+                )
+                row["gated_unfused_ms"] = median_graph_ms(
+                    [lambda w=w, g=gate_up: project(silu_mul(g), w) for w in weights]
+                )
+                print(
+                    f"{model:13} {name:8} {n:6}x{k:5} rows {rows}: silu(gate) * up fused "
+                    f"{row['gated_fused_ms'] * 1e3:7.1f} us, unfused "
+                    f"{row['gated_unfused_ms'] * 1e3:7.1f} us"
+                )
+            rows_out.append(row)
             print(
                 f"{model:13} {name:8} {n:6}x{k:5} rows {rows}: current {current} "
                 f"{tiles[current] * 1e3:7.1f} us ({weight_gb / tiles[current] * 1e3:6.0f}"
