@@ -4,7 +4,8 @@
 # still up). Every stage writes its raw results and logs under OUT.
 #
 #   bench/suite_gpu.sh smollm2-prepare   OUT GGUF    GGUF -> bf16 checkpoint, Flare core
-#   bench/suite_gpu.sh smollm2-flare     OUT FLARE   flare run (cache on, then off), decode bench
+#   bench/suite_gpu.sh smollm2-flare     OUT FLARE   flare run (cache on, off, without message
+#                                                    checkpoints), decode bench
 #   bench/suite_gpu.sh smollm2-baselines OUT         transformers serve (continuous batching),
 #                                                    the static-cache generate loop
 #   bench/suite_gpu.sh smollm2-floor     OUT         the Python replay floor
@@ -95,6 +96,9 @@ flare_stage() {
   suite_http flare "$flare run $core --port $port" "$geometry" "$checkpoint" "$@"
   suite_http flare-no-cache "$flare run $core --port $port --no-prefix-cache" \
     "$geometry" "$checkpoint" --workloads prefix agent "$@"
+  # The cache capturing only prompt and answer ends: one prefill chunk per agent turn.
+  suite_http flare-no-message-checkpoints "$flare run $core --port $port --message-checkpoints 0" \
+    "$geometry" "$checkpoint" --workloads prefix agent tools "$@"
   # Native decode steps (after the suite: each replay first checks the qualification,
   # which hashes every buffer, 16 GiB of weights for the 8B).
   mkdir -p "$out/decode-bench"

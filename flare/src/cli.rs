@@ -66,6 +66,13 @@ pub enum Command {
         /// prompt is prefilled from its first token).
         #[arg(long)]
         no_prefix_cache: bool,
+        /// Offer the prefix cache the endpoints of at most the last N
+        /// messages of a chat (default: as many as one request may capture;
+        /// 0: only the prompt's and the answer's ends). Each offered message
+        /// endpoint ends a prefill chunk: fewer trade branch points for
+        /// fewer prefill launches.
+        #[arg(long, value_name = "N")]
+        message_checkpoints: Option<usize>,
     },
     /// Print a runtime core's identity, regions, graphs and contract.
     ///
@@ -196,6 +203,7 @@ pub fn execute(command: Command) -> Result<Outcome, HeliosError> {
             queue_capacity,
             device,
             no_prefix_cache,
+            message_checkpoints,
         } => {
             helios::serve::run(helios::serve::RunOptions {
                 core,
@@ -208,6 +216,7 @@ pub fn execute(command: Command) -> Result<Outcome, HeliosError> {
                 max_body_bytes,
                 queue_capacity,
                 prefix_cache: !no_prefix_cache,
+                message_checkpoints,
             })?;
             Ok(Outcome::Success)
         }
@@ -599,6 +608,23 @@ mod tests {
         let err =
             Cli::try_parse_from(["flare", "replay", "c", "--isolate", "--check"]).unwrap_err();
         assert_eq!(err.kind(), clap::error::ErrorKind::ArgumentConflict);
+    }
+
+    #[test]
+    fn message_checkpoints_default_to_the_capture_budget() {
+        let run = |args: &[&str]| match Cli::try_parse_from(args).unwrap().command {
+            Command::Run {
+                message_checkpoints,
+                ..
+            } => message_checkpoints,
+            other => panic!("expected run, got {other:?}"),
+        };
+        assert_eq!(run(&["flare", "run", "c"]), None);
+        assert_eq!(
+            run(&["flare", "run", "c", "--message-checkpoints", "0"]),
+            Some(0)
+        );
+        assert!(Cli::try_parse_from(["flare", "run", "c", "--message-checkpoints", "-1"]).is_err());
     }
 
     #[test]

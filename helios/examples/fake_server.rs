@@ -8,7 +8,7 @@
 //!
 //! ```text
 //! cargo run -p flare-helios --example fake_server -- [--port 0] [--api-key KEY]
-//!     [--launch-ms MS] [--fail-after LAUNCHES] [--stop-every N]
+//!     [--launch-ms MS] [--fail-after LAUNCHES] [--stop-every N] [--message-checkpoints N]
 //! ```
 
 use std::path::PathBuf;
@@ -33,6 +33,7 @@ struct Args {
     launch_time: Option<Duration>,
     fail_after: Option<u64>,
     stop_every: Option<u64>,
+    message_checkpoints: Option<usize>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -47,6 +48,9 @@ fn parse() -> Result<Args, String> {
             "--launch-ms" => args.launch_time = Some(Duration::from_millis(number(value()?)?)),
             "--fail-after" => args.fail_after = Some(number(value()?)?),
             "--stop-every" => args.stop_every = Some(number(value()?)?),
+            "--message-checkpoints" => {
+                args.message_checkpoints = Some(number(value()?)? as usize);
+            }
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -108,7 +112,11 @@ fn main() -> ExitCode {
         snapshot_rows: rows,
         ..PrefixConfig::from_core(&core).expect("the fixture declares its rows")
     });
-    let marked = marked_messages(prefix.as_ref(), geometry.max_concurrency());
+    let marked = marked_messages(
+        prefix.as_ref(),
+        geometry.max_concurrency(),
+        args.message_checkpoints,
+    );
     let config = SchedulerConfig {
         prefix,
         ..SchedulerConfig::default()

@@ -95,6 +95,45 @@ async fn an_agents_next_turn_restores_the_conversation_so_far() {
 }
 
 #[tokio::test]
+async fn without_message_checkpoints_each_turn_is_one_prefill_chunk() {
+    // --message-checkpoints 0: only the prompt's and the answer's ends are
+    // captured, so no message endpoint ends a chunk; the next turn still
+    // restores at least the previous prompt (its generation header included;
+    // here the answer's end, as the reply is rendered as it was generated).
+    let lean = server(Options {
+        message_checkpoints: Some(0),
+        ..Options::default()
+    });
+    let full = server(Options::default());
+    let mut messages = json!([
+        {"role": "system", "content": "w1 w2 w3 w4 w5 w6 w7 w8"},
+        {"role": "user", "content": "w2 w3 w4 w5 w6 w7 w8 w9 w1 w2"},
+    ]);
+    let mut previous_prompt = 0;
+    for turn in 0..3 {
+        let (reply, cached) = answer(&lean, &messages, 60 + turn).await;
+        let (same, _) = answer(&full, &messages, 60 + turn).await;
+        assert_eq!(reply, same, "turn {turn}");
+        assert!(cached >= previous_prompt, "turn {turn}: {cached} cached");
+        assert_eq!(cached == 0, turn == 0, "turn {turn}");
+        previous_prompt = lean
+            .frontend
+            .encode_chat(&input(&messages))
+            .unwrap()
+            .token_ids
+            .len() as u64;
+        let list = messages.as_array_mut().unwrap();
+        list.push(json!({"role": "assistant", "content": reply}));
+        list.push(json!({"role": "user", "content": format!("w{} w3 w5 w7", turn + 2)}));
+    }
+    // One chunk per turn, and per turn a prompt and a terminal capture.
+    assert_eq!(metric(&lean, "flare_launches_prefill_total").await, 3);
+    assert_eq!(metric(&lean, "flare_launches_snapshot_total").await, 6);
+    // The default offers the message endpoints: more chunks for the same turns.
+    assert!(metric(&full, "flare_launches_prefill_total").await > 3);
+}
+
+#[tokio::test]
 async fn anthropic_usage_counts_cached_input_apart() {
     let server = server(Options::default());
     let body = json!({

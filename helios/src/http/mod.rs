@@ -70,12 +70,17 @@ pub struct ServeConfig {
 }
 
 /// What [`ServeConfig::marked_messages`] should be: as many messages as one
-/// request may capture (marking more would be wasted renders), none
-/// without the prefix cache.
-pub fn marked_messages(prefix: Option<&PrefixConfig>, max_concurrency: u32) -> usize {
-    prefix.map_or(0, |prefix| {
+/// request may capture (marking more would be wasted renders), at most
+/// `limit` when the operator sets one, none without the prefix cache.
+pub fn marked_messages(
+    prefix: Option<&PrefixConfig>,
+    max_concurrency: u32,
+    limit: Option<usize>,
+) -> usize {
+    let budget = prefix.map_or(0, |prefix| {
         crate::prefix::capture_budget(prefix.snapshot_rows, max_concurrency) as usize
-    })
+    });
+    limit.map_or(budget, |limit| budget.min(limit))
 }
 
 #[derive(Debug)]

@@ -117,6 +117,7 @@ pub unsafe fn start_in_process(
         max_body_bytes: config.max_body_bytes,
         queue_capacity: config.queue_capacity,
         prefix_cache: config.prefix_cache,
+        message_checkpoints: None,
     };
     let plan = plan(&core, admission)?;
     drop(core);

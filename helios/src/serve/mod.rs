@@ -53,6 +53,11 @@ pub struct RunOptions {
     /// Reuse exact prefix checkpoints across requests (when the core has
     /// snapshot rows).
     pub prefix_cache: bool,
+    /// Offer the prefix cache the endpoints of at most this many last
+    /// messages of a chat (None: as many as one request may capture). Each
+    /// offered endpoint ends a prefill chunk; 0 keeps only the prompt's and
+    /// the answer's ends.
+    pub message_checkpoints: Option<usize>,
 }
 
 /// Why the server could not start or stopped with a failure.
@@ -116,6 +121,7 @@ pub fn run(options: RunOptions) -> Result<(), ServeError> {
         max_body_bytes: options.max_body_bytes,
         queue_capacity: options.queue_capacity,
         prefix_cache: options.prefix_cache,
+        message_checkpoints: options.message_checkpoints,
     };
     let plan = plan(&core, admission)?;
     drop(core);
@@ -262,6 +268,7 @@ mod tests {
             max_body_bytes: 1 << 20,
             queue_capacity: 16,
             prefix_cache: true,
+            message_checkpoints: None,
         }
     }
 

@@ -26,6 +26,9 @@ pub(super) struct Admission {
     pub(super) queue_capacity: usize,
     /// Reuse exact prefix checkpoints across requests.
     pub(super) prefix_cache: bool,
+    /// Offer the cache the endpoints of at most this many last messages of
+    /// a chat (None: as many as a request may capture).
+    pub(super) message_checkpoints: Option<usize>,
 }
 
 /// A core's serving plan.
@@ -51,7 +54,11 @@ pub(super) fn plan(core: &ValidCore, admission: Admission) -> Result<Plan, Serve
         max_body_bytes: admission.max_body_bytes,
         chunk_capacity: CHUNK_CAPACITY,
         api_key: admission.api_key,
-        marked_messages: marked_messages(prefix.as_ref(), geometry.max_concurrency()),
+        marked_messages: marked_messages(
+            prefix.as_ref(),
+            geometry.max_concurrency(),
+            admission.message_checkpoints,
+        ),
     };
     let scheduler = SchedulerConfig {
         queue_capacity: admission.queue_capacity,

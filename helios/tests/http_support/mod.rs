@@ -40,6 +40,8 @@ pub struct Options {
     pub api_key: Option<String>,
     /// Serve without the prefix cache (it is on by default, over 16 rows).
     pub no_prefix_cache: bool,
+    /// Offer the cache at most this many message endpoints per chat.
+    pub message_checkpoints: Option<usize>,
 }
 
 /// Snapshot rows of the test server's prefix cache.
@@ -94,7 +96,11 @@ pub fn server(options: Options) -> Server {
         snapshot_rows: SNAPSHOT_ROWS,
         ..PrefixConfig::from_core(&core).unwrap()
     });
-    let marked = marked_messages(prefix.as_ref(), geometry.max_concurrency());
+    let marked = marked_messages(
+        prefix.as_ref(),
+        geometry.max_concurrency(),
+        options.message_checkpoints,
+    );
     let config = SchedulerConfig {
         prefix,
         ..SchedulerConfig::default()
