@@ -29,7 +29,6 @@ from ignition.components.linear import (
     _rows_linear_kernel,
     block_n,
     project,
-    project_gated,
     silu_mul,
 )
 
@@ -99,7 +98,7 @@ def main() -> None:
                 # activation's kernel followed by the projection.
                 gate_up = torch.randn(rows, 2 * k, device=device, dtype=torch.bfloat16)
                 row["gated_fused_ms"] = median_graph_ms(
-                    [lambda w=w, g=gate_up: project_gated(g, w) for w in weights]
+                    [lambda w=w, g=gate_up: project(g, w, gated=True) for w in weights]
                 )
                 row["gated_unfused_ms"] = median_graph_ms(
                     [lambda w=w, g=gate_up: project(silu_mul(g), w) for w in weights]

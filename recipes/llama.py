@@ -47,7 +47,7 @@ from ignition.components.kv_cache import (
     prefill_attention,
     write_kv,
 )
-from ignition.components.linear import project, project_gated
+from ignition.components.linear import project
 from ignition.components.rotary import RotaryTable
 from ignition.loading.mapping import WeightMapping
 from ignition.loading.source import CheckpointError
@@ -216,8 +216,8 @@ class PagedAttention(nn.Module):
 class PackedMLP(nn.Module):
     """The canonical gated MLP with gate and up projections in one weight. With a
     SiLU activation (``silu_down``) the down projection applies ``silu(gate) * up``
-    itself (``project_gated``: for decode-sized rows one kernel, not two); otherwise
-    the canonical activation module runs between the projections."""
+    itself (``project(..., gated=True)``: one kernel, not two, for decode-sized rows);
+    otherwise the canonical activation module runs between the projections."""
 
     def __init__(
         self,
@@ -238,7 +238,7 @@ class PackedMLP(nn.Module):
         gate_up = project(x, self.gate_up)
         down = self.down_proj
         if self.silu_down:
-            return project_gated(gate_up, down.weight, down.bias)
+            return project(gate_up, down.weight, down.bias, gated=True)
         gate, up = gate_up.split(self.intermediate, dim=-1)
         return project(self.act_fn(gate) * up, down.weight, down.bias)
 

@@ -12,7 +12,6 @@ from ignition.components.linear import (
     ROWS_TILE,
     block_n,
     project,
-    project_gated,
     silu_mul,
     triton_rows_linear,
 )
@@ -84,10 +83,10 @@ def test_the_gated_projection_applies_silu_mul_and_is_batch_invariant_interprete
         assert torch.equal(triton_rows_linear(gate_up[:rows], w, b, gated=True), full[:rows])
     outputs = [triton_rows_linear(gate_up[:4], w, b, width, gated=True) for width in BLOCK_NS]
     assert all(torch.equal(other, outputs[0]) for other in outputs[1:])
-    # project_gated: the fused kernel for few rows, the unfused operations beyond.
-    assert torch.equal(project_gated(gate_up[:4], w, b), full[:4])
+    # project(gated=True): the fused kernel for few rows, the unfused operations beyond.
+    assert torch.equal(project(gate_up[:4], w, b, gated=True), full[:4])
     many = torch.randn(ROWS_TILE + 1, 2 * k, generator=gen)
-    assert torch.allclose(project_gated(many, w, b), F.linear(silu_mul(many), w, b))
+    assert torch.allclose(project(many, w, b, gated=True), F.linear(silu_mul(many), w, b))
     with pytest.raises(ValueError, match="columns"):
         triton_rows_linear(gate_up[:, :k], w, b, gated=True)
 
@@ -115,12 +114,12 @@ def test_the_gated_projection_matches_the_unfused_one_on_gpu(n: int, k: int) -> 
     gen = torch.Generator().manual_seed(n)
     gate_up = torch.randn(4, 2 * k, generator=gen).cuda().bfloat16()
     w = (torch.randn(n, k, generator=gen) / k**0.5).cuda().bfloat16()
-    fused = project_gated(gate_up, w)
+    fused = project(gate_up, w, gated=True)
     unfused = triton_rows_linear(silu_mul(gate_up), w, None)
     error = (fused.double() - unfused.double()).norm() / unfused.double().norm()
     assert error < 2**-8, error
     for rows in (1, 2, 3):
-        assert torch.equal(project_gated(gate_up[:rows], w), fused[:rows])
+        assert torch.equal(project(gate_up[:rows], w, gated=True), fused[:rows])
 
 
 # The width only moves columns between programs: each element's K loop is the same.

@@ -146,73 +146,46 @@ def triton_rows_linear(
     return y
 
 
-@torch.library.custom_op("flare::rows_linear", mutates_args=())
-def rows_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """Batch-invariant projection of a few rows (torch reference on the CPU)."""
-    if isinstance(_rows_linear_kernel, InterpretedFunction):
-        return triton_rows_linear(x, w, b)
-    return F.linear(x, w, b)
-
-
-@rows_linear.register_kernel("cuda")
-def _rows_linear_cuda(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    return triton_rows_linear(x, w, b)
-
-
-@rows_linear.register_fake
-def _rows_linear_fake(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    return x.new_empty(x.shape[0], w.shape[0])
-
-
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` of ``[..., 2K]`` activations holding gate then up."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 
 
-@torch.library.custom_op("flare::rows_linear_gated", mutates_args=())
-def rows_linear_gated(
-    gate_up: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None
+@torch.library.custom_op("flare::rows_linear", mutates_args=())
+def rows_linear(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, gated: bool = False
 ) -> torch.Tensor:
-    """The down projection of a gated MLP with its activation fused in: one kernel
-    instead of the activation's and the projection's (torch reference on the CPU)."""
+    """Batch-invariant projection of a few rows; ``gated``: of ``silu_mul(x)``, fused
+    into the kernel (torch reference on the CPU)."""
     if isinstance(_rows_linear_kernel, InterpretedFunction):
-        return triton_rows_linear(gate_up, w, b, gated=True)
-    return F.linear(silu_mul(gate_up), w, b)
+        return triton_rows_linear(x, w, b, gated=gated)
+    return F.linear(silu_mul(x) if gated else x, w, b)
 
 
-@rows_linear_gated.register_kernel("cuda")
-def _rows_linear_gated_cuda(
-    gate_up: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None
+@rows_linear.register_kernel("cuda")
+def _rows_linear_cuda(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, gated: bool = False
 ) -> torch.Tensor:
-    return triton_rows_linear(gate_up, w, b, gated=True)
+    return triton_rows_linear(x, w, b, gated=gated)
 
 
-@rows_linear_gated.register_fake
-def _rows_linear_gated_fake(
-    gate_up: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None
+@rows_linear.register_fake
+def _rows_linear_fake(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, gated: bool = False
 ) -> torch.Tensor:
-    return gate_up.new_empty(gate_up.shape[0], w.shape[0])
-
-
-def project_gated(
-    gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-) -> torch.Tensor:
-    """``project(silu(gate) * up, weight, bias)`` for ``[..., 2K]`` gate-then-up
-    activations: fused into the projection when it has few rows."""
-    rows = gate_up.numel() // gate_up.shape[-1]
-    if rows > ROWS_TILE:
-        return F.linear(silu_mul(gate_up), weight, bias)
-    flat = rows_linear_gated(gate_up.reshape(rows, gate_up.shape[-1]), weight, bias)
-    return flat.view(*gate_up.shape[:-1], weight.shape[0])
+    return x.new_empty(x.shape[0], w.shape[0])
 
 
 def project(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False
 ) -> torch.Tensor:
-    """A projection over the last dimension, batch-invariant when it has few rows."""
+    """A projection over the last dimension, batch-invariant when it has few rows.
+    ``gated``: ``x`` holds a gated MLP's ``[gate | up]`` and the projection is of
+    ``silu(gate) * up``, which few rows apply inside the kernel as they load it (one
+    kernel instead of two)."""
     rows = x.numel() // x.shape[-1]
     if rows > ROWS_TILE:
-        return F.linear(x, weight, bias)
-    flat = rows_linear(x.reshape(rows, x.shape[-1]), weight, bias)
+        return F.linear(silu_mul(x) if gated else x, weight, bias)
+    flat = rows_linear(x.reshape(rows, x.shape[-1]), weight, bias, gated)
     return flat.view(*x.shape[:-1], weight.shape[0])
