@@ -54,9 +54,8 @@ fn invalid(param: &'static str, reason: &'static str) -> HttpError {
 /// A text prompt's ids, with the tokenizer's special tokens, encoded on the
 /// blocking pool.
 async fn encode_text(state: &AppState, text: String) -> Result<Vec<u32>, HttpError> {
-    let frontend = std::sync::Arc::clone(state.frontend());
-    generation::prepare(state, move || {
-        Ok(frontend.tokenizer().encode(&text, true)?)
+    generation::prepare(state, move |state| {
+        Ok(state.frontend().tokenizer().encode(&text, true)?)
     })
     .await
 }

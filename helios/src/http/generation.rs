@@ -109,15 +109,15 @@ impl Job {
 /// Runs CPU-heavy frontend work (rendering, tokenization, endpoint
 /// mapping) on the blocking pool, so that a long prompt never stalls the
 /// async workers streaming other requests; its time goes to the
-/// `flare_prompt_preparation_seconds` histogram.
+/// `flare_prompt_preparation_seconds` histogram. `work` gets the state.
 pub async fn prepare<T: Send + 'static>(
     state: &AppState,
-    work: impl FnOnce() -> Result<T, HttpError> + Send + 'static,
+    work: impl FnOnce(&AppState) -> Result<T, HttpError> + Send + 'static,
 ) -> Result<T, HttpError> {
     let state = state.clone();
     tokio::task::spawn_blocking(move || {
         let started = Instant::now();
-        let prepared = work();
+        let prepared = work(&state);
         state.observe_preparation(started.elapsed().as_secs_f64());
         prepared
     })
@@ -137,9 +137,8 @@ impl Job {
         max_tokens: Option<u32>,
         sampling: Sampling,
     ) -> Result<Self, HttpError> {
-        let inner = state.clone();
-        prepare(state, move || {
-            Self::chat_now(&inner, &input, max_tokens, sampling)
+        prepare(state, move |state| {
+            Self::chat_now(state, &input, max_tokens, sampling)
         })
         .await
     }

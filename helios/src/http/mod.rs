@@ -28,7 +28,7 @@ mod messages;
 mod sampling;
 mod sse;
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -122,16 +122,17 @@ impl AppState {
 
     /// Records one prompt's frontend work.
     fn observe_preparation(&self, seconds: f64) {
-        if let Ok(mut histogram) = self.shared.preparation.lock() {
-            histogram.observe(seconds);
-        }
+        self.preparation_histogram().observe(seconds);
     }
 
     /// The prompt preparation histogram so far.
     fn preparation(&self) -> Histogram {
-        (self.shared.preparation.lock())
-            .map(|histogram| histogram.clone())
-            .unwrap_or_else(|poisoned| poisoned.into_inner().clone())
+        self.preparation_histogram().clone()
+    }
+
+    /// The histogram behind its lock (a panicked observer leaves it intact).
+    fn preparation_histogram(&self) -> MutexGuard<'_, Histogram> {
+        (self.shared.preparation.lock()).unwrap_or_else(PoisonError::into_inner)
     }
 
     fn config(&self) -> &ServeConfig {

@@ -23,7 +23,7 @@ use super::admission::AdmissionQueue;
 use super::checkpoints::{Cache, Maintenance, PrefixConfig};
 use super::error::{AdmissionError, ExecutionError, SchedulerError};
 use super::events::{Event, FinishReason, Metrics, RequestEvent};
-use super::executor::{Executor, Launch, Operation, PageTableUpdate, Ticket};
+use super::executor::{Executor, Launch, Operation, OperationKind, PageTableUpdate, Ticket};
 use super::geometry::Geometry;
 use super::ids::RequestId;
 use super::pool::{PagePool, SlotPool};
@@ -128,10 +128,8 @@ pub struct Scheduler<E> {
     pub(super) next_admission: u64,
     pub(super) preemptions: u64,
     pub(super) prefilled_tokens: u64,
-    /// Launches submitted, by
-    /// [`OperationKind::index`](super::executor::OperationKind::index), for
-    /// [`Metrics`].
-    launches: [u64; 6],
+    /// Launches submitted, by [`OperationKind::index`], for [`Metrics`].
+    launches: [u64; OperationKind::COUNT],
     /// Terminal events by kind, for [`Metrics`].
     pub(super) finished: Finished,
     pub(super) failure: Option<ExecutionError>,
@@ -177,7 +175,7 @@ impl<E: Executor> Scheduler<E> {
             next_admission: 0,
             preemptions: 0,
             prefilled_tokens: 0,
-            launches: [0; 6],
+            launches: [0; OperationKind::COUNT],
             finished: Finished::default(),
             failure: None,
         })

@@ -106,5 +106,5 @@ pub struct Metrics {
     /// [`OperationKind::index`](super::OperationKind::index)): with the
     /// request counters, how many prefill chunks, snapshots and restores a
     /// request cost.
-    pub launches: [u64; 6],
+    pub launches: [u64; super::OperationKind::COUNT],
 }

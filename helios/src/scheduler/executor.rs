@@ -204,9 +204,12 @@ pub enum OperationKind {
 }
 
 impl OperationKind {
+    /// How many kinds there are.
+    pub const COUNT: usize = 6;
+
     /// Every kind, in declaration order (the index of
     /// [`Metrics::launches`](super::Metrics::launches)).
-    pub const ALL: [OperationKind; 6] = [
+    pub const ALL: [OperationKind; Self::COUNT] = [
         Self::Admit,
         Self::PrefillChunk,
         Self::Decode,
