@@ -131,8 +131,10 @@ qwen_core=$work/qwen3-8b-core
 # prompts plus their answers (66,560 = 1,040 pages of 64 tokens).
 qwen_suite=(--lengths 512 4096 32768 65536 --agent-tokens 32768)
 # The 8B compiles layer by layer: one compilation per shape serves its 36 layers
-# (whole forwards outlast a call). PREPARE_ARGS, given after, overrides it.
-qwen_compile=(--compile-scope=layer)
+# (whole forwards outlast a call). A --compile-scope in PREPARE_ARGS, later, wins.
+case $stage in
+  qwen3-8b-*) PREPARE_ARGS="--compile-scope=layer ${PREPARE_ARGS:-}" ;;
+esac
 
 # The floor (`as_prepared floor`) and the timeline (`as_prepared timeline`) prepare
 # their forwards as the core's were: the preparation options of PREPARE_ARGS, in
@@ -177,8 +179,7 @@ case $stage in
       --out "$out/timeline/smollm2.json" --trace-dir "$out/timeline" 2>&1 | tail -20
     ;;
   qwen3-8b-timeline)
-    python3 bench/kernel_timeline.py "$qwen" "${qwen_compile[@]}" $(as_prepared timeline) \
-      --capacities 1 4 --context-limit 8192 \
+    python3 bench/kernel_timeline.py "$qwen" $(as_prepared timeline) --capacities 1 4 --context-limit 8192 \
       --out "$out/timeline/qwen3-8b.json" --trace-dir "$out/timeline" 2>&1 | tail -20
     ;;
   qwen3-8b-prepare)
@@ -189,7 +190,7 @@ case $stage in
     # 1,152 pages of 64 tokens (10.1 GiB): one 64K prompt, or the 32K agent trace
     # with its branch and the cache's chains; sized from free memory (23 GiB) the
     # pages make qualification's digests outlast a call.
-    prepare_core "$qwen" "$qwen_core" --context-limit 66560 --kv-pages 1152 "${qwen_compile[@]}"
+    prepare_core "$qwen" "$qwen_core" --context-limit 66560 --kv-pages 1152
     ;;
   qwen3-8b-flare)
     flare_stage "$qwen_core" "$qwen" qwen3-8b "${1:?$usage}" "${qwen_suite[@]}"
@@ -198,8 +199,7 @@ case $stage in
     baselines_stage "$qwen" qwen3-8b "${qwen_suite[@]}"
     ;;
   qwen3-8b-floor)
-    python3 -m bench.suite --replay "$qwen" --replay-compile-scope=layer $(as_prepared floor) \
-      --engine python-floor \
+    python3 -m bench.suite --replay "$qwen" $(as_prepared floor) --engine python-floor \
       --out "$out/python-floor.json" \
       --tokenizer "$qwen" --geometry qwen3-8b --context-limit 66560 "${qwen_suite[@]}" \
       2>&1 | tee "$out/python-floor.log"
