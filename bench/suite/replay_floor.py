@@ -36,8 +36,7 @@ def prepare_floor(
 ) -> PreparedModel:
     """``model`` prepared as ``ignition replay`` prepares it (bf16, compiled unless
     not ``compile``, in regions of ``compile_scope``, the sampler as ``compile_sampling``
-    says, captured on CUDA), or
-    ``eager``: float32 on the CPU, no graphs (for tests)."""
+    says, captured on CUDA), or ``eager``: float32 on the CPU, no graphs (for tests)."""
     if eager:
         options = PrepareOptions(
             max_concurrency=max_concurrency,
