@@ -15,6 +15,7 @@
 #   bench/suite_gpu.sh qwen3-8b-baselines OUT
 #   bench/suite_gpu.sh qwen3-8b-floor    OUT
 #   bench/suite_gpu.sh qwen3-8b-timeline OUT
+#   bench/suite_gpu.sh gpu-tests         OUT         pytest -m gpu (OUT/pytest-gpu.log)
 #   bench/suite_gpu.sh attention-bench   OUT         prefill attention against KV splits, and
 #                                                    the decode projection against its tiles
 #   bench/suite_gpu.sh report            OUT         summary table and plots of OUT/*.json
@@ -27,7 +28,9 @@
 # machine has no registry): gguf and flare_heliopause, plus openai's and
 # transformers serve's dependencies for the baselines. PREPARE_ARGS, when set, adds
 # options to `ignition prepare` (for example --no-compile, or --compile-scope=layer:
-# written with `=`, as the floor and the timeline follow it).
+# written with `=`, as the floor and the timeline follow it). PORT (default 18080)
+# is where launched servers listen: stages on two GPUs of one machine need two.
+# bench/suite_queue.sh runs several stages in a row.
 set -uo pipefail
 usage="usage: bench/suite_gpu.sh STAGE OUT [GGUF|FLARE|DIR] (see the header)"
 stage=${1:?$usage}
@@ -50,7 +53,7 @@ if [ -n "${WHEELS:-}" ]; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/flare-triton TORCHINDUCTOR_CACHE_DIR=/tmp/flare-inductor
-port=18080
+port=${PORT:-18080}
 
 environment() {
   {
@@ -203,6 +206,16 @@ case $stage in
       --out "$out/python-floor.json" \
       --tokenizer "$qwen" --geometry qwen3-8b --context-limit 66560 "${qwen_suite[@]}" \
       2>&1 | tee "$out/python-floor.log"
+    ;;
+  gpu-tests)
+    environment
+    # test_http_clients.py has no GPU test and imports the openai and anthropic
+    # clients, which the GPU machine lacks.
+    PYTHONPATH=$PYTHONPATH:$PWD/tests python3 -m pytest -m gpu tests -q -p no:cacheprovider \
+      --ignore=tests/test_http_clients.py > "$out/pytest-gpu.log" 2>&1
+    status=$?
+    tail -5 "$out/pytest-gpu.log"
+    exit $status
     ;;
   attention-bench)
     python3 bench/prefill_attention_bench.py --out "$out/prefill-attention.json" 2>&1 |
