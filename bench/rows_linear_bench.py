@@ -6,9 +6,8 @@ device's copy bandwidth: the data behind the kernel's tile choice.
 
 For each weight shape and 1 and 4 rows: the time per call inside a CUDA graph, over
 weight copies larger than L2 together (``bench/cuda_timing.py``), per (BLOCK_N,
-BLOCK_K, num_stages), F.linear's, and the weight bytes over the time as GB/s, beside
-a device-to-device copy of the same bytes; for the down projections, also the MLP's
-activation fused into it against the activation's kernel followed by it. Needs a GPU.
+BLOCK_K, num_stages, num_warps), F.linear's, and the weight bytes over the time as
+GB/s, beside a device-to-device copy of the same bytes. Needs a GPU.
 """
 
 from __future__ import annotations
@@ -28,8 +27,6 @@ from ignition.components.linear import (
     ROWS_TILE,
     _rows_linear_kernel,
     block_n,
-    project,
-    silu_mul,
 )
 
 # (model, projection, out features N, in features K)
@@ -45,17 +42,24 @@ SHAPES = [
     ("qwen3-8b", "down", 4096, 12288),
     ("qwen3-8b", "lm_head", 151936, 4096),
 ]
-TILES = list(itertools.product([16, 32, 64, 128], [64, 128, 256], [3, 4]))
+# (BLOCK_N, BLOCK_K, num_stages, num_warps); serving launches num_stages 4, 4 warps.
+TILES = list(itertools.product([16, 32, 64, 128], [64, 128, 256], [3, 4], [4, 8]))
 
 
-def _launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, tile: tuple[int, int, int]):
-    block_n, block_k, stages = tile
+def tile_name(tile: tuple[int, int, int, int]) -> str:
+    block_n, block_k, stages, warps = tile
+    return f"{block_n}x{block_k}/s{stages}/w{warps}"
+
+
+def launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, tile: tuple[int, int, int, int]):
+    """The projection kernel over ``tile`` as a call with no arguments (y = x @ w.T)."""
+    block_n, block_k, stages, warps = tile
     rows, k = x.shape
     n = w.shape[0]
     return lambda: _rows_linear_kernel[(triton.cdiv(n, block_n),)](
         x, w, w, y, rows, n, k, x.stride(0), w.stride(0), y.stride(0),
         HAS_BIAS=False, BLOCK_M=ROWS_TILE, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=4, num_stages=stages,
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
 
 
@@ -79,35 +83,20 @@ def main() -> None:
             x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
             y = torch.empty(rows, n, device=device, dtype=torch.bfloat16)
             tiles: dict[str, float] = {}
-            for bn, bk, st in TILES:
+            for tile in TILES:
                 try:
-                    tiles[f"{bn}x{bk}/s{st}"] = median_graph_ms(
-                        [_launch(x, w, y, (bn, bk, st)) for w in weights]
+                    tiles[tile_name(tile)] = median_graph_ms(
+                        [launch(x, w, y, tile) for w in weights]
                     )
                 except triton.runtime.errors.OutOfResources:
                     continue  # the tile's pipeline does not fit in shared memory
             cublas = median_graph_ms([lambda x=x, w=w: F.linear(x, w) for w in weights])
             best = min(tiles, key=lambda t: tiles[t])
-            current = f"{block_n(n, sms)}x{BLOCK_K}/s4"  # what serving launches
+            current = tile_name((block_n(n, sms), BLOCK_K, 4, 4))  # what serving launches
             weight_gb = w.numel() * w.element_size() / 1e9
             row = dict(model=model, projection=name, n=n, k=k, rows=rows, tiles_ms=tiles,
                        cublas_ms=cublas, copy_gbs=gbs, current_tile=current,
                        current=tiles[current])  # fmt: skip
-            if name == "down":
-                # The MLP's activation fused into the down projection, against the
-                # activation's kernel followed by the projection.
-                gate_up = torch.randn(rows, 2 * k, device=device, dtype=torch.bfloat16)
-                row["gated_fused_ms"] = median_graph_ms(
-                    [lambda w=w, g=gate_up: project(g, w, gated=True) for w in weights]
-                )
-                row["gated_unfused_ms"] = median_graph_ms(
-                    [lambda w=w, g=gate_up: project(silu_mul(g), w) for w in weights]
-                )
-                print(
-                    f"{model:13} {name:8} {n:6}x{k:5} rows {rows}: silu(gate) * up fused "
-                    f"{row['gated_fused_ms'] * 1e3:7.1f} us, unfused "
-                    f"{row['gated_unfused_ms'] * 1e3:7.1f} us"
-                )
             rows_out.append(row)
             print(
                 f"{model:13} {name:8} {n:6}x{k:5} rows {rows}: current {current} "

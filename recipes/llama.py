@@ -57,8 +57,6 @@ ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM")
 MODEL_TYPES = ("llama", "qwen3")
 PAGE_SIZE = 64
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-# Activations whose gated MLP the down projection fuses (Transformers spells SiLU both ways).
-SILU_ACTIVATIONS = ("silu", "swish")
 
 
 @dataclass(frozen=True)
@@ -214,10 +212,12 @@ class PagedAttention(nn.Module):
 
 
 class PackedMLP(nn.Module):
-    """The canonical gated MLP with gate and up projections in one weight. With a
-    SiLU activation (``silu_down``) the down projection applies ``silu(gate) * up``
-    itself (``project(..., gated=True)``: one kernel, not two, for decode-sized rows);
-    otherwise the canonical activation module runs between the projections."""
+    """The canonical gated MLP with gate and up projections in one weight; the
+    canonical activation module runs between the projections (compiled, it is one
+    pointwise kernel with the product). Applying ``silu(gate) * up`` inside the
+    decode projection's operand load instead stalled its K loop: 46 us against 3 us
+    per SmolLM2 layer, 359 us against about 35 us per Qwen3-8B layer, on the H200
+    (``bench/results/issue5/2026-11-30c-two-gpus/``)."""
 
     def __init__(
         self,
@@ -225,22 +225,17 @@ class PackedMLP(nn.Module):
         down_proj: nn.Module,
         act_fn: nn.Module,
         intermediate: int,
-        silu_down: bool,
     ) -> None:
         super().__init__()
         self.register_buffer("gate_up", gate_up, persistent=False)
         self.down_proj = down_proj
         self.act_fn = act_fn
         self.intermediate = intermediate
-        self.silu_down = silu_down
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = project(x, self.gate_up)
-        down = self.down_proj
-        if self.silu_down:
-            return project(gate_up, down.weight, down.bias, gated=True)
         gate, up = gate_up.split(self.intermediate, dim=-1)
-        return project(self.act_fn(gate) * up, down.weight, down.bias)
+        return project(self.act_fn(gate) * up, self.down_proj.weight, self.down_proj.bias)
 
 
 def _set_parameter(root: nn.Module, name: str, value: torch.Tensor) -> None:
@@ -308,7 +303,6 @@ class LlamaModel:
                 layer.mlp.down_proj,
                 layer.mlp.act_fn,
                 g.intermediate,
-                silu_down=config.hidden_act in SILU_ACTIVATIONS,
             )
         for name, param in list(model.named_parameters()):
             if name in packed:

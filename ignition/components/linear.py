@@ -48,7 +48,6 @@ def _rows_linear_kernel(
     stride_wn,
     stride_ym,
     HAS_BIAS: tl.constexpr,
-    GATED: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -62,13 +61,6 @@ def _rows_linear_kernel(
         kk = k0 + rk
         x_mask = (rm[:, None] < M) & (kk[None, :] < K)
         x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=x_mask, other=0.0)
-        if GATED:
-            # x holds [gate | up]: the operand is silu(gate) * up, each rounded to
-            # the activations' dtype as the unfused (eager) operations round it.
-            up = tl.load(x_ptr + rm[:, None] * stride_xm + K + kk[None, :], mask=x_mask, other=0.0)
-            gate = x.to(tl.float32)
-            act = (gate * tl.sigmoid(gate)).to(x_ptr.dtype.element_ty).to(tl.float32)
-            x = (act * up.to(tl.float32)).to(x_ptr.dtype.element_ty)
         w = tl.load(
             w_ptr + rn[:, None] * stride_wn + kk[None, :],
             mask=(rn[:, None] < N) & (kk[None, :] < K),
@@ -110,17 +102,15 @@ def triton_rows_linear(
     w: torch.Tensor,
     b: torch.Tensor | None,
     width: int | None = None,
-    gated: bool = False,
 ) -> torch.Tensor:
     """``x @ w.T + b`` for x [rows <= ROWS_TILE, K]; batch-invariant per row.
-    ``width``: the output tile's width (default ``block_n`` of the shape and device).
-    ``gated``: x is [rows, 2K], gate then up, and the operand is ``silu(gate) * up``."""
+    ``width``: the output tile's width (default ``block_n`` of the shape and device)."""
     rows = x.shape[0]
     n, k = w.shape
     if rows > ROWS_TILE:
         raise ValueError(f"{rows} rows exceed the batch-invariant tile of {ROWS_TILE}")
-    if x.shape[1] != (2 * k if gated else k):
-        raise ValueError(f"x has {x.shape[1]} columns for a weight of {k} (gated: {gated})")
+    if x.shape[1] != k:
+        raise ValueError(f"x has {x.shape[1]} columns for a weight of {k}")
     width = width or block_n(n, _sm_count(x.device))
     x = x.contiguous()
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
@@ -136,7 +126,6 @@ def triton_rows_linear(
         w.stride(0),
         y.stride(0),
         HAS_BIAS=b is not None,
-        GATED=gated,
         BLOCK_M=ROWS_TILE,
         BLOCK_N=width,
         BLOCK_K=BLOCK_K,
@@ -146,46 +135,30 @@ def triton_rows_linear(
     return y
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up`` of ``[..., 2K]`` activations holding gate then up."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
-
-
 @torch.library.custom_op("flare::rows_linear", mutates_args=())
-def rows_linear(
-    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, gated: bool = False
-) -> torch.Tensor:
-    """Batch-invariant projection of a few rows; ``gated``: of ``silu_mul(x)``, fused
-    into the kernel (torch reference on the CPU)."""
+def rows_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """Batch-invariant projection of a few rows (torch reference on the CPU)."""
     if isinstance(_rows_linear_kernel, InterpretedFunction):
-        return triton_rows_linear(x, w, b, gated=gated)
-    return F.linear(silu_mul(x) if gated else x, w, b)
+        return triton_rows_linear(x, w, b)
+    return F.linear(x, w, b)
 
 
 @rows_linear.register_kernel("cuda")
-def _rows_linear_cuda(
-    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, gated: bool = False
-) -> torch.Tensor:
-    return triton_rows_linear(x, w, b, gated=gated)
+def _rows_linear_cuda(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return triton_rows_linear(x, w, b)
 
 
 @rows_linear.register_fake
-def _rows_linear_fake(
-    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, gated: bool = False
-) -> torch.Tensor:
+def _rows_linear_fake(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     return x.new_empty(x.shape[0], w.shape[0])
 
 
 def project(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """A projection over the last dimension, batch-invariant when it has few rows.
-    ``gated``: ``x`` holds a gated MLP's ``[gate | up]`` and the projection is of
-    ``silu(gate) * up``, which few rows apply inside the kernel as they load it (one
-    kernel instead of two)."""
+    """A projection over the last dimension, batch-invariant when it has few rows."""
     rows = x.numel() // x.shape[-1]
     if rows > ROWS_TILE:
-        return F.linear(silu_mul(x) if gated else x, weight, bias)
-    flat = rows_linear(x.reshape(rows, x.shape[-1]), weight, bias, gated)
+        return F.linear(x, weight, bias)
+    flat = rows_linear(x.reshape(rows, x.shape[-1]), weight, bias)
     return flat.view(*x.shape[:-1], weight.shape[0])
