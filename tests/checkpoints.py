@@ -17,7 +17,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from ignition.loading.word_tokenizer import word_level_tokenizer
+from ignition.loading.synthetic_tokenizers import word_level_tokenizer
 
 VOCAB = 512
 

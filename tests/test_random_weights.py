@@ -105,3 +105,41 @@ def test_materialized_weights_are_the_generated_ones(tmp_path: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16)
     q = model.model.layers[1].self_attn.q_proj.weight
     assert torch.equal(q, generated.load("model.layers.1.self_attn.q_proj.weight"))
+
+
+def test_the_config_names_its_transformers_class(tmp_path: Path) -> None:
+    import transformers
+    from transformers import AutoConfig
+
+    for name in GEOMETRIES:
+        config = AutoConfig.from_pretrained(write_random_checkpoint(tmp_path / name, name))
+        # What `transformers serve` instantiates (it failed on the 8B without it).
+        (architecture,) = config.architectures
+        assert architecture.lower() == f"{config.model_type}forcausallm"
+        assert hasattr(transformers, architecture)
+
+
+def test_the_tokenizer_keeps_prompts_apart_and_decodes_every_id(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from bench.suite.workloads import LONG_HEAD, long_requests
+
+    geometry = _tiny(tmp_path / "geo")
+    tokenizer = AutoTokenizer.from_pretrained(geometry)
+    assert len(tokenizer) == 300  # the model's vocabulary
+
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False).input_ids
+
+    # The suite's cold prompts must reach the server as different tokens right after
+    # their common head, or a prefix cache serves them warm (the word-level tokenizer
+    # made every suite word <unk>: all prompts were one token sequence).
+    prompts = [encode(r.prompt) for r in long_requests(encode, 512, 3, 0, 1)]
+    assert all(len(p) == 512 and tokenizer.unk_token_id not in p for p in prompts)
+    shared = len(encode(LONG_HEAD)) + len("Entry 1: at ")
+    assert len({tuple(p[: shared + 8]) for p in prompts}) == 3
+    # Every id a model can sample streams text.
+    assert all(tokenizer.decode([i]) for i in range(3, 300))
+    chat = [{"role": "user", "content": "Entry 7: at 12:30"}]
+    text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert tokenizer.decode(encode(text)) == text

@@ -2,8 +2,10 @@
 
 Startup time and throughput at sizes such as a dense 8B model are measured on
 machines that download nothing, so a geometry directory stands in for the
-checkpoint: ``config.json``, a word-level tokenizer with a ChatML template, and
-``random-weights.json`` (seed and scale). Its source lists every tensor the
+checkpoint: ``config.json`` (naming the Transformers class of its model type, as a
+real checkpoint's does), a character-level tokenizer over the whole vocabulary with
+a ChatML template (distinct prompts stay distinct and every sampled id streams
+text), and ``random-weights.json`` (seed and scale). Its source lists every tensor the
 canonical model declares and generates each one when loaded, one at a time like
 any other source: values cycle through one block of 2^20 normal samples (drawn
 from the seed), starting at an offset taken from the tensor's name, so 8B weights
@@ -36,13 +38,12 @@ from transformers import (
     PretrainedConfig,
     Qwen3Config,
 )
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from ignition.loading.source import CheckpointError, TensorInfo
-from ignition.loading.word_tokenizer import word_level_tokenizer
+from ignition.loading.synthetic_tokenizers import char_level_tokenizer
 
 MARKER = "random-weights.json"
-# Tokenizer words: enough for prompts; token ids above them exist only in the model.
-TOKENIZER_WORDS = 32000
 _BLOCK = 1 << 20
 
 
@@ -101,8 +102,10 @@ def write_random_checkpoint(
             raise CheckpointError(f"unknown geometry {config!r}; known: {', '.join(GEOMETRIES)}")
         config = GEOMETRIES[config]()
     out.mkdir(parents=True, exist_ok=True)
+    if not config.architectures:
+        config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
     config.save_pretrained(out)
-    word_level_tokenizer(TOKENIZER_WORDS).save_pretrained(out)
+    char_level_tokenizer(config.vocab_size).save_pretrained(out)
     (out / MARKER).write_text(json.dumps({"seed": seed, "std": std}))
     return out
 
