@@ -583,6 +583,29 @@ def test_the_summary_table_gives_flare_over_each_baseline_and_the_roofline() -> 
         summary_table([baseline], "flare")
 
 
+def test_cold_rows_leave_out_requests_the_prefix_cache_served() -> None:
+    flare = _synthetic("flare", gap_s=0.004, ttft_s=0.02)
+    # A repeat of the cold prompt answered from the cache: 4 ms, not 160.
+    warm = _sample(measurement="long-4096", ttft_s=0.004, e2e_s=0.004, prompt_tokens=4096)
+    warm.cached_tokens = 4096
+    flare["samples"].append(warm.to_json())
+    table = summary_table([flare], "flare")
+    lines = {line.split(" | ")[1]: line for line in table.splitlines() if line.startswith("| ")}
+    assert lines["cold TTFT, 4096 tokens (ms)"].strip("| ").split(" | ")[3] == "160"
+    assert "flare: long-4096: 1 of 2 requests meant to be cold were served from the" in table
+    assert "text chunks" not in table
+
+
+def test_itl_rows_say_when_chunks_carried_several_tokens() -> None:
+    flare = _synthetic("flare", gap_s=0.004, ttft_s=0.02)
+    for sample in flare["samples"]:
+        if sample["measurement"] == "decode-c1":
+            sample["output_tokens"] = 21  # 20 tokens after the first, in 10 gaps
+    table = summary_table([flare], "flare")
+    assert "flare: decode-c1: 20 tokens after the first arrived in 10 gaps" in table
+    assert "text chunks of 2.00 tokens on average" in table
+
+
 def test_startup_and_the_native_decode_bench_are_rows_of_the_summary() -> None:
     flare = {**_synthetic("flare", gap_s=0.004, ttft_s=0.02), "startup_s": 1.5}
     baseline = {**_synthetic("transformers", gap_s=0.008, ttft_s=0.05), "startup_s": 6.0}

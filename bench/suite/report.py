@@ -131,6 +131,23 @@ def prefilled_tokens(sample: Sample) -> int | None:
     return sample.prompt_tokens - sample.cached_tokens
 
 
+def served_cold(sample: Sample) -> bool:
+    """Whether a request meant to be cold was: the server reported no prompt token
+    cached (or does not report caching)."""
+    return not sample.cached_tokens
+
+
+def _cold_requests(measurement: str, samples: Sequence[Sample]) -> list[Sample]:
+    """The requests of a measurement that are meant to be cold: every long prompt,
+    and the cache-filling half of each prefix pair."""
+    kind = measurement.split("-", 1)[0]
+    return [
+        s
+        for s in samples
+        if kind == "long" or (kind == "prefix" and s.meta.get("role") == "prefix")
+    ]
+
+
 def roofline_step_s(
     geometry: Geometry, bandwidth: float, batch: int = 1, context: int = 0
 ) -> float:
@@ -220,6 +237,7 @@ def engine_metrics(result: dict[str, Any]) -> dict[Row, float]:
         kind = name.split("-", 1)[0]
         if kind == "long":
             tokens = int(name.split("-")[1])
+            samples = [s for s in samples if served_cold(s)]
             ttft = _med([s.ttft_s for s in samples])
             put(
                 Row(f"ttft-{tokens}", name, f"cold TTFT, {tokens} tokens (ms)", False),
@@ -245,7 +263,13 @@ def engine_metrics(result: dict[str, Any]) -> dict[Row, float]:
             )
         elif kind == "prefix":
             for role, label in (("prefix", "cold prefix"), ("hit", "prefix-hit")):
-                ttft = _med([s.ttft_s for s in samples if s.meta.get("role") == role])
+                ttft = _med(
+                    [
+                        s.ttft_s
+                        for s in samples
+                        if s.meta.get("role") == role and (role == "hit" or served_cold(s))
+                    ]
+                )
                 put(
                     Row(f"prefix-{role}", name, f"{label} TTFT (ms)", False),
                     None if ttft is None else ttft * 1e3,
@@ -409,6 +433,25 @@ def summary_table(
     for result in results:
         for skip in result.get("skipped", []):
             notes.append(f"- {result['engine']}: {skip['measurement']} skipped: {skip['reason']}")
+        for name, samples in samples_of(result).items():
+            gaps = itl_values(samples)
+            tokens = sum((s.output_tokens or 1) - 1 for s in samples if s.ok)
+            # A token or two without text of its own (a split character) is noise.
+            if name.startswith("decode") and gaps and tokens > 1.05 * len(gaps):
+                notes.append(
+                    f"- {result['engine']}: {name}: {tokens:,} tokens after the first arrived in "
+                    f"{len(gaps):,} gaps: the ITL rows are gaps between text chunks of "
+                    f"{tokens / len(gaps):.2f} tokens on average (tokens without "
+                    "text of their own wait for the next)"
+                )
+            cold = _cold_requests(name, samples)
+            warm = [s for s in cold if not served_cold(s)]
+            if warm:
+                notes.append(
+                    f"- {result['engine']}: {name}: {len(warm)} of {len(cold)} requests meant "
+                    "to be cold were served from the prefix cache (cached tokens reported); "
+                    "the cold rows leave them out"
+                )
     return "\n".join(lines + notes) + "\n"
 
 
