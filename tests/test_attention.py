@@ -381,14 +381,14 @@ def test_prefill_split_default() -> None:
 
 def test_prefill_splits_rule() -> None:
     # SmolLM2-135M (3 kv heads, group 3 padded to 4: tiles of 16 tokens): 8 tiles x 3 kv
-    # heads = 24 programs -> 11 splits; 96 -> 3; 384 programs need no split.
-    assert prefill_splits(128, 16, 3) == 11
-    assert prefill_splits(512, 16, 3) == 3
-    assert prefill_splits(2048, 16, 3) == 1
-    # 8 kv heads: 64 programs -> 5; 256 -> 2; 264 (the target) -> 1.
-    assert prefill_splits(128, 16, 8) == 5
-    assert prefill_splits(512, 16, 8) == 2
-    assert prefill_splits(528, 16, 8) == 1
+    # heads = 24 programs -> 16 splits (capped); 96 -> 11; 1,536 programs need no split.
+    assert prefill_splits(128, 16, 3) == 16
+    assert prefill_splits(512, 16, 3) == 11
+    assert prefill_splits(8192, 16, 3) == 1
+    # 8 kv heads: 64 programs -> 16; 256 -> 4; 1,024 (the target) -> 1.
+    assert prefill_splits(128, 16, 8) == 16
+    assert prefill_splits(512, 16, 8) == 4
+    assert prefill_splits(2048, 16, 8) == 1
     assert prefill_splits(1, 16, 3) == MAX_PREFILL_SPLITS
     assert prefill_splits(0, 16, 3) == 1
     for kv_heads in (1, 2, 3, 8):
@@ -398,7 +398,7 @@ def test_prefill_splits_rule() -> None:
 
 def test_prefill_default_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
     """The default runs the single-pass kernel when the grid is wide enough and the split
-    kernel otherwise, bitwise as the explicit choice. "Wide enough" is 264 programs, too
+    kernel otherwise, bitwise as the explicit choice. "Wide enough" is 1,024 programs, too
     many for the interpreter, so the target is lowered to 8 here."""
     monkeypatch.setattr(triton_attention, "PREFILL_TARGET_PROGRAMS", 8)
     inputs = prefill_inputs(SMALL, 32, 95, 21, seed=10, device=LOCAL_DEVICE)

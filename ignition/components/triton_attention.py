@@ -42,12 +42,18 @@ DEFAULT_NUM_SPLITS = 16
 # accumulator at 64 registers per thread for head_dim 128 with 4 warps, and gives small
 # chunks (T=128) more programs than 128-row tiles would.
 DEFAULT_PREFILL_ROWS = 64
-# Split-KV prefill: aim for about two programs per SM (132 SMs on an H200). A short chunk
-# after a long history has few token tiles, each walking the whole context serially;
-# splitting the pages fills the GPU and shortens each walk. Capped because the fp32
+# Split-KV prefill: aim for about eight programs per SM (132 SMs on an H200). A short
+# chunk after a long history has few token tiles, each walking the whole context
+# serially; splitting the pages fills the GPU and shortens each walk. The split count
+# is fixed per captured chunk size and serves every history, so it is set for long
+# ones, where the time is: on the H200 (bench/prefill_attention_bench.py,
+# bench/results/issue5/2026-11-30c-two-gpus/attention-bench/), Qwen3-8B's chunks of
+# 128 and 512 tokens after 32K positions were fastest at 16 and 4 splits (0.087 and
+# 0.581 ms, against 0.163 and 0.737 at the 2 per SM target's 5 and 2), and SmolLM2's
+# at 16-32 and 4-16; 1,024 programs give 16, 4, 16 and 11. Capped because the fp32
 # partials grow with the split count and the combine pass reads them all. A grid of at
 # least this many (tile, kv head) programs runs the plain kernel (one split).
-PREFILL_TARGET_PROGRAMS = 264
+PREFILL_TARGET_PROGRAMS = 1024
 MAX_PREFILL_SPLITS = 16
 # Chunk tokens per program of the prefill combine (one query head each).
 PREFILL_COMBINE_TOKENS = 16
