@@ -634,6 +634,16 @@ def test_startup_and_the_native_decode_bench_are_rows_of_the_summary() -> None:
 # ---------------------------------------------------------------- generate loop
 
 
+def test_the_generate_loop_sizes_its_static_cache_to_the_request() -> None:
+    from bench.suite.generate_loop import MIN_CACHE_LEN, cache_len
+
+    assert cache_len(346, 66560) == MIN_CACHE_LEN == 1024
+    assert cache_len(1025, 66560) == 2048
+    assert cache_len(33216, 66560) == 65536
+    assert cache_len(65600, 66560) == 66560
+    assert cache_len(46, 256) == 256
+
+
 def test_the_generate_loop_answers_one_request_at_a_time(tmp_path: Path) -> None:
     from bench.suite.generate_loop import GenerateLoopEngine
 
