@@ -24,9 +24,11 @@ import triton
 from bench.cuda_timing import cold_copies, median_graph_ms
 from ignition.components.linear import (
     BLOCK_K,
+    BLOCK_NS,
     ROWS_TILE,
     _rows_linear_kernel,
     block_n,
+    triton_rows_linear,
 )
 
 # (model, projection, out features N, in features K)
@@ -43,7 +45,9 @@ SHAPES = [
     ("qwen3-8b", "lm_head", 151936, 4096),
 ]
 # (BLOCK_N, BLOCK_K, num_stages, num_warps); serving launches num_stages 4, 4 warps.
-TILES = list(itertools.product([16, 32, 64, 128], [64, 128, 256], [3, 4], [4, 8]))
+TILES = list(itertools.product([16, 32, 64, 128], [64, 128, 256, 512], [3, 4], [4, 8]))
+# K splits, at each width with serving's K loop (``triton_rows_linear(..., splits=)``).
+SPLITS = (2, 4, 8)
 
 
 def tile_name(tile: tuple[int, int, int, int]) -> str:
@@ -90,6 +94,13 @@ def main() -> None:
                     )
                 except triton.runtime.errors.OutOfResources:
                     continue  # the tile's pipeline does not fit in shared memory
+            for width, splits in itertools.product(BLOCK_NS, SPLITS):
+                tiles[f"{width}x{BLOCK_K}/split{splits}"] = median_graph_ms(
+                    [
+                        lambda w=w, x=x, n=width, s=splits: triton_rows_linear(x, w, None, n, s)
+                        for w in weights
+                    ]
+                )
             cublas = median_graph_ms([lambda x=x, w=w: F.linear(x, w) for w in weights])
             best = min(tiles, key=lambda t: tiles[t])
             current = tile_name((block_n(n, sms), BLOCK_K, 4, 4))  # what serving launches

@@ -36,6 +36,39 @@ INTERPRETER_SMS = 1
 
 
 @triton.jit
+def _rows_dot(
+    x_ptr,
+    w_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    rn,
+    k_lo,
+    k_hi,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """fp32 ``x[:, k_lo:k_hi] @ w[rn, k_lo:k_hi].T`` for the tile's ``BLOCK_M`` rows."""
+    rm = tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kk = k0 + rk
+        x_mask = (rm[:, None] < M) & (kk[None, :] < K)
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=x_mask, other=0.0)
+        w = tl.load(
+            w_ptr + rn[:, None] * stride_wn + kk[None, :],
+            mask=(rn[:, None] < N) & (kk[None, :] < K),
+            other=0.0,
+        )
+        acc = tl.dot(x, tl.trans(w), acc)
+    return acc
+
+
+@triton.jit
 def _rows_linear_kernel(
     x_ptr,
     w_ptr,
@@ -55,18 +88,9 @@ def _rows_linear_kernel(
     pid = tl.program_id(0)
     rm = tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + rk
-        x_mask = (rm[:, None] < M) & (kk[None, :] < K)
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=x_mask, other=0.0)
-        w = tl.load(
-            w_ptr + rn[:, None] * stride_wn + kk[None, :],
-            mask=(rn[:, None] < N) & (kk[None, :] < K),
-            other=0.0,
-        )
-        acc = tl.dot(x, tl.trans(w), acc)
+    acc = _rows_dot(
+        x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, rn, 0, K, BLOCK_M, BLOCK_N, BLOCK_K
+    )
     if HAS_BIAS:
         bias = tl.load(b_ptr + rn, mask=rn < N, other=0.0)
         acc += bias.to(tl.float32)[None, :]
@@ -74,6 +98,65 @@ def _rows_linear_kernel(
         y_ptr + rm[:, None] * stride_ym + rn[None, :],
         acc.to(y_ptr.dtype.element_ty),
         mask=(rm[:, None] < M) & (rn[None, :] < N),
+    )
+
+
+@triton.jit
+def _rows_linear_split_kernel(
+    x_ptr,
+    w_ptr,
+    part_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    k_split,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Split ``program_id(1)``'s fp32 partial over K in ``[split * k_split, ...)``."""
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_lo = split * k_split
+    k_hi = tl.minimum(k_lo + k_split, K)
+    acc = _rows_dot(
+        x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, rn, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K
+    )
+    tl.store(
+        part_ptr + (split * BLOCK_M + rm[:, None]) * N + rn[None, :], acc, mask=rn[None, :] < N
+    )
+
+
+@triton.jit
+def _rows_linear_reduce_kernel(
+    part_ptr,
+    b_ptr,
+    y_ptr,
+    M,
+    N,
+    stride_ym,
+    SPLITS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """The splits' partials summed in split order, plus the bias, rounded once."""
+    pid = tl.program_id(0)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for split in tl.static_range(SPLITS):
+        acc += tl.load(part_ptr + (split * BLOCK_M + rm[:, None]) * N + rn[None, :], mask=mask)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + rn, mask=rn < N, other=0.0)
+        acc += bias.to(tl.float32)[None, :]
+    tl.store(
+        y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask
     )
 
 
@@ -102,9 +185,14 @@ def triton_rows_linear(
     w: torch.Tensor,
     b: torch.Tensor | None,
     width: int | None = None,
+    splits: int = 1,
 ) -> torch.Tensor:
     """``x @ w.T + b`` for x [rows <= ROWS_TILE, K]; batch-invariant per row.
-    ``width``: the output tile's width (default ``block_n`` of the shape and device)."""
+    ``width``: the output tile's width (default ``block_n`` of the shape and device).
+    ``splits``: K split over that many programs per tile, whose fp32 partials a second
+    kernel sums in split order (more programs for narrow weights; a fixed order, so
+    still batch-invariant). Serving runs one; ``bench/rows_linear_bench.py`` times
+    more against it."""
     rows = x.shape[0]
     n, k = w.shape
     if rows > ROWS_TILE:
@@ -112,26 +200,29 @@ def triton_rows_linear(
     if x.shape[1] != k:
         raise ValueError(f"x has {x.shape[1]} columns for a weight of {k}")
     width = width or block_n(n, _sm_count(x.device))
+    if splits < 1:
+        raise ValueError(f"splits must be at least 1, not {splits}")
     x = x.contiguous()
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    _rows_linear_kernel[(triton.cdiv(n, width),)](
-        x,
-        w,
-        b if b is not None else w,
-        y,
-        rows,
-        n,
-        k,
-        x.stride(0),
-        w.stride(0),
-        y.stride(0),
-        HAS_BIAS=b is not None,
-        BLOCK_M=ROWS_TILE,
-        BLOCK_N=width,
-        BLOCK_K=BLOCK_K,
-        num_warps=4,
-        num_stages=4,
-    )
+    bias = b if b is not None else w
+    tiles = triton.cdiv(n, width)
+    if splits == 1:
+        _rows_linear_kernel[(tiles,)](
+            x, w, bias, y, rows, n, k, x.stride(0), w.stride(0), y.stride(0),
+            HAS_BIAS=b is not None, BLOCK_M=ROWS_TILE, BLOCK_N=width, BLOCK_K=BLOCK_K,
+            num_warps=4, num_stages=4,
+        )  # fmt: skip
+        return y
+    k_split = triton.cdiv(triton.cdiv(k, splits), BLOCK_K) * BLOCK_K
+    partials = torch.empty(splits, ROWS_TILE, n, dtype=torch.float32, device=x.device)
+    _rows_linear_split_kernel[(tiles, splits)](
+        x, w, partials, rows, n, k, x.stride(0), w.stride(0), k_split,
+        BLOCK_M=ROWS_TILE, BLOCK_N=width, BLOCK_K=BLOCK_K, num_warps=4, num_stages=4,
+    )  # fmt: skip
+    _rows_linear_reduce_kernel[(tiles,)](
+        partials, bias, y, rows, n, y.stride(0),
+        SPLITS=splits, HAS_BIAS=b is not None, BLOCK_M=ROWS_TILE, BLOCK_N=width, num_warps=4,
+    )  # fmt: skip
     return y
 
 
