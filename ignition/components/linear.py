@@ -69,6 +69,19 @@ def _rows_dot(
 
 
 @triton.jit
+def _store_rows(acc, b_ptr, y_ptr, M, N, stride_ym, rm, rn, HAS_BIAS: tl.constexpr):
+    """The output tile: fp32 ``acc`` plus the bias, rounded once to y's dtype."""
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + rn, mask=rn < N, other=0.0)
+        acc += bias.to(tl.float32)[None, :]
+    tl.store(
+        y_ptr + rm[:, None] * stride_ym + rn[None, :],
+        acc.to(y_ptr.dtype.element_ty),
+        mask=(rm[:, None] < M) & (rn[None, :] < N),
+    )
+
+
+@triton.jit
 def _rows_linear_kernel(
     x_ptr,
     w_ptr,
@@ -91,14 +104,7 @@ def _rows_linear_kernel(
     acc = _rows_dot(
         x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, rn, 0, K, BLOCK_M, BLOCK_N, BLOCK_K
     )
-    if HAS_BIAS:
-        bias = tl.load(b_ptr + rn, mask=rn < N, other=0.0)
-        acc += bias.to(tl.float32)[None, :]
-    tl.store(
-        y_ptr + rm[:, None] * stride_ym + rn[None, :],
-        acc.to(y_ptr.dtype.element_ty),
-        mask=(rm[:, None] < M) & (rn[None, :] < N),
-    )
+    _store_rows(acc, b_ptr, y_ptr, M, N, stride_ym, rm, rn, HAS_BIAS)
 
 
 @triton.jit
@@ -148,16 +154,13 @@ def _rows_linear_reduce_kernel(
     pid = tl.program_id(0)
     rm = tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rm[:, None] < M) & (rn[None, :] < N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for split in tl.static_range(SPLITS):
-        acc += tl.load(part_ptr + (split * BLOCK_M + rm[:, None]) * N + rn[None, :], mask=mask)
-    if HAS_BIAS:
-        bias = tl.load(b_ptr + rn, mask=rn < N, other=0.0)
-        acc += bias.to(tl.float32)[None, :]
-    tl.store(
-        y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask
-    )
+        acc += tl.load(
+            part_ptr + (split * BLOCK_M + rm[:, None]) * N + rn[None, :],
+            mask=(rm[:, None] < M) & (rn[None, :] < N),
+        )
+    _store_rows(acc, b_ptr, y_ptr, M, N, stride_ym, rm, rn, HAS_BIAS)
 
 
 if isinstance(_rows_linear_kernel, InterpretedFunction):
