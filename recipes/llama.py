@@ -220,11 +220,7 @@ class PackedMLP(nn.Module):
     (``bench/results/issue5/2026-11-30c-two-gpus/``)."""
 
     def __init__(
-        self,
-        gate_up: torch.Tensor,
-        down_proj: nn.Module,
-        act_fn: nn.Module,
-        intermediate: int,
+        self, gate_up: torch.Tensor, down_proj: nn.Module, act_fn: nn.Module, intermediate: int
     ) -> None:
         super().__init__()
         self.register_buffer("gate_up", gate_up, persistent=False)
@@ -233,9 +229,9 @@ class PackedMLP(nn.Module):
         self.intermediate = intermediate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = project(x, self.gate_up)
-        gate, up = gate_up.split(self.intermediate, dim=-1)
-        return project(self.act_fn(gate) * up, self.down_proj.weight, self.down_proj.bias)
+        gate, up = project(x, self.gate_up).split(self.intermediate, dim=-1)
+        down = self.down_proj
+        return project(self.act_fn(gate) * up, down.weight, down.bias)
 
 
 def _set_parameter(root: nn.Module, name: str, value: torch.Tensor) -> None:
@@ -298,12 +294,7 @@ class LlamaModel:
                 self.mapping.place(f"{prefix}mlp.{proj}.weight", gate_up[lo:hi])
                 packed.add(f"{prefix}mlp.{proj}.weight")
             layer.self_attn = PagedAttention(attn, qkv, bias, g)
-            layer.mlp = PackedMLP(
-                gate_up,
-                layer.mlp.down_proj,
-                layer.mlp.act_fn,
-                g.intermediate,
-            )
+            layer.mlp = PackedMLP(gate_up, layer.mlp.down_proj, layer.mlp.act_fn, g.intermediate)
         for name, param in list(model.named_parameters()):
             if name in packed:
                 continue

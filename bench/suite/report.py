@@ -137,15 +137,11 @@ def served_cold(sample: Sample) -> bool:
     return not sample.cached_tokens
 
 
-def _cold_requests(measurement: str, samples: Sequence[Sample]) -> list[Sample]:
-    """The requests of a measurement that are meant to be cold: every long prompt,
-    and the cache-filling half of each prefix pair."""
+def meant_cold(measurement: str, sample: Sample) -> bool:
+    """Whether a request is meant to be cold: every long prompt, and the cache-filling
+    half of each prefix pair."""
     kind = measurement.split("-", 1)[0]
-    return [
-        s
-        for s in samples
-        if kind == "long" or (kind == "prefix" and s.meta.get("role") == "prefix")
-    ]
+    return kind == "long" or (kind == "prefix" and sample.meta.get("role") == "prefix")
 
 
 def roofline_step_s(
@@ -235,9 +231,10 @@ def engine_metrics(result: dict[str, Any]) -> dict[Row, float]:
 
     for name, samples in samples_of(result).items():
         kind = name.split("-", 1)[0]
+        # A cold row counts only the requests the server did serve cold.
+        samples = [s for s in samples if served_cold(s) or not meant_cold(name, s)]
         if kind == "long":
             tokens = int(name.split("-")[1])
-            samples = [s for s in samples if served_cold(s)]
             ttft = _med([s.ttft_s for s in samples])
             put(
                 Row(f"ttft-{tokens}", name, f"cold TTFT, {tokens} tokens (ms)", False),
@@ -263,13 +260,7 @@ def engine_metrics(result: dict[str, Any]) -> dict[Row, float]:
             )
         elif kind == "prefix":
             for role, label in (("prefix", "cold prefix"), ("hit", "prefix-hit")):
-                ttft = _med(
-                    [
-                        s.ttft_s
-                        for s in samples
-                        if s.meta.get("role") == role and (role == "hit" or served_cold(s))
-                    ]
-                )
+                ttft = _med([s.ttft_s for s in samples if s.meta.get("role") == role])
                 put(
                     Row(f"prefix-{role}", name, f"{label} TTFT (ms)", False),
                     None if ttft is None else ttft * 1e3,
@@ -444,7 +435,7 @@ def summary_table(
                     f"{tokens / len(gaps):.2f} tokens on average (tokens without "
                     "text of their own wait for the next)"
                 )
-            cold = _cold_requests(name, samples)
+            cold = [s for s in samples if meant_cold(name, s)]
             warm = [s for s in cold if not served_cold(s)]
             if warm:
                 notes.append(
