@@ -20,7 +20,8 @@ import torch
 
 from bench.suite.client import Sample
 from bench.suite.workloads import BenchRequest
-from ignition.preparation.prepared import CompileScope, PreparedModel, PrepareOptions, prepare
+from ignition.preparation.compile_flags import CompileScope
+from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare
 from ignition.replay.harness import AdmissionError, Harness, Request, SamplingParams
 
 

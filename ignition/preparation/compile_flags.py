@@ -5,9 +5,11 @@ import: the suite parses its options before it knows whether it needs torch."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, Literal, get_args
 
-COMPILE_SCOPES = ("forward", "layer")
+# What one compiled region holds: a whole forward, or each decoder layer.
+CompileScope = Literal["forward", "layer"]
+COMPILE_SCOPES: tuple[str, ...] = get_args(CompileScope)
 
 
 def add_compile_options(parser: argparse.ArgumentParser, prefix: str = "") -> None:

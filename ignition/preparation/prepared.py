@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -25,6 +24,7 @@ from ignition.loading.mapping import load_weights
 from ignition.loading.open import open_checkpoint
 from ignition.loading.source import CheckpointError
 from ignition.preparation.catalog import Catalog, GraphKey
+from ignition.preparation.compile_flags import CompileScope
 from ignition.preparation.memory import GIB, MemoryReport, plan_kv_pages
 from ignition.preparation.placement import DefaultPlacement, Placement
 from ignition.preparation.progress import console, phase
@@ -42,8 +42,6 @@ from recipes import llama
 # slot so older turns of long conversations survive for branches (a row costs one KV
 # page and one hidden vector: 1.4 MiB for SmolLM2-135M, 9 MiB for Qwen3-8B).
 SNAPSHOT_ROWS_PER_SLOT = 32
-# One of ``compile_flags.COMPILE_SCOPES``.
-CompileScope = Literal["forward", "layer"]
 
 
 @dataclass(frozen=True)
