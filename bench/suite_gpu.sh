@@ -6,13 +6,14 @@
 #   bench/suite_gpu.sh smollm2-prepare   OUT GGUF    GGUF -> bf16 checkpoint, Flare core
 #   bench/suite_gpu.sh smollm2-flare     OUT FLARE   flare run (cache on, off, without message
 #                                                    checkpoints), decode bench
-#   bench/suite_gpu.sh smollm2-baselines OUT         transformers serve (continuous batching),
-#                                                    the static-cache generate loop
+#   bench/suite_gpu.sh smollm2-baselines OUT [ENGINE] transformers serve (continuous batching:
+#                                                    ENGINE cb), the static-cache generate loop
+#                                                    (static); both without ENGINE
 #   bench/suite_gpu.sh smollm2-floor     OUT         the Python replay floor
 #   bench/suite_gpu.sh smollm2-timeline  OUT         per-kernel timeline of decode at c=1, 4
 #   bench/suite_gpu.sh qwen3-8b-prepare  OUT         random Qwen3-8B weights (safetensors), core
 #   bench/suite_gpu.sh qwen3-8b-flare    OUT FLARE
-#   bench/suite_gpu.sh qwen3-8b-baselines OUT
+#   bench/suite_gpu.sh qwen3-8b-baselines OUT [ENGINE]
 #   bench/suite_gpu.sh qwen3-8b-floor    OUT
 #   bench/suite_gpu.sh qwen3-8b-timeline OUT
 #   bench/suite_gpu.sh gpu-tests         OUT         pytest -m gpu (OUT/pytest-gpu.log)
@@ -32,7 +33,7 @@
 # is where launched servers listen: stages on two GPUs of one machine need two.
 # bench/suite_queue.sh runs several stages in a row.
 set -uo pipefail
-usage="usage: bench/suite_gpu.sh STAGE OUT [GGUF|FLARE|DIR] (see the header)"
+usage="usage: bench/suite_gpu.sh STAGE OUT [GGUF|FLARE|DIR|ENGINE] (see the header)"
 stage=${1:?$usage}
 out=${2:?$usage}
 shift 2
@@ -111,16 +112,25 @@ flare_stage() {
   done
 }
 
-# Transformers' baselines of one model: CHECKPOINT GEOMETRY [suite options...]
+# Transformers' baselines of one model: CHECKPOINT GEOMETRY ENGINE [suite options...]
+# (ENGINE: cb, static, or empty for both; two GPUs can run one each).
 baselines_stage() {
-  local checkpoint=$1 geometry=$2
-  shift 2
-  suite_http transformers-cb \
-    "python3 -m transformers.cli.transformers serve $checkpoint --continuous-batching --cb-use-cuda-graph --dtype bfloat16 --device cuda:0 --host 127.0.0.1 --port $port" \
-    "$geometry" "$checkpoint" --dialect transformers --model "$checkpoint" "$@"
-  python3 -m bench.suite --generate "$checkpoint" --engine transformers-static \
-    --out "$out/transformers-static.json" --tokenizer "$checkpoint" --geometry "$geometry" \
-    --measure-bandwidth "$@" 2>&1 | tee "$out/transformers-static.log"
+  local checkpoint=$1 geometry=$2 engine=$3
+  shift 3
+  case $engine in
+    "" | cb | static) ;;
+    *) echo "unknown baseline engine '$engine' (cb or static)" >&2; return 2 ;;
+  esac
+  if [ "$engine" != static ]; then
+    suite_http transformers-cb \
+      "python3 -m transformers.cli.transformers serve $checkpoint --continuous-batching --cb-use-cuda-graph --dtype bfloat16 --device cuda:0 --host 127.0.0.1 --port $port" \
+      "$geometry" "$checkpoint" --dialect transformers --model "$checkpoint" "$@"
+  fi
+  if [ "$engine" != cb ]; then
+    python3 -m bench.suite --generate "$checkpoint" --engine transformers-static \
+      --out "$out/transformers-static.json" --tokenizer "$checkpoint" --geometry "$geometry" \
+      --measure-bandwidth "$@" 2>&1 | tee "$out/transformers-static.log"
+  fi
 }
 
 smol=$work/smollm2
@@ -169,7 +179,7 @@ case $stage in
     flare_stage "$smol_core" "$smol" smollm2-135m "${1:?$usage}" "${smol_suite[@]}"
     ;;
   smollm2-baselines)
-    baselines_stage "$smol" smollm2-135m "${smol_suite[@]}"
+    baselines_stage "$smol" smollm2-135m "${1:-}" "${smol_suite[@]}"
     ;;
   smollm2-floor)
     python3 -m bench.suite --replay "$smol" $(as_prepared floor) --engine python-floor \
@@ -199,7 +209,7 @@ case $stage in
     flare_stage "$qwen_core" "$qwen" qwen3-8b "${1:?$usage}" "${qwen_suite[@]}"
     ;;
   qwen3-8b-baselines)
-    baselines_stage "$qwen" qwen3-8b "${qwen_suite[@]}"
+    baselines_stage "$qwen" qwen3-8b "${1:-}" "${qwen_suite[@]}"
     ;;
   qwen3-8b-floor)
     python3 -m bench.suite --replay "$qwen" $(as_prepared floor) --engine python-floor \
