@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import torch
 
+from ignition.components.cumulative import row_cumsum
 from ignition.components.token_state import (
     FINISHED_LENGTH,
     FINISHED_STOP,
@@ -96,7 +97,9 @@ def filtered_cumulative(
     top_k = col(state.top_k).to(torch.int64)
     k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)
     threshold_k = sorted_p.gather(1, k - 1)
-    cumulative = sorted_p.cumsum(dim=-1)
+    # A scan with one order of additions: Inductor's split scan rounds differently
+    # from run to run (``ignition.components.cumulative``).
+    cumulative = row_cumsum(sorted_p)
     nucleus_end = (cumulative < col(state.top_p)).sum(dim=-1, keepdim=True).clamp(max=vocab - 1)
     threshold_p = sorted_p.gather(1, nucleus_end)
     threshold_min = col(state.min_p) * sorted_p[:, :1]
