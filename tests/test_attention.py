@@ -473,11 +473,15 @@ def test_prefill_split_gpu(
 @pytest.mark.gpu
 @pytest.mark.parametrize("geometry", [SMOL, SERVING], ids=["smol", "serving"])
 def test_prefill_large_chunk_single_pass_gpu(geometry: Geometry) -> None:
-    # 128 tiles of 16 tokens x 3 or 8 kv heads fill the GPU: the default is the
-    # single-pass kernel, bitwise.
-    assert prefill_splits(2048, 16, geometry.num_kv_heads) == 1
-    out = check_prefill(geometry, 2048, 4096, 2000, seed=21, device="cuda")
-    inputs = prefill_inputs(geometry, 2048, 4096, 2000, seed=21, device="cuda")
+    # A chunk whose tiles of 16 tokens times its kv heads reach the target grid
+    # (5,472 tokens for 3 kv heads, 2,048 for 8): the default is the single-pass
+    # kernel, bitwise.
+    tiles = -(-triton_attention.PREFILL_TARGET_PROGRAMS // geometry.num_kv_heads)
+    chunk = 16 * tiles
+    assert prefill_splits(chunk, 16, geometry.num_kv_heads) == 1
+    assert prefill_splits(chunk - 16, 16, geometry.num_kv_heads) > 1
+    out = check_prefill(geometry, chunk, 4096, chunk - 48, seed=21, device="cuda")
+    inputs = prefill_inputs(geometry, chunk, 4096, chunk - 48, seed=21, device="cuda")
     assert torch.equal(out, run_prefill(inputs, geometry, num_splits=1))
 
 
