@@ -23,11 +23,10 @@ import triton
 
 from bench.cuda_timing import cold_copies, median_graph_ms
 from ignition.components.linear import (
-    BLOCK_K,
     BLOCK_NS,
     ROWS_TILE,
     _rows_linear_kernel,
-    block_n,
+    tile_shape,
     triton_rows_linear,
 )
 
@@ -46,7 +45,7 @@ SHAPES = [
 ]
 # (BLOCK_N, BLOCK_K, num_stages, num_warps); serving launches num_stages 4, 4 warps.
 TILES = list(itertools.product([16, 32, 64, 128], [64, 128, 256, 512], [3, 4], [4, 8]))
-# K splits, at each width with serving's K loop (``triton_rows_linear(..., splits=)``).
+# K splits, at each width with the K step serving takes (``triton_rows_linear(..., splits=)``).
 SPLITS = (2, 4, 8)
 
 
@@ -94,8 +93,9 @@ def main() -> None:
                     )
                 except triton.runtime.errors.OutOfResources:
                     continue  # the tile's pipeline does not fit in shared memory
+            block_k = tile_shape(n, k, sms)[1]
             for width, splits in itertools.product(BLOCK_NS, SPLITS):
-                tiles[f"{width}x{BLOCK_K}/split{splits}"] = median_graph_ms(
+                tiles[f"{width}x{block_k}/split{splits}"] = median_graph_ms(
                     [
                         lambda w=w, x=x, n=width, s=splits: triton_rows_linear(x, w, None, n, s)
                         for w in weights
@@ -103,7 +103,7 @@ def main() -> None:
                 )
             cublas = median_graph_ms([lambda x=x, w=w: F.linear(x, w) for w in weights])
             best = min(tiles, key=lambda t: tiles[t])
-            current = tile_name((block_n(n, sms), BLOCK_K, 4, 4))  # what serving launches
+            current = tile_name((*tile_shape(n, k, sms), 4, 4))  # what serving launches
             weight_gb = w.numel() * w.element_size() / 1e9
             row = dict(model=model, projection=name, n=n, k=k, rows=rows, tiles_ms=tiles,
                        cublas_ms=cublas, copy_gbs=gbs, current_tile=current,

@@ -10,8 +10,9 @@ from bench.rows_linear_bench import launch
 from ignition.components.linear import (
     BLOCK_NS,
     ROWS_TILE,
-    block_n,
+    fitted_block_k,
     project,
+    tile_shape,
     triton_rows_linear,
 )
 
@@ -49,14 +50,36 @@ def _widths_agree(device: str, dtype: torch.dtype, n: int, k: int) -> None:
         assert torch.equal(other, outputs[0])
 
 
-def test_the_tile_width_fills_the_sms() -> None:
+def test_the_tile_keeps_the_weight_stream_in_flight() -> None:
     sms = 132
-    assert block_n(151936, sms) == 64  # vocabulary heads, gate/up: 64 columns
-    assert block_n(24576, sms) == 64
-    assert block_n(6144, sms) == 32  # Qwen3-8B's qkv: 192 programs
-    assert block_n(4096, sms) == 16  # its o and down: 256 programs, not 64
-    assert block_n(576, sms) == 16  # too narrow to fill the SMs at any width
-    assert block_n(64 * sms, sms) == 64
+    # Vocabulary heads and gate/up: 64 columns, several programs per SM, short K steps.
+    assert tile_shape(151936, 4096, sms) == (64, 128)
+    assert tile_shape(24576, 4096, sms) == (64, 128)
+    assert tile_shape(49152, 576, sms) == (64, 128)
+    # Qwen3-8B's qkv: 192 programs of 32 columns, at most two per SM.
+    assert tile_shape(6144, 4096, sms) == (32, 256)
+    # Its o and down: 128 programs, one per SM, 512-column K steps.
+    assert tile_shape(4096, 4096, sms) == (32, 512)
+    assert tile_shape(4096, 12288, sms) == (32, 512)
+    # Too narrow to fill the SMs at any width; K steps no wider than K needs.
+    assert tile_shape(576, 1536, sms) == (32, 512)
+    assert tile_shape(576, 200, sms) == (32, 256)
+    assert tile_shape(64, 33, sms) == (32, 64)
+    # One 64-column program per SM: 512-column steps of bf16 would overflow shared
+    # memory (4 stages of 80 KiB), so 256; fp32 halves the steps again.
+    assert tile_shape(64 * sms, 4096, sms) == (64, 256)
+    assert tile_shape(64 * sms, 4096, sms, itemsize=4) == (64, 128)
+    assert tile_shape(4096, 4096, sms, itemsize=4) == (32, 256)
+    assert tile_shape(64 * sms + 1, 4096, sms) == (64, 256)
+    assert tile_shape(2 * 64 * sms + 1, 4096, sms) == (64, 128)
+
+
+def test_a_k_step_fits_the_pipeline_of_its_width() -> None:
+    assert fitted_block_k(512, 12288, 32, 2) == 512
+    assert fitted_block_k(512, 12288, 64, 2) == 256  # 4 stages of 80 KiB do not fit
+    assert fitted_block_k(512, 12288, 16, 2) == 512
+    assert fitted_block_k(512, 12288, 16, 4) == 256  # fp32: 4 stages of 64 KiB
+    assert fitted_block_k(512, 100, 16, 2) == 128
 
 
 @pytest.mark.parametrize(("n", "k"), [(64, 128), (100, 200)])
@@ -81,10 +104,21 @@ def test_split_k_matches_and_is_batch_invariant_interpreted(splits: int) -> None
 
 def test_the_tile_bench_launches_the_serving_kernel_interpreted() -> None:
     x, w, _ = _operands("cpu", torch.float32, 64, 128)
-    for tile in ((16, 128, 3, 4), (64, 128, 4, 8)):  # serving's K loop: the same bits
+    for tile in ((16, 128, 3, 4), (64, 128, 4, 8)):  # the same K loop: the same bits
         y = torch.empty(4, 64)
         launch(x[:4], w, y, tile)()
-        assert torch.equal(y, triton_rows_linear(x[:4], w, None))
+        assert torch.equal(y, triton_rows_linear(x[:4], w, None, block_k=128))
+
+
+@pytest.mark.parametrize("block_k", [128, 256, 512])
+def test_every_k_step_matches_and_is_batch_invariant_interpreted(block_k: int) -> None:
+    x, w, b = _operands("cpu", torch.float32, 48, 600)
+    reference = torch.nn.functional.linear(x.double(), w.double(), b.double())
+    full = triton_rows_linear(x, w, b, block_k=block_k)
+    assert (full.double() - reference).norm() / reference.norm() < 1e-5
+    for rows in (1, 3):
+        part = triton_rows_linear(x[:rows], w, b, block_k=block_k)
+        assert torch.equal(part, full[:rows])
 
 
 def test_project_uses_cublas_beyond_the_tile() -> None:

@@ -8,11 +8,17 @@ row is computed by the same tile shape and K loop whatever the row count, so a r
 result is bitwise independent of its batch. Larger (prefill) projections use cuBLAS.
 The choice is by static shape, so each captured graph holds one operator per GEMM.
 
-The output tile's width (``BLOCK_N``) follows the weight's shape and the device: the
-widest of 64, 32 and 16 columns that still gives every SM a program (a 4096-column
-projection at 64 columns would leave 68 of the H200's 132 SMs idle). Each output
-element's K loop (``BLOCK_K`` steps of ``tl.dot``) is the same at every width, so
-the width changes which program computes a column, not its arithmetic.
+The tile (``BLOCK_N`` output columns by ``BLOCK_K`` of the K loop) follows the
+weight's shape and the device, never the row count. Decode reads each weight once,
+so the kernel is a weight stream, and its speed is the weight bytes in flight: the
+width is the wider of 64 and 32 columns that still gives every SM a program, and
+when that leaves at most one program per SM (a 4096-column projection: 128 programs
+of 32 columns on the H200's 132 SMs) each K step loads 512 columns, with at most two
+256, else 128 (``tile_shape``; from ``bench/rows_linear_bench.py`` on the H200: the
+Qwen3-8B down projection read its 101 MB in 38 us at 16x128 and in 27 us at 32x512,
+3.7 TB/s, where a device copy moved 4.0).
+A row's result is bitwise independent of its batch at every tile; the width changes
+which program computes a column, not its arithmetic.
 """
 
 from __future__ import annotations
@@ -28,8 +34,16 @@ from triton.runtime.interpreter import InterpretedFunction
 from ignition.components.triton_support import fix_interpreter_loop_bounds
 
 ROWS_TILE = 16
+# Output tile widths the kernel runs at (every one gives the same bits); ``tile_shape``
+# picks from the first two.
 BLOCK_NS = (64, 32, 16)
-BLOCK_K = 128
+TILE_WIDTHS = BLOCK_NS[:2]
+# K steps by programs per SM: at most one, at most two, more.
+BLOCK_KS = (512, 256, 128)
+# The K loop's pipeline: STAGES loads in flight of x's and w's tiles, within the
+# shared memory an H200 program may take (227 KiB; 64x512 bf16 tiles would need 320).
+STAGES = 4
+PIPELINE_BYTES = 192 << 10
 # The interpreter's stand-in for a device's SM count: one, so it runs the widest tile
 # (the fewest programs, each a Python loop there); every width gives the same bits.
 INTERPRETER_SMS = 1
@@ -167,13 +181,27 @@ if isinstance(_rows_linear_kernel, InterpretedFunction):
     fix_interpreter_loop_bounds()
 
 
-def block_n(n: int, sms: int) -> int:
-    """The output tile's width for ``n`` columns on ``sms`` SMs: the widest of
-    ``BLOCK_NS`` with at least one program per SM, else the narrowest."""
-    for width in BLOCK_NS:
-        if triton.cdiv(n, width) >= sms:
-            return width
-    return BLOCK_NS[-1]
+def tile_shape(n: int, k: int, sms: int, itemsize: int = 2) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_K) of an ``n`` x ``k`` weight of ``itemsize``-byte elements on
+    ``sms`` SMs: the widest of ``TILE_WIDTHS`` with at least one program per SM (else
+    the narrowest), and K steps of ``BLOCK_KS`` by how many programs each SM gets (at
+    most one, two, more), no wider than ``k`` rounded up to a power of two nor than
+    the pipeline's shared memory allows."""
+    width = next((w for w in TILE_WIDTHS if triton.cdiv(n, w) >= sms), TILE_WIDTHS[-1])
+    programs = triton.cdiv(n, width)
+    block_k = (
+        BLOCK_KS[0] if programs <= sms else BLOCK_KS[1] if programs <= 2 * sms else BLOCK_KS[2]
+    )
+    return width, fitted_block_k(block_k, k, width, itemsize)
+
+
+def fitted_block_k(block_k: int, k: int, width: int, itemsize: int) -> int:
+    """``block_k`` halved until it is no wider than ``k`` rounded up to a power of two
+    and the pipeline of ``width``-column tiles fits its shared memory."""
+    block_k = min(block_k, max(16, triton.next_power_of_2(k)))
+    while block_k > 16 and STAGES * (ROWS_TILE + width) * block_k * itemsize > PIPELINE_BYTES:
+        block_k //= 2
+    return block_k
 
 
 @functools.cache
@@ -189,20 +217,23 @@ def triton_rows_linear(
     b: torch.Tensor | None,
     width: int | None = None,
     splits: int = 1,
+    block_k: int | None = None,
 ) -> torch.Tensor:
     """``x @ w.T + b`` for x [rows <= ROWS_TILE, K]; batch-invariant per row.
-    ``width``: the output tile's width (default ``block_n`` of the shape and device).
-    ``splits``: K split over that many programs per tile, whose fp32 partials a second
-    kernel sums in split order (more programs for narrow weights; a fixed order, so
-    still batch-invariant). Serving runs one; ``bench/rows_linear_bench.py`` times
-    more against it."""
+    ``width`` and ``block_k``: the tile (default ``tile_shape`` of the weight and
+    device). ``splits``: K split over that many programs per tile, whose fp32 partials
+    a second kernel sums in split order (a fixed order, so still batch-invariant).
+    Serving runs one; ``bench/rows_linear_bench.py`` times more against it."""
     rows = x.shape[0]
     n, k = w.shape
     if rows > ROWS_TILE:
         raise ValueError(f"{rows} rows exceed the batch-invariant tile of {ROWS_TILE}")
     if x.shape[1] != k:
         raise ValueError(f"x has {x.shape[1]} columns for a weight of {k}")
-    width = width or block_n(n, _sm_count(x.device))
+    default_width, default_k = tile_shape(n, k, _sm_count(x.device), w.element_size())
+    width = width or default_width
+    # A width other than the default keeps the default's K step where it fits.
+    block_k = block_k or fitted_block_k(default_k, k, width, w.element_size())
     if splits < 1:
         raise ValueError(f"splits must be at least 1, not {splits}")
     x = x.contiguous()
@@ -212,15 +243,15 @@ def triton_rows_linear(
     if splits == 1:
         _rows_linear_kernel[(tiles,)](
             x, w, bias, y, rows, n, k, x.stride(0), w.stride(0), y.stride(0),
-            HAS_BIAS=b is not None, BLOCK_M=ROWS_TILE, BLOCK_N=width, BLOCK_K=BLOCK_K,
-            num_warps=4, num_stages=4,
+            HAS_BIAS=b is not None, BLOCK_M=ROWS_TILE, BLOCK_N=width, BLOCK_K=block_k,
+            num_warps=4, num_stages=STAGES,
         )  # fmt: skip
         return y
-    k_split = triton.cdiv(triton.cdiv(k, splits), BLOCK_K) * BLOCK_K
+    k_split = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
     partials = torch.empty(splits, ROWS_TILE, n, dtype=torch.float32, device=x.device)
     _rows_linear_split_kernel[(tiles, splits)](
         x, w, partials, rows, n, k, x.stride(0), w.stride(0), k_split,
-        BLOCK_M=ROWS_TILE, BLOCK_N=width, BLOCK_K=BLOCK_K, num_warps=4, num_stages=4,
+        BLOCK_M=ROWS_TILE, BLOCK_N=width, BLOCK_K=block_k, num_warps=4, num_stages=STAGES,
     )  # fmt: skip
     _rows_linear_reduce_kernel[(tiles,)](
         partials, bias, y, rows, n, y.stride(0),
