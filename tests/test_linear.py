@@ -44,8 +44,11 @@ def test_rows_linear_matches_and_is_batch_invariant_interpreted(n: int, k: int) 
 
 
 def _widths_agree(device: str, dtype: torch.dtype, n: int, k: int) -> None:
+    # One K step for every width (the default would fit each width's own pipeline:
+    # 256 columns at 64, 512 at 32 for the 8B's down projection), one that fits all.
     x, w, b = _operands(device, dtype, n, k)
-    outputs = [triton_rows_linear(x[:4], w, b, width) for width in BLOCK_NS]
+    block_k = fitted_block_k(512, k, max(BLOCK_NS), w.element_size())
+    outputs = [triton_rows_linear(x[:4], w, b, width, block_k=block_k) for width in BLOCK_NS]
     for other in outputs[1:]:
         assert torch.equal(other, outputs[0])
 
