@@ -7,7 +7,8 @@ device's copy bandwidth: the data behind the kernel's tile choice.
 For each weight shape and 1 and 4 rows: the time per call inside a CUDA graph, over
 weight copies larger than L2 together (``bench/cuda_timing.py``), per (BLOCK_N,
 BLOCK_K, num_stages, num_warps), F.linear's, and the weight bytes over the time as
-GB/s, beside a device-to-device copy of the same bytes. Needs a GPU.
+GB/s, beside a device-to-device copy of the same bytes; for gate/up, also the fused
+projection with SiLU and the product that serving launches. Needs a GPU.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ignition.components.linear import (
     ROWS_TILE,
     _rows_linear_kernel,
     tile_shape,
+    triton_rows_gated,
     triton_rows_linear,
 )
 
@@ -102,12 +104,15 @@ def main() -> None:
                     ]
                 )
             cublas = median_graph_ms([lambda x=x, w=w: F.linear(x, w) for w in weights])
+            gated = None  # the serving MLP's fused kernel: both projections and SiLU
+            if name == "gate_up":
+                gated = median_graph_ms([lambda x=x, w=w: triton_rows_gated(x, w) for w in weights])
             best = min(tiles, key=lambda t: tiles[t])
             current = tile_name((*tile_shape(n, k, sms), 4, 4))  # what serving launches
             weight_gb = w.numel() * w.element_size() / 1e9
             row = dict(model=model, projection=name, n=n, k=k, rows=rows, tiles_ms=tiles,
                        cublas_ms=cublas, copy_gbs=gbs, current_tile=current,
-                       current=tiles[current])  # fmt: skip
+                       current=tiles[current], gated_ms=gated)  # fmt: skip
             rows_out.append(row)
             print(
                 f"{model:13} {name:8} {n:6}x{k:5} rows {rows}: current {current} "
@@ -115,6 +120,7 @@ def main() -> None:
                 f" GB/s), best {best} {tiles[best] * 1e3:7.1f} us "
                 f"({weight_gb / tiles[best] * 1e3:6.0f} GB/s), cuBLAS {cublas * 1e3:7.1f} us; "
                 f"copy {gbs:6.0f} GB/s"
+                + (f"; gated {gated * 1e3:7.1f} us" if gated is not None else "")
             )
     if args.out:
         args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows_out}))

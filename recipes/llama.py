@@ -7,8 +7,9 @@ The canonical rotary module computes a prepared table of cos/sin per position on
 the smallest units whose dataflow serving changes:
 
 - attention (``LlamaAttention`` / ``Qwen3Attention``) becomes ``PagedAttention``:
-  the same projections (packed into one QKV weight), the canonical q/k norms and
-  rotary function, then a KV write into the 64-token pages and paged attention;
+  the same projections (packed into one QKV weight), the q/k norms and rotary
+  function of the canonical arithmetic with the KV write into the 64-token pages in
+  one kernel, then paged attention;
 - the MLP becomes ``PackedMLP`` with one gate/up weight.
 
 The text-model forward is replaced by ``forward_tokens`` over packed tokens and
@@ -26,14 +27,18 @@ Operators on SM90, chosen by measurement in the GPU check and fixed here:
   (FlashInfer's fa3 prefill needs a host plan per step, which a graph cannot carry).
 - Sampling: the torch sampler of ``ignition.components.sampling`` (sort-based,
   threshold filters, per-request Philox), captured with the forward.
-- Norms, RoPE application, SiLU and residuals: Inductor fusion of the canonical
-  forwards, with eager rounding of fused bf16 intermediates (batch invariance).
+- The q/k norms, RoPE application and KV write: one Flare Triton kernel per layer
+  (``ignition.components.triton_kv_write``), eager rounding; it replaced three
+  kernels of about 6 us per Qwen3-8B layer at capacity 1.
+- Decode gate/up projection with SiLU and the product: one Flare Triton kernel
+  (``ignition.components.linear.triton_rows_gated``), eager rounding.
+- The decoder layers' norms and residuals, and prefill's SiLU: Inductor fusion of the
+  canonical forwards, with eager rounding of fused bf16 intermediates (batch
+  invariance).
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -45,9 +50,9 @@ from ignition.components.kv_cache import (
     PagedKvCache,
     decode_attention,
     prefill_attention,
-    write_kv,
+    rope_write_kv,
 )
-from ignition.components.linear import project
+from ignition.components.linear import gated_project, project
 from ignition.components.rotary import RotaryTable
 from ignition.loading.mapping import WeightMapping
 from ignition.loading.source import CheckpointError
@@ -147,8 +152,10 @@ def validate_config(config: PretrainedConfig) -> None:
 
 
 class PagedAttention(nn.Module):
-    """Canonical attention with its cache replaced by pages: packed QKV projection,
-    canonical q/k norms (Qwen3) and rotary function, KV write, paged attention."""
+    """Canonical attention with its cache replaced by pages: packed QKV projection;
+    one kernel for the q/k norms (Qwen3), the rotary function and the KV write (the
+    canonical arithmetic and rounding, ``ignition.components.kv_cache.rope_write_kv``);
+    paged attention."""
 
     def __init__(
         self,
@@ -163,10 +170,10 @@ class PagedAttention(nn.Module):
         self.o_proj = canonical.o_proj
         self.q_norm = getattr(canonical, "q_norm", None)
         self.k_norm = getattr(canonical, "k_norm", None)
+        if self.q_norm is not None and self.k_norm is not None:
+            if self.q_norm.variance_epsilon != self.k_norm.variance_epsilon:
+                raise CheckpointError("the q and k norms have different epsilons")
         self.scaling = float(canonical.scaling)
-        self.apply_rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]] = sys.modules[
-            type(canonical).__module__
-        ].apply_rotary_pos_emb
         self.geometry = geometry
 
     def forward(
@@ -184,16 +191,13 @@ class PagedAttention(nn.Module):
         x = hidden_states[0]
         tokens = x.shape[0]
         qkv = project(x, self.qkv, self.qkv_bias)
-        kv_width = g.kv_heads * g.head_dim
-        q, k, v = qkv.split([g.heads * g.head_dim, kv_width, kv_width], dim=-1)
-        q = q.view(tokens, g.heads, g.head_dim)
-        k = k.view(tokens, g.kv_heads, g.head_dim)
-        v = v.reshape(tokens, g.kv_heads, g.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = position_embeddings
-        q, k = self.apply_rotary(q, k, cos, sin, unsqueeze_dim=1)
-        write_kv(kv, 0, k, v, step.rows)
+        q_weight = k_weight = None
+        eps = 0.0
+        if self.q_norm is not None and self.k_norm is not None:
+            q_weight, k_weight = self.q_norm.weight, self.k_norm.weight
+            eps = float(self.q_norm.variance_epsilon)
+        q = rope_write_kv(kv, 0, qkv, q_weight, k_weight, eps, cos, sin, step.rows, g.heads)
         if step.seq_lens is not None:
             out = decode_attention(q, kv, 0, step.page_tables, step.seq_lens, self.scaling)
         else:
@@ -212,26 +216,23 @@ class PagedAttention(nn.Module):
 
 
 class PackedMLP(nn.Module):
-    """The canonical gated MLP with gate and up projections in one weight; the
-    canonical activation module runs between the projections (compiled, it is one
-    pointwise kernel with the product). Applying ``silu(gate) * up`` inside the
-    decode projection's operand load instead stalled its K loop: 46 us against 3 us
-    per SmolLM2 layer, 359 us against about 35 us per Qwen3-8B layer, on the H200
-    (``bench/results/issue5/2026-11-30c-two-gpus/``)."""
+    """The canonical gated MLP with gate and up projections in one weight. For decode
+    rows, one kernel computes both projections and the activation with its product
+    (``ignition.components.linear.gated_project``; SiLU, which ``validate_config``
+    requires); for prefill chunks, cuBLAS and the canonical activation module.
+    Applying ``silu(gate) * up`` inside the down projection's operand load instead
+    stalled its K loop: 46 us against 3 us per SmolLM2 layer, 359 us against about
+    35 us per Qwen3-8B layer, on the H200 (``bench/results/issue5/2026-11-30c-two-gpus/``)."""
 
-    def __init__(
-        self, gate_up: torch.Tensor, down_proj: nn.Module, act_fn: nn.Module, intermediate: int
-    ) -> None:
+    def __init__(self, gate_up: torch.Tensor, down_proj: nn.Module, act_fn: nn.Module) -> None:
         super().__init__()
         self.register_buffer("gate_up", gate_up, persistent=False)
         self.down_proj = down_proj
         self.act_fn = act_fn
-        self.intermediate = intermediate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = project(x, self.gate_up).split(self.intermediate, dim=-1)
         down = self.down_proj
-        return project(self.act_fn(gate) * up, down.weight, down.bias)
+        return project(gated_project(x, self.gate_up, self.act_fn), down.weight, down.bias)
 
 
 def _set_parameter(root: nn.Module, name: str, value: torch.Tensor) -> None:
@@ -294,7 +295,7 @@ class LlamaModel:
                 self.mapping.place(f"{prefix}mlp.{proj}.weight", gate_up[lo:hi])
                 packed.add(f"{prefix}mlp.{proj}.weight")
             layer.self_attn = PagedAttention(attn, qkv, bias, g)
-            layer.mlp = PackedMLP(gate_up, layer.mlp.down_proj, layer.mlp.act_fn, g.intermediate)
+            layer.mlp = PackedMLP(gate_up, layer.mlp.down_proj, layer.mlp.act_fn)
         for name, param in list(model.named_parameters()):
             if name in packed:
                 continue

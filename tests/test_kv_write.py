@@ -1,31 +1,70 @@
-"""Writing K/V into pages: live tokens land in their rows, padding leaves the null
-page zero whatever it computed (the cache never depends on a write race)."""
+"""Finishing the QKV projection: q/k norms and rotary embeddings with the canonical
+arithmetic, K/V into their pages; padding leaves the null page zero whatever it
+computed (the cache never depends on a write race); a token's result never depends
+on the other tokens."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, apply_rotary_pos_emb
 
-from ignition.components.kv_cache import PagedKvCache, write_kv
+from ignition.components.kv_cache import PagedKvCache, rope_write_kv
+from ignition.components.triton_kv_write import triton_rope_write_kv
 
 PAGE = 16
+HEADS, KV_HEADS, DIM = 4, 2, 32
+EPS = 1e-6
+# Three live tokens, four padding tokens sharing null-page rows.
+ROWS = [PAGE * 2 + 3, PAGE * 5, PAGE * 1 + 15, 0, 0, 5, 0]
 
 
-def _case(device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _case(device: str, dtype: torch.dtype, norms: bool = True) -> dict[str, object]:
     gen = torch.Generator().manual_seed(0)
-    kv = PagedKvCache.allocate(2, 6, PAGE, 2, 32, torch.bfloat16, torch.device(device)).kv
-    # k and v as views of one packed projection, like the attention's split.
-    qkv = torch.randn(7, 4 * 64, generator=gen).to(torch.bfloat16).to(device)
-    k = qkv[:, 128:192].view(7, 2, 32)
-    v = qkv[:, 192:256].view(7, 2, 32)
-    # Three live tokens, four padding tokens sharing null-page rows.
-    rows = torch.tensor([PAGE * 2 + 3, PAGE * 5, PAGE * 1 + 15, 0, 0, 5, 0], device=device)
-    return kv, k, v, rows
+    tokens = len(ROWS)
+    kv = PagedKvCache.allocate(2, 6, PAGE, KV_HEADS, DIM, dtype, torch.device(device)).kv
+    qkv = torch.randn(tokens, (HEADS + 2 * KV_HEADS) * DIM, generator=gen) * 3
+    angles = torch.rand(tokens, DIM // 2, generator=gen) * 6.3
+    angles = torch.cat((angles, angles), dim=-1)
+    weights = [1 + torch.randn(DIM, generator=gen) / 4 for _ in range(2)] if norms else [None] * 2
+    to = {"device": device, "dtype": dtype}
+    return dict(
+        kv=kv,
+        qkv=qkv.to(**to),
+        q_weight=None if weights[0] is None else weights[0].to(**to),
+        k_weight=None if weights[1] is None else weights[1].to(**to),
+        eps=EPS,
+        cos=angles.cos().to(**to),
+        sin=angles.sin().to(**to),
+        rows=torch.tensor(ROWS, device=device),
+    )
 
 
-def _check(kv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor) -> None:
-    write_kv(kv, 1, k, v, rows)
-    flat = kv[1].view(2, -1, 2, 32)
+def _canonical(case: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Transformers' own modules: q, and the keys and values of the live tokens."""
+    qkv = case["qkv"]
+    q, k, v = qkv.view(len(ROWS), -1, DIM).split([HEADS, KV_HEADS, KV_HEADS], dim=1)
+    if case["q_weight"] is not None:
+        norms = []
+        for weight in (case["q_weight"], case["k_weight"]):
+            norm = Qwen3RMSNorm(DIM, eps=EPS).to(qkv.device, qkv.dtype)
+            norm.weight.data.copy_(weight)
+            norms.append(norm)
+        q, k = norms[0](q), norms[1](k)
+    q, k = apply_rotary_pos_emb(q, k, case["cos"], case["sin"], unsqueeze_dim=1)
+    return q, k, v
+
+
+def _run(case: dict, triton: bool) -> torch.Tensor:
+    args = [case[n] for n in ("qkv", "q_weight", "k_weight", "eps", "cos", "sin", "rows")]
+    if triton:
+        return triton_rope_write_kv(case["kv"][1], *args, HEADS)
+    return rope_write_kv(case["kv"], 1, *args, HEADS)
+
+
+def _check_pages(case: dict, k: torch.Tensor, v: torch.Tensor) -> None:
+    kv, rows = case["kv"], case["rows"]
+    flat = kv[1].view(2, -1, KV_HEADS, DIM)
     for t in range(3):
         assert torch.equal(flat[0, rows[t]], k[t]) and torch.equal(flat[1, rows[t]], v[t])
     assert not kv[:, :, 0].any(), "the null page must stay zero"
@@ -33,14 +72,65 @@ def _check(kv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tenso
     assert int((kv[1] != 0).flatten(2).any(dim=2).sum()) == 6  # K and V of 3 pages
 
 
-def test_write_kv_reference() -> None:
-    _check(*_case("cpu"))
+@pytest.mark.parametrize("norms", [True, False])
+def test_the_reference_is_the_canonical_arithmetic_bitwise(norms: bool) -> None:
+    case = _case("cpu", torch.bfloat16, norms)
+    q = _run(case, triton=False)
+    canonical_q, k, v = _canonical(case)
+    assert torch.equal(q, canonical_q)
+    _check_pages(case, k, v)
 
 
+# fp32 throughout: only the norm's sum of squares is ordered differently.
+@pytest.mark.parametrize("norms", [True, False])
+def test_the_kernel_matches_the_reference_interpreted(norms: bool) -> None:
+    case, reference = _case("cpu", torch.float32, norms), _case("cpu", torch.float32, norms)
+    q = _run(case, triton=True)
+    ref_q = _run(reference, triton=False)
+    torch.testing.assert_close(q, ref_q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(case["kv"], reference["kv"], rtol=1e-5, atol=1e-5)
+    flat = case["kv"][1].view(2, -1, KV_HEADS, DIM)
+    _check_pages(case, flat[0, case["rows"][:3]], flat[1, case["rows"][:3]])
+
+
+def test_a_tokens_result_is_independent_of_the_others_interpreted() -> None:
+    case = _case("cpu", torch.float32)
+    q = _run(case, triton=True)
+    alone = _case("cpu", torch.float32)
+    for name in ("qkv", "cos", "sin", "rows"):
+        alone[name] = alone[name][1:2].contiguous()
+    assert torch.equal(_run(alone, triton=True), q[1:2])
+    pages, row = case["kv"][1].view(2, -1, KV_HEADS, DIM), ROWS[1]
+    assert torch.equal(alone["kv"][1].view(2, -1, KV_HEADS, DIM)[:, row], pages[:, row])
+
+
+def test_bad_operands_are_refused() -> None:
+    case = _case("cpu", torch.float32)
+    with pytest.raises(ValueError, match="packed projection"):
+        triton_rope_write_kv(
+            case["kv"][1], case["qkv"][:, :-1], None, None, 0.0, case["cos"], case["sin"],
+            case["rows"], HEADS,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="together"):
+        triton_rope_write_kv(
+            case["kv"][1], case["qkv"], case["q_weight"], None, EPS, case["cos"], case["sin"],
+            case["rows"], HEADS,
+        )  # fmt: skip
+
+
+# bf16: the kernel's rounding is eager's; its sum of squares in another order can move
+# a normalized element by one bf16 step (2^-8 relative), and the rotary sums after it.
 @pytest.mark.gpu
-def test_write_kv_triton_matches_the_reference_bitwise() -> None:
-    kv, k, v, rows = _case("cuda")
-    _check(kv, k, v, rows)
-    ref = _case("cpu")
-    _check(*ref)
-    assert torch.equal(kv.cpu(), ref[0])
+@pytest.mark.parametrize("norms", [True, False])
+def test_the_kernel_matches_the_canonical_modules_on_gpu(norms: bool) -> None:
+    case = _case("cuda", torch.bfloat16, norms)
+    q = _run(case, triton=True)
+    canonical_q, k, v = _canonical(case)
+    torch.testing.assert_close(q, canonical_q, rtol=2**-6, atol=2**-6)
+    flat = case["kv"][1].view(2, -1, KV_HEADS, DIM)
+    live = case["rows"][:3]
+    torch.testing.assert_close(flat[0, live], k[:3], rtol=2**-6, atol=2**-6)
+    assert torch.equal(flat[1, live], v[:3])
+    assert not case["kv"][:, :, 0].any(), "the null page must stay zero"
+    if not norms:  # no reduction: eager's arithmetic exactly
+        assert torch.equal(q, canonical_q) and torch.equal(flat[0, live], k[:3])

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ignition.components import attention
-from ignition.components.triton_kv_write import triton_write_kv
+from ignition.components.triton_kv_write import triton_rope_write_kv
 
 NULL_PAGE = 0
 # The axis of the cache's shape that indexes pages. The axes before it (layer, K/V)
@@ -83,25 +83,84 @@ def slot_mapping(
     return page * page_size + positions % page_size
 
 
-@torch.library.custom_op("flare::write_kv", mutates_args=("kv",))
-def write_kv(
-    kv: torch.Tensor, layer: int, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor
-) -> None:
-    """Write K/V [tokens, kv_heads, head_dim] of one layer to flat cache ``rows``.
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3's ``RMSNorm`` over the last axis, eager rounding."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``apply_rotary_pos_emb`` of ``x [tokens, heads, head_dim]``, eager rounding."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos.unsqueeze(1) + torch.cat((-x2, x1), dim=-1) * sin.unsqueeze(1)
+
+
+@torch.library.custom_op("flare::rope_write_kv", mutates_args=("kv",))
+def rope_write_kv(
+    kv: torch.Tensor,
+    layer: int,
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    rows: torch.Tensor,
+    heads: int,
+) -> torch.Tensor:
+    """The packed projection ``qkv [tokens, (heads + 2 * kv_heads) * head_dim]``
+    finished: q and k normalized (``q_weight``/``k_weight``, when the model has the
+    norms) and rotated by ``cos``/``sin [tokens, head_dim]``; K/V of one layer written
+    to flat cache ``rows``; the queries ``[tokens, heads, head_dim]`` returned.
     Tokens whose row lies in the null page write zeros there (several may share a
     row), so the null page stays zero and the cache never depends on a write race."""
     _, _, pages, page_size, kv_heads, head_dim = kv.shape
+    tokens = qkv.shape[0]
+    q, k, v = qkv.view(tokens, heads + 2 * kv_heads, head_dim).split(
+        [heads, kv_heads, kv_heads], dim=1
+    )
+    if q_weight is not None and k_weight is not None:
+        q, k = _rms_norm(q, q_weight, eps), _rms_norm(k, k_weight, eps)
+    q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
     flat = kv[layer].view(2, pages * page_size, kv_heads, head_dim)
     live = (rows >= page_size).view(-1, 1, 1)
     flat[0].index_copy_(0, rows, torch.where(live, k, 0).to(kv.dtype))
     flat[1].index_copy_(0, rows, torch.where(live, v, 0).to(kv.dtype))
+    return q.contiguous()
 
 
-@write_kv.register_kernel("cuda")
-def _write_kv_cuda(
-    kv: torch.Tensor, layer: int, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor
-) -> None:
-    triton_write_kv(kv[layer], k, v, rows)
+@rope_write_kv.register_kernel("cuda")
+def _rope_write_kv_cuda(
+    kv: torch.Tensor,
+    layer: int,
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    rows: torch.Tensor,
+    heads: int,
+) -> torch.Tensor:
+    return triton_rope_write_kv(kv[layer], qkv, q_weight, k_weight, eps, cos, sin, rows, heads)
+
+
+@rope_write_kv.register_fake
+def _rope_write_kv_fake(
+    kv: torch.Tensor,
+    layer: int,
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    rows: torch.Tensor,
+    heads: int,
+) -> torch.Tensor:
+    head_dim = kv.shape[-1]
+    return qkv.new_empty(qkv.shape[0], heads, head_dim)
 
 
 @torch.library.custom_op("flare::decode_attention", mutates_args=())

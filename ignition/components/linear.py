@@ -24,6 +24,7 @@ which program computes a column, not its arithmetic.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -177,6 +178,52 @@ def _rows_linear_reduce_kernel(
     _store_rows(acc, b_ptr, y_ptr, M, N, stride_ym, rm, rn, HAS_BIAS)
 
 
+@triton.jit
+def _rows_gated_kernel(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """``silu(gate) * up`` of columns ``rn`` for the packed weight ``w [2N, K]``
+    (gate rows, then up rows): both tiles stream in one K loop, each projection is
+    rounded to y's dtype, then the activation, then the product (eager rounding)."""
+    pid = tl.program_id(0)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        x = tl.load(
+            x_ptr + rm[:, None] * stride_xm + kk[None, :],
+            mask=(rm[:, None] < M) & (kk[None, :] < K),
+            other=0.0,
+        )
+        w_mask = (rn[:, None] < N) & (kk[None, :] < K)
+        w_gate = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=w_mask, other=0.0)
+        w_up = tl.load(w_ptr + (N + rn[:, None]) * stride_wn + kk[None, :], mask=w_mask, other=0.0)
+        gate = tl.dot(x, tl.trans(w_gate), gate)
+        up = tl.dot(x, tl.trans(w_up), up)
+    dtype = y_ptr.dtype.element_ty
+    g = gate.to(dtype).to(tl.float32)
+    act = (g * tl.sigmoid(g)).to(dtype).to(tl.float32)
+    tl.store(
+        y_ptr + rm[:, None] * stride_ym + rn[None, :],
+        (act * up.to(dtype).to(tl.float32)).to(dtype),
+        mask=(rm[:, None] < M) & (rn[None, :] < N),
+    )
+
+
 if isinstance(_rows_linear_kernel, InterpretedFunction):
     fix_interpreter_loop_bounds()
 
@@ -260,6 +307,48 @@ def triton_rows_linear(
     return y
 
 
+def triton_rows_gated(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(x @ gate.T) * (x @ up.T)`` for x [rows <= ROWS_TILE, K] and the packed
+    ``gate_up [2 * intermediate, K]``, in one kernel; batch-invariant per row. The
+    tile is the packed weight's (``tile_shape``): each program streams half its width
+    of gate rows and the same columns' up rows, so the weight bytes in flight are the
+    unfused projection's."""
+    rows, k = x.shape
+    n2 = gate_up.shape[0]
+    if rows > ROWS_TILE:
+        raise ValueError(f"{rows} rows exceed the batch-invariant tile of {ROWS_TILE}")
+    if gate_up.shape[1] != k or n2 % 2:
+        raise ValueError(f"gate_up {tuple(gate_up.shape)} is not a packed pair over {k} columns")
+    width, block_k = tile_shape(n2, k, _sm_count(x.device), gate_up.element_size())
+    n = n2 // 2
+    x = x.contiguous()
+    y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    _rows_gated_kernel[(triton.cdiv(n, width // 2),)](
+        x, gate_up, y, rows, n, k, x.stride(0), gate_up.stride(0), y.stride(0),
+        BLOCK_M=ROWS_TILE, BLOCK_N=width // 2, BLOCK_K=block_k, num_warps=4, num_stages=STAGES,
+    )  # fmt: skip
+    return y
+
+
+@torch.library.custom_op("flare::rows_gated", mutates_args=())
+def rows_gated(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
+    """Batch-invariant gated activation of a few rows (torch reference on the CPU)."""
+    if isinstance(_rows_gated_kernel, InterpretedFunction):
+        return triton_rows_gated(x, gate_up)
+    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+@rows_gated.register_kernel("cuda")
+def _rows_gated_cuda(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
+    return triton_rows_gated(x, gate_up)
+
+
+@rows_gated.register_fake
+def _rows_gated_fake(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], gate_up.shape[0] // 2)
+
+
 @torch.library.custom_op("flare::rows_linear", mutates_args=())
 def rows_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     """Batch-invariant projection of a few rows (torch reference on the CPU)."""
@@ -287,3 +376,17 @@ def project(
         return F.linear(x, weight, bias)
     flat = rows_linear(x.reshape(rows, x.shape[-1]), weight, bias)
     return flat.view(*x.shape[:-1], weight.shape[0])
+
+
+def gated_project(
+    x: torch.Tensor, gate_up: torch.Tensor, act_fn: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
+    """``act_fn(gate) * up`` of the packed ``gate_up`` projection over the last
+    dimension. Few rows: one batch-invariant kernel, whose activation is SiLU (the
+    caller's ``act_fn`` must be); more: cuBLAS, then ``act_fn`` and the product."""
+    rows = x.numel() // x.shape[-1]
+    if rows > ROWS_TILE:
+        gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
+        return act_fn(gate) * up
+    flat = rows_gated(x.reshape(rows, x.shape[-1]), gate_up)
+    return flat.view(*x.shape[:-1], gate_up.shape[0] // 2)

@@ -1,10 +1,20 @@
-"""Triton kernel writing one layer's K/V of a step into the paged cache.
+"""Triton kernel finishing a layer's QKV projection: the q/k norms (when the model
+has them) and rotary embeddings, the queries out, the keys and values into the
+paged cache, in one launch.
 
-One program per token copies its keys and values ``[kv_heads, head_dim]`` to its
-flat cache row. Tokens that are not live (padding, finished requests) have rows in
-the null page; they store zeros there instead of their values, so whichever of
-several such tokens lands last, the null page holds the same bytes: it stays zero,
-and the cache's contents never depend on a write race.
+One program per (token, head) of the packed projection ``[tokens, (heads + 2 *
+kv_heads) * head_dim]``: a query head is normalized, rotated and stored to ``q``; a
+kv head's keys are normalized and rotated, and its keys and values stored to the
+token's flat cache row. The arithmetic is the canonical eager one, rounding to the
+execution dtype where eager torch does (Qwen3's ``RMSNorm``: the normalized vector,
+then its product with the weight; ``apply_rotary_pos_emb``: ``q * cos``,
+``rotate_half(q) * sin`` and their sum), so only the norm's fp32 sum of squares is
+ordered differently. A token's result never depends on the other tokens.
+
+Tokens that are not live (padding, finished requests) have rows in the null page;
+they store zeros there instead of their values, so whichever of several such tokens
+lands last, the null page holds the same bytes: it stays zero, and the cache's
+contents never depend on a write race.
 """
 
 from __future__ import annotations
@@ -15,62 +25,131 @@ import triton.language as tl
 
 
 @triton.jit
-def _write_kv_kernel(
-    k_ptr,
-    v_ptr,
+def _norm_rope(
+    src,
+    w_ptr,
+    cos_ptr,
+    sin_ptr,
+    eps,
+    offs,
+    ok,
+    HEAD_DIM: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+):
+    """One head's two rotary halves: normalized (``HAS_NORM``), then rotated."""
+    half: tl.constexpr = HEAD_DIM // 2
+    dtype = src.dtype.element_ty
+    x1 = tl.load(src + offs, mask=ok, other=0.0)
+    x2 = tl.load(src + half + offs, mask=ok, other=0.0)
+    if HAS_NORM:
+        f1 = x1.to(tl.float32)
+        f2 = x2.to(tl.float32)
+        variance = (tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / HEAD_DIM
+        scale = 1.0 / tl.sqrt(variance + eps)
+        w1 = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+        w2 = tl.load(w_ptr + half + offs, mask=ok, other=0.0).to(tl.float32)
+        x1 = (w1 * (f1 * scale).to(dtype).to(tl.float32)).to(dtype)
+        x2 = (w2 * (f2 * scale).to(dtype).to(tl.float32)).to(dtype)
+    c1 = tl.load(cos_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_ptr + half + offs, mask=ok, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_ptr + half + offs, mask=ok, other=0.0).to(tl.float32)
+    f1 = x1.to(tl.float32)
+    f2 = x2.to(tl.float32)
+    o1 = (f1 * c1).to(dtype).to(tl.float32) + (-f2 * s1).to(dtype).to(tl.float32)
+    o2 = (f2 * c2).to(dtype).to(tl.float32) + (f1 * s2).to(dtype).to(tl.float32)
+    return o1.to(dtype), o2.to(dtype)
+
+
+@triton.jit
+def _rope_write_kv_kernel(
+    qkv_ptr,
+    q_w_ptr,
+    k_w_ptr,
+    cos_ptr,
+    sin_ptr,
     rows_ptr,
+    q_ptr,
     cache_k_ptr,
     cache_v_ptr,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
+    eps,
+    stride_t,
+    stride_cos,
+    HEADS: tl.constexpr,
+    KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    WIDTH: tl.constexpr,
     BLOCK: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
+    HAS_NORM: tl.constexpr,
 ):
     t = tl.program_id(0)
-    row = tl.load(rows_ptr + t).to(tl.int64)
-    live = row >= PAGE_SIZE  # rows below PAGE_SIZE belong to the null page
+    h = tl.program_id(1)
+    half: tl.constexpr = HEAD_DIM // 2
     offs = tl.arange(0, BLOCK)
-    ok = offs < WIDTH
-    head = offs // HEAD_DIM
-    dim = offs % HEAD_DIM
-    k = tl.load(k_ptr + t * stride_kt + head * stride_kh + dim, mask=ok, other=0.0)
-    v = tl.load(v_ptr + t * stride_vt + head * stride_vh + dim, mask=ok, other=0.0)
-    k = tl.where(live, k, 0.0)
-    v = tl.where(live, v, 0.0)
-    dst = row * WIDTH + offs
-    tl.store(cache_k_ptr + dst, k.to(cache_k_ptr.dtype.element_ty), mask=ok)
-    tl.store(cache_v_ptr + dst, v.to(cache_v_ptr.dtype.element_ty), mask=ok)
+    ok = offs < half
+    src = qkv_ptr + t * stride_t + h * HEAD_DIM
+    cos = cos_ptr + t * stride_cos
+    sin = sin_ptr + t * stride_cos
+    if h < HEADS:
+        o1, o2 = _norm_rope(src, q_w_ptr, cos, sin, eps, offs, ok, HEAD_DIM, HAS_NORM)
+        dst = q_ptr + (t * HEADS + h) * HEAD_DIM
+        tl.store(dst + offs, o1, mask=ok)
+        tl.store(dst + half + offs, o2, mask=ok)
+    else:
+        j = h - HEADS
+        row = tl.load(rows_ptr + t).to(tl.int64)
+        live = row >= PAGE_SIZE  # rows below PAGE_SIZE belong to the null page
+        k1, k2 = _norm_rope(src, k_w_ptr, cos, sin, eps, offs, ok, HEAD_DIM, HAS_NORM)
+        v_src = src + KV_HEADS * HEAD_DIM
+        v1 = tl.load(v_src + offs, mask=ok, other=0.0)
+        v2 = tl.load(v_src + half + offs, mask=ok, other=0.0)
+        dst = (row * KV_HEADS + j) * HEAD_DIM
+        out_ty = cache_k_ptr.dtype.element_ty
+        tl.store(cache_k_ptr + dst + offs, tl.where(live, k1, 0.0).to(out_ty), mask=ok)
+        tl.store(cache_k_ptr + dst + half + offs, tl.where(live, k2, 0.0).to(out_ty), mask=ok)
+        tl.store(cache_v_ptr + dst + offs, tl.where(live, v1, 0.0).to(out_ty), mask=ok)
+        tl.store(cache_v_ptr + dst + half + offs, tl.where(live, v2, 0.0).to(out_ty), mask=ok)
 
 
-def triton_write_kv(layer_kv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor):
-    """``layer_kv [2, pages, page_size, kv_heads, head_dim]`` (contiguous); ``k``, ``v``
-    ``[tokens, kv_heads, head_dim]`` with unit stride in head_dim; ``rows`` int64."""
+def triton_rope_write_kv(
+    layer_kv: torch.Tensor,
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    rows: torch.Tensor,
+    heads: int,
+) -> torch.Tensor:
+    """Queries ``[tokens, heads, head_dim]`` of the packed projection ``qkv``, and its
+    keys and values written to ``layer_kv [2, pages, page_size, kv_heads, head_dim]``
+    (contiguous) at flat ``rows`` (int64). ``cos``/``sin``: ``[tokens, head_dim]``;
+    ``q_weight``/``k_weight``: the ``[head_dim]`` norm weights, both or neither."""
     _, _, page_size, kv_heads, head_dim = layer_kv.shape
+    tokens = qkv.shape[0]
     if not layer_kv.is_contiguous():
         raise ValueError("the layer's cache must be contiguous")
-    if k.stride(2) != 1 or v.stride(2) != 1:
-        raise ValueError("k and v need unit stride in head_dim")
-    tokens = k.shape[0]
+    if qkv.shape[1] != (heads + 2 * kv_heads) * head_dim or qkv.stride(1) != 1:
+        raise ValueError(
+            f"qkv {tuple(qkv.shape)} is not a packed projection of {heads} query and "
+            f"{kv_heads} kv heads of {head_dim} with unit column stride"
+        )
+    if cos.shape != (tokens, head_dim) or sin.shape != cos.shape or cos.stride() != sin.stride():
+        raise ValueError(f"cos/sin must be [{tokens}, {head_dim}] alike, not {tuple(cos.shape)}")
+    if cos.stride(1) != 1 or head_dim % 2:
+        raise ValueError("rotary tables need unit column stride over an even head_dim")
+    if (q_weight is None) != (k_weight is None):
+        raise ValueError("q and k norms come together or not at all")
+    q = torch.empty(tokens, heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     if tokens == 0:
-        return
-    width = kv_heads * head_dim
-    _write_kv_kernel[(tokens,)](
-        k,
-        v,
-        rows,
-        layer_kv[0],
-        layer_kv[1],
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        HEAD_DIM=head_dim,
-        WIDTH=width,
-        BLOCK=triton.next_power_of_2(width),
-        PAGE_SIZE=page_size,
-        num_warps=4,
-    )
+        return q
+    has_norm = q_weight is not None
+    _rope_write_kv_kernel[(tokens, heads + kv_heads)](
+        qkv, q_weight if has_norm else qkv, k_weight if has_norm else qkv, cos, sin, rows,
+        q, layer_kv[0], layer_kv[1], eps, qkv.stride(0), cos.stride(0),
+        HEADS=heads, KV_HEADS=kv_heads, HEAD_DIM=head_dim,
+        BLOCK=triton.next_power_of_2(head_dim // 2), PAGE_SIZE=page_size, HAS_NORM=has_norm,
+        num_warps=1,
+    )  # fmt: skip
+    return q
