@@ -66,7 +66,9 @@ def test_the_tile_keeps_the_weight_stream_in_flight() -> None:
     # Its o and down: 128 programs, one per SM, 512-column K steps.
     assert tile_shape(4096, 4096, sms) == (32, 512)
     assert tile_shape(4096, 12288, sms) == (32, 512)
-    # Too narrow to fill the SMs at any width; K steps no wider than K needs.
+    # Too narrow to fill the SMs at any width. K in one step where it fits, else in
+    # steps of at most a third of K, so the pipeline fills: SmolLM2's qkv and down.
+    assert tile_shape(960, 576, sms) == (32, 128)
     assert tile_shape(576, 1536, sms) == (32, 512)
     assert tile_shape(576, 200, sms) == (32, 256)
     assert tile_shape(64, 33, sms) == (32, 64)
@@ -84,7 +86,10 @@ def test_a_k_step_fits_the_pipeline_of_its_width() -> None:
     assert fitted_block_k(512, 12288, 64, 2) == 256  # 4 stages of 80 KiB do not fit
     assert fitted_block_k(512, 12288, 16, 2) == 512
     assert fitted_block_k(512, 12288, 16, 4) == 256  # fp32: 4 stages of 64 KiB
-    assert fitted_block_k(512, 100, 16, 2) == 128
+    assert fitted_block_k(512, 100, 16, 2) == 128  # one step
+    assert fitted_block_k(128, 300, 16, 2) == 64  # three full steps
+    assert fitted_block_k(512, 1535, 32, 2) == 256
+    assert fitted_block_k(512, 1536, 32, 2) == 512
 
 
 @pytest.mark.parametrize(("n", "k"), [(64, 128), (100, 200)])
@@ -92,7 +97,7 @@ def test_every_tile_width_computes_the_same_bits_interpreted(n: int, k: int) -> 
     _widths_agree("cpu", torch.float32, n, k)
 
 
-# K = 300 over BLOCK_K = 128: 2 splits of 256 and 44; 4 of 128, 128, 44 and an empty one.
+# K = 300 over BLOCK_K = 64: 2 splits of 192 and 108; 4 of 128, 128, 44 and an empty one.
 @pytest.mark.parametrize("splits", [2, 4])
 def test_split_k_matches_and_is_batch_invariant_interpreted(splits: int) -> None:
     x, w, b = _operands("cpu", torch.float32, 100, 300)

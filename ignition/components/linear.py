@@ -14,9 +14,10 @@ so the kernel is a weight stream, and its speed is the weight bytes in flight: t
 width is the wider of 64 and 32 columns that still gives every SM a program, and
 when that leaves at most one program per SM (a 4096-column projection: 128 programs
 of 32 columns on the H200's 132 SMs) each K step loads 512 columns, with at most two
-256, else 128 (``tile_shape``; from ``bench/rows_linear_bench.py`` on the H200: the
-Qwen3-8B down projection read its 101 MB in 38 us at 16x128 and in 27 us at 32x512,
-3.7 TB/s, where a device copy moved 4.0).
+256, else 128, and no more than a third of K, so the loop's pipeline fills
+(``tile_shape``; from ``bench/rows_linear_bench.py`` on the H200: the Qwen3-8B down
+projection read its 101 MB in 38 us at 16x128 and in 27 us at 32x512, 3.7 TB/s,
+where a device copy moved 4.0).
 A row's result is bitwise independent of its batch at every tile; the width changes
 which program computes a column, not its arithmetic.
 """
@@ -232,8 +233,8 @@ def tile_shape(n: int, k: int, sms: int, itemsize: int = 2) -> tuple[int, int]:
     """(BLOCK_N, BLOCK_K) of an ``n`` x ``k`` weight of ``itemsize``-byte elements on
     ``sms`` SMs: the widest of ``TILE_WIDTHS`` with at least one program per SM (else
     the narrowest), and K steps of ``BLOCK_KS`` by how many programs each SM gets (at
-    most one, two, more), no wider than ``k`` rounded up to a power of two nor than
-    the pipeline's shared memory allows."""
+    most one, two, more), short enough for the K loop to fill its pipeline and within
+    the pipeline's shared memory (``fitted_block_k``)."""
     width = next((w for w in TILE_WIDTHS if triton.cdiv(n, w) >= sms), TILE_WIDTHS[-1])
     programs = triton.cdiv(n, width)
     block_k = (
@@ -243,9 +244,18 @@ def tile_shape(n: int, k: int, sms: int, itemsize: int = 2) -> tuple[int, int]:
 
 
 def fitted_block_k(block_k: int, k: int, width: int, itemsize: int) -> int:
-    """``block_k`` halved until it is no wider than ``k`` rounded up to a power of two
-    and the pipeline of ``width``-column tiles fits its shared memory."""
-    block_k = min(block_k, max(16, triton.next_power_of_2(k)))
+    """``block_k`` as one step over ``k`` rounded up to a power of two where that is no
+    wider, else halved until the K loop has ``STAGES - 1`` full steps, so that its
+    pipeline fills (SmolLM2's 576 columns in 512-column steps load one full step and
+    one seven-eighths masked: its qkv, o and gate/up projections took 3.8, 3.7 and
+    4.5 us so, and 3.5, 3.4 and 4.0 in 128-column steps, on the H200); then halved
+    until the pipeline of ``width``-column tiles fits its shared memory; at least 16."""
+    single = max(16, triton.next_power_of_2(k))
+    if single <= block_k:
+        block_k = single
+    else:
+        while block_k > 16 and (STAGES - 1) * block_k > k:
+            block_k //= 2
     while block_k > 16 and STAGES * (ROWS_TILE + width) * block_k * itemsize > PIPELINE_BYTES:
         block_k //= 2
     return block_k
