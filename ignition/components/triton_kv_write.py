@@ -92,9 +92,9 @@ def _rope_write_kv_kernel(
     sin = sin_ptr + t * stride_cos
     if h < HEADS:
         o1, o2 = _norm_rope(src, q_w_ptr, cos, sin, eps, offs, ok, HEAD_DIM, HAS_NORM)
-        dst = q_ptr + (t * HEADS + h) * HEAD_DIM
-        tl.store(dst + offs, o1, mask=ok)
-        tl.store(dst + half + offs, o2, mask=ok)
+        q_dst = q_ptr + (t * HEADS + h) * HEAD_DIM
+        tl.store(q_dst + offs, o1, mask=ok)
+        tl.store(q_dst + half + offs, o2, mask=ok)
     else:
         j = h - HEADS
         row = tl.load(rows_ptr + t).to(tl.int64)
@@ -103,12 +103,13 @@ def _rope_write_kv_kernel(
         v_src = src + KV_HEADS * HEAD_DIM
         v1 = tl.load(v_src + offs, mask=ok, other=0.0)
         v2 = tl.load(v_src + half + offs, mask=ok, other=0.0)
-        dst = (row * KV_HEADS + j) * HEAD_DIM
+        k_dst = cache_k_ptr + (row * KV_HEADS + j) * HEAD_DIM
+        v_dst = cache_v_ptr + (row * KV_HEADS + j) * HEAD_DIM
         out_ty = cache_k_ptr.dtype.element_ty
-        tl.store(cache_k_ptr + dst + offs, tl.where(live, k1, 0.0).to(out_ty), mask=ok)
-        tl.store(cache_k_ptr + dst + half + offs, tl.where(live, k2, 0.0).to(out_ty), mask=ok)
-        tl.store(cache_v_ptr + dst + offs, tl.where(live, v1, 0.0).to(out_ty), mask=ok)
-        tl.store(cache_v_ptr + dst + half + offs, tl.where(live, v2, 0.0).to(out_ty), mask=ok)
+        tl.store(k_dst + offs, tl.where(live, k1, 0.0).to(out_ty), mask=ok)
+        tl.store(k_dst + half + offs, tl.where(live, k2, 0.0).to(out_ty), mask=ok)
+        tl.store(v_dst + offs, tl.where(live, v1, 0.0).to(out_ty), mask=ok)
+        tl.store(v_dst + half + offs, tl.where(live, v2, 0.0).to(out_ty), mask=ok)
 
 
 def triton_rope_write_kv(
