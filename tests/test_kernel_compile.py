@@ -16,6 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 SCRIPT = """
+import re
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -33,7 +34,9 @@ for has_norm in (True, False):
                 ["*bf16"] * 5 + ["*i64"] + ["*bf16"] * 3 + ["fp32", "i32", "i32"],
                 dict(HEADS=32, KV_HEADS=8, HEAD_DIM=128, BLOCK=64, PAGE_SIZE=64,
                      HAS_NORM=has_norm), num_warps=1)
-    print("rope", has_norm, len(k.asm["cubin"]), 0)
+    # The rotary products are rounded before their sum, never fused with it into a
+    # bfloat16 FMA (fp32 FMAs of the sum of squares are no eager rounding skipped).
+    print("rope", has_norm, len(k.asm["cubin"]), len(re.findall(r"fma\\.rn\\.bf16", k.asm["ptx"])))
 k = compile(_rows_gated_kernel, ["*bf16"] * 3 + ["i32"] * 6,
             dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128), num_warps=4, num_stages=4)
 print("gated", len(k.asm["cubin"]), 0)
