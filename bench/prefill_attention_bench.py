@@ -6,7 +6,10 @@ each KV split count: the data behind ``prefill_splits``' default.
 For SmolLM2-135M's and Qwen3-8B's attention shapes (one layer), chunk capacities 128
 and 512 with 11 and 370 real tokens, after 0 to 32K cached tokens: the time per call
 inside a CUDA graph, over KV copies larger than L2 together (``bench/cuda_timing.py``),
-per split count (1, the default, and 2 to 32), and the default's choice. Needs a GPU.
+per split count (1, the default, and 2 to 32), and the default's choice. Then whole
+4,096-token chunks of the Qwen3-8B shape after 0 to 60K cached tokens (a 64K prompt's
+chunks), the kernel's default against PyTorch's SDPA over the same keys and values
+laid out contiguously (the generate loop's attention), in ms and TFLOP/s. Needs a GPU.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from functools import partial
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from bench.cuda_timing import cold_copies, median_graph_ms
 from ignition.components.triton_attention import prefill_splits, triton_paged_prefill_attention
@@ -27,6 +32,52 @@ SHAPES = [("smollm2-135m", 9, 3, 64), ("qwen3-8b", 32, 8, 128)]
 CHUNKS = [(128, 11), (512, 370)]
 HISTORIES = [0, 2048, 8192, 32768]
 SPLITS = [1, 2, 4, 8, 16, 32]
+# Whole chunks of a long prompt: (shape, chunk tokens, histories).
+LONG = ("qwen3-8b", 32, 8, 128)
+LONG_CHUNK = 4096
+LONG_HISTORIES = [0, 16384, 32768, 61440]
+
+
+def causal_flops(heads: int, dim: int, chunk: int, history: int) -> int:
+    """Multiply-adds times two of QK^T and PV for ``chunk`` queries after ``history``
+    cached keys, each query seeing the history and the chunk up to itself."""
+    keys = chunk * history + chunk * (chunk + 1) // 2
+    return 4 * heads * dim * keys
+
+
+def long_chunks(device: torch.device) -> list[dict]:
+    """The kernel's default on whole chunks after long histories, against SDPA."""
+    name, heads, kv_heads, dim = LONG
+    rows = []
+    for history in LONG_HISTORIES:
+        total = history + LONG_CHUNK
+        pages = total // PAGE + 2
+        kv = torch.randn(2, pages + 1, PAGE, kv_heads, dim, device=device, dtype=torch.bfloat16)
+        table = torch.randperm(pages, device=device).to(torch.int32) + 1
+        q = torch.randn(LONG_CHUNK, heads, dim, device=device, dtype=torch.bfloat16)
+        start = torch.tensor([history], dtype=torch.int32, device=device)
+        n_valid = torch.tensor([LONG_CHUNK], dtype=torch.int32, device=device)
+        flare_ms = median_graph_ms(
+            [partial(triton_paged_prefill_attention, q, kv, table, start, n_valid, dim**-0.5)]
+        )
+        # The same keys and values in position order, [1, kv_heads, total, dim].
+        ordered = kv[:, table.long()].flatten(1, 2)[:, :total].permute(0, 2, 1, 3)
+        k, v = ordered[0:1].contiguous(), ordered[1:2].contiguous()
+        sdpa_q = q.permute(1, 0, 2).unsqueeze(0)
+        mask = causal_lower_right(LONG_CHUNK, total)
+        sdpa_ms = median_graph_ms(
+            [partial(F.scaled_dot_product_attention, sdpa_q, k, v, mask, enable_gqa=True)]
+        )
+        tflop = causal_flops(heads, dim, LONG_CHUNK, history) / 1e12
+        rows.append(dict(shape=name, history=history, chunk=LONG_CHUNK, flare_ms=flare_ms,
+                         sdpa_ms=sdpa_ms, tflop=tflop))  # fmt: skip
+        print(
+            f"{name:13} history {history:6} chunk {LONG_CHUNK}: flare {flare_ms:.3f} ms "
+            f"({tflop / flare_ms * 1e3:.0f} TFLOP/s), SDPA {sdpa_ms:.3f} ms "
+            f"({tflop / sdpa_ms * 1e3:.0f} TFLOP/s), flare / SDPA {flare_ms / sdpa_ms:.2f}"
+        )
+        del kv, k, v, ordered
+    return rows
 
 
 def main() -> None:
@@ -74,8 +125,11 @@ def main() -> None:
                     + " ".join(f"{s}:{timings[str(s)]:.3f}" for s in SPLITS)
                     + f"  default({default}) {timings['default']:.3f} ms, best {best}"
                 )
+    long_rows = long_chunks(device)
     if args.out:
-        args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}))
+        args.out.write_text(
+            json.dumps({"device": torch.cuda.get_device_name(), "rows": rows, "long": long_rows})
+        )
 
 
 if __name__ == "__main__":

@@ -17,8 +17,9 @@
 #   bench/suite_gpu.sh qwen3-8b-floor    OUT
 #   bench/suite_gpu.sh qwen3-8b-timeline OUT
 #   bench/suite_gpu.sh gpu-tests         OUT         pytest -m gpu (OUT/pytest-gpu.log)
-#   bench/suite_gpu.sh attention-bench   OUT         prefill attention against KV splits, and
-#                                                    the decode projection against its tiles
+#   bench/suite_gpu.sh attention-bench   OUT         prefill attention against KV splits and,
+#                                                    on a 64K prompt's chunks, SDPA; the decode
+#                                                    projection against its tiles
 #   bench/suite_gpu.sh report            OUT         summary table and plots of OUT/*.json
 #   bench/suite_gpu.sh caches-save       OUT         the Inductor and Triton caches as
 #                                                    15 MiB parts (a later machine restores
