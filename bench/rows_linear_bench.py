@@ -24,12 +24,10 @@ import triton
 
 from bench.cuda_timing import cold_copies, median_graph_ms
 from ignition.components.linear import (
-    BLOCK_NS,
     ROWS_TILE,
     _rows_linear_kernel,
     tile_shape,
     triton_rows_gated,
-    triton_rows_linear,
 )
 
 # (model, projection, out features N, in features K)
@@ -47,8 +45,6 @@ SHAPES = [
 ]
 # (BLOCK_N, BLOCK_K, num_stages, num_warps); serving launches num_stages 4, 4 warps.
 TILES = list(itertools.product([16, 32, 64, 128], [64, 128, 256, 512], [3, 4], [4, 8]))
-# K splits, at each width with the K step serving takes (``triton_rows_linear(..., splits=)``).
-SPLITS = (2, 4, 8)
 
 
 def tile_name(tile: tuple[int, int, int, int]) -> str:
@@ -95,14 +91,6 @@ def main() -> None:
                     )
                 except triton.runtime.errors.OutOfResources:
                     continue  # the tile's pipeline does not fit in shared memory
-            block_k = tile_shape(n, k, sms)[1]
-            for width, splits in itertools.product(BLOCK_NS, SPLITS):
-                tiles[f"{width}x{block_k}/split{splits}"] = median_graph_ms(
-                    [
-                        lambda w=w, x=x, n=width, s=splits: triton_rows_linear(x, w, None, n, s)
-                        for w in weights
-                    ]
-                )
             cublas = median_graph_ms([lambda x=x, w=w: F.linear(x, w) for w in weights])
             gated = None  # the serving MLP's fused kernel: both projections and SiLU
             if name == "gate_up":

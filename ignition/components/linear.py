@@ -19,7 +19,9 @@ of 32 columns on the H200's 132 SMs) each K step loads 512 columns, with at most
 projection read its 101 MB in 38 us at 16x128 and in 27 us at 32x512, 3.7 TB/s,
 where a device copy moved 4.0).
 A row's result is bitwise independent of its batch at every tile; the width changes
-which program computes a column, not its arithmetic.
+which program computes a column, not its arithmetic. A K split (fp32 partials summed
+in order by a second kernel) was measured against these tiles and never won (the
+bench of ``bench/results/issue5/2026-11-30e-two-gpus/``), so it is gone.
 """
 
 from __future__ import annotations
@@ -61,17 +63,15 @@ def _rows_dot(
     stride_xm,
     stride_wn,
     rn,
-    k_lo,
-    k_hi,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """fp32 ``x[:, k_lo:k_hi] @ w[rn, k_lo:k_hi].T`` for the tile's ``BLOCK_M`` rows."""
+    """fp32 ``x @ w[rn].T`` for the tile's ``BLOCK_M`` rows."""
     rm = tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
+    for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         x_mask = (rm[:, None] < M) & (kk[None, :] < K)
         x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=x_mask, other=0.0)
@@ -117,65 +117,7 @@ def _rows_linear_kernel(
     pid = tl.program_id(0)
     rm = tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = _rows_dot(
-        x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, rn, 0, K, BLOCK_M, BLOCK_N, BLOCK_K
-    )
-    _store_rows(acc, b_ptr, y_ptr, M, N, stride_ym, rm, rn, HAS_BIAS)
-
-
-@triton.jit
-def _rows_linear_split_kernel(
-    x_ptr,
-    w_ptr,
-    part_ptr,
-    M,
-    N,
-    K,
-    stride_xm,
-    stride_wn,
-    k_split,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """Split ``program_id(1)``'s fp32 partial over K in ``[split * k_split, ...)``."""
-    pid = tl.program_id(0)
-    split = tl.program_id(1)
-    rm = tl.arange(0, BLOCK_M)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    k_lo = split * k_split
-    k_hi = tl.minimum(k_lo + k_split, K)
-    acc = _rows_dot(
-        x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, rn, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K
-    )
-    tl.store(
-        part_ptr + (split * BLOCK_M + rm[:, None]) * N + rn[None, :], acc, mask=rn[None, :] < N
-    )
-
-
-@triton.jit
-def _rows_linear_reduce_kernel(
-    part_ptr,
-    b_ptr,
-    y_ptr,
-    M,
-    N,
-    stride_ym,
-    SPLITS: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """The splits' partials summed in split order, plus the bias, rounded once."""
-    pid = tl.program_id(0)
-    rm = tl.arange(0, BLOCK_M)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for split in tl.static_range(SPLITS):
-        acc += tl.load(
-            part_ptr + (split * BLOCK_M + rm[:, None]) * N + rn[None, :],
-            mask=(rm[:, None] < M) & (rn[None, :] < N),
-        )
+    acc = _rows_dot(x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, rn, BLOCK_M, BLOCK_N, BLOCK_K)
     _store_rows(acc, b_ptr, y_ptr, M, N, stride_ym, rm, rn, HAS_BIAS)
 
 
@@ -273,14 +215,11 @@ def triton_rows_linear(
     w: torch.Tensor,
     b: torch.Tensor | None,
     width: int | None = None,
-    splits: int = 1,
     block_k: int | None = None,
 ) -> torch.Tensor:
     """``x @ w.T + b`` for x [rows <= ROWS_TILE, K]; batch-invariant per row.
     ``width`` and ``block_k``: the tile (default ``tile_shape`` of the weight and
-    device). ``splits``: K split over that many programs per tile, whose fp32 partials
-    a second kernel sums in split order (a fixed order, so still batch-invariant).
-    Serving runs one; ``bench/rows_linear_bench.py`` times more against it."""
+    device); ``bench/rows_linear_bench.py`` times others against it."""
     rows = x.shape[0]
     n, k = w.shape
     if rows > ROWS_TILE:
@@ -291,28 +230,13 @@ def triton_rows_linear(
     width = width or default_width
     # A width other than the default keeps the default's K step where it fits.
     block_k = block_k or fitted_block_k(default_k, k, width, w.element_size())
-    if splits < 1:
-        raise ValueError(f"splits must be at least 1, not {splits}")
     x = x.contiguous()
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     bias = b if b is not None else w
-    tiles = triton.cdiv(n, width)
-    if splits == 1:
-        _rows_linear_kernel[(tiles,)](
-            x, w, bias, y, rows, n, k, x.stride(0), w.stride(0), y.stride(0),
-            HAS_BIAS=b is not None, BLOCK_M=ROWS_TILE, BLOCK_N=width, BLOCK_K=block_k,
-            num_warps=4, num_stages=STAGES,
-        )  # fmt: skip
-        return y
-    k_split = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
-    partials = torch.empty(splits, ROWS_TILE, n, dtype=torch.float32, device=x.device)
-    _rows_linear_split_kernel[(tiles, splits)](
-        x, w, partials, rows, n, k, x.stride(0), w.stride(0), k_split,
-        BLOCK_M=ROWS_TILE, BLOCK_N=width, BLOCK_K=block_k, num_warps=4, num_stages=STAGES,
-    )  # fmt: skip
-    _rows_linear_reduce_kernel[(tiles,)](
-        partials, bias, y, rows, n, y.stride(0),
-        SPLITS=splits, HAS_BIAS=b is not None, BLOCK_M=ROWS_TILE, BLOCK_N=width, num_warps=4,
+    _rows_linear_kernel[(triton.cdiv(n, width),)](
+        x, w, bias, y, rows, n, k, x.stride(0), w.stride(0), y.stride(0),
+        HAS_BIAS=b is not None, BLOCK_M=ROWS_TILE, BLOCK_N=width, BLOCK_K=block_k,
+        num_warps=4, num_stages=STAGES,
     )  # fmt: skip
     return y
 
