@@ -8,8 +8,9 @@ kv head's keys are normalized and rotated, and its keys and values stored to the
 token's flat cache row. The arithmetic is the canonical eager one, rounding to the
 execution dtype where eager torch does (Qwen3's ``RMSNorm``: the normalized vector,
 then its product with the weight; ``apply_rotary_pos_emb``: ``q * cos``,
-``rotate_half(q) * sin`` and their sum), so only the norm's fp32 sum of squares is
-ordered differently. A token's result never depends on the other tokens.
+``rotate_half(q) * sin`` and their sum), so only the norm's fp32 statistic can
+differ: its sum of squares in another order, and its reciprocal square root computed
+as a division. A token's result never depends on the other tokens.
 
 Tokens that are not live (padding, finished requests) have rows in the null page;
 they store zeros there instead of their values, so whichever of several such tokens
