@@ -21,7 +21,9 @@ where a device copy moved 4.0).
 A row's result is bitwise independent of its batch at every tile; the width changes
 which program computes a column, not its arithmetic. A K split (fp32 partials summed
 in order by a second kernel) was measured against these tiles and never won (the
-bench of ``bench/results/issue5/2026-11-30e-two-gpus/``), so it is gone.
+bench of ``bench/results/issue5/2026-11-30e-two-gpus/``), so it is gone. The gated
+variant (``triton_rows_gated``) streams a packed gate/up weight on the same tiles and
+applies SiLU and the product in its epilogue: the decode MLP's first half in one kernel.
 """
 
 from __future__ import annotations
