@@ -170,9 +170,14 @@ class PagedAttention(nn.Module):
         self.o_proj = canonical.o_proj
         self.q_norm = getattr(canonical, "q_norm", None)
         self.k_norm = getattr(canonical, "k_norm", None)
+        # The norms' epsilon (the kernel takes one for both), 0 without norms.
+        self.norm_eps = 0.0
+        if (self.q_norm is None) != (self.k_norm is None):
+            raise CheckpointError("attention has a q norm or a k norm, not both")
         if self.q_norm is not None and self.k_norm is not None:
             if self.q_norm.variance_epsilon != self.k_norm.variance_epsilon:
                 raise CheckpointError("the q and k norms have different epsilons")
+            self.norm_eps = float(self.q_norm.variance_epsilon)
         self.scaling = float(canonical.scaling)
         self.geometry = geometry
 
@@ -192,12 +197,11 @@ class PagedAttention(nn.Module):
         tokens = x.shape[0]
         qkv = project(x, self.qkv, self.qkv_bias)
         cos, sin = position_embeddings
-        q_weight = k_weight = None
-        eps = 0.0
-        if self.q_norm is not None and self.k_norm is not None:
-            q_weight, k_weight = self.q_norm.weight, self.k_norm.weight
-            eps = float(self.q_norm.variance_epsilon)
-        q = rope_write_kv(kv, 0, qkv, q_weight, k_weight, eps, cos, sin, step.rows, g.heads)
+        q_weight = None if self.q_norm is None else self.q_norm.weight
+        k_weight = None if self.k_norm is None else self.k_norm.weight
+        q = rope_write_kv(
+            kv, 0, qkv, q_weight, k_weight, self.norm_eps, cos, sin, step.rows, g.heads
+        )
         if step.seq_lens is not None:
             out = decode_attention(q, kv, 0, step.page_tables, step.seq_lens, self.scaling)
         else:

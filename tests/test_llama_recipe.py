@@ -102,3 +102,24 @@ def test_chunked_prefill_matches_single_chunk(checkpoint: Path) -> None:
     whole = teacher_forced_logits(_prepare(checkpoint, chunk=512), tokens, 300)
     chunked = teacher_forced_logits(_prepare(checkpoint, chunk=64), tokens, 300, chunk=64)
     assert compare_logits(chunked, whole).relative_l2 < FP32_RELATIVE_L2
+
+
+def test_attention_with_one_of_the_qk_norms_or_unequal_epsilons_is_refused() -> None:
+    """The QKV-finishing kernel normalizes q and k together, with one epsilon."""
+    from transformers import Qwen3Config
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention
+
+    config = Qwen3Config(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        intermediate_size=128, num_hidden_layers=1, vocab_size=32,
+    )  # fmt: skip
+    geometry = llama.Geometry.from_config(config)
+    qkv = torch.empty(128, 64)
+    canonical = Qwen3Attention(config, layer_idx=0)
+    assert llama.PagedAttention(canonical, qkv, None, geometry).norm_eps == config.rms_norm_eps
+    canonical.k_norm.variance_epsilon = 1e-3
+    with pytest.raises(CheckpointError, match="different epsilons"):
+        llama.PagedAttention(canonical, qkv, None, geometry)
+    del canonical.k_norm
+    with pytest.raises(CheckpointError, match="not both"):
+        llama.PagedAttention(canonical, qkv, None, geometry)
