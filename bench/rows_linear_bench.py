@@ -8,7 +8,10 @@ For each weight shape and 1 and 4 rows: the time per call inside a CUDA graph, o
 weight copies larger than L2 together (``bench/cuda_timing.py``), per (BLOCK_N,
 BLOCK_K, num_stages, num_warps), F.linear's, and the weight bytes over the time as
 GB/s, beside a device-to-device copy of the same bytes; for gate/up, also the fused
-projection with SiLU and the product that serving launches. Needs a GPU.
+projection with SiLU and the product that serving launches; and the decode layer's
+fused variants (``fused_ms``: qkv and gate/up with the RMSNorm prologue, o and down
+with the residual epilogue), whose difference from the plain kernel is what the
+fusion costs inside the projection. Needs a GPU.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -25,9 +29,11 @@ import triton
 from bench.cuda_timing import cold_copies, median_graph_ms
 from ignition.components.linear import (
     ROWS_TILE,
+    RmsNorm,
     _rows_linear_kernel,
     tile_shape,
     triton_rows_gated,
+    triton_rows_linear,
 )
 
 # (model, projection, out features N, in features K)
@@ -58,10 +64,16 @@ def launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, tile: tuple[int, i
     rows, k = x.shape
     n = w.shape[0]
     return lambda: _rows_linear_kernel[(triton.cdiv(n, block_n),)](
-        x, w, w, y, rows, n, k, x.stride(0), w.stride(0), y.stride(0),
-        HAS_BIAS=False, BLOCK_M=ROWS_TILE, BLOCK_N=block_n, BLOCK_K=block_k,
+        x, w, w, w, y, y, rows, n, k, x.stride(0), w.stride(0), y.stride(0), y.stride(0), 0.0,
+        HAS_BIAS=False, NORM=False, RESIDUAL=False, ROW_BLOCK=16, BLOCK_M=ROWS_TILE,
+        BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
+
+
+def over(weights: list[torch.Tensor], call: Callable[[torch.Tensor], object]) -> float:
+    """Median ms of ``call`` per weight copy, the copies in turn inside a graph."""
+    return median_graph_ms([lambda w=w: call(w) for w in weights])
 
 
 def main() -> None:
@@ -93,14 +105,26 @@ def main() -> None:
                     continue  # the tile's pipeline does not fit in shared memory
             cublas = median_graph_ms([lambda x=x, w=w: F.linear(x, w) for w in weights])
             gated = None  # the serving MLP's fused kernel: both projections and SiLU
+            # The decode layer's variant: the norm in qkv's and gate/up's prologue, the
+            # residual in o's and down's epilogue.
+            norm = RmsNorm(torch.rand(k, device=device, dtype=torch.bfloat16) + 0.5, 1e-6)
+            residual = torch.randn(rows, n, device=device, dtype=torch.bfloat16)
+            fused = None
             if name == "gate_up":
-                gated = median_graph_ms([lambda x=x, w=w: triton_rows_gated(x, w) for w in weights])
+                gated = over(weights, lambda w, x=x: triton_rows_gated(x, w))
+                fused = over(weights, lambda w, x=x, g=norm: triton_rows_gated(x, w, g))
+            elif name == "qkv":
+                fused = over(weights, lambda w, x=x, g=norm: triton_rows_linear(x, w, None, norm=g))
+            elif name in ("o", "down"):
+                fused = over(
+                    weights, lambda w, x=x, r=residual: triton_rows_linear(x, w, None, residual=r)
+                )
             best = min(tiles, key=lambda t: tiles[t])
             current = tile_name((*tile_shape(n, k, sms), 4, 4))  # what serving launches
             weight_gb = w.numel() * w.element_size() / 1e9
             row = dict(model=model, projection=name, n=n, k=k, rows=rows, tiles_ms=tiles,
                        cublas_ms=cublas, copy_gbs=gbs, current_tile=current,
-                       current=tiles[current], gated_ms=gated)  # fmt: skip
+                       current=tiles[current], gated_ms=gated, fused_ms=fused)  # fmt: skip
             rows_out.append(row)
             print(
                 f"{model:13} {name:8} {n:6}x{k:5} rows {rows}: current {current} "
@@ -109,6 +133,7 @@ def main() -> None:
                 f"({weight_gb / tiles[best] * 1e3:6.0f} GB/s), cuBLAS {cublas * 1e3:7.1f} us; "
                 f"copy {gbs:6.0f} GB/s"
                 + (f"; gated {gated * 1e3:7.1f} us" if gated is not None else "")
+                + (f"; fused {fused * 1e3:7.1f} us" if fused is not None else "")
             )
     if args.out:
         args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows_out}))

@@ -20,7 +20,7 @@ import re
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from ignition.components.linear import _rows_gated_kernel
+from ignition.components.linear import _rows_gated_kernel, _rows_linear_kernel
 from ignition.components.triton_kv_write import _rope_write_kv_kernel
 
 def compile(fn, types, constexprs, **options):
@@ -37,9 +37,16 @@ for has_norm in (True, False):
     # The rotary products are rounded before their sum, never fused with it into a
     # bfloat16 FMA (fp32 FMAs of the sum of squares are no eager rounding skipped).
     print("rope", has_norm, len(k.asm["cubin"]), len(re.findall(r"fma\\.rn\\.bf16", k.asm["ptx"])))
-k = compile(_rows_gated_kernel, ["*bf16"] * 3 + ["i32"] * 6,
-            dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128), num_warps=4, num_stages=4)
-print("gated", len(k.asm["cubin"]), 0)
+for fused in (True, False):
+    k = compile(_rows_linear_kernel, ["*bf16"] * 6 + ["i32"] * 7 + ["fp32"],
+                dict(HAS_BIAS=False, NORM=fused, RESIDUAL=fused, ROW_BLOCK=4096, BLOCK_M=16,
+                     BLOCK_N=32, BLOCK_K=512), num_warps=4, num_stages=4)
+    # The norm's products and the residual's sum are each rounded as eager rounds them.
+    print("linear", fused, len(k.asm["cubin"]), len(re.findall(r"fma\.rn\.bf16", k.asm["ptx"])))
+    k = compile(_rows_gated_kernel, ["*bf16"] * 4 + ["i32"] * 6 + ["fp32"],
+                dict(NORM=fused, ROW_BLOCK=4096, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128),
+                num_warps=4, num_stages=4)
+    print("gated", fused, len(k.asm["cubin"]), len(re.findall(r"fma\.rn\.bf16", k.asm["ptx"])))
 """
 
 
@@ -55,4 +62,7 @@ def test_the_new_kernels_compile_for_sm90() -> None:
     for has_norm in ("True", "False"):
         cubin, fmas = found[("rope", has_norm)]
         assert int(cubin) > 0 and int(fmas) == 0, done.stdout
-    assert int(found[("gated",)][0]) > 0
+    for kernel in ("linear", "gated"):
+        for fused in ("True", "False"):
+            cubin, fmas = found[(kernel, fused)]
+            assert int(cubin) > 0 and int(fmas) == 0, done.stdout

@@ -10,6 +10,7 @@ from bench.rows_linear_bench import launch
 from ignition.components.linear import (
     BLOCK_NS,
     ROWS_TILE,
+    RmsNorm,
     fitted_block_k,
     gated_project,
     project,
@@ -156,6 +157,64 @@ def test_project_uses_cublas_beyond_the_tile() -> None:
     assert torch.allclose(project(x, w), torch.nn.functional.linear(x, w))
 
 
+def _check_fused(device: str, dtype: torch.dtype, n: int, k: int, tolerance: float) -> None:
+    """The norm prologue and the residual epilogue against eager's composition on the
+    same operands (``residual + linear(rms_norm(x))``, and the gated projection of the
+    normalized rows), and each row's result independent of its batch, bitwise."""
+    x, w, b = _operands(device, dtype, n, k)
+    gen = torch.Generator().manual_seed(k)
+    norm = RmsNorm((1 + torch.randn(k, generator=gen) / 4).to(device, dtype), 1e-6)
+    x = x * torch.linspace(0.1, 10, ROWS_TILE, dtype=dtype, device=device)[:, None]
+    residual = torch.randn(ROWS_TILE, n, generator=gen).to(device, dtype)
+    gate_up = torch.cat([w, w.flip(0)])
+    linear = torch.nn.functional.linear
+    cases = (
+        (
+            lambda rows: triton_rows_linear(x[rows], w, b, norm=norm, residual=residual[rows]),
+            residual + linear(norm(x), w, b),
+        ),
+        (lambda rows: triton_rows_linear(x[rows], w, b, norm=norm), linear(norm(x), w, b)),
+        (
+            lambda rows: triton_rows_linear(x[rows], w, None, residual=residual[rows]),
+            residual + linear(x, w),
+        ),
+        (
+            lambda rows: triton_rows_gated(x[rows], gate_up, norm),
+            torch.nn.functional.silu(linear(norm(x), w)) * linear(norm(x), w.flip(0)),
+        ),
+    )
+    for run, reference in cases:
+        full = run(slice(None))
+        error = (full.double() - reference.double()).norm() / reference.double().norm()
+        assert error < tolerance, error
+        for rows in (1, 3):
+            for start in (0, 7):
+                part = run(slice(start, start + rows))
+                assert torch.equal(part, full[start : start + rows])
+
+
+# fp32: the norm's statistic and the projections in another order than eager's only.
+@pytest.mark.parametrize(("n", "k"), [(64, 128), (40, 200)])
+def test_norm_prologue_and_residual_epilogue_interpreted(n: int, k: int) -> None:
+    _check_fused("cpu", torch.float32, n, k, 1e-5)
+
+
+def test_project_fuses_the_norm_and_residual_only_for_decode_rows() -> None:
+    x, w, b = _operands("cpu", torch.float32, 24, 40)
+    norm = RmsNorm(torch.rand(40) + 0.5, 1e-5)
+    residual = torch.randn(ROWS_TILE, 24)
+    for rows in (ROWS_TILE, ROWS_TILE + 1):  # the fused kernel, then eager
+        many = torch.cat([x, x])[:rows].view(1, rows, -1)
+        extra = torch.cat([residual, residual])[:rows].view(1, rows, -1)
+        got = project(many, w, b, norm=norm, residual=extra)
+        expected = extra + torch.nn.functional.linear(norm(many), w, b)
+        torch.testing.assert_close(got, expected)
+    with pytest.raises(ValueError, match="gain"):
+        triton_rows_linear(x, w, b, norm=RmsNorm(torch.ones(39), 1e-5))
+    with pytest.raises(ValueError, match="residual"):
+        triton_rows_linear(x, w, b, residual=residual[:, :23])
+
+
 # bf16 operands, fp32 accumulation, one bf16 rounding of the output: ~4e-3 relative.
 @pytest.mark.gpu
 @pytest.mark.parametrize(("n", "k"), [(960, 576), (49152, 576), (4096, 4096), (12288, 4096)])
@@ -168,6 +227,14 @@ def test_rows_linear_on_gpu(n: int, k: int) -> None:
 @pytest.mark.parametrize(("n", "k"), [(1536, 576), (12288, 4096)])
 def test_rows_gated_on_gpu(n: int, k: int) -> None:
     _check_gated("cuda", torch.bfloat16, n, k, 8e-3)
+
+
+# bf16: the kernel rounds where eager rounds, so it departs from eager's composition
+# only where the norm's statistic or a projection's sum rounds differently.
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n", "k"), [(576, 576), (4096, 4096)])
+def test_norm_prologue_and_residual_epilogue_on_gpu(n: int, k: int) -> None:
+    _check_fused("cuda", torch.bfloat16, n, k, 8e-3)
 
 
 # A decode step reads each MLP weight once; copying those bytes also writes them, so

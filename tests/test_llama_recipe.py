@@ -47,6 +47,10 @@ def test_construction_on_meta_covers_every_tensor(checkpoint: Path) -> None:
     check_coverage(source, model.mapping)
     assert all(t.is_meta for t in model.mapping.placements.values())
     assert set(model.mapping.placements) == set(source.tensors())
+    # Every decoder layer has the fused decode path; its canonical forward stays next.
+    for layer in model.model.model.layers:
+        mro = type(layer).__mro__
+        assert mro[1] is llama.DecodeFusedLayer and mro[2].__name__.endswith("DecoderLayer")
 
 
 def test_unmapped_and_missing_tensors_fail_with_their_names(tmp_path: Path) -> None:

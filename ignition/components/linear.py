@@ -24,12 +24,19 @@ in order by a second kernel) was measured against these tiles and never won (the
 bench of ``bench/results/issue5/2026-11-30e-two-gpus/``), so it is gone. The gated
 variant (``triton_rows_gated``) streams a packed gate/up weight on the same tiles and
 applies SiLU and the product in its epilogue: the decode MLP's first half in one kernel.
+
+Both kernels can take a decoder layer's RMSNorm in their prologue (each program first
+computes its rows' statistic, then normalizes each x tile as it loads it, with eager's
+roundings), and the plain one the residual addition in its epilogue, so a decode
+layer is four projections with no norm or addition kernels between them
+(``recipes.llama.DecodeFusedLayer``).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -56,20 +63,52 @@ INTERPRETER_SMS = 1
 
 
 @triton.jit
+def _inv_rms(x_ptr, M, K, stride_xm, eps, BLOCK_M: tl.constexpr, ROW_BLOCK: tl.constexpr):
+    """fp32 ``1 / sqrt(mean(x**2) + eps)`` of x's first ``M`` rows as a ``[BLOCK_M]``
+    vector (0 beyond): every row by the same loop, so its statistic never depends on
+    its batch."""
+    rm = tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, ROW_BLOCK)
+    inv = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for m in range(0, M):
+        squares = tl.zeros((ROW_BLOCK,), dtype=tl.float32)
+        for k0 in range(0, K, ROW_BLOCK):
+            kk = k0 + rk
+            v = tl.load(x_ptr + m * stride_xm + kk, mask=kk < K, other=0.0).to(tl.float32)
+            squares += v * v
+        variance = tl.sum(squares, axis=0) / K
+        inv = tl.where(rm == m, 1.0 / tl.sqrt(variance + eps), inv)
+    return inv
+
+
+@triton.jit
+def _normed(x, inv, g_ptr, kk, K):
+    """x's tile through the canonical RMSNorm's roundings: ``x * inv`` rounded to x's
+    dtype, then times the gain ``g``, rounded again."""
+    g = tl.load(g_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+    scaled = (x.to(tl.float32) * inv[:, None]).to(x.dtype)
+    return (scaled.to(tl.float32) * g[None, :]).to(x.dtype)
+
+
+@triton.jit
 def _rows_dot(
     x_ptr,
     w_ptr,
+    g_ptr,
+    inv,
     M,
     N,
     K,
     stride_xm,
     stride_wn,
     rn,
+    NORM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """fp32 ``x @ w[rn].T`` for the tile's ``BLOCK_M`` rows."""
+    """fp32 ``x @ w[rn].T`` for the tile's ``BLOCK_M`` rows; with ``NORM``, x's rows
+    are first normalized (``inv``: their statistic, ``g_ptr``: the gain)."""
     rm = tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -77,6 +116,8 @@ def _rows_dot(
         kk = k0 + rk
         x_mask = (rm[:, None] < M) & (kk[None, :] < K)
         x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=x_mask, other=0.0)
+        if NORM:
+            x = _normed(x, inv, g_ptr, kk, K)
         w = tl.load(
             w_ptr + rn[:, None] * stride_wn + kk[None, :],
             mask=(rn[:, None] < N) & (kk[None, :] < K),
@@ -87,16 +128,33 @@ def _rows_dot(
 
 
 @triton.jit
-def _store_rows(acc, b_ptr, y_ptr, M, N, stride_ym, rm, rn, HAS_BIAS: tl.constexpr):
-    """The output tile: fp32 ``acc`` plus the bias, rounded once to y's dtype."""
+def _store_rows(
+    acc,
+    b_ptr,
+    r_ptr,
+    y_ptr,
+    M,
+    N,
+    stride_rm,
+    stride_ym,
+    rm,
+    rn,
+    HAS_BIAS: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+):
+    """The output tile: fp32 ``acc`` plus the bias, rounded once to y's dtype; with
+    ``RESIDUAL``, then added to the residual's tile and rounded again (eager's
+    ``residual + linear(x)``)."""
+    dtype = y_ptr.dtype.element_ty
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
     if HAS_BIAS:
         bias = tl.load(b_ptr + rn, mask=rn < N, other=0.0)
         acc += bias.to(tl.float32)[None, :]
-    tl.store(
-        y_ptr + rm[:, None] * stride_ym + rn[None, :],
-        acc.to(y_ptr.dtype.element_ty),
-        mask=(rm[:, None] < M) & (rn[None, :] < N),
-    )
+    out = acc.to(dtype)
+    if RESIDUAL:
+        residual = tl.load(r_ptr + rm[:, None] * stride_rm + rn[None, :], mask=mask, other=0.0)
+        out = (residual.to(tl.float32) + out.to(tl.float32)).to(dtype)
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], out, mask=mask)
 
 
 @triton.jit
@@ -104,29 +162,45 @@ def _rows_linear_kernel(
     x_ptr,
     w_ptr,
     b_ptr,
+    g_ptr,
+    r_ptr,
     y_ptr,
     M,
     N,
     K,
     stride_xm,
     stride_wn,
+    stride_rm,
     stride_ym,
+    eps,
     HAS_BIAS: tl.constexpr,
+    NORM: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    ROW_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
+    """``residual + linear(rms_norm(x))``, each part optional (``NORM``: gain
+    ``g_ptr`` and ``eps``; ``RESIDUAL``: ``r_ptr``)."""
     pid = tl.program_id(0)
     rm = tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = _rows_dot(x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, rn, BLOCK_M, BLOCK_N, BLOCK_K)
-    _store_rows(acc, b_ptr, y_ptr, M, N, stride_ym, rm, rn, HAS_BIAS)
+    inv = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if NORM:
+        inv = _inv_rms(x_ptr, M, K, stride_xm, eps, BLOCK_M, ROW_BLOCK)
+    acc = _rows_dot(
+        x_ptr, w_ptr, g_ptr, inv, M, N, K, stride_xm, stride_wn, rn, NORM, BLOCK_M, BLOCK_N,
+        BLOCK_K,
+    )  # fmt: skip
+    _store_rows(acc, b_ptr, r_ptr, y_ptr, M, N, stride_rm, stride_ym, rm, rn, HAS_BIAS, RESIDUAL)
 
 
 @triton.jit
 def _rows_gated_kernel(
     x_ptr,
     w_ptr,
+    g_ptr,
     y_ptr,
     M,
     N,
@@ -134,17 +208,24 @@ def _rows_gated_kernel(
     stride_xm,
     stride_wn,
     stride_ym,
+    eps,
+    NORM: tl.constexpr,
+    ROW_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     """``silu(gate) * up`` of columns ``rn`` for the packed weight ``w [2N, K]``
     (gate rows, then up rows): both tiles stream in one K loop, each projection is
-    rounded to y's dtype, then the activation, then the product (eager rounding)."""
+    rounded to y's dtype, then the activation, then the product (eager rounding).
+    With ``NORM``, x's rows are first normalized (gain ``g_ptr``, ``eps``)."""
     pid = tl.program_id(0)
     rm = tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
+    inv = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if NORM:
+        inv = _inv_rms(x_ptr, M, K, stride_xm, eps, BLOCK_M, ROW_BLOCK)
     gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -154,6 +235,8 @@ def _rows_gated_kernel(
             mask=(rm[:, None] < M) & (kk[None, :] < K),
             other=0.0,
         )
+        if NORM:
+            x = _normed(x, inv, g_ptr, kk, K)
         w_mask = (rn[:, None] < N) & (kk[None, :] < K)
         w_gate = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=w_mask, other=0.0)
         w_up = tl.load(w_ptr + (N + rn[:, None]) * stride_wn + kk[None, :], mask=w_mask, other=0.0)
@@ -212,117 +295,239 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+class RmsNorm(NamedTuple):
+    """A canonical RMSNorm (Llama's, Qwen3's): the fp32 statistic, the normalized
+    vector rounded to the input's dtype, times the gain ``weight``. Calling it runs
+    that arithmetic eagerly (the reference the kernels' prologue reproduces)."""
+
+    weight: torch.Tensor
+    eps: float
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        f = x.float()
+        normalized = f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normalized.to(x.dtype)
+
+
+def _row_block(k: int) -> int:
+    """The prologue's statistic loads a row in chunks of at most 4096 columns."""
+    return min(triton.next_power_of_2(k), 4096)
+
+
+def _check_rows(x: torch.Tensor, k: int, norm: RmsNorm | None) -> None:
+    if x.shape[0] > ROWS_TILE:
+        raise ValueError(f"{x.shape[0]} rows exceed the batch-invariant tile of {ROWS_TILE}")
+    if x.shape[1] != k:
+        raise ValueError(f"x has {x.shape[1]} columns for a weight of {k}")
+    if norm is not None and (norm.weight.shape != (k,) or norm.weight.dtype != x.dtype):
+        raise ValueError(
+            f"the norm's gain is {norm.weight.dtype} {tuple(norm.weight.shape)}; "
+            f"x is {x.dtype} with {k} columns"
+        )
+
+
 def triton_rows_linear(
     x: torch.Tensor,
     w: torch.Tensor,
     b: torch.Tensor | None,
     width: int | None = None,
     block_k: int | None = None,
+    norm: RmsNorm | None = None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``x @ w.T + b`` for x [rows <= ROWS_TILE, K]; batch-invariant per row.
+    """``residual + rms_norm(x) @ w.T + b`` (norm and residual optional, each rounded
+    as eager rounds it) for x [rows <= ROWS_TILE, K]; batch-invariant per row.
     ``width`` and ``block_k``: the tile (default ``tile_shape`` of the weight and
     device); ``bench/rows_linear_bench.py`` times others against it."""
     rows = x.shape[0]
     n, k = w.shape
-    if rows > ROWS_TILE:
-        raise ValueError(f"{rows} rows exceed the batch-invariant tile of {ROWS_TILE}")
-    if x.shape[1] != k:
-        raise ValueError(f"x has {x.shape[1]} columns for a weight of {k}")
+    _check_rows(x, k, norm)
+    if residual is not None and residual.shape != (rows, n):
+        raise ValueError(f"the residual is {tuple(residual.shape)}, the output {(rows, n)}")
     default_width, default_k = tile_shape(n, k, _sm_count(x.device), w.element_size())
     width = width or default_width
     # A width other than the default keeps the default's K step where it fits.
     block_k = block_k or fitted_block_k(default_k, k, width, w.element_size())
     x = x.contiguous()
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    bias = b if b is not None else w
+    res = y if residual is None else residual.contiguous()
     _rows_linear_kernel[(triton.cdiv(n, width),)](
-        x, w, bias, y, rows, n, k, x.stride(0), w.stride(0), y.stride(0),
-        HAS_BIAS=b is not None, BLOCK_M=ROWS_TILE, BLOCK_N=width, BLOCK_K=block_k,
+        x, w, w if b is None else b, w if norm is None else norm.weight, res, y, rows, n, k,
+        x.stride(0), w.stride(0), res.stride(0), y.stride(0), 0.0 if norm is None else norm.eps,
+        HAS_BIAS=b is not None, NORM=norm is not None, RESIDUAL=residual is not None,
+        ROW_BLOCK=_row_block(k), BLOCK_M=ROWS_TILE, BLOCK_N=width, BLOCK_K=block_k,
         num_warps=4, num_stages=STAGES,
     )  # fmt: skip
     return y
 
 
-def triton_rows_gated(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
-    """``silu(x @ gate.T) * (x @ up.T)`` for x [rows <= ROWS_TILE, K] and the packed
-    ``gate_up [2 * intermediate, K]``, in one kernel; batch-invariant per row. The
-    tile is the packed weight's (``tile_shape``): each program streams half its width
-    of gate rows and the same columns' up rows, so the weight bytes in flight are the
-    unfused projection's."""
+def triton_rows_gated(
+    x: torch.Tensor, gate_up: torch.Tensor, norm: RmsNorm | None = None
+) -> torch.Tensor:
+    """``silu(x @ gate.T) * (x @ up.T)`` for x [rows <= ROWS_TILE, K] (normalized first
+    by ``norm``, as eager rounds it) and the packed ``gate_up [2 * intermediate, K]``,
+    in one kernel; batch-invariant per row. The tile is the packed weight's
+    (``tile_shape``): each program streams half its width of gate rows and the same
+    columns' up rows, so the weight bytes in flight are the unfused projection's."""
     rows, k = x.shape
     n2 = gate_up.shape[0]
-    if rows > ROWS_TILE:
-        raise ValueError(f"{rows} rows exceed the batch-invariant tile of {ROWS_TILE}")
-    if gate_up.shape[1] != k or n2 % 2:
+    _check_rows(x, gate_up.shape[1], norm)
+    if n2 % 2:
         raise ValueError(f"gate_up {tuple(gate_up.shape)} is not a packed pair over {k} columns")
     width, block_k = tile_shape(n2, k, _sm_count(x.device), gate_up.element_size())
     n = n2 // 2
     x = x.contiguous()
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     _rows_gated_kernel[(triton.cdiv(n, width // 2),)](
-        x, gate_up, y, rows, n, k, x.stride(0), gate_up.stride(0), y.stride(0),
-        BLOCK_M=ROWS_TILE, BLOCK_N=width // 2, BLOCK_K=block_k, num_warps=4, num_stages=STAGES,
+        x, gate_up, gate_up if norm is None else norm.weight, y, rows, n, k, x.stride(0),
+        gate_up.stride(0), y.stride(0), 0.0 if norm is None else norm.eps,
+        NORM=norm is not None, ROW_BLOCK=_row_block(k), BLOCK_M=ROWS_TILE,
+        BLOCK_N=width // 2, BLOCK_K=block_k, num_warps=4, num_stages=STAGES,
     )  # fmt: skip
     return y
 
 
-@torch.library.custom_op("flare::rows_gated", mutates_args=())
-def rows_gated(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
-    """Batch-invariant gated activation of a few rows (torch reference on the CPU)."""
-    if isinstance(_rows_gated_kernel, InterpretedFunction):
-        return triton_rows_gated(x, gate_up)
-    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
+def _norm(weight: torch.Tensor | None, eps: float) -> RmsNorm | None:
+    return None if weight is None else RmsNorm(weight, eps)
+
+
+def _eager_gated(x: torch.Tensor, gate_up: torch.Tensor, norm: RmsNorm | None) -> torch.Tensor:
+    gate, up = F.linear(x if norm is None else norm(x), gate_up).chunk(2, dim=-1)
     return F.silu(gate) * up
 
 
+def _eager_linear(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    norm: RmsNorm | None,
+    residual: torch.Tensor | None,
+) -> torch.Tensor:
+    y = F.linear(x if norm is None else norm(x), w, b)
+    return y if residual is None else residual + y
+
+
+# The custom ops take the norm as its gain and epsilon (an op's schema holds tensors
+# and scalars), defaulting to none.
+@torch.library.custom_op("flare::rows_gated", mutates_args=())
+def rows_gated(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float = 0.0,
+) -> torch.Tensor:
+    """Batch-invariant gated activation of a few rows (torch reference on the CPU)."""
+    if isinstance(_rows_gated_kernel, InterpretedFunction):
+        return triton_rows_gated(x, gate_up, _norm(norm_weight, norm_eps))
+    return _eager_gated(x, gate_up, _norm(norm_weight, norm_eps))
+
+
 @rows_gated.register_kernel("cuda")
-def _rows_gated_cuda(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
-    return triton_rows_gated(x, gate_up)
+def _rows_gated_cuda(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float = 0.0,
+) -> torch.Tensor:
+    return triton_rows_gated(x, gate_up, _norm(norm_weight, norm_eps))
 
 
 @rows_gated.register_fake
-def _rows_gated_fake(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
+def _rows_gated_fake(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float = 0.0,
+) -> torch.Tensor:
     return x.new_empty(x.shape[0], gate_up.shape[0] // 2)
 
 
 @torch.library.custom_op("flare::rows_linear", mutates_args=())
-def rows_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+def rows_linear(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Batch-invariant projection of a few rows (torch reference on the CPU)."""
+    norm = _norm(norm_weight, norm_eps)
     if isinstance(_rows_linear_kernel, InterpretedFunction):
-        return triton_rows_linear(x, w, b)
-    return F.linear(x, w, b)
+        return triton_rows_linear(x, w, b, norm=norm, residual=residual)
+    return _eager_linear(x, w, b, norm, residual)
 
 
 @rows_linear.register_kernel("cuda")
-def _rows_linear_cuda(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    return triton_rows_linear(x, w, b)
+def _rows_linear_cuda(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    return triton_rows_linear(x, w, b, norm=_norm(norm_weight, norm_eps), residual=residual)
 
 
 @rows_linear.register_fake
-def _rows_linear_fake(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+def _rows_linear_fake(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
     return x.new_empty(x.shape[0], w.shape[0])
 
 
+def _rows(x: torch.Tensor) -> int:
+    return x.numel() // x.shape[-1]
+
+
 def project(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    norm: RmsNorm | None = None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """A projection over the last dimension, batch-invariant when it has few rows."""
-    rows = x.numel() // x.shape[-1]
+    """``residual + linear(norm(x))`` over the last dimension (norm and residual
+    optional), batch-invariant in one kernel when it has few rows."""
+    rows = _rows(x)
     if rows > ROWS_TILE:
-        return F.linear(x, weight, bias)
-    flat = rows_linear(x.reshape(rows, x.shape[-1]), weight, bias)
-    return flat.view(*x.shape[:-1], weight.shape[0])
+        return _eager_linear(x, weight, bias, norm, residual)
+    out_shape = (*x.shape[:-1], weight.shape[0])
+    flat = rows_linear(
+        x.reshape(rows, x.shape[-1]),
+        weight,
+        bias,
+        None if norm is None else norm.weight,
+        0.0 if norm is None else norm.eps,
+        None if residual is None else residual.reshape(rows, weight.shape[0]),
+    )
+    return flat.view(out_shape)
 
 
 def gated_project(
-    x: torch.Tensor, gate_up: torch.Tensor, act_fn: Callable[[torch.Tensor], torch.Tensor]
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    act_fn: Callable[[torch.Tensor], torch.Tensor],
+    norm: RmsNorm | None = None,
 ) -> torch.Tensor:
     """``act_fn(gate) * up`` of the packed ``gate_up`` projection over the last
-    dimension. Few rows: one batch-invariant kernel, whose activation is SiLU (the
-    caller's ``act_fn`` must be); more: cuBLAS, then ``act_fn`` and the product."""
-    rows = x.numel() // x.shape[-1]
+    dimension, of ``norm(x)`` when a norm is given. Few rows: one batch-invariant
+    kernel, whose activation is SiLU (the caller's ``act_fn`` must be); more: cuBLAS,
+    then ``act_fn`` and the product."""
+    rows = _rows(x)
     if rows > ROWS_TILE:
-        gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
+        gate, up = F.linear(x if norm is None else norm(x), gate_up).chunk(2, dim=-1)
         return act_fn(gate) * up
-    flat = rows_gated(x.reshape(rows, x.shape[-1]), gate_up)
+    flat = rows_gated(
+        x.reshape(rows, x.shape[-1]),
+        gate_up,
+        None if norm is None else norm.weight,
+        0.0 if norm is None else norm.eps,
+    )
     return flat.view(*x.shape[:-1], gate_up.shape[0] // 2)
