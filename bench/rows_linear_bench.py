@@ -65,7 +65,7 @@ def launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, tile: tuple[int, i
     n = w.shape[0]
     return lambda: _rows_linear_kernel[(triton.cdiv(n, block_n),)](
         x, w, w, w, y, y, rows, n, k, x.stride(0), w.stride(0), y.stride(0), y.stride(0), 0.0,
-        HAS_BIAS=False, NORM=False, RESIDUAL=False, ROW_BLOCK=16, BLOCK_M=ROWS_TILE,
+        HAS_BIAS=False, NORM=False, RESIDUAL=False, BLOCK_M=ROWS_TILE,
         BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip

@@ -10,12 +10,14 @@
 #                                                    ENGINE cb), the static-cache generate loop
 #                                                    (static); both without ENGINE
 #   bench/suite_gpu.sh smollm2-floor     OUT         the Python replay floor
-#   bench/suite_gpu.sh smollm2-timeline  OUT         per-kernel timeline of decode at c=1, 4
+#   bench/suite_gpu.sh smollm2-timeline  OUT [FUSION] per-kernel timeline of decode at c=1, 4
+#                                                    (FUSION: a --decode-fusion to prepare with,
+#                                                    over PREPARE_ARGS')
 #   bench/suite_gpu.sh qwen3-8b-prepare  OUT         random Qwen3-8B weights (safetensors), core
 #   bench/suite_gpu.sh qwen3-8b-flare    OUT FLARE
 #   bench/suite_gpu.sh qwen3-8b-baselines OUT [ENGINE]
 #   bench/suite_gpu.sh qwen3-8b-floor    OUT
-#   bench/suite_gpu.sh qwen3-8b-timeline OUT
+#   bench/suite_gpu.sh qwen3-8b-timeline OUT [FUSION]
 #   bench/suite_gpu.sh gpu-tests         OUT         pytest -m gpu (OUT/pytest-gpu.log)
 #   bench/suite_gpu.sh attention-bench   OUT         prefill attention against KV splits and,
 #                                                    on a 64K prompt's chunks, SDPA; the decode
@@ -29,8 +31,9 @@
 # WHEELS, when set, names folders of wheels (space-separated) installed first (the
 # machine has no registry): gguf and flare_heliopause, plus openai's and
 # transformers serve's dependencies for the baselines. PREPARE_ARGS, when set, adds
-# options to `ignition prepare` (for example --no-compile, or --compile-scope=layer:
-# written with `=`, as the floor and the timeline follow it). PORT (default 18080)
+# options to `ignition prepare` (for example --no-compile, --compile-scope=layer or
+# --decode-fusion=norms: written with `=`, as the floor and the timeline follow
+# it). PORT (default 18080)
 # is where launched servers listen: stages on two GPUs of one machine need two.
 # bench/suite_queue.sh runs several stages in a row.
 set -uo pipefail
@@ -161,8 +164,9 @@ as_prepared() {
       floor:--compile-sampling) echo --replay-compile-sampling ;;
       floor:--no-compile-sampling) echo --no-replay-compile-sampling ;;
       floor:--compile-scope=*) echo "--replay-compile-scope=${flag#--compile-scope=}" ;;
+      floor:--decode-fusion=*) echo "--replay-decode-fusion=${flag#--decode-fusion=}" ;;
       timeline:--no-compile | timeline:--compile-sampling | timeline:--no-compile-sampling | \
-        timeline:--compile-scope=*)
+        timeline:--compile-scope=* | timeline:--decode-fusion=*)
         echo "$flag" ;;
     esac
   done
@@ -189,11 +193,13 @@ case $stage in
       2>&1 | tee "$out/python-floor.log"
     ;;
   smollm2-timeline)
-    python3 bench/kernel_timeline.py "$smol" $(as_prepared timeline) --capacities 1 4 --context-limit 8192 \
+    python3 bench/kernel_timeline.py "$smol" $(as_prepared timeline) ${1:+--decode-fusion=$1} \
+      --capacities 1 4 --context-limit 8192 \
       --out "$out/timeline/smollm2.json" --trace-dir "$out/timeline" 2>&1 | tail -20
     ;;
   qwen3-8b-timeline)
-    python3 bench/kernel_timeline.py "$qwen" $(as_prepared timeline) --capacities 1 4 --context-limit 8192 \
+    python3 bench/kernel_timeline.py "$qwen" $(as_prepared timeline) ${1:+--decode-fusion=$1} \
+      --capacities 1 4 --context-limit 8192 \
       --out "$out/timeline/qwen3-8b.json" --trace-dir "$out/timeline" 2>&1 | tail -20
     ;;
   qwen3-8b-prepare)

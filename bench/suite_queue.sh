@@ -4,7 +4,7 @@
 #   bench/suite_queue.sh OUT STAGE[:ARG] ...
 #
 # STAGE[:ARG] is `bench/suite_gpu.sh STAGE OUT/STAGE ARG` (ARG: the stage's GGUF,
-# FLARE or DIR). `await:PATH` waits until PATH exists (at most AWAIT_S seconds,
+# FLARE, DIR, ENGINE or FUSION; a stage that runs again goes to OUT/STAGE-2, -3...). `await:PATH` waits until PATH exists (at most AWAIT_S seconds,
 # default 1200), for inputs that arrive while the queue runs. Every stage leaves
 # OUT/NAME/stage.txt (exit status, start and end, seconds) once it has ended; a
 # failed stage does not stop the queue, since later stages may not need it.
@@ -33,6 +33,8 @@ for item in "$@"; do
     done
   else
     name=$stage
+    again=1
+    while [ -e "$out/$name" ]; do again=$((again + 1)); name=$stage-$again; done
     mkdir -p "$out/$name"
     # shellcheck disable=SC2086 # an empty ARG passes nothing
     bash "$suite" "$stage" "$out/$name" $arg > "$out/$name/stage.log" 2>&1

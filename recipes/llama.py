@@ -12,10 +12,14 @@ decode path:
   function of the canonical arithmetic with the KV write into the 64-token pages in
   one kernel, then paged attention;
 - the MLP becomes ``PackedMLP`` with one gate/up weight;
-- the decoder layer keeps its canonical forward for prefill chunks; decode rows
-  run ``DecodeFusedLayer``'s, which puts each RMSNorm in the prologue of the
-  projection that reads it and each residual addition in the epilogue of the
-  projection that precedes it (same arithmetic and rounding).
+- with ``decode_fusion`` other than "none", the decoder layer keeps its canonical
+  forward for prefill chunks and runs decode rows through ``DecodeFusedLayer``,
+  which puts each residual addition in the epilogue of the projection before it
+  and, with "norms", each RMSNorm in the K loop of the projection that reads it.
+  The default is "none", the fastest measured: fused norms computed row by row
+  before the K loop made the Qwen3-8B decode step 4.51 ms against 4.40 unfused
+  (``bench/results/issue5/2026-11-30f-two-gpus/``); the in-loop form that replaced
+  them, and the residuals alone, await their measurement.
 
 The text-model forward is replaced by ``forward_tokens`` over packed tokens and
 device positions (no Transformers cache object, no host-side masks).
@@ -37,10 +41,10 @@ Operators on SM90, chosen by measurement in the GPU check and fixed here:
   kernels of about 6 us per Qwen3-8B layer at capacity 1.
 - Decode gate/up projection with SiLU and the product: one Flare Triton kernel
   (``ignition.components.linear.triton_rows_gated``), eager rounding.
-- Decode norms and residual additions: inside the projections' kernels
-  (``DecodeFusedLayer``). Prefill's norms, residuals and SiLU, and the final norm:
-  Inductor fusion of the canonical forwards, with eager rounding of fused bf16
-  intermediates (batch invariance).
+- The decoder layers' norms and residuals (unless ``decode_fusion`` moves decode's
+  into the projections), prefill's SiLU, and the final norm: Inductor fusion of the
+  canonical forwards, with eager rounding of fused bf16 intermediates (batch
+  invariance).
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from ignition.components.linear import ROWS_TILE, RmsNorm, gated_project, projec
 from ignition.components.rotary import RotaryTable
 from ignition.loading.mapping import WeightMapping
 from ignition.loading.source import CheckpointError
+from ignition.preparation.compile_flags import DecodeFusion
 
 NAME = "llama"
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM")
@@ -274,19 +279,20 @@ def rms_norm(module: nn.Module) -> RmsNorm:
 
 
 class DecodeFusedLayer(nn.Module):
-    """The canonical decoder layer with decode rows fused: mixed in ahead of the
+    """The canonical decoder layer with its decode rows fused: mixed in ahead of the
     canonical class (``fuse_decode``), it runs chunks of more than ``ROWS_TILE``
-    tokens through the canonical forward, and up to that many as four projections
-    with the norms in their prologues and the residuals in their epilogues, the
-    canonical arithmetic and rounding: ``qkv(input_norm(h))``, attention,
-    ``h + o(attn)``, ``gated(post_norm(h))``, ``h + down(act)``. The norms' and
-    residual additions' own kernels (three per layer, about 6 us of each Qwen3-8B
-    decode layer on the H200) disappear."""
+    tokens through the canonical forward, and up to that many with each residual
+    addition in the epilogue of the projection before it (``h + o(attn)``,
+    ``h + down(act)``, rounded as eager rounds them) and, with ``fuse_norms``, each
+    RMSNorm in the K loop of the projection that reads it (``qkv(input_norm(h))``,
+    ``gated(post_norm(h))``; ``ignition.components.linear`` says how its rounding
+    differs from eager's). Whichever is not fused runs as the canonical module."""
 
     self_attn: PagedAttention
     mlp: PackedMLP
     input_layernorm: nn.Module
     post_attention_layernorm: nn.Module
+    fuse_norms: bool
 
     def forward(
         self,
@@ -302,10 +308,21 @@ class DecodeFusedLayer(nn.Module):
             )
         attn = self.self_attn
         x = hidden_states[0]
-        qkv = project(x, attn.qkv, attn.qkv_bias, norm=rms_norm(self.input_layernorm))
+        operand, norm = self._normalized(self.input_layernorm, x)
+        qkv = project(operand, attn.qkv, attn.qkv_bias, norm=norm)
         out = attn.attend(qkv, position_embeddings, step, kv)
         h = project(out, attn.o_proj.weight, attn.o_proj.bias, residual=x)
-        return self.mlp(h, rms_norm(self.post_attention_layernorm), residual=h).unsqueeze(0)
+        operand, norm = self._normalized(self.post_attention_layernorm, h)
+        return self.mlp(operand, norm, residual=h).unsqueeze(0)
+
+    def _normalized(
+        self, module: nn.Module, x: torch.Tensor
+    ) -> tuple[torch.Tensor, RmsNorm | None]:
+        """The next projection's operand and the norm it applies: ``x`` and the norm
+        when norms are fused, else the norm module's output and none."""
+        if self.fuse_norms:
+            return x, rms_norm(module)
+        return module(x), None
 
 
 @functools.cache
@@ -313,12 +330,16 @@ def _decode_fused(canonical: type[nn.Module]) -> type[nn.Module]:
     return type(f"DecodeFused{canonical.__name__}", (DecodeFusedLayer, canonical), {})
 
 
-def fuse_decode(layer: nn.Module) -> None:
+def fuse_decode(layer: nn.Module, fusion: DecodeFusion) -> None:
     """Gives a canonical decoder layer (its attention and MLP already replaced) the
-    fused decode path of ``DecodeFusedLayer``; its modules, parameters and names stay."""
+    decode path of ``DecodeFusedLayer`` that ``fusion`` names ("none" leaves it
+    canonical); its modules, parameters and names stay."""
+    if fusion == "none":
+        return
     rms_norm(layer.input_layernorm)
     rms_norm(layer.post_attention_layernorm)
     layer.__class__ = _decode_fused(type(layer))
+    layer.fuse_norms = fusion == "norms"
 
 
 def _set_parameter(root: nn.Module, name: str, value: torch.Tensor) -> None:
@@ -336,9 +357,11 @@ class LlamaModel:
         dtype: torch.dtype,
         device: torch.device,
         positions: int | None = None,
+        decode_fusion: DecodeFusion = "none",
     ) -> None:
         """``positions``: the rotary table's length (the context limit; by default
-        ``max_position_embeddings``)."""
+        ``max_position_embeddings``); ``decode_fusion``: what decode layers fuse into
+        their projections (``fuse_decode``)."""
         validate_config(config)
         self.config = config
         self.geometry = g = Geometry.from_config(config)
@@ -382,7 +405,7 @@ class LlamaModel:
                 packed.add(f"{prefix}mlp.{proj}.weight")
             layer.self_attn = PagedAttention(attn, qkv, bias, g)
             layer.mlp = PackedMLP(gate_up, layer.mlp.down_proj, layer.mlp.act_fn)
-            fuse_decode(layer)
+            fuse_decode(layer, decode_fusion)
         for name, param in list(model.named_parameters()):
             if name in packed:
                 continue

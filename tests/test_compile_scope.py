@@ -85,18 +85,23 @@ def test_every_preparing_command_spells_the_compile_options_alike() -> None:
     add_compile_options(parser)
     add_compile_options(parser, "replay-")
     args = parser.parse_args(
-        ["--no-compile", "--compile-sampling", "--replay-compile-scope", "layer"]
-    )
+        ["--no-compile", "--compile-sampling", "--replay-compile-scope", "layer",
+         "--replay-decode-fusion=norms"]
+    )  # fmt: skip
     assert compile_options(args) == {
         "compile": False,
         "compile_scope": "forward",
         "compile_sampling": True,
+        "decode_fusion": "none",
     }
     assert compile_options(args, "replay-") == {
         "compile": True,
         "compile_scope": "layer",
         "compile_sampling": None,
+        "decode_fusion": "norms",
     }
+    with pytest.raises(SystemExit):  # a fusion that does not exist
+        parser.parse_args(["--decode-fusion=all"])
     off = parser.parse_args(["--no-replay-compile-sampling"])
     assert compile_options(off, "replay-")["compile_sampling"] is False
     assert PrepareOptions(**compile_options(off, "replay-")).compile_scope == "forward"

@@ -39,14 +39,14 @@ for has_norm in (True, False):
     print("rope", has_norm, len(k.asm["cubin"]), len(re.findall(r"fma\\.rn\\.bf16", k.asm["ptx"])))
 for fused in (True, False):
     k = compile(_rows_linear_kernel, ["*bf16"] * 6 + ["i32"] * 7 + ["fp32"],
-                dict(HAS_BIAS=False, NORM=fused, RESIDUAL=fused, ROW_BLOCK=4096, BLOCK_M=16,
+                dict(HAS_BIAS=False, NORM=fused, RESIDUAL=fused, BLOCK_M=16,
                      BLOCK_N=32, BLOCK_K=512), num_warps=4, num_stages=4)
     # The norm's products and the residual's sum are each rounded as eager rounds them.
-    print("linear", fused, len(k.asm["cubin"]), len(re.findall(r"fma\.rn\.bf16", k.asm["ptx"])))
+    print("linear", fused, len(k.asm["cubin"]), len(re.findall(r"fma\\.rn\\.bf16", k.asm["ptx"])))
     k = compile(_rows_gated_kernel, ["*bf16"] * 4 + ["i32"] * 6 + ["fp32"],
-                dict(NORM=fused, ROW_BLOCK=4096, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128),
+                dict(NORM=fused, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128),
                 num_warps=4, num_stages=4)
-    print("gated", fused, len(k.asm["cubin"]), len(re.findall(r"fma\.rn\.bf16", k.asm["ptx"])))
+    print("gated", fused, len(k.asm["cubin"]), len(re.findall(r"fma\\.rn\\.bf16", k.asm["ptx"])))
 """
 
 

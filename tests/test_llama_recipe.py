@@ -15,6 +15,7 @@ from ignition.components.kv_cache import PagedKvCache
 from ignition.loading.mapping import check_coverage
 from ignition.loading.safetensors_source import SafetensorsCheckpoint
 from ignition.loading.source import CheckpointError
+from ignition.preparation.compile_flags import DecodeFusion
 from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare
 from ignition.replay.teacher_forcing import compare_logits, teacher_forced_logits
 from recipes import llama
@@ -27,12 +28,13 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     return write_tiny(tmp_path_factory.mktemp(request.param), request.param)
 
 
-def _prepare(path: Path, chunk: int = 128) -> PreparedModel:
+def _prepare(path: Path, chunk: int = 128, decode_fusion: DecodeFusion = "none") -> PreparedModel:
     options = PrepareOptions(
         max_concurrency=4,
         prefill_chunk_size=chunk,
         context_limit=512,
         compile=False,
+        decode_fusion=decode_fusion,
         capture=False,
         device="cpu",
         dtype=torch.float32,
@@ -47,10 +49,18 @@ def test_construction_on_meta_covers_every_tensor(checkpoint: Path) -> None:
     check_coverage(source, model.mapping)
     assert all(t.is_meta for t in model.mapping.placements.values())
     assert set(model.mapping.placements) == set(source.tensors())
-    # Every decoder layer has the fused decode path; its canonical forward stays next.
-    for layer in model.model.model.layers:
-        mro = type(layer).__mro__
-        assert mro[1] is llama.DecodeFusedLayer and mro[2].__name__.endswith("DecoderLayer")
+    for layer in model.model.model.layers:  # canonical by default
+        assert not isinstance(layer, llama.DecodeFusedLayer)
+    for fusion in ("residuals", "norms"):
+        fused = llama.LlamaModel(
+            source.config(), PagedKvCache(torch.empty(0)), torch.bfloat16, meta,
+            decode_fusion=fusion,
+        )  # fmt: skip
+        assert set(fused.mapping.placements) == set(model.mapping.placements)
+        for layer in fused.model.model.layers:  # the fused path ahead of the canonical one
+            mro = type(layer).__mro__
+            assert mro[1] is llama.DecodeFusedLayer and mro[2].__name__.endswith("DecoderLayer")
+            assert layer.fuse_norms == (fusion == "norms")
 
 
 def test_unmapped_and_missing_tensors_fail_with_their_names(tmp_path: Path) -> None:
@@ -95,6 +105,21 @@ def test_teacher_forced_logits_match_transformers(checkpoint: Path, prompt: int)
     tokens = torch.randint(3, 512, (prompt + 70,), generator=generator).tolist()
     actual = teacher_forced_logits(prepared, tokens, prompt)
     reference = _reference_logits(checkpoint, tokens)[prompt - 1 :]
+    result = compare_logits(actual, reference)
+    assert result.relative_l2 < FP32_RELATIVE_L2, result
+    assert result.top10_overlap == 1.0
+
+
+@pytest.mark.parametrize("fusion", ["residuals", "norms"])
+def test_fused_decode_layers_match_transformers(checkpoint: Path, fusion: DecodeFusion) -> None:
+    """Decode steps through the fused layers (residuals, then norms too, in the
+    projections' kernels), across a page boundary, against a full Transformers forward."""
+    prompt = 60
+    tokens = torch.randint(3, 512, (prompt + 40,), generator=torch.Generator().manual_seed(5))
+    actual = teacher_forced_logits(
+        _prepare(checkpoint, decode_fusion=fusion), tokens.tolist(), prompt
+    )
+    reference = _reference_logits(checkpoint, tokens.tolist())[prompt - 1 :]
     result = compare_logits(actual, reference)
     assert result.relative_l2 < FP32_RELATIVE_L2, result
     assert result.top10_overlap == 1.0

@@ -25,11 +25,18 @@ bench of ``bench/results/issue5/2026-11-30e-two-gpus/``), so it is gone. The gat
 variant (``triton_rows_gated``) streams a packed gate/up weight on the same tiles and
 applies SiLU and the product in its epilogue: the decode MLP's first half in one kernel.
 
-Both kernels can take a decoder layer's RMSNorm in their prologue (each program first
-computes its rows' statistic, then normalizes each x tile as it loads it, with eager's
-roundings), and the plain one the residual addition in its epilogue, so a decode
-layer is four projections with no norm or addition kernels between them
-(``recipes.llama.DecodeFusedLayer``).
+Both kernels can take a decoder layer's RMSNorm (``norm``), and the plain one the
+residual addition in its epilogue (``residual``, rounded as eager rounds it), so a
+decode layer can be four projections with no norm or addition kernels between them
+(``recipes.llama.DecodeFusedLayer``). The norm's statistic is a reduction over the
+whole row, which no program has before its K loop ends: computing it first, row by
+row, cost 2.6 us a row in the Qwen3-8B qkv projection (16.4 us plain, 19.3 with one
+row, 27.1 with four; ``bench/results/issue5/2026-11-30f-two-gpus/``). So the kernels
+gather each row's squares in the K loop they already run, feed the dot ``x * gain``
+rounded to x's dtype, and scale the fp32 sums by the inverse RMS at the end: eager
+rounds ``x * inv_rms`` and then the gain product, so the two differ by about one
+rounding of the operand, within the projection's own tolerance, and a row's result
+still never depends on its batch.
 """
 
 from __future__ import annotations
@@ -63,31 +70,22 @@ INTERPRETER_SMS = 1
 
 
 @triton.jit
-def _inv_rms(x_ptr, M, K, stride_xm, eps, BLOCK_M: tl.constexpr, ROW_BLOCK: tl.constexpr):
-    """fp32 ``1 / sqrt(mean(x**2) + eps)`` of x's first ``M`` rows as a ``[BLOCK_M]``
-    vector (0 beyond): every row by the same loop, so its statistic never depends on
-    its batch."""
-    rm = tl.arange(0, BLOCK_M)
-    rk = tl.arange(0, ROW_BLOCK)
-    inv = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for m in range(0, M):
-        squares = tl.zeros((ROW_BLOCK,), dtype=tl.float32)
-        for k0 in range(0, K, ROW_BLOCK):
-            kk = k0 + rk
-            v = tl.load(x_ptr + m * stride_xm + kk, mask=kk < K, other=0.0).to(tl.float32)
-            squares += v * v
-        variance = tl.sum(squares, axis=0) / K
-        inv = tl.where(rm == m, 1.0 / tl.sqrt(variance + eps), inv)
-    return inv
+def _gained(x, g_ptr, kk, K, squares):
+    """One K step of the fused RMSNorm: x's tile times the gain ``g``, rounded to x's
+    dtype (the dot's operand), and ``squares`` [BLOCK_M] plus the tile's row sums of
+    x's squares (fp32). Summed per step, not kept as a tile until the loop ends: a
+    [BLOCK_M, BLOCK_K] fp32 accumulator made the Qwen3-8B qkv and gate/up kernels
+    spill (ptxas, SM90)."""
+    g = tl.load(g_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+    f = x.to(tl.float32)
+    return (f * g[None, :]).to(x.dtype), squares + tl.sum(f * f, axis=1)
 
 
 @triton.jit
-def _normed(x, inv, g_ptr, kk, K):
-    """x's tile through the canonical RMSNorm's roundings: ``x * inv`` rounded to x's
-    dtype, then times the gain ``g``, rounded again."""
-    g = tl.load(g_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-    scaled = (x.to(tl.float32) * inv[:, None]).to(x.dtype)
-    return (scaled.to(tl.float32) * g[None, :]).to(x.dtype)
+def _inv_rms(squares, K, eps):
+    """``[BLOCK_M]`` fp32 ``1 / sqrt(mean(x**2) + eps)`` from the rows' sums of
+    squares; each row's own, so its statistic never depends on its batch."""
+    return 1.0 / tl.sqrt(squares / K + eps)
 
 
 @triton.jit
@@ -95,35 +93,39 @@ def _rows_dot(
     x_ptr,
     w_ptr,
     g_ptr,
-    inv,
     M,
     N,
     K,
     stride_xm,
     stride_wn,
+    eps,
     rn,
     NORM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """fp32 ``x @ w[rn].T`` for the tile's ``BLOCK_M`` rows; with ``NORM``, x's rows
-    are first normalized (``inv``: their statistic, ``g_ptr``: the gain)."""
+    """fp32 ``x @ w[rn].T`` for the tile's ``BLOCK_M`` rows; with ``NORM``,
+    ``rms_norm(x) @ w[rn].T`` as ``(x * g) @ w[rn].T`` scaled by each row's inverse
+    RMS (gain ``g_ptr``, ``eps``), the statistic gathered in the same K loop."""
     rm = tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         x_mask = (rm[:, None] < M) & (kk[None, :] < K)
         x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=x_mask, other=0.0)
         if NORM:
-            x = _normed(x, inv, g_ptr, kk, K)
+            x, squares = _gained(x, g_ptr, kk, K, squares)
         w = tl.load(
             w_ptr + rn[:, None] * stride_wn + kk[None, :],
             mask=(rn[:, None] < N) & (kk[None, :] < K),
             other=0.0,
         )
         acc = tl.dot(x, tl.trans(w), acc)
+    if NORM:
+        acc *= _inv_rms(squares, K, eps)[:, None]
     return acc
 
 
@@ -176,7 +178,6 @@ def _rows_linear_kernel(
     HAS_BIAS: tl.constexpr,
     NORM: tl.constexpr,
     RESIDUAL: tl.constexpr,
-    ROW_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -186,11 +187,8 @@ def _rows_linear_kernel(
     pid = tl.program_id(0)
     rm = tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    inv = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if NORM:
-        inv = _inv_rms(x_ptr, M, K, stride_xm, eps, BLOCK_M, ROW_BLOCK)
     acc = _rows_dot(
-        x_ptr, w_ptr, g_ptr, inv, M, N, K, stride_xm, stride_wn, rn, NORM, BLOCK_M, BLOCK_N,
+        x_ptr, w_ptr, g_ptr, M, N, K, stride_xm, stride_wn, eps, rn, NORM, BLOCK_M, BLOCK_N,
         BLOCK_K,
     )  # fmt: skip
     _store_rows(acc, b_ptr, r_ptr, y_ptr, M, N, stride_rm, stride_ym, rm, rn, HAS_BIAS, RESIDUAL)
@@ -210,7 +208,6 @@ def _rows_gated_kernel(
     stride_ym,
     eps,
     NORM: tl.constexpr,
-    ROW_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -218,16 +215,14 @@ def _rows_gated_kernel(
     """``silu(gate) * up`` of columns ``rn`` for the packed weight ``w [2N, K]``
     (gate rows, then up rows): both tiles stream in one K loop, each projection is
     rounded to y's dtype, then the activation, then the product (eager rounding).
-    With ``NORM``, x's rows are first normalized (gain ``g_ptr``, ``eps``)."""
+    With ``NORM``, of x's rows normalized (gain ``g_ptr``, ``eps``; as ``_rows_dot``)."""
     pid = tl.program_id(0)
     rm = tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
-    inv = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if NORM:
-        inv = _inv_rms(x_ptr, M, K, stride_xm, eps, BLOCK_M, ROW_BLOCK)
     gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         x = tl.load(
@@ -236,12 +231,16 @@ def _rows_gated_kernel(
             other=0.0,
         )
         if NORM:
-            x = _normed(x, inv, g_ptr, kk, K)
+            x, squares = _gained(x, g_ptr, kk, K, squares)
         w_mask = (rn[:, None] < N) & (kk[None, :] < K)
         w_gate = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=w_mask, other=0.0)
         w_up = tl.load(w_ptr + (N + rn[:, None]) * stride_wn + kk[None, :], mask=w_mask, other=0.0)
         gate = tl.dot(x, tl.trans(w_gate), gate)
         up = tl.dot(x, tl.trans(w_up), up)
+    if NORM:
+        inv = _inv_rms(squares, K, eps)[:, None]
+        gate *= inv
+        up *= inv
     dtype = y_ptr.dtype.element_ty
     g = gate.to(dtype).to(tl.float32)
     act = (g * tl.sigmoid(g)).to(dtype).to(tl.float32)
@@ -298,7 +297,7 @@ def _sm_count(device: torch.device) -> int:
 class RmsNorm(NamedTuple):
     """A canonical RMSNorm (Llama's, Qwen3's): the fp32 statistic, the normalized
     vector rounded to the input's dtype, times the gain ``weight``. Calling it runs
-    that arithmetic eagerly (the reference the kernels' prologue reproduces)."""
+    that arithmetic eagerly (the reference of the kernels' fused norm)."""
 
     weight: torch.Tensor
     eps: float
@@ -307,11 +306,6 @@ class RmsNorm(NamedTuple):
         f = x.float()
         normalized = f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * normalized.to(x.dtype)
-
-
-def _row_block(k: int) -> int:
-    """The prologue's statistic loads a row in chunks of at most 4096 columns."""
-    return min(triton.next_power_of_2(k), 4096)
 
 
 def _check_rows(x: torch.Tensor, k: int, norm: RmsNorm | None) -> None:
@@ -335,8 +329,9 @@ def triton_rows_linear(
     norm: RmsNorm | None = None,
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``residual + rms_norm(x) @ w.T + b`` (norm and residual optional, each rounded
-    as eager rounds it) for x [rows <= ROWS_TILE, K]; batch-invariant per row.
+    """``residual + rms_norm(x) @ w.T + b`` (norm and residual optional; the norm
+    scales the sums, see the module's docstring) for x [rows <= ROWS_TILE, K];
+    batch-invariant per row.
     ``width`` and ``block_k``: the tile (default ``tile_shape`` of the weight and
     device); ``bench/rows_linear_bench.py`` times others against it."""
     rows = x.shape[0]
@@ -355,7 +350,7 @@ def triton_rows_linear(
         x, w, w if b is None else b, w if norm is None else norm.weight, res, y, rows, n, k,
         x.stride(0), w.stride(0), res.stride(0), y.stride(0), 0.0 if norm is None else norm.eps,
         HAS_BIAS=b is not None, NORM=norm is not None, RESIDUAL=residual is not None,
-        ROW_BLOCK=_row_block(k), BLOCK_M=ROWS_TILE, BLOCK_N=width, BLOCK_K=block_k,
+        BLOCK_M=ROWS_TILE, BLOCK_N=width, BLOCK_K=block_k,
         num_warps=4, num_stages=STAGES,
     )  # fmt: skip
     return y
@@ -364,8 +359,8 @@ def triton_rows_linear(
 def triton_rows_gated(
     x: torch.Tensor, gate_up: torch.Tensor, norm: RmsNorm | None = None
 ) -> torch.Tensor:
-    """``silu(x @ gate.T) * (x @ up.T)`` for x [rows <= ROWS_TILE, K] (normalized first
-    by ``norm``, as eager rounds it) and the packed ``gate_up [2 * intermediate, K]``,
+    """``silu(x @ gate.T) * (x @ up.T)`` for x [rows <= ROWS_TILE, K] (normalized by
+    ``norm`` when given) and the packed ``gate_up [2 * intermediate, K]``,
     in one kernel; batch-invariant per row. The tile is the packed weight's
     (``tile_shape``): each program streams half its width of gate rows and the same
     columns' up rows, so the weight bytes in flight are the unfused projection's."""
@@ -381,7 +376,7 @@ def triton_rows_gated(
     _rows_gated_kernel[(triton.cdiv(n, width // 2),)](
         x, gate_up, gate_up if norm is None else norm.weight, y, rows, n, k, x.stride(0),
         gate_up.stride(0), y.stride(0), 0.0 if norm is None else norm.eps,
-        NORM=norm is not None, ROW_BLOCK=_row_block(k), BLOCK_M=ROWS_TILE,
+        NORM=norm is not None, BLOCK_M=ROWS_TILE,
         BLOCK_N=width // 2, BLOCK_K=block_k, num_warps=4, num_stages=STAGES,
     )  # fmt: skip
     return y

@@ -10,11 +10,16 @@ from typing import Any, Literal, get_args
 # What one compiled region holds: a whole forward, or each decoder layer.
 CompileScope = Literal["forward", "layer"]
 COMPILE_SCOPES: tuple[str, ...] = get_args(CompileScope)
+# What a decode layer fuses into its projections' kernels: nothing (the canonical
+# forward, compiled), the residual additions (epilogues of o and down), or those and
+# the RMSNorms (qkv's and gate/up's K loops).
+DecodeFusion = Literal["none", "residuals", "norms"]
+DECODE_FUSIONS: tuple[str, ...] = get_args(DecodeFusion)
 
 
 def add_compile_options(parser: argparse.ArgumentParser, prefix: str = "") -> None:
-    """``--{prefix}no-compile``, ``--{prefix}compile-scope`` and
-    ``--[no-]{prefix}compile-sampling``."""
+    """``--{prefix}no-compile``, ``--{prefix}compile-scope``,
+    ``--[no-]{prefix}compile-sampling`` and ``--{prefix}decode-fusion``."""
     parser.add_argument(
         f"--{prefix}no-compile", action="store_true", help="skip torch.compile of the forwards"
     )
@@ -33,6 +38,14 @@ def add_compile_options(parser: argparse.ArgumentParser, prefix: str = "") -> No
         help="compile the sampler and commit (default: as the forwards; it is small, and "
         "run eagerly it adds a few hundred kernels to every step)",
     )
+    parser.add_argument(
+        f"--{prefix}decode-fusion",
+        choices=DECODE_FUSIONS,
+        default="none",
+        help="what decode layers fuse into their projections' kernels: none (default: the "
+        "canonical layer, compiled; the fastest measured), the residual additions, or "
+        "those and the RMSNorms",
+    )
 
 
 def compile_options(args: argparse.Namespace, prefix: str = "") -> dict[str, Any]:
@@ -42,4 +55,5 @@ def compile_options(args: argparse.Namespace, prefix: str = "") -> dict[str, Any
         "compile": not getattr(args, f"{name}no_compile"),
         "compile_scope": getattr(args, f"{name}compile_scope"),
         "compile_sampling": getattr(args, f"{name}compile_sampling"),
+        "decode_fusion": getattr(args, f"{name}decode_fusion"),
     }

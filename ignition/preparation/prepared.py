@@ -24,7 +24,7 @@ from ignition.loading.mapping import load_weights
 from ignition.loading.open import open_checkpoint
 from ignition.loading.source import CheckpointError
 from ignition.preparation.catalog import Catalog, GraphKey
-from ignition.preparation.compile_flags import CompileScope
+from ignition.preparation.compile_flags import CompileScope, DecodeFusion
 from ignition.preparation.memory import GIB, MemoryReport, plan_kv_pages
 from ignition.preparation.placement import DefaultPlacement, Placement
 from ignition.preparation.progress import console, phase
@@ -62,6 +62,8 @@ class PrepareOptions:
     # Compile the sampler and commit (small, independent of the model's size); None:
     # as ``compile``.
     compile_sampling: bool | None = None
+    # What decode layers fuse into their projections (``compile_flags.DecodeFusion``).
+    decode_fusion: DecodeFusion = "none"
     capture: bool = True
     # Keep each captured cudaGraph_t (an export walks them); they instantiate on use.
     keep_graphs: bool = False
@@ -208,7 +210,14 @@ def prepare(
 
     cache = PagedKvCache(torch.empty(0, device=device))
     with placement.region("weights"):
-        model = llama.LlamaModel(config, cache, options.dtype, device, positions=context_limit)
+        model = llama.LlamaModel(
+            config,
+            cache,
+            options.dtype,
+            device,
+            positions=context_limit,
+            decode_fusion=options.decode_fusion,
+        )
         with phase("loading weights", len(model.mapping.placements)) as advance:
             load_weights(source, model.mapping, advance)
     timings["load_s"] = time.perf_counter() - t0
