@@ -16,6 +16,7 @@
 //! EOS and length limits are enforced from device state; [`Frontend`] exposes
 //! the core's EOS ids for the request state.
 
+mod byte_level;
 mod detokenizer;
 mod encode_cache;
 mod error;

@@ -4,6 +4,7 @@ use std::str::FromStr;
 
 use tokenizers::processors::PostProcessorWrapper;
 
+use super::byte_level::ByteLevelRoad;
 use super::offsets::byte_spans;
 use super::FrontendError;
 
@@ -30,6 +31,9 @@ pub struct Tokenizer {
     byte_tokens: Vec<u32>,
     /// Ids of the added tokens marked special, sorted.
     special_tokens: Vec<u32>,
+    /// The byte-level fast road of [`Self::encode`], for a tokenizer of its
+    /// shape.
+    byte_level: Option<ByteLevelRoad>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -63,21 +67,48 @@ impl Tokenizer {
             .filter_map(|(id, token)| token.special.then_some(id))
             .collect();
         special_tokens.sort_unstable();
+        let byte_level = ByteLevelRoad::for_tokenizer(&inner);
         Ok(Self {
             inner,
             byte_tokens,
             special_tokens,
+            byte_level,
         })
     }
 
     /// Token ids of `text`, with the post-processor's special tokens (a BOS,
     /// for example) only when `add_special_tokens` is set.
+    /// ASCII text through a byte-level BPE tokenizer takes a shorter road to
+    /// the same ids ([`super::byte_level`]).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, FrontendError> {
+        let fast = (self.byte_level.as_ref())
+            .and_then(|road| road.encode(&self.inner, text, add_special_tokens));
+        let ids = match fast {
+            Some(ids) => ids,
+            None => (self.inner.encode_fast(text, add_special_tokens))
+                .map(|encoding| encoding.get_ids().to_vec()),
+        };
+        ids.map_err(|source| FrontendError::Encode { source })
+    }
+
+    /// Ids of `text` through `tokenizers` alone, never the fast road: the
+    /// reference [`Self::encode`] is tested against.
+    pub fn encode_general(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, FrontendError> {
         let encoding = self
             .inner
             .encode_fast(text, add_special_tokens)
             .map_err(|source| FrontendError::Encode { source })?;
         Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Whether [`Self::encode`] has the byte-level fast road for this
+    /// tokenizer's shape.
+    pub fn has_byte_level_road(&self) -> bool {
+        self.byte_level.is_some()
     }
 
     /// Token ids of `text`, as [`Self::encode`] gives them, and each token's
