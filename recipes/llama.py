@@ -4,8 +4,8 @@ Composition: the canonical Transformers model is built on the meta device; its
 norms, embedding and vocabulary head keep their canonical forwards. The canonical
 rotary module computes a prepared table of cos/sin per position once
 (``ignition.components.rotary``); forwards gather from it. Two modules are replaced,
-the smallest units whose dataflow serving changes, and the decoder layer gains a
-decode path:
+the smallest units whose dataflow serving changes, and the decoder layer can gain
+a fused decode path:
 
 - attention (``LlamaAttention`` / ``Qwen3Attention``) becomes ``PagedAttention``:
   the same projections (packed into one QKV weight), the q/k norms and rotary
