@@ -1,8 +1,8 @@
 //! The byte-level fast road of `Tokenizer::encode` against `tokenizers` itself:
 //! seeded random ASCII texts (every byte class the GPT-2 pattern tells apart,
-//! contractions, whitespace runs, added tokens' texts) give the same ids both
-//! ways, with and without special tokens; tokenizers of other shapes never take
-//! the road.
+//! contractions, whitespace runs, added tokens' texts whole and cut) give the
+//! same ids and byte spans both ways, with and without special tokens;
+//! tokenizers of other shapes never take the road.
 
 #[path = "rng/mod.rs"]
 mod rng;
@@ -74,21 +74,23 @@ fn the_fast_road_encodes_as_tokenizers_does() {
     let tokenizer = load("smollm2.tokenizer.json");
     assert!(tokenizer.has_byte_level_road());
     let mut rng = Rng::new(11);
-    for _ in 0..4000 {
-        let text = random_text(&mut rng);
+    let prose = "<|im_start|>user\nThe quick brown fox's 3 jumps: 42 over\tthe lazy dog!\n\n  Isn't it?  <|im_end|>\n<|im_start|>assistant\n";
+    let texts = (0..4000)
+        .map(|_| random_text(&mut rng))
+        .chain([prose.to_owned()]);
+    for text in texts {
         for add_special in [false, true] {
+            let general = tokenizer.encode_general(&text, add_special).unwrap();
+            let context = format!("{text:?} (add_special_tokens {add_special})");
             assert_eq!(
                 tokenizer.encode(&text, add_special).unwrap(),
-                tokenizer.encode_general(&text, add_special).unwrap(),
-                "{text:?} (add_special_tokens {add_special})"
+                general.0,
+                "{context}"
             );
+            let road = tokenizer.encode_with_offsets(&text, add_special).unwrap();
+            assert_eq!(road, general, "{context}");
         }
     }
-    let prose = "The quick brown fox's 3 jumps: 42 over\tthe lazy dog!\n\n  Isn't it?  ";
-    assert_eq!(
-        tokenizer.encode(prose, false).unwrap(),
-        tokenizer.encode_general(prose, false).unwrap()
-    );
 }
 
 #[test]

@@ -5,10 +5,11 @@
 //! a normalized string with per-character alignments, and its characters are
 //! remapped one by one. On a 4,096-token prompt that is about three quarters
 //! of encoding (2.1 of 2.8 ms on the development CPU; the regex engine is not
-//! the cost: `onig` and `fancy-regex` encode alike). For ASCII text holding
-//! no added token, this module splits the text as the GPT-2 pattern does,
-//! maps each piece's bytes to the byte-level alphabet, and hands the pieces
-//! to the tokenizer's own BPE model and post-processor: the same ids, as the
+//! the cost: `onig` and `fancy-regex` encode alike). For ASCII text, this
+//! module splits out the added tokens (leftmost-longest, as `tokenizers`
+//! does first), splits the rest as the GPT-2 pattern does, maps each piece's
+//! bytes to the byte-level alphabet, and hands the pieces to the tokenizer's
+//! own BPE model and post-processor: the same ids and offsets, as the
 //! differential tests assert. Any other text, or tokenizer, takes the
 //! general road.
 
@@ -24,15 +25,21 @@ const CONTRACTIONS: [&[u8]; 7] = [b"s", b"t", b"re", b"ve", b"m", b"ll", b"d"];
 pub struct ByteLevelRoad {
     /// The byte-level alphabet's character for each ASCII byte.
     chars: [char; 128],
-    /// The added tokens' texts: a text holding one takes the general road.
-    added: Vec<String>,
+    /// The added tokens' texts and ids, longest first: matched in the text
+    /// leftmost-longest, as `tokenizers` splits on them before anything else.
+    added: Vec<(String, u32)>,
+    /// Whether an added token starts with this ASCII byte.
+    starts: [bool; 128],
 }
 
 impl ByteLevelRoad {
     /// The road for `tokenizer` when it has the shape this module handles:
     /// no normalizer (or an empty sequence), a byte-level pre-tokenizer that
-    /// splits with the GPT-2 pattern and adds no prefix space, and a BPE
-    /// model.
+    /// splits with the GPT-2 pattern and adds no prefix space, a BPE model,
+    /// and added tokens that strip nothing around them and match anywhere
+    /// (no `lstrip`, `rstrip` or `single_word`), all matched in one pass
+    /// (`tokenizers` matches the `normalized` ones in a second pass, after the
+    /// others: one kind alone makes the passes one).
     pub fn for_tokenizer(tokenizer: &tokenizers::Tokenizer) -> Option<Self> {
         let plain = match tokenizer.get_normalizer() {
             None => true,
@@ -44,28 +51,40 @@ impl ByteLevelRoad {
             Some(PreTokenizerWrapper::ByteLevel(b)) if b.use_regex && !b.add_prefix_space
         );
         let bpe = matches!(tokenizer.get_model(), ModelWrapper::BPE(_));
-        (plain && gpt2 && bpe).then(|| Self {
+        let decoder = tokenizer.get_added_tokens_decoder();
+        let one_pass =
+            (decoder.values()).all(|t| !t.normalized) || (decoder.values()).all(|t| t.normalized);
+        let exact =
+            one_pass && (decoder.values()).all(|t| !t.lstrip && !t.rstrip && !t.single_word);
+        let mut added: Vec<(String, u32)> = (decoder.into_iter())
+            .filter(|(_, token)| !token.content.is_empty())
+            .map(|(id, token)| (token.content, id))
+            .collect();
+        added.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
+        let mut starts = [false; 128];
+        for (content, _) in &added {
+            if let Some(&first) = content.as_bytes().first().filter(|b| b.is_ascii()) {
+                starts[usize::from(first)] = true;
+            }
+        }
+        (plain && gpt2 && bpe && exact).then(|| Self {
             chars: byte_level_chars(),
-            added: (tokenizer.get_added_tokens_decoder().into_values())
-                .map(|token| token.content)
-                .filter(|content| !content.is_empty())
-                .collect(),
+            added,
+            starts,
         })
     }
 
-    /// Ids of `text` as `tokenizer.encode_fast(text, add_special_tokens)`
-    /// gives them, or `None` when `text` is not ASCII or holds an added
-    /// token's text (the caller encodes it the general way).
+    /// `tokenizer.encode(text, add_special_tokens)`'s encoding (ids, and
+    /// offsets as byte offsets into `text`), or `None` when `text` is not
+    /// ASCII (the caller encodes it the general way).
     pub fn encode(
         &self,
         tokenizer: &tokenizers::Tokenizer,
         text: &str,
         add_special_tokens: bool,
-    ) -> Option<tokenizers::Result<Vec<u32>>> {
-        if !text.is_ascii() || self.added.iter().any(|added| text.contains(added.as_str())) {
-            return None;
-        }
-        Some(self.encode_ascii(tokenizer, text, add_special_tokens))
+    ) -> Option<tokenizers::Result<Encoding>> {
+        text.is_ascii()
+            .then(|| self.encode_ascii(tokenizer, text, add_special_tokens))
     }
 
     fn encode_ascii(
@@ -73,18 +92,57 @@ impl ByteLevelRoad {
         tokenizer: &tokenizers::Tokenizer,
         text: &str,
         add_special_tokens: bool,
-    ) -> tokenizers::Result<Vec<u32>> {
+    ) -> tokenizers::Result<Encoding> {
         let model = tokenizer.get_model();
+        let bytes = text.as_bytes();
         let mut tokens: Vec<Token> = Vec::with_capacity(text.len() / 3);
         let mut mapped = String::new();
-        for piece in gpt2_pieces(text.as_bytes()) {
-            mapped.clear();
-            mapped.extend(piece.iter().map(|&byte| self.chars[usize::from(byte)]));
-            tokens.extend(model.tokenize(&mapped)?);
+        // The text's byte offset of each byte offset of `mapped` that starts
+        // a character (the model's offsets are `mapped`'s byte offsets; a
+        // byte-level character is one or two bytes long).
+        let mut origin: Vec<usize> = Vec::new();
+        let mut plain = |from: usize, to: usize, tokens: &mut Vec<Token>| {
+            let mut start = from;
+            for piece in gpt2_pieces(&bytes[from..to]) {
+                mapped.clear();
+                origin.clear();
+                for (k, &byte) in piece.iter().enumerate() {
+                    let c = self.chars[usize::from(byte)];
+                    origin.resize(mapped.len() + c.len_utf8(), start + k);
+                    mapped.push(c);
+                }
+                origin.push(start + piece.len());
+                for mut token in model.tokenize(&mapped)? {
+                    token.offsets = (origin[token.offsets.0], origin[token.offsets.1]);
+                    tokens.push(token);
+                }
+                start += piece.len();
+            }
+            tokenizers::Result::Ok(())
+        };
+        let mut from = 0;
+        let mut at = 0;
+        while at < bytes.len() {
+            let candidate = self.starts[usize::from(bytes[at])];
+            let Some((content, id)) = candidate.then(|| self.added_at(&text[at..])).flatten()
+            else {
+                at += 1;
+                continue;
+            };
+            plain(from, at, &mut tokens)?;
+            tokens.push(Token::new(id, content.to_owned(), (at, at + content.len())));
+            at += content.len();
+            from = at;
         }
-        let encoding = Encoding::from_tokens(tokens, 0);
-        let encoding = tokenizer.post_process(encoding, None, add_special_tokens)?;
-        Ok(encoding.get_ids().to_vec())
+        plain(from, bytes.len(), &mut tokens)?;
+        tokenizer.post_process(Encoding::from_tokens(tokens, 0), None, add_special_tokens)
+    }
+
+    /// The longest added token `rest` starts with.
+    fn added_at(&self, rest: &str) -> Option<(&str, u32)> {
+        (self.added.iter())
+            .find(|(content, _)| rest.starts_with(content.as_str()))
+            .map(|(content, id)| (content.as_str(), *id))
     }
 }
 

@@ -79,30 +79,34 @@ impl Tokenizer {
     /// Token ids of `text`, with the post-processor's special tokens (a BOS,
     /// for example) only when `add_special_tokens` is set.
     /// ASCII text through a byte-level BPE tokenizer takes a shorter road to
-    /// the same ids ([`super::byte_level`]).
+    /// the same ids ([`super::byte_level`]; so does
+    /// [`Self::encode_with_offsets`]).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, FrontendError> {
         let fast = (self.byte_level.as_ref())
             .and_then(|road| road.encode(&self.inner, text, add_special_tokens));
-        let ids = match fast {
-            Some(ids) => ids,
-            None => (self.inner.encode_fast(text, add_special_tokens))
-                .map(|encoding| encoding.get_ids().to_vec()),
+        let encoding = match fast {
+            Some(encoding) => encoding,
+            None => self.inner.encode_fast(text, add_special_tokens),
         };
-        ids.map_err(|source| FrontendError::Encode { source })
+        let encoding = encoding.map_err(|source| FrontendError::Encode { source })?;
+        Ok(encoding.get_ids().to_vec())
     }
 
-    /// Ids of `text` through `tokenizers` alone, never the fast road: the
-    /// reference [`Self::encode`] is tested against.
+    /// Ids and byte spans of `text` (as [`Self::encode_with_offsets`]) through
+    /// `tokenizers` alone, never the fast road: the reference the road is
+    /// tested against.
     pub fn encode_general(
         &self,
         text: &str,
         add_special_tokens: bool,
-    ) -> Result<Vec<u32>, FrontendError> {
+    ) -> Result<(Vec<u32>, Vec<ByteSpan>), FrontendError> {
         let encoding = self
             .inner
-            .encode_fast(text, add_special_tokens)
+            .encode(text, add_special_tokens)
             .map_err(|source| FrontendError::Encode { source })?;
-        Ok(encoding.get_ids().to_vec())
+        let truncates = self.inner.get_truncation().is_some();
+        let offsets = byte_spans(&encoding, text.len(), truncates);
+        Ok((encoding.get_ids().to_vec(), offsets))
     }
 
     /// Whether [`Self::encode`] has the byte-level fast road for this
@@ -131,10 +135,13 @@ impl Tokenizer {
         text: &str,
         add_special_tokens: bool,
     ) -> Result<(Vec<u32>, Vec<ByteSpan>), FrontendError> {
-        let encoding = self
-            .inner
-            .encode(text, add_special_tokens)
-            .map_err(|source| FrontendError::Encode { source })?;
+        let fast = (self.byte_level.as_ref())
+            .and_then(|road| road.encode(&self.inner, text, add_special_tokens));
+        let encoding = match fast {
+            Some(encoding) => encoding,
+            None => self.inner.encode(text, add_special_tokens),
+        };
+        let encoding = encoding.map_err(|source| FrontendError::Encode { source })?;
         let truncates = self.inner.get_truncation().is_some();
         let offsets = byte_spans(&encoding, text.len(), truncates);
         Ok((encoding.get_ids().to_vec(), offsets))
