@@ -82,14 +82,26 @@ impl Tokenizer {
     /// the same ids ([`super::byte_level`]; so does
     /// [`Self::encode_with_offsets`]).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, FrontendError> {
+        let encoding = self.encoding(text, add_special_tokens, false)?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// `text`'s encoding by the byte-level road where it applies, else by
+    /// `tokenizers` (with its offsets only when `offsets` is set).
+    fn encoding(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+        offsets: bool,
+    ) -> Result<tokenizers::Encoding, FrontendError> {
         let fast = (self.byte_level.as_ref())
             .and_then(|road| road.encode(&self.inner, text, add_special_tokens));
         let encoding = match fast {
             Some(encoding) => encoding,
+            None if offsets => self.inner.encode(text, add_special_tokens),
             None => self.inner.encode_fast(text, add_special_tokens),
         };
-        let encoding = encoding.map_err(|source| FrontendError::Encode { source })?;
-        Ok(encoding.get_ids().to_vec())
+        encoding.map_err(|source| FrontendError::Encode { source })
     }
 
     /// Ids and byte spans of `text` (as [`Self::encode_with_offsets`]) through
@@ -135,13 +147,7 @@ impl Tokenizer {
         text: &str,
         add_special_tokens: bool,
     ) -> Result<(Vec<u32>, Vec<ByteSpan>), FrontendError> {
-        let fast = (self.byte_level.as_ref())
-            .and_then(|road| road.encode(&self.inner, text, add_special_tokens));
-        let encoding = match fast {
-            Some(encoding) => encoding,
-            None => self.inner.encode(text, add_special_tokens),
-        };
-        let encoding = encoding.map_err(|source| FrontendError::Encode { source })?;
+        let encoding = self.encoding(text, add_special_tokens, true)?;
         let truncates = self.inner.get_truncation().is_some();
         let offsets = byte_spans(&encoding, text.len(), truncates);
         Ok((encoding.get_ids().to_vec(), offsets))
