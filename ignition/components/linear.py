@@ -386,9 +386,19 @@ def _norm(weight: torch.Tensor | None, eps: float) -> RmsNorm | None:
     return None if weight is None else RmsNorm(weight, eps)
 
 
-def _eager_gated(x: torch.Tensor, gate_up: torch.Tensor, norm: RmsNorm | None) -> torch.Tensor:
+def _norm_args(norm: RmsNorm | None) -> tuple[torch.Tensor | None, float]:
+    """The custom ops' spelling of ``norm``: its gain and epsilon, or none."""
+    return (None, 0.0) if norm is None else (norm.weight, norm.eps)
+
+
+def _eager_gated(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    norm: RmsNorm | None,
+    act_fn: Callable[[torch.Tensor], torch.Tensor] = F.silu,
+) -> torch.Tensor:
     gate, up = F.linear(x if norm is None else norm(x), gate_up).chunk(2, dim=-1)
-    return F.silu(gate) * up
+    return act_fn(gate) * up
 
 
 def _eager_linear(
@@ -498,8 +508,7 @@ def project(
         x.reshape(rows, x.shape[-1]),
         weight,
         bias,
-        None if norm is None else norm.weight,
-        0.0 if norm is None else norm.eps,
+        *_norm_args(norm),
         None if residual is None else residual.reshape(rows, weight.shape[0]),
     )
     return flat.view(out_shape)
@@ -517,12 +526,6 @@ def gated_project(
     then ``act_fn`` and the product."""
     rows = _rows(x)
     if rows > ROWS_TILE:
-        gate, up = F.linear(x if norm is None else norm(x), gate_up).chunk(2, dim=-1)
-        return act_fn(gate) * up
-    flat = rows_gated(
-        x.reshape(rows, x.shape[-1]),
-        gate_up,
-        None if norm is None else norm.weight,
-        0.0 if norm is None else norm.eps,
-    )
+        return _eager_gated(x, gate_up, norm, act_fn)
+    flat = rows_gated(x.reshape(rows, x.shape[-1]), gate_up, *_norm_args(norm))
     return flat.view(*x.shape[:-1], gate_up.shape[0] // 2)

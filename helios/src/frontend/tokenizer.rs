@@ -78,6 +78,7 @@ impl Tokenizer {
 
     /// Token ids of `text`, with the post-processor's special tokens (a BOS,
     /// for example) only when `add_special_tokens` is set.
+    ///
     /// ASCII text through a byte-level BPE tokenizer takes a shorter road to
     /// the same ids ([`super::byte_level`]; so does
     /// [`Self::encode_with_offsets`]).
@@ -116,9 +117,19 @@ impl Tokenizer {
             .inner
             .encode(text, add_special_tokens)
             .map_err(|source| FrontendError::Encode { source })?;
+        Ok(self.ids_and_spans(&encoding, text.len()))
+    }
+
+    /// An encoding's ids and its tokens' byte spans in the `text_len`-byte
+    /// text it came from.
+    fn ids_and_spans(
+        &self,
+        encoding: &tokenizers::Encoding,
+        text_len: usize,
+    ) -> (Vec<u32>, Vec<ByteSpan>) {
         let truncates = self.inner.get_truncation().is_some();
-        let offsets = byte_spans(&encoding, text.len(), truncates);
-        Ok((encoding.get_ids().to_vec(), offsets))
+        let spans = byte_spans(encoding, text_len, truncates);
+        (encoding.get_ids().to_vec(), spans)
     }
 
     /// Whether [`Self::encode`] has the byte-level fast road for this
@@ -148,9 +159,7 @@ impl Tokenizer {
         add_special_tokens: bool,
     ) -> Result<(Vec<u32>, Vec<ByteSpan>), FrontendError> {
         let encoding = self.encoding(text, add_special_tokens, true)?;
-        let truncates = self.inner.get_truncation().is_some();
-        let offsets = byte_spans(&encoding, text.len(), truncates);
-        Ok((encoding.get_ids().to_vec(), offsets))
+        Ok(self.ids_and_spans(&encoding, text.len()))
     }
 
     /// The text of `ids`; special tokens are left out when
