@@ -9,11 +9,14 @@ graph launch runs, with the launch's correlation id). Per capacity it reports:
 - the summed kernel time against the graph's span on the GPU (first kernel start to
   last kernel end) and against the wall time between CUDA events around the launch:
   the gaps between them are launch latency inside the graph and host time outside;
-- the kernels by total time (name, count per launch, median duration).
+- the kernels by total time (name, count per launch, median duration);
+- the step time without the profiler (median and p99 of ``--steps`` more replays) and,
+  with ``--geometry``, that step against the roofline: the bytes the step reads (see
+  ``bench/suite/report.py``) over the read bandwidth measured here, in this process.
 
     python bench/kernel_timeline.py MODEL --capacities 1 4 --steps 50 --out timeline.json \\
-        [--trace-dir DIR] [--context-limit N] [--no-compile] [--compile-scope S] \\
-        [--[no-]compile-sampling]
+        [--trace-dir DIR] [--context-limit N] [--geometry NAME|config.json] [--no-compile] \\
+        [--compile-scope S] [--[no-]compile-sampling] [--decode-fusion F]
 
 ``summarize`` (the aggregation) is pure and tested on the CPU; the measurement needs
 a GPU.
@@ -22,7 +25,9 @@ a GPU.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import math
 import statistics
 import sys
 from collections import defaultdict
@@ -30,7 +35,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.suite.report import measure_read_bandwidth, resolve_geometry, roofline_step_s
 from ignition.preparation.compile_flags import add_compile_options, compile_options
+
+# Measured once per process, on first use.
+bandwidth = functools.cache(measure_read_bandwidth)
 
 
 def _median(values: Sequence[float]) -> float | None:
@@ -108,8 +117,9 @@ def markdown(results: dict[str, Any]) -> str:
         f"# Decode kernel timeline: {results['model']}",
         "",
         "| capacity | kernels/launch | kernels/layer | kernel time (us) | GPU span (us) | "
-        "wall (us) | kernel/span | kernel/wall |",
-        "|---|---|---|---|---|---|---|---|",
+        "wall (us) | kernel/span | kernel/wall | step, unprofiled (us) | step p99 (us) | "
+        "roofline (us) | step/roofline |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def fmt(value: Any, digits: int = 1) -> str:
@@ -120,7 +130,9 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {capacity} | {fmt(row['kernels_per_launch'], 0)} | "
             f"{fmt(row['kernels_per_layer'])} | {fmt(row['kernel_us'])} | "
             f"{fmt(row['span_us'])} | {fmt(row['wall_us'])} | "
-            f"{fmt(row['kernel_over_span'], 3)} | {fmt(row['kernel_over_wall'], 3)} |"
+            f"{fmt(row['kernel_over_span'], 3)} | {fmt(row['kernel_over_wall'], 3)} | "
+            f"{fmt(row.get('step_us'))} | {fmt(row.get('step_p99_us'))} | "
+            f"{fmt(row.get('roofline_us'))} | {fmt(row.get('step_over_roofline'), 3)} |"
         )
     for capacity, row in results["capacities"].items():
         lines += ["", f"## Capacity {capacity}: kernels by time", ""]
@@ -144,6 +156,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from ignition.replay.packing import SamplingParams, pack_admission, pack_chunk, pack_decode
 
     capacities = sorted(set(args.capacities))
+    geometry = resolve_geometry(args.geometry) if args.geometry else None
     prepared = prepare(
         args.model,
         PrepareOptions(
@@ -155,10 +168,17 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     catalog = prepared.catalog
     state, staging = prepared.storage.state, prepared.storage.staging
     page = catalog.page_size
-    pages_each = (args.prompt_tokens + args.steps + args.warmup + page) // page + 1
+    # Each request decodes the warm-up, the profiled steps and the unprofiled ones.
+    generated = args.warmup + 2 * args.steps
+    pages_each = (args.prompt_tokens + generated + page) // page + 1
     layers = int(prepared.model.geometry.layers)
     sampling = SamplingParams(temperature=1.0, top_k=20, top_p=0.95)
-    results: dict[str, Any] = {"model": str(args.model), "steps": args.steps, "capacities": {}}
+    results: dict[str, Any] = {
+        "model": str(args.model),
+        "options": compile_options(args),
+        "steps": args.steps,
+        "capacities": {},
+    }
     for capacity in capacities:
         prepared.reset()
         graph_capacity = catalog.decode_capacity(capacity)
@@ -168,7 +188,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             first = 1 + (slot - 1) * pages_each
             pages = torch.arange(first, first + pages_each, dtype=torch.int32)
             state.page_table[slot, :pages_each] = pages
-            budget = args.steps + args.warmup + 8
+            budget = generated + 8
             pack_admission(staging, slot, prompt, budget, sampling, seed=slot)
             prepared.execute(GraphKey(GraphKind.ADMIT, 1))
             pack_chunk(staging, slot, prompt, ends_prompt=True)
@@ -196,15 +216,54 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         events = json.loads(trace.read_text())["traceEvents"]
         summary = summarize(events, layers=layers, wall_us=wall_us)
         summary["graph_capacity"] = graph_capacity
+        steps_us = _unprofiled_steps_us(prepared, key, args.steps)
+        summary["step_us"] = statistics.median(steps_us)
+        summary["step_p99_us"] = _p99(steps_us)
+        if geometry is not None:
+            # The mean context of the unprofiled steps.
+            context = args.prompt_tokens + args.warmup + args.steps + args.steps // 2
+            roofline = roofline_step_s(geometry, bandwidth(), capacity, context) * 1e6
+            summary["roofline_us"] = roofline
+            summary["step_over_roofline"] = summary["step_us"] / roofline
         results["capacities"][str(capacity)] = summary
         print(
             f"c={capacity}: {summary['kernels_per_launch']} kernels, "
             f"kernel {summary['kernel_us']} us, span {summary['span_us']} us, "
-            f"wall {summary['wall_us']} us",
+            f"wall {summary['wall_us']} us, unprofiled step {summary['step_us']:.1f} us"
+            + (
+                f" ({summary['step_over_roofline']:.3f}x the roofline)"
+                if geometry is not None
+                else ""
+            ),
             file=sys.stderr,
         )
     results["layers"] = layers
+    if geometry is not None:
+        results["geometry"] = args.geometry
+        results["bandwidth_bytes_per_s"] = bandwidth()
     return results
+
+
+def _unprofiled_steps_us(prepared: Any, key: Any, steps: int) -> list[float]:
+    """Each of ``steps`` replays of the graph ``key``, between CUDA events, in us."""
+    import torch
+
+    marks = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(steps)
+    ]
+    torch.cuda.synchronize()
+    for begin, end in marks:
+        begin.record()
+        prepared.execute(key)
+        end.record()
+    torch.cuda.synchronize()
+    return [begin.elapsed_time(end) * 1e3 for begin, end in marks]
+
+
+def _p99(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -215,6 +274,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--context-limit", type=int, default=4096)
+    parser.add_argument(
+        "--geometry",
+        help="bytes per step from this geometry (a name of bench/suite/report.py or a "
+        "config.json): the step against the roofline, at bandwidth measured here",
+    )
     add_compile_options(parser)
     parser.add_argument("--trace-dir", type=Path, help="keep the Chrome traces here")
     parser.add_argument("--out", type=Path, required=True, help="results JSON (and .md)")

@@ -8,8 +8,9 @@ and 512 with 11 and 370 real tokens, after 0 to 32K cached tokens: the time per 
 inside a CUDA graph, over KV copies larger than L2 together (``bench/cuda_timing.py``),
 per split count (1, the default, and 2 to 32), and the default's choice. Then whole
 4,096-token chunks of the Qwen3-8B shape after 0 to 60K cached tokens (a 64K prompt's
-chunks), the kernel's default against PyTorch's SDPA over the same keys and values
-laid out contiguously (the generate loop's attention), in ms and TFLOP/s. Needs a GPU.
+chunks), the kernel's default and each tiling of TILINGS against PyTorch's SDPA over
+the same keys and values laid out contiguously (the generate loop's attention), in ms
+and TFLOP/s: the data behind ``prefill_tiling``' default. Needs a GPU.
 """
 
 from __future__ import annotations
@@ -36,6 +37,18 @@ SPLITS = [1, 2, 4, 8, 16, 32]
 LONG = ("qwen3-8b", 32, 8, 128)
 LONG_CHUNK = 4096
 LONG_HISTORIES = [0, 16384, 32768, 61440]
+# Tilings of the long chunks: (query rows, key pages per step, warps, stages).
+TILINGS = [
+    (64, 1, 4, 2),
+    (64, 2, 4, 2),
+    (64, 2, 4, 3),
+    (128, 1, 8, 2),
+    (128, 2, 8, 2),
+    (128, 2, 8, 3),
+    (128, 1, 4, 2),
+    (128, 2, 4, 3),
+    (128, 4, 8, 2),
+]
 
 
 def causal_flops(heads: int, dim: int, chunk: int, history: int) -> int:
@@ -57,9 +70,23 @@ def long_chunks(device: torch.device) -> list[dict]:
         q = torch.randn(LONG_CHUNK, heads, dim, device=device, dtype=torch.bfloat16)
         start = torch.tensor([history], dtype=torch.int32, device=device)
         n_valid = torch.tensor([LONG_CHUNK], dtype=torch.int32, device=device)
-        flare_ms = median_graph_ms(
-            [partial(triton_paged_prefill_attention, q, kv, table, start, n_valid, dim**-0.5)]
-        )
+        call = partial(triton_paged_prefill_attention, q, kv, table, start, n_valid, dim**-0.5)
+        flare_ms = median_graph_ms([call])
+        group = heads // kv_heads
+        tiling_ms = {
+            "x".join(map(str, t)): median_graph_ms(
+                [
+                    partial(
+                        call,
+                        block_t=t[0] // group,
+                        key_pages=t[1],
+                        num_warps=t[2],
+                        num_stages=t[3],
+                    )
+                ]
+            )
+            for t in TILINGS
+        }
         # The same keys and values in position order, [1, kv_heads, total, dim].
         ordered = kv[:, table.long()].flatten(1, 2)[:, :total].permute(0, 2, 1, 3)
         k, v = ordered[0:1].contiguous(), ordered[1:2].contiguous()
@@ -70,12 +97,17 @@ def long_chunks(device: torch.device) -> list[dict]:
         )
         tflop = causal_flops(heads, dim, LONG_CHUNK, history) / 1e12
         rows.append(dict(shape=name, history=history, chunk=LONG_CHUNK, flare_ms=flare_ms,
-                         sdpa_ms=sdpa_ms, tflop=tflop))  # fmt: skip
+                         sdpa_ms=sdpa_ms, tflop=tflop, tiling_ms=tiling_ms))  # fmt: skip
         print(
             f"{name:13} history {history:6} chunk {LONG_CHUNK}: flare {flare_ms:.3f} ms "
             f"({tflop / flare_ms * 1e3:.0f} TFLOP/s), SDPA {sdpa_ms:.3f} ms "
             f"({tflop / sdpa_ms * 1e3:.0f} TFLOP/s), flare / SDPA {flare_ms / sdpa_ms:.2f}"
         )
+        for key, ms in tiling_ms.items():
+            print(
+                f"    tiling rows x key pages x warps x stages {key:10}: {ms:.3f} ms "
+                f"({tflop / ms * 1e3:.0f} TFLOP/s), / SDPA {ms / sdpa_ms:.2f}"
+            )
         del kv, k, v, ordered
     return rows
 

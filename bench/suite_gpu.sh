@@ -13,7 +13,11 @@
 #   bench/suite_gpu.sh smollm2-timeline  OUT [FUSION] per-kernel timeline of decode at c=1, 4
 #                                                    (FUSION: a --decode-fusion to prepare with,
 #                                                    over PREPARE_ARGS')
-#   bench/suite_gpu.sh qwen3-8b-prepare  OUT         random Qwen3-8B weights (safetensors), core
+#   bench/suite_gpu.sh qwen3-8b-weights  OUT         random Qwen3-8B weights (safetensors)
+#   bench/suite_gpu.sh qwen3-8b-prepare  OUT         the weights (unless written), core
+#   bench/suite_gpu.sh qwen3-8b-fusion   OUT         timelines of each --decode-fusion; the one
+#                                                    with the fastest c=1 step is then used by
+#                                                    the later qwen3-8b stages (WORK keeps it)
 #   bench/suite_gpu.sh qwen3-8b-flare    OUT FLARE
 #   bench/suite_gpu.sh qwen3-8b-baselines OUT [ENGINE]
 #   bench/suite_gpu.sh qwen3-8b-floor    OUT
@@ -33,7 +37,8 @@
 # transformers serve's dependencies for the baselines. PREPARE_ARGS, when set, adds
 # options to `ignition prepare` (for example --no-compile, --compile-scope=layer or
 # --decode-fusion=norms: written with `=`, as the floor and the timeline follow
-# it). PORT (default 18080)
+# it; a fusion chosen by qwen3-8b-fusion is added to the qwen3-8b stages' options
+# unless PREPARE_ARGS names one). PORT (default 18080)
 # is where launched servers listen: stages on two GPUs of one machine need two.
 # bench/suite_queue.sh runs several stages in a row.
 set -uo pipefail
@@ -152,6 +157,28 @@ qwen_suite=(--lengths 512 4096 32768 65536 --agent-tokens 32768)
 case $stage in
   qwen3-8b-*) PREPARE_ARGS="--compile-scope=layer ${PREPARE_ARGS:-}" ;;
 esac
+# The decode fusion qwen3-8b-fusion measured fastest in this run, for the 8B's core,
+# floor and timeline (not for the fusion stage, which tries each).
+qwen_fusion=$work/qwen3-8b.decode-fusion
+case $stage:${PREPARE_ARGS:-} in
+  qwen3-8b-fusion:* | *--decode-fusion=*) ;;
+  qwen3-8b-*)
+    if [ -s "$qwen_fusion" ]; then
+      PREPARE_ARGS="$PREPARE_ARGS --decode-fusion=$(cat "$qwen_fusion")"
+      echo "decode fusion from qwen3-8b-fusion: $(cat "$qwen_fusion")"
+    fi
+    ;;
+esac
+
+# Random Qwen3-8B weights, unless a completed earlier stage wrote them (they depend
+# only on the geometry and its seed).
+qwen_weights() {
+  [ -e "$qwen/.complete" ] && return 0
+  rm -rf "$qwen" "$qwen.geometry"
+  python3 -m ignition.loading.random_weights --geometry qwen3-8b --out "$qwen" --safetensors \
+    > "$out/weights.log" 2>&1 || { tail -30 "$out/weights.log"; return 1; }
+  touch "$qwen/.complete"
+}
 
 # The floor (`as_prepared floor`) and the timeline (`as_prepared timeline`) prepare
 # their forwards as the core's were: the preparation options of PREPARE_ARGS, in
@@ -194,19 +221,34 @@ case $stage in
     ;;
   smollm2-timeline)
     python3 bench/kernel_timeline.py "$smol" $(as_prepared timeline) ${1:+--decode-fusion=$1} \
-      --capacities 1 4 --context-limit 8192 \
+      --capacities 1 4 --context-limit 8192 --geometry smollm2-135m \
       --out "$out/timeline/smollm2.json" --trace-dir "$out/timeline" 2>&1 | tail -20
     ;;
   qwen3-8b-timeline)
     python3 bench/kernel_timeline.py "$qwen" $(as_prepared timeline) ${1:+--decode-fusion=$1} \
-      --capacities 1 4 --context-limit 8192 \
+      --capacities 1 4 --context-limit 8192 --geometry qwen3-8b \
       --out "$out/timeline/qwen3-8b.json" --trace-dir "$out/timeline" 2>&1 | tail -20
+    ;;
+  qwen3-8b-fusion)
+    environment
+    qwen_weights || exit 1
+    for fusion in none residuals norms; do
+      python3 bench/kernel_timeline.py "$qwen" $(as_prepared timeline) --decode-fusion=$fusion \
+        --capacities 1 4 --context-limit 8192 --geometry qwen3-8b \
+        --out "$out/$fusion/qwen3-8b.json" --trace-dir "$out/$fusion" 2>&1 | tail -4 \
+        || exit 1
+    done
+    python3 -m bench.fastest_fusion "$out"/{none,residuals,norms}/qwen3-8b.json \
+      --out "$qwen_fusion" | tee "$out/fastest.md"
+    ;;
+  qwen3-8b-weights)
+    environment
+    rm -f "$qwen/.complete"
+    qwen_weights
     ;;
   qwen3-8b-prepare)
     environment
-    rm -rf "$qwen" "$qwen.geometry"
-    python3 -m ignition.loading.random_weights --geometry qwen3-8b --out "$qwen" --safetensors \
-      > "$out/weights.log" 2>&1 || { tail -30 "$out/weights.log"; exit 1; }
+    qwen_weights || exit 1
     # 1,152 pages of 64 tokens (10.1 GiB): one 64K prompt, or the 32K agent trace
     # with its branch and the cache's chains; sized from free memory (23 GiB) the
     # pages make qualification's digests outlast a call.

@@ -216,6 +216,9 @@ def run_prefill(
     *,
     block_t: int | None = None,
     num_splits: int | None = None,
+    key_pages: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """The Triton kernel on ``inputs`` (with ``q`` in place of ``inputs.q`` if given)."""
     q = inputs.q if q is None else q
@@ -228,6 +231,9 @@ def run_prefill(
         geometry.scale,
         block_t=block_t,
         num_splits=num_splits,
+        key_pages=key_pages,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
 
 
@@ -252,12 +258,22 @@ def check_prefill(
     device: str = LOCAL_DEVICE,
     block_t: int | None = None,
     num_splits: int | None = None,
+    key_pages: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """Reference match, exact zeros for padding rows, no NaN; padding rows (NaN in q)
     do not change the real rows. Returns the output."""
     inputs = prefill_inputs(geometry, chunk, start, n_valid, seed=seed, device=device)
     q = inputs.q
-    out = run_prefill(inputs, geometry, block_t=block_t, num_splits=num_splits)
+    tiling = dict(
+        block_t=block_t,
+        num_splits=num_splits,
+        key_pages=key_pages,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    out = run_prefill(inputs, geometry, **tiling)
     ref = prefill_ref(inputs, geometry)
     assert out.shape == q.shape and out.dtype == torch.bfloat16
     assert not out.isnan().any()
@@ -268,7 +284,7 @@ def check_prefill(
 
     q_other = q.clone()
     q_other[n_valid:] = 1.0
-    again = run_prefill(inputs, geometry, q_other, block_t=block_t, num_splits=num_splits)
+    again = run_prefill(inputs, geometry, q_other, **tiling)
     assert torch.equal(again, out), "padding rows changed the real rows"
     return out
 
@@ -310,6 +326,7 @@ def test_decode_group_not_power_of_two() -> None:
     check_decode(geometry, [33, 0, 16], max_pages=3, seed=13, num_splits=4)
 
 
+@pytest.mark.parametrize("key_pages", [1, 2])
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("block_t", [None, 8])
 @pytest.mark.parametrize(
@@ -325,7 +342,10 @@ def test_decode_group_not_power_of_two() -> None:
         (47, 9),
     ],
 )
-def test_prefill_small(start: int, n_valid: int, block_t: int | None, num_splits: int) -> None:
+def test_prefill_small(
+    start: int, n_valid: int, block_t: int | None, num_splits: int, key_pages: int
+) -> None:
+    # key_pages 2: steps of two pages, the last of which may lie past the chunk's range.
     check_prefill(
         SMALL,
         32,
@@ -334,6 +354,7 @@ def test_prefill_small(start: int, n_valid: int, block_t: int | None, num_splits
         seed=start * 64 + n_valid,
         block_t=block_t,
         num_splits=num_splits,
+        key_pages=key_pages,
     )
 
 
@@ -341,6 +362,7 @@ def test_prefill_small(start: int, n_valid: int, block_t: int | None, num_splits
 def test_prefill_page_64_head_dim_64(num_splits: int) -> None:
     geometry = Geometry(num_heads=4, num_kv_heads=2, head_dim=64, page_size=64)
     check_prefill(geometry, 48, 63, 40, seed=5, block_t=8, num_splits=num_splits)
+    check_prefill(geometry, 48, 63, 40, seed=5, block_t=8, num_splits=num_splits, key_pages=2)
 
 
 def test_prefill_group_not_power_of_two() -> None:
@@ -357,10 +379,23 @@ def test_prefill_group_not_power_of_two() -> None:
 #     tail. Tiles 2 and 3 have 8 pages: with 7 splits (pps 2) splits 4..6 are empty.
 #   start 95, n_valid 21: as above, tile 3 is padding only (no pages in any split).
 #   start 108, n_valid 13: tile 0's tail spans 2 pages; tiles 2 and 3 are padding only.
+@pytest.mark.parametrize("key_pages", [1, 2, 4])
 @pytest.mark.parametrize("num_splits", [2, 3, 7])
 @pytest.mark.parametrize(("start", "n_valid"), [(95, 32), (95, 21), (108, 13)])
-def test_prefill_split_long_history(start: int, n_valid: int, num_splits: int) -> None:
-    check_prefill(SMALL, 32, start, n_valid, seed=start + n_valid, block_t=8, num_splits=num_splits)
+def test_prefill_split_long_history(
+    start: int, n_valid: int, num_splits: int, key_pages: int
+) -> None:
+    # With key_pages > 1 the split boundaries fall on steps of that many pages.
+    check_prefill(
+        SMALL,
+        32,
+        start,
+        n_valid,
+        seed=start + n_valid,
+        block_t=8,
+        num_splits=num_splits,
+        key_pages=key_pages,
+    )
 
 
 @pytest.mark.parametrize("num_splits", [3, 7])
@@ -447,6 +482,33 @@ def test_decode_gpu(lengths: list[int]) -> None:
 @pytest.mark.parametrize("short", [0, 37])
 def test_prefill_gpu(chunk: int, start: int, short: int) -> None:
     check_prefill(SERVING, chunk, start, chunk - short, seed=chunk + start + short, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("rows", "key_pages", "num_warps", "num_stages"),
+    [(64, 2, 4, 2), (128, 1, 8, 2), (128, 2, 8, 2), (128, 2, 8, 3), (128, 2, 4, 3)],
+)
+@pytest.mark.parametrize(("start", "n_valid"), [(0, 512), (4129, 500)])
+def test_prefill_tilings_gpu(
+    rows: int, key_pages: int, num_warps: int, num_stages: int, start: int, n_valid: int
+) -> None:
+    # The compiled kernel at the tilings the prefill bench sweeps (the Qwen3-8B shape:
+    # a group of 4, so rows / 4 tokens per tile), single pass and split.
+    for num_splits in (1, 3):
+        check_prefill(
+            SERVING,
+            512,
+            start,
+            n_valid,
+            seed=start + n_valid + rows + key_pages,
+            device="cuda",
+            block_t=rows // 4,
+            num_splits=num_splits,
+            key_pages=key_pages,
+            num_warps=num_warps,
+            num_stages=num_stages,
+        )
 
 
 @pytest.mark.gpu

@@ -6,7 +6,9 @@ from typing import Any
 
 import pytest
 
-from bench.kernel_timeline import markdown, summarize
+from bench.fastest_fusion import fastest
+from bench.fastest_fusion import table as fusion_table
+from bench.kernel_timeline import _p99, markdown, summarize
 
 
 def _launch(correlation: int, start: float, kernels: list[tuple[str, float, float]]) -> list:
@@ -65,7 +67,10 @@ def test_kernels_group_by_their_graph_launch() -> None:
     assert gemm["total_us_per_launch"] == pytest.approx(64 / 3)
     assert (norm["name"], norm["per_launch"]) == ("norm", 1)
     table = markdown({"model": "m", "capacities": {"1": summary}})
-    assert "| 1 | 3 | 1.5 | 22.0 | 25.0 | 45.0 | 0.880 | 0.489 |" in table
+    assert "| 1 | 3 | 1.5 | 22.0 | 25.0 | 45.0 | 0.880 | 0.489 | - | - | - | - |" in table
+    summary.update(step_us=41.0, step_p99_us=44.5, roofline_us=32.8, step_over_roofline=1.25)
+    table = markdown({"model": "m", "capacities": {"1": summary}})
+    assert "| 0.489 | 41.0 | 44.5 | 32.8 | 1.250 |" in table
     assert "| `gemm` | 2.0 | 10.00 | 21.33 |" in table
 
 
@@ -73,3 +78,31 @@ def test_an_empty_trace_reports_nothing_measured() -> None:
     summary = summarize([], layers=4)
     assert summary["launches"] == 0 and summary["kernels_per_launch"] is None
     assert summary["kernel_over_wall"] is None
+
+
+def test_p99_is_an_observed_value() -> None:
+    assert _p99([float(v) for v in range(1, 101)]) == 99.0
+    assert _p99([5.0, 1.0, 3.0]) == 5.0
+    assert _p99([2.0]) == 2.0
+
+
+def _timeline(fusion: str, steps: dict[str, float | None]) -> dict[str, Any]:
+    return {
+        "options": {"decode_fusion": fusion},
+        "capacities": {c: {"kernels_per_launch": 300, "step_us": us} for c, us in steps.items()},
+    }
+
+
+def test_the_fastest_fusion_is_chosen_at_one_capacity() -> None:
+    results = [
+        _timeline("none", {"1": 4400.0, "4": 4470.0}),
+        _timeline("residuals", {"1": 4360.0, "4": 4500.0}),
+        _timeline("norms", {"1": 4390.0, "4": 4420.0}),
+    ]
+    assert fastest(results) == "residuals"
+    assert fastest(results, capacity=4) == "norms"
+    # A timeline without that capacity's step is not a candidate.
+    assert fastest([_timeline("none", {"1": 10.0}), _timeline("norms", {"4": 1.0})], 4) == "norms"
+    with pytest.raises(ValueError, match="capacity 2"):
+        fastest(results, capacity=2)
+    assert "| residuals | 4 | 300 | 4500.0 | - | - | - |" in fusion_table(results)

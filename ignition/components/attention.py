@@ -70,6 +70,9 @@ def triton_paged_prefill_attention(
     *,
     block_t: int | None = None,
     num_splits: int | None = None,
+    key_pages: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """Flash-attention-style Triton causal attention for one request's prefill chunk.
 
@@ -81,11 +84,23 @@ def triton_paged_prefill_attention(
 
     ``num_splits`` (split-KV over the context's pages, for short chunks after a long
     history) defaults to a count picked from the shapes; 1 is the single-pass kernel.
+    ``block_t``, ``key_pages`` (the tile's tokens and pages per key step), ``num_warps``
+    and ``num_stages`` default to the tiling picked from the shapes.
     """
     from ignition.components import triton_attention
 
     return triton_attention.triton_paged_prefill_attention(
-        q, kv, page_table_row, start, n_valid, scale, block_t=block_t, num_splits=num_splits
+        q,
+        kv,
+        page_table_row,
+        start,
+        n_valid,
+        scale,
+        block_t=block_t,
+        num_splits=num_splits,
+        key_pages=key_pages,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
 
 

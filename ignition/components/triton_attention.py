@@ -25,6 +25,7 @@ the P @ V product.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -251,14 +252,15 @@ def _prefill_tile(
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    KEY_PAGES: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
     """Attention of one (token tile, kv head) over split ``split`` of NUM_SPLITS
-    contiguous ranges of the tile's pages: BLOCK_T tokens x all GROUP query heads of the
-    kv head as BLOCK_T * GROUP_PAD rows, so each key/value page is loaded once per
-    group. Returns the rows' token indices, heads, real and valid masks and the
-    unnormalised online-softmax state (m, l, acc); m = -inf, l = 0, acc = 0 for a row
-    that saw no key (an empty split)."""
+    contiguous ranges of the tile's key steps (KEY_PAGES pages each): BLOCK_T tokens x
+    all GROUP query heads of the kv head as BLOCK_T * GROUP_PAD rows, so each key/value
+    page is loaded once per group. Returns the rows' token indices, heads, real and
+    valid masks and the unnormalised online-softmax state (m, l, acc); m = -inf, l = 0,
+    acc = 0 for a row that saw no key (an empty split)."""
     BLOCK_R: tl.constexpr = BLOCK_T * GROUP_PAD
 
     start = tl.load(start_ptr)
@@ -266,7 +268,8 @@ def _prefill_tile(
 
     offs_r = tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, HEAD_DIM)
-    offs_s = tl.arange(0, PAGE_SIZE)
+    BLOCK_S: tl.constexpr = KEY_PAGES * PAGE_SIZE
+    offs_s = tl.arange(0, BLOCK_S)
     # Row r is token t = tile * BLOCK_T + r // GROUP_PAD and head-in-group r % GROUP_PAD.
     t = tile * BLOCK_T + offs_r // GROUP_PAD
     g = offs_r % GROUP_PAD
@@ -283,32 +286,41 @@ def _prefill_tile(
         other=0.0,
     )
 
-    # Key range of the tile: [0, kv_end), kv_end one past the last valid token's position.
-    # Pages below full_pages hold only keys <= the tile's first query position, visible to
-    # every row: no mask there. A tile of padding only has no pages at all. This split
-    # takes pages [page_lo, page_hi) of [0, total_pages), empty for late splits of short
-    # ranges.
+    # Key range of the tile: [0, kv_end), kv_end one past the last valid token's position,
+    # walked in steps of BLOCK_S keys (KEY_PAGES pages). Steps below full_steps hold only
+    # keys <= the tile's first query position, visible to every row: no mask there. A
+    # tile of padding only has no steps at all. This split takes steps [step_lo, step_hi)
+    # of [0, total_steps), empty for late splits of short ranges.
     tile_first = tile * BLOCK_T
     n_tile = tl.minimum(tl.maximum(n_valid - tile_first, 0), BLOCK_T)
     kv_end = tl.where(n_tile > 0, start + tile_first + n_tile, 0)
     total_pages = tl.cdiv(kv_end, PAGE_SIZE)
-    full_pages = tl.where(n_tile > 0, (start + tile_first + 1) // PAGE_SIZE, 0)
-    per_split = tl.cdiv(total_pages, NUM_SPLITS)
-    page_lo = split * per_split
-    page_hi = tl.minimum(page_lo + per_split, total_pages)
+    total_steps = tl.cdiv(kv_end, BLOCK_S)
+    full_steps = tl.where(n_tile > 0, (start + tile_first + 1) // BLOCK_S, 0)
+    per_split = tl.cdiv(total_steps, NUM_SPLITS)
+    step_lo = split * per_split
+    step_hi = tl.minimum(step_lo + per_split, total_steps)
 
     m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_R], tl.float32)
     acc = tl.zeros([BLOCK_R, HEAD_DIM], tl.float32)
 
-    tile_off = kvh * stride_kvh + offs_s[:, None] * stride_kvs + offs_d[None, :] * stride_kvd
-    # Full pages come first and every row sees all their keys, so m_i is finite after the
+    # Key row s of a step is row s % PAGE_SIZE of the step's page s // PAGE_SIZE.
+    tile_off = (
+        kvh * stride_kvh + (offs_s % PAGE_SIZE)[:, None] * stride_kvs + offs_d[None, :] * stride_kvd
+    )
+    step_page = offs_s // PAGE_SIZE
+    # Full steps come first and every row sees all their keys, so m_i is finite after the
     # first of them (no -inf - -inf in alpha).
-    for p in range(page_lo, tl.minimum(page_hi, full_pages)):
-        page = tl.load(page_table_ptr + p * stride_ptp).to(tl.int64)
-        page_ptr = kv_ptr + page * stride_kvp + tile_off
-        k = tl.load(page_ptr)
-        v = tl.load(page_ptr + stride_kv)
+    for j in range(step_lo, tl.minimum(step_hi, full_steps)):
+        if KEY_PAGES == 1:
+            page = tl.load(page_table_ptr + j * stride_ptp).to(tl.int64)
+            step_ptr = kv_ptr + page * stride_kvp + tile_off
+        else:
+            pages = tl.load(page_table_ptr + (j * KEY_PAGES + step_page) * stride_ptp)
+            step_ptr = kv_ptr + pages.to(tl.int64)[:, None] * stride_kvp + tile_off
+        k = tl.load(step_ptr)
+        v = tl.load(step_ptr + stride_kv)
         qk = _dot(q, tl.trans(k), UPCAST) * qk_scale
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -317,21 +329,27 @@ def _prefill_tile(
         acc = acc * alpha[:, None] + _dot(p_ij.to(v.dtype), v, UPCAST)
         m_i = m_new
 
-    for p in range(tl.maximum(page_lo, full_pages), page_hi):
-        page = tl.load(page_table_ptr + p * stride_ptp).to(tl.int64)
-        page_ptr = kv_ptr + page * stride_kvp + tile_off
-        k_pos = p * PAGE_SIZE + offs_s
+    for j in range(tl.maximum(step_lo, full_steps), step_hi):
+        k_pos = j * BLOCK_S + offs_s
         key_ok = k_pos < kv_end
+        if KEY_PAGES == 1:
+            page = tl.load(page_table_ptr + j * stride_ptp).to(tl.int64)
+            step_ptr = kv_ptr + page * stride_kvp + tile_off
+        else:
+            # Pages past the range (even past the table) are never read: page 0 stands in.
+            p = j * KEY_PAGES + step_page
+            pages = tl.load(page_table_ptr + p * stride_ptp, mask=p < total_pages, other=0)
+            step_ptr = kv_ptr + pages.to(tl.int64)[:, None] * stride_kvp + tile_off
         # Keys at or past kv_end are never read (unwritten chunk padding may be NaN).
-        k = tl.load(page_ptr, mask=key_ok[:, None], other=0.0)
-        v = tl.load(page_ptr + stride_kv, mask=key_ok[:, None], other=0.0)
+        k = tl.load(step_ptr, mask=key_ok[:, None], other=0.0)
+        v = tl.load(step_ptr + stride_kv, mask=key_ok[:, None], other=0.0)
         qk = _dot(q, tl.trans(k), UPCAST) * qk_scale
         visible = key_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
         qk = tl.where(visible, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
-        # A split starting past page 0 can begin with a tail page in which a row sees no
+        # A split starting past step 0 can begin with a tail step in which a row sees no
         # key yet (m_new = -inf): shift such rows by 0, so alpha and p are exp2(-inf) = 0
-        # and the row keeps m=-inf, l=0, acc=0. (With one split, page 0 comes first and
+        # and the row keeps m=-inf, l=0, acc=0. (With one split, step 0 comes first and
         # m_new is always finite here: the shift is m_new itself.)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
@@ -369,6 +387,7 @@ def _prefill_kernel(
     BLOCK_T: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
+    KEY_PAGES: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
     """One (token tile, kv head) over the tile's whole context, normalised in place."""
@@ -376,7 +395,7 @@ def _prefill_kernel(
         q_ptr, kv_ptr, page_table_ptr, start_ptr, n_valid_ptr, qk_scale, T,
         stride_qt, stride_qh, stride_qd, stride_kv, stride_kvp, stride_kvs, stride_kvh,
         stride_kvd, stride_ptp, tl.program_id(0), tl.program_id(1), 0,
-        GROUP, GROUP_PAD, BLOCK_T, HEAD_DIM, PAGE_SIZE, 1, UPCAST,
+        GROUP, GROUP_PAD, BLOCK_T, HEAD_DIM, PAGE_SIZE, 1, KEY_PAGES, UPCAST,
     )  # fmt: skip
     offs_d = tl.arange(0, HEAD_DIM)
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
@@ -422,6 +441,7 @@ def _prefill_split_kernel(
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    KEY_PAGES: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
     """One (token tile, kv head, split): ``_prefill_kernel``'s rows against a contiguous
@@ -431,7 +451,7 @@ def _prefill_split_kernel(
         q_ptr, kv_ptr, page_table_ptr, start_ptr, n_valid_ptr, qk_scale, T,
         stride_qt, stride_qh, stride_qd, stride_kv, stride_kvp, stride_kvs, stride_kvh,
         stride_kvd, stride_ptp, tl.program_id(0), tl.program_id(1), split,
-        GROUP, GROUP_PAD, BLOCK_T, HEAD_DIM, PAGE_SIZE, NUM_SPLITS, UPCAST,
+        GROUP, GROUP_PAD, BLOCK_T, HEAD_DIM, PAGE_SIZE, NUM_SPLITS, KEY_PAGES, UPCAST,
     )  # fmt: skip
     offs_d = tl.arange(0, HEAD_DIM)
     # Empty splits (and rows that saw no key) store m=-inf, l=0, acc=0. Every (token < T,
@@ -631,6 +651,22 @@ def triton_paged_decode_attention(
     return out
 
 
+class PrefillTiling(NamedTuple):
+    """A prefill program's shape: query rows (tokens x padded group), pages of keys per
+    step of its key loop, and Triton's launch options."""
+
+    rows: int
+    key_pages: int
+    num_warps: int
+    num_stages: int
+
+
+def prefill_tiling(num_tokens: int, group_pad: int) -> PrefillTiling:
+    """The default tiling of a prefill chunk of ``num_tokens`` (its captured capacity)
+    for a padded group of ``group_pad`` query heads per kv head: shapes only."""
+    return PrefillTiling(rows=DEFAULT_PREFILL_ROWS, key_pages=1, num_warps=4, num_stages=2)
+
+
 def prefill_splits(num_tokens: int, block_t: int, num_kv_heads: int) -> int:
     """Default KV split count of ``triton_paged_prefill_attention``: enough splits for
     about PREFILL_TARGET_PROGRAMS programs, at most MAX_PREFILL_SPLITS, at least 1.
@@ -655,6 +691,9 @@ def triton_paged_prefill_attention(
     *,
     block_t: int | None = None,
     num_splits: int | None = None,
+    key_pages: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """Causal paged attention for one request's prefill chunk (flash-attention style).
 
@@ -663,8 +702,9 @@ def triton_paged_prefill_attention(
     (real tokens; rows >= n_valid are padding and come back as 0). Row i attends keys
     ``[0, start + i]``, the chunk's own keys already written to the cache.
 
-    ``block_t`` (tokens per program, a power of two) is a tuning knob; by default each
-    program holds DEFAULT_PREFILL_ROWS rows of (token, head-in-group) pairs.
+    ``block_t`` (tokens per program, a power of two), ``key_pages`` (pages of keys per
+    step of a program's key loop, a power of two) and Triton's ``num_warps`` and
+    ``num_stages`` are tuning knobs; each one not given comes from ``prefill_tiling``.
     ``num_splits`` splits each tile's pages into that many contiguous ranges run by
     separate programs, merged afterwards (split-KV, as in decode); by default
     ``prefill_splits`` picks it from the shapes. 1 runs the single-pass kernel. Every
@@ -677,14 +717,18 @@ def triton_paged_prefill_attention(
 
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
+    tiling = prefill_tiling(q.shape[0], group_pad)
     if block_t is None:
-        block_t = max(1, DEFAULT_PREFILL_ROWS // group_pad)
+        block_t = max(1, tiling.rows // group_pad)
+    key_pages = tiling.key_pages if key_pages is None else key_pages
     if not _is_pow2(block_t):
         raise ValueError(f"block_t must be a power of two, got {block_t}")
     # tl.dot needs at least 16 rows.
     block_t = max(block_t, math.ceil(_MIN_DOT / group_pad))
     if num_splits is not None and num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    if not _is_pow2(key_pages):
+        raise ValueError(f"key_pages must be a power of two, got {key_pages}")
 
     num_tokens = q.shape[0]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -695,19 +739,20 @@ def triton_paged_prefill_attention(
     tiles = triton.cdiv(num_tokens, block_t)
     inputs = (q, kv, page_table_row, start, n_valid)
     input_strides = (*q.stride(), *kv.stride(), *page_table_row.stride())
-    tiling = dict(
+    launch = dict(
         GROUP=group,
         GROUP_PAD=group_pad,
         BLOCK_T=block_t,
         HEAD_DIM=head_dim,
         PAGE_SIZE=page_size,
+        KEY_PAGES=key_pages,
         UPCAST=_INTERPRETED,
-        num_warps=4,
-        num_stages=2,
+        num_warps=tiling.num_warps if num_warps is None else num_warps,
+        num_stages=tiling.num_stages if num_stages is None else num_stages,
     )
     if num_splits == 1:
         _prefill_kernel[(tiles, num_kv_heads)](
-            *inputs, out, scale * LOG2E, num_tokens, *input_strides, *out.stride(), **tiling
+            *inputs, out, scale * LOG2E, num_tokens, *input_strides, *out.stride(), **launch
         )
         return out
 
@@ -725,7 +770,7 @@ def triton_paged_prefill_attention(
         *part_m.stride(),
         *part_acc.stride(),
         NUM_SPLITS=num_splits,
-        **tiling,
+        **launch,
     )
     _prefill_combine_kernel[(triton.cdiv(num_tokens, PREFILL_COMBINE_TOKENS), num_heads)](
         part_m,
