@@ -16,10 +16,10 @@ a fused decode path:
   forward for prefill chunks and runs decode rows through ``DecodeFusedLayer``,
   which puts each residual addition in the epilogue of the projection before it
   and, with "norms", each RMSNorm in the K loop of the projection that reads it.
-  The default is "none", the fastest measured: fused norms computed row by row
-  before the K loop made the Qwen3-8B decode step 4.51 ms against 4.40 unfused
-  (``bench/results/issue5/2026-11-30f-two-gpus/``); the in-loop form that replaced
-  them, and the residuals alone, await their measurement.
+  Preparation's default is "residuals", the fastest measured: Qwen3-8B's decode
+  step in one process, unprofiled, 4.59 ms at capacity 1 against 4.65 unfused and
+  7.05 with the norms in the K loop (``bench/results/issue5/2026-11-30g-two-gpus/``).
+  This constructor's own default is "none", the canonical composition.
 
 The text-model forward is replaced by ``forward_tokens`` over packed tokens and
 device positions (no Transformers cache object, no host-side masks).

@@ -414,6 +414,48 @@ def test_prefill_split_default() -> None:
     check_prefill(SMALL, 32, 95, 21, seed=9)
 
 
+def test_prefill_tiling_rule() -> None:
+    # Long chunks of Qwen3-8B's group shape take the tiling measured for them; shorter
+    # chunks and other shapes keep the general one.
+    long = triton_attention.LONG_CHUNK_TILING
+    assert triton_attention.prefill_tiling(4096, 4, 128) == long
+    assert triton_attention.prefill_tiling(8192, 4, 128) == long
+    general = triton_attention.prefill_tiling(2048, 4, 128)
+    assert general.rows == triton_attention.DEFAULT_PREFILL_ROWS and general.key_pages == 1
+    assert triton_attention.prefill_tiling(4096, 4, 64) == general  # SmolLM2's head size
+    assert triton_attention.prefill_tiling(4096, 8, 128) == general
+    # The long tiling fills the grid alone: one split for 4,096 tokens and 8 kv heads.
+    assert prefill_splits(4096, long.rows // 4, 8) == 1
+
+
+@pytest.mark.gpu
+def test_prefill_long_chunk_default_gpu() -> None:
+    # The default tiling of a 4,096-token chunk (the long-chunk tiling for this shape)
+    # after a history that ends mid-page, against SDPA in float32 over the same keys.
+    import torch.nn.functional as F
+    from torch.nn.attention.bias import causal_lower_right
+
+    chunk, start, n_valid = 4096, 4129, 4000
+    inputs = prefill_inputs(SERVING, chunk, start, n_valid, seed=21, device="cuda")
+    assert triton_attention.prefill_tiling(chunk, 4, SERVING.head_dim).rows == 128
+    out = run_prefill(inputs, SERVING)
+    total = start + n_valid
+    k, v = attention._gather_history(inputs.kv, inputs.table, total)
+    q = inputs.q[:n_valid].to(out.device).float().permute(1, 0, 2).unsqueeze(0)
+    ref = F.scaled_dot_product_attention(
+        q,
+        k.permute(1, 0, 2).unsqueeze(0),
+        v.permute(1, 0, 2).unsqueeze(0),
+        causal_lower_right(n_valid, total),
+        scale=SERVING.scale,
+        enable_gqa=True,
+    )[0].permute(1, 0, 2)
+    assert not out.isnan().any()
+    assert torch.all(out[n_valid:] == 0), "padding rows are not zero"
+    err = rel_l2(out[:n_valid], ref)
+    assert err < TOLERANCE, f"rel L2 {err:.2e}"
+
+
 def test_prefill_splits_rule() -> None:
     # SmolLM2-135M (3 kv heads, group 3 padded to 4: tiles of 16 tokens): 8 tiles x 3 kv
     # heads = 24 programs -> 16 splits (capped); 96 -> 11; 1,536 programs need no split.
@@ -487,7 +529,7 @@ def test_prefill_gpu(chunk: int, start: int, short: int) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     ("rows", "key_pages", "num_warps", "num_stages"),
-    [(64, 2, 4, 2), (128, 1, 8, 2), (128, 2, 8, 2), (128, 2, 8, 3), (128, 2, 4, 3)],
+    [(64, 2, 4, 2), (128, 1, 8, 2), (128, 2, 8, 2), (128, 2, 8, 3), (128, 2, 4, 3), (128, 1, 4, 2)],
 )
 @pytest.mark.parametrize(("start", "n_valid"), [(0, 512), (4129, 500)])
 def test_prefill_tilings_gpu(

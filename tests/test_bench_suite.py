@@ -63,6 +63,8 @@ from bench.suite.workloads import (
     prefix_requests,
     tool_requests,
 )
+from ignition.preparation.compile_flags import compile_options
+from ignition.preparation.prepared import PrepareOptions
 
 
 def words(text: str) -> list[str]:
@@ -507,6 +509,39 @@ def test_the_replay_floor_answers_suite_requests(tmp_path: Path) -> None:
         assert len(sample.gaps_s) == (sample.output_tokens or 0) - 1
     assert samples[2].error is not None
     assert samples[2].error["code"] == "context_length_exceeded"
+
+
+def test_the_replay_floor_prepares_with_every_option_the_suite_parses(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The suite hands the floor every --replay-* compile option; each reaches the
+    # preparation (--replay-decode-fusion once failed with a TypeError on the GPU).
+    from bench.suite import replay_floor
+    from bench.suite.__main__ import build_parser
+
+    args = build_parser().parse_args(
+        [
+            "--replay",
+            "m",
+            "--engine",
+            "floor",
+            "--out",
+            "o.json",
+            "--replay-decode-fusion=norms",
+            "--replay-compile-scope=layer",
+        ]
+    )
+    seen: list[PrepareOptions] = []
+    monkeypatch.setattr(replay_floor, "prepare", lambda _model, options: seen.append(options))
+    replay_floor.prepare_floor(
+        tmp_path,
+        max_concurrency=2,
+        context_limit=512,
+        eager=False,
+        **compile_options(args, "replay-"),
+    )
+    (options,) = seen
+    assert options.decode_fusion == "norms" and options.compile_scope == "layer"
 
 
 # ---------------------------------------------------------------- report

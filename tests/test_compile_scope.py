@@ -92,7 +92,7 @@ def test_every_preparing_command_spells_the_compile_options_alike() -> None:
         "compile": False,
         "compile_scope": "forward",
         "compile_sampling": True,
-        "decode_fusion": "none",
+        "decode_fusion": "residuals",
     }
     assert compile_options(args, "replay-") == {
         "compile": True,

@@ -20,7 +20,7 @@ import torch
 
 from bench.suite.client import Sample
 from bench.suite.workloads import BenchRequest
-from ignition.preparation.compile_flags import CompileScope
+from ignition.preparation.compile_flags import CompileScope, DecodeFusion
 from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare
 from ignition.replay.harness import AdmissionError, Harness, Request, SamplingParams
 
@@ -34,10 +34,12 @@ def prepare_floor(
     compile: bool = True,
     compile_sampling: bool | None = None,
     compile_scope: CompileScope = "forward",
+    decode_fusion: DecodeFusion = "residuals",
 ) -> PreparedModel:
     """``model`` prepared as ``ignition replay`` prepares it (bf16, compiled unless
     not ``compile``, in regions of ``compile_scope``, the sampler as ``compile_sampling``
-    says, captured on CUDA), or ``eager``: float32 on the CPU, no graphs (for tests)."""
+    says, decode layers fused as ``decode_fusion`` says, captured on CUDA), or
+    ``eager``: float32 on the CPU, no graphs (for tests)."""
     if eager:
         options = PrepareOptions(
             max_concurrency=max_concurrency,
@@ -55,6 +57,7 @@ def prepare_floor(
             compile=compile,
             compile_sampling=compile_sampling,
             compile_scope=compile_scope,
+            decode_fusion=decode_fusion,
         )
     return prepare(model, options)
 

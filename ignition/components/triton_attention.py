@@ -661,9 +661,22 @@ class PrefillTiling(NamedTuple):
     num_stages: int
 
 
-def prefill_tiling(num_tokens: int, group_pad: int) -> PrefillTiling:
+# Long chunks of a group of 4 query heads of dimension 128 per kv head (Qwen3-8B's
+# shape; bench/prefill_attention_bench.py on the H200, bench/results/issue5/
+# 2026-11-30g-two-gpus/): 4,096-token chunks after 16K, 32K and 60K cached tokens took
+# 2.98, 5.60 and 10.47 ms at 128 rows, two pages per key step, 8 warps and 3 stages,
+# against 3.23, 6.15 and 11.30 at the general tiling (0.40 against 0.39 ms with no
+# history). Other shapes keep the general tiling until measured.
+LONG_CHUNK_TOKENS = 4096
+LONG_CHUNK_TILING = PrefillTiling(rows=128, key_pages=2, num_warps=8, num_stages=3)
+
+
+def prefill_tiling(num_tokens: int, group_pad: int, head_dim: int) -> PrefillTiling:
     """The default tiling of a prefill chunk of ``num_tokens`` (its captured capacity)
-    for a padded group of ``group_pad`` query heads per kv head: shapes only."""
+    for a padded group of ``group_pad`` query heads of ``head_dim`` per kv head: shapes
+    only."""
+    if num_tokens >= LONG_CHUNK_TOKENS and group_pad == 4 and head_dim == 128:
+        return LONG_CHUNK_TILING
     return PrefillTiling(rows=DEFAULT_PREFILL_ROWS, key_pages=1, num_warps=4, num_stages=2)
 
 
@@ -717,7 +730,7 @@ def triton_paged_prefill_attention(
 
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
-    tiling = prefill_tiling(q.shape[0], group_pad)
+    tiling = prefill_tiling(q.shape[0], group_pad, head_dim)
     if block_t is None:
         block_t = max(1, tiling.rows // group_pad)
     key_pages = tiling.key_pages if key_pages is None else key_pages
