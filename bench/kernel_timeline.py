@@ -35,7 +35,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.suite.report import measure_read_bandwidth, resolve_geometry, roofline_step_s
+from bench.suite.bandwidth import measure_read_bandwidth
+from bench.suite.report import resolve_geometry, roofline_step_s
 from ignition.preparation.compile_flags import add_compile_options, compile_options
 
 # Measured once per process, on first use.

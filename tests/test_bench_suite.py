@@ -547,6 +547,19 @@ def test_the_replay_floor_prepares_with_every_option_the_suite_parses(
 # ---------------------------------------------------------------- report
 
 
+def test_the_streaming_read_probe_sums_its_buffer() -> None:
+    # Program p reads blocks p, p + P, p + 2P, ... (P programs); the last is partial.
+    from bench.suite.bandwidth import stream_read
+
+    x = torch.arange(10_000, dtype=torch.float32) / 7
+    partial = stream_read(x, programs=3, block=256)
+    blocks = x.double().split(256)
+    expected = [sum(block.sum().item() for block in blocks[p::3]) for p in range(3)]
+    assert partial.tolist() == pytest.approx(expected, rel=1e-6)
+    with pytest.raises(ValueError, match="float32"):
+        stream_read(x.half(), programs=3)
+
+
 def test_geometry_bytes_match_the_documented_table() -> None:
     small, large = GEOMETRIES["smollm2-135m"], GEOMETRIES["qwen3-8b"]
     assert small.parameters() == 134_515_008

@@ -162,28 +162,6 @@ def resolve_geometry(name: str) -> Geometry:
     return Geometry(**data)
 
 
-def measure_read_bandwidth(gib: float = 4.0, repeats: int = 20) -> float:
-    """Device read bandwidth in bytes/s: the median time of a sum over ``gib`` GiB
-    (reads every byte once, writes one value). Needs torch and a CUDA device."""
-    import torch
-
-    if not torch.cuda.is_available():
-        raise RuntimeError("measuring the read bandwidth needs a CUDA device")
-    values = int(gib * (1 << 30)) // 4
-    data = torch.ones(values, dtype=torch.float32, device="cuda")
-    times = []
-    for _ in range(repeats + 2):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.sum(data)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    del data
-    torch.cuda.empty_cache()
-    return values * 4 / median(times[2:])
-
-
 # ---------------------------------------------------------------- metrics
 
 
