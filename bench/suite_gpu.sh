@@ -34,7 +34,8 @@
 # WORK (default /tmp/flare-suite) holds checkpoints and cores between stages;
 # WHEELS, when set, names folders of wheels (space-separated) installed first (the
 # machine has no registry): gguf and flare_heliopause, plus openai's and
-# transformers serve's dependencies for the baselines. PREPARE_ARGS, when set, adds
+# transformers serve's dependencies for the baselines (`bench/baseline_wheels.sh DIR`
+# downloads those where there is a registry). PREPARE_ARGS, when set, adds
 # options to `ignition prepare` (for example --no-compile, --compile-scope=layer or
 # --decode-fusion=norms: written with `=`, as the floor and the timeline follow
 # it; a fusion chosen by qwen3-8b-fusion is added to the qwen3-8b stages' options
