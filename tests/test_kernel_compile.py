@@ -47,6 +47,27 @@ for fused in (True, False):
                 dict(NORM=fused, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128),
                 num_warps=4, num_stages=4)
     print("gated", fused, len(k.asm["cubin"]), len(re.findall(r"fma\\.rn\\.bf16", k.asm["ptx"])))
+
+# The prefill attention kernel at its default tilings for Qwen3-8B's shape, compiled as
+# a launch specializes it (16-byte aligned pointers, strides of one folded in): the
+# shared memory each needs, against the SM's 227 KiB (a tiling past it compiles but
+# fails at launch).
+from ignition.components.triton_attention import _prefill_kernel, prefill_tiling
+names = _prefill_kernel.arg_names
+types = ["*bf16", "*bf16", "*i32", "*i32", "*i32", "*bf16", "fp32", "i32"] + ["i32"] * 12
+signature = dict(zip(names, types + ["constexpr"] * (len(names) - len(types))))
+ones = ("stride_qd", "stride_kvd", "stride_od", "stride_ptp")
+signature.update({name: "constexpr" for name in ones})
+attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
+         if signature[name] != "constexpr" and name != "qk_scale"}
+for tokens in (512, 4096):
+    t = prefill_tiling(tokens, 4, 128)
+    constexprs = dict(GROUP=4, GROUP_PAD=4, BLOCK_T=t.rows // 4, HEAD_DIM=128, PAGE_SIZE=64,
+                      KEY_PAGES=t.key_pages, UPCAST=False, **{name: 1 for name in ones})
+    k = triton.compile(ASTSource(_prefill_kernel, signature, constexprs=constexprs, attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=t.num_warps, num_stages=t.num_stages))
+    print("prefill", tokens, k.metadata.shared, len(re.findall(r"cp\\.async", k.asm["ptx"])))
 """
 
 
@@ -66,3 +87,8 @@ def test_the_new_kernels_compile_for_sm90() -> None:
         for fused in ("True", "False"):
             cubin, fmas = found[(kernel, fused)]
             assert int(cubin) > 0 and int(fmas) == 0, done.stdout
+    for tokens in ("512", "4096"):
+        # Fits the H200's shared memory per block, and streams keys and values
+        # asynchronously (the loop is software-pipelined).
+        shared, copies = found[("prefill", tokens)]
+        assert 0 < int(shared) <= 232448 and int(copies) > 0, done.stdout
