@@ -8,9 +8,10 @@ and 512 with 11 and 370 real tokens, after 0 to 32K cached tokens: the time per 
 inside a CUDA graph, over KV copies larger than L2 together (``bench/cuda_timing.py``),
 per split count (1, the default, and 2 to 32), and the default's choice. Then whole
 4,096-token chunks of the Qwen3-8B shape after 0 to 60K cached tokens (a 64K prompt's
-chunks), the kernel's default and each tiling of TILINGS against PyTorch's SDPA over
-the same keys and values laid out contiguously (the generate loop's attention), in ms
-and TFLOP/s: the data behind ``prefill_tiling``' default. Needs a GPU.
+chunks) and of SmolLM2-135M's after 0 and 4K, the kernel's default and each tiling
+of TILINGS against PyTorch's SDPA over the same keys and values laid out contiguously
+(the generate loop's attention), in ms and TFLOP/s: the data behind
+``prefill_tiling``' default. Needs a GPU.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import triton
 from torch.nn.attention.bias import causal_lower_right
 from triton.runtime.errors import OutOfResources
 
@@ -35,9 +37,13 @@ CHUNKS = [(128, 11), (512, 370)]
 HISTORIES = [0, 2048, 8192, 32768]
 SPLITS = [1, 2, 4, 8, 16, 32]
 # Whole chunks of a long prompt: (shape, chunk tokens, histories).
-LONG = ("qwen3-8b", 32, 8, 128)
 LONG_CHUNK = 4096
-LONG_HISTORIES = [0, 16384, 32768, 61440]
+# (shape, query heads, kv heads, head dim, histories): a 64K prompt's chunks for the
+# 8B; SmolLM2's 8K context holds two.
+LONG = [
+    ("qwen3-8b", 32, 8, 128, [0, 16384, 32768, 61440]),
+    ("smollm2-135m", 9, 3, 64, [0, 4096]),
+]
 # Tilings of the long chunks: (query rows, key pages per step, warps, stages).
 TILINGS = [
     (64, 1, 4, 2),
@@ -61,9 +67,17 @@ def causal_flops(heads: int, dim: int, chunk: int, history: int) -> int:
 
 def long_chunks(device: torch.device) -> list[dict]:
     """The kernel's default on whole chunks after long histories, against SDPA."""
-    name, heads, kv_heads, dim = LONG
     rows = []
-    for history in LONG_HISTORIES:
+    for name, heads, kv_heads, dim, histories in LONG:
+        rows += _long_chunks(device, name, heads, kv_heads, dim, histories)
+    return rows
+
+
+def _long_chunks(
+    device: torch.device, name: str, heads: int, kv_heads: int, dim: int, histories: list[int]
+) -> list[dict]:
+    rows = []
+    for history in histories:
         total = history + LONG_CHUNK
         pages = total // PAGE + 2
         kv = torch.randn(2, pages + 1, PAGE, kv_heads, dim, device=device, dtype=torch.bfloat16)
@@ -73,7 +87,7 @@ def long_chunks(device: torch.device) -> list[dict]:
         n_valid = torch.tensor([LONG_CHUNK], dtype=torch.int32, device=device)
         call = partial(triton_paged_prefill_attention, q, kv, table, start, n_valid, dim**-0.5)
         flare_ms = median_graph_ms([call])
-        group = heads // kv_heads
+        group = triton.next_power_of_2(heads // kv_heads)
         tiling_ms: dict[str, float | None] = {}
         for t in TILINGS:
             tuned = partial(
