@@ -9,6 +9,8 @@ A roofline slower than what a kernel reaches would flatter every ratio against i
 On the H200 the ``torch.sum`` probe read 4.23 to 4.40 TB/s in earlier runs, while
 Flare's own vocabulary projection streamed its weight at 4.41 to 4.45 TB/s
 (``bench/results/issue5/``), so the faster probe counts. Both are kept in the results.
+Measured once so far (``2026-11-30g-two-gpus/attention-long-2/``), the streaming probe
+read 4.29 TB/s against ``torch.sum``'s 4.33: neither yet reaches the projection's rate.
 """
 
 from __future__ import annotations
