@@ -468,6 +468,10 @@ def test_the_suite_cli_measures_a_server_and_the_report_compares_engines(
     assert server["agent-1500"]["delta"]["flare_launches_restore_total"] >= len(answered) - 1
     assert metrics["server-prefill_launches-long-512"] == 1.0
     assert metrics["server-preparation_ms-long-512"] > 0
+    # The model thread's time to first token: within the client's, above zero.
+    assert long_512["delta"]["flare_time_to_first_token_seconds_count"] == 2
+    client_ttft_ms = [s.ttft_s * 1e3 for s in by["long-512"] if s.ttft_s is not None]
+    assert 0 < metrics["server-server_ttft_ms-long-512"] <= max(client_ttft_ms)
     assert "| long-512 | server: prefill chunks per request |" in table
 
 
@@ -747,6 +751,8 @@ def test_server_counters_parse_and_difference_per_request() -> None:
         'flare_prompt_preparation_seconds_bucket{le="0.001"} 1\n'
         "flare_prompt_preparation_seconds_sum 0.004\n"
         "flare_prompt_preparation_seconds_count 2\n"
+        "flare_time_to_first_token_seconds_sum 0.05\n"
+        "flare_time_to_first_token_seconds_count 4\n"
         "flare_launches_snapshot_total 3\n"
     )
     after = parse_metrics(text)
@@ -755,6 +761,8 @@ def test_server_counters_parse_and_difference_per_request() -> None:
         "flare_launches_prefill_total": 1.0,
         "flare_prompt_preparation_seconds_sum": 0.001,
         "flare_prompt_preparation_seconds_count": 1.0,
+        "flare_time_to_first_token_seconds_sum": 0.01,
+        "flare_time_to_first_token_seconds_count": 2.0,
         "flare_launches_snapshot_total": 1.0,
     }
     delta = difference(before, after)
@@ -763,12 +771,19 @@ def test_server_counters_parse_and_difference_per_request() -> None:
             "flare_launches_prefill_total": 6,
             "flare_prompt_preparation_seconds_sum": 0.003,
             "flare_prompt_preparation_seconds_count": 1,
+            "flare_time_to_first_token_seconds_sum": 0.04,
+            "flare_time_to_first_token_seconds_count": 2,
             "flare_launches_snapshot_total": 2,
         }
     )
     per = per_request(delta, 2)
     assert per == pytest.approx(
-        {"preparation_ms": 3.0, "prefill_launches": 3.0, "snapshot_launches": 1.0}
+        {
+            "preparation_ms": 3.0,
+            "server_ttft_ms": 20.0,
+            "prefill_launches": 3.0,
+            "snapshot_launches": 1.0,
+        }
     )
     assert difference(None, after) is None
     assert metrics_path(Endpoint("http://127.0.0.1:8080/v1")) == "/metrics"

@@ -168,6 +168,7 @@ def resolve_geometry(name: str) -> Geometry:
 # Rows from the server's counters, per request of a measurement.
 SERVER_ROWS = (
     ("preparation_ms", "server: prompt preparation per request (ms)"),
+    ("server_ttft_ms", "server: model thread's TTFT, mean (ms)"),
     ("prefill_launches", "server: prefill chunks per request"),
     ("snapshot_launches", "server: snapshots per request"),
     ("restore_launches", "server: restores per request"),

@@ -1,8 +1,11 @@
 """A server's own account of a measurement: Flare's ``/metrics`` counters read just
 before the measured requests and just after them, as differences. They attribute a
 request's time the client cannot see: the prompt's preparation (rendering,
-tokenization, endpoint mapping) and the graph launches it cost, by kind (prefill
-chunks, snapshots, restores, ...). Servers without these counters give none.
+tokenization, endpoint mapping), the graph launches it cost, by kind (prefill
+chunks, snapshots, restores, ...), and the model thread's time to first token (from
+the request's submission to the scheduler to its first token handed to the HTTP
+side), whose difference from the client's TTFT is HTTP, tokenization and thread
+hand-offs. Servers without these counters give none.
 """
 
 from __future__ import annotations
@@ -14,10 +17,13 @@ from urllib.parse import urlsplit
 from bench.suite.client import Endpoint
 
 PREPARATION = "flare_prompt_preparation_seconds"
+FIRST_TOKEN = "flare_time_to_first_token_seconds"
 LAUNCH_KINDS = ("admit", "prefill", "decode", "resume", "snapshot", "restore")
 COUNTERS = (
     f"{PREPARATION}_sum",
     f"{PREPARATION}_count",
+    f"{FIRST_TOKEN}_sum",
+    f"{FIRST_TOKEN}_count",
     *(f"flare_launches_{kind}_total" for kind in LAUNCH_KINDS),
     "flare_prefill_tokens_total",
     "flare_prefix_hit_tokens_total",
@@ -74,13 +80,15 @@ def difference(
 
 
 def per_request(delta: dict[str, Any], requests: int) -> dict[str, float]:
-    """A measurement's counters per request: preparation in ms, launches by kind."""
+    """A measurement's counters per request: preparation and the model thread's time to
+    first token in ms (means), launches by kind."""
     if requests <= 0:
         return {}
     out: dict[str, float] = {}
-    count = delta.get(f"{PREPARATION}_count")
-    if count:
-        out["preparation_ms"] = delta[f"{PREPARATION}_sum"] / count * 1e3
+    for histogram, key in ((PREPARATION, "preparation_ms"), (FIRST_TOKEN, "server_ttft_ms")):
+        count = delta.get(f"{histogram}_count")
+        if count:
+            out[key] = delta[f"{histogram}_sum"] / count * 1e3
     for kind in LAUNCH_KINDS:
         name = f"flare_launches_{kind}_total"
         if name in delta:
