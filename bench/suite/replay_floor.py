@@ -20,7 +20,11 @@ import torch
 
 from bench.suite.client import Sample
 from bench.suite.workloads import BenchRequest
-from ignition.preparation.compile_flags import CompileScope, DecodeFusion
+from ignition.preparation.compile_flags import (
+    DEFAULT_DECODE_FUSION,
+    CompileScope,
+    DecodeFusion,
+)
 from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare
 from ignition.replay.harness import AdmissionError, Harness, Request, SamplingParams
 
@@ -34,7 +38,7 @@ def prepare_floor(
     compile: bool = True,
     compile_sampling: bool | None = None,
     compile_scope: CompileScope = "forward",
-    decode_fusion: DecodeFusion = "residuals",
+    decode_fusion: DecodeFusion = DEFAULT_DECODE_FUSION,
 ) -> PreparedModel:
     """``model`` prepared as ``ignition replay`` prepares it (bf16, compiled unless
     not ``compile``, in regions of ``compile_scope``, the sampler as ``compile_sampling``

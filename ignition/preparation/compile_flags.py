@@ -15,6 +15,8 @@ COMPILE_SCOPES: tuple[str, ...] = get_args(CompileScope)
 # the RMSNorms (qkv's and gate/up's K loops).
 DecodeFusion = Literal["none", "residuals", "norms"]
 DECODE_FUSIONS: tuple[str, ...] = get_args(DecodeFusion)
+# Preparation's default: the fastest measured (bench/results/issue5/, seventh run).
+DEFAULT_DECODE_FUSION: DecodeFusion = "residuals"
 
 
 def add_compile_options(parser: argparse.ArgumentParser, prefix: str = "") -> None:
@@ -41,7 +43,7 @@ def add_compile_options(parser: argparse.ArgumentParser, prefix: str = "") -> No
     parser.add_argument(
         f"--{prefix}decode-fusion",
         choices=DECODE_FUSIONS,
-        default="residuals",
+        default=DEFAULT_DECODE_FUSION,
         help="what decode layers fuse into their projections' kernels: none (the canonical "
         "layer, compiled), the residual additions (default: the fastest measured), or "
         "those and the RMSNorms (measured slower)",

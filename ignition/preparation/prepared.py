@@ -24,7 +24,7 @@ from ignition.loading.mapping import load_weights
 from ignition.loading.open import open_checkpoint
 from ignition.loading.source import CheckpointError
 from ignition.preparation.catalog import Catalog, GraphKey
-from ignition.preparation.compile_flags import CompileScope, DecodeFusion
+from ignition.preparation.compile_flags import DEFAULT_DECODE_FUSION, CompileScope, DecodeFusion
 from ignition.preparation.memory import GIB, MemoryReport, plan_kv_pages
 from ignition.preparation.placement import DefaultPlacement, Placement
 from ignition.preparation.progress import console, phase
@@ -64,7 +64,7 @@ class PrepareOptions:
     compile_sampling: bool | None = None
     # What decode layers fuse into their projections (``compile_flags.DecodeFusion``):
     # the residual additions by default, the fastest measured.
-    decode_fusion: DecodeFusion = "residuals"
+    decode_fusion: DecodeFusion = DEFAULT_DECODE_FUSION
     capture: bool = True
     # Keep each captured cudaGraph_t (an export walks them); they instantiate on use.
     keep_graphs: bool = False
