@@ -13,6 +13,8 @@ import ctypes
 import gc
 import importlib
 import os
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -22,6 +24,7 @@ import torch
 MIB = 1 << 20
 BASE = 0x200000000000
 SIZE = 1 << 30
+ROOT = Path(__file__).resolve().parent.parent
 REGIONS = [("weights", 256 * MIB), ("state", 128 * MIB), ("scratch", 256 * MIB)]
 
 
@@ -107,6 +110,28 @@ def _inside(ptr: int, region: dict, nbytes: int = 1) -> bool:
 
 @pytest.mark.gpu
 def test_pytorch_allocations_and_graph_land_in_the_window(hp):
+    # The window's fixed range belongs to the whole process: after earlier GPU tests
+    # of the same session (CUDA's own reservations after their allocations, or a
+    # window PyTorch still holds blocks of) it may be mapped already. A fresh
+    # interpreter starts with nothing there, as a preparation run does.
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(Path(__file__).parent), str(ROOT), env.get("PYTHONPATH")])
+    )
+    code = "import test_heliopause_window as t; t.window_scenario()"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    assert "window scenario passed" in done.stdout, done.stdout[-3000:]
+    if "window left open" in done.stderr:
+        warnings.warn(done.stderr[-2000:], stacklevel=1)
+
+
+def window_scenario() -> None:
+    """PyTorch's allocations and a captured graph land in the selected regions of a
+    window at a fixed address; run in its own process by the test above."""
+    hp = importlib.import_module("flare_heliopause")
     hp.window_open(BASE, SIZE, REGIONS, device=torch.cuda.current_device())
     try:
         info = hp.window_info()
@@ -185,3 +210,4 @@ def test_pytorch_allocations_and_graph_land_in_the_window(hp):
         warnings.warn(
             f"window left open, PyTorch still holds blocks: {hp.window_usage()}", stacklevel=1
         )
+    print("window scenario passed")
