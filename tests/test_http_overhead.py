@@ -1,0 +1,38 @@
+"""``bench/http_overhead.py``: the serving path's share of TTFT, timed on the CPU
+against Helios's real server over the test executor and a null socket server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fake_server import build_fake_server
+
+from bench import http_overhead
+
+
+def test_the_overhead_bench_times_both_servers(tmp_path: Path) -> None:
+    out = tmp_path / "overhead.json"
+    args = ["--binary", str(build_fake_server()), "--tokens", "64", "--requests", "4"]
+    assert http_overhead.main([*args, "--warmup", "1", "--rounds", "1", "--out", str(out)]) == 0
+    (measured,) = json.loads(out.read_text())["rounds"]
+    fake, null = measured["fake"], measured["null"]
+    for server in (fake, null):
+        assert server["requests"] == 4 and len(server["ttft_ms"]) == 4
+        assert all(ttft > 0 for ttft in server["ttft_ms"])
+        assert server["ttft_median_ms"] <= server["ttft_p99_ms"]
+    # Flare's own counters split the fake server's TTFT; the null server has none.
+    assert fake["server"]["preparation_ms"] > 0 and fake["server"]["server_ttft_ms"] > 0
+    # Every prompt is new: one prefill each, nothing restored.
+    assert fake["server"]["prefill_launches"] == 1 and fake["server"]["restore_launches"] == 0
+    assert null["server"] is None
+
+
+def test_the_null_server_answers_with_one_event_at_once() -> None:
+    from bench.suite.client import Endpoint, stream_request
+
+    (request,) = http_overhead.word_requests(32, 1, seed=1)
+    with http_overhead.null_server(32) as url:
+        sample = stream_request(Endpoint(url), request)
+    assert sample.ok and sample.text == " w" and sample.output_tokens == 1
+    assert sample.prompt_tokens == 32 and sample.finish_reason == "length"
