@@ -29,27 +29,25 @@ import argparse
 import json
 import platform
 import random
-import re
 import socket
-import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# The fake server's launcher is the tests' (tests/fake_server.py).
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from fake_server import FakeServer  # noqa: E402
 
 from bench.suite.client import Endpoint, Sample, median, p99, stream_request  # noqa: E402
 from bench.suite.server_metrics import difference, per_request, scrape  # noqa: E402
 from bench.suite.workloads import BenchRequest, Sampling, derive_seed  # noqa: E402
 
 DEFAULT_BINARY = ROOT / "target" / "release" / "examples" / "fake_server"
-SERVING = re.compile(r"serving on (http://\S+)")
 
 
 def word_requests(tokens: int, count: int, seed: int) -> list[BenchRequest]:
@@ -70,35 +68,6 @@ def word_requests(tokens: int, count: int, seed: int) -> list[BenchRequest]:
             )
         )
     return requests
-
-
-@contextmanager
-def fake_server(binary: Path) -> Iterator[str]:
-    """Runs the fake_server example on a free port; yields its URL."""
-    process = subprocess.Popen(
-        [str(binary), "--port", "0"],
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert process.stderr is not None
-        url = None
-        deadline = time.monotonic() + 60
-        while url is None and time.monotonic() < deadline:
-            line = process.stderr.readline()
-            if not line:
-                break
-            if found := SERVING.search(line):
-                url = found.group(1)
-        if url is None:
-            raise RuntimeError(f"{binary} did not report its address")
-        # Keep the pipe drained so the server never blocks on stderr.
-        threading.Thread(target=process.stderr.read, daemon=True).start()
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 def _canned(prompt_tokens: int) -> bytes:
@@ -202,17 +171,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     requests = word_requests(args.tokens, args.requests + args.warmup, seed=0)
     rounds: list[dict[str, Any]] = []
     for index in range(args.rounds):
-        with fake_server(args.binary) as url:
-            fake = measure(url, requests, args.warmup)
+        server = FakeServer(args.binary)
+        try:
+            fake = measure(server.url, requests, args.warmup)
+        finally:
+            server.stop()
         with null_server(args.tokens) as url:
             null = measure(url, requests, args.warmup)
         rounds.append({"round": index, "fake": fake, "null": null})
-        server = fake["server"] or {}
+        counters = fake["server"] or {}
         print(
             f"round {index}: fake TTFT {fake['ttft_median_ms']:.3f} ms "
             f"(p99 {fake['ttft_p99_ms']:.3f}; server: preparation "
-            f"{server.get('preparation_ms', float('nan')):.3f}, model thread "
-            f"{server.get('server_ttft_ms', float('nan')):.3f} ms, means), "
+            f"{counters.get('preparation_ms', float('nan')):.3f}, model thread "
+            f"{counters.get('server_ttft_ms', float('nan')):.3f} ms, means), "
             f"null TTFT {null['ttft_median_ms']:.3f} ms (p99 {null['ttft_p99_ms']:.3f})"
         )
     if args.out:
