@@ -97,6 +97,30 @@ def test_openai_chat_streamed_and_not_agree_under_a_seed(server: Server) -> None
     assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens
 
 
+def test_the_first_content_delta_follows_the_first_event_at_once(server: Server) -> None:
+    """Through httpx (the ``openai`` SDK's transport), as stock clients read a stream:
+    each SSE event is a small write, and without TCP_NODELAY the second one waited for
+    the client's delayed ACK (about 40 ms after the role event)."""
+    client = _openai(server)
+    gaps = []
+    for seed in range(5):
+        first_event = first_content = None
+        stream = client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=8, seed=seed, stream=True
+        )
+        for chunk in stream:
+            now = time.perf_counter()
+            first_event = first_event or now
+            if any(choice.delta.content for choice in chunk.choices):
+                first_content = now
+                break
+        stream.close()
+        assert first_event is not None and first_content is not None
+        gaps.append(first_content - first_event)
+    gaps.sort()
+    assert gaps[len(gaps) // 2] < 0.005, gaps
+
+
 def test_openai_completions_streamed_and_not(server: Server) -> None:
     client = _openai(server)
     whole = client.completions.create(model=MODEL, prompt="hello there", max_tokens=6, seed=3)

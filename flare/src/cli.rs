@@ -48,8 +48,12 @@ pub enum Command {
         #[arg(long, value_name = "KEY")]
         api_key: Option<String>,
         /// The model id /v1/models lists (default: the core directory's name).
+        /// A request naming another model is 404.
         #[arg(long)]
         model: Option<String>,
+        /// Another name requests may give the model (repeatable).
+        #[arg(long = "alias", value_name = "NAME")]
+        aliases: Vec<String>,
         /// GPU memory to leave free after backing the KV pages, in MiB.
         #[arg(long, value_name = "MIB", default_value_t = 2048)]
         gpu_reserve: u64,
@@ -198,6 +202,7 @@ pub fn execute(command: Command) -> Result<Outcome, HeliosError> {
             port,
             api_key,
             model,
+            aliases,
             gpu_reserve,
             max_body_bytes,
             queue_capacity,
@@ -213,6 +218,7 @@ pub fn execute(command: Command) -> Result<Outcome, HeliosError> {
                 device,
                 gpu_reserve_mib: gpu_reserve,
                 model,
+                aliases,
                 max_body_bytes,
                 queue_capacity,
                 prefix_cache: !no_prefix_cache,

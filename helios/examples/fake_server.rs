@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use helios::core::load_manifest;
 use helios::frontend::Frontend;
-use helios::http::{marked_messages, router, AppState, ServeConfig};
+use helios::http::{marked_messages, router, AppState, SamplingPolicy, ServeConfig};
 use helios::scheduler::test_executor::{FakeModel, TestExecutor};
 use helios::scheduler::{
     Completion, ExecutionError, Executor, Geometry, Launch, PrefixConfig, SchedulerConfig,
@@ -133,6 +133,8 @@ fn main() -> ExitCode {
     let handle = worker.handle();
     let config = ServeConfig {
         model: "tiny".to_owned(),
+        aliases: vec!["tiny-alias".to_owned()],
+        sampling: SamplingPolicy::from_core(core.sampling()),
         context_limit: geometry.context_limit(),
         max_body_bytes: 64 * 1024,
         chunk_capacity: 16,

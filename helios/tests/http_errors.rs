@@ -29,9 +29,27 @@ async fn invalid_requests_are_400_with_the_envelope() {
         ),
         (json!({"model": "tiny"}).to_string(), "invalid_json", None),
         (
-            chat_body("w1", json!({"top_p": 1.5})),
+            json!({"model": "tiny", "messages": [
+                {"role": "user", "content": "w1"}, {"role": "wizard", "content": "w2"}]})
+            .to_string(),
+            "invalid_role",
+            Some("messages[1].role"),
+        ),
+        (
+            json!({"model": "tiny", "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "w1"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]})
+            .to_string(),
+            "unsupported_content",
+            Some("messages[0].content[1]"),
+        ),
+        (
+            chat_body(
+                "w1",
+                json!({"continue_final_message": true, "add_generation_prompt": true}),
+            ),
             "invalid_parameter",
-            Some("top_p"),
+            Some("add_generation_prompt"),
         ),
         (
             chat_body("w1", json!({"top_k": -2})),

@@ -7,6 +7,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use super::conversation;
 use super::error::HttpError;
 use super::generation::{self, Finish, Job};
 use super::sampling::SamplingFields;
@@ -17,6 +18,7 @@ use crate::frontend::ChatInput;
 /// The fields of a chat completion request Helios reads.
 #[derive(Debug, Deserialize)]
 struct ChatRequest {
+    model: Option<String>,
     messages: Vec<Value>,
     #[serde(default)]
     stream: bool,
@@ -26,6 +28,12 @@ struct ChatRequest {
     n: Option<u32>,
     tools: Option<Vec<Value>>,
     chat_template_kwargs: Option<Map<String, Value>>,
+    /// End the prompt inside the final message, which the output continues
+    /// (vLLM's spelling; it turns the generation prompt off by default).
+    #[serde(default)]
+    continue_final_message: bool,
+    /// Open a new assistant turn (default: unless continuing).
+    add_generation_prompt: Option<bool>,
     #[serde(flatten)]
     sampling: SamplingFields,
 }
@@ -39,17 +47,29 @@ pub async fn completions(State(state): State<AppState>, body: Body) -> Response 
 
 async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Response, HttpError> {
     let request: ChatRequest = parse_body(body)?;
+    conversation::check_model(state.config(), request.model.as_deref())?;
     if request.n.is_some_and(|n| n != 1) {
         return Err(HttpError::InvalidParameter {
             param: "n",
             reason: "must be 1",
         });
     }
-    let sampling = request.sampling.check()?;
+    let continue_final_message = request.continue_final_message;
+    let add_generation_prompt = request
+        .add_generation_prompt
+        .unwrap_or(!continue_final_message);
+    if continue_final_message && add_generation_prompt {
+        return Err(HttpError::InvalidParameter {
+            param: "add_generation_prompt",
+            reason: "must be false when continue_final_message is true",
+        });
+    }
+    let sampling = state.config().sampling.resolve(request.sampling)?;
     let input = ChatInput {
-        messages: request.messages,
+        messages: conversation::openai_messages(request.messages)?,
         tools: request.tools,
-        add_generation_prompt: true,
+        add_generation_prompt,
+        continue_final_message,
         kwargs: request.chat_template_kwargs.unwrap_or_default(),
         ..ChatInput::default()
     };

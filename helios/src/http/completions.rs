@@ -7,6 +7,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::conversation;
 use super::error::HttpError;
 use super::generation::{self, Finish, Job};
 use super::sampling::SamplingFields;
@@ -28,6 +29,7 @@ enum Prompt {
 /// The fields of a completion request Helios reads.
 #[derive(Debug, Deserialize)]
 struct CompletionRequest {
+    model: Option<String>,
     prompt: Prompt,
     #[serde(default)]
     stream: bool,
@@ -62,13 +64,14 @@ async fn encode_text(state: &AppState, text: String) -> Result<Vec<u32>, HttpErr
 
 async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Response, HttpError> {
     let request: CompletionRequest = parse_body(body)?;
+    conversation::check_model(state.config(), request.model.as_deref())?;
     if request.n.is_some_and(|n| n != 1) {
         return Err(invalid("n", "must be 1"));
     }
     if request.echo {
         return Err(invalid("echo", "is not supported"));
     }
-    let sampling = request.sampling.check()?;
+    let sampling = state.config().sampling.resolve(request.sampling)?;
     let prompt = match request.prompt {
         Prompt::Tokens(tokens) => tokens,
         Prompt::Text(text) => encode_text(state, text).await?,

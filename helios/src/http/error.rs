@@ -35,6 +35,12 @@ pub enum ErrorCode {
     InternalError,
     /// The server requires an API key and the request has none, or a wrong one.
     InvalidApiKey,
+    /// The request names a model this server does not serve.
+    ModelNotFound,
+    /// A message has a role the endpoint does not accept.
+    InvalidRole,
+    /// A content part the core cannot consume (an image, for now).
+    UnsupportedContent,
 }
 
 impl ErrorCode {
@@ -52,6 +58,9 @@ impl ErrorCode {
             Self::Cancelled => "cancelled",
             Self::InternalError => "internal_error",
             Self::InvalidApiKey => "invalid_api_key",
+            Self::ModelNotFound => "model_not_found",
+            Self::InvalidRole => "invalid_role",
+            Self::UnsupportedContent => "unsupported_content",
         }
     }
 }
@@ -111,6 +120,32 @@ pub enum HttpError {
         "a valid API key is required: send it as `Authorization: Bearer KEY` or `x-api-key: KEY`"
     )]
     Unauthorized,
+    /// The request names a model other than the served one (or an alias).
+    #[error("the model `{requested}` does not exist: this server serves `{served}`")]
+    ModelNotFound {
+        /// The model the request named.
+        requested: String,
+        /// The served model id.
+        served: String,
+    },
+    /// A message's role is not one the endpoint accepts.
+    #[error("messages[{index}].role `{role}` is not accepted here: use one of {accepted}")]
+    InvalidRole {
+        /// The message's position in `messages`.
+        index: usize,
+        /// The role it gave.
+        role: String,
+        /// The roles the endpoint accepts, for the message.
+        accepted: &'static str,
+    },
+    /// A content part the core cannot consume.
+    #[error("{at} is a `{kind}` part, which this model cannot consume: it reads text only")]
+    UnsupportedContent {
+        /// Where: `messages[2].content[0]`, `system[1]`, ...
+        at: String,
+        /// The part's type.
+        kind: String,
+    },
 }
 
 impl HttpError {
@@ -120,7 +155,10 @@ impl HttpError {
         match self {
             Self::UnreadableBody { .. }
             | Self::InvalidJson { .. }
-            | Self::InvalidParameter { .. } => StatusCode::BAD_REQUEST,
+            | Self::InvalidParameter { .. }
+            | Self::InvalidRole { .. }
+            | Self::UnsupportedContent { .. } => StatusCode::BAD_REQUEST,
+            Self::ModelNotFound { .. } => StatusCode::NOT_FOUND,
             Self::Frontend(error) if frontend_is_request_fault(error) => StatusCode::BAD_REQUEST,
             Self::Frontend(_) | Self::Execution(_) | Self::PreparationFailed => {
                 StatusCode::INTERNAL_SERVER_ERROR
@@ -155,6 +193,9 @@ impl HttpError {
             Self::WorkerGone => ErrorCode::WorkerUnavailable,
             Self::Cancelled => ErrorCode::Cancelled,
             Self::Unauthorized => ErrorCode::InvalidApiKey,
+            Self::ModelNotFound { .. } => ErrorCode::ModelNotFound,
+            Self::InvalidRole { .. } => ErrorCode::InvalidRole,
+            Self::UnsupportedContent { .. } => ErrorCode::UnsupportedContent,
         }
     }
 
@@ -163,7 +204,10 @@ impl HttpError {
         match self {
             Self::UnreadableBody { .. }
             | Self::InvalidJson { .. }
-            | Self::InvalidParameter { .. } => "validation",
+            | Self::InvalidParameter { .. }
+            | Self::ModelNotFound { .. }
+            | Self::InvalidRole { .. }
+            | Self::UnsupportedContent { .. } => "validation",
             Self::Frontend(error) if frontend_is_request_fault(error) => "validation",
             Self::Frontend(_) | Self::PreparationFailed => "frontend",
             Self::Admission(_) => "admission",
@@ -174,23 +218,27 @@ impl HttpError {
     }
 
     /// The request field at fault, when one is.
-    pub fn param(&self) -> Option<&'static str> {
-        match self {
-            Self::InvalidParameter { param, .. } => Some(param),
-            Self::Frontend(FrontendError::EmptyStop { .. }) => Some("stop"),
-            Self::Frontend(error) if frontend_is_request_fault(error) => Some("messages"),
-            Self::Admission(AdmissionError::ExceedsContext { .. }) => Some("max_tokens"),
-            Self::Admission(AdmissionError::ZeroOutputBudget) => Some("max_tokens"),
-            Self::Admission(AdmissionError::EmptyPrompt) => Some("prompt"),
-            Self::Admission(AdmissionError::InvalidSampling { field, .. }) => Some(field),
-            _ => None,
-        }
+    pub fn param(&self) -> Option<String> {
+        let field: &str = match self {
+            Self::InvalidParameter { param, .. } => param,
+            Self::ModelNotFound { .. } => "model",
+            Self::InvalidRole { index, .. } => return Some(format!("messages[{index}].role")),
+            Self::UnsupportedContent { at, .. } => at,
+            Self::Frontend(FrontendError::EmptyStop { .. }) => "stop",
+            Self::Frontend(error) if frontend_is_request_fault(error) => "messages",
+            Self::Admission(AdmissionError::ExceedsContext { .. }) => "max_tokens",
+            Self::Admission(AdmissionError::ZeroOutputBudget) => "max_tokens",
+            Self::Admission(AdmissionError::EmptyPrompt) => "prompt",
+            Self::Admission(AdmissionError::InvalidSampling { field, .. }) => field,
+            _ => return None,
+        };
+        Some(field.to_owned())
     }
 
     /// The OpenAI envelope: `{"error": {message, type, param, code}}`.
     pub fn envelope(&self) -> ErrorEnvelope {
         let kind = match self.status() {
-            StatusCode::BAD_REQUEST => "invalid_request_error",
+            StatusCode::BAD_REQUEST | StatusCode::NOT_FOUND => "invalid_request_error",
             StatusCode::SERVICE_UNAVAILABLE => "service_unavailable_error",
             StatusCode::UNAUTHORIZED => "authentication_error",
             _ => "server_error",
@@ -246,8 +294,8 @@ pub struct ErrorBody {
     /// The OpenAI error type (`invalid_request_error`, ...).
     #[serde(rename = "type")]
     pub kind: &'static str,
-    /// The request field at fault.
-    pub param: Option<&'static str>,
+    /// The request field at fault (`messages[2].role`, ...).
+    pub param: Option<String>,
     /// The typed code.
     pub code: ErrorCode,
 }
@@ -263,6 +311,7 @@ impl HttpError {
     pub fn anthropic_envelope(&self) -> serde_json::Value {
         let kind = match self.status() {
             StatusCode::BAD_REQUEST => "invalid_request_error",
+            StatusCode::NOT_FOUND => "not_found_error",
             StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
             StatusCode::UNAUTHORIZED => "authentication_error",
             _ => "api_error",

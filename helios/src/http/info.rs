@@ -9,7 +9,7 @@ use serde_json::json;
 use super::AppState;
 use crate::scheduler::{Health, Histogram, Metrics, OperationKind};
 
-/// The one model this server serves.
+/// The one model this server serves, with its context limit.
 pub async fn models(State(state): State<AppState>) -> Response {
     Json(json!({
         "object": "list",
@@ -18,6 +18,9 @@ pub async fn models(State(state): State<AppState>) -> Response {
             "object": "model",
             "created": 0,
             "owned_by": "flare",
+            // The context limit (prompt plus output), as vLLM names it, so
+            // clients can size their prompts.
+            "max_model_len": state.config().context_limit,
         }],
     }))
     .into_response()

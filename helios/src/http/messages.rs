@@ -1,4 +1,5 @@
-//! Anthropic's `POST /v1/messages` with text content, streamed and not.
+//! Anthropic's `POST /v1/messages` with text content, streamed and not; a
+//! conversation ending in an assistant turn is continued (prefill).
 
 use axum::extract::State;
 use axum::response::sse::Event;
@@ -7,6 +8,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::conversation;
 use super::error::{AnthropicError, HttpError};
 use super::generation::{self, Finish, Job};
 use super::sampling::{SamplingFields, Stop};
@@ -14,53 +16,20 @@ use super::sse::{self, StreamFormat, Usage};
 use super::{new_request_id, parse_body, respond, AppState, Body};
 use crate::frontend::ChatInput;
 
-/// A content block; only `text` blocks are served.
-#[derive(Debug, Deserialize)]
-struct Block {
-    #[serde(rename = "type")]
-    kind: String,
-    #[serde(default)]
-    text: String,
-}
-
-/// Content: a string or a list of blocks.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum Content {
-    Text(String),
-    Blocks(Vec<Block>),
-}
-
-impl Content {
-    fn into_text(self, param: &'static str) -> Result<String, HttpError> {
-        match self {
-            Self::Text(text) => Ok(text),
-            Self::Blocks(blocks) => blocks
-                .into_iter()
-                .map(|block| match block.kind.as_str() {
-                    "text" => Ok(block.text),
-                    _ => Err(HttpError::InvalidParameter {
-                        param,
-                        reason: "holds a content block other than text",
-                    }),
-                })
-                .collect(),
-        }
-    }
-}
-
 #[derive(Debug, Deserialize)]
 struct Message {
     role: String,
-    content: Content,
+    /// A string or a list of content blocks.
+    content: Value,
 }
 
 /// The fields of a messages request Helios reads.
 #[derive(Debug, Deserialize)]
 struct MessagesRequest {
+    model: Option<String>,
     max_tokens: u32,
     messages: Vec<Message>,
-    system: Option<Content>,
+    system: Option<Value>,
     stop_sequences: Option<Vec<String>>,
     #[serde(default)]
     stream: bool,
@@ -80,25 +49,32 @@ pub async fn messages(State(state): State<AppState>, body: Body) -> Response {
 
 async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Response, HttpError> {
     let request: MessagesRequest = parse_body(body)?;
-    let sampling = SamplingFields {
+    conversation::check_model(state.config(), request.model.as_deref())?;
+    let sampling = state.config().sampling.resolve(SamplingFields {
         temperature: request.temperature,
         top_p: request.top_p,
         top_k: request.top_k,
         stop: request.stop_sequences.clone().map(Stop::Many),
         ..SamplingFields::default()
-    }
-    .check()?;
+    })?;
     let mut messages = Vec::with_capacity(request.messages.len() + 1);
     if let Some(system) = request.system {
-        messages.push(json!({"role": "system", "content": system.into_text("system")?}));
+        let content = conversation::anthropic_text(system, "system")?;
+        messages.push(json!({"role": "system", "content": content}));
     }
-    for message in request.messages {
-        let content = message.content.into_text("messages")?;
+    // A conversation ending in an assistant turn is that turn's prefill:
+    // the output continues it.
+    let prefill = (request.messages.last()).is_some_and(|message| message.role == "assistant");
+    for (index, message) in request.messages.into_iter().enumerate() {
+        conversation::anthropic_role(index, &message.role)?;
+        let at = format!("messages[{index}].content");
+        let content = conversation::anthropic_text(message.content, &at)?;
         messages.push(json!({"role": message.role, "content": content}));
     }
     let input = ChatInput {
         messages,
-        add_generation_prompt: true,
+        add_generation_prompt: !prefill,
+        continue_final_message: prefill,
         ..ChatInput::default()
     };
     let job = Job::chat(state, input, Some(request.max_tokens), sampling).await?;

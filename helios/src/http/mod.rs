@@ -21,6 +21,7 @@
 mod auth;
 mod chat;
 mod completions;
+mod conversation;
 mod error;
 mod generation;
 mod info;
@@ -40,6 +41,7 @@ use axum::Router;
 use serde::de::DeserializeOwned;
 
 pub use error::{AnthropicError, ErrorBody, ErrorCode, ErrorEnvelope, HttpError};
+pub use sampling::{Declared, Sampling, SamplingFields, SamplingPolicy};
 
 use crate::frontend::Frontend;
 use crate::scheduler::{Histogram, PrefixConfig, SchedulerHandle, PREPARATION_BUCKETS};
@@ -52,6 +54,11 @@ pub const REQUEST_ID_HEADER: &str = "x-request-id";
 pub struct ServeConfig {
     /// The model id `/v1/models` lists and responses name.
     pub model: String,
+    /// Other names a request may give `model` (a request naming any other
+    /// is 404).
+    pub aliases: Vec<String>,
+    /// The core's sampling defaults and ranges.
+    pub sampling: SamplingPolicy,
     /// The core's context limit (prompt plus output), for the default
     /// output limit.
     pub context_limit: u32,

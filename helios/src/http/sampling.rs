@@ -1,9 +1,10 @@
-//! Sampling and limit fields shared by the generation endpoints, checked
-//! and turned into the scheduler's [`SamplingParams`].
+//! Sampling and limit fields shared by the generation endpoints, resolved
+//! by the core's [`SamplingPolicy`] into the scheduler's [`SamplingParams`].
 
 use serde::Deserialize;
 
 use super::error::HttpError;
+use crate::core::proto::{FloatRange, SamplingDefaults};
 use crate::scheduler::SamplingParams;
 
 /// `stop`: one string or a list of them.
@@ -25,22 +26,23 @@ impl Stop {
     }
 }
 
-/// The sampling fields a generation request may carry.
+/// The sampling fields a generation request may carry; an omitted one
+/// takes the core's declared default ([`SamplingPolicy`]).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct SamplingFields {
     /// Softmax temperature; greater than 0 (the graphs always sample).
     pub temperature: Option<f32>,
-    /// Nucleus threshold in (0, 1].
+    /// Nucleus threshold.
     pub top_p: Option<f32>,
     /// Keep the `top_k` most likely tokens; 0 or -1 disables.
     pub top_k: Option<i64>,
-    /// Minimum probability relative to the most likely token, in [0, 1].
+    /// Minimum probability relative to the most likely token.
     pub min_p: Option<f32>,
-    /// Repetition penalty, greater than 0.
+    /// Repetition penalty.
     pub repetition_penalty: Option<f32>,
-    /// Presence penalty, in [-2, 2].
+    /// Presence penalty.
     pub presence_penalty: Option<f32>,
-    /// Frequency penalty, in [-2, 2].
+    /// Frequency penalty.
     pub frequency_penalty: Option<f32>,
     /// The request's random seed; drawn at random when absent.
     pub seed: Option<u64>,
@@ -63,83 +65,127 @@ fn invalid(param: &'static str, reason: &'static str) -> HttpError {
     HttpError::InvalidParameter { param, reason }
 }
 
-fn in_range(
-    value: Option<f32>,
-    param: &'static str,
-    default: f32,
-    ok: impl Fn(f32) -> bool,
-    reason: &'static str,
-) -> Result<f32, HttpError> {
-    match value {
-        None => Ok(default),
-        Some(value) if value.is_finite() && ok(value) => Ok(value),
-        Some(_) => Err(invalid(param, reason)),
+/// One parameter as the core declares it: its default and the inclusive
+/// range a request may choose from (`None`: fixed at the default).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Declared {
+    /// The value of a request that omits the parameter.
+    pub default: f32,
+    /// The inclusive range of requested values; outside it they clamp.
+    pub range: Option<(f32, f32)>,
+}
+
+impl Declared {
+    fn new(default: f32, range: Option<&FloatRange>) -> Self {
+        Self {
+            default,
+            range: range.map(|range| (range.min, range.max)),
+        }
+    }
+
+    /// The value a request gets: its own clamped into the range, else the
+    /// default.
+    pub fn resolve(self, requested: Option<f32>) -> f32 {
+        match (requested, self.range) {
+            (Some(value), Some((low, high))) => value.clamp(low, high),
+            _ => self.default,
+        }
     }
 }
 
-impl SamplingFields {
-    /// Checks every field, naming the first one out of range.
-    pub fn check(self) -> Result<Sampling, HttpError> {
-        let temperature = in_range(
-            self.temperature,
-            "temperature",
-            1.0,
-            |t| t > 0.0,
-            "must be greater than 0 (greedy decoding is not supported)",
-        )?;
-        let top_p = in_range(
-            self.top_p,
-            "top_p",
-            1.0,
-            |p| p > 0.0 && p <= 1.0,
-            "must be in (0, 1]",
-        )?;
-        let min_p = in_range(
-            self.min_p,
-            "min_p",
-            0.0,
-            |p| (0.0..=1.0).contains(&p),
-            "must be in [0, 1]",
-        )?;
-        let repetition_penalty = in_range(
-            self.repetition_penalty,
-            "repetition_penalty",
-            1.0,
-            |p| p > 0.0,
-            "must be greater than 0",
-        )?;
-        let presence_penalty = in_range(
-            self.presence_penalty,
-            "presence_penalty",
-            0.0,
-            |p| (-2.0..=2.0).contains(&p),
-            "must be in [-2, 2]",
-        )?;
-        let frequency_penalty = in_range(
-            self.frequency_penalty,
-            "frequency_penalty",
-            0.0,
-            |p| (-2.0..=2.0).contains(&p),
-            "must be in [-2, 2]",
-        )?;
-        let top_k = match self.top_k {
-            None | Some(-1) => 0,
-            Some(k) => u32::try_from(k)
-                .map_err(|_| invalid("top_k", "must be -1, 0 or a positive integer"))?,
+/// The core's sampling policy (the manifest's `SamplingDefaults`): the one
+/// place a request's sampling fields become the graphs' parameters.
+///
+/// - An omitted field takes the declared default.
+/// - A value outside its declared range clamps to the nearest end.
+/// - A parameter without a range is fixed at its default.
+/// - Values that mean nothing are 400: a temperature of 0 or below (the
+///   graphs always sample), a non-finite number, a `top_k` below -1.
+/// - The seed is the request's.
+///
+/// The Python replay harness applies the same rules
+/// (`ignition.replay.sampling_policy`); the shared fixture
+/// `helios/tests/fixtures/sampling/policy.json` holds both to them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingPolicy {
+    /// Softmax temperature.
+    pub temperature: Declared,
+    /// Top-k (as a float: the manifest's ranges are floats).
+    pub top_k: Declared,
+    /// Top-p.
+    pub top_p: Declared,
+    /// Min-p.
+    pub min_p: Declared,
+    /// Repetition penalty.
+    pub repetition_penalty: Declared,
+    /// Presence penalty.
+    pub presence_penalty: Declared,
+    /// Frequency penalty.
+    pub frequency_penalty: Declared,
+}
+
+impl SamplingPolicy {
+    /// The policy a core declares.
+    pub fn from_core(defaults: &SamplingDefaults) -> Self {
+        Self {
+            temperature: Declared::new(defaults.temperature, defaults.temperature_range.as_ref()),
+            top_k: Declared::new(defaults.top_k as f32, defaults.top_k_range.as_ref()),
+            top_p: Declared::new(defaults.top_p, defaults.top_p_range.as_ref()),
+            min_p: Declared::new(defaults.min_p, defaults.min_p_range.as_ref()),
+            repetition_penalty: Declared::new(
+                defaults.repetition_penalty,
+                defaults.repetition_penalty_range.as_ref(),
+            ),
+            presence_penalty: Declared::new(
+                defaults.presence_penalty,
+                defaults.presence_penalty_range.as_ref(),
+            ),
+            frequency_penalty: Declared::new(
+                defaults.frequency_penalty,
+                defaults.frequency_penalty_range.as_ref(),
+            ),
+        }
+    }
+
+    /// The graphs' parameters, seed and stops of a request's fields.
+    pub fn resolve(&self, fields: SamplingFields) -> Result<Sampling, HttpError> {
+        if fields
+            .temperature
+            .is_some_and(|t| !(t.is_finite() && t > 0.0))
+        {
+            return Err(invalid(
+                "temperature",
+                "must be a number greater than 0 (greedy decoding is not supported)",
+            ));
+        }
+        let finite = |value: Option<f32>, param| match value {
+            Some(value) if !value.is_finite() => Err(invalid(param, "must be a finite number")),
+            _ => Ok(value),
         };
-        let seed = self.seed.unwrap_or_else(random_seed);
+        let top_k = match fields.top_k {
+            None => None,
+            Some(-1 | 0) => Some(0.0),
+            Some(k) if k > 0 => Some(k as f32),
+            Some(_) => return Err(invalid("top_k", "must be -1, 0 or a positive integer")),
+        };
+        let top_p = finite(fields.top_p, "top_p")?;
+        let min_p = finite(fields.min_p, "min_p")?;
+        let repetition_penalty = finite(fields.repetition_penalty, "repetition_penalty")?;
+        let presence_penalty = finite(fields.presence_penalty, "presence_penalty")?;
+        let frequency_penalty = finite(fields.frequency_penalty, "frequency_penalty")?;
         Ok(Sampling {
             params: SamplingParams {
-                temperature,
-                top_k,
-                top_p,
-                min_p,
-                repetition_penalty,
-                presence_penalty,
-                frequency_penalty,
+                temperature: self.temperature.resolve(fields.temperature),
+                // Ranges of top_k hold integers: the clamped value is one.
+                top_k: self.top_k.resolve(top_k).max(0.0) as u32,
+                top_p: self.top_p.resolve(top_p),
+                min_p: self.min_p.resolve(min_p),
+                repetition_penalty: self.repetition_penalty.resolve(repetition_penalty),
+                presence_penalty: self.presence_penalty.resolve(presence_penalty),
+                frequency_penalty: self.frequency_penalty.resolve(frequency_penalty),
             },
-            seed,
-            stops: self.stop.map(Stop::into_vec).unwrap_or_default(),
+            seed: fields.seed.unwrap_or_else(random_seed),
+            stops: fields.stop.map(Stop::into_vec).unwrap_or_default(),
         })
     }
 }

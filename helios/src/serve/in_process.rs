@@ -113,6 +113,7 @@ pub unsafe fn start_in_process(
     let core = decode_manifest(&manifest)?;
     let admission = Admission {
         model: config.model.clone(),
+        aliases: Vec::new(),
         api_key: config.api_key.clone(),
         max_body_bytes: config.max_body_bytes,
         queue_capacity: config.queue_capacity,

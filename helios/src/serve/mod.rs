@@ -12,6 +12,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use axum::serve::ListenerExt;
+
 mod in_process;
 mod plan;
 
@@ -46,6 +48,8 @@ pub struct RunOptions {
     pub gpu_reserve_mib: u64,
     /// The model id `/v1/models` lists (default: the core directory's name).
     pub model: Option<String>,
+    /// Other names requests may give the model.
+    pub aliases: Vec<String>,
     /// The largest request body accepted, in bytes.
     pub max_body_bytes: usize,
     /// Requests the admission queue holds.
@@ -117,6 +121,7 @@ pub fn run(options: RunOptions) -> Result<(), ServeError> {
     let core = load_manifest(&options.core)?;
     let admission = Admission {
         model: (options.model.clone()).unwrap_or_else(|| default_model_name(&options.core)),
+        aliases: options.aliases.clone(),
         api_key: options.api_key.clone(),
         max_body_bytes: options.max_body_bytes,
         queue_capacity: options.queue_capacity,
@@ -209,6 +214,14 @@ where
             })?;
         let bound: SocketAddr = listener.local_addr().map_err(ServeError::Server)?;
         on_bound(bound);
+        // Every SSE event is its own small write: with Nagle's algorithm the
+        // second one waits for the client's delayed ACK (about 40 ms), which
+        // stalls the first content delta behind the role event.
+        let listener = listener.tap_io(|stream| {
+            if let Err(error) = stream.set_nodelay(true) {
+                eprintln!("flare: cannot set TCP_NODELAY on an accepted socket: {error}");
+            }
+        });
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown)
             .await
@@ -265,6 +278,7 @@ mod tests {
             device: 0,
             gpu_reserve_mib: 0,
             model: None,
+            aliases: Vec::new(),
             max_body_bytes: 1 << 20,
             queue_capacity: 16,
             prefix_cache: true,

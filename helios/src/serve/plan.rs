@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::ServeError;
 use crate::core::ValidCore;
 use crate::frontend::Frontend;
-use crate::http::{marked_messages, ServeConfig};
+use crate::http::{marked_messages, SamplingPolicy, ServeConfig};
 use crate::scheduler::{Geometry, PrefixConfig, SchedulerConfig};
 
 /// Output chunks a request's channel holds before its pump waits.
@@ -18,6 +18,8 @@ const CHUNK_CAPACITY: usize = 64;
 pub(super) struct Admission {
     /// The model id `/v1/models` lists.
     pub(super) model: String,
+    /// Other names requests may give the model.
+    pub(super) aliases: Vec<String>,
     /// When set, every `/v1` route requires it.
     pub(super) api_key: Option<String>,
     /// The largest request body accepted, in bytes.
@@ -50,6 +52,8 @@ pub(super) fn plan(core: &ValidCore, admission: Admission) -> Result<Plan, Serve
         .transpose()?;
     let http = ServeConfig {
         model: admission.model,
+        aliases: admission.aliases,
+        sampling: SamplingPolicy::from_core(core.sampling()),
         context_limit: geometry.context_limit(),
         max_body_bytes: admission.max_body_bytes,
         chunk_capacity: CHUNK_CAPACITY,

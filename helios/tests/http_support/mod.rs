@@ -3,7 +3,7 @@
 #![allow(dead_code)] // each test crate uses a different part
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -11,12 +11,13 @@ use axum::http::{Request, StatusCode};
 use axum::response::Response;
 use axum::Router;
 use helios::core::load_manifest;
+use helios::core::proto::SamplingDefaults;
 use helios::frontend::{Frontend, Tokenizer};
-use helios::http::{marked_messages, router, AppState, ServeConfig};
+use helios::http::{marked_messages, router, AppState, SamplingPolicy, ServeConfig};
 use helios::scheduler::test_executor::{FakeModel, TestExecutor};
 use helios::scheduler::{
-    Completion, ExecutionError, Executor, Geometry, Launch, PrefixConfig, SchedulerConfig,
-    SchedulerHandle, Ticket, Worker,
+    Completion, ExecutionError, Executor, Geometry, Launch, Operation, PrefixConfig,
+    SamplingParams, SchedulerConfig, SchedulerHandle, Ticket, Worker,
 };
 use http_body_util::BodyExt;
 use serde_json::Value;
@@ -24,6 +25,9 @@ use tower::ServiceExt;
 
 /// The model id the test server lists.
 pub const MODEL: &str = "tiny";
+
+/// Another name the test server answers to.
+pub const ALIAS: &str = "tiny-alias";
 
 /// How the test server is built.
 #[derive(Debug, Clone, Default)]
@@ -42,6 +46,8 @@ pub struct Options {
     pub no_prefix_cache: bool,
     /// Offer the cache at most this many message endpoints per chat.
     pub message_checkpoints: Option<usize>,
+    /// Serve these sampling defaults instead of the fixture's.
+    pub sampling: Option<SamplingDefaults>,
 }
 
 /// Snapshot rows of the test server's prefix cache.
@@ -55,18 +61,39 @@ pub struct Server {
     pub frontend: Arc<Frontend>,
     pub model: FakeModel,
     pub context_limit: u32,
+    /// What every admission launch carried, in order.
+    pub admissions: Admissions,
 }
+
+/// What one admission launch carried.
+#[derive(Debug, Clone)]
+pub struct Admitted {
+    pub sampling: SamplingParams,
+    pub seed: u64,
+    pub prompt: Vec<u32>,
+}
+
+/// Every admission the executor ran, in order.
+pub type Admissions = Arc<Mutex<Vec<Admitted>>>;
 
 /// The test executor, slowed down to make a request outlast a client.
 struct Slow {
     inner: TestExecutor,
     launch_time: Option<Duration>,
+    admissions: Admissions,
 }
 
 impl Executor for Slow {
     fn submit(&mut self, launch: &Launch) -> Result<Ticket, ExecutionError> {
         if let Some(time) = self.launch_time {
             std::thread::sleep(time);
+        }
+        if let Operation::Admit(admit) = &launch.operation {
+            (self.admissions.lock().unwrap()).push(Admitted {
+                sampling: admit.sampling,
+                seed: admit.seed,
+                prompt: admit.prompt.clone(),
+            });
         }
         self.inner.submit(launch)
     }
@@ -105,6 +132,8 @@ pub fn server(options: Options) -> Server {
         prefix,
         ..SchedulerConfig::default()
     };
+    let admissions = Admissions::default();
+    let recorded = Arc::clone(&admissions);
     let worker = Worker::spawn(geometry.clone(), config, move || {
         let mut inner =
             TestExecutor::with_snapshot_rows(&executor_geometry, executor_model, SNAPSHOT_ROWS);
@@ -114,12 +143,15 @@ pub fn server(options: Options) -> Server {
         Ok(Slow {
             inner,
             launch_time: options.launch_time,
+            admissions: recorded,
         })
     })
     .unwrap();
     let handle = worker.handle();
     let config = ServeConfig {
         model: MODEL.to_owned(),
+        aliases: vec![ALIAS.to_owned()],
+        sampling: SamplingPolicy::from_core(options.sampling.as_ref().unwrap_or(core.sampling())),
         context_limit: geometry.context_limit(),
         max_body_bytes: 64 * 1024,
         chunk_capacity: options.chunk_capacity.unwrap_or(16),
@@ -134,6 +166,7 @@ pub fn server(options: Options) -> Server {
         frontend,
         model,
         context_limit: geometry.context_limit(),
+        admissions,
     }
 }
 

@@ -1,0 +1,209 @@
+//! What a request's conversation may hold, checked before anything renders
+//! it: the served model, the roles each route accepts, and content the core
+//! can consume.
+//!
+//! Rules, each with its reason:
+//! - a `model` other than the served id or an alias is 404, so a client
+//!   pointed at the wrong server learns it at once instead of getting
+//!   another model's answer (an absent `model` is served);
+//! - a role the route does not accept is 400 naming `messages[i].role`: a
+//!   template would otherwise render it verbatim into a prompt the model was
+//!   never trained on;
+//! - content is a string or a list of parts; text parts are joined with a
+//!   newline into one string (as vLLM does for string-content templates), so
+//!   every template sees the content type it was written for; any other part
+//!   (an image, audio, a file) is 400 naming the part, since this core reads
+//!   text only;
+//! - OpenAI's `developer` role is the `system` role of newer clients, and is
+//!   rendered as `system`.
+
+use serde_json::{Map, Value};
+
+use super::error::HttpError;
+use super::ServeConfig;
+
+/// The roles OpenAI's chat route accepts, as the error names them.
+const OPENAI_ROLES: &str = "system, developer, user, assistant, tool";
+
+/// The roles Anthropic's messages route accepts (the system prompt has its
+/// own field).
+const ANTHROPIC_ROLES: &str = "user, assistant";
+
+/// Refuses a request naming a model other than the served one.
+pub fn check_model(config: &ServeConfig, requested: Option<&str>) -> Result<(), HttpError> {
+    match requested {
+        Some(name) if name != config.model && !config.aliases.iter().any(|a| a == name) => {
+            Err(HttpError::ModelNotFound {
+                requested: name.to_owned(),
+                served: config.model.clone(),
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// OpenAI chat messages, checked: roles accepted, text content joined into
+/// one string, `developer` rendered as `system`. Every other field of a
+/// message (`tool_calls`, `name`, `reasoning_content`, ...) is kept for the
+/// template.
+pub fn openai_messages(messages: Vec<Value>) -> Result<Vec<Value>, HttpError> {
+    messages
+        .into_iter()
+        .enumerate()
+        .map(|(index, message)| {
+            let Value::Object(mut message) = message else {
+                // The frontend refuses it, naming the message.
+                return Ok(message);
+            };
+            let role = match message.get("role").and_then(Value::as_str) {
+                Some("developer") => "system",
+                Some(role @ ("system" | "user" | "assistant" | "tool")) => role,
+                other => return Err(invalid_role(index, other, OPENAI_ROLES)),
+            };
+            message.insert("role".to_owned(), Value::from(role));
+            if let Some(content) = message.remove("content") {
+                let at = format!("messages[{index}].content");
+                message.insert("content".to_owned(), text_content(content, &at)?);
+            }
+            Ok(Value::Object(message))
+        })
+        .collect()
+}
+
+/// An Anthropic message's role, checked.
+pub fn anthropic_role(index: usize, role: &str) -> Result<(), HttpError> {
+    match role {
+        "user" | "assistant" => Ok(()),
+        other => Err(invalid_role(index, Some(other), ANTHROPIC_ROLES)),
+    }
+}
+
+/// Anthropic content (a string or a list of blocks) as one string; `at`
+/// names it in errors (`messages[1].content`, `system`).
+pub fn anthropic_text(content: Value, at: &str) -> Result<String, HttpError> {
+    match text_content(content, at)? {
+        Value::String(text) => Ok(text),
+        _ => Err(HttpError::InvalidParameter {
+            param: "messages",
+            reason: "content must be a string or a list of content blocks",
+        }),
+    }
+}
+
+fn invalid_role(index: usize, role: Option<&str>, accepted: &'static str) -> HttpError {
+    HttpError::InvalidRole {
+        index,
+        role: role.unwrap_or("(none)").to_owned(),
+        accepted,
+    }
+}
+
+/// A message's content as one string, or `null` as it was (an assistant
+/// message that only calls tools).
+fn text_content(content: Value, at: &str) -> Result<Value, HttpError> {
+    match content {
+        Value::String(_) | Value::Null => Ok(content),
+        Value::Array(parts) => {
+            let texts = (parts.into_iter().enumerate())
+                .map(|(position, part)| part_text(part, &format!("{at}[{position}]")))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(Value::from(texts.join("\n")))
+        }
+        _ => Err(HttpError::InvalidParameter {
+            param: "messages",
+            reason: "content must be a string, null or a list of content parts",
+        }),
+    }
+}
+
+/// The text of one content part; any other kind of part is refused.
+fn part_text(part: Value, at: &str) -> Result<String, HttpError> {
+    let Value::Object(mut part) = part else {
+        return Err(not_a_part());
+    };
+    let kind = part.get("type").and_then(Value::as_str).map(str::to_owned);
+    match kind.as_deref() {
+        Some("text") => string_field(&mut part, "text"),
+        // An assistant's refusal is its text.
+        Some("refusal") => string_field(&mut part, "refusal"),
+        Some(kind) => Err(HttpError::UnsupportedContent {
+            at: at.to_owned(),
+            kind: kind.to_owned(),
+        }),
+        None => Err(not_a_part()),
+    }
+}
+
+fn string_field(part: &mut Map<String, Value>, name: &str) -> Result<String, HttpError> {
+    match part.remove(name) {
+        Some(Value::String(text)) => Ok(text),
+        _ => Err(not_a_part()),
+    }
+}
+
+fn not_a_part() -> HttpError {
+    HttpError::InvalidParameter {
+        param: "messages",
+        reason: "holds a content part that is not an object with a `type` and its text",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn text_parts_join_and_developer_is_system() {
+        let messages = openai_messages(vec![
+            json!({"role": "developer", "content": "be brief"}),
+            json!({"role": "user", "content": [
+                {"type": "text", "text": "one"}, {"type": "text", "text": "two"}]}),
+            json!({"role": "assistant", "content": null, "tool_calls": []}),
+        ])
+        .unwrap();
+        assert_eq!(
+            messages[0],
+            json!({"role": "system", "content": "be brief"})
+        );
+        assert_eq!(messages[1]["content"], "one\ntwo");
+        assert_eq!(messages[2]["content"], Value::Null);
+        assert_eq!(messages[2]["tool_calls"], json!([]));
+    }
+
+    #[test]
+    fn an_unknown_role_is_named_by_its_index() {
+        let error = openai_messages(vec![
+            json!({"role": "user", "content": "hi"}),
+            json!({"role": "wizard", "content": "hi"}),
+        ])
+        .unwrap_err();
+        assert!(
+            matches!(error, HttpError::InvalidRole { index: 1, .. }),
+            "{error}"
+        );
+        assert_eq!(error.param().as_deref(), Some("messages[1].role"));
+        let error = anthropic_role(0, "system").unwrap_err();
+        assert_eq!(error.param().as_deref(), Some("messages[0].role"));
+    }
+
+    #[test]
+    fn an_image_part_is_refused_where_it_is() {
+        let error = openai_messages(vec![json!({"role": "user", "content": [
+            {"type": "text", "text": "what is this?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]})])
+        .unwrap_err();
+        assert!(
+            matches!(error, HttpError::UnsupportedContent { .. }),
+            "{error}"
+        );
+        assert_eq!(error.param().as_deref(), Some("messages[0].content[1]"));
+        let error = anthropic_text(
+            json!([{"type": "image", "source": {"type": "base64"}}]),
+            "messages[2].content",
+        )
+        .unwrap_err();
+        assert_eq!(error.param().as_deref(), Some("messages[2].content[0]"));
+    }
+}
