@@ -137,7 +137,6 @@ fn main() -> ExitCode {
         sampling: SamplingPolicy::from_core(core.sampling()),
         context_limit: geometry.context_limit(),
         max_body_bytes: 64 * 1024,
-        chunk_capacity: 16,
         api_key: args.api_key,
         marked_messages: marked,
     };

@@ -16,10 +16,7 @@ use serde_json::json;
 async fn wait_until_idle(handle: &SchedulerHandle, within: Duration) -> Metrics {
     let start = Instant::now();
     loop {
-        let probe = handle.clone();
-        let metrics = tokio::task::spawn_blocking(move || probe.status().unwrap().metrics)
-            .await
-            .unwrap();
+        let metrics = handle.status().unwrap().metrics;
         // Pages the prefix cache holds stay used; nothing else may.
         let cached = metrics.cache.map_or(0, |cache| cache.pages_held);
         if metrics.running == 0 && metrics.queue_depth == 0 && metrics.pages_used == cached {
@@ -55,10 +52,7 @@ async fn dropping_the_sse_stream_cancels_the_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_does_not_read_blocks_no_other_request() {
-    let server = server(Options {
-        chunk_capacity: Some(1),
-        ..Options::default()
-    });
+    let server = server(Options::default());
     let stalled = chat_body("w1", json!({"max_tokens": 500, "stream": true}));
     let response = server.post("/v1/chat/completions", &stalled).await;
     assert_eq!(response.status(), StatusCode::OK);
@@ -93,10 +87,7 @@ async fn a_client_that_leaves_while_queued_cancels_its_request() {
         .is_err());
     let start = Instant::now();
     loop {
-        let probe = server.handle.clone();
-        let metrics = tokio::task::spawn_blocking(move || probe.status().unwrap().metrics)
-            .await
-            .unwrap();
+        let metrics = server.handle.status().unwrap().metrics;
         assert_eq!(metrics.running, 4);
         if metrics.queue_depth == 0 {
             break;

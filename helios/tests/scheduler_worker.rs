@@ -46,7 +46,7 @@ fn requests_from_many_threads_stream_their_reference_outputs() {
             let setup = setup.clone();
             thread::spawn(move || {
                 let request = spec(10 + seed as usize * 7, 40, seed);
-                let stream = handle.submit(request.clone()).unwrap();
+                let stream = handle.submit_blocking(request.clone()).unwrap();
                 let log = drain(stream);
                 let expected = reference(&setup, &request);
                 assert_eq!(log.tokens, expected.tokens);
@@ -72,7 +72,7 @@ fn dropping_a_stream_cancels_its_request() {
     };
     let worker = spawn(&setup, 0);
     let handle = worker.handle();
-    let mut stream = handle.submit(spec(5, 900, 0)).unwrap();
+    let mut stream = handle.submit_blocking(spec(5, 900, 0)).unwrap();
     assert!(matches!(
         stream.next_event().unwrap(),
         Some(Event::Admitted { cached_tokens: 0 })
@@ -84,7 +84,7 @@ fn dropping_a_stream_cancels_its_request() {
     drop(stream);
     // The only slot comes back: a second request runs to completion.
     let request = spec(5, 5, 1);
-    let log = drain(handle.submit(request.clone()).unwrap());
+    let log = drain(handle.submit_blocking(request.clone()).unwrap());
     assert_eq!(log.tokens, reference(&setup, &request).tokens);
     let status = handle.status().unwrap();
     assert_eq!((status.metrics.running, status.metrics.pages_used), (0, 0));
@@ -95,7 +95,7 @@ fn dropping_a_stream_cancels_its_request() {
 fn a_cancelled_stream_still_receives_its_terminal_event() {
     let setup = Setup::default();
     let worker = spawn(&setup, 0);
-    let mut stream = worker.handle().submit(spec(5, 900, 0)).unwrap();
+    let mut stream = worker.handle().submit_blocking(spec(5, 900, 0)).unwrap();
     assert!(matches!(
         stream.next_event().unwrap(),
         Some(Event::Admitted { cached_tokens: 0 })
@@ -113,7 +113,7 @@ fn shutdown_stops_admission_and_cancels_or_finishes_requests() {
         let worker = spawn(&setup, 2);
         let handle = worker.handle();
         let streams: Vec<_> = (0..6)
-            .map(|seed| handle.submit(spec(20, 300, seed)).unwrap())
+            .map(|seed| handle.submit_blocking(spec(20, 300, seed)).unwrap())
             .collect();
         worker.shutdown(mode).unwrap();
         for stream in streams {
@@ -126,7 +126,7 @@ fn shutdown_stops_admission_and_cancels_or_finishes_requests() {
             assert_eq!(log.finish, Some(expected));
         }
         assert_eq!(
-            handle.submit(spec(5, 5, 9)).unwrap_err(),
+            handle.submit_blocking(spec(5, 5, 9)).unwrap_err(),
             AdmissionError::Unavailable
         );
     }
@@ -144,14 +144,14 @@ fn a_full_queue_is_reported_to_the_submitter() {
     };
     let worker = spawn(&setup, 0);
     let handle = worker.handle();
-    let mut running = handle.submit(spec(5, 900, 0)).unwrap();
+    let mut running = handle.submit_blocking(spec(5, 900, 0)).unwrap();
     assert!(matches!(
         running.next_event().unwrap(),
         Some(Event::Admitted { cached_tokens: 0 })
     ));
-    let _queued = handle.submit(spec(5, 5, 1)).unwrap();
+    let _queued = handle.submit_blocking(spec(5, 5, 1)).unwrap();
     assert_eq!(
-        handle.submit(spec(5, 5, 2)).unwrap_err(),
+        handle.submit_blocking(spec(5, 5, 2)).unwrap_err(),
         AdmissionError::QueueFull { capacity: 1 }
     );
     worker.shutdown(ShutdownMode::Cancel).unwrap();
@@ -201,7 +201,7 @@ fn an_executor_failure_fails_requests_and_marks_the_worker_failed() {
     })
     .unwrap();
     let handle = worker.handle();
-    let log = drain(handle.submit(spec(5, 5, 0)).unwrap());
+    let log = drain(handle.submit_blocking(spec(5, 5, 0)).unwrap());
     assert!(matches!(log.failure, Some(ExecutionError::Device { .. })));
     let status = handle.status().unwrap();
     assert!(matches!(
@@ -209,7 +209,7 @@ fn an_executor_failure_fails_requests_and_marks_the_worker_failed() {
         Health::Failed(ExecutionError::Device { .. })
     ));
     assert_eq!(
-        handle.submit(spec(5, 5, 1)).unwrap_err(),
+        handle.submit_blocking(spec(5, 5, 1)).unwrap_err(),
         AdmissionError::Unavailable
     );
     assert!(matches!(
@@ -237,7 +237,7 @@ fn cached_branches_stream_references_and_shutdown_drains_captures() {
         request.message_endpoints = vec![300];
         request
     };
-    let log = drain(worker.handle().submit(request(2)).unwrap());
+    let log = drain(worker.handle().submit_blocking(request(2)).unwrap());
     assert_eq!(log.tokens, reference(&setup, &request(2)).tokens);
     let clients: Vec<_> = (3..9)
         .map(|seed| {
@@ -245,7 +245,7 @@ fn cached_branches_stream_references_and_shutdown_drains_captures() {
             let setup = setup.clone();
             let request = request(seed);
             thread::spawn(move || {
-                let log = drain(handle.submit(request.clone()).unwrap());
+                let log = drain(handle.submit_blocking(request.clone()).unwrap());
                 assert_eq!(log.tokens, reference(&setup, &request).tokens);
             })
         })
@@ -275,7 +275,7 @@ fn cached_branches_stream_references_and_shutdown_drains_captures() {
     assert_eq!((metrics.running, metrics.pages_reserved), (0, 0));
     // Long requests, then a shutdown that cancels them mid-flight.
     let streams: Vec<RequestStream> = (20..24)
-        .map(|seed| worker.handle().submit(request(seed)).unwrap())
+        .map(|seed| worker.handle().submit_blocking(request(seed)).unwrap())
         .collect();
     worker.shutdown(ShutdownMode::Cancel).unwrap();
     for stream in streams {

@@ -1,26 +1,24 @@
 //! One generation: submission, the wait for admission, and the delivery of
 //! text to the HTTP task.
 //!
-//! The scheduler's [`RequestStream`] blocks, so each request has one
-//! blocking task (the pump) that reads its events, detokenizes, applies
-//! stop sequences and sends [`Chunk`]s over a bounded channel. Only the
-//! pump waits on a slow consumer; the model thread never does (its
-//! per-request channel is bounded by the output limit). When the HTTP side
-//! drops its receiver (client disconnect), the pump's next send fails and
-//! it drops the stream, which cancels the request.
+//! Everything here is async: the model thread's events arrive on a
+//! non-blocking channel ([`RequestStream::next`]) and the HTTP task itself
+//! detokenizes them and applies stop sequences, so no OS thread is held per
+//! request. The request's [`RequestStream`] lives inside its [`Generation`]
+//! (and, before admission, inside the future waiting for it): dropping the
+//! response, or the future, drops the stream, which is the one cancellation
+//! path. Only CPU-heavy prompt preparation runs elsewhere, on the runtime's
+//! bounded blocking pool ([`prepare`]).
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Instant;
-
-use tokio::sync::{mpsc, oneshot};
 
 use super::error::HttpError;
 use super::sampling::{output_limit, Sampling};
 use super::AppState;
 use crate::frontend::{ChatInput, Detokenizer, Frontend, StopMatcher, StopStep};
-use crate::scheduler::{
-    Event, FinishReason, RequestId, RequestSpec, RequestStream, SchedulerHandle,
-};
+use crate::scheduler::{Event, FinishReason, RequestSpec, RequestStream};
 
 /// Prompt tokens the detokenizer decodes before the output, so the first
 /// output word keeps the spacing the full decode gives it.
@@ -56,7 +54,7 @@ impl Finish {
     }
 }
 
-/// What the pump hands the HTTP task.
+/// What a generation hands the HTTP task.
 #[derive(Debug)]
 pub enum Chunk {
     /// Output text, in order (never empty).
@@ -107,8 +105,9 @@ impl Job {
 }
 
 /// Runs CPU-heavy frontend work (rendering, tokenization, endpoint
-/// mapping) on the blocking pool, so that a long prompt never stalls the
-/// async workers streaming other requests; its time goes to the
+/// mapping) on the runtime's blocking pool (bounded: see
+/// [`crate::serve::serve_http_with`]), so that a long prompt never stalls
+/// the async workers streaming other requests; its time goes to the
 /// `flare_prompt_preparation_seconds` histogram. `work` gets the state.
 pub async fn prepare<T: Send + 'static>(
     state: &AppState,
@@ -164,72 +163,79 @@ impl Job {
     }
 }
 
-/// An admitted generation: its chunks and its prompt size.
+/// An admitted generation: its output chunks and its prompt size. Dropping
+/// it before its last chunk cancels the request.
 #[derive(Debug)]
 pub struct Generation {
-    /// Chunks, ending with `Finished` or `Failed`.
-    pub chunks: mpsc::Receiver<Chunk>,
+    stream: RequestStream,
+    delivery: Delivery,
+    /// Chunks made from one event and not yet taken.
+    ready: VecDeque<Chunk>,
+    /// The terminal chunk was taken: nothing follows.
+    ended: bool,
     /// Prompt tokens, for usage.
     pub prompt_tokens: u32,
     /// Of those, tokens restored from a prefix checkpoint.
     pub cached_tokens: u32,
 }
 
+impl Generation {
+    /// The next chunk: text in order, then `Finished` or `Failed`; `None`
+    /// once that was taken.
+    pub async fn next_chunk(&mut self) -> Option<Chunk> {
+        loop {
+            if let Some(chunk) = self.ready.pop_front() {
+                self.ended = matches!(chunk, Chunk::Finished { .. } | Chunk::Failed(_));
+                return Some(chunk);
+            }
+            if self.ended {
+                return None;
+            }
+            let chunks = match self.stream.next().await {
+                Ok(Some(Event::Tokens { tokens, .. })) => self.delivery.tokens(&tokens),
+                Ok(Some(Event::Finished { reason, .. })) => self.delivery.finish(reason),
+                Ok(Some(Event::Failed(error))) => vec![Chunk::Failed(error.into())],
+                Ok(Some(Event::Admitted { .. } | Event::Preempted { .. })) => Vec::new(),
+                Ok(None) | Err(_) => vec![Chunk::Failed(HttpError::WorkerGone)],
+            };
+            self.ready.extend(chunks);
+        }
+    }
+}
+
 /// Submits `job` and waits for its admission (or the failure that prevents
 /// it); dropping the returned future, or the generation, cancels it.
 pub async fn start(state: &AppState, job: Job) -> Result<Generation, HttpError> {
     let prompt_tokens = u32::try_from(job.spec.prompt.len()).unwrap_or(u32::MAX);
-    let (admitted, admission) = oneshot::channel();
-    let (chunks, receiver) = mpsc::channel(state.config().chunk_capacity.max(1));
-    let handle = state.handle().clone();
-    let frontend = Arc::clone(state.frontend());
-    let submitted = Arc::new(Mutex::new(None));
-    let mut waiting = Waiting {
-        admission,
-        submitted: Arc::clone(&submitted),
-        handle: handle.clone(),
-        answered: false,
+    let prompt = &job.spec.prompt;
+    let context = &prompt[prompt.len().saturating_sub(DETOKENIZER_CONTEXT)..];
+    let delivery = Delivery {
+        frontend: Arc::clone(state.frontend()),
+        detokenizer: Detokenizer::with_context(context, true),
+        stops: job.stops,
+        generated: 0,
     };
-    tokio::task::spawn_blocking(move || {
-        pump(&handle, &frontend, job, &submitted, admitted, &chunks);
-    });
-    let answer = (&mut waiting.admission).await;
-    waiting.answered = true;
-    match answer {
-        Ok(Ok(cached_tokens)) => Ok(Generation {
-            chunks: receiver,
-            prompt_tokens,
-            cached_tokens,
-        }),
-        Ok(Err(error)) => Err(error),
-        Err(_) => Err(HttpError::WorkerGone),
-    }
+    let mut stream = state.handle().submit(job.spec).await?;
+    let cached_tokens = wait_for_admission(&mut stream).await?;
+    Ok(Generation {
+        stream,
+        delivery,
+        ready: VecDeque::new(),
+        ended: false,
+        prompt_tokens,
+        cached_tokens,
+    })
 }
 
-/// The wait for admission. Dropped while waiting (the client went away
-/// while the request was queued), it cancels the submitted request: the
-/// pump, blocked on the request's events, cannot notice by itself.
-struct Waiting {
-    admission: oneshot::Receiver<Result<u32, HttpError>>,
-    submitted: Arc<Mutex<Option<RequestId>>>,
-    handle: SchedulerHandle,
-    answered: bool,
-}
-
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        if self.answered {
-            return;
-        }
-        // Close the answer channel before reading the id: a pump that
-        // stores the id after this read then sees the channel closed.
-        self.admission.close();
-        let submitted = *self
-            .submitted
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(id) = submitted {
-            self.handle.cancel(id);
+/// Waits for the request's admission; the prompt tokens it restored.
+async fn wait_for_admission(stream: &mut RequestStream) -> Result<u32, HttpError> {
+    loop {
+        match stream.next().await {
+            Ok(Some(Event::Admitted { cached_tokens })) => return Ok(cached_tokens),
+            Ok(Some(Event::Failed(error))) => return Err(error.into()),
+            Ok(Some(Event::Finished { .. })) | Ok(None) => return Err(HttpError::Cancelled),
+            Ok(Some(Event::Tokens { .. } | Event::Preempted { .. })) => {}
+            Err(_) => return Err(HttpError::WorkerGone),
         }
     }
 }
@@ -237,7 +243,7 @@ impl Drop for Waiting {
 /// Reads collected output: the text and how it ended.
 pub async fn collect(generation: &mut Generation) -> Result<(String, Finish, u32), HttpError> {
     let mut text = String::new();
-    while let Some(chunk) = generation.chunks.recv().await {
+    while let Some(chunk) = generation.next_chunk().await {
         match chunk {
             Chunk::Text(delta) => text.push_str(&delta),
             Chunk::Finished {
@@ -250,86 +256,17 @@ pub async fn collect(generation: &mut Generation) -> Result<(String, Finish, u32
     Err(HttpError::WorkerGone)
 }
 
-/// The blocking side of one request. Returning drops the stream, which
-/// cancels the request if it has not finished.
-fn pump(
-    handle: &SchedulerHandle,
-    frontend: &Frontend,
-    job: Job,
-    submitted: &Mutex<Option<RequestId>>,
-    admitted: oneshot::Sender<Result<u32, HttpError>>,
-    chunks: &mpsc::Sender<Chunk>,
-) {
-    let prompt = &job.spec.prompt;
-    let context = &prompt[prompt.len().saturating_sub(DETOKENIZER_CONTEXT)..];
-    let mut delivery = Delivery {
-        frontend,
-        detokenizer: Detokenizer::with_context(context, true),
-        stops: job.stops,
-        generated: 0,
-    };
-    let mut stream = match handle.submit(job.spec) {
-        Ok(stream) => stream,
-        Err(error) => {
-            let _ = admitted.send(Err(error.into()));
-            return;
-        }
-    };
-    *submitted.lock().unwrap_or_else(PoisonError::into_inner) = Some(stream.id());
-    if admitted.is_closed() {
-        return;
-    }
-    let cached_tokens = match wait_for_admission(&mut stream) {
-        Ok(cached_tokens) => cached_tokens,
-        Err(error) => {
-            let _ = admitted.send(Err(error));
-            return;
-        }
-    };
-    if admitted.send(Ok(cached_tokens)).is_err() {
-        return;
-    }
-    loop {
-        let chunks_out = match stream.next_event() {
-            Ok(Some(Event::Tokens { tokens, .. })) => delivery.tokens(&tokens),
-            Ok(Some(Event::Finished { reason, .. })) => delivery.finish(reason),
-            Ok(Some(Event::Failed(error))) => vec![Chunk::Failed(error.into())],
-            Ok(Some(Event::Admitted { .. } | Event::Preempted { .. })) => Vec::new(),
-            Ok(None) => return,
-            Err(_) => vec![Chunk::Failed(HttpError::WorkerGone)],
-        };
-        for chunk in chunks_out {
-            let terminal = matches!(chunk, Chunk::Finished { .. } | Chunk::Failed(_));
-            if chunks.blocking_send(chunk).is_err() || terminal {
-                return;
-            }
-        }
-    }
-}
-
-/// Waits for the request's admission; the prompt tokens it restored.
-fn wait_for_admission(stream: &mut RequestStream) -> Result<u32, HttpError> {
-    loop {
-        match stream.next_event() {
-            Ok(Some(Event::Admitted { cached_tokens })) => return Ok(cached_tokens),
-            Ok(Some(Event::Failed(error))) => return Err(error.into()),
-            Ok(Some(Event::Finished { .. })) | Ok(None) => return Err(HttpError::Cancelled),
-            Ok(Some(Event::Tokens { .. } | Event::Preempted { .. })) => {}
-            Err(_) => return Err(HttpError::WorkerGone),
-        }
-    }
-}
-
 /// Output text of one request: detokenized, EOS dropped, cut at the first
 /// stop sequence.
-struct Delivery<'a> {
-    frontend: &'a Frontend,
+#[derive(Debug)]
+struct Delivery {
+    frontend: Arc<Frontend>,
     detokenizer: Detokenizer,
     stops: StopMatcher,
     generated: u32,
 }
 
-impl Delivery<'_> {
+impl Delivery {
     fn tokens(&mut self, tokens: &[u32]) -> Vec<Chunk> {
         let mut text = String::new();
         for &id in tokens {

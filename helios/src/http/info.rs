@@ -29,11 +29,9 @@ pub async fn models(State(state): State<AppState>) -> Response {
 /// 200 while the worker serves; 503 while it stops, after it failed, or
 /// when it is gone.
 pub async fn health(State(state): State<AppState>) -> Response {
-    let handle = state.handle().clone();
-    // `status` waits for the model thread's reply: not on the executor.
-    let status = tokio::task::spawn_blocking(move || handle.status()).await;
-    let (code, body) = match status {
-        Ok(Ok(status)) => match status.health {
+    // The status the model thread published: no round trip to it.
+    let (code, body) = match state.handle().status() {
+        Ok(status) => match status.health {
             Health::Ready => (StatusCode::OK, json!({"status": "ok"})),
             Health::Stopping => (
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -44,7 +42,7 @@ pub async fn health(State(state): State<AppState>) -> Response {
                 json!({"status": "failed", "error": error.to_string()}),
             ),
         },
-        Ok(Err(_)) | Err(_) => (
+        Err(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
             json!({"status": "unavailable"}),
         ),
@@ -55,8 +53,7 @@ pub async fn health(State(state): State<AppState>) -> Response {
 /// The scheduler's gauges and counters in Prometheus' text format; 503
 /// when the worker is gone.
 pub async fn metrics(State(state): State<AppState>) -> Response {
-    let handle = state.handle().clone();
-    let Ok(Ok(status)) = tokio::task::spawn_blocking(move || handle.status()).await else {
+    let Ok(status) = state.handle().status() else {
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
     };
     let metrics = status.metrics;

@@ -1,8 +1,10 @@
 //! HTTP serving: OpenAI-compatible endpoints over the scheduler's worker.
 //!
-//! Handlers run on the async executor and never block it: everything that
-//! waits on the model thread (submission, events, status) runs on a
-//! blocking task. A generation response is sent only once its request was
+//! Handlers run on the async executor and never block it: submission and a
+//! request's events are awaited on non-blocking channels (no OS thread is
+//! held per request), `/health` and `/metrics` read the status the model
+//! thread publishes, and only prompt preparation (rendering, tokenization)
+//! runs on the runtime's bounded blocking pool. A generation response is sent only once its request was
 //! admitted (or refused), carries an `x-request-id` header, and maps every
 //! failure through [`HttpError`] (OpenAI envelopes, or Anthropic's on
 //! `/v1/messages`). Routes:
@@ -64,9 +66,6 @@ pub struct ServeConfig {
     pub context_limit: u32,
     /// The largest request body accepted, in bytes; a larger one is 400.
     pub max_body_bytes: usize,
-    /// Chunks a request's output channel holds before its pump waits for
-    /// the client.
-    pub chunk_capacity: usize,
     /// When set, every `/v1` route requires this key (`Authorization: Bearer
     /// KEY` or `x-api-key: KEY`); a request without it is 401.
     pub api_key: Option<String>,

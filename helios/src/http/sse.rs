@@ -74,7 +74,7 @@ impl<F: StreamFormat> Progress<F> {
 }
 
 /// The SSE response of an admitted generation. Dropping the body (client
-/// disconnect) drops the chunk receiver, which cancels the request.
+/// disconnect) drops the generation, which cancels the request.
 pub fn response<F: StreamFormat>(
     generation: Generation,
     mut format: F,
@@ -96,7 +96,7 @@ pub fn response<F: StreamFormat>(
             if progress.done {
                 return None;
             }
-            let events = match progress.generation.chunks.recv().await {
+            let events = match progress.generation.next_chunk().await {
                 Some(Chunk::Text(text)) => progress.format.text(&text),
                 Some(Chunk::Finished {
                     finish,

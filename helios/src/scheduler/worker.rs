@@ -3,20 +3,34 @@
 //!
 //! The thread sleeps on its inbox while the scheduler is idle and otherwise
 //! alternates between taking every queued message and running one
-//! iteration. Each request's events go to its own channel; a dropped
-//! receiver cancels the request at the next submission boundary. The model
-//! thread never blocks on a consumer: a request's channel holds at most its
-//! output limit of tokens plus its admission and terminal events.
+//! iteration. Rules:
+//! - each request's events go to its own non-blocking channel, which async
+//!   tasks await ([`RequestStream::next`]) and plain threads block on
+//!   ([`RequestStream::next_event`]): no OS thread is held per request;
+//! - the model thread never blocks on a consumer: a request's channel holds
+//!   at most its output limit of tokens plus its admission and terminal
+//!   events;
+//! - dropping a [`RequestStream`] before its terminal event is the one way
+//!   a consumer cancels (the cancellation applies at the next submission
+//!   boundary); a submission whose caller left before its id arrived is
+//!   cancelled by the model thread itself;
+//! - health and counters are published by the model thread into a shared
+//!   [`Status`] (at most [`PUBLISH_INTERVAL`] old while it runs, current
+//!   whenever it goes idle, and before any admission or terminal event is
+//!   delivered), so
+//!   `/health` and `/metrics` read it without a round trip.
 
 use std::collections::BTreeMap;
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc as async_mpsc, oneshot};
 
 use super::engine::{Scheduler, SchedulerConfig};
 use super::error::{AdmissionError, ExecutionError, SchedulerError};
-use super::events::{Event, Metrics};
+use super::events::{Event, Metrics, RequestEvent};
 use super::executor::Executor;
 use super::geometry::Geometry;
 use super::ids::RequestId;
@@ -57,19 +71,35 @@ pub struct Status {
     pub latency: Latency,
 }
 
-type SubmitReply = Sender<Result<RequestId, AdmissionError>>;
+/// How stale the published [`Status`] may be while the model thread runs.
+pub const PUBLISH_INTERVAL: Duration = Duration::from_millis(5);
+
+type SubmitReply = oneshot::Sender<Result<RequestId, AdmissionError>>;
 
 enum Message {
     Submit {
         spec: RequestSpec,
         /// The prompt's prefix chain, hashed by the submitting thread.
         chain: Option<PrefixChain>,
-        events: Sender<Event>,
+        events: async_mpsc::UnboundedSender<Event>,
         reply: SubmitReply,
     },
     Cancel(RequestId),
-    Status(Sender<Status>),
     Shutdown(ShutdownMode),
+}
+
+/// What the model thread publishes for readers of its status.
+#[derive(Debug)]
+struct Published {
+    status: Status,
+    /// The model thread has returned (or panicked): nothing serves.
+    gone: bool,
+}
+
+type SharedStatus = Arc<Mutex<Published>>;
+
+fn lock(shared: &SharedStatus) -> std::sync::MutexGuard<'_, Published> {
+    shared.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A cloneable way to talk to the model thread.
@@ -79,6 +109,7 @@ pub struct SchedulerHandle {
     /// The prefix cache's root salt, when it is enabled: a submission
     /// hashes its prompt's chain on its own thread, not the model thread's.
     prefix_salt: Option<Arc<[u8]>>,
+    status: SharedStatus,
 }
 
 impl std::fmt::Debug for Message {
@@ -86,18 +117,39 @@ impl std::fmt::Debug for Message {
         f.write_str(match self {
             Self::Submit { .. } => "Submit",
             Self::Cancel(_) => "Cancel",
-            Self::Status(_) => "Status",
             Self::Shutdown(_) => "Shutdown",
         })
     }
 }
 
+/// A submission on its way to the model thread: its id's answer and the
+/// stream its events will arrive on.
+struct Pending {
+    answer: oneshot::Receiver<Result<RequestId, AdmissionError>>,
+    events: async_mpsc::UnboundedReceiver<Event>,
+}
+
 impl SchedulerHandle {
     /// Submits a request; on success its events arrive on the stream,
-    /// starting with [`Event::Admitted`].
-    pub fn submit(&self, spec: RequestSpec) -> Result<RequestStream, AdmissionError> {
-        let (events, receiver) = mpsc::channel();
-        let (reply, answer) = mpsc::channel();
+    /// starting with [`Event::Admitted`]. Dropping the future before it
+    /// resolves cancels the request.
+    pub async fn submit(&self, spec: RequestSpec) -> Result<RequestStream, AdmissionError> {
+        let pending = self.send_submission(spec)?;
+        let id = (pending.answer.await).map_err(|_| AdmissionError::Unavailable)??;
+        Ok(self.stream(id, pending.events))
+    }
+
+    /// [`Self::submit`] for a thread outside the async runtime: blocks
+    /// until the model thread answers.
+    pub fn submit_blocking(&self, spec: RequestSpec) -> Result<RequestStream, AdmissionError> {
+        let pending = self.send_submission(spec)?;
+        let id = (pending.answer.blocking_recv()).map_err(|_| AdmissionError::Unavailable)??;
+        Ok(self.stream(id, pending.events))
+    }
+
+    fn send_submission(&self, spec: RequestSpec) -> Result<Pending, AdmissionError> {
+        let (events, receiver) = async_mpsc::unbounded_channel();
+        let (reply, answer) = oneshot::channel();
         let chain = (self.prefix_salt.as_deref()).map(|salt| PrefixChain::new(salt, &spec.prompt));
         let message = Message::Submit {
             spec,
@@ -108,13 +160,19 @@ impl SchedulerHandle {
         self.inbox
             .send(message)
             .map_err(|_| AdmissionError::Unavailable)?;
-        let id = answer.recv().map_err(|_| AdmissionError::Unavailable)??;
-        Ok(RequestStream {
-            id,
+        Ok(Pending {
+            answer,
             events: receiver,
+        })
+    }
+
+    fn stream(&self, id: RequestId, events: async_mpsc::UnboundedReceiver<Event>) -> RequestStream {
+        RequestStream {
+            id,
+            events,
             handle: self.clone(),
             finished: false,
-        })
+        }
     }
 
     /// Cancels a request at the next submission boundary.
@@ -129,11 +187,14 @@ impl SchedulerHandle {
         let _ = self.inbox.send(Message::Shutdown(mode));
     }
 
-    /// Health and counters.
+    /// Health and counters as the model thread last published them (see
+    /// [`PUBLISH_INTERVAL`]); never waits for the model thread.
     pub fn status(&self) -> Result<Status, SchedulerError> {
-        let (reply, answer) = mpsc::channel();
-        (self.inbox.send(Message::Status(reply))).map_err(|_| SchedulerError::WorkerGone)?;
-        answer.recv().map_err(|_| SchedulerError::WorkerGone)
+        let published = lock(&self.status);
+        if published.gone {
+            return Err(SchedulerError::WorkerGone);
+        }
+        Ok(published.status.clone())
     }
 }
 
@@ -142,7 +203,7 @@ impl SchedulerHandle {
 #[derive(Debug)]
 pub struct RequestStream {
     id: RequestId,
-    events: Receiver<Event>,
+    events: async_mpsc::UnboundedReceiver<Event>,
     handle: SchedulerHandle,
     finished: bool,
 }
@@ -153,14 +214,28 @@ impl RequestStream {
         self.id
     }
 
-    /// The next event, waiting for it; `Ok(None)` after the terminal event.
-    /// A channel that closes before the terminal event is
+    /// The next event, awaiting it; `Ok(None)` after the terminal event. A
+    /// channel that closes before the terminal event is
     /// [`SchedulerError::WorkerGone`].
+    pub async fn next(&mut self) -> Result<Option<Event>, SchedulerError> {
+        if self.finished {
+            return Ok(None);
+        }
+        let event = self.events.recv().await;
+        self.take(event)
+    }
+
+    /// [`Self::next`] for a thread outside the async runtime: blocks.
     pub fn next_event(&mut self) -> Result<Option<Event>, SchedulerError> {
         if self.finished {
             return Ok(None);
         }
-        let event = self.events.recv().map_err(|_| SchedulerError::WorkerGone)?;
+        let event = self.events.blocking_recv();
+        self.take(event)
+    }
+
+    fn take(&mut self, event: Option<Event>) -> Result<Option<Event>, SchedulerError> {
+        let event = event.ok_or(SchedulerError::WorkerGone)?;
         self.finished = event.is_terminal();
         Ok(Some(event))
     }
@@ -215,16 +290,30 @@ impl Worker {
         let prefix_salt = (config.prefix.as_ref())
             .filter(|prefix| prefix.snapshot_rows > 0)
             .map(|prefix| Arc::from(prefix.salt.as_slice()));
+        let status = Arc::new(Mutex::new(Published {
+            status: Status {
+                health: Health::Ready,
+                metrics: Metrics::default(),
+                latency: Latency::default(),
+            },
+            gone: false,
+        }));
+        let published = Arc::clone(&status);
         let thread = thread::Builder::new()
             .name("helios-model".to_owned())
             .spawn(move || {
+                // Marks the status gone however the thread ends, a panic
+                // included.
+                let _gone = GoneOnExit(Arc::clone(&published));
                 let scheduler = make()
                     .map_err(SchedulerError::Execution)
                     .and_then(|(executor, geometry)| Scheduler::new(geometry, config, executor));
                 match scheduler {
                     Ok(scheduler) => {
+                        let mut model = ModelThread::new(scheduler, messages, published);
+                        model.publish();
                         let _ = ready.send(Ok(()));
-                        ModelThread::new(scheduler, messages).run()
+                        model.run()
                     }
                     Err(error) => {
                         let _ = ready.send(Err(error));
@@ -235,7 +324,11 @@ impl Worker {
             .map_err(|error| SchedulerError::Spawn(Arc::new(error)))?;
         let startup = started.recv().unwrap_or(Err(SchedulerError::WorkerGone));
         let worker = Self {
-            handle: SchedulerHandle { inbox, prefix_salt },
+            handle: SchedulerHandle {
+                inbox,
+                prefix_salt,
+                status,
+            },
             thread: Some(thread),
         };
         match startup {
@@ -274,29 +367,43 @@ impl Drop for Worker {
     }
 }
 
+/// Sets the published status gone when the model thread ends.
+struct GoneOnExit(SharedStatus);
+
+impl Drop for GoneOnExit {
+    fn drop(&mut self) {
+        lock(&self.0).gone = true;
+    }
+}
+
 /// The loop of the model thread.
 struct ModelThread<E> {
     scheduler: Scheduler<E>,
     inbox: Receiver<Message>,
-    streams: BTreeMap<RequestId, Sender<Event>>,
+    streams: BTreeMap<RequestId, async_mpsc::UnboundedSender<Event>>,
     stopping: bool,
     latency: LatencyTracker,
+    published: SharedStatus,
+    published_at: Instant,
 }
 
 impl<E: Executor> ModelThread<E> {
-    fn new(scheduler: Scheduler<E>, inbox: Receiver<Message>) -> Self {
+    fn new(scheduler: Scheduler<E>, inbox: Receiver<Message>, published: SharedStatus) -> Self {
         Self {
             scheduler,
             inbox,
             streams: BTreeMap::new(),
             stopping: false,
             latency: LatencyTracker::default(),
+            published,
+            published_at: Instant::now(),
         }
     }
 
     fn run(mut self) -> Result<(), SchedulerError> {
         loop {
             if self.scheduler.is_idle() {
+                self.publish();
                 if self.stopping {
                     break;
                 }
@@ -344,6 +451,8 @@ impl<E: Executor> ModelThread<E> {
                 if let Ok(id) = result {
                     self.latency.submitted(id, Instant::now());
                     self.streams.insert(id, events);
+                    // The caller left before its id arrived: nobody can
+                    // drop a stream for it, so cancel here.
                     if reply.send(Ok(id)).is_err() {
                         self.scheduler.cancel(id);
                     }
@@ -352,11 +461,18 @@ impl<E: Executor> ModelThread<E> {
                 }
             }
             Message::Cancel(id) => self.scheduler.cancel(id),
-            Message::Status(reply) => {
-                let _ = reply.send(self.status());
+            Message::Shutdown(mode) => {
+                self.stop(mode);
+                self.publish();
             }
-            Message::Shutdown(mode) => self.stop(mode),
         }
+    }
+
+    /// Publishes the current status for `SchedulerHandle::status`.
+    fn publish(&mut self) {
+        let status = self.status();
+        lock(&self.published).status = status;
+        self.published_at = Instant::now();
     }
 
     fn status(&self) -> Status {
@@ -381,18 +497,28 @@ impl<E: Executor> ModelThread<E> {
         }
     }
 
-    /// Sends each event to its request's channel; a closed channel cancels
-    /// the request.
+    /// Sends each event to its request's channel, after publishing the
+    /// status when one of them admits or ends a request (so a consumer that
+    /// saw its admission or terminal event reads gauges that include it). A closed channel
+    /// needs nothing: its stream's drop sent the cancellation.
     fn route_events(&mut self) {
         let now = Instant::now();
-        for event in self.scheduler.drain_events() {
-            self.latency.routed(&event, now);
+        let events = self.scheduler.drain_events();
+        for event in &events {
+            self.latency.routed(event, now);
+        }
+        let changes_gauges = |event: &RequestEvent| {
+            event.event.is_terminal() || matches!(event.event, Event::Admitted { .. })
+        };
+        if events.iter().any(changes_gauges)
+            || now.duration_since(self.published_at) >= PUBLISH_INTERVAL
+        {
+            self.publish();
+        }
+        for event in events {
             let terminal = event.event.is_terminal();
-            let Some(channel) = self.streams.get(&event.request) else {
-                continue;
-            };
-            if channel.send(event.event).is_err() && !terminal {
-                self.scheduler.cancel(event.request);
+            if let Some(channel) = self.streams.get(&event.request) {
+                let _ = channel.send(event.event);
             }
             if terminal {
                 self.streams.remove(&event.request);

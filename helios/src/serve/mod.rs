@@ -187,9 +187,36 @@ pub fn serve_http(
     })
 }
 
+/// The HTTP runtime's threads: a bounded number whatever the load, since no
+/// thread is held per request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerThreads {
+    /// Async workers: sockets, SSE formatting, detokenization.
+    pub workers: usize,
+    /// The blocking pool: prompt rendering and tokenization
+    /// ([`crate::http`]'s preparation), one prompt per thread.
+    pub preparation: usize,
+}
+
+impl ServerThreads {
+    /// At most this many of each kind.
+    pub const MAX: usize = 8;
+
+    /// One of each per core, between 2 and [`Self::MAX`].
+    pub fn for_this_machine() -> Self {
+        let cores = std::thread::available_parallelism().map_or(2, usize::from);
+        let bounded = cores.clamp(2, Self::MAX);
+        Self {
+            workers: bounded,
+            preparation: bounded,
+        }
+    }
+}
+
 /// Binds `address`, calls `on_bound` with the bound address and serves
-/// `app` until `shutdown` resolves, then lets open responses finish.
-/// Blocks the calling thread.
+/// `app` until `shutdown` resolves, then lets open responses finish, on a
+/// runtime of [`ServerThreads::for_this_machine`]. Blocks the calling
+/// thread.
 pub fn serve_http_with<S, B>(
     address: &str,
     app: axum::Router,
@@ -200,9 +227,12 @@ where
     S: std::future::Future<Output = ()> + Send + 'static,
     B: FnOnce(SocketAddr),
 {
+    let threads = ServerThreads::for_this_machine();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("helios-http")
+        .worker_threads(threads.workers)
+        .max_blocking_threads(threads.preparation)
         .build()
         .map_err(ServeError::Server)?;
     runtime.block_on(async {

@@ -10,9 +10,6 @@ use crate::frontend::Frontend;
 use crate::http::{marked_messages, SamplingPolicy, ServeConfig};
 use crate::scheduler::{Geometry, PrefixConfig, SchedulerConfig};
 
-/// Output chunks a request's channel holds before its pump waits.
-const CHUNK_CAPACITY: usize = 64;
-
 /// The serving options both servers share.
 #[derive(Debug, Clone)]
 pub(super) struct Admission {
@@ -56,7 +53,6 @@ pub(super) fn plan(core: &ValidCore, admission: Admission) -> Result<Plan, Serve
         sampling: SamplingPolicy::from_core(core.sampling()),
         context_limit: geometry.context_limit(),
         max_body_bytes: admission.max_body_bytes,
-        chunk_capacity: CHUNK_CAPACITY,
         api_key: admission.api_key,
         marked_messages: marked_messages(
             prefix.as_ref(),

@@ -36,8 +36,6 @@ pub struct Options {
     pub stop_every: Option<u64>,
     /// Each launch takes this long on the executor.
     pub launch_time: Option<Duration>,
-    /// Chunks a request's output channel holds (default 16).
-    pub chunk_capacity: Option<usize>,
     /// Make the first launch fail.
     pub fail_first_launch: bool,
     /// Require this API key on the `/v1` routes.
@@ -154,7 +152,6 @@ pub fn server(options: Options) -> Server {
         sampling: SamplingPolicy::from_core(options.sampling.as_ref().unwrap_or(core.sampling())),
         context_limit: geometry.context_limit(),
         max_body_bytes: 64 * 1024,
-        chunk_capacity: options.chunk_capacity.unwrap_or(16),
         api_key: options.api_key.clone(),
         marked_messages: marked,
     };
