@@ -33,9 +33,11 @@
 #
 # WORK (default /tmp/flare-suite) holds checkpoints and cores between stages;
 # WHEELS, when set, names folders of wheels (space-separated) installed first (the
-# machine has no registry): gguf and flare_heliopause, plus openai's and
-# transformers serve's dependencies for the baselines (`bench/baseline_wheels.sh DIR`
-# downloads those where there is a registry). PREPARE_ARGS, when set, adds
+# machine has no registry): gguf and flare_heliopause, plus the openai SDK with its
+# dependencies and transformers serve's (`bench/baseline_wheels.sh DIR` downloads
+# those where there is a registry). The flare and baselines stages need the SDK (the
+# suite's clients measurement times TTFT through it): without it they stop first.
+# PREPARE_ARGS, when set, adds
 # options to `ignition prepare` (for example --no-compile, --compile-scope=layer or
 # --decode-fusion=norms: written with `=`, as the floor and the timeline follow
 # it; a fusion chosen by qwen3-8b-fusion is added to the qwen3-8b stages' options
@@ -75,6 +77,15 @@ environment() {
   } > "$out/environment.txt" 2>&1
 }
 
+# The suite's clients measurement times TTFT through the openai SDK beside its own
+# client; a stage that runs it stops here, before launching anything, without it.
+need_openai() {
+  python3 -c 'import openai' 2> /dev/null && return 0
+  echo "the openai SDK is not importable (the suite's clients measurement needs it):" \
+    "set WHEELS to a folder of bench/baseline_wheels.sh's wheels" >&2
+  return 1
+}
+
 # Runs the suite against a server it launches: ENGINE LAUNCH_COMMAND GEOMETRY TOKENIZER
 # [suite options...]
 suite_http() {
@@ -100,6 +111,7 @@ prepare_core() {
 flare_stage() {
   local core=$1 checkpoint=$2 geometry=$3 flare=$4
   shift 4
+  need_openai || return 1
   # Cold start: drop the page cache when allowed (the first launch then reads the
   # core from disk; the second, without the prefix cache, is the warm start).
   if sync && echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; then
@@ -132,6 +144,7 @@ baselines_stage() {
     *) echo "unknown baseline engine '$engine' (cb or static)" >&2; return 2 ;;
   esac
   if [ "$engine" != static ]; then
+    need_openai || return 1
     suite_http transformers-cb \
       "python3 -m transformers.cli.transformers serve $checkpoint --continuous-batching --cb-use-cuda-graph --dtype bfloat16 --device cuda:0 --host 127.0.0.1 --port $port" \
       "$geometry" "$checkpoint" --dialect transformers --model "$checkpoint" "$@"

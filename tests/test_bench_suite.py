@@ -10,6 +10,7 @@ import http.server
 import json
 import math
 import socket
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from itertools import pairwise
@@ -27,6 +28,8 @@ from bench.suite.client import (
     HttpEngine,
     Sample,
     Summary,
+    client_ttft_rows,
+    client_ttft_summary,
     decode_tokens_per_s,
     median,
     p99,
@@ -51,11 +54,14 @@ from bench.suite.report import (
 from bench.suite.server_metrics import difference, metrics_path, per_request
 from bench.suite.server_metrics import parse as parse_metrics
 from bench.suite.workloads import (
+    SDK_CLIENT,
+    SUITE_CLIENT,
     BenchRequest,
     Sampling,
     SuiteSettings,
     agent_trace,
     chat_requests,
+    client_requests,
     fit_to_tokens,
     long_prompt,
     long_requests,
@@ -216,12 +222,29 @@ def test_the_minimum_set_runs_in_order_and_builds_lazily() -> None:
         "prefix-4096+11",
         "agent-2000",
         "tools",
+        "clients",
     ]
     warmup, requests = plan[3].build()
     assert len(warmup) == 2 and len(requests) == 2 * settings.decode_rounds
     assert {r.max_tokens for r in requests} == {256}
     with pytest.raises(ValueError, match="unknown"):
         list(minimum_set(encode, settings, ["bogus"]))
+
+
+def test_both_clients_send_each_chat_with_one_seed_after_a_warmup() -> None:
+    warmup, requests = client_requests(seed=3, count=4, max_tokens=16)
+    assert [r.meta["client"] for r in warmup] == [SUITE_CLIENT, SDK_CLIENT] * 2
+    assert [r.meta["client"] for r in requests] == [
+        SUITE_CLIENT, SDK_CLIENT, SDK_CLIENT, SUITE_CLIENT,
+    ] * 2  # fmt: skip
+    for index, first in enumerate(warmup):
+        pair = requests[2 * index : 2 * index + 2]
+        assert {r.meta["prompt"] for r in pair} == {first.meta["prompt"]}
+        assert {r.sampling.seed for r in pair} == {first.sampling.seed}
+        assert all(r.messages == first.messages for r in pair)
+    assert len({r.sampling.seed for r in warmup}) == 4
+    assert len({str(r.messages) for r in warmup}) == 4  # distinct prompts: each cold once
+    assert len({r.name for r in warmup + requests}) == 12
 
 
 # ---------------------------------------------------------------- statistics
@@ -330,6 +353,76 @@ def server(fake_server_binary: Path) -> Iterator[FakeServer]:
     assert running.stop() == 0
 
 
+@pytest.fixture(scope="module")
+def instant_server(fake_server_binary: Path) -> Iterator[FakeServer]:
+    """The fake server with launches that take no time: what is left of a TTFT is
+    the serving path, the loopback and the client."""
+    running = FakeServer(fake_server_binary)
+    yield running
+    assert running.stop() == 0
+
+
+def test_the_openai_sdk_and_the_suite_client_time_the_same_chats(
+    instant_server: FakeServer,
+) -> None:
+    warmup, requests = client_requests(seed=0, count=8, max_tokens=16)
+    engine = HttpEngine(Endpoint(instant_server.url))
+    samples = run_requests(engine, requests, 1, warmup=warmup)
+    assert [s.meta["client"] for s in samples] == [r.meta["client"] for r in requests]
+    for sample in samples:
+        assert sample.ok and sample.status == 200, sample.error
+        assert sample.ttft_s is not None and sample.first_event_s is not None
+        assert 0 < sample.first_event_s <= sample.ttft_s <= sample.e2e_s
+        assert sample.output_tokens == 16 and sample.output_tokens_source == "usage"
+        assert sample.finish_reason == "length" and sample.prompt_tokens
+    for suite, sdk in zip(samples[::2], samples[1::2], strict=True):
+        # One request, two clients: the same seeded answer and usage.
+        assert suite.meta["prompt"] == sdk.meta["prompt"]
+        assert suite.text == sdk.text and suite.text
+        assert suite.prompt_tokens == sdk.prompt_tokens
+        assert len(suite.gaps_s) == len(sdk.gaps_s)
+    rows = client_ttft_rows(samples)
+    assert [row["prompt"] for row in rows] == [f"clients/{i}" for i in range(8)]
+    for row in rows:
+        assert row["ttft_ms"] > 0 and row["ttft_sdk_ms"] > 0
+        assert row["first_event_to_content_ms"] >= 0
+        assert row["first_event_to_content_sdk_ms"] >= 0
+        assert row["sdk_less_suite_ms"] == pytest.approx(row["ttft_sdk_ms"] - row["ttft_ms"])
+    summary = client_ttft_summary(rows)
+    assert summary["pairs"] == 8
+    # The first content delta follows the first event (the role delta) at once
+    # through either client: Nagle's algorithm held it about 40 ms for httpx.
+    assert summary["first_event_to_content_sdk_ms"] < 5, rows
+    assert summary["first_event_to_content_ms"] < 5, rows
+    assert 0 < summary["ttft_sdk_ms"] < 50, rows
+
+
+def test_a_missing_openai_sdk_fails_the_clients_measurement_loudly(
+    instant_server: FakeServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "openai", None)  # import openai raises ImportError
+    (request,) = client_requests(seed=0, count=1, max_tokens=4)[1][1:]
+    assert request.meta["client"] == SDK_CLIENT
+    with pytest.raises(RuntimeError, match="openai SDK"):
+        HttpEngine(Endpoint(instant_server.url)).run([request], 1)
+    out = tmp_path / "r.json"
+    args = ["--url", instant_server.url, "--engine", "flare", "--out", str(out)]
+    assert suite_main([*args, "--workloads", "clients"]) == 2
+    assert not out.exists()
+    # Without the clients workload the SDK is not needed.
+    assert suite_main([*args, "--workloads", "tools"]) == 0
+
+
+def test_in_process_engines_refuse_the_clients_workload(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "floor.json"
+    args = ["--replay", "--engine", "floor", "--out", str(out), "--workloads", "clients"]
+    assert suite_main(args) == 2
+    assert "only an HTTP server" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_streamed_chat_is_timed_chunk_by_chunk(server: FakeServer) -> None:
     engine = HttpEngine(Endpoint(server.url))
     samples = engine.run(chat_requests(0, 8, 24, long_answers=True), 1)
@@ -423,9 +516,12 @@ def test_the_suite_cli_measures_a_server_and_the_report_compares_engines(
     for data in results["samples"]:
         by.setdefault(data["measurement"], []).append(Sample.from_json(data))
     assert [s.prompt_tokens for s in by["long-512"]] == [512, 512]
-    assert all(not s.ok for s in by["long-2048"])
+    # /v1/models advertises the limit (max_model_len): the 2048-token prompts are
+    # skipped before any is sent.
+    assert results["versions"]["server_models"]["data"][0]["max_model_len"] == 1024
+    assert "long-2048" not in by
     skipped = {s["measurement"]: s["reason"] for s in results["skipped"]}
-    assert "context limit 1024" in skipped["long-2048"]
+    assert "exceed the context limit 1024" in skipped["long-2048"]
     assert "agent-1500" in skipped  # its last turns pass the fake server's 1024 tokens
     hits = [s for s in by["prefix-256+11"] if s.meta["role"] == "hit"]
     assert [s.prompt_tokens for s in hits] == [267, 267, 267]
@@ -439,6 +535,14 @@ def test_the_suite_cli_measures_a_server_and_the_report_compares_engines(
         assert later.cached_tokens == earlier.prompt_tokens
         assert prefilled_tokens(later) == (later.prompt_tokens or 0) - (earlier.prompt_tokens or 0)
     assert len(by["decode-c2"]) == 2 and len(by["tools"]) == 8
+    # The clients measurement: 12 chats through each client, paired per prompt.
+    assert sorted(s.meta["client"] for s in by["clients"]) == ["openai-sdk"] * 12 + ["suite"] * 12
+    compared = results["client_ttft"]
+    assert compared["summary"]["pairs"] == len(compared["rows"]) == 12
+    for pair in compared["rows"]:
+        assert pair["ttft_ms"] > 0 and pair["ttft_sdk_ms"] > 0
+        assert pair["first_event_to_content_sdk_ms"] is not None
+    assert "openai" in results["versions"]
     metrics = {row.key: value for row, value in engine_metrics(results).items()}
     assert metrics["agent-last-tokens"] == turns[-1].prompt_tokens
     turns_table = agent_turns([results])
@@ -473,6 +577,10 @@ def test_the_suite_cli_measures_a_server_and_the_report_compares_engines(
     client_ttft_ms = [s.ttft_s * 1e3 for s in by["long-512"] if s.ttft_s is not None]
     assert 0 < metrics["server-server_ttft_ms-long-512"] <= max(client_ttft_ms)
     assert "| long-512 | server: prefill chunks per request |" in table
+    for label in ("chat TTFT, suite client (ms)", "chat TTFT, openai SDK (ms)"):
+        assert f"| clients | {label} |" in table
+    assert "| clients | first SSE event to first content, openai SDK (ms) |" in table
+    assert metrics["clients-ttft_sdk_ms"] == pytest.approx(compared["summary"]["ttft_sdk_ms"])
 
 
 def test_the_suite_cli_launches_a_server_and_times_its_startup(
@@ -686,6 +794,45 @@ def test_startup_and_the_native_decode_bench_are_rows_of_the_summary() -> None:
     assert step[5] == itl_roof
     gap = lines["host submission gap p99, c=4 (ms)"].strip("| ").split(" | ")
     assert gap[3] == "0.0300"
+
+
+def _client_pair(prompt: str, suite_ms: float, sdk_ms: float) -> list[dict[str, Any]]:
+    """One prompt's samples through both clients: first events 1 ms in."""
+    return [
+        _sample(
+            measurement="clients",
+            ttft_s=ms / 1e3,
+            first_event_s=1e-3,
+            e2e_s=ms / 1e3 + 0.01,
+            meta={"prompt": prompt, "client": client},
+        ).to_json()
+        for client, ms in ((SUITE_CLIENT, suite_ms), (SDK_CLIENT, sdk_ms))
+    ]
+
+
+def test_client_rows_compare_the_sdk_with_the_suite_client_and_flag_a_stall() -> None:
+    flare = _synthetic("flare", gap_s=0.004, ttft_s=0.02)
+    flare["samples"] += _client_pair("clients/0", 3.0, 43.0) + _client_pair("clients/1", 5.0, 45.0)
+    # A prompt only one client answered has no pair.
+    flare["samples"] += _client_pair("clients/2", 4.0, 44.0)[:1]
+    baseline = _synthetic("transformers", gap_s=0.008, ttft_s=0.05)
+    baseline["samples"] += _client_pair("clients/0", 10.0, 11.0)
+    rows = client_ttft_rows([Sample.from_json(d) for d in flare["samples"]])
+    assert [row["prompt"] for row in rows] == ["clients/0", "clients/1"]
+    assert rows[0]["ttft_ms"] == pytest.approx(3.0) and rows[0]["ttft_sdk_ms"] == pytest.approx(43)
+    assert rows[0]["first_event_to_content_ms"] == pytest.approx(2.0)
+    assert rows[0]["first_event_to_content_sdk_ms"] == pytest.approx(42.0)
+    table = summary_table([flare, baseline], "flare")
+    lines = {line.split(" | ")[1]: line for line in table.splitlines() if line.startswith("| ")}
+    suite = lines["chat TTFT, suite client (ms)"].strip("| ").split(" | ")
+    sdk = lines["chat TTFT, openai SDK (ms)"].strip("| ").split(" | ")
+    gap = lines["first SSE event to first content, openai SDK (ms)"].strip("| ").split(" | ")
+    assert suite[0] == "clients" and suite[3:5] == ["4.00", "10.0"]
+    assert sdk[3:5] == ["44.0", "11.0"] and sdk[5] == "4.00"
+    assert [float(cell) for cell in gap[3:5]] == pytest.approx([43.0, 10.0])
+    assert "flare: clients: the openai SDK's TTFT is 40.0 ms above the suite client's" in table
+    assert "transformers: clients: the openai SDK" not in table
+    assert "client (http.client) and the openai SDK (httpx)" in table
 
 
 # ---------------------------------------------------------------- generate loop

@@ -5,6 +5,8 @@
 - ``client``: one streaming client for any OpenAI-compatible server (TTFT, every
   inter-token gap, end-to-end latency, usage), run at a concurrency with warm-up,
   and the statistics the reports use.
+- ``sdk_client``: the same chat requests through the official ``openai`` SDK, timed
+  beside the suite's client (TTFT and the first SSE event to the first content).
 - ``replay_floor``: the same requests through Ignition's Python replay harness.
 - ``report``: the roofline, the ratio table and the plots.
 

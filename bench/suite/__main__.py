@@ -3,7 +3,8 @@ sample as JSON (rewritten after each measurement, so a run cut short keeps what 
 measured).
 
     python -m bench.suite --url http://127.0.0.1:8080 --engine flare --out flare.json \\
-        --tokenizer PATH [--workloads long decode prefix agent tools] [--concurrency 1 2 4]
+        --tokenizer PATH [--workloads long decode prefix agent tools clients]
+        [--concurrency 1 2 4]
         [--api-key KEY] [--dialect openai|transformers] [--context-limit N]
         [--geometry smollm2-135m|qwen3-8b|config.json] [--bandwidth-gbs X | --measure-bandwidth]
         [--launch "flare run CORE --port 8080"]
@@ -16,7 +17,9 @@ measured).
 records the time until it answers); ``--replay`` prepares MODEL (default: the
 embedded SmolLM2) and measures Ignition's replay harness in this process;
 ``--generate`` measures Transformers' static-cache generate loop on a Transformers
-checkpoint directory in this process (one request at a time). Prompt
+checkpoint directory in this process (one request at a time). The ``clients``
+workload (HTTP servers only) times the same chat requests through the suite's own
+client and the official ``openai`` SDK, which must then be importable. Prompt
 lengths are exact under ``--tokenizer`` (a ``tokenizer.json``, a Transformers
 directory or hub name, a ``.gguf`` file, or ``words`` for whitespace word-level
 tokenizers); the replay floor uses its own. Then ``python -m bench.suite.report``.
@@ -43,10 +46,19 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from bench.suite.client import DIALECTS, Endpoint, Engine, HttpEngine, Sample
+from bench.suite.client import (
+    DIALECTS,
+    Endpoint,
+    Engine,
+    HttpEngine,
+    Sample,
+    client_ttft_rows,
+    client_ttft_summary,
+)
 from bench.suite.report import GEOMETRIES, resolve_geometry
 from bench.suite.server_metrics import difference
 from bench.suite.workloads import (
+    HTTP_WORKLOADS,
     WORKLOADS,
     BenchRequest,
     Encode,
@@ -184,7 +196,7 @@ def environment() -> dict[str, Any]:
 
 def versions() -> dict[str, Any]:
     found: dict[str, Any] = {}
-    for package in ("torch", "transformers", "flare-ignition"):
+    for package in ("torch", "transformers", "flare-ignition", "openai", "httpx", "httpx2"):
         try:
             found[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
@@ -293,7 +305,27 @@ class Suite:
         )
         errors = {str((s.error or {}).get("code")) for s in samples if s.error}
         print(f"  {ok}/{len(samples)} ok in {wall:.1f} s {sorted(errors) or ''}", file=sys.stderr)
+        if m.kind == "clients":
+            self._compare_clients(samples)
         self.write()
+
+    def _compare_clients(self, samples: Sequence[Sample]) -> None:
+        """The ``clients`` measurement's rows, per prompt both clients answered, and
+        their medians: ``results["client_ttft"]``."""
+        rows = client_ttft_rows(samples)
+        summary = client_ttft_summary(rows)
+        self.results["client_ttft"] = {"summary": summary, "rows": rows}
+
+        def ms(key: str) -> str:
+            value = summary[key]
+            return "–" if value is None else f"{value:.3f}"
+
+        print(
+            f"  TTFT median over {summary['pairs']} prompts: suite client {ms('ttft_ms')} ms "
+            f"(first event to content {ms('first_event_to_content_ms')}), openai SDK "
+            f"{ms('ttft_sdk_ms')} ms ({ms('first_event_to_content_sdk_ms')})",
+            file=sys.stderr,
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -322,9 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--workloads",
         nargs="*",
-        default=list(WORKLOADS),
         choices=WORKLOADS,
-        help="which measurements (default: all; none: only startup with --launch)",
+        help="which measurements (default: all the engine answers, clients only over "
+        "HTTP; none: only startup with --launch)",
     )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument(
@@ -383,8 +415,31 @@ def _settings(args: argparse.Namespace) -> SuiteSettings:
     )
 
 
+def resolve_workloads(args: argparse.Namespace) -> str | None:
+    """Sets ``args.workloads`` when not given (every workload the target answers);
+    the reason the run cannot go on, or None. The ``clients`` workload needs an HTTP
+    server and the openai SDK: without either it stops the run before it starts,
+    rather than leaving its rows out."""
+    over_http = args.url is not None
+    if args.workloads is None:
+        args.workloads = [w for w in WORKLOADS if over_http or w not in HTTP_WORKLOADS]
+    if not over_http and (http_only := sorted(set(args.workloads) & set(HTTP_WORKLOADS))):
+        return f"--workloads {' '.join(http_only)}: only an HTTP server (--url) answers it"
+    if "clients" in args.workloads:
+        from bench.suite.sdk_client import require_openai
+
+        try:
+            require_openai()
+        except RuntimeError as error:
+            return str(error)
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if (refused := resolve_workloads(args)) is not None:
+        print(f"python -m bench.suite: {refused}", file=sys.stderr)
+        return 2
     settings = _settings(args)
     results: dict[str, Any] = {
         "schema": "flare-bench-suite/1",

@@ -8,7 +8,13 @@ to the end of the stream, and the output token count from ``usage`` (requested w
 ``stream_options.include_usage``; counted as chunks when the server sends none).
 
 A chunk that carries several tokens is one gap; when the server sends cumulative
-usage on every chunk its token count is kept beside the gap (``chunk_tokens``).
+usage on every chunk its token count is kept beside the gap (``chunk_tokens``). The
+arrival of the first SSE event of any kind is kept too (``first_event_s``; Flare sends
+its role delta at admission, so the gap to the first output is the first token's
+compute, the serving path and the transport).
+
+Requests of the ``clients`` measurement that name the ``openai`` SDK as their client
+(``meta["client"]``) go through ``bench.suite.sdk_client`` instead, timed the same way.
 """
 
 from __future__ import annotations
@@ -17,14 +23,18 @@ import http.client
 import itertools
 import json
 import math
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
-from bench.suite.workloads import BenchRequest
+from bench.suite.workloads import SDK_CLIENT, SUITE_CLIENT, BenchRequest
+
+if TYPE_CHECKING:
+    from bench.suite.sdk_client import SdkClient
 
 DIALECTS = ("openai", "transformers")
 
@@ -41,6 +51,8 @@ class Sample:
     repeat: int = 0
     start_s: float = 0.0
     ttft_s: float | None = None
+    # The first SSE event of any kind (a role delta, say), output or not.
+    first_event_s: float | None = None
     gaps_s: list[float] = field(default_factory=list)
     chunk_tokens: list[int] | None = None
     e2e_s: float = 0.0
@@ -126,6 +138,11 @@ class Endpoint:
             return http.client.HTTPSConnection(host, parts.port, timeout=self.timeout_s)
         return http.client.HTTPConnection(host, parts.port, timeout=self.timeout_s)
 
+    def base_url(self) -> str:
+        """The API's base URL as SDKs take it: the server's base ending in ``/v1``."""
+        base = self.url.rstrip("/")
+        return base if base.endswith("/v1") else f"{base}/v1"
+
     def headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if self.api_key:
@@ -178,7 +195,7 @@ def _output_of(choice: dict[str, Any]) -> tuple[bool, str]:
     return bool(text or delta.get("tool_calls")), text
 
 
-def _error_of(status: int, raw: bytes) -> dict[str, Any]:
+def error_of(status: int, raw: bytes) -> dict[str, Any]:
     """The error of a failed response: OpenAI's envelope, FastAPI's ``detail``, or text."""
     try:
         data = json.loads(raw)
@@ -201,6 +218,7 @@ def stream_request(endpoint: Endpoint, request: BenchRequest, epoch: float = 0.0
     body = json.dumps(request_body(endpoint, request)).encode()
     connection = endpoint.connection()
     arrivals: list[float] = []
+    first_event: float | None = None
     finished: float | None = None
     chunk_tokens: list[int] = []
     counted = 0
@@ -211,7 +229,7 @@ def stream_request(endpoint: Endpoint, request: BenchRequest, epoch: float = 0.0
         response = connection.getresponse()
         sample.status = response.status
         if response.status != 200:
-            sample.error = _error_of(response.status, response.read())
+            sample.error = error_of(response.status, response.read())
             return sample
         while line := response.readline():
             now = time.perf_counter()
@@ -221,9 +239,10 @@ def stream_request(endpoint: Endpoint, request: BenchRequest, epoch: float = 0.0
             data = line[5:].strip()
             if data == b"[DONE]":
                 break
+            first_event = first_event or now
             event = json.loads(data)
             if "error" in event:
-                sample.error = _error_of(response.status, data)
+                sample.error = error_of(response.status, data)
                 break
             usage = event.get("usage")
             output = False
@@ -253,6 +272,23 @@ def stream_request(endpoint: Endpoint, request: BenchRequest, epoch: float = 0.0
     finally:
         sample.e2e_s = time.perf_counter() - start
         connection.close()
+    record_times(sample, start, first_event, arrivals, finished, chunk_tokens)
+    return sample
+
+
+def record_times(
+    sample: Sample,
+    start: float,
+    first_event: float | None,
+    arrivals: Sequence[float],
+    finished: float | None,
+    chunk_tokens: list[int],
+) -> None:
+    """Fills ``sample``'s times from one stream's clock readings (``perf_counter``):
+    its start, the first event's arrival, each output chunk's, and the finishing
+    event's; ``chunk_tokens`` are the tokens each output chunk's usage added."""
+    if first_event is not None:
+        sample.first_event_s = first_event - start
     if arrivals:
         sample.ttft_s = arrivals[0] - start
         sample.gaps_s = [b - a for a, b in itertools.pairwise(arrivals)]
@@ -266,16 +302,41 @@ def stream_request(endpoint: Endpoint, request: BenchRequest, epoch: float = 0.0
     if sample.output_tokens is None and arrivals:
         sample.output_tokens = len(arrivals)
         sample.output_tokens_source = "chunks"
-    return sample
 
 
 class HttpEngine:
     """An OpenAI-compatible server driven by ``concurrency`` client threads: each
-    takes the next request as soon as its previous one ends (a closed loop)."""
+    takes the next request as soon as its previous one ends (a closed loop).
+
+    A request whose ``meta["client"]`` names the openai SDK goes through one SDK
+    client, made at its first such request (so runs without them need no SDK) and
+    kept, as an application keeps its client and its pooled connections."""
 
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
         self.epoch = time.perf_counter()
+        self._sdk: SdkClient | None = None
+        self._sdk_lock = threading.Lock()
+
+    def sdk(self) -> SdkClient:
+        """The engine's SDK client; raises when the openai package is missing."""
+        from bench.suite.sdk_client import SdkClient
+
+        with self._sdk_lock:
+            if self._sdk is None:
+                self._sdk = SdkClient(self.endpoint)
+            return self._sdk
+
+    def send(self, request: BenchRequest) -> Sample:
+        """One request through the client it names (the suite's by default)."""
+        client = request.meta.get("client", SUITE_CLIENT)
+        if client == SDK_CLIENT:
+            from bench.suite.sdk_client import sdk_stream_request
+
+            return sdk_stream_request(self.sdk(), request, self.epoch)
+        if client != SUITE_CLIENT:
+            raise ValueError(f"{request.name}: unknown client {client!r}")
+        return stream_request(self.endpoint, request, self.epoch)
 
     def server_counters(self) -> dict[str, float] | None:
         """The server's own counters now (``bench.suite.server_metrics``), or None."""
@@ -287,9 +348,7 @@ class HttpEngine:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
-            samples = list(
-                pool.map(lambda r: stream_request(self.endpoint, r, self.epoch), requests)
-            )
+            samples = list(pool.map(self.send, requests))
         for sample in samples:
             sample.concurrency = concurrency
         return samples
@@ -385,3 +444,64 @@ def throughput_tokens_per_s(samples: Sequence[Sample]) -> float | None:
 def itl_values(samples: Sequence[Sample]) -> list[float]:
     """Every inter-token gap of the successful samples."""
     return [gap for s in samples if s.ok for gap in s.gaps_s]
+
+
+def first_event_to_content_s(sample: Sample) -> float | None:
+    """The first SSE event (Flare's role delta, sent at admission) to the first
+    output: the first token's compute, the serving path and the transport. The same
+    request through two clients differs here only by the transport: Nagle's
+    algorithm once held the second event about 40 ms for httpx, not for
+    ``http.client``."""
+    if sample.ttft_s is None or sample.first_event_s is None or sample.stopped_first:
+        return None
+    return sample.ttft_s - sample.first_event_s
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
+def client_ttft_rows(samples: Sequence[Sample]) -> list[dict[str, Any]]:
+    """One row per prompt of the ``clients`` measurement that both clients answered:
+    the suite client's TTFT and first-event-to-content gap (``ttft_ms``,
+    ``first_event_to_content_ms``), the openai SDK's (``ttft_sdk_ms``,
+    ``first_event_to_content_sdk_ms``), and the SDK's TTFT less the suite's."""
+    by_prompt: dict[str, dict[str, Sample]] = {}
+    for sample in samples:
+        prompt = sample.meta.get("prompt")
+        if sample.ok and prompt is not None:
+            by_prompt.setdefault(str(prompt), {})[sample.meta.get("client", SUITE_CLIENT)] = sample
+    rows = []
+    for prompt, pair in by_prompt.items():
+        suite, sdk = pair.get(SUITE_CLIENT), pair.get(SDK_CLIENT)
+        if suite is None or sdk is None or suite.ttft_s is None or sdk.ttft_s is None:
+            continue
+        rows.append(
+            {
+                "prompt": prompt,
+                "ttft_ms": suite.ttft_s * 1e3,
+                "ttft_sdk_ms": sdk.ttft_s * 1e3,
+                "first_event_to_content_ms": _ms(first_event_to_content_s(suite)),
+                "first_event_to_content_sdk_ms": _ms(first_event_to_content_s(sdk)),
+                "sdk_less_suite_ms": (sdk.ttft_s - suite.ttft_s) * 1e3,
+            }
+        )
+    return rows
+
+
+CLIENT_TTFT_FIELDS = (
+    "ttft_ms",
+    "ttft_sdk_ms",
+    "first_event_to_content_ms",
+    "first_event_to_content_sdk_ms",
+    "sdk_less_suite_ms",
+)
+
+
+def client_ttft_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The medians of ``client_ttft_rows`` (field by field) and the pair count."""
+    summary: dict[str, Any] = {"pairs": len(rows)}
+    for key in CLIENT_TTFT_FIELDS:
+        values = [row[key] for row in rows if row[key] is not None]
+        summary[key] = median(values) if values else None
+    return summary

@@ -43,6 +43,8 @@ from typing import Any
 
 from bench.suite.client import (
     Sample,
+    client_ttft_rows,
+    client_ttft_summary,
     decode_tokens_per_s,
     itl_values,
     median,
@@ -175,6 +177,19 @@ SERVER_ROWS = (
 )
 
 
+# Rows of the clients measurement: the same chats through the suite's client and the
+# openai SDK (``client_ttft_rows``'s fields, medians over the prompts).
+CLIENT_ROWS = (
+    ("ttft_ms", "chat TTFT, suite client (ms)"),
+    ("ttft_sdk_ms", "chat TTFT, openai SDK (ms)"),
+    ("first_event_to_content_ms", "first SSE event to first content, suite client (ms)"),
+    ("first_event_to_content_sdk_ms", "first SSE event to first content, openai SDK (ms)"),
+)
+# An SDK TTFT this far above the suite client's (median of the pairs) is a stall only
+# SDK users see, called out in the notes.
+SDK_STALL_MS = 5.0
+
+
 @dataclass(frozen=True)
 class Row:
     """One line of the summary: a metric of one workload."""
@@ -274,6 +289,10 @@ def engine_metrics(result: dict[str, Any]) -> dict[Row, float]:
         elif kind == "tools":
             ttft = _med([s.ttft_s for s in samples])
             put(Row("tools-ttft", name, "tool-use TTFT (ms)", False), ttft and ttft * 1e3)
+        elif kind == "clients":
+            summary = client_ttft_summary(client_ttft_rows(samples))
+            for key, label in CLIENT_ROWS:
+                put(Row(f"clients-{key}", name, label, False), summary[key])
     # The server's own account of each measurement (Flare's /metrics differences).
     for name, entry in (result.get("server_metrics") or {}).items():
         per = per_request(entry["delta"], entry["requests"])
@@ -400,7 +419,23 @@ def summary_table(
             f"{geometry.kv_bytes_per_position():,} K+V bytes per context position per step, "
             f"over {bandwidth / 1e9:,.0f} GB/s measured."
         )
+    if any("clients" in samples_of(r) for r in results):
+        notes.append(
+            "clients: the same chats, each sent once unmeasured, then through the suite's "
+            "client (http.client) and the openai SDK (httpx) in alternating order; first "
+            "SSE event (the role delta, at admission) to first content is the first token's "
+            "compute, the serving path and the transport, so the two clients differ there "
+            "by the transport alone (per prompt in the results' client_ttft rows)."
+        )
     for result in results:
+        pairs = client_ttft_rows(samples_of(result).get("clients", []))
+        extra = client_ttft_summary(pairs)["sdk_less_suite_ms"]
+        if extra is not None and extra > SDK_STALL_MS:
+            notes.append(
+                f"- {result['engine']}: clients: the openai SDK's TTFT is {extra:.1f} ms "
+                "above the suite client's (median over the prompts): a stall only SDK "
+                "users see"
+            )
         for skip in result.get("skipped", []):
             notes.append(f"- {result['engine']}: {skip['measurement']} skipped: {skip['reason']}")
         for name, samples in samples_of(result).items():

@@ -17,7 +17,7 @@ import hashlib
 import json
 import random
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,12 @@ TOOLS: list[dict[str, Any]] = [
         ("read_file", "The contents of a file.", "path", "a file path"),
     )
 ]
+
+# Who sends a request of the ``clients`` measurement (``BenchRequest.meta["client"]``):
+# the suite's own streaming client (``bench.suite.client``) or the official ``openai``
+# SDK (``bench.suite.sdk_client``). Requests without the key go through the suite's.
+SUITE_CLIENT = "suite"
+SDK_CLIENT = "openai-sdk"
 
 CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Perth", "Quito", "Seoul"]
 PATHS = ["src/app.py", "src/util.py", "src/cli.py", "tests/test_io.py", "config.yaml"]
@@ -291,6 +297,40 @@ def chat_requests(
     return requests
 
 
+def client_requests(
+    seed: int, count: int, max_tokens: int
+) -> tuple[list[BenchRequest], list[BenchRequest]]:
+    """``(warmup, requests)`` of the ``clients`` measurement: ``count`` single-turn
+    chats, each sent once unmeasured (so that both clients then find the server in the
+    same state: a prefix cache holds the prompt) and then once by each client with the
+    same seed, the order alternating per prompt so neither client is always first.
+    The prompts are distinct up to ``len(CHAT)``, so no prompt is cached before its
+    own first send."""
+    questions = random.Random(derive_seed(seed, "clients")).sample(CHAT, len(CHAT))
+    clients = (SUITE_CLIENT, SDK_CLIENT)
+    warmup: list[BenchRequest] = []
+    requests: list[BenchRequest] = []
+    for i in range(count):
+        prompt = f"clients/{i}"
+        chat = BenchRequest(
+            name=prompt,
+            workload="clients",
+            max_tokens=max_tokens,
+            sampling=Sampling(seed=derive_seed(seed, prompt)),
+            messages=[{"role": "user", "content": questions[i % len(questions)]}],
+            meta={"prompt": prompt, "repeat": i},
+        )
+        warmup.append(_sent_by(chat, clients[i % 2], f"warmup-{prompt}"))
+        order = clients if i % 2 == 0 else clients[::-1]
+        requests += [_sent_by(chat, client, f"{prompt}/{client}") for client in order]
+    return warmup, requests
+
+
+def _sent_by(request: BenchRequest, client: str, name: str) -> BenchRequest:
+    """``request`` under another name, sent by ``client`` (same prompt and seed)."""
+    return replace(request, name=name, meta={**request.meta, "client": client})
+
+
 def _tool_call(call_id: str, name: str, arguments: dict[str, str]) -> Message:
     return {
         "role": "assistant",
@@ -463,10 +503,14 @@ class SuiteSettings:
     agent_max_tokens: int = 16
     tool_conversations: int = 8
     tool_max_tokens: int = 64
+    client_prompts: int = 12
+    client_max_tokens: int = 16
     warmup: int = 2
 
 
-WORKLOADS = ("long", "decode", "prefix", "agent", "tools")
+WORKLOADS = ("long", "decode", "prefix", "agent", "tools", "clients")
+# Workloads only an HTTP server answers (the in-process engines have no client).
+HTTP_WORKLOADS = ("clients",)
 
 
 @dataclass(frozen=True)
@@ -529,7 +573,8 @@ def minimum_set(
 ) -> Iterator[Measurement]:
     """The measurements of the design's minimum set, in the order they run: long
     prompts shortest first (cold TTFT, prefill throughput, TTFT against length), decode
-    at each concurrency, the prefix hit, the agent trace, tool use."""
+    at each concurrency, the prefix hit, the agent trace, tool use, and chat TTFT
+    through the suite's client and the openai SDK side by side."""
     s = settings
     unknown = set(workloads) - set(WORKLOADS)
     if unknown:
@@ -592,6 +637,15 @@ def minimum_set(
             0,
             s.tool_max_tokens,
             lambda: ([], tool_requests(s.seed, s.tool_conversations, s.tool_max_tokens)),
+        )
+    if "clients" in workloads:
+        yield Measurement(
+            "clients",
+            "clients",
+            1,
+            0,
+            s.client_max_tokens,
+            lambda: client_requests(s.seed, s.client_prompts, s.client_max_tokens),
         )
 
 
