@@ -92,6 +92,18 @@ def test_frontend_assets_reproduce_the_tokenizer(prepared: PreparedModel) -> Non
     assert frontend.sampling.temperature_range.max == pytest.approx(2.0)
 
 
+def test_frontend_carries_the_named_special_tokens_templates_see(
+    prepared: PreparedModel,
+) -> None:
+    frontend = tiny_fixture(prepared)[0].frontend
+    named = {token.name: token.content for token in frontend.named_special_tokens}
+    assert named == prepared.tokenizer.special_tokens_map
+    assert "eos_token" in named
+    committed = pb.Core()
+    committed.ParseFromString(FIXTURE.read_bytes())
+    assert {t.name: t.content for t in committed.frontend.named_special_tokens} == named
+
+
 def test_committed_fixture_keeps_parsing() -> None:
     core = pb.Core()
     core.ParseFromString(FIXTURE.read_bytes())

@@ -1,6 +1,6 @@
 //! Chat-template parity with Transformers.
 //!
-//! Every case in `fixtures/chat/{smollm2,qwen3,features}.json` was rendered by
+//! Every case in `fixtures/chat/{smollm2,qwen3,features,bos}.json` was rendered by
 //! Transformers' `apply_chat_template` (`generate.py` beside them): the prompt
 //! Helios renders must be byte-identical and its token ids identical.
 //! `errors.json` holds inputs Transformers rejects; Helios must reject them
@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 
-use helios::core::load_manifest;
+use helios::core::{load_manifest, proto};
 use helios::frontend::{
     ChatInput, ChatTemplate, Frontend, FrontendError, InvalidChat, SpecialTokens, Tokenizer,
 };
@@ -217,4 +217,56 @@ fn a_core_without_a_chat_template_serves_no_chat() {
         frontend.encode_chat(&ChatInput::default()),
         Err(FrontendError::NoChatTemplate)
     ));
+}
+
+/// A core's frontend as the manifest writer lays it out, with `named` as its
+/// named special tokens.
+fn core_frontend(suite: &Value, named: &[(String, String)]) -> proto::Frontend {
+    proto::Frontend {
+        tokenizer_json: read(suite["tokenizer"].as_str().unwrap()),
+        chat_template: read(suite["template"].as_str().unwrap()),
+        eos_token_ids: vec![2],
+        named_special_tokens: (named.iter())
+            .map(|(name, content)| proto::NamedToken {
+                name: name.clone(),
+                content: content.clone(),
+            })
+            .collect(),
+        ..proto::Frontend::default()
+    }
+}
+
+#[test]
+fn a_cores_named_special_tokens_render_as_transformers_renders_them() {
+    let suite = json("bos.json");
+    // What the manifest writer stores: Transformers' `special_tokens_map`.
+    let named: Vec<(String, String)> = (suite["special_tokens"].as_object().unwrap().iter())
+        .map(|(name, content)| (name.clone(), content.as_str().unwrap().to_owned()))
+        .collect();
+    assert!(named.iter().any(|(name, _)| name == "bos_token"));
+    let frontend = Frontend::from_core(&core_frontend(&suite, &named)).unwrap();
+    let cases = suite["cases"].as_array().unwrap();
+    assert!(cases.len() >= 4);
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let prompt = frontend.encode_chat(&input(case)).unwrap();
+        assert_eq!(prompt.text, case["prompt"].as_str().unwrap(), "{name}");
+        assert_eq!(prompt.token_ids, ids(&case["token_ids"]), "{name}");
+    }
+    // A core exported before the manifest carried them renders no BOS.
+    let older = Frontend::from_core(&core_frontend(&suite, &[])).unwrap();
+    let first = &cases[0];
+    let text = older.encode_chat(&input(first)).unwrap().text;
+    assert_eq!(format!("<s>{text}"), first["prompt"].as_str().unwrap());
+}
+
+#[test]
+fn a_special_token_name_templates_never_see_is_refused() {
+    let suite = json("bos.json");
+    let named = [("begin_token".to_owned(), "<s>".to_owned())];
+    let error = Frontend::from_core(&core_frontend(&suite, &named)).unwrap_err();
+    assert!(
+        matches!(error, FrontendError::UnknownSpecialToken { ref name } if name == "begin_token"),
+        "{error}"
+    );
 }

@@ -425,8 +425,16 @@ class SamplingDefaults(_message.Message):
     frequency_penalty_range: FloatRange
     def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., temperature_range: _Optional[_Union[FloatRange, _Mapping]] = ..., top_k_range: _Optional[_Union[FloatRange, _Mapping]] = ..., top_p_range: _Optional[_Union[FloatRange, _Mapping]] = ..., min_p_range: _Optional[_Union[FloatRange, _Mapping]] = ..., repetition_penalty_range: _Optional[_Union[FloatRange, _Mapping]] = ..., presence_penalty_range: _Optional[_Union[FloatRange, _Mapping]] = ..., frequency_penalty_range: _Optional[_Union[FloatRange, _Mapping]] = ...) -> None: ...
 
+class NamedToken(_message.Message):
+    __slots__ = ("name", "content")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    content: str
+    def __init__(self, name: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+
 class Frontend(_message.Message):
-    __slots__ = ("tokenizer_json", "chat_template", "eos_token_ids", "special_tokens", "sampling", "tool_parser", "reasoning_parser")
+    __slots__ = ("tokenizer_json", "chat_template", "eos_token_ids", "special_tokens", "sampling", "tool_parser", "reasoning_parser", "named_special_tokens")
     TOKENIZER_JSON_FIELD_NUMBER: _ClassVar[int]
     CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -434,6 +442,7 @@ class Frontend(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     TOOL_PARSER_FIELD_NUMBER: _ClassVar[int]
     REASONING_PARSER_FIELD_NUMBER: _ClassVar[int]
+    NAMED_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     tokenizer_json: str
     chat_template: str
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -441,7 +450,8 @@ class Frontend(_message.Message):
     sampling: SamplingDefaults
     tool_parser: ToolParser
     reasoning_parser: ReasoningParser
-    def __init__(self, tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., special_tokens: _Optional[_Iterable[str]] = ..., sampling: _Optional[_Union[SamplingDefaults, _Mapping]] = ..., tool_parser: _Optional[_Union[ToolParser, str]] = ..., reasoning_parser: _Optional[_Union[ReasoningParser, str]] = ...) -> None: ...
+    named_special_tokens: _containers.RepeatedCompositeFieldContainer[NamedToken]
+    def __init__(self, tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., special_tokens: _Optional[_Iterable[str]] = ..., sampling: _Optional[_Union[SamplingDefaults, _Mapping]] = ..., tool_parser: _Optional[_Union[ToolParser, str]] = ..., reasoning_parser: _Optional[_Union[ReasoningParser, str]] = ..., named_special_tokens: _Optional[_Iterable[_Union[NamedToken, _Mapping]]] = ...) -> None: ...
 
 class BufferWrite(_message.Message):
     __slots__ = ("buffer", "offset", "data")

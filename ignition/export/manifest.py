@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from ignition.components.kv_cache import PAGE_AXIS
 from ignition.components.token_state import COMPLETION_FIELDS
@@ -166,6 +167,15 @@ def sampling_message(defaults: SamplingDefaults) -> pb.SamplingDefaults:
     return message
 
 
+def named_special_tokens(tokenizer: PreTrainedTokenizerBase) -> list[pb.NamedToken]:
+    """Transformers' ``special_tokens_map``, which ``apply_chat_template`` passes to
+    every template rendering: Helios renders with exactly these."""
+    return [
+        pb.NamedToken(name=name, content=content)
+        for name, content in tokenizer.special_tokens_map.items()
+    ]
+
+
 def frontend_message(prepared: PreparedModel) -> pb.Frontend:
     tokenizer = prepared.tokenizer
     stop = [int(t) for t in prepared.storage.state.stop_tokens.tolist() if t >= 0]
@@ -174,6 +184,7 @@ def frontend_message(prepared: PreparedModel) -> pb.Frontend:
         chat_template=str(tokenizer.chat_template or ""),
         eos_token_ids=stop,
         special_tokens=list(tokenizer.all_special_tokens),
+        named_special_tokens=named_special_tokens(tokenizer),
         sampling=sampling_message(prepared.defaults),
         tool_parser=pb.TOOL_PARSER_NONE,
         reasoning_parser=pb.REASONING_PARSER_NONE,

@@ -6,9 +6,9 @@
 
 use super::proto::{
     node::Op, Binding, Buffer, BufferDigest, BufferRole, BufferWrite, Core, DType, Dim3, Edge,
-    EmptyNode, FloatRange, Frontend, Graph, GraphKind, Identity, KernelImage, KernelNode, Node,
-    PreparedContract, Qualification, QualificationStep, ReasoningParser, Region, RegionKind,
-    SamplingDefaults, Semantic, ToolParser, Window,
+    EmptyNode, FloatRange, Frontend, Graph, GraphKind, Identity, KernelImage, KernelNode,
+    NamedToken, Node, PreparedContract, Qualification, QualificationStep, ReasoningParser, Region,
+    RegionKind, SamplingDefaults, Semantic, ToolParser, Window,
 };
 use super::{required_semantics, ENGINE_ABI};
 
@@ -297,6 +297,12 @@ pub fn tiny_core() -> Core {
             }),
             tool_parser: ToolParser::None as i32,
             reasoning_parser: ReasoningParser::None as i32,
+            named_special_tokens: [("bos_token", "<s>"), ("eos_token", "</s>")]
+                .map(|(name, content)| NamedToken {
+                    name: name.to_owned(),
+                    content: content.to_owned(),
+                })
+                .to_vec(),
         }),
         qualification: Some(Qualification {
             steps: vec![QualificationStep {

@@ -34,6 +34,16 @@ pub enum FrontendError {
     /// The core carries no chat template, so chat requests cannot be rendered.
     #[error("the core has no chat template")]
     NoChatTemplate,
+    /// The core names a special token templates are never given.
+    #[error(
+        "the core names the special token `{name}`, which is not one of Transformers' \
+         named special tokens (bos_token, eos_token, unk_token, sep_token, pad_token, \
+         cls_token, mask_token): re-export the core"
+    )]
+    UnknownSpecialToken {
+        /// The name.
+        name: String,
+    },
     /// The chat template does not parse.
     #[error("chat template syntax error: {source:#}")]
     TemplateSyntax {

@@ -100,18 +100,24 @@ impl Frontend {
         Self::with_tokenizer(frontend, tokenizer, special_tokens)
     }
 
-    /// Builds the frontend of a core whose special tokens are derived from
-    /// the core itself: `eos_token` is the first EOS id's text, the others are
-    /// absent. (The manifest does not carry Transformers' named special
-    /// tokens yet; templates that print `bos_token` need [`Self::new`].)
+    /// Builds the frontend of a core with the named special tokens its
+    /// manifest carries (Transformers' `special_tokens_map`), so templates
+    /// that print `bos_token` and the like render as Transformers renders
+    /// them. A core without them (older exports) gets `eos_token` as the
+    /// first EOS id's text and the others undefined.
     pub fn from_core(frontend: &proto::Frontend) -> Result<Self, FrontendError> {
         let tokenizer = Tokenizer::from_json(&frontend.tokenizer_json)?;
-        let special_tokens = SpecialTokens {
-            eos_token: frontend
-                .eos_token_ids
-                .first()
-                .and_then(|&id| tokenizer.id_to_token(id)),
-            ..SpecialTokens::default()
+        let special_tokens = if frontend.named_special_tokens.is_empty() {
+            SpecialTokens {
+                eos_token: (frontend.eos_token_ids.first())
+                    .and_then(|&id| tokenizer.id_to_token(id)),
+                ..SpecialTokens::default()
+            }
+        } else {
+            SpecialTokens::from_named(
+                (frontend.named_special_tokens.iter())
+                    .map(|token| (token.name.as_str(), token.content.as_str())),
+            )?
         };
         Self::with_tokenizer(frontend, tokenizer, special_tokens)
     }

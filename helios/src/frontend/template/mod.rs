@@ -43,6 +43,32 @@ pub struct SpecialTokens {
 }
 
 impl SpecialTokens {
+    /// The tokens of `(name, text)` pairs, as a manifest lists them; a name
+    /// Transformers does not pass to templates is an error.
+    pub fn from_named<'a>(
+        named: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Self, FrontendError> {
+        let mut tokens = Self::default();
+        for (name, text) in named {
+            let slot = match name {
+                "bos_token" => &mut tokens.bos_token,
+                "eos_token" => &mut tokens.eos_token,
+                "unk_token" => &mut tokens.unk_token,
+                "sep_token" => &mut tokens.sep_token,
+                "pad_token" => &mut tokens.pad_token,
+                "cls_token" => &mut tokens.cls_token,
+                "mask_token" => &mut tokens.mask_token,
+                _ => {
+                    return Err(FrontendError::UnknownSpecialToken {
+                        name: name.to_owned(),
+                    })
+                }
+            };
+            *slot = Some(text.to_owned());
+        }
+        Ok(tokens)
+    }
+
     fn entries(&self) -> [(&'static str, &Option<String>); 7] {
         [
             ("bos_token", &self.bos_token),
