@@ -9,6 +9,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -63,9 +64,17 @@ class FakeServer:
                 host, port = match.group(1).rsplit(":", 1)
                 self.host, self.port = host, int(port)
                 self.url = f"http://{host}:{port}"
+                # Keep reading: a server whose stderr pipe fills blocks on its
+                # next log line (each failed request logs one).
+                threading.Thread(target=self._drain, daemon=True).start()
                 return
         self.process.kill()
         raise AssertionError("fake_server did not start: " + "".join(self.log))
+
+    def _drain(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.log.append(line)
 
     def stop(self) -> int:
         """SIGTERM, as a service manager stops it; the exit status."""

@@ -61,6 +61,8 @@ struct Progress<F> {
     generation: Generation,
     format: F,
     pending: VecDeque<Event>,
+    /// The format's opening events go out with the first chunk's.
+    started: bool,
     done: bool,
     request_id: String,
 }
@@ -73,18 +75,17 @@ impl<F: StreamFormat> Progress<F> {
     }
 }
 
-/// The SSE response of an admitted generation. Dropping the body (client
-/// disconnect) drops the generation, which cancels the request.
-pub fn response<F: StreamFormat>(
-    generation: Generation,
-    mut format: F,
-    request_id: &str,
-) -> Response {
-    let pending = format.start().into();
+/// The SSE response of an admitted generation. The format's opening events
+/// (OpenAI's role delta, Anthropic's `message_start`) are sent together with
+/// the first output, so the first event a client sees is never followed by a
+/// wait for prefill. Dropping the body (client disconnect) drops the
+/// generation, which cancels the request.
+pub fn response<F: StreamFormat>(generation: Generation, format: F, request_id: &str) -> Response {
     let progress = Progress {
         generation,
         format,
-        pending,
+        pending: VecDeque::new(),
+        started: false,
         done: false,
         request_id: request_id.to_owned(),
     };
@@ -96,7 +97,13 @@ pub fn response<F: StreamFormat>(
             if progress.done {
                 return None;
             }
-            let events = match progress.generation.next_chunk().await {
+            let chunk = progress.generation.next_chunk().await;
+            if !progress.started {
+                progress.started = true;
+                let opening = progress.format.start();
+                progress.pending.extend(opening);
+            }
+            let events = match chunk {
                 Some(Chunk::Text(text)) => progress.format.text(&text),
                 Some(Chunk::Finished {
                     finish,
