@@ -34,6 +34,7 @@ from ignition.cli import encode_prompt, load_prompts  # noqa: E402
 from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare  # noqa: E402
 from ignition.replay.harness import Harness, Request, Result, SamplingParams  # noqa: E402
 from ignition.replay.packing import pack_admission, pack_chunk, pack_decode  # noqa: E402
+from ignition.replay.sampling_policy import resolve_sampling  # noqa: E402
 from ignition.replay.teacher_forcing import (  # noqa: E402
     compare_logits,
     teacher_forced_logits,
@@ -281,10 +282,8 @@ def timings(prepared: PreparedModel) -> dict[str, object]:
 
 
 def answers(prepared: PreparedModel) -> list[dict[str, object]]:
-    d = prepared.defaults
-    sampling = SamplingParams(
-        temperature=d.temperature, top_k=d.top_k, top_p=d.top_p, min_p=d.min_p
-    )
+    # A request that gives no sampling field: the core's declared defaults.
+    sampling = resolve_sampling(prepared.defaults)
     questions = [
         "What is the capital of France?",
         "Name three planets in the solar system.",

@@ -18,7 +18,8 @@ from ignition.preparation.catalog import CatalogError
 from ignition.preparation.compile_flags import add_compile_options, compile_options
 from ignition.preparation.memory import MemoryPlanError
 from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare
-from ignition.replay.harness import AdmissionError, Harness, Request, SamplingParams
+from ignition.replay.harness import AdmissionError, Harness, Request
+from ignition.replay.sampling_policy import resolve_sampling
 
 DESCRIPTION = """Ignition prepares a checkpoint (a Transformers directory with config.json and
 safetensors, or a GGUF file) into compiled, captured CUDA graphs over fixed storage.
@@ -149,12 +150,14 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: dict[str, object])
 
 def _cmd_replay(args: argparse.Namespace) -> int:
     prepared = _prepare(args, capture=not args.eager)
-    defaults = prepared.defaults
-    sampling = SamplingParams(
-        temperature=args.temperature if args.temperature is not None else defaults.temperature,
-        top_k=args.top_k if args.top_k is not None else defaults.top_k,
-        top_p=args.top_p if args.top_p is not None else defaults.top_p,
-        min_p=args.min_p if args.min_p is not None else defaults.min_p,
+    # The flags are a request's sampling fields (an omitted flag is an omitted field),
+    # resolved by the policy Helios applies to the same request.
+    sampling = resolve_sampling(
+        prepared.defaults,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
     )
     prompts = load_prompts(args.prompts, args.prompt or [])
     requests = [
@@ -213,10 +216,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--prompts", type=Path, help='JSONL: {"messages": [...]} or {"text": "..."} per line'
     )
     replay.add_argument("--max-new-tokens", type=int, default=64)
-    replay.add_argument("--temperature", type=float, help="> 0 (default: the recipe's)")
-    replay.add_argument("--top-k", type=int, help="0 disables (default: the recipe's)")
-    replay.add_argument("--top-p", type=float, help="1 disables (default: the recipe's)")
-    replay.add_argument("--min-p", type=float, help="0 disables (default: the recipe's)")
+    # Resolved as Helios resolves a request's fields (ignition.replay.sampling_policy):
+    # a value clamps into the core's declared range; without a range, or omitted, the
+    # parameter takes the declared default.
+    replay.add_argument("--temperature", type=float, help="> 0 (default: the core's)")
+    replay.add_argument("--top-k", type=int, help="0 or -1 disables (default: the core's)")
+    replay.add_argument("--top-p", type=float, help="1 disables (default: the core's)")
+    replay.add_argument("--min-p", type=float, help="0 disables (default: the core's)")
     replay.add_argument("--seed", type=int, default=0, help="request i uses seed + i")
     replay.add_argument(
         "--eager", action="store_true", help="run the prepared operations without graphs"

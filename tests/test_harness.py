@@ -13,9 +13,10 @@ from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare
 from ignition.replay.harness import (
     AdmissionError,
     Harness,
+    InvalidSampling,
     Request,
     SamplingParams,
-    clamp_sampling,
+    resolve_sampling,
 )
 from recipes.llama import SamplingDefaults
 
@@ -136,16 +137,16 @@ def test_requests_outside_the_contract_are_rejected(
 
 
 def test_sampling_values_clamp_to_the_recipe_ranges() -> None:
-    wild = SamplingParams(
+    wild = dict(
         temperature=9.0,
-        top_k=-3,
+        top_k=-1,
         top_p=0.0,
         min_p=2.0,
         repetition_penalty=0.1,
         presence_penalty=5.0,
         frequency_penalty=-5.0,
     )
-    clamped = clamp_sampling(wild, SamplingDefaults())
+    clamped = resolve_sampling(SamplingDefaults(), **wild)
     assert clamped == SamplingParams(
         temperature=2.0,
         top_k=0,
@@ -156,4 +157,31 @@ def test_sampling_values_clamp_to_the_recipe_ranges() -> None:
         frequency_penalty=-2.0,
     )
     assert isinstance(clamped.top_k, int)
-    assert clamp_sampling(SAMPLING, SamplingDefaults()) == SAMPLING
+    given = {name: getattr(SAMPLING, name) for name in wild}
+    assert resolve_sampling(SamplingDefaults(), **given) == SAMPLING
+
+
+@pytest.mark.parametrize(
+    ("sampling", "field"),
+    [
+        (SamplingParams(temperature=9.0), "temperature"),
+        (SamplingParams(temperature=1.0, top_k=-1), "top_k"),
+        (SamplingParams(temperature=1.0, presence_penalty=float("nan")), "presence_penalty"),
+    ],
+)
+def test_unresolved_sampling_is_refused_naming_the_field(
+    prepared: PreparedModel, sampling: SamplingParams, field: str
+) -> None:
+    """The harness packs resolved parameters: one no request resolves to under the
+    core's policy is refused, not changed."""
+    with pytest.raises(InvalidSampling) as raised:
+        Harness(prepared).run([Request(7, [3, 4], 4, sampling, 0)])
+    assert raised.value.field == field
+    assert str(raised.value).startswith(f"request 7: {field} ")
+
+
+def test_a_resolved_request_runs(prepared: PreparedModel) -> None:
+    sampling = resolve_sampling(prepared.defaults, temperature=9.0, top_k=-1)
+    assert (sampling.temperature, sampling.top_k) == (2.0, 0)
+    (result,) = Harness(prepared).run([Request(0, [3, 4], 3, sampling, 0)])
+    assert result.tokens

@@ -26,7 +26,8 @@ from ignition.preparation.compile_flags import (
     DecodeFusion,
 )
 from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare
-from ignition.replay.harness import AdmissionError, Harness, Request, SamplingParams
+from ignition.replay.harness import AdmissionError, Harness, Request
+from ignition.replay.sampling_policy import resolve_sampling
 
 
 def prepare_floor(
@@ -108,11 +109,19 @@ class ReplayFloorEngine:
         for index, (request, sample) in enumerate(zip(group, samples, strict=True)):
             ids = self.prompt_ids(request)
             sample.prompt_tokens = len(ids)
-            sampling = SamplingParams(
-                temperature=request.sampling.temperature,
-                top_k=request.sampling.top_k,
-                top_p=request.sampling.top_p,
-            )
+            try:
+                # The fields the client sends (``client.request_body``), resolved by the
+                # policy Helios applies before anything else; the rest take the defaults.
+                sampling = resolve_sampling(
+                    self.prepared.defaults,
+                    temperature=request.sampling.temperature,
+                    top_k=request.sampling.top_k,
+                    top_p=request.sampling.top_p,
+                )
+            except AdmissionError as error:
+                sample.status = 400
+                sample.error = {"code": "invalid_request", "message": str(error)}
+                continue
             harness_request = Request(
                 index, ids, request.max_tokens, sampling, request.sampling.seed
             )

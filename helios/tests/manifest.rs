@@ -6,8 +6,8 @@
 use std::path::Path;
 
 use helios::core::proto::{
-    node::Op, Binding, Buffer, BufferRole, Core, Edge, GraphKind, KernelNode, Node, Region,
-    RegionKind, Semantic,
+    node::Op, Binding, Buffer, BufferRole, Core, Edge, FloatRange, GraphKind, KernelNode, Node,
+    Region, RegionKind, Semantic,
 };
 use helios::core::sample::{
     tiny_core, SAMPLE_DECODE, SAMPLE_IMAGE, SAMPLE_PREFILL, SAMPLE_QUALIFIED,
@@ -594,11 +594,24 @@ fn unspecified_binding_semantic_is_rejected() {
 
 #[test]
 fn frontend_facts_are_required() {
-    let cases: [Change; 4] = [
+    let cases: [Change; 7] = [
         |c| frontend(c).tokenizer_json.clear(),
         |c| frontend(c).eos_token_ids.clear(),
         |c| frontend(c).sampling.as_mut().unwrap().temperature = 0.0,
         |c| frontend(c).sampling.as_mut().unwrap().temperature = f32::NAN,
+        |c| frontend(c).sampling.as_mut().unwrap().top_p = f32::INFINITY,
+        // Requests clamp into ranges (f32::clamp panics on these).
+        |c| {
+            let sampling = frontend(c).sampling.as_mut().unwrap();
+            sampling.top_p_range = Some(FloatRange { min: 1.0, max: 0.5 });
+        },
+        |c| {
+            let sampling = frontend(c).sampling.as_mut().unwrap();
+            sampling.min_p_range = Some(FloatRange {
+                min: f32::NAN,
+                max: 1.0,
+            });
+        },
     ];
     for (i, change) in cases.into_iter().enumerate() {
         let err = mutated_err(change);

@@ -301,15 +301,16 @@ def prepare(
         kv_page_count=pages,
         bytes_per_page=per_page,
     )
+    fingerprint = source.fingerprint()
     prepared = PreparedModel(
         name=path.name,
-        fingerprint=source.fingerprint(),
+        fingerprint=fingerprint,
         catalog=catalog,
         model=model,
         storage=storage,
         steps=steps,
         tokenizer=tokenizer,
-        defaults=llama.sampling_defaults(path.name),
+        defaults=llama.sampling_defaults(fingerprint),
         memory=memory,
         timings=timings,
     )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
@@ -29,28 +29,32 @@ from ignition.components.token_state import (
 )
 from ignition.preparation.catalog import GraphKey, GraphKind
 from ignition.preparation.prepared import PreparedModel
+from ignition.replay.errors import AdmissionError, InvalidSampling
 from ignition.replay.packing import SamplingParams, pack_admission, pack_chunk, pack_decode
-from recipes.llama import SamplingDefaults
+from ignition.replay.sampling_policy import check_resolved, resolve_sampling
 
 _FIELD = {name: i for i, name in enumerate(COMPLETION_FIELDS)}
 FINISH_REASONS = {FINISHED_STOP: "stop", FINISHED_LENGTH: "length"}
 
-
-class AdmissionError(ValueError):
-    """A request outside the prepared contract (too long, bad sampling values)."""
-
-
-def clamp_sampling(params: SamplingParams, defaults: SamplingDefaults) -> SamplingParams:
-    """Request values outside the recipe's inclusive ranges clamp to the nearest end."""
-    values = {}
-    for name, low, high in defaults.ranges:
-        value = getattr(params, name)
-        values[name] = type(value)(min(max(value, low), high))
-    return replace(params, **values)
+__all__ = [
+    "AdmissionError",
+    "Harness",
+    "InvalidSampling",
+    "Request",
+    "Result",
+    "SamplingParams",
+    "resolve_sampling",
+]
 
 
 @dataclass
 class Request:
+    """One request. ``sampling`` holds the graphs' resolved parameters, as Helios's
+    scheduler receives them: a caller answering a request's sampling fields resolves
+    them first (``resolve_sampling(prepared.defaults, ...)``, the policy Helios applies);
+    admission refuses parameters that no request resolves to under the core's policy
+    (``check_resolved``) rather than changing them."""
+
     id: int
     prompt: list[int]
     max_new_tokens: int
@@ -166,8 +170,10 @@ class Harness:
                 f"request {request.id}: {len(request.prompt)} prompt + "
                 f"{request.max_new_tokens} output tokens exceed the context limit {limit}"
             )
-        if request.sampling.temperature <= 0:
-            raise AdmissionError(f"request {request.id}: temperature must be > 0")
+        try:
+            check_resolved(self.prepared.defaults, request.sampling)
+        except InvalidSampling as error:
+            raise InvalidSampling(error.field, error.reason, f"request {request.id}: ") from None
         vocab = self.prepared.model.geometry.vocab
         if max(request.prompt) >= vocab or min(request.prompt) < 0:
             raise AdmissionError(f"request {request.id}: token id outside the vocabulary")
@@ -203,13 +209,12 @@ class Harness:
         self.pages.reserve(reserved)
         run = _Running(request, slot, reserved, admitted_at=time.perf_counter())
         run.result = Result(request.id, len(request.prompt))
-        sampling = clamp_sampling(request.sampling, self.prepared.defaults)
         pack_admission(
             self.storage.staging,
             slot,
             request.prompt,
             request.max_new_tokens,
-            sampling,
+            request.sampling,
             request.seed,
         )
         self._execute(GraphKey(GraphKind.ADMIT, 1), 0)

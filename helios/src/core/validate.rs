@@ -7,9 +7,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::error::CoreError;
 use super::proto::{
-    node::Op, Binding, Buffer, BufferRole, DType, Dim3, Frontend, Graph, GraphKind, KernelImage,
-    KernelNode, MemcpyNode, MemsetNode, PreparedContract, Qualification, ReasoningParser, Region,
-    RegionKind, Semantic, ToolParser, Window,
+    node::Op, Binding, Buffer, BufferRole, DType, Dim3, FloatRange, Frontend, Graph, GraphKind,
+    KernelImage, KernelNode, MemcpyNode, MemsetNode, PreparedContract, Qualification,
+    ReasoningParser, Region, RegionKind, Semantic, ToolParser, Window,
 };
 use super::ENGINE_ABI;
 
@@ -462,6 +462,32 @@ pub(crate) fn check_frontend(frontend: &Frontend) -> Result<(), CoreError> {
     let temperature = sampling.temperature;
     if !(temperature.is_finite() && temperature > 0.0) {
         return invalid("default sampling temperature is not a finite value > 0");
+    }
+    let defaults = [
+        sampling.top_p,
+        sampling.min_p,
+        sampling.repetition_penalty,
+        sampling.presence_penalty,
+        sampling.frequency_penalty,
+    ];
+    if !defaults.iter().all(|value| value.is_finite()) || sampling.top_k < 0 {
+        return invalid("a default sampling parameter is not finite (or top_k is negative)");
+    }
+    let ranges = [
+        &sampling.temperature_range,
+        &sampling.top_k_range,
+        &sampling.top_p_range,
+        &sampling.min_p_range,
+        &sampling.repetition_penalty_range,
+        &sampling.presence_penalty_range,
+        &sampling.frequency_penalty_range,
+    ];
+    // Requests clamp into these ranges: each must be a finite, ordered pair.
+    let ordered = |range: &FloatRange| {
+        range.min.is_finite() && range.max.is_finite() && range.min <= range.max
+    };
+    if !ranges.into_iter().flatten().all(ordered) {
+        return invalid("a sampling range is not a finite [min, max] with min <= max");
     }
     specified::<ToolParser>("frontend.tool_parser", frontend.tool_parser)?;
     specified::<ReasoningParser>("frontend.reasoning_parser", frontend.reasoning_parser)?;
