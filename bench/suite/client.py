@@ -10,8 +10,9 @@ to the end of the stream, and the output token count from ``usage`` (requested w
 A chunk that carries several tokens is one gap; when the server sends cumulative
 usage on every chunk its token count is kept beside the gap (``chunk_tokens``). The
 arrival of the first SSE event of any kind is kept too (``first_event_s``; Flare sends
-its role delta at admission, so the gap to the first output is the first token's
-compute, the serving path and the transport).
+its role delta with the first output, so the gap to the first output is the serving
+path and the transport; a server that sends it at admission adds the first token's
+compute).
 
 Requests of the ``clients`` measurement that name the ``openai`` SDK as their client
 (``meta["client"]``) go through ``bench.suite.sdk_client`` instead, timed the same way.
@@ -447,8 +448,9 @@ def itl_values(samples: Sequence[Sample]) -> list[float]:
 
 
 def first_event_to_content_s(sample: Sample) -> float | None:
-    """The first SSE event (Flare's role delta, sent at admission) to the first
-    output: the first token's compute, the serving path and the transport. The same
+    """The first SSE event (Flare's role delta, sent with the first output) to the
+    first output: the serving path and the transport (and the first token's compute,
+    for a server that opens the stream at admission). The same
     request through two clients differs here only by the transport: Nagle's
     algorithm once held the second event about 40 ms for httpx, not for
     ``http.client``."""

@@ -423,9 +423,9 @@ def summary_table(
         notes.append(
             "clients: the same chats, each sent once unmeasured, then through the suite's "
             "client (http.client) and the openai SDK (httpx) in alternating order; first "
-            "SSE event (the role delta, at admission) to first content is the first token's "
-            "compute, the serving path and the transport, so the two clients differ there "
-            "by the transport alone (per prompt in the results' client_ttft rows)."
+            "SSE event (Flare's role delta, sent with the first output) to first content is "
+            "the serving path and the transport, so the two clients differ there by the "
+            "transport alone (per prompt in the results' client_ttft rows)."
         )
     for result in results:
         pairs = client_ttft_rows(samples_of(result).get("clients", []))
