@@ -75,7 +75,7 @@ impl<E: Executor> Scheduler<E> {
     pub(super) fn admit_queued(&mut self) {
         let mut skipped = Vec::new();
         for (arrival, id) in self.queue.order() {
-            if !self.slots.has_free() {
+            if !self.ledger.has_free_slot() {
                 break;
             }
             let request = &self.requests[&id];
@@ -131,7 +131,7 @@ impl<E: Executor> Scheduler<E> {
     /// to stay one page ahead is kept back, so admission waits while pages
     /// are short instead of forcing a preemption.
     fn admission_room(&self) -> u32 {
-        self.pages.available().saturating_sub(self.growth_debt())
+        self.ledger.available().saturating_sub(self.growth_debt())
     }
 
     /// Gives a queued request a slot, its reservation and its prefix hit.
@@ -143,11 +143,7 @@ impl<E: Executor> Scheduler<E> {
         reserved: u32,
         reuse: Option<(Pin, Hit)>,
     ) {
-        let slot = self
-            .slots
-            .take()
-            .expect("admission checked for a free slot");
-        self.pages.reserve(reserved);
+        let lease = self.ledger.lease(reserved);
         let admission = self.next_admission;
         self.next_admission += 1;
         let request = self
@@ -155,12 +151,10 @@ impl<E: Executor> Scheduler<E> {
             .get_mut(&id)
             .expect("admitting a known request");
         request.placement = Some(Placement {
-            slot,
+            lease,
             admission,
             history,
             budget,
-            pages: Vec::new(),
-            reserved,
             initialized: false,
             submitted_consumed: 0,
             submitted_samples: 0,

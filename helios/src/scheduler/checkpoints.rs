@@ -189,9 +189,6 @@ pub(super) struct PlacementPrefix {
     /// The checkpoint whose complete pages lead the page table: the one
     /// restored, then each one the request publishes.
     pub(super) pin: Option<Pin>,
-    /// Leading page-table entries that are checkpoint pages: shared, never
-    /// written, never freed by the request.
-    pub(super) shared: u32,
     /// The restore still to submit after the admit.
     pub(super) restore: Option<RestorePlan>,
     /// A whole-history hit: the resume graph samples the first token.
@@ -268,7 +265,7 @@ impl<E: Executor> Scheduler<E> {
     fn free_evicted(&mut self, eviction: Eviction) -> u32 {
         // Evicted checkpoints had no pin and no GPU use: no page table maps
         // their pages and no launch in flight reads them.
-        self.pages.release(&eviction.pages);
+        self.ledger.free_evicted(&eviction.pages);
         len32(eviction.pages.len())
     }
 
@@ -304,32 +301,27 @@ impl<E: Executor> Scheduler<E> {
         if let (Some((pin, _)), Some(plan)) = (reuse, restore) {
             placement.submitted_consumed = plan.consumed;
             placement.confirmed.consumed = plan.consumed;
-            placement.pages = plan.shared_pages.clone();
-            prefix.shared = len32(plan.shared_pages.len());
             prefix.resume = plan.consumed == placement.history;
             prefix.pin = Some(pin);
+            self.ledger
+                .share(&placement.lease, plan.shared_pages.clone());
             prefix.restore = Some(plan);
-            if !placement.pages.is_empty() {
-                self.page_updates.push(super::executor::PageTableUpdate {
-                    slot: placement.slot,
-                    first: 0,
-                    pages: placement.pages.clone(),
-                });
-            }
         }
     }
 
     /// Submits the restore a placement is waiting for (after its admit),
     /// then the resume of a whole-history hit; returns the launches.
     pub(super) fn submit_restore(&mut self, id: RequestId) -> Result<usize, ExecutionError> {
-        let placement = self.placement_mut(id).expect("placed");
+        let placement = (self.requests.get_mut(&id))
+            .and_then(|request| request.placement.as_mut())
+            .expect("placed");
         let Some(plan) = placement.prefix.restore.take() else {
             return Ok(0);
         };
-        let slot = placement.slot;
+        let slot = placement.lease.slot();
         if plan.needs_private_tail() {
             // The admission reservation covers the tail page.
-            let tail = placement.prefix.shared + 1;
+            let tail = self.ledger.shared(&placement.lease) + 1;
             self.take_pages(id, tail);
         }
         let restore = Restore {
@@ -423,7 +415,7 @@ impl<E: Executor> Scheduler<E> {
             endpoint,
         });
         let snapshot = Snapshot {
-            slot: placement.slot,
+            slot: placement.lease.slot(),
             row,
         };
         let maintenance = Some(Maintenance::Snapshot(id));
@@ -481,7 +473,9 @@ impl<E: Executor> Scheduler<E> {
             return;
         }
         let complete = capture.endpoint / page_size;
-        let pages = placement.pages[placement.prefix.shared as usize..complete as usize].to_vec();
+        let shared = self.ledger.shared(&placement.lease);
+        let pages =
+            self.ledger.pages(&placement.lease)[shared as usize..complete as usize].to_vec();
         let chain = request
             .chain
             .as_ref()
@@ -495,7 +489,7 @@ impl<E: Executor> Scheduler<E> {
         match cache.store.publish(chain, publication) {
             Ok(Published::New(pin)) => {
                 placement.prefix.pin = Some(pin);
-                placement.prefix.shared = complete;
+                self.ledger.mark_shared(&placement.lease, complete);
             }
             Ok(Published::Duplicate { parent, .. }) => placement.prefix.pin = parent,
             Err(rejected) => {
@@ -511,8 +505,8 @@ impl<E: Executor> Scheduler<E> {
     }
 
     /// A retiring placement's cache handles go back: its pin, and a capture
-    /// that never completed. Returns its private pages.
-    pub(super) fn release_prefix(&mut self, placement: &mut Placement) -> Vec<super::ids::Page> {
+    /// that never completed (its pages go back through the ledger).
+    pub(super) fn release_prefix(&mut self, placement: &mut Placement) {
         let prefix = std::mem::take(&mut placement.prefix);
         if let Some(cache) = self.cache.as_mut() {
             if let Some(pin) = prefix.pin {
@@ -522,7 +516,6 @@ impl<E: Executor> Scheduler<E> {
                 cache.store.release_reservation(capture.reservation);
             }
         }
-        placement.pages[prefix.shared as usize..].to_vec()
     }
 
     /// The cache's counters, when it is enabled.

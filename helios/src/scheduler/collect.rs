@@ -69,7 +69,7 @@ impl<E: Executor> Scheduler<E> {
     fn expectation(&self, id: RequestId) -> Option<Expectation> {
         let placement = self.requests.get(&id)?.placement.as_ref()?;
         Some(Expectation {
-            slot: placement.slot,
+            slot: placement.lease.slot(),
             confirmed: placement.confirmed,
             budget: placement.budget,
             ignored: matches!(placement.exit, Some(Exit::Cancelled | Exit::Failed)),

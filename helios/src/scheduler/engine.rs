@@ -23,10 +23,10 @@ use super::admission::AdmissionQueue;
 use super::checkpoints::{Cache, Maintenance, PrefixConfig};
 use super::error::{AdmissionError, ExecutionError, SchedulerError};
 use super::events::{Event, FinishReason, Metrics, RequestEvent};
-use super::executor::{Executor, Launch, Operation, OperationKind, PageTableUpdate, Ticket};
+use super::executor::{Executor, Launch, Operation, OperationKind, Ticket};
 use super::geometry::Geometry;
 use super::ids::RequestId;
-use super::pool::{PagePool, SlotPool};
+use super::ledger::PageLedger;
 use super::request::{Exit, Placement, Request, RequestSpec};
 use crate::prefix::PrefixChain;
 
@@ -116,11 +116,9 @@ pub struct Scheduler<E> {
     pub(super) queue: AdmissionQueue,
     /// Requests holding a slot, by admission order (oldest first).
     pub(super) placed: BTreeMap<u64, RequestId>,
-    pub(super) slots: SlotPool,
-    pub(super) pages: PagePool,
+    /// Slots, pages, reservations and page tables.
+    pub(super) ledger: PageLedger,
     pub(super) window: VecDeque<InFlight>,
-    /// Page-table changes that travel with the next launch.
-    pub(super) page_updates: Vec<PageTableUpdate>,
     pub(super) cancels: Vec<RequestId>,
     pub(super) events: Vec<RequestEvent>,
     next_request: u64,
@@ -158,8 +156,7 @@ impl<E: Executor> Scheduler<E> {
         };
         Ok(Self {
             cache,
-            slots: SlotPool::new(geometry.max_concurrency()),
-            pages: PagePool::new(geometry.kv_pages()),
+            ledger: PageLedger::new(geometry.max_concurrency(), geometry.kv_pages()),
             geometry,
             config,
             executor,
@@ -167,7 +164,6 @@ impl<E: Executor> Scheduler<E> {
             queue: AdmissionQueue::default(),
             placed: BTreeMap::new(),
             window: VecDeque::new(),
-            page_updates: Vec::new(),
             cancels: Vec::new(),
             events: Vec::new(),
             next_request: 0,
@@ -288,9 +284,9 @@ impl<E: Executor> Scheduler<E> {
                 .filter(|id| self.placement_exit(**id).is_none())
                 .count(),
             in_flight: self.window.len(),
-            pages_used: self.pages.used(),
-            pages_reserved: self.pages.reserved(),
-            pages_free: self.pages.available(),
+            pages_used: self.ledger.used(),
+            pages_reserved: self.ledger.reserved(),
+            pages_free: self.ledger.available(),
             preemptions: self.preemptions,
             prefilled_tokens: self.prefilled_tokens,
             finished_stop: self.finished.stop,
@@ -335,7 +331,7 @@ impl<E: Executor> Scheduler<E> {
         maintenance: Option<Maintenance>,
     ) -> Result<(), ExecutionError> {
         let launch = Launch {
-            page_updates: std::mem::take(&mut self.page_updates),
+            page_updates: self.ledger.take_updates(),
             operation,
         };
         let ticket = self.executor.submit(&launch)?;

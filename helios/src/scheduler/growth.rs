@@ -10,7 +10,7 @@
 //! the request tries again.
 
 use super::engine::Scheduler;
-use super::executor::{Executor, PageTableUpdate};
+use super::executor::Executor;
 use super::ids::RequestId;
 use super::request::{len32, max_pages, Exit, Placement};
 
@@ -39,7 +39,7 @@ impl<E: Executor> Scheduler<E> {
         self.live_placements()
             .map(|placement| {
                 self.target_pages(placement)
-                    .saturating_sub(placement.held())
+                    .saturating_sub(self.ledger.held(&placement.lease))
             })
             .sum()
     }
@@ -57,7 +57,7 @@ impl<E: Executor> Scheduler<E> {
         (self.placed.values())
             .filter_map(|id| self.requests[id].placement.as_ref())
             .filter(|placement| placement.exit.is_some())
-            .map(Placement::private_pages)
+            .map(|placement| self.ledger.private(&placement.lease))
             .sum()
     }
 
@@ -66,26 +66,23 @@ impl<E: Executor> Scheduler<E> {
     pub(super) fn grow(&mut self, id: RequestId) -> Growth {
         loop {
             let placement = self.requests[&id].placement.as_ref().expect("placed");
+            let lease = &placement.lease;
             let needed = self.geometry.pages_for(placement.submitted_consumed + 1);
-            let missing = needed.saturating_sub(len32(placement.pages.len()));
-            let from_pool = missing.saturating_sub(placement.reserved);
-            if from_pool <= self.pages.available() {
+            let missing = needed.saturating_sub(len32(self.ledger.pages(lease).len()));
+            let from_pool = missing.saturating_sub(self.ledger.reserved_by(lease));
+            if from_pool <= self.ledger.available() {
                 let target = self.target_pages(placement);
-                self.reserve_for(id, from_pool);
-                self.take_pages(id, needed);
-                let held = self.requests[&id]
-                    .placement
-                    .as_ref()
-                    .expect("placed")
-                    .held();
-                let ahead = target.saturating_sub(held).min(self.pages.available());
-                self.reserve_for(id, ahead);
+                self.ledger.reserve(lease, from_pool);
+                self.ledger.take(lease, needed);
+                let held = self.ledger.held(lease);
+                let ahead = target.saturating_sub(held).min(self.ledger.available());
+                self.ledger.reserve(lease, ahead);
                 return Growth::Ready;
             }
-            if from_pool <= self.pages.available() + self.releasing_pages() {
+            if from_pool <= self.ledger.available() + self.releasing_pages() {
                 return Growth::Stalled;
             }
-            if self.reclaim_cache(from_pool - self.pages.available()) > 0 {
+            if self.reclaim_cache(from_pool - self.ledger.available()) > 0 {
                 continue;
             }
             let victim = (self.placed.values().rev().copied())
@@ -103,35 +100,10 @@ impl<E: Executor> Scheduler<E> {
         }
     }
 
-    fn reserve_for(&mut self, id: RequestId, count: u32) {
-        self.pages.reserve(count);
-        self.placement_mut(id).expect("placed").reserved += count;
-    }
-
     /// Moves reserved pages into `id`'s page table until it has `upto`.
     pub(super) fn take_pages(&mut self, id: RequestId, upto: u32) {
-        let placement = (self.requests.get_mut(&id))
-            .and_then(|request| request.placement.as_mut())
-            .expect("placed");
-        let first = len32(placement.pages.len());
-        let mut taken = Vec::new();
-        while len32(placement.pages.len()) < upto {
-            assert!(
-                placement.reserved > 0,
-                "taking a page that was not reserved"
-            );
-            placement.reserved -= 1;
-            let page = self.pages.take_reserved();
-            placement.pages.push(page);
-            taken.push(page);
-        }
-        if !taken.is_empty() {
-            self.page_updates.push(PageTableUpdate {
-                slot: placement.slot,
-                first,
-                pages: taken,
-            });
-        }
+        let placement = self.requests[&id].placement.as_ref().expect("placed");
+        self.ledger.take(&placement.lease, upto);
     }
 
     /// Preempts a decoder: no further launches; once none in flight

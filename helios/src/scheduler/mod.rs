@@ -38,6 +38,7 @@ mod geometry;
 mod growth;
 mod ids;
 mod latency;
+mod ledger;
 mod plan;
 mod pool;
 mod request;

@@ -36,7 +36,7 @@ impl<E: Executor> Scheduler<E> {
             let request = &self.requests[&id];
             let placement = self.placement(id);
             let admit = Admit {
-                slot: placement.slot,
+                slot: placement.lease.slot(),
                 prompt: request.history(0, placement.history),
                 max_new_tokens: placement.budget,
                 sampling: request.spec.sampling,
@@ -63,7 +63,7 @@ impl<E: Executor> Scheduler<E> {
         let capacity = (self.geometry)
             .prefill_capacity(len)
             .expect("a chunk is at most the largest prefill capacity");
-        let slot = placement.slot;
+        let slot = placement.lease.slot();
         let tokens = self.requests[&id].history(start, end);
         // The admission reservation covers the whole history.
         self.take_pages(id, self.geometry.pages_for(end));
@@ -113,7 +113,7 @@ impl<E: Executor> Scheduler<E> {
             let placement = self.placement_mut(id).expect("placed");
             placement.submitted_consumed += 1;
             placement.submitted_samples += 1;
-            slots.push(placement.slot);
+            slots.push(placement.lease.slot());
             rows.push(Row::Decode { id });
         }
         slots.resize(capacity as usize, Slot::NULL);

@@ -4,7 +4,7 @@ use super::checkpoints::PlacementPrefix;
 use super::error::AdmissionError;
 use super::executor::SamplingParams;
 use super::geometry::Geometry;
-use super::ids::{Page, Slot};
+use super::ledger::SlotLease;
 use crate::prefix::PrefixChain;
 
 /// What a request asks for, in tokens: the frontend has already rendered,
@@ -188,17 +188,15 @@ pub(super) struct Confirmed {
 /// A request placed on a slot for one admission.
 #[derive(Debug)]
 pub(super) struct Placement {
-    pub(super) slot: Slot,
+    /// Its slot, and through the ledger the slot's page table and
+    /// reservation.
+    pub(super) lease: SlotLease,
     /// Admission order: the newest placement has the largest.
     pub(super) admission: u64,
     /// Tokens this admission prefills (prompt and earlier output).
     pub(super) history: u32,
     /// Output tokens this admission may sample (the device's `max_new`).
     pub(super) budget: u32,
-    /// Physical pages in the slot's page table, in logical order.
-    pub(super) pages: Vec<Page>,
-    /// Free pages reserved for this placement, not yet in its page table.
-    pub(super) reserved: u32,
     /// Whether the admit launch was submitted.
     pub(super) initialized: bool,
     /// Tokens consumed once every submitted launch ran.
@@ -229,16 +227,5 @@ impl Placement {
     /// submitted, and its submitted samples leave budget.
     pub(super) fn decodes(&self) -> bool {
         self.exit.is_none() && self.prompt_submitted() && self.submitted_samples < self.budget
-    }
-
-    /// Pages in the page table plus pages reserved.
-    pub(super) fn held(&self) -> u32 {
-        len32(self.pages.len()) + self.reserved
-    }
-
-    /// Pages in the page table that retirement frees: all but the shared
-    /// checkpoint pages.
-    pub(super) fn private_pages(&self) -> u32 {
-        len32(self.pages.len()) - self.prefix.shared
     }
 }

@@ -10,8 +10,8 @@ use super::admission::AdmissionQueue;
 use super::engine::Scheduler;
 use super::error::ExecutionError;
 use super::events::{Event, FinishReason};
-use super::executor::{Executor, PageTableUpdate};
-use super::ids::{Page, RequestId};
+use super::executor::Executor;
+use super::ids::RequestId;
 use super::request::{len32, Exit};
 
 impl<E: Executor> Scheduler<E> {
@@ -54,10 +54,11 @@ impl<E: Executor> Scheduler<E> {
     /// Stops launches for a placement and gives back its untaken
     /// reservation; its slot and pages wait for [`Self::retire`].
     pub(super) fn end_placement(&mut self, id: RequestId, exit: Exit) {
-        let placement = self.placement_mut(id).expect("ending a placed request");
+        let placement = (self.requests.get_mut(&id))
+            .and_then(|request| request.placement.as_mut())
+            .expect("ending a placed request");
         placement.exit = Some(exit);
-        let unused = std::mem::take(&mut placement.reserved);
-        self.pages.unreserve(unused);
+        self.ledger.unreserve(&placement.lease);
     }
 
     /// Frees the slot and pages of every ended placement no launch in
@@ -96,18 +97,13 @@ impl<E: Executor> Scheduler<E> {
             .get_mut(&id)
             .expect("retiring a known request");
         let mut placement = request.placement.take().expect("retiring a placed request");
-        debug_assert!(placement.refs == 0 && placement.reserved == 0);
+        debug_assert_eq!(
+            placement.refs, 0,
+            "retiring a placement with launches in flight"
+        );
         self.placed.remove(&placement.admission);
-        let private = self.release_prefix(&mut placement);
-        if !placement.pages.is_empty() {
-            self.page_updates.push(PageTableUpdate {
-                slot: placement.slot,
-                first: 0,
-                pages: vec![Page::NULL; placement.pages.len()],
-            });
-            self.pages.release(&private);
-        }
-        self.slots.release(placement.slot);
+        self.release_prefix(&mut placement);
+        self.ledger.release(placement.lease);
         let request = self
             .requests
             .get_mut(&id)
