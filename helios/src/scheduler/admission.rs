@@ -22,7 +22,7 @@ use super::engine::Scheduler;
 use super::events::{Event, FinishReason};
 use super::executor::Executor;
 use super::ids::RequestId;
-use super::request::{admission_pages, len32, Confirmed, Placement};
+use super::request::{admission_pages, len32, Confirmed, Phase, Placement};
 use crate::prefix::{Hit, Pin};
 
 /// Requests waiting for admission, by arrival.
@@ -155,12 +155,11 @@ impl<E: Executor> Scheduler<E> {
             admission,
             history,
             budget,
-            initialized: false,
+            phase: Phase::Admitting,
             submitted_consumed: 0,
             submitted_samples: 0,
             confirmed: Confirmed::default(),
             refs: 0,
-            exit: None,
             prefix: PlacementPrefix::default(),
         });
         let first = !std::mem::replace(&mut request.admitted, true);

@@ -54,7 +54,7 @@ use super::error::{ExecutionError, GeometryError, InvalidRecord, SchedulerError}
 use super::executor::{Executor, Operation, Restore, Resume, Snapshot};
 use super::geometry::Geometry;
 use super::ids::RequestId;
-use super::request::{len32, Exit, Placement};
+use super::request::{len32, Exit, Phase, Placement};
 use crate::core::proto::BufferRole;
 use crate::core::ValidCore;
 
@@ -315,9 +315,10 @@ impl<E: Executor> Scheduler<E> {
         let placement = (self.requests.get_mut(&id))
             .and_then(|request| request.placement.as_mut())
             .expect("placed");
-        let Some(plan) = placement.prefix.restore.take() else {
+        if placement.phase != Phase::Restoring {
             return Ok(0);
-        };
+        }
+        let plan = (placement.prefix.restore.take()).expect("a restoring placement has its plan");
         let slot = placement.lease.slot();
         if plan.needs_private_tail() {
             // The admission reservation covers the tail page.
@@ -338,8 +339,10 @@ impl<E: Executor> Scheduler<E> {
         )?;
         let placement = self.placement_mut(id).expect("placed");
         if !std::mem::take(&mut placement.prefix.resume) {
+            placement.phase = Phase::Prefilling;
             return Ok(1);
         }
+        placement.phase = Phase::Decoding;
         placement.submitted_samples += 1;
         let row = Row::Resume { id };
         self.launch(
@@ -371,7 +374,7 @@ impl<E: Executor> Scheduler<E> {
     pub(super) fn wants_terminal(&self, placement: &Placement) -> bool {
         self.cache.is_some()
             && placement.prefix.terminal
-            && matches!(placement.exit, Some(Exit::Finished | Exit::Preempted))
+            && matches!(placement.exit(), Some(Exit::Finished | Exit::Preempted))
     }
 
     /// Submits the terminal capture of an ended placement with no launch in
@@ -464,7 +467,7 @@ impl<E: Executor> Scheduler<E> {
         let request = self.requests.get_mut(&id).expect("placed");
         let placement = request.placement.as_mut().expect("placed");
         let trusted = matches!(
-            placement.exit,
+            placement.exit(),
             None | Some(Exit::Finished | Exit::Preempted)
         );
         let cache = self.cache.as_mut().expect("captured in the cache");

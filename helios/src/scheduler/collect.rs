@@ -72,7 +72,7 @@ impl<E: Executor> Scheduler<E> {
             slot: placement.lease.slot(),
             confirmed: placement.confirmed,
             budget: placement.budget,
-            ignored: matches!(placement.exit, Some(Exit::Cancelled | Exit::Failed)),
+            ignored: matches!(placement.exit(), Some(Exit::Cancelled | Exit::Failed)),
         })
     }
 
@@ -150,7 +150,7 @@ impl<E: Executor> Scheduler<E> {
 
     /// Fails a request whose record is invalid, unless it already ended.
     pub(super) fn fail(&mut self, id: RequestId, invalid: &InvalidRecord) {
-        let exit = self.placement_mut(id).map(|placement| placement.exit);
+        let exit = self.placement_mut(id).map(|placement| placement.exit());
         if !matches!(exit, Some(None | Some(Exit::Preempted))) {
             return;
         }

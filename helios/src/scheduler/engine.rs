@@ -319,7 +319,7 @@ impl<E: Executor> Scheduler<E> {
     }
 
     fn placement_exit(&self, id: RequestId) -> Option<Exit> {
-        self.requests.get(&id)?.placement.as_ref()?.exit
+        self.requests.get(&id)?.placement.as_ref()?.exit()
     }
 
     /// Submits `operation` with the pending page-table updates.

@@ -47,7 +47,7 @@ impl<E: Executor> Scheduler<E> {
     fn live_placements(&self) -> impl Iterator<Item = &Placement> {
         (self.placed.values())
             .filter_map(|id| self.requests[id].placement.as_ref())
-            .filter(|placement| placement.exit.is_none())
+            .filter(|placement| placement.exit().is_none())
     }
 
     /// Private pages of ended placements that wait for their launches in
@@ -56,7 +56,7 @@ impl<E: Executor> Scheduler<E> {
     fn releasing_pages(&self) -> u32 {
         (self.placed.values())
             .filter_map(|id| self.requests[id].placement.as_ref())
-            .filter(|placement| placement.exit.is_some())
+            .filter(|placement| placement.exit().is_some())
             .map(|placement| self.ledger.private(&placement.lease))
             .sum()
     }

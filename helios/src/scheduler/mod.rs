@@ -16,6 +16,10 @@
 //! - pages grow one ahead of decode; when a running request cannot continue
 //!   the newest eligible decoder is preempted and later readmitted with its
 //!   history, remaining budget and random-stream counter (`growth.rs`);
+//! - one page ledger owns slots, pages, reservations and page tables; a
+//!   placement holds its slot through a lease that only the ledger's
+//!   release consumes (`ledger.rs`), and its phase (admitting, restoring,
+//!   prefilling, decoding, exiting) is an explicit state (`request.rs`);
 //! - every completion record is validated before any state changes
 //!   (`validate.rs`); cancellation and completion are applied at submission
 //!   boundaries, and a slot or page is reused only once no launch in flight

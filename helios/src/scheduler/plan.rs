@@ -6,7 +6,7 @@ use super::error::ExecutionError;
 use super::executor::{Admit, Decode, Executor, Operation, PrefillChunk};
 use super::growth::Growth;
 use super::ids::{RequestId, Slot};
-use super::request::{len32, Placement};
+use super::request::{len32, Phase, Placement};
 use super::rng::readmission_seed;
 
 impl<E: Executor> Scheduler<E> {
@@ -24,7 +24,7 @@ impl<E: Executor> Scheduler<E> {
     pub(super) fn prefill_candidate(&self) -> Option<RequestId> {
         (self.placed.values().copied()).find(|&id| {
             let placement = self.placement(id);
-            placement.exit.is_none() && !placement.prompt_submitted()
+            placement.prefills()
         })
     }
 
@@ -32,7 +32,7 @@ impl<E: Executor> Scheduler<E> {
     /// chunk of `id`; returns the launches submitted.
     pub(super) fn submit_prefill(&mut self, id: RequestId) -> Result<usize, ExecutionError> {
         let mut submitted = 0;
-        if !self.placement(id).initialized {
+        if self.placement(id).phase == Phase::Admitting {
             let request = &self.requests[&id];
             let placement = self.placement(id);
             let admit = Admit {
@@ -43,13 +43,18 @@ impl<E: Executor> Scheduler<E> {
                 seed: readmission_seed(request.spec.seed, request.output.len() as u64),
                 consumed: placement.submitted_consumed,
             };
-            self.placement_mut(id).expect("placed").initialized = true;
+            let placement = self.placement_mut(id).expect("placed");
+            placement.phase = if placement.prefix.restore.is_some() {
+                Phase::Restoring
+            } else {
+                Phase::Prefilling
+            };
             self.launch(Operation::Admit(admit), Vec::new(), vec![id], None)?;
             submitted += 1;
         }
         submitted += self.submit_restore(id)?;
         let placement = self.placement(id);
-        if placement.prompt_submitted() {
+        if placement.phase == Phase::Decoding {
             // A whole-history hit: the resume sampled instead of a chunk.
             return Ok(submitted);
         }
@@ -71,6 +76,9 @@ impl<E: Executor> Scheduler<E> {
         let placement = self.placement_mut(id).expect("placed");
         placement.submitted_consumed = end;
         placement.submitted_samples += u32::from(ends_prompt);
+        if ends_prompt {
+            placement.phase = Phase::Decoding;
+        }
         let chunk = PrefillChunk {
             slot,
             capacity,

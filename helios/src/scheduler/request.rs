@@ -197,8 +197,8 @@ pub(super) struct Placement {
     pub(super) history: u32,
     /// Output tokens this admission may sample (the device's `max_new`).
     pub(super) budget: u32,
-    /// Whether the admit launch was submitted.
-    pub(super) initialized: bool,
+    /// Where it is in its admission.
+    pub(super) phase: Phase,
     /// Tokens consumed once every submitted launch ran.
     pub(super) submitted_consumed: u32,
     /// Samples every submitted launch may draw.
@@ -207,25 +207,51 @@ pub(super) struct Placement {
     pub(super) confirmed: Confirmed,
     /// Launches in flight that reference the slot.
     pub(super) refs: u32,
-    /// Set once no further launch may reference the slot.
-    pub(super) exit: Option<Exit>,
-    /// Its checkpoint pin, shared pages, restore and captures.
+    /// Its checkpoint pin, restore and captures.
     pub(super) prefix: PlacementPrefix,
 }
 
+/// Where a placement is in one admission. Submitted launches move it
+/// forward, in this order; a prefix hit passes through `Restoring`, a
+/// whole-history hit goes from there straight to `Decoding` (its resume
+/// sampled the first token). `Exiting` is final: no launch is planned for it
+/// again, and its slot is retired once none in flight references it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// Its admit launch is still to submit.
+    Admitting,
+    /// Admitted; its prefix restore (and a whole-history hit's resume) is
+    /// still to submit.
+    Restoring,
+    /// Prompt tokens are still to submit for prefill.
+    Prefilling,
+    /// Every prompt token was submitted: it decodes until it ends.
+    Decoding,
+    /// It stopped taking launches, and why.
+    Exiting(Exit),
+}
+
 impl Placement {
-    /// Whether every prompt token was submitted for prefill (after the
-    /// admit, and the restore and resume of a prefix hit).
-    pub(super) fn prompt_submitted(&self) -> bool {
-        self.initialized
-            && self.prefix.restore.is_none()
-            && !self.prefix.resume
-            && self.submitted_consumed >= self.history
+    /// Why it stopped taking launches, once it did.
+    pub(super) fn exit(&self) -> Option<Exit> {
+        match self.phase {
+            Phase::Exiting(exit) => Some(exit),
+            _ => None,
+        }
     }
 
-    /// Whether the next decode step should include it: still live, prompt
-    /// submitted, and its submitted samples leave budget.
+    /// Whether it is live with prompt tokens (or its admit or restore)
+    /// still to submit.
+    pub(super) fn prefills(&self) -> bool {
+        matches!(
+            self.phase,
+            Phase::Admitting | Phase::Restoring | Phase::Prefilling
+        )
+    }
+
+    /// Whether the next decode step should include it: decoding, and its
+    /// submitted samples leave budget.
     pub(super) fn decodes(&self) -> bool {
-        self.exit.is_none() && self.prompt_submitted() && self.submitted_samples < self.budget
+        self.phase == Phase::Decoding && self.submitted_samples < self.budget
     }
 }

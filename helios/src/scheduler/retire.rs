@@ -12,7 +12,7 @@ use super::error::ExecutionError;
 use super::events::{Event, FinishReason};
 use super::executor::Executor;
 use super::ids::RequestId;
-use super::request::{len32, Exit};
+use super::request::{len32, Exit, Phase, Placement};
 
 impl<E: Executor> Scheduler<E> {
     /// Cancellations are applied at submission boundaries only, so no
@@ -35,7 +35,7 @@ impl<E: Executor> Scheduler<E> {
                         },
                     );
                 }
-                Some(placement) if matches!(placement.exit, None | Some(Exit::Preempted)) => {
+                Some(placement) if matches!(placement.exit(), None | Some(Exit::Preempted)) => {
                     self.end_placement(id, Exit::Cancelled);
                     let output_tokens = len32(self.requests[&id].output.len());
                     self.emit(
@@ -57,7 +57,7 @@ impl<E: Executor> Scheduler<E> {
         let placement = (self.requests.get_mut(&id))
             .and_then(|request| request.placement.as_mut())
             .expect("ending a placed request");
-        placement.exit = Some(exit);
+        placement.phase = Phase::Exiting(exit);
         self.ledger.unreserve(&placement.lease);
     }
 
@@ -70,7 +70,7 @@ impl<E: Executor> Scheduler<E> {
         let ready: Vec<RequestId> = (self.placed.values().copied())
             .filter(|&id| {
                 let placement = self.requests[&id].placement.as_ref();
-                placement.is_some_and(|p| p.exit.is_some() && p.refs == 0)
+                placement.is_some_and(|p| p.exit().is_some() && p.refs == 0)
             })
             .collect();
         let mut submitted = 0;
@@ -103,12 +103,13 @@ impl<E: Executor> Scheduler<E> {
         );
         self.placed.remove(&placement.admission);
         self.release_prefix(&mut placement);
+        let preempted = placement.exit() == Some(Exit::Preempted);
         self.ledger.release(placement.lease);
         let request = self
             .requests
             .get_mut(&id)
             .expect("retiring a known request");
-        if placement.exit == Some(Exit::Preempted) {
+        if preempted {
             // Every launch of the placement has completed: its output is final
             // and the readmission derives its seed from this count.
             let generated = len32(request.output.len());
@@ -125,7 +126,7 @@ impl<E: Executor> Scheduler<E> {
         self.failure = Some(error.clone());
         let live: Vec<RequestId> = (self.requests.iter())
             .filter(|(_, request)| {
-                let exit = request.placement.as_ref().and_then(|p| p.exit);
+                let exit = request.placement.as_ref().and_then(Placement::exit);
                 matches!(exit, None | Some(Exit::Preempted))
             })
             .map(|(&id, _)| id)
