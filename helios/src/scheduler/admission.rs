@@ -22,7 +22,7 @@ use super::engine::Scheduler;
 use super::events::{Event, FinishReason};
 use super::executor::Executor;
 use super::ids::RequestId;
-use super::request::{admission_pages, len32, Confirmed, Phase, Placement};
+use super::request::{admission_pages, len32, Confirmed, Phase, Placed, Placement};
 use crate::prefix::{Hit, Pin};
 
 /// Requests waiting for admission, by arrival.
@@ -78,7 +78,7 @@ impl<E: Executor> Scheduler<E> {
             if !self.ledger.has_free_slot() {
                 break;
             }
-            let request = &self.requests[&id];
+            let request = &self.queued[&id];
             let (history, budget) = (request.history_len(), request.remaining_budget());
             let required = admission_pages(&self.geometry, history, budget);
             if budget == 0 || required > self.geometry.usable_pages() {
@@ -86,7 +86,7 @@ impl<E: Executor> Scheduler<E> {
                 // so it ends at the length it reached.
                 self.queue.remove(arrival);
                 let output_tokens = len32(request.output.len());
-                self.requests.remove(&id);
+                self.queued.remove(&id);
                 let reason = FinishReason::Length;
                 self.emit(
                     id,
@@ -146,11 +146,8 @@ impl<E: Executor> Scheduler<E> {
         let lease = self.ledger.lease(reserved);
         let admission = self.next_admission;
         self.next_admission += 1;
-        let request = self
-            .requests
-            .get_mut(&id)
-            .expect("admitting a known request");
-        request.placement = Some(Placement {
+        let mut request = self.queued.remove(&id).expect("admitting a queued request");
+        let placement = Placement {
             lease,
             admission,
             history,
@@ -161,9 +158,10 @@ impl<E: Executor> Scheduler<E> {
             confirmed: Confirmed::default(),
             refs: 0,
             prefix: PlacementPrefix::default(),
-        });
+        };
         let first = !std::mem::replace(&mut request.admitted, true);
-        self.placed.insert(admission, id);
+        self.placed.insert(id, Placed { request, placement });
+        self.by_admission.insert(admission, id);
         let cached_tokens = reuse.as_ref().map_or(0, |(_, hit)| hit.tokens());
         self.plan_prefix(id, reuse);
         if first {

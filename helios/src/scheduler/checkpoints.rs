@@ -54,7 +54,7 @@ use super::error::{ExecutionError, GeometryError, InvalidRecord, SchedulerError}
 use super::executor::{Executor, Operation, Restore, Resume, Snapshot};
 use super::geometry::Geometry;
 use super::ids::RequestId;
-use super::request::{len32, Exit, Phase, Placement};
+use super::request::{len32, Exit, Phase, Placed, Placement};
 use crate::core::proto::BufferRole;
 use crate::core::ValidCore;
 
@@ -222,7 +222,7 @@ impl<E: Executor> Scheduler<E> {
     /// cannot evict it while admission decides.
     pub(super) fn pin_reuse(&mut self, id: RequestId) -> Option<(Pin, Hit)> {
         let cache = self.cache.as_mut()?;
-        let request = self.requests.get_mut(&id).expect("a queued request");
+        let request = self.queued.get_mut(&id).expect("a queued request");
         let history = request.history_len();
         let chain = request.chain_to(history);
         let hit = cache.store.lookup(chain, history)?;
@@ -281,8 +281,7 @@ impl<E: Executor> Scheduler<E> {
         cache.store.note_lookup(reuse.as_ref().map(|(_, hit)| hit));
         let budget = cache.budget;
         let restore = reuse.as_ref().map(|(pin, _)| cache.store.restore_plan(pin));
-        let request = self.requests.get_mut(&id).expect("placed");
-        let placement = request.placement.as_mut().expect("placed");
+        let Placed { request, placement } = self.placed.get_mut(&id).expect("placed");
         let reused = restore.as_ref().map_or(0, |plan| plan.consumed);
         let prompt_tokens = len32(request.spec.prompt.len());
         let messages: Vec<u32> = (request.spec.message_endpoints.iter().copied())
@@ -312,9 +311,7 @@ impl<E: Executor> Scheduler<E> {
     /// Submits the restore a placement is waiting for (after its admit),
     /// then the resume of a whole-history hit; returns the launches.
     pub(super) fn submit_restore(&mut self, id: RequestId) -> Result<usize, ExecutionError> {
-        let placement = (self.requests.get_mut(&id))
-            .and_then(|request| request.placement.as_mut())
-            .expect("placed");
+        let placement = &mut self.placed.get_mut(&id).expect("placed").placement;
         if placement.phase != Phase::Restoring {
             return Ok(0);
         }
@@ -380,8 +377,7 @@ impl<E: Executor> Scheduler<E> {
     /// Submits the terminal capture of an ended placement with no launch in
     /// flight; false when there is nothing new to capture or no row.
     pub(super) fn capture_terminal(&mut self, id: RequestId) -> Result<bool, ExecutionError> {
-        let request = self.requests.get_mut(&id).expect("placed");
-        let placement = request.placement.as_mut().expect("placed");
+        let Placed { request, placement } = self.placed.get_mut(&id).expect("placed");
         placement.prefix.terminal = false;
         let endpoint = placement.confirmed.consumed;
         let cache = self
@@ -464,8 +460,7 @@ impl<E: Executor> Scheduler<E> {
     /// are not trusted, so its capture is dropped).
     fn publish(&mut self, id: RequestId, capture: Capture) {
         let page_size = self.geometry.page_size();
-        let request = self.requests.get_mut(&id).expect("placed");
-        let placement = request.placement.as_mut().expect("placed");
+        let Placed { request, placement } = self.placed.get_mut(&id).expect("placed");
         let trusted = matches!(
             placement.exit(),
             None | Some(Exit::Finished | Exit::Preempted)

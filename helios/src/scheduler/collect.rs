@@ -6,7 +6,7 @@ use super::error::{ExecutionError, InvalidRecord};
 use super::events::{Event, FinishReason};
 use super::executor::{done, Executor};
 use super::ids::RequestId;
-use super::request::{len32, Exit};
+use super::request::{len32, Exit, Placed};
 use super::validate::{check_records, Expectation, Outcome, Verdict};
 
 impl<E: Executor> Scheduler<E> {
@@ -67,7 +67,7 @@ impl<E: Executor> Scheduler<E> {
     }
 
     fn expectation(&self, id: RequestId) -> Option<Expectation> {
-        let placement = self.requests.get(&id)?.placement.as_ref()?;
+        let placement = &self.placed.get(&id)?.placement;
         Some(Expectation {
             slot: placement.lease.slot(),
             confirmed: placement.confirmed,
@@ -116,8 +116,8 @@ impl<E: Executor> Scheduler<E> {
                 generated,
                 done: flag,
             } => {
-                let request = self.requests.get_mut(&id).expect("known request");
-                let confirmed = &mut request.placement.as_mut().expect("placed").confirmed;
+                let Placed { request, placement } = self.placed.get_mut(&id).expect("placed");
+                let confirmed = &mut placement.confirmed;
                 confirmed.consumed = consumed;
                 confirmed.generated = generated;
                 confirmed.done = flag;

@@ -27,7 +27,7 @@ use super::executor::{Executor, Launch, Operation, OperationKind, Ticket};
 use super::geometry::Geometry;
 use super::ids::RequestId;
 use super::ledger::PageLedger;
-use super::request::{Exit, Placement, Request, RequestSpec};
+use super::request::{Placed, Placement, Request, RequestSpec};
 use crate::prefix::PrefixChain;
 
 /// Counts of terminal events since the scheduler started.
@@ -112,10 +112,14 @@ pub struct Scheduler<E> {
     pub(super) geometry: Geometry,
     pub(super) config: SchedulerConfig,
     pub(super) executor: E,
-    pub(super) requests: BTreeMap<RequestId, Request>,
+    /// Requests waiting for admission (preempted ones included).
+    pub(super) queued: BTreeMap<RequestId, Request>,
+    /// Their admission order.
     pub(super) queue: AdmissionQueue,
-    /// Requests holding a slot, by admission order (oldest first).
-    pub(super) placed: BTreeMap<u64, RequestId>,
+    /// Requests holding a slot.
+    pub(super) placed: BTreeMap<RequestId, Placed>,
+    /// The placed requests by admission order (oldest first).
+    pub(super) by_admission: BTreeMap<u64, RequestId>,
     /// Slots, pages, reservations and page tables.
     pub(super) ledger: PageLedger,
     pub(super) window: VecDeque<InFlight>,
@@ -160,9 +164,10 @@ impl<E: Executor> Scheduler<E> {
             geometry,
             config,
             executor,
-            requests: BTreeMap::new(),
+            queued: BTreeMap::new(),
             queue: AdmissionQueue::default(),
             placed: BTreeMap::new(),
+            by_admission: BTreeMap::new(),
             window: VecDeque::new(),
             cancels: Vec::new(),
             events: Vec::new(),
@@ -215,9 +220,8 @@ impl<E: Executor> Scheduler<E> {
             arrival,
             output: Vec::new(),
             admitted: false,
-            placement: None,
         };
-        self.requests.insert(id, request);
+        self.queued.insert(id, request);
         Ok(id)
     }
 
@@ -268,7 +272,7 @@ impl<E: Executor> Scheduler<E> {
 
     /// Whether nothing is queued, placed or in flight.
     pub fn is_idle(&self) -> bool {
-        self.requests.is_empty() && self.window.is_empty()
+        self.queued.is_empty() && self.placed.is_empty() && self.window.is_empty()
     }
 
     /// Events since the last call, in order.
@@ -281,7 +285,7 @@ impl<E: Executor> Scheduler<E> {
         Metrics {
             queue_depth: self.queue.len(),
             running: (self.placed.values())
-                .filter(|id| self.placement_exit(**id).is_none())
+                .filter(|placed| placed.placement.exit().is_none())
                 .count(),
             in_flight: self.window.len(),
             pages_used: self.ledger.used(),
@@ -318,10 +322,6 @@ impl<E: Executor> Scheduler<E> {
         &mut self.executor
     }
 
-    fn placement_exit(&self, id: RequestId) -> Option<Exit> {
-        self.requests.get(&id)?.placement.as_ref()?.exit()
-    }
-
     /// Submits `operation` with the pending page-table updates.
     pub(super) fn launch(
         &mut self,
@@ -351,7 +351,7 @@ impl<E: Executor> Scheduler<E> {
     }
 
     pub(super) fn placement_mut(&mut self, id: RequestId) -> Option<&mut Placement> {
-        self.requests.get_mut(&id)?.placement.as_mut()
+        Some(&mut self.placed.get_mut(&id)?.placement)
     }
 
     pub(super) fn emit(&mut self, request: RequestId, event: Event) {

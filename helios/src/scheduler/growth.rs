@@ -45,8 +45,8 @@ impl<E: Executor> Scheduler<E> {
     }
 
     fn live_placements(&self) -> impl Iterator<Item = &Placement> {
-        (self.placed.values())
-            .filter_map(|id| self.requests[id].placement.as_ref())
+        (self.by_admission.values())
+            .map(|id| &self.placed[id].placement)
             .filter(|placement| placement.exit().is_none())
     }
 
@@ -55,7 +55,7 @@ impl<E: Executor> Scheduler<E> {
     /// cached).
     fn releasing_pages(&self) -> u32 {
         (self.placed.values())
-            .filter_map(|id| self.requests[id].placement.as_ref())
+            .map(|placed| &placed.placement)
             .filter(|placement| placement.exit().is_some())
             .map(|placement| self.ledger.private(&placement.lease))
             .sum()
@@ -65,7 +65,7 @@ impl<E: Executor> Scheduler<E> {
     /// nothing else can free one.
     pub(super) fn grow(&mut self, id: RequestId) -> Growth {
         loop {
-            let placement = self.requests[&id].placement.as_ref().expect("placed");
+            let placement = &self.placed[&id].placement;
             let lease = &placement.lease;
             let needed = self.geometry.pages_for(placement.submitted_consumed + 1);
             let missing = needed.saturating_sub(len32(self.ledger.pages(lease).len()));
@@ -85,13 +85,8 @@ impl<E: Executor> Scheduler<E> {
             if self.reclaim_cache(from_pool - self.ledger.available()) > 0 {
                 continue;
             }
-            let victim = (self.placed.values().rev().copied())
-                .find(|victim| {
-                    self.requests[victim]
-                        .placement
-                        .as_ref()
-                        .is_some_and(Placement::decodes)
-                })
+            let victim = (self.by_admission.values().rev().copied())
+                .find(|victim| self.placed[victim].placement.decodes())
                 .expect("the growing request is an eligible decoder");
             self.preempt(victim);
             if victim == id {
@@ -102,7 +97,7 @@ impl<E: Executor> Scheduler<E> {
 
     /// Moves reserved pages into `id`'s page table until it has `upto`.
     pub(super) fn take_pages(&mut self, id: RequestId, upto: u32) {
-        let placement = self.requests[&id].placement.as_ref().expect("placed");
+        let placement = &self.placed[&id].placement;
         self.ledger.take(&placement.lease, upto);
     }
 
@@ -112,7 +107,7 @@ impl<E: Executor> Scheduler<E> {
     fn preempt(&mut self, id: RequestId) {
         self.end_placement(id, Exit::Preempted);
         self.preemptions += 1;
-        let placement = self.requests[&id].placement.as_ref().expect("placed");
+        let placement = &self.placed[&id].placement;
         // A terminal capture waits for the next submission boundary.
         if placement.refs == 0 && !self.wants_terminal(placement) {
             self.retire_one(id);

@@ -6,12 +6,12 @@ use super::error::ExecutionError;
 use super::executor::{Admit, Decode, Executor, Operation, PrefillChunk};
 use super::growth::Growth;
 use super::ids::{RequestId, Slot};
-use super::request::{len32, Phase, Placement};
+use super::request::{len32, Phase, Placed, Placement};
 use super::rng::readmission_seed;
 
 impl<E: Executor> Scheduler<E> {
     fn placement(&self, id: RequestId) -> &Placement {
-        self.requests[&id].placement.as_ref().expect("placed")
+        &self.placed[&id].placement
     }
 
     /// Whether a live placement still has prompt tokens to submit.
@@ -22,7 +22,7 @@ impl<E: Executor> Scheduler<E> {
     /// The oldest live placement with prompt tokens left: prompts are
     /// prefilled one request at a time, in admission order.
     pub(super) fn prefill_candidate(&self) -> Option<RequestId> {
-        (self.placed.values().copied()).find(|&id| {
+        (self.by_admission.values().copied()).find(|&id| {
             let placement = self.placement(id);
             placement.prefills()
         })
@@ -33,8 +33,7 @@ impl<E: Executor> Scheduler<E> {
     pub(super) fn submit_prefill(&mut self, id: RequestId) -> Result<usize, ExecutionError> {
         let mut submitted = 0;
         if self.placement(id).phase == Phase::Admitting {
-            let request = &self.requests[&id];
-            let placement = self.placement(id);
+            let Placed { request, placement } = &self.placed[&id];
             let admit = Admit {
                 slot: placement.lease.slot(),
                 prompt: request.history(0, placement.history),
@@ -69,7 +68,7 @@ impl<E: Executor> Scheduler<E> {
             .prefill_capacity(len)
             .expect("a chunk is at most the largest prefill capacity");
         let slot = placement.lease.slot();
-        let tokens = self.requests[&id].history(start, end);
+        let tokens = self.placed[&id].request.history(start, end);
         // The admission reservation covers the whole history.
         self.take_pages(id, self.geometry.pages_for(end));
         self.prefilled_tokens += u64::from(len);
@@ -99,13 +98,15 @@ impl<E: Executor> Scheduler<E> {
     /// Submits one decode step over every runnable request (oldest first,
     /// after growing their pages); returns the launches submitted.
     pub(super) fn submit_decode(&mut self) -> Result<usize, ExecutionError> {
-        let candidates: Vec<RequestId> = (self.placed.values().copied())
+        let candidates: Vec<RequestId> = (self.by_admission.values().copied())
             .filter(|&id| self.placement(id).decodes())
             .collect();
         let mut batch = Vec::with_capacity(candidates.len());
         for id in candidates {
-            let still_placed = self.requests[&id].placement.as_ref();
-            if still_placed.is_some_and(Placement::decodes) && self.grow(id) == Growth::Ready {
+            // An earlier candidate's growth may have preempted this one (and
+            // retired it, when nothing in flight referenced it).
+            let decodes = (self.placed.get(&id)).is_some_and(|placed| placed.placement.decodes());
+            if decodes && self.grow(id) == Growth::Ready {
                 batch.push(id);
             }
         }

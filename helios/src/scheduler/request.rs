@@ -98,7 +98,8 @@ pub(super) fn max_pages(geometry: &Geometry, history: u32, budget: u32) -> u32 {
     geometry.pages_for(history + budget.saturating_sub(1))
 }
 
-/// A request the scheduler owns, queued or placed.
+/// A request the scheduler owns: queued on its own, placed with its
+/// [`Placement`] ([`Placed`]).
 #[derive(Debug)]
 pub(super) struct Request {
     pub(super) spec: RequestSpec,
@@ -111,8 +112,13 @@ pub(super) struct Request {
     pub(super) output: Vec<u32>,
     /// Whether `Admitted` was sent.
     pub(super) admitted: bool,
-    /// The slot it occupies, while admitted.
-    pub(super) placement: Option<Placement>,
+}
+
+/// A request holding a slot for one admission.
+#[derive(Debug)]
+pub(super) struct Placed {
+    pub(super) request: Request,
+    pub(super) placement: Placement,
 }
 
 impl Request {

@@ -12,51 +12,45 @@ use super::error::ExecutionError;
 use super::events::{Event, FinishReason};
 use super::executor::Executor;
 use super::ids::RequestId;
-use super::request::{len32, Exit, Phase, Placement};
+use super::request::{len32, Exit, Phase, Placed};
 
 impl<E: Executor> Scheduler<E> {
     /// Cancellations are applied at submission boundaries only, so no
     /// launch is planned for a request cancelled halfway through planning.
     pub(super) fn apply_cancels(&mut self) {
         for id in std::mem::take(&mut self.cancels) {
-            let Some(request) = self.requests.get(&id) else {
+            let output_tokens = if let Some(request) = self.queued.remove(&id) {
+                self.queue.remove(request.arrival);
+                len32(request.output.len())
+            } else if let Some(placed) = (self.placed.get(&id))
+                .filter(|placed| matches!(placed.placement.exit(), None | Some(Exit::Preempted)))
+            {
+                let output_tokens = len32(placed.request.output.len());
+                self.end_placement(id, Exit::Cancelled);
+                output_tokens
+            } else {
+                // Unknown, finished, failed or already cancelled.
                 continue;
             };
-            match &request.placement {
-                None => {
-                    self.queue.remove(request.arrival);
-                    let output_tokens = len32(request.output.len());
-                    self.requests.remove(&id);
-                    self.emit(
-                        id,
-                        Event::Finished {
-                            reason: FinishReason::Cancelled,
-                            output_tokens,
-                        },
-                    );
-                }
-                Some(placement) if matches!(placement.exit(), None | Some(Exit::Preempted)) => {
-                    self.end_placement(id, Exit::Cancelled);
-                    let output_tokens = len32(self.requests[&id].output.len());
-                    self.emit(
-                        id,
-                        Event::Finished {
-                            reason: FinishReason::Cancelled,
-                            output_tokens,
-                        },
-                    );
-                }
-                Some(_) => {}
-            }
+            let reason = FinishReason::Cancelled;
+            self.emit(
+                id,
+                Event::Finished {
+                    reason,
+                    output_tokens,
+                },
+            );
         }
     }
 
     /// Stops launches for a placement and gives back its untaken
     /// reservation; its slot and pages wait for [`Self::retire`].
     pub(super) fn end_placement(&mut self, id: RequestId, exit: Exit) {
-        let placement = (self.requests.get_mut(&id))
-            .and_then(|request| request.placement.as_mut())
-            .expect("ending a placed request");
+        let placement = &mut self
+            .placed
+            .get_mut(&id)
+            .expect("ending a placed request")
+            .placement;
         placement.phase = Phase::Exiting(exit);
         self.ledger.unreserve(&placement.lease);
     }
@@ -67,15 +61,15 @@ impl<E: Executor> Scheduler<E> {
     /// per iteration) and retired once the snapshot completed. Returns the
     /// launches submitted.
     pub(super) fn retire(&mut self) -> Result<usize, ExecutionError> {
-        let ready: Vec<RequestId> = (self.placed.values().copied())
-            .filter(|&id| {
-                let placement = self.requests[&id].placement.as_ref();
-                placement.is_some_and(|p| p.exit().is_some() && p.refs == 0)
+        let ready: Vec<RequestId> = (self.by_admission.values().copied())
+            .filter(|id| {
+                let placement = &self.placed[id].placement;
+                placement.exit().is_some() && placement.refs == 0
             })
             .collect();
         let mut submitted = 0;
         for id in ready {
-            let placement = self.requests[&id].placement.as_ref().expect("placed");
+            let placement = &self.placed[&id].placement;
             if self.wants_terminal(placement) {
                 if submitted > 0 {
                     continue;
@@ -92,31 +86,25 @@ impl<E: Executor> Scheduler<E> {
 
     /// Retires one ended placement with no launch in flight.
     pub(super) fn retire_one(&mut self, id: RequestId) {
-        let request = self
-            .requests
-            .get_mut(&id)
-            .expect("retiring a known request");
-        let mut placement = request.placement.take().expect("retiring a placed request");
+        let Placed {
+            request,
+            mut placement,
+        } = self.placed.remove(&id).expect("retiring a placed request");
         debug_assert_eq!(
             placement.refs, 0,
             "retiring a placement with launches in flight"
         );
-        self.placed.remove(&placement.admission);
+        self.by_admission.remove(&placement.admission);
         self.release_prefix(&mut placement);
         let preempted = placement.exit() == Some(Exit::Preempted);
         self.ledger.release(placement.lease);
-        let request = self
-            .requests
-            .get_mut(&id)
-            .expect("retiring a known request");
         if preempted {
             // Every launch of the placement has completed: its output is final
             // and the readmission derives its seed from this count.
             let generated = len32(request.output.len());
             self.queue.push(request.arrival, id);
+            self.queued.insert(id, request);
             self.emit(id, Event::Preempted { generated });
-        } else {
-            self.requests.remove(&id);
         }
     }
 
@@ -124,19 +112,18 @@ impl<E: Executor> Scheduler<E> {
     /// fails and nothing is reused.
     pub(super) fn fail_everything(&mut self, error: &ExecutionError) {
         self.failure = Some(error.clone());
-        let live: Vec<RequestId> = (self.requests.iter())
-            .filter(|(_, request)| {
-                let exit = request.placement.as_ref().and_then(Placement::exit);
-                matches!(exit, None | Some(Exit::Preempted))
-            })
-            .map(|(&id, _)| id)
-            .collect();
+        let placed_live = (self.placed.iter())
+            .filter(|(_, placed)| matches!(placed.placement.exit(), None | Some(Exit::Preempted)))
+            .map(|(&id, _)| id);
+        let mut live: Vec<RequestId> = self.queued.keys().copied().chain(placed_live).collect();
+        live.sort_unstable();
         for id in live {
             self.emit(id, Event::Failed(error.clone()));
         }
-        self.requests.clear();
+        self.queued.clear();
         self.queue = AdmissionQueue::default();
         self.placed.clear();
+        self.by_admission.clear();
         self.window.clear();
     }
 }
