@@ -250,7 +250,7 @@ impl<E: Executor> Scheduler<E> {
             collected: self.collect_ready()?,
             ..StepReport::default()
         };
-        report.collected += if self.prefill_pending() {
+        report.collected += if self.prefill_plan().is_some() {
             self.drain()?
         } else {
             self.wait_for_room()?
@@ -259,8 +259,8 @@ impl<E: Executor> Scheduler<E> {
         report.submitted += self.retire()?;
         self.admit_queued();
         if self.window.is_empty() {
-            if let Some(id) = self.prefill_candidate() {
-                report.submitted += self.submit_prefill(id)?;
+            if let Some(plan) = self.prefill_plan() {
+                report.submitted += self.submit_prefill(plan)?;
             }
         }
         report.submitted += self.submit_decode()?;

@@ -48,6 +48,7 @@ mod pool;
 mod request;
 mod retire;
 mod rng;
+mod submit;
 pub mod test_executor;
 mod validate;
 mod worker;

@@ -1,134 +1,220 @@
-//! Planning the launches of one iteration: at most one prefill chunk, then
-//! one decode step over every runnable request.
+//! Planning one iteration, as pure functions of the scheduler's state: at
+//! most one request's prefill work (its admit, its prefix restore and the
+//! next chunk of its history), then one decode step over every decoding
+//! placement. Submitting a plan (`submit.rs`) is kept apart, so what an
+//! iteration does is unit-tested here without an executor.
+//!
+//! Rules:
+//! - prompts are prefilled one request at a time, in admission order: the
+//!   oldest live placement with prompt work left is the one planned;
+//! - a chunk ends at the first selected checkpoint endpoint after its start
+//!   (so that endpoint can be snapshotted), at the prompt's end, or after
+//!   the largest prefill capacity, whichever comes first;
+//! - a whole-history prefix hit has no chunk: its resume samples instead;
+//! - decode candidates are the decoding placements with budget left, oldest
+//!   admission first (growth may still stall or preempt some of them).
 
-use super::engine::{Row, Scheduler};
-use super::error::ExecutionError;
-use super::executor::{Admit, Decode, Executor, Operation, PrefillChunk};
-use super::growth::Growth;
-use super::ids::{RequestId, Slot};
-use super::request::{len32, Phase, Placed, Placement};
-use super::rng::readmission_seed;
+use std::collections::BTreeMap;
 
-impl<E: Executor> Scheduler<E> {
-    fn placement(&self, id: RequestId) -> &Placement {
-        &self.placed[&id].placement
-    }
+use super::geometry::Geometry;
+use super::ids::RequestId;
+use super::request::{Phase, Placed};
 
-    /// Whether a live placement still has prompt tokens to submit.
-    pub(super) fn prefill_pending(&self) -> bool {
-        self.prefill_candidate().is_some()
-    }
+/// One request's prefill work for this iteration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct PrefillPlan {
+    /// The request.
+    pub(super) id: RequestId,
+    /// Its admit launch goes first (its first prefill iteration).
+    pub(super) admit: bool,
+    /// Then its prefix restore (and a whole-history hit's resume).
+    pub(super) restore: bool,
+    /// Then this chunk of its history; none for a whole-history hit.
+    pub(super) chunk: Option<ChunkPlan>,
+}
 
-    /// The oldest live placement with prompt tokens left: prompts are
-    /// prefilled one request at a time, in admission order.
-    pub(super) fn prefill_candidate(&self) -> Option<RequestId> {
-        (self.by_admission.values().copied()).find(|&id| {
-            let placement = self.placement(id);
-            placement.prefills()
-        })
-    }
+/// History tokens `start..end` in one prefill launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ChunkPlan {
+    /// The first token.
+    pub(super) start: u32,
+    /// One past the last token.
+    pub(super) end: u32,
+    /// The prefill capacity whose graph runs it.
+    pub(super) capacity: u32,
+    /// Whether it ends the history, so it samples the first output token.
+    pub(super) ends_prompt: bool,
+}
 
-    /// Submits the admit launch (first chunk only) and the next prefill
-    /// chunk of `id`; returns the launches submitted.
-    pub(super) fn submit_prefill(&mut self, id: RequestId) -> Result<usize, ExecutionError> {
-        let mut submitted = 0;
-        if self.placement(id).phase == Phase::Admitting {
-            let Placed { request, placement } = &self.placed[&id];
-            let admit = Admit {
-                slot: placement.lease.slot(),
-                prompt: request.history(0, placement.history),
-                max_new_tokens: placement.budget,
-                sampling: request.spec.sampling,
-                seed: readmission_seed(request.spec.seed, request.output.len() as u64),
-                consumed: placement.submitted_consumed,
-            };
-            let placement = self.placement_mut(id).expect("placed");
-            placement.phase = if placement.prefix.restore.is_some() {
-                Phase::Restoring
-            } else {
-                Phase::Prefilling
-            };
-            self.launch(Operation::Admit(admit), Vec::new(), vec![id], None)?;
-            submitted += 1;
-        }
-        submitted += self.submit_restore(id)?;
-        let placement = self.placement(id);
-        if placement.phase == Phase::Decoding {
-            // A whole-history hit: the resume sampled instead of a chunk.
-            return Ok(submitted);
-        }
+/// The prefill work of this iteration, if any placement has some.
+pub(super) fn plan_prefill(
+    geometry: &Geometry,
+    placed: &BTreeMap<RequestId, Placed>,
+    by_admission: &BTreeMap<u64, RequestId>,
+) -> Option<PrefillPlan> {
+    let (id, placement) = (by_admission.values())
+        .map(|id| (*id, &placed[id].placement))
+        .find(|(_, placement)| placement.prefills())?;
+    let restore = placement.phase == Phase::Restoring
+        || (placement.phase == Phase::Admitting && placement.prefix.restore.is_some());
+    let chunk = (!(restore && placement.prefix.resume)).then(|| {
         let start = placement.submitted_consumed;
         let stop = (placement.prefix.stops.iter().copied())
             .find(|&stop| stop > start)
             .unwrap_or(placement.history);
-        let len = (stop - start).min(self.geometry.prefill_chunk_size());
+        let len = (stop - start).min(geometry.prefill_chunk_size());
         let end = start + len;
-        let ends_prompt = end == placement.history;
-        let capacity = (self.geometry)
-            .prefill_capacity(len)
-            .expect("a chunk is at most the largest prefill capacity");
-        let slot = placement.lease.slot();
-        let tokens = self.placed[&id].request.history(start, end);
-        // The admission reservation covers the whole history.
-        self.take_pages(id, self.geometry.pages_for(end));
-        self.prefilled_tokens += u64::from(len);
-        let placement = self.placement_mut(id).expect("placed");
-        placement.submitted_consumed = end;
-        placement.submitted_samples += u32::from(ends_prompt);
-        if ends_prompt {
-            placement.phase = Phase::Decoding;
+        ChunkPlan {
+            start,
+            end,
+            capacity: (geometry.prefill_capacity(len))
+                .expect("a chunk is at most the largest prefill capacity"),
+            ends_prompt: end == placement.history,
         }
-        let chunk = PrefillChunk {
-            slot,
-            capacity,
-            tokens,
-            ends_prompt,
+    });
+    Some(PrefillPlan {
+        id,
+        admit: placement.phase == Phase::Admitting,
+        restore,
+        chunk,
+    })
+}
+
+/// The decode candidates of this iteration, oldest admission first.
+pub(super) fn plan_decode(
+    placed: &BTreeMap<RequestId, Placed>,
+    by_admission: &BTreeMap<u64, RequestId>,
+) -> Vec<RequestId> {
+    (by_admission.values().copied())
+        .filter(|id| placed[id].placement.decodes())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::checkpoints::PlacementPrefix;
+    use super::super::executor::SamplingParams;
+    use super::super::ledger::PageLedger;
+    use super::super::request::{Confirmed, Exit, Placement, Request, RequestSpec};
+    use super::*;
+    use crate::core::proto::PreparedContract;
+
+    fn geometry() -> Geometry {
+        // 64-token pages, prefill chunks of at most 256 tokens.
+        let contract = PreparedContract {
+            page_size: 64,
+            max_concurrency: 8,
+            context_limit: 1024,
+            prefill_chunk_size: 256,
+            decode_capacities: vec![1, 2, 4, 8],
+            prefill_capacities: vec![128, 256],
+            kv_pages: 200,
+            vocab_size: 10,
+            ..PreparedContract::default()
         };
-        let row = Row::Chunk {
-            id,
-            len,
-            ends_prompt,
-        };
-        self.launch(Operation::PrefillChunk(chunk), vec![row], vec![id], None)?;
-        submitted += 1;
-        submitted += self.capture_at_stop(id, end)?;
-        Ok(submitted)
+        Geometry::from_contract(&contract, &[2]).unwrap()
     }
 
-    /// Submits one decode step over every runnable request (oldest first,
-    /// after growing their pages); returns the launches submitted.
-    pub(super) fn submit_decode(&mut self) -> Result<usize, ExecutionError> {
-        let candidates: Vec<RequestId> = (self.by_admission.values().copied())
-            .filter(|&id| self.placement(id).decodes())
-            .collect();
-        let mut batch = Vec::with_capacity(candidates.len());
-        for id in candidates {
-            // An earlier candidate's growth may have preempted this one (and
-            // retired it, when nothing in flight referenced it).
-            let decodes = (self.placed.get(&id)).is_some_and(|placed| placed.placement.decodes());
-            if decodes && self.grow(id) == Growth::Ready {
-                batch.push(id);
-            }
+    /// Placements of `histories`, admitted in that order, all `Admitting`.
+    fn placed(histories: &[u32]) -> (BTreeMap<RequestId, Placed>, BTreeMap<u64, RequestId>) {
+        let mut ledger = PageLedger::new(8, 200);
+        let mut placed = BTreeMap::new();
+        let mut by_admission = BTreeMap::new();
+        for (index, &history) in histories.iter().enumerate() {
+            let id = RequestId(index as u64 + 10);
+            let request = Request {
+                spec: RequestSpec {
+                    prompt: vec![1; history as usize],
+                    max_new_tokens: 8,
+                    sampling: SamplingParams::default(),
+                    seed: 0,
+                    message_endpoints: Vec::new(),
+                },
+                chain: None,
+                arrival: index as u64,
+                output: Vec::new(),
+                admitted: true,
+            };
+            let placement = Placement {
+                lease: ledger.lease(0),
+                admission: index as u64,
+                history,
+                budget: 8,
+                phase: Phase::Admitting,
+                submitted_consumed: 0,
+                submitted_samples: 0,
+                confirmed: Confirmed::default(),
+                refs: 0,
+                prefix: PlacementPrefix::default(),
+            };
+            placed.insert(id, Placed { request, placement });
+            by_admission.insert(index as u64, id);
         }
-        if batch.is_empty() {
-            return Ok(0);
+        (placed, by_admission)
+    }
+
+    #[test]
+    fn the_oldest_prefilling_placement_gets_its_admit_and_first_chunk() {
+        let (placed, order) = placed(&[600, 100]);
+        let plan = plan_prefill(&geometry(), &placed, &order).unwrap();
+        assert_eq!(plan.id, RequestId(10));
+        assert!(plan.admit && !plan.restore);
+        let chunk = plan.chunk.unwrap();
+        assert_eq!((chunk.start, chunk.end, chunk.ends_prompt), (0, 256, false));
+        assert_eq!(chunk.capacity, 256);
+        assert!(plan_decode(&placed, &order).is_empty());
+    }
+
+    #[test]
+    fn a_chunk_stops_at_the_next_endpoint_and_at_the_prompt_end() {
+        let (mut placed, order) = placed(&[300]);
+        let placement = &mut placed.get_mut(&RequestId(10)).unwrap().placement;
+        placement.phase = Phase::Prefilling;
+        placement.submitted_consumed = 64;
+        placement.prefix.stops = [64, 130].into();
+        let chunk = plan_prefill(&geometry(), &placed, &order)
+            .unwrap()
+            .chunk
+            .unwrap();
+        assert_eq!((chunk.start, chunk.end, chunk.capacity), (64, 130, 128));
+        let placement = &mut placed.get_mut(&RequestId(10)).unwrap().placement;
+        placement.submitted_consumed = 130;
+        let plan = plan_prefill(&geometry(), &placed, &order).unwrap();
+        assert!(!plan.admit);
+        let chunk = plan.chunk.unwrap();
+        assert_eq!((chunk.end, chunk.ends_prompt), (300, true));
+    }
+
+    #[test]
+    fn a_whole_history_hit_restores_and_resumes_without_a_chunk() {
+        let (mut placed, order) = placed(&[128]);
+        let placement = &mut placed.get_mut(&RequestId(10)).unwrap().placement;
+        placement.phase = Phase::Restoring;
+        placement.submitted_consumed = 128;
+        placement.prefix.resume = true;
+        let plan = plan_prefill(&geometry(), &placed, &order).unwrap();
+        assert_eq!((plan.admit, plan.restore, plan.chunk), (false, true, None));
+    }
+
+    #[test]
+    fn decoders_with_budget_are_planned_oldest_first_and_ended_ones_never() {
+        let (mut placed, order) = placed(&[10, 20, 30, 40]);
+        let phases = [
+            (10, Phase::Decoding, 3),
+            (11, Phase::Exiting(Exit::Cancelled), 1),
+            (12, Phase::Decoding, 8),
+            (13, Phase::Decoding, 1),
+        ];
+        for (id, phase, samples) in phases {
+            let placement = &mut placed.get_mut(&RequestId(id)).unwrap().placement;
+            placement.phase = phase;
+            placement.submitted_samples = samples;
         }
-        let capacity = (self.geometry)
-            .decode_capacity(len32(batch.len()))
-            .expect("decoders hold distinct slots, at most max_concurrency");
-        let mut slots = Vec::with_capacity(capacity as usize);
-        let mut rows = Vec::with_capacity(capacity as usize);
-        for &id in &batch {
-            let placement = self.placement_mut(id).expect("placed");
-            placement.submitted_consumed += 1;
-            placement.submitted_samples += 1;
-            slots.push(placement.lease.slot());
-            rows.push(Row::Decode { id });
-        }
-        slots.resize(capacity as usize, Slot::NULL);
-        rows.resize(capacity as usize, Row::Padding);
-        let decode = Decode { capacity, slots };
-        self.launch(Operation::Decode(decode), rows, batch, None)?;
-        Ok(1)
+        // 12 has drawn its whole budget; 11 ended.
+        assert_eq!(
+            plan_decode(&placed, &order),
+            vec![RequestId(10), RequestId(13)]
+        );
+        assert_eq!(plan_prefill(&geometry(), &placed, &order), None);
     }
 }

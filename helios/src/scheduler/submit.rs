@@ -1,0 +1,125 @@
+//! Submitting one iteration's plan: the prefill plan's admit, restore and
+//! chunk, then one decode step over the planned candidates whose pages could
+//! grow (`growth.rs`). What to submit is decided in `plan.rs`.
+
+use super::engine::{Row, Scheduler};
+use super::error::ExecutionError;
+use super::executor::{Admit, Decode, Executor, Operation, PrefillChunk};
+use super::growth::Growth;
+use super::ids::{RequestId, Slot};
+use super::plan::{plan_decode, plan_prefill, ChunkPlan, PrefillPlan};
+use super::request::{len32, Phase, Placed, Placement};
+use super::rng::readmission_seed;
+
+impl<E: Executor> Scheduler<E> {
+    fn placement(&self, id: RequestId) -> &Placement {
+        &self.placed[&id].placement
+    }
+
+    /// This iteration's prefill, planned from the current state.
+    pub(super) fn prefill_plan(&self) -> Option<PrefillPlan> {
+        plan_prefill(&self.geometry, &self.placed, &self.by_admission)
+    }
+
+    /// Submits a prefill plan: the admit launch, the restore (and resume),
+    /// then the chunk; returns the launches submitted.
+    pub(super) fn submit_prefill(&mut self, plan: PrefillPlan) -> Result<usize, ExecutionError> {
+        let id = plan.id;
+        let mut submitted = 0;
+        if plan.admit {
+            let Placed { request, placement } = &self.placed[&id];
+            let admit = Admit {
+                slot: placement.lease.slot(),
+                prompt: request.history(0, placement.history),
+                max_new_tokens: placement.budget,
+                sampling: request.spec.sampling,
+                seed: readmission_seed(request.spec.seed, request.output.len() as u64),
+                consumed: placement.submitted_consumed,
+            };
+            let placement = self.placement_mut(id).expect("placed");
+            placement.phase = if placement.prefix.restore.is_some() {
+                Phase::Restoring
+            } else {
+                Phase::Prefilling
+            };
+            self.launch(Operation::Admit(admit), Vec::new(), vec![id], None)?;
+            submitted += 1;
+        }
+        if plan.restore {
+            submitted += self.submit_restore(id)?;
+        }
+        let Some(ChunkPlan {
+            start,
+            end,
+            capacity,
+            ends_prompt,
+        }) = plan.chunk
+        else {
+            // A whole-history hit: the resume sampled instead of a chunk.
+            return Ok(submitted);
+        };
+        let len = end - start;
+        let placement = self.placement(id);
+        let slot = placement.lease.slot();
+        let tokens = self.placed[&id].request.history(start, end);
+        // The admission reservation covers the whole history.
+        self.take_pages(id, self.geometry.pages_for(end));
+        self.prefilled_tokens += u64::from(len);
+        let placement = self.placement_mut(id).expect("placed");
+        placement.submitted_consumed = end;
+        placement.submitted_samples += u32::from(ends_prompt);
+        if ends_prompt {
+            placement.phase = Phase::Decoding;
+        }
+        let chunk = PrefillChunk {
+            slot,
+            capacity,
+            tokens,
+            ends_prompt,
+        };
+        let row = Row::Chunk {
+            id,
+            len,
+            ends_prompt,
+        };
+        self.launch(Operation::PrefillChunk(chunk), vec![row], vec![id], None)?;
+        submitted += 1;
+        submitted += self.capture_at_stop(id, end)?;
+        Ok(submitted)
+    }
+
+    /// Submits one decode step over the planned candidates (oldest first,
+    /// after growing their pages); returns the launches submitted.
+    pub(super) fn submit_decode(&mut self) -> Result<usize, ExecutionError> {
+        let candidates = plan_decode(&self.placed, &self.by_admission);
+        let mut batch = Vec::with_capacity(candidates.len());
+        for id in candidates {
+            // An earlier candidate's growth may have preempted this one (and
+            // retired it, when nothing in flight referenced it).
+            let decodes = (self.placed.get(&id)).is_some_and(|placed| placed.placement.decodes());
+            if decodes && self.grow(id) == Growth::Ready {
+                batch.push(id);
+            }
+        }
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        let capacity = (self.geometry)
+            .decode_capacity(len32(batch.len()))
+            .expect("decoders hold distinct slots, at most max_concurrency");
+        let mut slots = Vec::with_capacity(capacity as usize);
+        let mut rows = Vec::with_capacity(capacity as usize);
+        for &id in &batch {
+            let placement = self.placement_mut(id).expect("placed");
+            placement.submitted_consumed += 1;
+            placement.submitted_samples += 1;
+            slots.push(placement.lease.slot());
+            rows.push(Row::Decode { id });
+        }
+        slots.resize(capacity as usize, Slot::NULL);
+        rows.resize(capacity as usize, Row::Padding);
+        let decode = Decode { capacity, slots };
+        self.launch(Operation::Decode(decode), rows, batch, None)?;
+        Ok(1)
+    }
+}
