@@ -25,6 +25,7 @@ from fake_server import build_fake_server
 
 MODEL = "tiny"
 KEY = "sk-flare-test"
+TINY_CORE = Path(__file__).resolve().parents[1] / "helios/tests/fixtures/tiny-core/manifest.pb"
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +151,84 @@ def test_anthropic_messages_streamed_and_not(server: Server) -> None:
     # Unseeded requests differ; the stream must agree with its own final message.
     assert streamed == "".join(block.text for block in final.content if block.type == "text")
     assert final.stop_reason in ("end_turn", "max_tokens", "stop_sequence")
+
+
+def _transformers_prompt(messages: list[dict[str, str]], **options: bool) -> list[int]:
+    """The prompt Transformers renders for the fake server's core (the tiny core
+    fixture's tokenizer, template and named special tokens)."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from ignition.export import flare_core_pb2 as pb
+
+    core = pb.Core()
+    core.ParseFromString(TINY_CORE.read_bytes())
+    frontend = core.frontend
+    special = {token.name: token.content for token in frontend.named_special_tokens}
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(frontend.tokenizer_json), **special
+    )
+    return list(
+        tokenizer.apply_chat_template(
+            messages,
+            chat_template=frontend.chat_template,
+            tokenize=True,
+            return_dict=False,
+            **options,
+        )
+    )
+
+
+def test_a_final_assistant_message_is_continued_as_transformers_renders_it(
+    server: Server,
+) -> None:
+    messages = [
+        {"role": "user", "content": "hello there"},
+        {"role": "assistant", "content": "w3 w4"},
+    ]
+    continued = _transformers_prompt(messages, continue_final_message=True)
+    fresh = _transformers_prompt(messages, add_generation_prompt=True)
+    assert len(continued) < len(fresh)
+    answer = _openai(server).chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=2,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False},
+    )
+    assert answer.usage is not None and answer.usage.prompt_tokens == len(continued)
+    message = _anthropic(server).messages.create(model=MODEL, max_tokens=2, messages=messages)
+    prompt = message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0)
+    assert prompt == len(continued)
+    # Without the flag, OpenAI's route opens a new assistant turn, as Transformers does.
+    plain = _openai(server).chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+    assert plain.usage is not None and plain.usage.prompt_tokens == len(fresh)
+
+
+def test_unknown_models_roles_and_content_parts_are_refused_by_the_sdks(
+    server: Server,
+) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        _openai(server).chat.completions.create(model="gpt-4o", messages=MESSAGES)
+    assert isinstance(caught.value.body, dict) and caught.value.body["code"] == "model_not_found"
+    with pytest.raises(anthropic.NotFoundError):
+        _anthropic(server).messages.create(model="claude-x", max_tokens=2, messages=MESSAGES)
+    with pytest.raises(openai.BadRequestError) as caught:
+        _openai(server).chat.completions.create(
+            model=MODEL, messages=[{"role": "wizard", "content": "hi"}]
+        )
+    assert isinstance(caught.value.body, dict)
+    assert caught.value.body["param"] == "messages[0].role"
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    with pytest.raises(openai.BadRequestError) as caught:
+        _openai(server).chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}, image]}],
+        )
+    assert isinstance(caught.value.body, dict)
+    assert caught.value.body["code"] == "unsupported_content"
+    assert caught.value.body["param"] == "messages[0].content[1]"
+    models = _openai(server).models.list()
+    assert models.data[0].model_dump()["max_model_len"] == 1024
 
 
 def test_bad_requests_are_400_with_the_envelope(server: Server) -> None:
