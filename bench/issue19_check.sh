@@ -21,21 +21,8 @@ out=$(cd "$out" && pwd)
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 model=$(basename "$core")
-"$flare" run "$core" --port 0 > "$out/flare.log" 2>&1 &
-pid=$!
-url=""
-for _ in $(seq 600); do
-  url=$(grep -o 'serving on http://[^ ]*' "$out/flare.log" | head -1 | cut -d' ' -f3)
-  [ -n "$url" ] && break
-  kill -0 $pid 2> /dev/null || break
-  sleep 0.1
-done
-if [ -z "$url" ]; then
-  echo "flare run did not start"
-  cat "$out/flare.log"
-  kill $pid 2> /dev/null
-  exit 1
-fi
+. bench/flare_run.sh
+flare_run "$flare" "$core" "$out/flare.log" || exit 1
 status=0
 python3 bench/first_delta.py --url "$url" --model "$model" --out "$out/first-delta.json" \
   2>&1 | tee "$out/first-delta.log" || status=1

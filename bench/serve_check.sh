@@ -24,6 +24,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+. bench/flare_run.sh
 prompts=bench/prompts/agent50.jsonl
 sampling=(--temperature 0.7 --top-k 40 --top-p 0.9 --min-p 0 --seed 1000 --max-new-tokens 64)
 python3 -m ignition.cli replay "$model" --prompts "$prompts" "${sampling[@]}" \
@@ -35,18 +36,7 @@ python3 -m ignition.cli prepare "$model" --out "$core" "$@" > "$out/export.log" 
 serve() {
   local name=$1
   shift
-  "$flare" run "$core" --port 0 "$@" > "$out/$name.log" 2>&1 &
-  pid=$!
-  url=""
-  for _ in $(seq 600); do
-    url=$(grep -o 'serving on http://[^ ]*' "$out/$name.log" | head -1 | cut -d' ' -f3)
-    [ -n "$url" ] && break
-    kill -0 $pid 2>/dev/null || break
-    sleep 0.1
-  done
-  if [ -z "$url" ]; then
-    echo "flare run did not start"; cat "$out/$name.log"; kill $pid 2>/dev/null; return 1
-  fi
+  flare_run "$flare" "$core" "$out/$name.log" "$@"
 }
 
 # stop NAME: SIGTERM, and flare must drain and exit 0.

@@ -17,12 +17,11 @@
 
 use std::collections::BTreeMap;
 
-use super::checkpoints::PlacementPrefix;
 use super::engine::Scheduler;
 use super::events::{Event, FinishReason};
 use super::executor::Executor;
 use super::ids::RequestId;
-use super::request::{admission_pages, len32, Confirmed, Phase, Placed, Placement};
+use super::request::{admission_pages, len32, Placed, Placement};
 use crate::prefix::{Hit, Pin};
 
 /// Requests waiting for admission, by arrival.
@@ -147,18 +146,7 @@ impl<E: Executor> Scheduler<E> {
         let admission = self.next_admission;
         self.next_admission += 1;
         let mut request = self.queued.remove(&id).expect("admitting a queued request");
-        let placement = Placement {
-            lease,
-            admission,
-            history,
-            budget,
-            phase: Phase::Admitting,
-            submitted_consumed: 0,
-            submitted_samples: 0,
-            confirmed: Confirmed::default(),
-            refs: 0,
-            prefix: PlacementPrefix::default(),
-        };
+        let placement = Placement::new(lease, admission, history, budget);
         let first = !std::mem::replace(&mut request.admitted, true);
         self.placed.insert(id, Placed { request, placement });
         self.by_admission.insert(admission, id);

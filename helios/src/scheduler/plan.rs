@@ -92,10 +92,9 @@ pub(super) fn plan_decode(
 
 #[cfg(test)]
 mod tests {
-    use super::super::checkpoints::PlacementPrefix;
     use super::super::executor::SamplingParams;
     use super::super::ledger::PageLedger;
-    use super::super::request::{Confirmed, Exit, Placement, Request, RequestSpec};
+    use super::super::request::{Exit, Placement, Request, RequestSpec};
     use super::*;
     use crate::core::proto::PreparedContract;
 
@@ -135,18 +134,7 @@ mod tests {
                 output: Vec::new(),
                 admitted: true,
             };
-            let placement = Placement {
-                lease: ledger.lease(0),
-                admission: index as u64,
-                history,
-                budget: 8,
-                phase: Phase::Admitting,
-                submitted_consumed: 0,
-                submitted_samples: 0,
-                confirmed: Confirmed::default(),
-                refs: 0,
-                prefix: PlacementPrefix::default(),
-            };
+            let placement = Placement::new(ledger.lease(0), index as u64, history, 8);
             placed.insert(id, Placed { request, placement });
             by_admission.insert(index as u64, id);
         }

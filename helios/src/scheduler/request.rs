@@ -238,6 +238,22 @@ pub(super) enum Phase {
 }
 
 impl Placement {
+    /// A fresh placement on `lease`: nothing submitted yet.
+    pub(super) fn new(lease: SlotLease, admission: u64, history: u32, budget: u32) -> Self {
+        Self {
+            lease,
+            admission,
+            history,
+            budget,
+            phase: Phase::Admitting,
+            submitted_consumed: 0,
+            submitted_samples: 0,
+            confirmed: Confirmed::default(),
+            refs: 0,
+            prefix: PlacementPrefix::default(),
+        }
+    }
+
     /// Why it stopped taking launches, once it did.
     pub(super) fn exit(&self) -> Option<Exit> {
         match self.phase {
