@@ -25,7 +25,8 @@
 //!   finished or preempted requests capture their terminal prefix
 //!   (`checkpoints.rs`).
 //!
-//! [`test_executor`] is a deterministic CPU executor for tests.
+//! `test_executor` is a deterministic CPU executor for tests, compiled only
+//! with the `test-support` feature (and in Helios's own unit tests).
 
 mod admission;
 mod checkpoints;
@@ -43,6 +44,7 @@ mod pool;
 mod request;
 mod retire;
 mod rng;
+#[cfg(any(test, feature = "test-support"))]
 pub mod test_executor;
 mod validate;
 mod worker;
