@@ -9,7 +9,8 @@
 //! address the runtime core can reproduce without Python.
 //!
 //! - [`window`]: the allocator's bookkeeping (pure Rust, unit-tested).
-//! - [`cuda_backing`]: its physical side, the CUDA driver loaded at run time.
+//! - [`cuda_backing`]: its physical side, over Helios's CUDA layer (the
+//!   driver loaded at run time).
 //! - [`allocator`]: the process-global window and the C entry points
 //!   `flare_window_alloc` / `flare_window_free` for PyTorch.
 //! - `replay_check`: in-process replay of an exported core through Helios.
