@@ -2,9 +2,10 @@
 //!
 //! The driver calls are Helios's: [`PrimaryContext`] loads the driver at run
 //! time (so this builds and imports on machines without CUDA;
-//! [`CudaBacking::new`] then fails with [`CudaError::DriverUnavailable`]),
-//! [`Reservation`] is the virtual memory sequence and [`CudaError`] names
-//! every failed driver call. This file only decides when they run.
+//! [`CudaBacking::new`] then fails with
+//! [`helios::cuda::CudaError::DriverUnavailable`]), [`Reservation`] is the
+//! virtual memory sequence and [`helios::cuda::CudaError`] names every failed
+//! driver call. This file only decides when they run.
 //!
 //! Contexts: the backing retains the device's *primary* context (the one the
 //! CUDA runtime, and so PyTorch, uses) and makes it current only on threads
@@ -16,8 +17,6 @@
 //! [`Backing::release`] synchronizes the context, unmaps every span, frees
 //! the reservation and releases the primary context.
 
-#[cfg(doc)]
-use helios::cuda::CudaError;
 use helios::cuda::{PrimaryContext, Reservation};
 
 use crate::window::{Backing, WindowError};
