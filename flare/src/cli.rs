@@ -8,9 +8,9 @@ use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 
 use clap::{ArgGroup, Parser, Subcommand};
-use helios::core::proto::{FloatRange, GraphKind};
+use helios::core::proto::FloatRange;
 use helios::core::CoreSummary;
-use helios::replay::{KvBacking, LoadOptions, LoadedCore, ReplayError, ReplayReport};
+use helios::replay::{check_core, isolate_core, CheckOptions, KvBacking, LoadOptions};
 use helios::HeliosError;
 
 /// Flare: serve a runtime core prepared by Ignition, without Python.
@@ -190,11 +190,15 @@ pub fn execute(command: Command) -> Result<Outcome, HeliosError> {
             device,
             ..
         } => {
-            let load = LoadOptions {
-                device,
-                kv: kv_backing(gpu_reserve),
+            let options = CheckOptions {
+                load: LoadOptions {
+                    device,
+                    kv: kv_backing(gpu_reserve),
+                },
+                qualification: check,
+                bench_decode: bench_decode.map(|c| (c, steps)),
             };
-            run_replay(&core, check, bench_decode.map(|c| (c, steps)), json, &load)
+            run_replay(&core, &options, json)
         }
         Command::Run {
             core,
@@ -242,12 +246,7 @@ fn kv_backing(gpu_reserve_mib: Option<u64>) -> KvBacking {
 /// `flare replay --isolate`: load (every prepared KV page, which the
 /// qualification covers), then the qualification node by node.
 fn run_isolation(path: &Path, json: Option<PathBuf>, device: i32) -> Result<Outcome, HeliosError> {
-    let load = LoadOptions {
-        device,
-        kv: KvBacking::Prepared,
-    };
-    let mut loaded = LoadedCore::load(path, &load)?;
-    let report = loaded.isolate()?;
+    let report = isolate_core(path, device)?;
     let text = report.to_json().map_err(std::io::Error::other);
     let text = text.map_err(|source| HeliosError::WriteReport {
         path: json.clone().unwrap_or_default(),
@@ -278,42 +277,15 @@ fn run_isolation(path: &Path, json: Option<PathBuf>, device: i32) -> Result<Outc
     })
 }
 
-/// `flare replay`: load, then the qualification check (always with
-/// `--check`; before the bench when the core has one and every prepared KV
-/// page is backed, since its digests cover them all), then the bench.
+/// `flare replay`: [`check_core`] (load, then the qualification check,
+/// always with `--check` and before the bench when the core has one and
+/// every prepared KV page is backed, then the bench), printed.
 fn run_replay(
     path: &Path,
-    check: bool,
-    bench: Option<(u32, NonZeroU32)>,
+    options: &CheckOptions,
     json: Option<PathBuf>,
-    load: &LoadOptions,
 ) -> Result<Outcome, HeliosError> {
-    let mut loaded = LoadedCore::load(path, load)?;
-    if let Some((capacity, _)) = bench {
-        if loaded.core().graph(GraphKind::Decode, capacity).is_none() {
-            return Err(ReplayError::NoDecodeGraph {
-                capacity,
-                available: loaded.core().contract().decode_capacities.clone(),
-            }
-            .into());
-        }
-    }
-    let every_page = loaded.kv_pages() == loaded.core().contract().kv_pages;
-    let qualification = if check || (every_page && loaded.core().qualification().is_some()) {
-        Some(loaded.check()?)
-    } else {
-        None
-    };
-    let decode_bench = match bench {
-        Some((capacity, steps)) => Some(loaded.bench_decode(capacity, steps)?),
-        None => None,
-    };
-    let report = ReplayReport {
-        core: path.display().to_string(),
-        load: loaded.report().clone(),
-        qualification,
-        decode_bench,
-    };
+    let report = check_core(path, options)?;
     // As for inspect, a closed stdout is no failure of the replay.
     let _ = write!(std::io::stdout().lock(), "{}", replay::Text(&report));
     if let Some(path) = json {
@@ -323,11 +295,10 @@ fn run_replay(
             .and_then(|text| std::fs::write(&path, text + "\n"));
         written.map_err(|source| HeliosError::WriteReport { path, source })?;
     }
-    let mismatch = (report.qualification.as_ref()).is_some_and(|q| !q.passed());
-    Ok(if mismatch {
-        Outcome::Mismatch
-    } else {
+    Ok(if report.passed() {
         Outcome::Success
+    } else {
+        Outcome::Mismatch
     })
 }
 
@@ -726,7 +697,9 @@ mod tests {
         let err = execute(cli.command).unwrap_err();
         assert!(matches!(
             err,
-            HeliosError::Replay(ReplayError::Core(helios::core::CoreError::Io { .. }))
+            HeliosError::Replay(helios::replay::ReplayError::Core(
+                helios::core::CoreError::Io { .. }
+            ))
         ));
     }
 

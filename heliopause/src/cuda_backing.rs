@@ -1,70 +1,33 @@
-//! [`Backing`] over the CUDA driver's virtual memory API.
+//! [`Backing`] over Helios's CUDA layer.
 //!
-//! The driver (`libcuda.so`) is loaded at run time through cudarc's
-//! `dynamic-loading` raw bindings, so this builds and imports on machines
-//! without CUDA; [`CudaBacking::new`] then fails with
-//! [`WindowError::DriverUnavailable`]. Every `CUresult` is checked and turned
-//! into [`WindowError::Backing`] with the driver's error name.
+//! The driver calls are Helios's: [`PrimaryContext`] loads the driver at run
+//! time (so this builds and imports on machines without CUDA;
+//! [`CudaBacking::new`] then fails with
+//! [`helios::cuda::CudaError::DriverUnavailable`]), [`Reservation`] is the
+//! virtual memory sequence and [`helios::cuda::CudaError`] names every failed
+//! driver call. This file only decides when they run.
 //!
 //! Contexts: the backing retains the device's *primary* context (the one the
 //! CUDA runtime, and so PyTorch, uses) and makes it current only on threads
 //! that have no current context; it never creates a context of its own.
 //!
-//! Memory: each [`Backing::map`] creates one pinned device allocation of
-//! exactly the requested size (a whole number of granules), maps it at the
-//! requested address, drops the allocation handle (the mapping keeps the memory
-//! alive) and grants the device read/write access. [`Backing::release`]
-//! synchronizes the context, unmaps every span, frees the reservation and
-//! releases the primary context.
+//! Memory: each [`Backing::map`] maps one pinned device allocation of
+//! exactly the requested size (a whole number of granules) at the requested
+//! address with device read/write access, not zeroed.
+//! [`Backing::release`] synchronizes the context, unmaps every span, frees
+//! the reservation and releases the primary context.
 
-use std::ffi::CStr;
-use std::ptr;
-
-use cudarc::driver::sys;
+use helios::cuda::{PrimaryContext, Reservation};
 
 use crate::window::{Backing, WindowError};
 
 /// CUDA physical memory behind a [`crate::window::Window`], on one device.
 #[derive(Debug)]
 pub struct CudaBacking {
-    ordinal: i32,
-    device: sys::CUdevice,
-    /// The retained primary context; null once released.
-    ctx: sys::CUcontext,
+    /// Declared before the context: released first.
+    reservation: Option<Reservation>,
+    context: PrimaryContext,
     granularity: u64,
-    reservation: Option<(u64, u64)>,
-    mapped: Vec<(u64, u64)>,
-}
-
-// SAFETY: a CUcontext handle is a process-wide driver object usable from any
-// thread (that is what cuCtxSetCurrent is for); the backing is only ever used
-// behind a mutex, never concurrently.
-unsafe impl Send for CudaBacking {}
-
-fn error_name(r: sys::CUresult) -> String {
-    let mut name: *const std::ffi::c_char = ptr::null();
-    // SAFETY: cuGetErrorName writes a pointer to a static NUL-terminated string.
-    let ok = unsafe { sys::cuGetErrorName(r, &mut name) };
-    if ok == sys::CUresult::CUDA_SUCCESS && !name.is_null() {
-        // SAFETY: non-null, NUL-terminated, static lifetime (driver-owned).
-        unsafe { CStr::from_ptr(name) }
-            .to_string_lossy()
-            .into_owned()
-    } else {
-        format!("{r:?}")
-    }
-}
-
-fn check(op: &'static str, r: sys::CUresult) -> Result<(), WindowError> {
-    if r == sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(WindowError::Backing {
-            op,
-            code: r as u32,
-            name: error_name(r),
-        })
-    }
 }
 
 impl CudaBacking {
@@ -72,86 +35,20 @@ impl CudaBacking {
     /// context (making it current on this thread if none is) and queries the
     /// allocation granularity.
     pub fn new(ordinal: i32) -> Result<Self, WindowError> {
-        // SAFETY: only tries to dlopen the driver library candidates.
-        if !unsafe { sys::is_culib_present() } {
-            return Err(WindowError::DriverUnavailable(
-                "libcuda.so / libcuda.so.1 could not be loaded (no NVIDIA driver on this machine?)"
-                    .into(),
-            ));
-        }
-        // SAFETY (all driver calls below): plain driver entry points given valid
-        // out-pointers to locals.
-        check("cuInit", unsafe { sys::cuInit(0) })?;
-        let mut device: sys::CUdevice = 0;
-        check("cuDeviceGet", unsafe {
-            sys::cuDeviceGet(&mut device, ordinal)
-        })?;
-        let mut ctx: sys::CUcontext = ptr::null_mut();
-        check("cuDevicePrimaryCtxRetain", unsafe {
-            sys::cuDevicePrimaryCtxRetain(&mut ctx, device)
-        })?;
-        // From here on, Drop releases the retained context on failure.
-        let mut backing = CudaBacking {
-            ordinal,
-            device,
-            ctx,
-            granularity: 0,
+        // On failure below, dropping the context releases it.
+        let context = PrimaryContext::retain(ordinal)?;
+        context.make_current_if_none()?;
+        let granularity = context.granularity()?;
+        Ok(Self {
             reservation: None,
-            mapped: Vec::new(),
-        };
-        backing.ensure_current()?;
-        let prop = backing.prop();
-        let mut granularity: usize = 0;
-        check("cuMemGetAllocationGranularity", unsafe {
-            sys::cuMemGetAllocationGranularity(
-                &mut granularity,
-                &prop,
-                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
-            )
-        })?;
-        backing.granularity = granularity as u64;
-        Ok(backing)
+            context,
+            granularity,
+        })
     }
 
     /// The device ordinal this backing allocates on.
     pub fn ordinal(&self) -> i32 {
-        self.ordinal
-    }
-
-    /// Makes the primary context current on the calling thread if the thread
-    /// has no current context (PyTorch may call the allocator from any thread;
-    /// the one it uses normally already has the primary context current).
-    fn ensure_current(&self) -> Result<(), WindowError> {
-        let mut current: sys::CUcontext = ptr::null_mut();
-        check("cuCtxGetCurrent", unsafe {
-            sys::cuCtxGetCurrent(&mut current)
-        })?;
-        if current.is_null() {
-            check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.ctx) })?;
-        }
-        Ok(())
-    }
-
-    fn location(&self) -> sys::CUmemLocation {
-        sys::CUmemLocation {
-            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-            id: self.ordinal,
-        }
-    }
-
-    fn prop(&self) -> sys::CUmemAllocationProp {
-        sys::CUmemAllocationProp {
-            type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-            requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
-            location: self.location(),
-            win32HandleMetaData: ptr::null_mut(),
-            allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
-                compressionType: 0,
-                gpuDirectRDMACapable: 0,
-                usage: 0,
-                reserved: [0; 4],
-            },
-        }
+        self.context.ordinal()
     }
 }
 
@@ -161,73 +58,35 @@ impl Backing for CudaBacking {
     }
 
     fn reserve(&mut self, hint: u64, size: u64) -> Result<u64, WindowError> {
-        if let Some((base, _)) = self.reservation {
-            return Err(WindowError::AlreadyOpen { base });
+        if let Some(reservation) = &self.reservation {
+            return Err(WindowError::AlreadyOpen {
+                base: reservation.base(),
+            });
         }
-        self.ensure_current()?;
-        let mut got: sys::CUdeviceptr = 0;
-        check("cuMemAddressReserve", unsafe {
-            sys::cuMemAddressReserve(&mut got, size as usize, 0, hint, 0)
-        })?;
+        self.context.make_current_if_none()?;
+        let reservation = Reservation::reserve(&self.context, hint, size)?;
+        let base = reservation.base();
         // Kept even when it is not at the hint, so release() frees it.
-        self.reservation = Some((got, size));
-        Ok(got)
+        self.reservation = Some(reservation);
+        Ok(base)
     }
 
     fn map(&mut self, addr: u64, size: u64) -> Result<(), WindowError> {
-        self.ensure_current()?;
-        let len = size as usize;
-        let prop = self.prop();
-        let mut handle: sys::CUmemGenericAllocationHandle = 0;
-        check("cuMemCreate", unsafe {
-            sys::cuMemCreate(&mut handle, len, &prop, 0)
-        })?;
-        let mapped = unsafe { sys::cuMemMap(addr, len, 0, handle, 0) };
-        // The mapping holds its own reference; drop ours either way.
-        let released = unsafe { sys::cuMemRelease(handle) };
-        check("cuMemMap", mapped)?;
-        let access = sys::CUmemAccessDesc {
-            location: self.location(),
-            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        let result = check("cuMemRelease", released).and_then(|()| {
-            check("cuMemSetAccess", unsafe {
-                sys::cuMemSetAccess(addr, len, &access, 1)
-            })
-        });
-        if result.is_err() {
-            // Best effort: the original error is the one to report.
-            let _ = unsafe { sys::cuMemUnmap(addr, len) };
-            return result;
-        }
-        self.mapped.push((addr, size));
+        let reservation = self.reservation.as_mut().ok_or(WindowError::NotOpen)?;
+        // PyTorch may call the allocator from any thread; the one it uses
+        // normally already has the primary context current.
+        self.context.make_current_if_none()?;
+        reservation.map(addr, size)?;
         Ok(())
     }
 
     fn release(&mut self) -> Result<(), WindowError> {
-        if !self.mapped.is_empty() || self.reservation.is_some() {
-            self.ensure_current()?;
-            // Nothing may still be running on memory about to be unmapped.
-            check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })?;
-        }
-        while let Some(&(addr, size)) = self.mapped.last() {
-            check("cuMemUnmap", unsafe {
-                sys::cuMemUnmap(addr, size as usize)
-            })?;
-            self.mapped.pop();
-        }
-        if let Some((base, size)) = self.reservation {
-            check("cuMemAddressFree", unsafe {
-                sys::cuMemAddressFree(base, size as usize)
-            })?;
+        if let Some(reservation) = self.reservation.as_mut() {
+            self.context.make_current_if_none()?;
+            reservation.release()?;
             self.reservation = None;
         }
-        if !self.ctx.is_null() {
-            check("cuDevicePrimaryCtxRelease", unsafe {
-                sys::cuDevicePrimaryCtxRelease_v2(self.device)
-            })?;
-            self.ctx = ptr::null_mut();
-        }
+        self.context.release()?;
         Ok(())
     }
 }
@@ -238,5 +97,30 @@ impl Drop for CudaBacking {
     /// window, which lives until exit unless closed.
     fn drop(&mut self) {
         let _ = self.release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use helios::cuda::CudaError;
+
+    /// Opening the backing goes through Helios's driver loading: without a
+    /// driver it is Helios's typed error, with Heliopause's message.
+    #[test]
+    fn new_without_a_driver_is_helios_typed_error() {
+        match CudaBacking::new(0) {
+            Err(err @ WindowError::Cuda(CudaError::DriverUnavailable)) => {
+                assert!(
+                    err.to_string()
+                        .starts_with("the CUDA driver cannot be loaded"),
+                    "{err}"
+                );
+            }
+            // A driver without a usable device 0.
+            Err(WindowError::Cuda(CudaError::Driver { .. })) => {}
+            Err(other) => panic!("unexpected error: {other}"),
+            Ok(backing) => assert_eq!(backing.ordinal(), 0),
+        }
     }
 }

@@ -9,7 +9,8 @@
 //! address the runtime core can reproduce without Python.
 //!
 //! - [`window`]: the allocator's bookkeeping (pure Rust, unit-tested).
-//! - [`cuda_backing`]: its physical side, the CUDA driver loaded at run time.
+//! - [`cuda_backing`]: its physical side, over Helios's CUDA layer (the
+//!   driver loaded at run time).
 //! - [`allocator`]: the process-global window and the C entry points
 //!   `flare_window_alloc` / `flare_window_free` for PyTorch.
 //! - `replay_check`: in-process replay of an exported core through Helios.
@@ -50,32 +51,23 @@ pyo3::create_exception!(
     "Helios could not load or replay a runtime core in this process."
 );
 
-/// Loads the core at `path` with Helios in this process, runs `check` on it
-/// and renders its report as JSON; every failure becomes one message.
+/// Runs Helios's replay check ([`helios::replay::check_core`], the one
+/// `flare replay --check` runs) or isolation ([`helios::replay::isolate_core`])
+/// on the core at `path` in this process and renders its report as JSON;
+/// every failure becomes one message.
 fn replay_report(path: &std::path::Path, device: i32, isolate: bool) -> Result<String, String> {
-    use helios::replay::{LoadOptions, LoadedCore, ReplayReport};
+    use helios::replay::{check_core, isolate_core, CheckOptions};
 
-    let mut loaded = LoadedCore::load(
-        path,
-        &LoadOptions {
-            device,
-            ..LoadOptions::default()
-        },
-    )
-    .map_err(|e| e.to_string())?;
-    if isolate {
-        let report = loaded.isolate().map_err(|e| e.to_string())?;
-        return report.to_json().map_err(|e| e.to_string());
-    }
-    let qualification = loaded.check().map_err(|e| e.to_string())?;
-    ReplayReport {
-        core: path.display().to_string(),
-        load: loaded.report().clone(),
-        qualification: Some(qualification),
-        decode_bench: None,
-    }
-    .to_json()
-    .map_err(|e| e.to_string())
+    let json = if isolate {
+        isolate_core(path, device)
+            .map_err(|e| e.to_string())?
+            .to_json()
+    } else {
+        check_core(path, &CheckOptions::qualification(device))
+            .map_err(|e| e.to_string())?
+            .to_json()
+    };
+    json.map_err(|e| e.to_string())
 }
 
 fn window_err(message: String) -> PyErr {

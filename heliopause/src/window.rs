@@ -26,10 +26,12 @@
 //! == mapped <= capacity`.
 //!
 //! The physical side sits behind the [`Backing`] trait so this logic is tested
-//! with a fake; `cuda_backing` implements it with the CUDA driver's virtual
-//! memory API.
+//! with a fake; `cuda_backing` implements it with Helios's CUDA layer (the
+//! driver's virtual memory API).
 
 use std::collections::HashMap;
+
+use helios::cuda::CudaError;
 
 /// The driver honours a reservation's address hint only for reservations of at
 /// least this size (32 MiB); smaller ones land wherever the driver likes.
@@ -84,14 +86,10 @@ pub enum WindowError {
     NegativeSize { size: i64 },
     #[error("allocation for device {got}, but the window was opened on device {expected}")]
     WrongDevice { expected: i32, got: i32 },
-    #[error("the CUDA driver cannot be loaded: {0}")]
-    DriverUnavailable(String),
-    #[error("{op} failed: {name} (CUresult {code})")]
-    Backing {
-        op: &'static str,
-        code: u32,
-        name: String,
-    },
+    /// The driver cannot be loaded, or a driver call failed (Helios's CUDA
+    /// layer names the call and the `CUresult`).
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
 }
 
 /// The physical side of a window: an address reservation plus memory mapped
@@ -540,11 +538,11 @@ mod tests {
 
         fn map(&mut self, addr: u64, size: u64) -> Result<(), WindowError> {
             if self.fail_maps {
-                return Err(WindowError::Backing {
-                    op: "cuMemCreate",
+                return Err(WindowError::Cuda(CudaError::Driver {
+                    call: "cuMemCreate",
                     code: 2,
                     name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
-                });
+                }));
             }
             let mut log = self.log.borrow_mut();
             let (base, len) = log.reserved.expect("map before reserve");
@@ -805,13 +803,21 @@ mod tests {
         fake.fail_maps = true;
         let mut w = Window::open(fake, HINT, 64 * MIB, &regions()).unwrap();
         w.select("weights").unwrap();
-        assert!(matches!(
-            w.alloc(1),
-            Err(WindowError::Backing {
-                op: "cuMemCreate",
-                ..
-            })
-        ));
+        let err = w.alloc(1).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                WindowError::Cuda(CudaError::Driver {
+                    call: "cuMemCreate",
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "cuMemCreate failed: CUDA_ERROR_OUT_OF_MEMORY (CUresult 2)"
+        );
         let u = &w.usage()[0];
         assert_eq!(
             (u.high_water, u.mapped, u.live_blocks, u.allocations),

@@ -9,6 +9,7 @@
 mod error;
 mod kv_layout;
 pub mod proto;
+#[cfg(any(test, feature = "test-support"))]
 pub mod sample;
 mod summary;
 mod validate;

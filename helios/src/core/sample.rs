@@ -3,6 +3,9 @@
 //! It describes no real model: its graphs hold placeholder nodes and its
 //! buffers are laid out in a synthetic 32 MiB window. Tests of Helios and of
 //! the `flare` CLI start from it and change one thing at a time.
+//!
+//! Compiled only with the `test-support` feature (and in Helios's own unit
+//! tests): no default build of the library carries it.
 
 use super::proto::{
     node::Op, Binding, Buffer, BufferDigest, BufferRole, BufferWrite, Core, DType, Dim3, Edge,

@@ -1,9 +1,9 @@
-//! The driver, one device and its primary context.
+//! The driver, one device and its primary context, as Helios's own driver
+//! objects use it.
 //!
-//! The driver (`libcuda.so`) is loaded at run time through cudarc's
-//! `dynamic-loading` bindings, so Helios builds and its CPU tests run on
-//! machines without CUDA; [`Context::new`] then fails with
-//! [`CudaError::DriverUnavailable`].
+//! The driver is loaded at run time ([`PrimaryContext::retain`]), so Helios
+//! builds and its CPU tests run on machines without CUDA; [`Context::new`]
+//! then fails with [`CudaError::DriverUnavailable`].
 //!
 //! Helios uses the device's *primary* context, made current on the thread
 //! that creates the [`Context`]. Every owner of a driver object holds an
@@ -12,13 +12,13 @@
 //! `Sync`).
 
 use std::ffi::{c_char, c_int, CStr};
-use std::ptr;
 use std::rc::Rc;
 
 use cudarc::driver::sys;
 use serde::Serialize;
 
 use super::error::{check, CudaError};
+use super::primary::PrimaryContext;
 
 /// What the device is, as the core's identity records it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -48,70 +48,56 @@ pub struct MemoryInfo {
     pub total: u64,
 }
 
-/// The retained primary context of one device.
+/// The retained primary context of one device, kept on the thread that
+/// created it.
 #[derive(Debug)]
 pub struct Context {
-    ordinal: i32,
-    device: sys::CUdevice,
-    raw: sys::CUcontext,
+    primary: PrimaryContext,
 }
 
 impl Context {
     /// Loads and initializes the driver, retains device `ordinal`'s primary
     /// context and makes it current on this thread.
     pub fn new(ordinal: i32) -> Result<Rc<Self>, CudaError> {
-        // SAFETY: only tries to dlopen the driver library's candidate names.
-        if !unsafe { sys::is_culib_present() } {
-            return Err(CudaError::DriverUnavailable);
-        }
-        // SAFETY: plain driver entry point, no pointers.
-        check("cuInit", unsafe { sys::cuInit(0) })?;
-        let mut device: sys::CUdevice = 0;
-        // SAFETY: the out-pointer points to a local.
-        check("cuDeviceGet", unsafe {
-            sys::cuDeviceGet(&mut device, ordinal)
-        })?;
-        let mut raw: sys::CUcontext = ptr::null_mut();
-        // SAFETY: the out-pointer points to a local.
-        check("cuDevicePrimaryCtxRetain", unsafe {
-            sys::cuDevicePrimaryCtxRetain(&mut raw, device)
-        })?;
-        // From here on, Drop releases the retained context on failure.
-        let context = Context {
-            ordinal,
-            device,
-            raw,
-        };
-        context.bind()?;
-        Ok(Rc::new(context))
+        // On failure below, dropping `primary` releases the retained context.
+        let primary = PrimaryContext::retain(ordinal)?;
+        primary.make_current()?;
+        Ok(Rc::new(Context { primary }))
     }
 
     /// Makes this context current on the calling thread.
     pub fn bind(&self) -> Result<(), CudaError> {
-        // SAFETY: the handle is a retained primary context.
-        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.raw) })
+        self.primary.make_current()
     }
 
     /// Waits until all work queued in the context has finished.
     pub fn synchronize(&self) -> Result<(), CudaError> {
-        // SAFETY: plain driver entry point; the context is current.
-        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+        self.primary.synchronize()
     }
 
     /// The device ordinal.
     pub fn ordinal(&self) -> i32 {
-        self.ordinal
+        self.primary.ordinal()
+    }
+
+    /// The retained primary context itself.
+    pub fn primary(&self) -> &PrimaryContext {
+        &self.primary
     }
 
     pub(crate) fn raw(&self) -> sys::CUcontext {
-        self.raw
+        self.primary.raw()
+    }
+
+    fn device(&self) -> sys::CUdevice {
+        self.primary.device()
     }
 
     fn attribute(&self, attribute: sys::CUdevice_attribute) -> Result<u32, CudaError> {
         let mut value: c_int = 0;
         // SAFETY: the out-pointer points to a local.
         check("cuDeviceGetAttribute", unsafe {
-            sys::cuDeviceGetAttribute(&mut value, attribute, self.device)
+            sys::cuDeviceGetAttribute(&mut value, attribute, self.device())
         })?;
         Ok(u32::try_from(value).unwrap_or(0))
     }
@@ -123,7 +109,7 @@ impl Context {
         let mut name = [0 as c_char; 256];
         // SAFETY: the driver writes at most `name.len()` bytes, NUL included.
         check("cuDeviceGetName", unsafe {
-            sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as c_int, self.device)
+            sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as c_int, self.device())
         })?;
         // Never read past the array, even if the driver left no NUL.
         let last = name.len() - 1;
@@ -140,10 +126,10 @@ impl Context {
         let mut total_memory: usize = 0;
         // SAFETY: the out-pointer points to a local.
         check("cuDeviceTotalMem", unsafe {
-            sys::cuDeviceTotalMem_v2(&mut total_memory, self.device)
+            sys::cuDeviceTotalMem_v2(&mut total_memory, self.device())
         })?;
         Ok(DeviceInfo {
-            ordinal: self.ordinal,
+            ordinal: self.ordinal(),
             name,
             compute_capability_major: self
                 .attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
@@ -171,39 +157,7 @@ impl Context {
     /// The physical allocation granularity of pinned device memory on this
     /// device: every mapping's address and size is a multiple of it.
     pub fn granularity(&self) -> Result<u64, CudaError> {
-        let prop = self.allocation_prop();
-        let mut granularity: usize = 0;
-        // SAFETY: `prop` and the out-pointer point to locals.
-        check("cuMemGetAllocationGranularity", unsafe {
-            sys::cuMemGetAllocationGranularity(
-                &mut granularity,
-                &prop,
-                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
-            )
-        })?;
-        Ok(granularity as u64)
-    }
-
-    pub(crate) fn location(&self) -> sys::CUmemLocation {
-        sys::CUmemLocation {
-            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-            id: self.ordinal,
-        }
-    }
-
-    pub(crate) fn allocation_prop(&self) -> sys::CUmemAllocationProp {
-        sys::CUmemAllocationProp {
-            type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-            requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
-            location: self.location(),
-            win32HandleMetaData: ptr::null_mut(),
-            allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
-                compressionType: 0,
-                gpuDirectRDMACapable: 0,
-                usage: 0,
-                reserved: [0; 4],
-            },
-        }
+        self.primary.granularity()
     }
 }
 
@@ -213,7 +167,6 @@ impl Drop for Context {
     fn drop(&mut self) {
         let _ = self.bind();
         let _ = self.synchronize();
-        // SAFETY: releases the reference retained in `new`, exactly once.
-        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device) };
+        let _ = self.primary.release();
     }
 }

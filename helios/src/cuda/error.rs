@@ -12,7 +12,7 @@ use super::params::ParamError;
 /// Driver failures keep the call, the numeric `CUresult` and the driver's name
 /// for it; everything the layer refuses before calling the driver has its own
 /// variant.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CudaError {
     /// The driver library could not be loaded.

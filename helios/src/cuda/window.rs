@@ -6,7 +6,9 @@
 //! [`Window::reserve`] asks the driver for the recorded base and fails with
 //! [`CudaError::WindowUnavailable`] when the driver places the reservation
 //! anywhere else (it returns success with another address when the hint is
-//! taken).
+//! taken). Reserving, mapping and releasing are the one virtual memory
+//! sequence of [`super::Reservation`]; this type adds the span bookkeeping
+//! (granularity alignment, no overlap) and the host copies.
 
 use std::rc::Rc;
 
@@ -14,6 +16,7 @@ use cudarc::driver::sys;
 
 use super::context::Context;
 use super::error::{check, CudaError};
+use super::vmm::Reservation;
 
 /// A range of the window: an offset from its base and a length in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -71,7 +74,8 @@ pub struct Window {
     granularity: u64,
     /// Sorted by offset, non-overlapping.
     mapped: Vec<Span>,
-    owned: bool,
+    /// The reservation of an owned window; `None` for a borrowed one.
+    reservation: Option<Reservation>,
 }
 
 impl Window {
@@ -98,18 +102,15 @@ impl Window {
             .checked_next_multiple_of(granularity)
             .filter(|&size| size > 0 && base.checked_add(size).is_some())
             .ok_or_else(|| invalid("the window size overflows the address space"))?;
-        let len = usize::try_from(size).map_err(|_| invalid("the window size exceeds usize"))?;
-        let mut got: sys::CUdeviceptr = 0;
-        // SAFETY: the out-pointer points to a local; flags must be 0.
-        check("cuMemAddressReserve", unsafe {
-            sys::cuMemAddressReserve(&mut got, len, 0, base, 0)
-        })?;
-        if got != base {
-            // The reservation exists, only at the wrong place: give it back.
-            // The mismatch is the error worth reporting.
-            // SAFETY: frees exactly the range reserved just above.
-            let _ = unsafe { sys::cuMemAddressFree(got, len) };
-            return Err(CudaError::WindowUnavailable { base, got });
+        usize::try_from(size).map_err(|_| invalid("the window size exceeds usize"))?;
+        let reservation = Reservation::reserve(context.primary(), base, size)?;
+        if reservation.base() != base {
+            // The reservation exists, only at the wrong place: dropping it
+            // gives it back. The mismatch is the error worth reporting.
+            return Err(CudaError::WindowUnavailable {
+                base,
+                got: reservation.base(),
+            });
         }
         Ok(Self {
             context: Rc::clone(context),
@@ -117,7 +118,7 @@ impl Window {
             size,
             granularity,
             mapped: Vec::new(),
-            owned: true,
+            reservation: Some(reservation),
         })
     }
 
@@ -154,7 +155,7 @@ impl Window {
             size,
             granularity: context.granularity()?,
             mapped,
-            owned: false,
+            reservation: None,
         })
     }
 
@@ -189,82 +190,19 @@ impl Window {
             .is_some_and(|offset| covered(&self.mapped, offset, len))
     }
 
-    fn check_span(&self, span: Span) -> Result<usize, CudaError> {
-        let invalid = |reason| CudaError::InvalidSpan {
-            offset: span.offset,
-            len: span.len,
-            reason,
-        };
-        if span.len == 0 {
-            return Err(invalid("the span is empty"));
-        }
-        if !span.offset.is_multiple_of(self.granularity)
-            || !span.len.is_multiple_of(self.granularity)
-        {
-            return Err(invalid("not aligned to the allocation granularity"));
-        }
-        match span.offset.checked_add(span.len) {
-            Some(end) if end <= self.size => {}
-            _ => return Err(invalid("reaches past the reservation")),
-        }
-        if self
-            .mapped
-            .iter()
-            .any(|m| m.offset < span.end() && span.offset < m.end())
-        {
-            return Err(invalid("overlaps a mapped span"));
-        }
-        usize::try_from(span.len).map_err(|_| invalid("the span length exceeds usize"))
-    }
-
     /// Backs `span` with device memory readable and writable by the device,
     /// and fills it with zeros (queued on the null stream, so ordered before
     /// every later copy and launch).
     pub fn map(&mut self, span: Span) -> Result<(), CudaError> {
-        if !self.owned {
+        let Some(reservation) = self.reservation.as_mut() else {
             return Err(CudaError::InvalidSpan {
                 offset: span.offset,
                 len: span.len,
                 reason: "a borrowed window is mapped by its owner",
             });
-        }
-        let len = self.check_span(span)?;
-        let addr = self.base + span.offset;
-        let prop = self.context.allocation_prop();
-        let mut handle: sys::CUmemGenericAllocationHandle = 0;
-        // SAFETY: `prop` and the out-pointer point to locals.
-        check("cuMemCreate", unsafe {
-            sys::cuMemCreate(&mut handle, len, &prop, 0)
-        })?;
-        // SAFETY: `[addr, addr + len)` lies in the reservation and is not
-        // mapped (checked above); `handle` is a fresh allocation of `len`.
-        let mapped = unsafe { sys::cuMemMap(addr, len, 0, handle, 0) };
-        // The mapping holds its own reference to the memory; drop ours
-        // either way.
-        // SAFETY: `handle` was created above and is released once.
-        let released = unsafe { sys::cuMemRelease(handle) };
-        check("cuMemMap", mapped)?;
-        let access = sys::CUmemAccessDesc {
-            location: self.context.location(),
-            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
-        let ready = check("cuMemRelease", released)
-            .and_then(|()| {
-                // SAFETY: the range was mapped above; one access descriptor.
-                check("cuMemSetAccess", unsafe {
-                    sys::cuMemSetAccess(addr, len, &access, 1)
-                })
-            })
-            .and_then(|()| {
-                // SAFETY: the range is mapped with read/write access.
-                check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(addr, 0, len) })
-            });
-        if let Err(err) = ready {
-            // Best effort: the first error is the one to report.
-            // SAFETY: unmaps exactly the range mapped above.
-            let _ = unsafe { sys::cuMemUnmap(addr, len) };
-            return Err(err);
-        }
+        check_span(span, self.granularity, self.size, &self.mapped)?;
+        reservation.map_zeroed(self.base + span.offset, span.len)?;
         let at = self.mapped.partition_point(|m| m.offset < span.offset);
         self.mapped.insert(at, span);
         Ok(())
@@ -305,21 +243,48 @@ impl Window {
     }
 }
 
+/// Refuses a span that is empty, not aligned to `granularity`, reaches past
+/// `size` or overlaps a `mapped` span.
+fn check_span(span: Span, granularity: u64, size: u64, mapped: &[Span]) -> Result<(), CudaError> {
+    let invalid = |reason| CudaError::InvalidSpan {
+        offset: span.offset,
+        len: span.len,
+        reason,
+    };
+    if span.len == 0 {
+        return Err(invalid("the span is empty"));
+    }
+    if !span.offset.is_multiple_of(granularity) || !span.len.is_multiple_of(granularity) {
+        return Err(invalid("not aligned to the allocation granularity"));
+    }
+    match span.offset.checked_add(span.len) {
+        Some(end) if end <= size => {}
+        _ => return Err(invalid("reaches past the reservation")),
+    }
+    if mapped
+        .iter()
+        .any(|m| m.offset < span.end() && span.offset < m.end())
+    {
+        return Err(invalid("overlaps a mapped span"));
+    }
+    usize::try_from(span.len)
+        .map(|_| ())
+        .map_err(|_| invalid("the span length exceeds usize"))
+}
+
 impl Drop for Window {
-    /// Waits for all work (nothing may run on memory about to be unmapped),
-    /// unmaps every span and frees the reservation.
+    /// Waits for all work (nothing may run on memory about to be unmapped);
+    /// an owned window then unmaps every span and frees the reservation.
     fn drop(&mut self) {
         let _ = self.context.bind();
-        let _ = self.context.synchronize();
-        if !self.owned {
-            return;
+        match self.reservation.as_mut() {
+            Some(reservation) => {
+                let _ = reservation.release();
+            }
+            None => {
+                let _ = self.context.synchronize();
+            }
         }
-        for span in self.mapped.drain(..).rev() {
-            // SAFETY: each span was mapped by `map` and is unmapped once.
-            let _ = unsafe { sys::cuMemUnmap(self.base + span.offset, span.len as usize) };
-        }
-        // SAFETY: frees the reservation made in `reserve`, once.
-        let _ = unsafe { sys::cuMemAddressFree(self.base, self.size as usize) };
     }
 }
 

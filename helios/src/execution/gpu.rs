@@ -7,18 +7,24 @@
 //! slot, and an event marks the end. Everything runs on one stream, so a
 //! launch's staging writes land after the previous graph read its inputs,
 //! and its records are copied out before the next graph overwrites them.
-//! A slot is reused only after its launch was retrieved. Nothing here
-//! allocates device memory: the ring is allocated when the executor is
+//! A slot is reused only after its launch was retrieved, which is only
+//! after its event was seen complete. The copy-back addresses are the
+//! contract's completion-records and maintenance-status bindings. Nothing
+//! here allocates device memory: the ring is allocated when the executor is
 //! built.
+//!
+//! All of it runs on a [`LaunchDevice`] (every [`GraphTarget`] is one), so
+//! these rules are tested on the CPU with a recording fake.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use std::rc::Rc;
 
+use super::device::{HostBuffer, LaunchDevice};
 use super::staging::{Packed, StagingError, StagingLayout};
 use crate::core::ValidCore;
-use crate::cuda::{Context, CudaError, Event, PinnedBuffer, Stream, Window};
+use crate::cuda::{Context, CudaError, Stream, Window};
 use crate::replay::LoadedCore;
 use crate::scheduler::{Completion, ExecutionError, Executor, Launch, Ticket, MAX_IN_FLIGHT};
 
@@ -64,10 +70,10 @@ impl GraphTarget for LoadedCore {
 /// Launches the scheduler may have in flight ([`MAX_IN_FLIGHT`]).
 const RING: usize = MAX_IN_FLIGHT;
 
-struct Slot {
-    input: PinnedBuffer,
-    output: PinnedBuffer,
-    done: Event,
+struct Slot<D: LaunchDevice> {
+    input: D::Host,
+    output: D::Host,
+    done: D::Marker,
 }
 
 struct InFlight {
@@ -77,19 +83,20 @@ struct InFlight {
     status: bool,
 }
 
-/// An [`Executor`] over a [`GraphTarget`] (by default a [`LoadedCore`]); it
-/// lives on the thread that created the target.
-pub struct GpuExecutor<T: GraphTarget = LoadedCore> {
-    core: T,
+/// An [`Executor`] over a [`LaunchDevice`]: a [`GraphTarget`] (by default a
+/// [`LoadedCore`]), which lives on the thread that created it, or a test's
+/// fake.
+pub struct GpuExecutor<D: LaunchDevice = LoadedCore> {
+    device: D,
     staging: StagingLayout,
     /// The launch being submitted, packed; reused so steps allocate nothing.
     packed: Packed,
-    ring: Vec<Slot>,
+    ring: Vec<Slot<D>>,
     in_flight: VecDeque<InFlight>,
     next_ticket: u64,
 }
 
-impl<T: GraphTarget> std::fmt::Debug for GpuExecutor<T> {
+impl<D: LaunchDevice> std::fmt::Debug for GpuExecutor<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GpuExecutor")
             .field("in_flight", &self.in_flight.len())
@@ -112,26 +119,25 @@ fn staging(error: StagingError) -> ExecutionError {
     }
 }
 
-impl<T: GraphTarget> GpuExecutor<T> {
-    /// An executor over `core`, with its pinned ring allocated.
-    pub fn new(core: T) -> Result<Self, ExecutionError> {
-        let staging_layout = StagingLayout::new(core.core()).map_err(staging)?;
+impl<D: LaunchDevice> GpuExecutor<D> {
+    /// An executor over `device`, with its pinned ring allocated.
+    pub fn new(mut device: D) -> Result<Self, ExecutionError> {
+        let staging_layout = StagingLayout::new(device.core()).map_err(staging)?;
         let input_bytes = staging_layout.max_packed_bytes();
         let output_bytes =
             staging_layout.record_bytes(staging_layout.max_rows()) + StagingLayout::STATUS_BYTES;
-        let context = core.context();
         let ring = (0..RING)
             .map(|_| {
                 Ok(Slot {
-                    input: PinnedBuffer::new(context, input_bytes)?,
-                    output: PinnedBuffer::new(context, output_bytes)?,
-                    done: Event::marker(context)?,
+                    input: device.host_buffer(input_bytes)?,
+                    output: device.host_buffer(output_bytes)?,
+                    done: device.marker()?,
                 })
             })
             .collect::<Result<Vec<_>, CudaError>>()
-            .map_err(device("pinned staging allocation"))?;
+            .map_err(self::device("pinned staging allocation"))?;
         Ok(Self {
-            core,
+            device,
             staging: staging_layout,
             packed: Packed::default(),
             ring,
@@ -140,9 +146,9 @@ impl<T: GraphTarget> GpuExecutor<T> {
         })
     }
 
-    /// The target the executor drives.
-    pub fn target(&self) -> &T {
-        &self.core
+    /// The device (the target) the executor drives.
+    pub fn target(&self) -> &D {
+        &self.device
     }
 
     fn check_oldest(&self, ticket: Ticket) -> Result<&InFlight, ExecutionError> {
@@ -154,12 +160,14 @@ impl<T: GraphTarget> GpuExecutor<T> {
 
     fn retrieve(&mut self) -> Completion {
         let oldest = self.in_flight.pop_front().expect("checked by check_oldest");
-        let bytes = self.ring[oldest.slot].output.as_slice();
-        self.staging.completion(bytes, oldest.rows, oldest.status)
+        let staging = &self.staging;
+        self.ring[oldest.slot]
+            .output
+            .read(|bytes| staging.completion(bytes, oldest.rows, oldest.status))
     }
 }
 
-impl<T: GraphTarget> Executor for GpuExecutor<T> {
+impl<D: LaunchDevice> Executor for GpuExecutor<D> {
     fn submit(&mut self, launch: &Launch) -> Result<Ticket, ExecutionError> {
         if self.in_flight.len() == RING {
             return Err(device("submit")(CudaError::InvalidNode {
@@ -175,49 +183,42 @@ impl<T: GraphTarget> Executor for GpuExecutor<T> {
         let slot = &mut self.ring[index];
         // The slot's last launch was retrieved (in order, and fewer than RING
         // are in flight), so its copies have run.
-        let input = slot.input.as_mut_slice();
-        if packed.bytes.len() > input.len() {
+        let capacity = slot.input.capacity();
+        if packed.bytes.len() > capacity {
             return Err(staging(StagingError::TooLong {
                 what: "packed launch bytes",
                 len: packed.bytes.len(),
-                capacity: input.len() as u64,
+                capacity: capacity as u64,
             }));
         }
-        input[..packed.bytes.len()].copy_from_slice(&packed.bytes);
-        let stream = self.core.stream();
-        let window = self.core.window();
+        slot.input.write(&packed.bytes);
+        let gpu = &mut self.device;
         for write in &packed.writes {
-            stream
-                .copy_to_device(window, write.addr, &slot.input, write.offset, write.len)
+            gpu.copy_to_device(write.addr, &slot.input, write.offset, write.len)
                 .map_err(device("staging copy"))?;
         }
-        self.core
-            .launch_graph(packed.graph)
+        gpu.launch_graph(packed.graph)
             .map_err(device("graph launch"))?;
         let record_bytes = self.staging.record_bytes(packed.rows);
-        stream
-            .copy_to_host(
-                window,
-                &mut slot.output,
-                0,
-                self.staging.completions_addr(),
-                record_bytes,
-            )
-            .map_err(device("completion copy"))?;
+        gpu.copy_to_host(
+            &mut slot.output,
+            0,
+            self.staging.completions_addr(),
+            record_bytes,
+        )
+        .map_err(device("completion copy"))?;
         if packed.status {
             // The status lands right after the records, where
             // `StagingLayout::completion` reads it.
-            stream
-                .copy_to_host(
-                    window,
-                    &mut slot.output,
-                    record_bytes,
-                    self.staging.status_addr(),
-                    StagingLayout::STATUS_BYTES,
-                )
-                .map_err(device("maintenance status copy"))?;
+            gpu.copy_to_host(
+                &mut slot.output,
+                record_bytes,
+                self.staging.status_addr(),
+                StagingLayout::STATUS_BYTES,
+            )
+            .map_err(device("maintenance status copy"))?;
         }
-        slot.done.record(stream).map_err(device("event record"))?;
+        gpu.record(&slot.done).map_err(device("event record"))?;
         self.in_flight.push_back(InFlight {
             ticket,
             slot: index,
@@ -230,7 +231,8 @@ impl<T: GraphTarget> Executor for GpuExecutor<T> {
 
     fn poll(&mut self, ticket: Ticket) -> Result<Option<Completion>, ExecutionError> {
         let slot = self.check_oldest(ticket)?.slot;
-        if !self.ring[slot].done.query().map_err(device("poll"))? {
+        let done = self.device.query(&self.ring[slot].done);
+        if !done.map_err(device("poll"))? {
             return Ok(None);
         }
         Ok(Some(self.retrieve()))
@@ -238,7 +240,8 @@ impl<T: GraphTarget> Executor for GpuExecutor<T> {
 
     fn wait(&mut self, ticket: Ticket) -> Result<Completion, ExecutionError> {
         let slot = self.check_oldest(ticket)?.slot;
-        self.ring[slot].done.synchronize().map_err(device("wait"))?;
+        let done = self.device.wait(&self.ring[slot].done);
+        done.map_err(device("wait"))?;
         Ok(self.retrieve())
     }
 }

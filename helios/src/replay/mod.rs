@@ -16,8 +16,13 @@
 //! logic is tested with a CPU fake. [`LoadedCore::isolate`] runs the
 //! sequence node by node to name the first node the device rejects
 //! ([`IsolationReport`]).
+//!
+//! [`check_core`] is the one driver of the check (load, qualification,
+//! bench) that `flare replay` and Heliopause's `replay_check` share, and
+//! [`isolate_core`] that of the isolation.
 
 mod bench;
+mod check;
 mod core_dir;
 mod digest;
 mod error;
@@ -31,6 +36,7 @@ mod report;
 mod spans;
 
 pub use bench::{bench_decode, DecodeBench, Timing};
+pub use check::{check_core, isolate_core, CheckOptions};
 pub use core_dir::{image_path, CoreDir, ImageBytes, IMAGES_DIR};
 pub use digest::sha256_hex;
 pub use error::ReplayError;

@@ -63,7 +63,8 @@ pub struct LoadReport {
     pub kv_reserve_bytes: Option<u64>,
 }
 
-/// Everything `flare replay` reports, for `--json`.
+/// Everything [`super::check_core`] reports: what `flare replay` prints and
+/// writes with `--json`, and what Heliopause's `replay_check` returns.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ReplayReport {
     /// The core directory, as given.
@@ -77,6 +78,12 @@ pub struct ReplayReport {
 }
 
 impl ReplayReport {
+    /// Whether every digest of the qualification matched (also when it did
+    /// not run).
+    pub fn passed(&self) -> bool {
+        self.qualification.as_ref().is_none_or(|q| q.passed())
+    }
+
     /// The report as pretty-printed JSON.
     pub fn to_json(&self) -> serde_json::Result<String> {
         serde_json::to_string_pretty(self)

@@ -29,7 +29,8 @@
 //!   finished or preempted requests capture their terminal prefix
 //!   (`checkpoints.rs`).
 //!
-//! [`test_executor`] is a deterministic CPU executor for tests.
+//! `test_executor` is a deterministic CPU executor for tests, compiled only
+//! with the `test-support` feature (and in Helios's own unit tests).
 
 mod admission;
 mod checkpoints;
@@ -49,6 +50,7 @@ mod request;
 mod retire;
 mod rng;
 mod submit;
+#[cfg(any(test, feature = "test-support"))]
 pub mod test_executor;
 mod validate;
 mod worker;

@@ -10,6 +10,10 @@
 //! configurable number of polls; it records every launch, checks each one
 //! against the executor contract ([`Violation`]) and can corrupt a record or
 //! fail a launch on request.
+//!
+//! Compiled only with the `test-support` feature (and in Helios's own unit
+//! tests), so the default library, the `flare` binary and the Heliopause
+//! wheel never contain it.
 
 mod device;
 mod model;
