@@ -5,9 +5,10 @@ load ``tests/test_http_load.py`` runs over the fake server on the CPU and
 ``plans`` draws REQUESTS requests (seeded), mixing OpenAI and Anthropic routes, streams
 and non-streams, CANCELLED of them closed by the client mid-stream and MALFORMED of
 them malformed or out of range, each with the status and code it must get. ``run``
-sends them at CONCURRENCY through raw HTTP/1.1 sockets, watching the server's OS
-thread count, while a separate prober process times ``GET /health`` (so the load
-generator's own event loop does not time it), and returns a ``LoadReport``;
+sends them at CONCURRENCY (reached over RAMP_S) through raw HTTP/1.1 sockets,
+watching the server's OS thread count, while a separate prober process times
+``GET /health`` (so the load generator's own event loop does not time it), and
+returns a ``LoadReport``;
 ``LoadReport.problems`` lists every violated expectation. The run stops by itself: a
 fixed count, a deadline for the whole load and a timeout on every read.
 
@@ -38,6 +39,7 @@ DEADLINE_S = 240.0
 READ_TIMEOUT_S = 120.0
 MAX_THREADS = 64
 HEALTH_BOUND_S = 0.050
+RAMP_S = 0.5
 MESSAGES = [{"role": "user", "content": "hello there"}]
 
 
@@ -281,7 +283,12 @@ async def _load(host: str, port: int, pid: int | None, model: str, tally: Tally)
     gate = asyncio.Semaphore(CONCURRENCY)
     threads: list[int] = []
 
-    async def gated(plan: Plan) -> None:
+    async def gated(index: int, plan: Plan) -> None:
+        # The first CONCURRENCY requests ramp up over RAMP_S rather than opening
+        # their connections in the same millisecond (the rest wait for a free
+        # place): the peak is then the server holding them, not one accept
+        # queue of a thousand.
+        await asyncio.sleep(RAMP_S * min(index, CONCURRENCY) / CONCURRENCY)
         async with gate:
             await run_one(host, port, plan, tally)
 
@@ -293,7 +300,8 @@ async def _load(host: str, port: int, pid: int | None, model: str, tally: Tally)
     done = asyncio.Event()
     watcher = asyncio.create_task(watch_threads(done))
     try:
-        await asyncio.wait_for(asyncio.gather(*(gated(p) for p in plans(model))), DEADLINE_S)
+        requests = (gated(i, p) for i, p in enumerate(plans(model)))
+        await asyncio.wait_for(asyncio.gather(*requests), DEADLINE_S)
     finally:
         done.set()
         await watcher
