@@ -267,6 +267,25 @@ impl FakeDevice {
         };
         (device, state)
     }
+
+    /// Records a copy between host buffer `host` and device address `addr`
+    /// (`make` names its direction) and queues it on the stream.
+    fn transfer(
+        &mut self,
+        host: &FakeHost,
+        offset: usize,
+        addr: u64,
+        len: usize,
+        make: impl Fn(usize, usize, u64, usize) -> (Call, Op),
+    ) -> Result<(), CudaError> {
+        host_range(host, offset, len)?;
+        let mut state = self.state.borrow_mut();
+        let (call, op) = make(host.id, offset, addr, len);
+        state.calls.push(call);
+        let at = state.issue(op);
+        state.touch(host.id, at);
+        Ok(())
+    }
 }
 
 fn host_range(host: &FakeHost, offset: usize, len: usize) -> Result<(), CudaError> {
@@ -313,23 +332,23 @@ impl LaunchDevice for FakeDevice {
         offset: usize,
         len: usize,
     ) -> Result<(), CudaError> {
-        host_range(source, offset, len)?;
-        let mut state = self.state.borrow_mut();
-        let host = source.id;
-        state.calls.push(Call::ToDevice {
-            host,
-            offset,
-            addr,
-            len,
-        });
-        let at = state.issue(Op::ToDevice {
-            host,
-            offset,
-            addr,
-            len,
-        });
-        state.touch(host, at);
-        Ok(())
+        self.transfer(source, offset, addr, len, |host, offset, addr, len| {
+            let call = Call::ToDevice {
+                host,
+                offset,
+                addr,
+                len,
+            };
+            (
+                call,
+                Op::ToDevice {
+                    host,
+                    offset,
+                    addr,
+                    len,
+                },
+            )
+        })
     }
 
     fn launch_graph(&mut self, graph: usize) -> Result<(), CudaError> {
@@ -353,23 +372,23 @@ impl LaunchDevice for FakeDevice {
         addr: u64,
         len: usize,
     ) -> Result<(), CudaError> {
-        host_range(target, offset, len)?;
-        let mut state = self.state.borrow_mut();
-        let host = target.id;
-        state.calls.push(Call::ToHost {
-            host,
-            offset,
-            addr,
-            len,
-        });
-        let at = state.issue(Op::ToHost {
-            host,
-            offset,
-            addr,
-            len,
-        });
-        state.touch(host, at);
-        Ok(())
+        self.transfer(target, offset, addr, len, |host, offset, addr, len| {
+            let call = Call::ToHost {
+                host,
+                offset,
+                addr,
+                len,
+            };
+            (
+                call,
+                Op::ToHost {
+                    host,
+                    offset,
+                    addr,
+                    len,
+                },
+            )
+        })
     }
 
     fn record(&mut self, marker: &FakeMarker) -> Result<(), CudaError> {
