@@ -1,5 +1,5 @@
-"""The real HTTP server over sockets, driven by the real ``openai`` and ``anthropic``
-clients and by raw SSE clients (no GPU).
+"""The real HTTP server over sockets, driven by the real ``openai``, ``anthropic`` and
+OpenAI Agents clients and by raw SSE clients (no GPU).
 
 The server is Helios's own (router, scheduler worker, socket, graceful shutdown) over
 the deterministic test executor: the ``fake_server`` example of ``flare-helios``,
@@ -120,6 +120,49 @@ def test_the_first_content_delta_follows_the_first_event_at_once(server: Server)
         gaps.append(first_content - first_event)
     gaps.sort()
     assert gaps[len(gaps) // 2] < 0.005, gaps
+
+
+def test_the_openai_agents_sdk_runs_an_agent_streamed_and_not(server: Server) -> None:
+    """The OpenAI Agents SDK over chat completions (its Responses default is not
+    served yet): a one-turn run, then the same run streamed, whose text deltas add
+    up to its final output."""
+    import asyncio
+
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        Runner,
+        set_tracing_disabled,
+    )
+
+    set_tracing_disabled(True)
+
+    def agent() -> Agent:
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        return Agent(
+            name="assistant",
+            instructions="Answer briefly.",
+            model=OpenAIChatCompletionsModel(model=MODEL, openai_client=client),
+            model_settings=ModelSettings(max_tokens=8, temperature=1.0),
+        )
+
+    result = Runner.run_sync(agent(), "hello there", max_turns=1)
+    assert isinstance(result.final_output, str) and result.final_output
+    usage = result.context_wrapper.usage
+    assert usage.requests == 1 and usage.input_tokens > 0 and 0 < usage.output_tokens <= 8
+
+    async def streamed() -> tuple[str, object]:
+        run = Runner.run_streamed(agent(), "hello there", max_turns=1)
+        text = ""
+        async for event in run.stream_events():
+            data = getattr(event, "data", None)
+            if event.type == "raw_response_event" and data.type == "response.output_text.delta":
+                text += data.delta
+        return text, run.final_output
+
+    text, final = asyncio.run(streamed())
+    assert text and text == final
 
 
 def test_openai_completions_streamed_and_not(server: Server) -> None:
