@@ -53,15 +53,6 @@ fn invalid(param: &'static str, reason: &'static str) -> HttpError {
     HttpError::InvalidParameter { param, reason }
 }
 
-/// A text prompt's ids, with the tokenizer's special tokens, encoded on the
-/// blocking pool.
-async fn encode_text(state: &AppState, text: String) -> Result<Vec<u32>, HttpError> {
-    generation::prepare(state, move |state| {
-        Ok(state.frontend().tokenizer().encode(&text, true)?)
-    })
-    .await
-}
-
 async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Response, HttpError> {
     let request: CompletionRequest = parse_body(body)?;
     conversation::check_model(state.config(), request.model.as_deref())?;
@@ -72,16 +63,23 @@ async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Respons
         return Err(invalid("echo", "is not supported"));
     }
     let sampling = state.config().sampling.resolve(request.sampling)?;
-    let prompt = match request.prompt {
-        Prompt::Tokens(tokens) => tokens,
-        Prompt::Text(text) => encode_text(state, text).await?,
-        Prompt::Batch(mut texts) if texts.len() == 1 => {
-            encode_text(state, texts.pop().unwrap_or_default()).await?
-        }
+    let text = match request.prompt {
+        Prompt::Tokens(tokens) => Err(tokens),
+        Prompt::Text(text) => Ok(text),
+        Prompt::Batch(mut texts) if texts.len() == 1 => Ok(texts.pop().unwrap_or_default()),
         Prompt::Batch(_) => return Err(invalid("prompt", "must be one prompt")),
     };
     let max_tokens = Some(request.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS));
-    let job = Job::new(state, prompt, max_tokens, sampling)?;
+    // A text prompt is encoded (with the tokenizer's special tokens) and every
+    // prompt's prefix chain hashed on the preparation pool.
+    let job = generation::prepare(state, move |state| {
+        let prompt = match text {
+            Ok(text) => state.frontend().tokenizer().encode(&text, true)?,
+            Err(tokens) => tokens,
+        };
+        Job::new(state, prompt, max_tokens, sampling)
+    })
+    .await?;
     let mut generation = generation::start(state, job).await?;
     let format = CompletionStream {
         id: format!("cmpl-{request_id}"),

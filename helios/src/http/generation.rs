@@ -18,6 +18,7 @@ use super::error::HttpError;
 use super::sampling::{output_limit, Sampling};
 use super::AppState;
 use crate::frontend::{ChatInput, Detokenizer, Frontend, StopMatcher, StopStep};
+use crate::prefix::PrefixChain;
 use crate::scheduler::{Event, FinishReason, RequestSpec, RequestStream};
 
 /// Prompt tokens the detokenizer decodes before the output, so the first
@@ -71,11 +72,14 @@ pub enum Chunk {
     Failed(HttpError),
 }
 
-/// A request ready for submission.
+/// A request ready for submission, made on the preparation pool
+/// ([`prepare`]).
 #[derive(Debug)]
 pub struct Job {
     /// Tokens, limit, sampling and seed.
     pub spec: RequestSpec,
+    /// Its prompt's prefix chain, when the cache is on.
+    pub chain: Option<PrefixChain>,
     /// The request's stop sequences.
     pub stops: StopMatcher,
 }
@@ -92,6 +96,7 @@ impl Job {
         let stops = StopMatcher::new(&sampling.stops)?;
         let max_new_tokens = output_limit(max_tokens, prompt.len(), state.config().context_limit)?;
         Ok(Self {
+            chain: state.handle().chain(&prompt),
             spec: RequestSpec {
                 prompt,
                 max_new_tokens,
@@ -215,7 +220,7 @@ pub async fn start(state: &AppState, job: Job) -> Result<Generation, HttpError> 
         stops: job.stops,
         generated: 0,
     };
-    let mut stream = state.handle().submit(job.spec).await?;
+    let mut stream = state.handle().submit(job.spec, job.chain).await?;
     let cached_tokens = wait_for_admission(&mut stream).await?;
     Ok(Generation {
         stream,

@@ -130,27 +130,44 @@ struct Pending {
 }
 
 impl SchedulerHandle {
-    /// Submits a request; on success its events arrive on the stream,
-    /// starting with [`Event::Admitted`]. Dropping the future before it
-    /// resolves cancels the request.
-    pub async fn submit(&self, spec: RequestSpec) -> Result<RequestStream, AdmissionError> {
-        let pending = self.send_submission(spec)?;
+    /// The prefix chain of `prompt` under the cache's salt, when the cache
+    /// is on: hashing a long prompt takes a while, so callers compute it
+    /// where CPU work belongs (HTTP: the preparation pool), not on the model
+    /// thread or an async worker.
+    pub fn chain(&self, prompt: &[u32]) -> Option<PrefixChain> {
+        (self.prefix_salt.as_deref()).map(|salt| PrefixChain::new(salt, prompt))
+    }
+
+    /// Submits a request whose prompt's chain [`Self::chain`] computed; on
+    /// success its events arrive on the stream, starting with
+    /// [`Event::Admitted`]. Dropping the future before it resolves cancels
+    /// the request.
+    pub async fn submit(
+        &self,
+        spec: RequestSpec,
+        chain: Option<PrefixChain>,
+    ) -> Result<RequestStream, AdmissionError> {
+        let pending = self.send_submission(spec, chain)?;
         let id = (pending.answer.await).map_err(|_| AdmissionError::Unavailable)??;
         Ok(self.stream(id, pending.events))
     }
 
-    /// [`Self::submit`] for a thread outside the async runtime: blocks
-    /// until the model thread answers.
+    /// Submits a request from a thread outside the async runtime (hashing
+    /// its chain there): blocks until the model thread answers.
     pub fn submit_blocking(&self, spec: RequestSpec) -> Result<RequestStream, AdmissionError> {
-        let pending = self.send_submission(spec)?;
+        let chain = self.chain(&spec.prompt);
+        let pending = self.send_submission(spec, chain)?;
         let id = (pending.answer.blocking_recv()).map_err(|_| AdmissionError::Unavailable)??;
         Ok(self.stream(id, pending.events))
     }
 
-    fn send_submission(&self, spec: RequestSpec) -> Result<Pending, AdmissionError> {
+    fn send_submission(
+        &self,
+        spec: RequestSpec,
+        chain: Option<PrefixChain>,
+    ) -> Result<Pending, AdmissionError> {
         let (events, receiver) = async_mpsc::unbounded_channel();
         let (reply, answer) = oneshot::channel();
-        let chain = (self.prefix_salt.as_deref()).map(|salt| PrefixChain::new(salt, &spec.prompt));
         let message = Message::Submit {
             spec,
             chain,
