@@ -650,6 +650,29 @@ fn parsers_must_be_specified() {
 }
 
 #[test]
+fn a_parser_without_its_markers_is_rejected() {
+    use helios::core::proto::{Marker, ReasoningParser, ToolMarkers, ToolParser};
+    let err = mutated_err(|c| frontend(c).tool_parser = ToolParser::JsonInTags as i32);
+    assert!(matches!(err, CoreError::Frontend { reason } if reason.contains("call_start")));
+    let err = mutated_err(|c| {
+        let frontend = frontend(c);
+        frontend.tool_parser = ToolParser::JsonInTags as i32;
+        frontend.tool_markers = Some(ToolMarkers {
+            call_start: Some(Marker {
+                text: "<tool_call>".to_owned(),
+                token_id: None,
+            }),
+            ..ToolMarkers::default()
+        });
+    });
+    assert!(matches!(err, CoreError::Frontend { reason } if reason.contains("call_end")));
+    let err = mutated_err(|c| frontend(c).tool_parser = ToolParser::JsonAnswer as i32);
+    assert!(matches!(err, CoreError::Frontend { reason } if reason.contains("separator")));
+    let err = mutated_err(|c| frontend(c).reasoning_parser = ReasoningParser::ThinkTags as i32);
+    assert!(matches!(err, CoreError::Frontend { reason } if reason.contains("reasoning_markers")));
+}
+
+#[test]
 fn region_backing_more_than_it_holds_is_rejected() {
     let err = mutated_err(|c| {
         let region = &mut window(c).regions[2];

@@ -78,6 +78,9 @@ class ToolParser(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TOOL_PARSER_UNSPECIFIED: _ClassVar[ToolParser]
     TOOL_PARSER_NONE: _ClassVar[ToolParser]
     TOOL_PARSER_JSON_IN_TAGS: _ClassVar[ToolParser]
+    TOOL_PARSER_XML_FUNCTIONS: _ClassVar[ToolParser]
+    TOOL_PARSER_JSON_ANSWER: _ClassVar[ToolParser]
+    TOOL_PARSER_JSON_INSTRUCTED: _ClassVar[ToolParser]
 
 class ReasoningParser(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -138,6 +141,9 @@ SEMANTIC_STOP_TOKENS: Semantic
 TOOL_PARSER_UNSPECIFIED: ToolParser
 TOOL_PARSER_NONE: ToolParser
 TOOL_PARSER_JSON_IN_TAGS: ToolParser
+TOOL_PARSER_XML_FUNCTIONS: ToolParser
+TOOL_PARSER_JSON_ANSWER: ToolParser
+TOOL_PARSER_JSON_INSTRUCTED: ToolParser
 REASONING_PARSER_UNSPECIFIED: ReasoningParser
 REASONING_PARSER_NONE: ReasoningParser
 REASONING_PARSER_THINK_TAGS: ReasoningParser
@@ -425,6 +431,32 @@ class SamplingDefaults(_message.Message):
     frequency_penalty_range: FloatRange
     def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., temperature_range: _Optional[_Union[FloatRange, _Mapping]] = ..., top_k_range: _Optional[_Union[FloatRange, _Mapping]] = ..., top_p_range: _Optional[_Union[FloatRange, _Mapping]] = ..., min_p_range: _Optional[_Union[FloatRange, _Mapping]] = ..., repetition_penalty_range: _Optional[_Union[FloatRange, _Mapping]] = ..., presence_penalty_range: _Optional[_Union[FloatRange, _Mapping]] = ..., frequency_penalty_range: _Optional[_Union[FloatRange, _Mapping]] = ...) -> None: ...
 
+class Marker(_message.Message):
+    __slots__ = ("text", "token_id")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    token_id: int
+    def __init__(self, text: _Optional[str] = ..., token_id: _Optional[int] = ...) -> None: ...
+
+class ToolMarkers(_message.Message):
+    __slots__ = ("call_start", "call_end", "separator")
+    CALL_START_FIELD_NUMBER: _ClassVar[int]
+    CALL_END_FIELD_NUMBER: _ClassVar[int]
+    SEPARATOR_FIELD_NUMBER: _ClassVar[int]
+    call_start: Marker
+    call_end: Marker
+    separator: str
+    def __init__(self, call_start: _Optional[_Union[Marker, _Mapping]] = ..., call_end: _Optional[_Union[Marker, _Mapping]] = ..., separator: _Optional[str] = ...) -> None: ...
+
+class ReasoningMarkers(_message.Message):
+    __slots__ = ("start", "end")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    start: Marker
+    end: Marker
+    def __init__(self, start: _Optional[_Union[Marker, _Mapping]] = ..., end: _Optional[_Union[Marker, _Mapping]] = ...) -> None: ...
+
 class NamedToken(_message.Message):
     __slots__ = ("name", "content")
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -434,7 +466,7 @@ class NamedToken(_message.Message):
     def __init__(self, name: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class Frontend(_message.Message):
-    __slots__ = ("tokenizer_json", "chat_template", "eos_token_ids", "special_tokens", "sampling", "tool_parser", "reasoning_parser", "named_special_tokens")
+    __slots__ = ("tokenizer_json", "chat_template", "eos_token_ids", "special_tokens", "sampling", "tool_parser", "reasoning_parser", "named_special_tokens", "tool_markers", "reasoning_markers")
     TOKENIZER_JSON_FIELD_NUMBER: _ClassVar[int]
     CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -443,6 +475,8 @@ class Frontend(_message.Message):
     TOOL_PARSER_FIELD_NUMBER: _ClassVar[int]
     REASONING_PARSER_FIELD_NUMBER: _ClassVar[int]
     NAMED_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_MARKERS_FIELD_NUMBER: _ClassVar[int]
+    REASONING_MARKERS_FIELD_NUMBER: _ClassVar[int]
     tokenizer_json: str
     chat_template: str
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -451,7 +485,9 @@ class Frontend(_message.Message):
     tool_parser: ToolParser
     reasoning_parser: ReasoningParser
     named_special_tokens: _containers.RepeatedCompositeFieldContainer[NamedToken]
-    def __init__(self, tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., special_tokens: _Optional[_Iterable[str]] = ..., sampling: _Optional[_Union[SamplingDefaults, _Mapping]] = ..., tool_parser: _Optional[_Union[ToolParser, str]] = ..., reasoning_parser: _Optional[_Union[ReasoningParser, str]] = ..., named_special_tokens: _Optional[_Iterable[_Union[NamedToken, _Mapping]]] = ...) -> None: ...
+    tool_markers: ToolMarkers
+    reasoning_markers: ReasoningMarkers
+    def __init__(self, tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., special_tokens: _Optional[_Iterable[str]] = ..., sampling: _Optional[_Union[SamplingDefaults, _Mapping]] = ..., tool_parser: _Optional[_Union[ToolParser, str]] = ..., reasoning_parser: _Optional[_Union[ReasoningParser, str]] = ..., named_special_tokens: _Optional[_Iterable[_Union[NamedToken, _Mapping]]] = ..., tool_markers: _Optional[_Union[ToolMarkers, _Mapping]] = ..., reasoning_markers: _Optional[_Union[ReasoningMarkers, _Mapping]] = ...) -> None: ...
 
 class BufferWrite(_message.Message):
     __slots__ = ("buffer", "offset", "data")

@@ -306,6 +306,8 @@ pub fn tiny_core() -> Core {
                     content: content.to_owned(),
                 })
                 .to_vec(),
+            tool_markers: None,
+            reasoning_markers: None,
         }),
         qualification: Some(Qualification {
             steps: vec![QualificationStep {

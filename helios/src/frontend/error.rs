@@ -31,6 +31,9 @@ pub enum FrontendError {
         #[source]
         source: tokenizers::Error,
     },
+    /// The core's output protocol is unusable.
+    #[error(transparent)]
+    Protocol(#[from] super::protocol::ProtocolError),
     /// The core carries no chat template, so chat requests cannot be rendered.
     #[error("the core has no chat template")]
     NoChatTemplate,

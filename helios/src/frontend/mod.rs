@@ -21,6 +21,7 @@ mod detokenizer;
 mod encode_cache;
 mod error;
 mod offsets;
+pub mod protocol;
 mod stop;
 mod template;
 mod tokenizer;
@@ -29,7 +30,7 @@ pub use detokenizer::Detokenizer;
 pub use encode_cache::{EncodeCache, Reuse};
 pub use error::{FrontendError, InvalidChat};
 pub use stop::{StopMatcher, StopStep};
-pub use template::{ChatInput, ChatTemplate, RenderedChat, SpecialTokens};
+pub use template::{python_json, ChatInput, ChatTemplate, RenderedChat, SpecialTokens};
 pub use tokenizer::{ByteSpan, Tokenizer};
 
 use crate::core::proto;
@@ -82,6 +83,8 @@ pub struct Frontend {
     tokenizer: Tokenizer,
     chat_template: Option<ChatTemplate>,
     eos_token_ids: Vec<u32>,
+    /// How the model writes reasoning and tool calls.
+    protocol: protocol::OutputProtocol,
     /// Recent chat encodings, whose history a next turn reuses.
     encodings: EncodeCache,
 }
@@ -136,6 +139,7 @@ impl Frontend {
             tokenizer,
             chat_template,
             eos_token_ids: frontend.eos_token_ids.clone(),
+            protocol: protocol::OutputProtocol::from_core(frontend)?,
         })
     }
 
@@ -149,6 +153,11 @@ impl Frontend {
         self.chat_template
             .as_ref()
             .ok_or(FrontendError::NoChatTemplate)
+    }
+
+    /// The output protocol: how reasoning and tool calls are written.
+    pub fn protocol(&self) -> &protocol::OutputProtocol {
+        &self.protocol
     }
 
     /// The ids that end generation.

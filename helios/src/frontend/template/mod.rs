@@ -20,6 +20,14 @@ use super::error::{FrontendError, InvalidChat};
 use environment::{RaisedException, TEMPLATE_NAME};
 pub use marks::RenderedChat;
 
+/// `value` as a template's `tojson` prints it (Python's `json.dumps`
+/// layout: `", "` and `": "`, non-ASCII kept), so text the server writes
+/// into a prompt matches what templates write.
+pub fn python_json(value: &serde_json::Value) -> String {
+    json::dumps(&value::from_json(value), &json::JsonStyle::default())
+        .unwrap_or_else(|_| value.to_string())
+}
+
 /// The named special tokens Transformers passes to every template
 /// (`tokenizer.special_tokens_map`): `bos_token`, `eos_token`, and so on.
 /// An absent one is undefined in the template.

@@ -1,0 +1,85 @@
+//! The tools a request declares, as the parser and validation see them.
+
+use serde_json::Value;
+
+/// A request's function tools: their names and parameter schemas, from
+/// definitions in OpenAI's chat shape
+/// (`{"type": "function", "function": {"name", "description", "parameters"}}`),
+/// the shape every chat template reads.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ToolSet {
+    tools: Vec<(String, Value)>,
+}
+
+/// Why a tool definition is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ToolSetError {
+    /// A definition is not a function tool with a name.
+    #[error("tools[{index}] is not a function tool with a `function.name` string")]
+    NotAFunction {
+        /// Its position.
+        index: usize,
+    },
+    /// A name is declared twice.
+    #[error("tools[{index}] declares `{name}` again")]
+    Duplicate {
+        /// Its position.
+        index: usize,
+        /// The name.
+        name: String,
+    },
+}
+
+impl ToolSet {
+    /// The set of `definitions` (OpenAI chat shape).
+    pub fn from_definitions(definitions: &[Value]) -> Result<Self, ToolSetError> {
+        let mut tools: Vec<(String, Value)> = Vec::with_capacity(definitions.len());
+        for (index, definition) in definitions.iter().enumerate() {
+            let function = definition.get("function");
+            let name = function.and_then(|f| f.get("name")).and_then(Value::as_str);
+            let is_function = definition.get("type").and_then(Value::as_str) == Some("function");
+            let Some(name) = name.filter(|name| is_function && !name.is_empty()) else {
+                return Err(ToolSetError::NotAFunction { index });
+            };
+            if tools.iter().any(|(known, _)| known == name) {
+                return Err(ToolSetError::Duplicate {
+                    index,
+                    name: name.to_owned(),
+                });
+            }
+            let parameters = function.and_then(|f| f.get("parameters")).cloned();
+            tools.push((name.to_owned(), parameters.unwrap_or(Value::Null)));
+        }
+        Ok(Self { tools })
+    }
+
+    /// Whether no tool is declared.
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty()
+    }
+
+    /// Whether `name` is declared.
+    pub fn contains(&self, name: &str) -> bool {
+        self.tools.iter().any(|(known, _)| known == name)
+    }
+
+    /// The declared names, in order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tools.iter().map(|(name, _)| name.as_str())
+    }
+
+    /// The JSON schema type of parameter `key` of tool `name` (its first
+    /// type when it lists several), if declared.
+    pub fn parameter_type(&self, name: &str, key: &str) -> Option<&str> {
+        let (_, schema) = self.tools.iter().find(|(known, _)| known == name)?;
+        let kind = schema.get("properties")?.get(key)?.get("type")?;
+        match kind {
+            Value::String(kind) => Some(kind),
+            Value::Array(kinds) => kinds
+                .iter()
+                .filter_map(Value::as_str)
+                .find(|kind| *kind != "null"),
+            _ => None,
+        }
+    }
+}
