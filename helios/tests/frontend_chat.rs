@@ -232,6 +232,8 @@ fn core_frontend(suite: &Value, named: &[(String, String)]) -> proto::Frontend {
                 content: content.clone(),
             })
             .collect(),
+        tool_parser: proto::ToolParser::None as i32,
+        reasoning_parser: proto::ReasoningParser::None as i32,
         ..proto::Frontend::default()
     }
 }

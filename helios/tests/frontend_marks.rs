@@ -45,6 +45,8 @@ fn frontend(suite: &Value) -> Frontend {
         tokenizer_json: read(suite["tokenizer"].as_str().unwrap()),
         chat_template: read(suite["template"].as_str().unwrap()),
         eos_token_ids: vec![2],
+        tool_parser: proto::ToolParser::None as i32,
+        reasoning_parser: proto::ReasoningParser::None as i32,
         ..proto::Frontend::default()
     };
     Frontend::new(&core, special_tokens(suite)).unwrap()

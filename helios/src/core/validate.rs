@@ -492,8 +492,11 @@ pub(crate) fn check_frontend(frontend: &Frontend) -> Result<(), CoreError> {
     specified::<ToolParser>("frontend.tool_parser", frontend.tool_parser)?;
     specified::<ReasoningParser>("frontend.reasoning_parser", frontend.reasoning_parser)?;
     // Each parser's markers are present.
-    crate::frontend::protocol::OutputProtocol::from_core(frontend)
-        .map_err(|error| CoreError::Frontend { reason: error.reason })?;
+    crate::frontend::protocol::OutputProtocol::from_core(frontend).map_err(|error| {
+        CoreError::Frontend {
+            reason: error.reason,
+        }
+    })?;
     Ok(())
 }
 

@@ -1,4 +1,7 @@
-//! `POST /v1/chat/completions`, streamed and not.
+//! `POST /v1/chat/completions`, streamed and not, with tools
+//! (`tool_choice`, `parallel_tool_calls`), tool calls and reasoning
+//! (`reasoning_content`, also spelled `reasoning`) on the message and in
+//! deltas.
 
 use axum::extract::State;
 use axum::response::sse::Event;
@@ -9,10 +12,12 @@ use serde_json::{json, Map, Value};
 
 use super::conversation;
 use super::error::HttpError;
-use super::generation::{self, Finish, Job};
+use super::generation::{self, Collected, Finish, Job};
 use super::sampling::SamplingFields;
 use super::sse::{self, json_event, StreamFormat, Usage};
+use super::tools::{call_id, ToolChoice, ToolRequest};
 use super::{new_request_id, parse_body, respond, unix_time, AppState, Body, StreamOptions};
+use crate::frontend::protocol::{OutputEvent, ParsedOutput};
 use crate::frontend::ChatInput;
 
 /// The fields of a chat completion request Helios reads.
@@ -27,6 +32,8 @@ struct ChatRequest {
     max_completion_tokens: Option<u32>,
     n: Option<u32>,
     tools: Option<Vec<Value>>,
+    tool_choice: Option<Value>,
+    parallel_tool_calls: Option<bool>,
     chat_template_kwargs: Option<Map<String, Value>>,
     /// End the prompt inside the final message, which the output continues
     /// (vLLM's spelling; it turns the generation prompt off by default).
@@ -65,16 +72,20 @@ async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Respons
         });
     }
     let sampling = state.config().sampling.resolve(request.sampling)?;
+    let tools = ToolRequest::new(
+        request.tools.unwrap_or_default(),
+        ToolChoice::from_openai(request.tool_choice.as_ref())?,
+        request.parallel_tool_calls.unwrap_or(true),
+    )?;
     let input = ChatInput {
         messages: conversation::openai_messages(request.messages)?,
-        tools: request.tools,
         add_generation_prompt,
         continue_final_message,
         kwargs: request.chat_template_kwargs.unwrap_or_default(),
         ..ChatInput::default()
     };
     let max_tokens = request.max_completion_tokens.or(request.max_tokens);
-    let job = Job::chat(state, input, max_tokens, sampling).await?;
+    let job = Job::chat(state, input, max_tokens, sampling, tools).await?;
     let mut generation = generation::start(state, job).await?;
     let header = Header {
         id: format!("chatcmpl-{request_id}"),
@@ -86,10 +97,15 @@ async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Respons
         let format = ChatStream {
             header,
             include_usage,
+            call_ids: Vec::new(),
         };
         return Ok(sse::response(generation, format, request_id));
     }
-    let (text, finish, completion_tokens) = generation::collect(&mut generation).await?;
+    let Collected {
+        output,
+        finish,
+        completion_tokens,
+    } = generation::collect(&mut generation).await?;
     let usage = Usage::new(&generation, completion_tokens);
     Ok(Json(json!({
         "id": header.id,
@@ -98,13 +114,43 @@ async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Respons
         "model": header.model,
         "choices": [{
             "index": 0,
-            "message": {"role": "assistant", "content": text},
+            "message": message(output),
             "logprobs": null,
             "finish_reason": finish.openai(),
         }],
         "usage": usage,
     }))
     .into_response())
+}
+
+/// The assistant message of a collected output: `content` (`null` when a
+/// call-only answer has none), reasoning under both names, and the calls.
+fn message(output: ParsedOutput) -> Value {
+    let mut message = Map::new();
+    message.insert("role".to_owned(), json!("assistant"));
+    let content = if output.text.is_empty() && !output.calls.is_empty() {
+        Value::Null
+    } else {
+        Value::from(output.text)
+    };
+    message.insert("content".to_owned(), content);
+    if !output.reasoning.is_empty() {
+        message.insert("reasoning_content".to_owned(), json!(output.reasoning));
+        message.insert("reasoning".to_owned(), json!(output.reasoning));
+    }
+    if !output.calls.is_empty() {
+        let calls: Vec<Value> = (output.calls.into_iter())
+            .map(|call| {
+                json!({
+                    "id": call_id("call_"),
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                })
+            })
+            .collect();
+        message.insert("tool_calls".to_owned(), Value::from(calls));
+    }
+    Value::Object(message)
 }
 
 /// What every chunk of one response repeats.
@@ -119,6 +165,8 @@ struct Header {
 struct ChatStream {
     header: Header,
     include_usage: bool,
+    /// The ids of the calls started so far, by index.
+    call_ids: Vec<String>,
 }
 
 impl ChatStream {
@@ -143,8 +191,22 @@ impl StreamFormat for ChatStream {
         vec![self.chunk(json!({"role": "assistant", "content": ""}), None)]
     }
 
-    fn text(&mut self, text: &str) -> Vec<Event> {
-        vec![self.chunk(json!({"content": text}), None)]
+    fn output(&mut self, event: &OutputEvent) -> Vec<Event> {
+        let delta = match event {
+            OutputEvent::Text(text) => json!({"content": text}),
+            OutputEvent::Reasoning(text) => json!({"reasoning_content": text, "reasoning": text}),
+            OutputEvent::ToolCallStart { index, name } => {
+                let id = call_id("call_");
+                self.call_ids.push(id.clone());
+                json!({"tool_calls": [{"index": index, "id": id, "type": "function",
+                    "function": {"name": name, "arguments": ""}}]})
+            }
+            OutputEvent::ToolCallArguments { index, delta } => {
+                json!({"tool_calls": [{"index": index, "function": {"arguments": delta}}]})
+            }
+            OutputEvent::ToolCallEnd { .. } => return Vec::new(),
+        };
+        vec![self.chunk(delta, None)]
     }
 
     fn finish(&mut self, finish: Finish, usage: Usage) -> Vec<Event> {

@@ -13,6 +13,7 @@ use super::generation::{self, Finish, Job};
 use super::sampling::SamplingFields;
 use super::sse::{self, json_event, StreamFormat, Usage};
 use super::{new_request_id, parse_body, respond, unix_time, AppState, Body, StreamOptions};
+use crate::frontend::protocol::OutputEvent;
 
 /// OpenAI's default output limit for completions.
 const DEFAULT_MAX_TOKENS: u32 = 16;
@@ -90,9 +91,9 @@ async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Respons
     if request.stream {
         return Ok(sse::response(generation, format, request_id));
     }
-    let (text, finish, completion_tokens) = generation::collect(&mut generation).await?;
-    let usage = Usage::new(&generation, completion_tokens);
-    let mut body = format.body(&text, Some(finish));
+    let collected = generation::collect(&mut generation).await?;
+    let usage = Usage::new(&generation, collected.completion_tokens);
+    let mut body = format.body(&collected.output.text, Some(collected.finish));
     body["usage"] = json!(usage);
     Ok(Json(body).into_response())
 }
@@ -127,8 +128,12 @@ impl StreamFormat for CompletionStream {
         Vec::new()
     }
 
-    fn text(&mut self, text: &str) -> Vec<Event> {
-        vec![json_event(&self.body(text, None))]
+    fn output(&mut self, event: &OutputEvent) -> Vec<Event> {
+        // A completion's output is its text: no protocol parses it.
+        match event {
+            OutputEvent::Text(text) => vec![json_event(&self.body(text, None))],
+            _ => Vec::new(),
+        }
     }
 
     fn finish(&mut self, finish: Finish, usage: Usage) -> Vec<Event> {

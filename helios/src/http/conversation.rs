@@ -15,7 +15,17 @@
 //!   (an image, audio, a file) is 400 naming the part, since this core reads
 //!   text only;
 //! - OpenAI's `developer` role is the `system` role of newer clients, and is
-//!   rendered as `system`.
+//!   rendered as `system`;
+//! - an assistant call's `arguments`, a JSON string on the wire, reaches the
+//!   template as the object it encodes (as vLLM passes it), since templates
+//!   print it with `tojson`; a string that is not a JSON object stays as it
+//!   is;
+//! - reasoning is accepted as `reasoning_content` or `reasoning` and the
+//!   template sees both names;
+//! - Anthropic conversations become the same OpenAI-shaped messages:
+//!   `tool_use` blocks are the assistant's `tool_calls`, `tool_result`
+//!   blocks are `tool` messages (before the turn's text), `thinking` blocks
+//!   are its reasoning, and tool definitions take OpenAI's function shape.
 
 use serde_json::{Map, Value};
 
@@ -65,9 +75,136 @@ pub fn openai_messages(messages: Vec<Value>) -> Result<Vec<Value>, HttpError> {
                 let at = format!("messages[{index}].content");
                 message.insert("content".to_owned(), text_content(content, &at)?);
             }
+            let reasoning = (message.get("reasoning_content"))
+                .or_else(|| message.get("reasoning"))
+                .cloned();
+            if let Some(reasoning) = reasoning.filter(|r| !r.is_null()) {
+                message.insert("reasoning_content".to_owned(), reasoning.clone());
+                message.insert("reasoning".to_owned(), reasoning);
+            }
+            if let Some(Value::Array(calls)) = message.get_mut("tool_calls") {
+                calls.iter_mut().for_each(arguments_as_object);
+            }
             Ok(Value::Object(message))
         })
         .collect()
+}
+
+/// A call's `function.arguments` string as the object it encodes.
+fn arguments_as_object(call: &mut Value) {
+    let Some(arguments) = call.pointer_mut("/function/arguments") else {
+        return;
+    };
+    if let Some(Ok(object @ Value::Object(_))) =
+        arguments.as_str().map(serde_json::from_str::<Value>)
+    {
+        *arguments = object;
+    }
+}
+
+/// Anthropic's `tools` in OpenAI's function shape; tools of another `type`
+/// (Anthropic's hosted tools) are skipped with a warning, since no model
+/// here runs them.
+pub fn anthropic_tools(tools: Vec<Value>) -> Vec<Value> {
+    tools
+        .into_iter()
+        .filter_map(|tool| {
+            let kind = tool.get("type").and_then(Value::as_str);
+            if !matches!(kind, None | Some("custom")) {
+                eprintln!("flare: skipping tool of type {kind:?}: only client tools are served");
+                return None;
+            }
+            let mut function = Map::new();
+            for (from, to) in [
+                ("name", "name"),
+                ("description", "description"),
+                ("input_schema", "parameters"),
+            ] {
+                if let Some(value) = tool.get(from) {
+                    function.insert(to.to_owned(), value.clone());
+                }
+            }
+            Some(serde_json::json!({"type": "function", "function": function}))
+        })
+        .collect()
+}
+
+/// Anthropic messages (and the system prompt) as OpenAI-shaped messages,
+/// and whether the conversation ends in an assistant turn (a prefill the
+/// output continues).
+pub fn anthropic_messages(
+    system: Option<Value>,
+    messages: Vec<(String, Value)>,
+) -> Result<(Vec<Value>, bool), HttpError> {
+    let mut out = Vec::with_capacity(messages.len() + 1);
+    if let Some(system) = system {
+        let content = anthropic_text(system, "system")?;
+        out.push(serde_json::json!({"role": "system", "content": content}));
+    }
+    let prefill = messages.last().is_some_and(|(role, _)| role == "assistant");
+    for (index, (role, content)) in messages.into_iter().enumerate() {
+        anthropic_role(index, &role)?;
+        let at = format!("messages[{index}].content");
+        let blocks = match content {
+            Value::Array(blocks) => blocks,
+            other => {
+                let text = anthropic_text(other, &at)?;
+                out.push(serde_json::json!({"role": role, "content": text}));
+                continue;
+            }
+        };
+        let mut texts = Vec::new();
+        let mut reasoning = Vec::new();
+        let mut calls = Vec::new();
+        for (position, block) in blocks.into_iter().enumerate() {
+            let at = format!("{at}[{position}]");
+            match block.get("type").and_then(Value::as_str) {
+                Some("tool_use") if role == "assistant" => calls.push(serde_json::json!({
+                    "id": block.get("id").cloned().unwrap_or(Value::Null),
+                    "type": "function",
+                    "function": {
+                        "name": block.get("name").cloned().unwrap_or(Value::Null),
+                        "arguments": block.get("input").cloned().unwrap_or_else(|| serde_json::json!({})),
+                    },
+                })),
+                Some("tool_result") if role == "user" => {
+                    let content = match block.get("content").cloned() {
+                        None | Some(Value::Null) => String::new(),
+                        Some(content) => anthropic_text(content, &format!("{at}.content"))?,
+                    };
+                    out.push(serde_json::json!({
+                        "role": "tool",
+                        "tool_call_id": block.get("tool_use_id").cloned().unwrap_or(Value::Null),
+                        "content": content,
+                    }));
+                }
+                Some("thinking") if role == "assistant" => {
+                    if let Some(text) = block.get("thinking").and_then(Value::as_str) {
+                        reasoning.push(text.to_owned());
+                    }
+                }
+                // Redacted reasoning has no text to replay.
+                Some("redacted_thinking") if role == "assistant" => {}
+                _ => texts.push(part_text(block, &at)?),
+            }
+        }
+        if texts.is_empty() && calls.is_empty() && reasoning.is_empty() {
+            continue;
+        }
+        let mut message = Map::new();
+        message.insert("role".to_owned(), Value::from(role.as_str()));
+        message.insert("content".to_owned(), Value::from(texts.join("\n")));
+        if !reasoning.is_empty() {
+            let reasoning = Value::from(reasoning.join("\n"));
+            message.insert("reasoning_content".to_owned(), reasoning.clone());
+            message.insert("reasoning".to_owned(), reasoning);
+        }
+        if !calls.is_empty() {
+            message.insert("tool_calls".to_owned(), Value::from(calls));
+        }
+        out.push(Value::Object(message));
+    }
+    Ok((out, prefill))
 }
 
 /// An Anthropic message's role, checked.

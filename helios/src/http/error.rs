@@ -41,6 +41,11 @@ pub enum ErrorCode {
     InvalidRole,
     /// A content part the core cannot consume (an image, for now).
     UnsupportedContent,
+    /// The output did not meet `tool_choice` (no completed call, or a call
+    /// to a tool the choice excludes).
+    ToolChoiceUnmet,
+    /// `previous_response_id` names no stored response.
+    PreviousResponseNotFound,
 }
 
 impl ErrorCode {
@@ -61,6 +66,8 @@ impl ErrorCode {
             Self::ModelNotFound => "model_not_found",
             Self::InvalidRole => "invalid_role",
             Self::UnsupportedContent => "unsupported_content",
+            Self::ToolChoiceUnmet => "tool_choice_unmet",
+            Self::PreviousResponseNotFound => "previous_response_not_found",
         }
     }
 }
@@ -146,6 +153,28 @@ pub enum HttpError {
         /// The part's type.
         kind: String,
     },
+    /// A tool definition is unusable.
+    #[error(transparent)]
+    InvalidTools(#[from] crate::frontend::protocol::ToolSetError),
+    /// `tool_choice` names a tool the request does not declare.
+    #[error("tool_choice names `{name}`, which is not one of the request's tools")]
+    UnknownTool {
+        /// The name.
+        name: String,
+    },
+    /// The output did not meet the request's `tool_choice`.
+    #[error("the response does not satisfy tool_choice: {reason}")]
+    ToolChoiceUnmet {
+        /// What the output did.
+        reason: String,
+    },
+    /// `previous_response_id` names a response that is not stored (never
+    /// stored, or evicted from the bounded store).
+    #[error("previous response `{id}` is not found: it was not stored, or it was evicted")]
+    PreviousResponseNotFound {
+        /// The id.
+        id: String,
+    },
 }
 
 impl HttpError {
@@ -157,8 +186,12 @@ impl HttpError {
             | Self::InvalidJson { .. }
             | Self::InvalidParameter { .. }
             | Self::InvalidRole { .. }
-            | Self::UnsupportedContent { .. } => StatusCode::BAD_REQUEST,
+            | Self::UnsupportedContent { .. }
+            | Self::InvalidTools(_)
+            | Self::UnknownTool { .. }
+            | Self::PreviousResponseNotFound { .. } => StatusCode::BAD_REQUEST,
             Self::ModelNotFound { .. } => StatusCode::NOT_FOUND,
+            Self::ToolChoiceUnmet { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Frontend(error) if frontend_is_request_fault(error) => StatusCode::BAD_REQUEST,
             Self::Frontend(_) | Self::Execution(_) | Self::PreparationFailed => {
                 StatusCode::INTERNAL_SERVER_ERROR
@@ -196,6 +229,9 @@ impl HttpError {
             Self::ModelNotFound { .. } => ErrorCode::ModelNotFound,
             Self::InvalidRole { .. } => ErrorCode::InvalidRole,
             Self::UnsupportedContent { .. } => ErrorCode::UnsupportedContent,
+            Self::InvalidTools(_) | Self::UnknownTool { .. } => ErrorCode::InvalidParameter,
+            Self::ToolChoiceUnmet { .. } => ErrorCode::ToolChoiceUnmet,
+            Self::PreviousResponseNotFound { .. } => ErrorCode::PreviousResponseNotFound,
         }
     }
 
@@ -207,7 +243,11 @@ impl HttpError {
             | Self::InvalidParameter { .. }
             | Self::ModelNotFound { .. }
             | Self::InvalidRole { .. }
-            | Self::UnsupportedContent { .. } => "validation",
+            | Self::UnsupportedContent { .. }
+            | Self::InvalidTools(_)
+            | Self::UnknownTool { .. }
+            | Self::PreviousResponseNotFound { .. } => "validation",
+            Self::ToolChoiceUnmet { .. } => "output",
             Self::Frontend(error) if frontend_is_request_fault(error) => "validation",
             Self::Frontend(_) | Self::PreparationFailed => "frontend",
             Self::Admission(_) => "admission",
@@ -224,6 +264,12 @@ impl HttpError {
             Self::ModelNotFound { .. } => "model",
             Self::InvalidRole { index, .. } => return Some(format!("messages[{index}].role")),
             Self::UnsupportedContent { at, .. } => at,
+            Self::InvalidTools(
+                crate::frontend::protocol::ToolSetError::NotAFunction { index }
+                | crate::frontend::protocol::ToolSetError::Duplicate { index, .. },
+            ) => return Some(format!("tools[{index}]")),
+            Self::UnknownTool { .. } | Self::ToolChoiceUnmet { .. } => "tool_choice",
+            Self::PreviousResponseNotFound { .. } => "previous_response_id",
             Self::Frontend(FrontendError::EmptyStop { .. }) => "stop",
             Self::Frontend(error) if frontend_is_request_fault(error) => "messages",
             Self::Admission(AdmissionError::ExceedsContext { .. }) => "max_tokens",
@@ -238,7 +284,9 @@ impl HttpError {
     /// The OpenAI envelope: `{"error": {message, type, param, code}}`.
     pub fn envelope(&self) -> ErrorEnvelope {
         let kind = match self.status() {
-            StatusCode::BAD_REQUEST | StatusCode::NOT_FOUND => "invalid_request_error",
+            StatusCode::BAD_REQUEST | StatusCode::NOT_FOUND | StatusCode::UNPROCESSABLE_ENTITY => {
+                "invalid_request_error"
+            }
             StatusCode::SERVICE_UNAVAILABLE => "service_unavailable_error",
             StatusCode::UNAUTHORIZED => "authentication_error",
             _ => "server_error",
@@ -310,7 +358,7 @@ impl HttpError {
     /// Anthropic's envelope: `{"type": "error", "error": {type, message}}`.
     pub fn anthropic_envelope(&self) -> serde_json::Value {
         let kind = match self.status() {
-            StatusCode::BAD_REQUEST => "invalid_request_error",
+            StatusCode::BAD_REQUEST | StatusCode::UNPROCESSABLE_ENTITY => "invalid_request_error",
             StatusCode::NOT_FOUND => "not_found_error",
             StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
             StatusCode::UNAUTHORIZED => "authentication_error",

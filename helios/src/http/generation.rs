@@ -16,7 +16,11 @@ use std::time::Instant;
 
 use super::error::HttpError;
 use super::sampling::{output_limit, Sampling};
+use super::tools::{ToolPolicy, ToolRequest};
 use super::AppState;
+use crate::frontend::protocol::{
+    MarkerKind, OutputEvent, OutputParser, OutputProtocol, ParsedOutput,
+};
 use crate::frontend::{ChatInput, Detokenizer, Frontend, StopMatcher, StopStep};
 use crate::prefix::PrefixChain;
 use crate::scheduler::{Event, FinishReason, RequestSpec, RequestStream};
@@ -34,6 +38,8 @@ pub enum Finish {
     StopSequence(usize),
     /// The output limit was reached.
     Length,
+    /// The model ended its turn after completed tool calls.
+    ToolCalls,
 }
 
 impl Finish {
@@ -42,6 +48,7 @@ impl Finish {
         match self {
             Self::Eos | Self::StopSequence(_) => "stop",
             Self::Length => "length",
+            Self::ToolCalls => "tool_calls",
         }
     }
 
@@ -51,6 +58,7 @@ impl Finish {
             Self::Eos => "end_turn",
             Self::StopSequence(_) => "stop_sequence",
             Self::Length => "max_tokens",
+            Self::ToolCalls => "tool_use",
         }
     }
 }
@@ -58,8 +66,9 @@ impl Finish {
 /// What a generation hands the HTTP task.
 #[derive(Debug)]
 pub enum Chunk {
-    /// Output text, in order (never empty).
-    Text(String),
+    /// Output, in order, as the output protocol parsed it and the tool
+    /// policy presents it (no text delta is empty).
+    Output(OutputEvent),
     /// The request finished; no chunk follows.
     Finished {
         /// Why.
@@ -82,6 +91,11 @@ pub struct Job {
     pub chain: Option<PrefixChain>,
     /// The request's stop sequences.
     pub stops: StopMatcher,
+    /// The output's parser (text passes through unless the core declares
+    /// an output protocol and the request uses it).
+    pub parser: OutputParser,
+    /// What the output's calls must satisfy, and how they are presented.
+    pub policy: ToolPolicy,
 }
 
 impl Job {
@@ -105,6 +119,8 @@ impl Job {
                 message_endpoints: Vec::new(),
             },
             stops,
+            parser: OutputProtocol::default().parser(None, false),
+            policy: ToolPolicy::default(),
         })
     }
 }
@@ -135,28 +151,40 @@ impl Job {
     /// messages; the work runs on the blocking pool ([`prepare`]).
     ///
     /// [`ServeConfig::marked_messages`]: super::ServeConfig::marked_messages
+    ///
+    /// `tools` decides which tools the template sees and how the output's
+    /// calls are parsed and checked; the output's reasoning is parsed by the
+    /// core's protocol, starting inside it when the prompt ends open.
     pub async fn chat(
         state: &AppState,
-        input: ChatInput,
+        mut input: ChatInput,
         max_tokens: Option<u32>,
         sampling: Sampling,
+        tools: ToolRequest,
     ) -> Result<Self, HttpError> {
         prepare(state, move |state| {
-            Self::chat_now(state, &input, max_tokens, sampling)
+            tools.prepare(&mut input, state.frontend().protocol());
+            let (mut job, text) = Self::chat_now(state, &input, max_tokens, sampling)?;
+            let protocol = state.frontend().protocol();
+            job.parser = protocol.parser(tools.parsed(), protocol.starts_in_reasoning(&text));
+            job.policy = tools.policy();
+            Ok(job)
         })
         .await
     }
 
+    /// The job and its prompt's text.
     fn chat_now(
         state: &AppState,
         input: &ChatInput,
         max_tokens: Option<u32>,
         sampling: Sampling,
-    ) -> Result<Self, HttpError> {
+    ) -> Result<(Self, String), HttpError> {
         let recent = state.config().marked_messages;
         if recent == 0 {
             let prompt = state.frontend().encode_chat(input)?;
-            return Self::new(state, prompt.token_ids, max_tokens, sampling);
+            let job = Self::new(state, prompt.token_ids, max_tokens, sampling)?;
+            return Ok((job, prompt.text));
         }
         let prompt = state
             .frontend()
@@ -164,7 +192,7 @@ impl Job {
         let message_endpoints = prompt.message_endpoints();
         let mut job = Self::new(state, prompt.token_ids, max_tokens, sampling)?;
         job.spec.message_endpoints = message_endpoints;
-        Ok(job)
+        Ok((job, prompt.text))
     }
 }
 
@@ -218,6 +246,8 @@ pub async fn start(state: &AppState, job: Job) -> Result<Generation, HttpError> 
         frontend: Arc::clone(state.frontend()),
         detokenizer: Detokenizer::with_context(context, true),
         stops: job.stops,
+        parser: job.parser,
+        policy: job.policy,
         generated: 0,
     };
     let mut stream = state.handle().submit(job.spec, job.chain).await?;
@@ -245,56 +275,104 @@ async fn wait_for_admission(stream: &mut RequestStream) -> Result<u32, HttpError
     }
 }
 
-/// Reads collected output: the text and how it ended.
-pub async fn collect(generation: &mut Generation) -> Result<(String, Finish, u32), HttpError> {
-    let mut text = String::new();
+/// A generation's whole output, as a non-streamed response presents it.
+#[derive(Debug)]
+pub struct Collected {
+    /// Text, reasoning and calls.
+    pub output: ParsedOutput,
+    /// How it ended.
+    pub finish: Finish,
+    /// Output tokens generated.
+    pub completion_tokens: u32,
+}
+
+/// Reads the whole output and how it ended.
+pub async fn collect(generation: &mut Generation) -> Result<Collected, HttpError> {
+    let mut output = ParsedOutput::default();
     while let Some(chunk) = generation.next_chunk().await {
         match chunk {
-            Chunk::Text(delta) => text.push_str(&delta),
+            Chunk::Output(event) => output.apply(&event),
             Chunk::Finished {
                 finish,
                 completion_tokens,
-            } => return Ok((text, finish, completion_tokens)),
+            } => {
+                return Ok(Collected {
+                    output,
+                    finish,
+                    completion_tokens,
+                })
+            }
             Chunk::Failed(error) => return Err(error),
         }
     }
     Err(HttpError::WorkerGone)
 }
 
-/// Output text of one request: detokenized, EOS dropped, cut at the first
-/// stop sequence.
+/// The output of one request: detokenized, EOS dropped, cut at the first
+/// stop sequence, parsed by the output protocol and presented by the tool
+/// policy. A marker token of the protocol is handed to the parser by id and
+/// never detokenized; the text before it is released first.
 #[derive(Debug)]
 struct Delivery {
     frontend: Arc<Frontend>,
     detokenizer: Detokenizer,
     stops: StopMatcher,
+    parser: OutputParser,
+    policy: ToolPolicy,
     generated: u32,
 }
 
 impl Delivery {
     fn tokens(&mut self, tokens: &[u32]) -> Vec<Chunk> {
-        let mut text = String::new();
+        let mut events = Vec::new();
         for &id in tokens {
             self.generated += 1;
             if self.frontend.is_eos(id) {
                 continue;
             }
+            if let Some(kind) = self.parser.marker(id) {
+                match self.marker(kind, &mut events) {
+                    Ok(None) => continue,
+                    Ok(Some(stop)) => return self.end(events, Finish::StopSequence(stop)),
+                    Err(error) => return self.fail(events, error),
+                }
+            }
             let delta = match self.detokenizer.push(self.frontend.tokenizer(), id) {
                 Ok(delta) => delta,
-                Err(error) => return vec![Chunk::Failed(error.into())],
+                Err(error) => return self.fail(events, error.into()),
             };
             match self.stops.push(&delta) {
-                StopStep::Continue { text: released } => text.push_str(&released),
-                StopStep::Stopped {
-                    text: released,
-                    stop,
-                } => {
-                    text.push_str(&released);
-                    return self.end(text, Finish::StopSequence(stop));
+                StopStep::Continue { text } => events.extend(self.parser.push_text(&text)),
+                StopStep::Stopped { text, stop } => {
+                    events.extend(self.parser.push_text(&text));
+                    return self.end(events, Finish::StopSequence(stop));
                 }
             }
         }
-        with_text(text, Vec::new())
+        self.present(events, Vec::new())
+    }
+
+    /// Releases the text before a marker token, then the marker; a stop
+    /// sequence the released text completes ends the output (its index).
+    fn marker(
+        &mut self,
+        kind: MarkerKind,
+        events: &mut Vec<OutputEvent>,
+    ) -> Result<Option<usize>, HttpError> {
+        let rest = self.detokenizer.finish(self.frontend.tokenizer())?;
+        match self.stops.push(&rest) {
+            StopStep::Stopped { text, stop } => {
+                events.extend(self.parser.push_text(&text));
+                return Ok(Some(stop));
+            }
+            StopStep::Continue { mut text } => {
+                // A stop sequence cannot span the marker.
+                text.push_str(&self.stops.finish());
+                events.extend(self.parser.push_text(&text));
+            }
+        }
+        events.extend(self.parser.push_marker(kind));
+        Ok(None)
     }
 
     fn finish(&mut self, reason: FinishReason) -> Vec<Chunk> {
@@ -305,32 +383,59 @@ impl Delivery {
         };
         let rest = match self.detokenizer.finish(self.frontend.tokenizer()) {
             Ok(rest) => rest,
-            Err(error) => return vec![Chunk::Failed(error.into())],
+            Err(error) => return self.fail(Vec::new(), error.into()),
         };
+        let mut events = Vec::new();
         match self.stops.push(&rest) {
-            StopStep::Stopped { text, stop } => self.end(text, Finish::StopSequence(stop)),
+            StopStep::Stopped { text, stop } => {
+                events.extend(self.parser.push_text(&text));
+                self.end(events, Finish::StopSequence(stop))
+            }
             StopStep::Continue { mut text } => {
                 text.push_str(&self.stops.finish());
-                self.end(text, finish)
+                events.extend(self.parser.push_text(&text));
+                self.end(events, finish)
             }
         }
     }
 
-    fn end(&self, text: String, finish: Finish) -> Vec<Chunk> {
-        let finished = Chunk::Finished {
-            finish,
-            completion_tokens: self.generated,
-        };
-        with_text(text, vec![finished])
+    /// The output's last events and how it ended, as the policy allows.
+    fn end(&mut self, mut events: Vec<OutputEvent>, finish: Finish) -> Vec<Chunk> {
+        events.extend(self.parser.finish());
+        let mut chunks = self.present(events, Vec::new());
+        if matches!(chunks.last(), Some(Chunk::Failed(_))) {
+            return chunks;
+        }
+        chunks.push(match self.policy.finish(finish) {
+            Ok(finish) => Chunk::Finished {
+                finish,
+                completion_tokens: self.generated,
+            },
+            Err(error) => Chunk::Failed(error),
+        });
+        chunks
     }
-}
 
-/// `text` as a chunk (unless empty), followed by `rest`.
-fn with_text(text: String, rest: Vec<Chunk>) -> Vec<Chunk> {
-    let mut chunks = Vec::with_capacity(rest.len() + 1);
-    if !text.is_empty() {
-        chunks.push(Chunk::Text(text));
+    /// The events decided before a failure, then the failure.
+    fn fail(&mut self, events: Vec<OutputEvent>, error: HttpError) -> Vec<Chunk> {
+        self.present(events, vec![Chunk::Failed(error)])
     }
-    chunks.extend(rest);
-    chunks
+
+    /// `events` as the policy presents them, followed by `rest`; a
+    /// violation ends the chunks with its failure.
+    fn present(&mut self, events: Vec<OutputEvent>, rest: Vec<Chunk>) -> Vec<Chunk> {
+        let mut chunks = Vec::with_capacity(events.len() + rest.len());
+        for event in events {
+            match self.policy.present(event) {
+                Ok(Some(event)) => chunks.push(Chunk::Output(event)),
+                Ok(None) => {}
+                Err(error) => {
+                    chunks.push(Chunk::Failed(error));
+                    return chunks;
+                }
+            }
+        }
+        chunks.extend(rest);
+        chunks
+    }
 }

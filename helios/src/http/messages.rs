@@ -1,20 +1,29 @@
-//! Anthropic's `POST /v1/messages` with text content, streamed and not; a
-//! conversation ending in an assistant turn is continued (prefill).
+//! Anthropic's `POST /v1/messages`, streamed and not: text, `tool_use` and
+//! `tool_result` blocks, `tools` and `tool_choice`, `thinking` blocks
+//! (replayed ones accepted; `thinking: {type: enabled | disabled}` reaches
+//! the template as `enable_thinking`); a conversation ending in an
+//! assistant turn is continued (prefill).
 
 use axum::extract::State;
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use super::conversation;
 use super::error::{AnthropicError, HttpError};
-use super::generation::{self, Finish, Job};
+use super::generation::{self, Collected, Finish, Job};
 use super::sampling::{SamplingFields, Stop};
 use super::sse::{self, StreamFormat, Usage};
+use super::tools::{call_id, ToolChoice, ToolRequest};
 use super::{new_request_id, parse_body, respond, AppState, Body};
+use crate::frontend::protocol::{OutputEvent, ParsedOutput};
 use crate::frontend::ChatInput;
+
+/// The signature of a thinking block: Anthropic's clients require one, and
+/// a local server has nothing to sign.
+const PLACEHOLDER_SIGNATURE: &str = "flare-unsigned";
 
 #[derive(Debug, Deserialize)]
 struct Message {
@@ -36,6 +45,9 @@ struct MessagesRequest {
     temperature: Option<f32>,
     top_p: Option<f32>,
     top_k: Option<i64>,
+    tools: Option<Vec<Value>>,
+    tool_choice: Option<Value>,
+    thinking: Option<Value>,
 }
 
 /// The handler: every response, success or failure, names the request.
@@ -45,6 +57,26 @@ pub async fn messages(State(state): State<AppState>, body: Body) -> Response {
     respond(&request_id, result, |error| {
         AnthropicError(error).into_response()
     })
+}
+
+/// `thinking` as the template's `enable_thinking`.
+fn thinking_kwargs(thinking: Option<&Value>) -> Result<Map<String, Value>, HttpError> {
+    let mut kwargs = Map::new();
+    match thinking.and_then(|t| t.get("type")).and_then(Value::as_str) {
+        None if thinking.is_none() => {}
+        Some("enabled") => {
+            kwargs.insert("enable_thinking".to_owned(), Value::Bool(true));
+        }
+        Some("disabled") => {
+            kwargs.insert("enable_thinking".to_owned(), Value::Bool(false));
+        }
+        _ => return Err(HttpError::InvalidParameter {
+            param: "thinking",
+            reason:
+                "must be {\"type\": \"enabled\", \"budget_tokens\": N} or {\"type\": \"disabled\"}",
+        }),
+    }
+    Ok(kwargs)
 }
 
 async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Response, HttpError> {
@@ -57,27 +89,21 @@ async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Respons
         stop: request.stop_sequences.clone().map(Stop::Many),
         ..SamplingFields::default()
     })?;
-    let mut messages = Vec::with_capacity(request.messages.len() + 1);
-    if let Some(system) = request.system {
-        let content = conversation::anthropic_text(system, "system")?;
-        messages.push(json!({"role": "system", "content": content}));
-    }
-    // A conversation ending in an assistant turn is that turn's prefill:
-    // the output continues it.
-    let prefill = (request.messages.last()).is_some_and(|message| message.role == "assistant");
-    for (index, message) in request.messages.into_iter().enumerate() {
-        conversation::anthropic_role(index, &message.role)?;
-        let at = format!("messages[{index}].content");
-        let content = conversation::anthropic_text(message.content, &at)?;
-        messages.push(json!({"role": message.role, "content": content}));
-    }
+    let (choice, parallel) = ToolChoice::from_anthropic(request.tool_choice.as_ref())?;
+    let definitions = conversation::anthropic_tools(request.tools.unwrap_or_default());
+    let tools = ToolRequest::new(definitions, choice, parallel)?;
+    let turns = (request.messages.into_iter())
+        .map(|message| (message.role, message.content))
+        .collect();
+    let (messages, prefill) = conversation::anthropic_messages(request.system, turns)?;
     let input = ChatInput {
         messages,
         add_generation_prompt: !prefill,
         continue_final_message: prefill,
+        kwargs: thinking_kwargs(request.thinking.as_ref())?,
         ..ChatInput::default()
     };
-    let job = Job::chat(state, input, Some(request.max_tokens), sampling).await?;
+    let job = Job::chat(state, input, Some(request.max_tokens), sampling, tools).await?;
     let mut generation = generation::start(state, job).await?;
     let format = MessageStream {
         id: format!("msg_{request_id}"),
@@ -85,14 +111,56 @@ async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Respons
         stops: request.stop_sequences.unwrap_or_default(),
         input_tokens: generation.prompt_tokens - generation.cached_tokens,
         cache_read_input_tokens: generation.cached_tokens,
+        blocks: 0,
+        open: None,
     };
     if request.stream {
         return Ok(sse::response(generation, format, request_id));
     }
-    let (text, finish, output_tokens) = generation::collect(&mut generation).await?;
-    let mut body = format.message(json!([{"type": "text", "text": text}]), Some(finish));
-    body["usage"]["output_tokens"] = json!(output_tokens);
+    let Collected {
+        output,
+        finish,
+        completion_tokens,
+    } = generation::collect(&mut generation).await?;
+    let mut body = format.message(content(output), Some(finish));
+    body["usage"]["output_tokens"] = json!(completion_tokens);
     Ok(Json(body).into_response())
+}
+
+/// The content blocks of a collected output: thinking, text, tool uses.
+fn content(output: ParsedOutput) -> Value {
+    let mut blocks = Vec::new();
+    if !output.reasoning.is_empty() {
+        blocks.push(json!({"type": "thinking", "thinking": output.reasoning,
+            "signature": PLACEHOLDER_SIGNATURE}));
+    }
+    if !output.text.is_empty() || output.calls.is_empty() {
+        blocks.push(json!({"type": "text", "text": output.text}));
+    }
+    for call in output.calls {
+        blocks.push(
+            json!({"type": "tool_use", "id": call_id("toolu_"), "name": call.name,
+            "input": input_object(&call.arguments)}),
+        );
+    }
+    Value::from(blocks)
+}
+
+/// A call's arguments as the object `tool_use.input` needs (`{}` when the
+/// text is not a JSON object, as a truncated call's is).
+fn input_object(arguments: &str) -> Value {
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(object @ Value::Object(_)) => object,
+        _ => json!({}),
+    }
+}
+
+/// The kind of the content block being streamed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Block {
+    Thinking,
+    Text,
+    ToolUse(usize),
 }
 
 /// Anthropic's message object and its event stream.
@@ -104,6 +172,10 @@ struct MessageStream {
     input_tokens: u32,
     /// Prompt tokens restored from a prefix checkpoint.
     cache_read_input_tokens: u32,
+    /// Content blocks started so far.
+    blocks: usize,
+    /// The block being streamed, if any.
+    open: Option<Block>,
 }
 
 fn event(name: &str, data: &Value) -> Event {
@@ -134,26 +206,86 @@ impl MessageStream {
             },
         })
     }
+
+    /// Closes the open block (a thinking block gets its signature first).
+    fn close(&mut self, events: &mut Vec<Event>) {
+        let Some(block) = self.open.take() else {
+            return;
+        };
+        let index = self.blocks - 1;
+        if block == Block::Thinking {
+            let delta = json!({"type": "content_block_delta", "index": index,
+                "delta": {"type": "signature_delta", "signature": PLACEHOLDER_SIGNATURE}});
+            events.push(event("content_block_delta", &delta));
+        }
+        let stop = json!({"type": "content_block_stop", "index": index});
+        events.push(event("content_block_stop", &stop));
+    }
+
+    /// Makes `block` the open block, closing another; its index.
+    fn open(&mut self, block: Block, start: Value, events: &mut Vec<Event>) -> usize {
+        if self.open != Some(block) {
+            self.close(events);
+            let index = self.blocks;
+            self.blocks += 1;
+            self.open = Some(block);
+            let start = json!({"type": "content_block_start", "index": index,
+                "content_block": start});
+            events.push(event("content_block_start", &start));
+        }
+        self.blocks - 1
+    }
+
+    fn delta(index: usize, delta: Value) -> Event {
+        event(
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "index": index, "delta": delta}),
+        )
+    }
 }
 
 impl StreamFormat for MessageStream {
     fn start(&mut self) -> Vec<Event> {
         let start = json!({"type": "message_start", "message": self.message(json!([]), None)});
-        let block = json!({"type": "content_block_start", "index": 0,
-            "content_block": {"type": "text", "text": ""}});
-        vec![
-            event("message_start", &start),
-            event("content_block_start", &block),
-        ]
+        vec![event("message_start", &start)]
     }
 
-    fn text(&mut self, text: &str) -> Vec<Event> {
-        let delta = json!({"type": "content_block_delta", "index": 0,
-            "delta": {"type": "text_delta", "text": text}});
-        vec![event("content_block_delta", &delta)]
+    fn output(&mut self, output: &OutputEvent) -> Vec<Event> {
+        let mut events = Vec::new();
+        match output {
+            OutputEvent::Text(text) => {
+                let start = json!({"type": "text", "text": ""});
+                let index = self.open(Block::Text, start, &mut events);
+                events.push(Self::delta(
+                    index,
+                    json!({"type": "text_delta", "text": text}),
+                ));
+            }
+            OutputEvent::Reasoning(text) => {
+                let start = json!({"type": "thinking", "thinking": "", "signature": ""});
+                let index = self.open(Block::Thinking, start, &mut events);
+                let delta = json!({"type": "thinking_delta", "thinking": text});
+                events.push(Self::delta(index, delta));
+            }
+            OutputEvent::ToolCallStart { index, name } => {
+                let start = json!({"type": "tool_use", "id": call_id("toolu_"), "name": name,
+                    "input": {}});
+                self.open(Block::ToolUse(*index), start, &mut events);
+            }
+            OutputEvent::ToolCallArguments { index, delta } => {
+                if self.open == Some(Block::ToolUse(*index)) {
+                    let delta = json!({"type": "input_json_delta", "partial_json": delta});
+                    events.push(Self::delta(self.blocks - 1, delta));
+                }
+            }
+            OutputEvent::ToolCallEnd { .. } => self.close(&mut events),
+        }
+        events
     }
 
     fn finish(&mut self, finish: Finish, usage: Usage) -> Vec<Event> {
+        let mut events = Vec::new();
+        self.close(&mut events);
         let delta = json!({
             "type": "message_delta",
             "delta": {
@@ -162,14 +294,9 @@ impl StreamFormat for MessageStream {
             },
             "usage": {"output_tokens": usage.completion_tokens},
         });
-        vec![
-            event(
-                "content_block_stop",
-                &json!({"type": "content_block_stop", "index": 0}),
-            ),
-            event("message_delta", &delta),
-            event("message_stop", &json!({"type": "message_stop"})),
-        ]
+        events.push(event("message_delta", &delta));
+        events.push(event("message_stop", &json!({"type": "message_stop"})));
+        events
     }
 
     fn error(&mut self, error: &HttpError) -> Vec<Event> {

@@ -30,6 +30,7 @@ mod info;
 mod messages;
 mod sampling;
 mod sse;
+mod tools;
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 

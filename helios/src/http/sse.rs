@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use super::error::{log_failure, HttpError};
 use super::generation::{Chunk, Finish, Generation};
+use crate::frontend::protocol::OutputEvent;
 
 /// Token counts of a finished request, as OpenAI reports them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -49,8 +50,9 @@ impl Usage {
 pub trait StreamFormat: Send + 'static {
     /// Events sent right after admission.
     fn start(&mut self) -> Vec<Event>;
-    /// Events carrying one piece of output text.
-    fn text(&mut self, text: &str) -> Vec<Event>;
+    /// Events carrying one piece of output (text, reasoning, a call's
+    /// start, arguments or end).
+    fn output(&mut self, event: &OutputEvent) -> Vec<Event>;
     /// The last events of a request that finished, success marker included.
     fn finish(&mut self, finish: Finish, usage: Usage) -> Vec<Event>;
     /// The last event of a request that failed: no success marker follows.
@@ -104,7 +106,7 @@ pub fn response<F: StreamFormat>(generation: Generation, format: F, request_id: 
                 progress.pending.extend(opening);
             }
             let events = match chunk {
-                Some(Chunk::Text(text)) => progress.format.text(&text),
+                Some(Chunk::Output(event)) => progress.format.output(&event),
                 Some(Chunk::Finished {
                     finish,
                     completion_tokens,

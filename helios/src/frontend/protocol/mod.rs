@@ -200,20 +200,25 @@ impl OutputProtocol {
 
     /// The kind of marker `id` is, if it is a marker token.
     pub fn marker_token(&self, id: u32) -> Option<MarkerKind> {
-        let is = |marker: Option<&Marker>| marker.and_then(|m| m.token_id) == Some(id);
+        (self.marker_tokens().into_iter()).find_map(|(token, kind)| (token == id).then_some(kind))
+    }
+
+    /// Every marker that is a token, with its kind.
+    fn marker_tokens(&self) -> Vec<(u32, MarkerKind)> {
         let reasoning = self.reasoning.as_ref();
         let tools = self.tools.as_ref();
-        if is(reasoning.map(|r| &r.start)) {
-            Some(MarkerKind::ReasoningStart)
-        } else if is(reasoning.map(|r| &r.end)) {
-            Some(MarkerKind::ReasoningEnd)
-        } else if is(tools.and_then(|t| t.call_start.as_ref())) {
-            Some(MarkerKind::CallStart)
-        } else if is(tools.and_then(|t| t.call_end.as_ref())) {
-            Some(MarkerKind::CallEnd)
-        } else {
-            None
-        }
+        [
+            (reasoning.map(|r| &r.start), MarkerKind::ReasoningStart),
+            (reasoning.map(|r| &r.end), MarkerKind::ReasoningEnd),
+            (
+                tools.and_then(|t| t.call_start.as_ref()),
+                MarkerKind::CallStart,
+            ),
+            (tools.and_then(|t| t.call_end.as_ref()), MarkerKind::CallEnd),
+        ]
+        .into_iter()
+        .filter_map(|(marker, kind)| Some((marker?.token_id?, kind)))
+        .collect()
     }
 
     /// Whether output continuing `prompt` starts inside reasoning: the

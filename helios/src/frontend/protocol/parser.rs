@@ -182,6 +182,8 @@ pub struct OutputParser {
     /// The call markers' texts, which stand for themselves when tools are
     /// not parsed.
     call_texts: [String; 2],
+    /// The protocol's marker tokens.
+    marker_tokens: Vec<(u32, MarkerKind)>,
     mode: Mode,
     /// Text not yet classified.
     pending: String,
@@ -232,11 +234,17 @@ impl OutputParser {
             tools,
             reasoning,
             call_texts,
+            marker_tokens: protocol.marker_tokens(),
             mode,
             pending: String::new(),
             calls: 0,
             events: Vec::new(),
         }
+    }
+
+    /// The kind of marker token `id` is, for [`Self::push_marker`].
+    pub fn marker(&self, id: u32) -> Option<MarkerKind> {
+        (self.marker_tokens.iter()).find_map(|&(token, kind)| (token == id).then_some(kind))
     }
 
     /// Whether tool calls are parsed.
