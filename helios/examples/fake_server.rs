@@ -9,17 +9,30 @@
 //! ```text
 //! cargo run -p flare-helios --example fake_server -- [--port 0] [--api-key KEY]
 //!     [--launch-ms MS] [--fail-after LAUNCHES] [--stop-every N] [--message-checkpoints N]
+//!     [--frontend FRONTEND.pb] [--script SCRIPT.json]
 //! ```
+//!
+//! `--frontend` serves another frontend (a serialized `flare.core.v1.Frontend`,
+//! as Ignition writes it into a core: tokenizer, template, output protocol)
+//! in place of the fixture's. `--script` makes the model say scripted
+//! replies instead of random tokens: a JSON list of `{"when": TEXT, "reply":
+//! TEXT}`; a request is answered with the reply of the entry whose `when`
+//! occurs latest in its prompt (an empty `when` matches at the start), then
+//! EOS; with no match it ends at once. An entry `{"when": TEXT, "reply_with":
+//! "prompt_sha256"}` replies with the SHA-256 (hex) of the prompt's token ids
+//! written as decimals joined by commas, so a client test can compare the
+//! server's prompt with Transformers' exactly.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use helios::core::load_manifest;
-use helios::frontend::Frontend;
+use helios::core::prost::Message;
+use helios::core::{load_manifest, proto};
+use helios::frontend::{Frontend, Tokenizer};
 use helios::http::{marked_messages, router, AppState, SamplingPolicy, ServeConfig};
-use helios::scheduler::test_executor::{FakeModel, TestExecutor};
+use helios::scheduler::test_executor::{FakeModel, Script, TestExecutor};
 use helios::scheduler::{
     Completion, ExecutionError, Executor, Geometry, Launch, PrefixConfig, SchedulerConfig,
     ShutdownMode, Ticket, Worker,
@@ -34,6 +47,8 @@ struct Args {
     fail_after: Option<u64>,
     stop_every: Option<u64>,
     message_checkpoints: Option<usize>,
+    frontend: Option<PathBuf>,
+    script: Option<PathBuf>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -51,10 +66,84 @@ fn parse() -> Result<Args, String> {
             "--message-checkpoints" => {
                 args.message_checkpoints = Some(number(value()?)? as usize);
             }
+            "--frontend" => args.frontend = Some(PathBuf::from(value()?)),
+            "--script" => args.script = Some(PathBuf::from(value()?)),
             other => return Err(format!("unknown argument {other}")),
         }
     }
     Ok(args)
+}
+
+/// What a scripted entry says.
+#[derive(Debug)]
+enum Reply {
+    Tokens(Vec<u32>),
+    PromptDigest,
+}
+
+/// Scripted replies ([`Script`]): each entry's trigger text and reply.
+#[derive(Debug)]
+struct Replies {
+    tokenizer: Tokenizer,
+    entries: Vec<(String, Reply)>,
+    eos: u32,
+}
+
+impl Replies {
+    fn load(path: &PathBuf, frontend: &proto::Frontend) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let entries: Vec<serde_json::Value> =
+            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        let tokenizer =
+            Tokenizer::from_json(&frontend.tokenizer_json).map_err(|e| e.to_string())?;
+        let entries = (entries.iter())
+            .map(|entry| {
+                let when = entry["when"].as_str().unwrap_or_default().to_owned();
+                if entry["reply_with"] == "prompt_sha256" {
+                    return Ok((when, Reply::PromptDigest));
+                }
+                let reply = entry["reply"].as_str().ok_or("an entry without a reply")?;
+                let tokens = tokenizer.encode(reply, false).map_err(|e| e.to_string())?;
+                Ok((when, Reply::Tokens(tokens)))
+            })
+            .collect::<Result<_, String>>()?;
+        let eos = *frontend
+            .eos_token_ids
+            .first()
+            .ok_or("the frontend has no EOS id")?;
+        Ok(Self {
+            tokenizer,
+            entries,
+            eos,
+        })
+    }
+}
+
+impl Script for Replies {
+    fn next_token(&self, history: &[u32], counter: u64) -> u32 {
+        let prompt = &history[..history.len().saturating_sub(counter as usize)];
+        let text = self.tokenizer.decode(prompt, false).unwrap_or_default();
+        let latest = |when: &str| match when {
+            "" => Some(0),
+            when => text.rfind(when),
+        };
+        let reply = (self.entries.iter())
+            .filter_map(|(when, reply)| Some((latest(when)?, reply)))
+            .max_by_key(|(at, _)| *at)
+            .map(|(_, reply)| reply);
+        let tokens = match reply {
+            None => return self.eos,
+            Some(Reply::Tokens(tokens)) => tokens.clone(),
+            Some(Reply::PromptDigest) => {
+                use sha2::{Digest, Sha256};
+                let ids: Vec<String> = prompt.iter().map(u32::to_string).collect();
+                let digest = Sha256::digest(ids.join(",").as_bytes());
+                let hex: String = digest.iter().map(|byte| format!("{byte:02x}")).collect();
+                self.tokenizer.encode(&hex, false).unwrap_or_default()
+            }
+        };
+        tokens.get(counter as usize).copied().unwrap_or(self.eos)
+    }
 }
 
 /// The test executor, optionally slowed down and failing after some launches.
@@ -96,14 +185,32 @@ fn main() -> ExitCode {
     };
     let core_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-core");
     let core = load_manifest(&core_dir).expect("the tiny core fixture loads");
-    let frontend = Arc::new(Frontend::from_core(core.frontend()).expect("its frontend builds"));
+    let core_frontend = match &args.frontend {
+        None => core.frontend().clone(),
+        Some(path) => {
+            let bytes = std::fs::read(path).expect("the --frontend file reads");
+            proto::Frontend::decode(bytes.as_slice()).expect("the --frontend file decodes")
+        }
+    };
+    let frontend = Arc::new(Frontend::from_core(&core_frontend).expect("its frontend builds"));
     // The fixture's pool is tiny; clients need room for long outputs.
     let mut contract = core.contract().clone();
     contract.kv_pages = 129;
     contract.context_limit = 1024;
+    let vocab = frontend.tokenizer().vocab_size() as u32;
+    contract.vocab_size = contract.vocab_size.max(vocab);
     let geometry = Geometry::from_contract(&contract, frontend.eos_token_ids())
         .expect("the fixture's geometry is valid");
-    let model = FakeModel::new(&geometry, args.stop_every);
+    let mut model = FakeModel::new(&geometry, args.stop_every);
+    if let Some(path) = &args.script {
+        match Replies::load(path, &core_frontend) {
+            Ok(replies) => model = model.with_script(Arc::new(replies)),
+            Err(error) => {
+                eprintln!("fake_server: --script {error}");
+                return ExitCode::from(2);
+            }
+        }
+    }
     let executor_geometry = geometry.clone();
     let (launch_time, fail_after) = (args.launch_time, args.fail_after);
     // The prefix cache over 16 snapshot rows, as a prepared core has them.

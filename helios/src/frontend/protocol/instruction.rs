@@ -31,21 +31,22 @@ impl ToolInstruction {
     }
 }
 
-/// `input` for a template that renders no tools: its tools are declared in
-/// the system message with the call format the parser reads
-/// (`call_start {"name": .., "arguments": ..} call_end`), earlier calls are
-/// written in that format, and tool results become user turns wrapped in
+/// `input` for a template that renders no tools: earlier calls are written
+/// in the call format the parser reads (`call_start {"name": ..,
+/// "arguments": ..} call_end`) and tool results become user turns wrapped in
 /// `<tool_response>` tags, so the model sees every turn of the exchange in
-/// the syntax it was told to use. `input.tools` is cleared.
+/// the syntax it was told to use (whether or not this request shows tools);
+/// the tools it shows are declared in the system message with that format.
+/// `input.tools` is cleared.
 pub fn instructed_input(input: &mut ChatInput, call_start: &str, call_end: &str) {
-    let Some(tools) = input.tools.take() else {
-        return;
-    };
     let messages = std::mem::take(&mut input.messages);
     input.messages = messages
         .into_iter()
         .map(|message| written_out(message, call_start, call_end))
         .collect();
+    let Some(tools) = input.tools.take().filter(|tools| !tools.is_empty()) else {
+        return;
+    };
     let declarations: Vec<String> = tools.iter().map(python_json).collect();
     let instruction = format!(
         "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n\

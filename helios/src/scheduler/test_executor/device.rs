@@ -478,7 +478,7 @@ impl Run<'_> {
         let token = self
             .device
             .model
-            .next_token(state.seed, state.counter, history);
+            .sample(state.seed, state.counter, history, &tokens);
         let mut counts = History::default().with_histogram(state.histogram);
         counts.count(token);
         state.histogram = counts.histogram();

@@ -23,7 +23,7 @@ mod violation;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
-pub use model::{FakeModel, History, Reference};
+pub use model::{FakeModel, History, Reference, Script};
 pub use transcript::{RequestLog, RunError, Transcript};
 pub use violation::Violation;
 

@@ -2,6 +2,8 @@
 //! its draw counter, its token history and its penalty histogram, so a
 //! recompute after preemption continues exactly where the request stopped.
 
+use std::sync::Arc;
+
 use crate::scheduler::events::FinishReason;
 use crate::scheduler::geometry::Geometry;
 use crate::scheduler::rng::readmission_seed;
@@ -56,13 +58,37 @@ fn mix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+/// Output a test writes instead of the fake model's draws: client tests
+/// that need a model to call tools script what it says.
+pub trait Script: Send + Sync + std::fmt::Debug {
+    /// The token draw `counter` of an admission samples after `history`
+    /// (the prompt, then the `counter` tokens drawn so far).
+    fn next_token(&self, history: &[u32], counter: u64) -> u32;
+}
+
 /// The deterministic model behind the test executor.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct FakeModel {
     stop_token: u32,
     ordinary: Vec<u32>,
     stop_every: Option<u64>,
+    script: Option<Arc<dyn Script>>,
 }
+
+impl PartialEq for FakeModel {
+    fn eq(&self, other: &Self) -> bool {
+        let same_script = match (&self.script, &other.script) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        same_script
+            && (self.stop_token, &self.ordinary, self.stop_every)
+                == (other.stop_token, &other.ordinary, other.stop_every)
+    }
+}
+
+impl Eq for FakeModel {}
 
 /// A request's output when nothing interferes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,6 +110,25 @@ impl FakeModel {
             stop_token: geometry.stop_tokens()[0],
             ordinary,
             stop_every: stop_every.filter(|&every| every > 0),
+            script: None,
+        }
+    }
+
+    /// This model with its output written by `script` (the reference
+    /// functions below describe the unscripted model only).
+    pub fn with_script(self, script: Arc<dyn Script>) -> Self {
+        Self {
+            script: Some(script),
+            ..self
+        }
+    }
+
+    /// What the device samples: the script's token when there is one, the
+    /// hashed draw otherwise.
+    pub fn sample(&self, seed: u64, counter: u64, history: History, tokens: &[u32]) -> u32 {
+        match &self.script {
+            Some(script) => script.next_token(tokens, counter),
+            None => self.next_token(seed, counter, history),
         }
     }
 
