@@ -104,6 +104,19 @@ def test_frontend_carries_the_named_special_tokens_templates_see(
     assert {t.name: t.content for t in committed.frontend.named_special_tokens} == named
 
 
+def test_frontend_carries_the_output_protocol_of_its_template(prepared: PreparedModel) -> None:
+    # The tiny checkpoints' ChatML template ignores tools and calls: the server
+    # instructs the JSON format; the word-level vocabulary spells no marker.
+    frontend = tiny_fixture(prepared)[0].frontend
+    assert frontend.tool_parser == pb.TOOL_PARSER_JSON_INSTRUCTED
+    markers = frontend.tool_markers
+    assert (markers.call_start.text, markers.call_end.text) == ("<tool_call>", "</tool_call>")
+    assert not markers.call_start.HasField("token_id")
+    assert not markers.call_end.HasField("token_id")
+    assert frontend.reasoning_parser == pb.REASONING_PARSER_NONE
+    assert not frontend.HasField("reasoning_markers")
+
+
 def test_committed_fixture_keeps_parsing() -> None:
     core = pb.Core()
     core.ParseFromString(FIXTURE.read_bytes())

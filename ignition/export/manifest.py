@@ -22,6 +22,7 @@ from ignition.components.kv_cache import PAGE_AXIS
 from ignition.components.token_state import COMPLETION_FIELDS
 from ignition.export import flare_core_pb2 as pb
 from ignition.export.core_dir import write_core_dir
+from ignition.export.output_protocol import OutputProtocol, derive_output_protocol
 from ignition.preparation.catalog import GraphKind
 from ignition.preparation.prepared import PreparedModel
 from recipes.llama import SamplingDefaults
@@ -176,19 +177,35 @@ def named_special_tokens(tokenizer: PreTrainedTokenizerBase) -> list[pb.NamedTok
     ]
 
 
+def set_output_protocol(frontend: pb.Frontend, protocol: OutputProtocol) -> None:
+    """The parsers and, for those that are not NONE, their markers (a marker's
+    ``token_id`` stays unset when no added token spells it)."""
+    frontend.tool_parser = protocol.tool_parser
+    frontend.reasoning_parser = protocol.reasoning_parser
+    tool_markers = protocol.tool_markers()
+    if tool_markers is not None:
+        frontend.tool_markers.CopyFrom(tool_markers)
+    reasoning_markers = protocol.reasoning_markers()
+    if reasoning_markers is not None:
+        frontend.reasoning_markers.CopyFrom(reasoning_markers)
+
+
 def frontend_message(prepared: PreparedModel) -> pb.Frontend:
+    """The frontend assets; the output protocol is derived from the very template
+    recorded (``ignition.export.output_protocol``)."""
     tokenizer = prepared.tokenizer
     stop = [int(t) for t in prepared.storage.state.stop_tokens.tolist() if t >= 0]
-    return pb.Frontend(
+    template = str(tokenizer.chat_template or "")
+    frontend = pb.Frontend(
         tokenizer_json=tokenizer.backend_tokenizer.to_str(),
-        chat_template=str(tokenizer.chat_template or ""),
+        chat_template=template,
         eos_token_ids=stop,
         special_tokens=list(tokenizer.all_special_tokens),
         named_special_tokens=named_special_tokens(tokenizer),
         sampling=sampling_message(prepared.defaults),
-        tool_parser=pb.TOOL_PARSER_NONE,
-        reasoning_parser=pb.REASONING_PARSER_NONE,
     )
+    set_output_protocol(frontend, derive_output_protocol(tokenizer, template))
+    return frontend
 
 
 def tiny_fixture(
