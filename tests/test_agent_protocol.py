@@ -1,0 +1,446 @@
+"""The agent protocol through the stock clients (no GPU): tool calls, ``tool_choice``
+and reasoning over OpenAI chat completions and Anthropic messages, driven by the
+``openai`` and ``anthropic`` SDKs and the OpenAI Agents SDK over sockets.
+
+The server is Helios's own over the deterministic test executor (the ``fake_server``
+example), serving a frontend that Ignition derives from a fixture template exactly as
+it would for a core (``agent_fixtures.py``): SmolLM2's template, which renders no
+tools (the server's instructed JSON format), and a Qwen3-style template (JSON calls in
+``<tool_call>`` tags and ``<think>`` reasoning, all single added tokens). The model is
+scripted: each reply is chosen by text in the prompt, so the tests check what the
+server makes of a known output, and what prompt it renders (a reply can be the
+SHA-256 of the prompt's token ids, compared with Transformers' rendering).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+from agent_fixtures import fixture_tokenizer, write_frontend, write_script
+from fake_server import FakeServer as Server
+from fake_server import build_fake_server
+
+MODEL = "tiny"
+PARIS = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+CALL_PARIS = f"<tool_call>\n{PARIS}\n</tool_call>"
+CALL_TWO = (
+    CALL_PARIS
+    + '\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+)
+SCRIPT = [
+    {"when": "", "reply": "Nothing is scripted for that."},
+    {"when": "weather in Paris", "reply": CALL_PARIS},
+    {"when": "two cities", "reply": CALL_TWO},
+    {"when": "just chat", "reply": "Hello there."},
+    {"when": "think first", "reply": "<think>\nplan: call it\n</think>\n\n" + CALL_PARIS},
+    {"when": "sunny", "reply": "It is sunny in Paris."},
+    {"when": "digest please", "reply_with": "prompt_sha256"},
+]
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+NOW = {"type": "function", "function": {"name": "now", "description": "The time", "parameters": {}}}
+ANTHROPIC_WEATHER = {
+    "name": "get_weather",
+    "description": "The weather of a city",
+    "input_schema": WEATHER["function"]["parameters"],
+}
+
+
+def _start(binary: Path, tmp: Path, name: str) -> Server:
+    frontend = write_frontend(name, tmp / f"{name}.frontend.pb")
+    script = write_script(SCRIPT, tmp / "script.json")
+    return Server(binary, "--frontend", str(frontend), "--script", str(script))
+
+
+@pytest.fixture(scope="module")
+def binary() -> Path:
+    return build_fake_server()
+
+
+@pytest.fixture(scope="module")
+def smollm2(binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    running = _start(binary, tmp_path_factory.mktemp("smollm2"), "smollm2")
+    yield running
+    assert running.stop() == 0, "".join(running.log)
+
+
+@pytest.fixture(scope="module")
+def qwen3(binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    running = _start(binary, tmp_path_factory.mktemp("qwen3"), "qwen3")
+    yield running
+    assert running.stop() == 0, "".join(running.log)
+
+
+def _openai(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def _anthropic(server: Server) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+
+
+def _ask(text: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": text}]
+
+
+def _streamed_chat(client: openai.OpenAI, **request: Any) -> dict[str, Any]:
+    """A streamed chat completion folded: content, reasoning, calls, finish reason,
+    and every tool-call delta as it came."""
+    content, reasoning, finish = "", "", None
+    calls: dict[int, dict[str, Any]] = {}
+    deltas: list[dict[str, Any]] = []
+    for chunk in client.chat.completions.create(stream=True, **request):
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        delta = choice.delta
+        content += delta.content or ""
+        reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+        for call in delta.tool_calls or []:
+            deltas.append(call.model_dump(exclude_none=True))
+            into = calls.setdefault(call.index, {"id": None, "name": None, "arguments": ""})
+            if call.id is not None:
+                into["id"] = call.id
+            if call.function is not None:
+                if call.function.name is not None:
+                    into["name"] = call.function.name
+                into["arguments"] += call.function.arguments or ""
+        finish = choice.finish_reason or finish
+    return {
+        "content": content,
+        "reasoning": reasoning,
+        "calls": [calls[index] for index in sorted(calls)],
+        "finish": finish,
+        "deltas": deltas,
+    }
+
+
+def test_a_tool_call_streamed_and_not_is_the_same_call(smollm2: Server) -> None:
+    client = _openai(smollm2)
+    request: dict[str, Any] = {
+        "model": MODEL,
+        "messages": _ask("What is the weather in Paris?"),
+        "tools": [WEATHER, NOW],
+    }
+    whole = client.chat.completions.create(**request)
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    (call,) = choice.message.tool_calls or []
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name == "get_weather"
+    assert call.function.arguments == '{"city": "Paris"}'
+    streamed = _streamed_chat(client, **request)
+    assert streamed["finish"] == "tool_calls" and streamed["content"] == ""
+    assert [(c["name"], c["arguments"]) for c in streamed["calls"]] == [
+        ("get_weather", '{"city": "Paris"}')
+    ]
+    # The id, type and name come once, in the call's first delta.
+    first, *rest = streamed["deltas"]
+    assert first["id"] and first["type"] == "function" and first["function"]["name"]
+    assert all("id" not in d and "name" not in d.get("function", {}) for d in rest)
+
+
+def test_parallel_calls_and_parallel_tool_calls_false(smollm2: Server) -> None:
+    client = _openai(smollm2)
+    request: dict[str, Any] = {
+        "model": MODEL,
+        "messages": _ask("Compare two cities"),
+        "tools": [WEATHER],
+    }
+    both = client.chat.completions.create(**request).choices[0].message.tool_calls or []
+    assert [json.loads(c.function.arguments)["city"] for c in both] == ["Paris", "Oslo"]
+    assert len({c.id for c in both}) == 2
+    one = client.chat.completions.create(parallel_tool_calls=False, **request)
+    assert len(one.choices[0].message.tool_calls or []) == 1
+    streamed = _streamed_chat(client, parallel_tool_calls=False, **request)
+    assert len(streamed["calls"]) == 1 and streamed["finish"] == "tool_calls"
+
+
+# (tool_choice, tools declared?, script prompt) -> outcome:
+# ("calls", n), ("text", content) or ("error", HTTP status).
+MATRIX = [
+    ("auto", True, "weather in Paris", ("calls", 1)),
+    ("auto", True, "just chat", ("text", "Hello there.")),
+    ("auto", False, "weather in Paris", ("text", CALL_PARIS)),
+    ("none", True, "weather in Paris", ("text", CALL_PARIS)),
+    ("none", False, "just chat", ("text", "Hello there.")),
+    ("required", True, "weather in Paris", ("calls", 1)),
+    ("required", True, "just chat", ("error", 422)),
+    ("required", False, "weather in Paris", ("error", 400)),
+    ("get_weather", True, "weather in Paris", ("calls", 1)),
+    ("now", True, "weather in Paris", ("error", 422)),
+    ("get_weather", False, "weather in Paris", ("error", 400)),
+]
+
+
+def _openai_choice(choice: str) -> Any:
+    if choice in ("auto", "none", "required"):
+        return choice
+    return {"type": "function", "function": {"name": choice}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("choice", "declared", "prompt", "outcome"), MATRIX)
+def test_the_openai_tool_choice_matrix(
+    smollm2: Server, choice: str, declared: bool, prompt: str, outcome: Any, stream: bool
+) -> None:
+    client = _openai(smollm2)
+    request: dict[str, Any] = {
+        "model": MODEL,
+        "messages": _ask(prompt),
+        "tool_choice": _openai_choice(choice),
+    }
+    if declared:
+        request["tools"] = [WEATHER, NOW]
+    kind, expected = outcome
+    if kind == "error" and (expected == 400 or not stream):
+        with pytest.raises(openai.APIStatusError) as raised:
+            _streamed_chat(client, **request) if stream else client.chat.completions.create(
+                **request
+            )
+        assert raised.value.status_code == expected
+        code = "tool_choice_unmet" if expected == 422 else "invalid_parameter"
+        assert raised.value.body["code"] == code, raised.value.body
+        return
+    if kind == "error":
+        # After the headers, the failure is an error event the SDK raises.
+        with pytest.raises(openai.APIError) as raised:
+            _streamed_chat(client, **request)
+        assert "tool_choice" in str(raised.value)
+        return
+    if stream:
+        result = _streamed_chat(client, **request)
+        content, calls, finish = result["content"], result["calls"], result["finish"]
+    else:
+        whole = client.chat.completions.create(**request).choices[0]
+        content, calls = whole.message.content or "", whole.message.tool_calls or []
+        finish = whole.finish_reason
+    if kind == "calls":
+        assert len(calls) == expected and finish == "tool_calls" and content == ""
+    else:
+        assert (content, calls, finish) == (expected, [], "stop")
+
+
+ANTHROPIC_MATRIX = [
+    ({"type": "auto"}, "weather in Paris", ("tool_use", 1)),
+    ({"type": "auto"}, "just chat", ("text", "Hello there.")),
+    ({"type": "none"}, "weather in Paris", ("text", CALL_PARIS)),
+    ({"type": "any"}, "weather in Paris", ("tool_use", 1)),
+    ({"type": "any"}, "just chat", ("error", 422)),
+    ({"type": "tool", "name": "get_weather"}, "weather in Paris", ("tool_use", 1)),
+    ({"type": "tool", "name": "now"}, "weather in Paris", ("error", 422)),
+]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("choice", "prompt", "outcome"), ANTHROPIC_MATRIX)
+def test_the_anthropic_tool_choice_matrix(
+    smollm2: Server, choice: dict[str, str], prompt: str, outcome: Any, stream: bool
+) -> None:
+    client = _anthropic(smollm2)
+    now = {"name": "now", "description": "The time", "input_schema": {"type": "object"}}
+    request: dict[str, Any] = {
+        "model": MODEL,
+        "max_tokens": 200,
+        "messages": _ask(prompt),
+        "tools": [ANTHROPIC_WEATHER, now],
+        "tool_choice": choice,
+    }
+    kind, expected = outcome
+    if kind == "error":
+        with pytest.raises(anthropic.APIError) as raised:
+            if stream:
+                with client.messages.stream(**request) as events:
+                    events.get_final_message()
+            else:
+                client.messages.create(**request)
+        if not stream:
+            assert isinstance(raised.value, anthropic.APIStatusError)
+            assert raised.value.status_code == expected
+        assert "tool_choice" in str(raised.value)
+        return
+    if stream:
+        with client.messages.stream(**request) as events:
+            message = events.get_final_message()
+    else:
+        message = client.messages.create(**request)
+    if kind == "tool_use":
+        uses = [block for block in message.content if block.type == "tool_use"]
+        assert len(uses) == expected and message.stop_reason == "tool_use"
+        assert uses[0].name == "get_weather" and uses[0].input == {"city": "Paris"}
+        assert uses[0].id.startswith("toolu_")
+        assert not [block for block in message.content if block.type == "text"]
+    else:
+        assert [block.type for block in message.content] == ["text"]
+        assert message.content[0].text == expected and message.stop_reason == "end_turn"
+
+
+def test_an_anthropic_tool_conversation_continues_after_the_result(smollm2: Server) -> None:
+    client = _anthropic(smollm2)
+    first = client.messages.create(
+        model=MODEL,
+        max_tokens=200,
+        messages=_ask("What is the weather in Paris?"),
+        tools=[ANTHROPIC_WEATHER],
+    )
+    (use,) = [block for block in first.content if block.type == "tool_use"]
+    follow = [
+        *_ask("What is the weather in Paris?"),
+        {"role": "assistant", "content": [block.model_dump() for block in first.content]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}],
+        },
+    ]
+    with client.messages.stream(
+        model=MODEL, max_tokens=200, messages=follow, tools=[ANTHROPIC_WEATHER]
+    ) as events:
+        kinds = [event.type for event in events]
+        answer = events.get_final_message()
+    assert answer.content[0].type == "text"
+    assert answer.content[0].text == "It is sunny in Paris."
+    assert answer.stop_reason == "end_turn"
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+
+
+def test_reasoning_is_parsed_by_its_tokens_on_a_qwen3_style_template(qwen3: Server) -> None:
+    client = _openai(qwen3)
+    request: dict[str, Any] = {
+        "model": MODEL,
+        "messages": _ask("The weather in Paris? Please think first"),
+        "tools": [WEATHER],
+    }
+    whole = client.chat.completions.create(**request).choices[0]
+    extra = whole.message.model_extra or {}
+    assert extra["reasoning_content"] == extra["reasoning"] == "plan: call it"
+    (call,) = whole.message.tool_calls or []
+    assert (call.function.name, call.function.arguments) == ("get_weather", '{"city": "Paris"}')
+    streamed = _streamed_chat(client, **request)
+    assert streamed["reasoning"] == "plan: call it"
+    assert [c["arguments"] for c in streamed["calls"]] == ['{"city": "Paris"}']
+    message = _anthropic(qwen3).messages.create(
+        model=MODEL,
+        max_tokens=200,
+        messages=_ask("The weather in Paris? Please think first"),
+        tools=[ANTHROPIC_WEATHER],
+        thinking={"type": "enabled", "budget_tokens": 1024},
+    )
+    kinds = [block.type for block in message.content]
+    assert kinds == ["thinking", "tool_use"], kinds
+    assert message.content[0].thinking == "plan: call it" and message.content[0].signature
+    with _anthropic(qwen3).messages.stream(
+        model=MODEL,
+        max_tokens=200,
+        messages=_ask("The weather in Paris? Please think first"),
+        tools=[ANTHROPIC_WEATHER],
+    ) as events:
+        streamed_message = events.get_final_message()
+    assert [b.type for b in streamed_message.content] == kinds
+    assert streamed_message.content[1].input == {"city": "Paris"}
+
+
+def _digest(ids: list[int]) -> str:
+    return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()
+
+
+TOOL_CONVERSATION = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "What is the weather in Paris? digest please"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "sunny, digest please"},
+]
+
+
+def _as_template_sees_it(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation as the server hands it to the template: a call's arguments
+    string is the object it encodes (as vLLM passes it)."""
+    out = json.loads(json.dumps(messages))
+    for message in out:
+        for call in message.get("tool_calls") or []:
+            call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+    return out
+
+
+# SmolLM2's template renders no tools: the server writes the exchange in the format
+# it instructs (here with no tools shown, so no instruction), which is this
+# conversation for Transformers.
+INSTRUCTED_CONVERSATION = [
+    TOOL_CONVERSATION[0],
+    TOOL_CONVERSATION[1],
+    {"role": "assistant", "content": CALL_PARIS},
+    {"role": "user", "content": "<tool_response>\nsunny, digest please\n</tool_response>"},
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "tools", "rendered"),
+    [("qwen3", [WEATHER], None), ("smollm2", None, INSTRUCTED_CONVERSATION)],
+)
+def test_tool_conversations_render_as_transformers_renders_them(
+    request: pytest.FixtureRequest,
+    name: str,
+    tools: list[dict[str, Any]] | None,
+    rendered: list[dict[str, Any]] | None,
+) -> None:
+    server: Server = request.getfixturevalue(name)
+    extra: dict[str, Any] = {"tools": tools} if tools else {}
+    reply = _openai(server).chat.completions.create(
+        model=MODEL, messages=TOOL_CONVERSATION, max_tokens=200, **extra
+    )
+    tokenizer = fixture_tokenizer(name)
+    ids = tokenizer.apply_chat_template(
+        rendered or _as_template_sees_it(TOOL_CONVERSATION),
+        tools=tools,
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+    assert reply.choices[0].message.content == _digest(list(ids))
+    assert reply.usage is not None and reply.usage.prompt_tokens == len(ids)
+
+
+def test_the_openai_agents_sdk_runs_a_two_step_tool_loop_over_chat(smollm2: Server) -> None:
+    agents = pytest.importorskip("agents")
+    agents.set_tracing_disabled(True)
+    calls: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """The weather of a city."""
+        calls.append(city)
+        return "sunny"
+
+    client = openai.AsyncOpenAI(base_url=smollm2.url + "/v1", api_key="unused", max_retries=0)
+    model = agents.OpenAIChatCompletionsModel(model=MODEL, openai_client=client)
+    agent = agents.Agent(name="weather", instructions="Answer.", model=model, tools=[get_weather])
+    result = agents.Runner.run_sync(agent, "What is the weather in Paris?")
+    assert calls == ["Paris"]
+    assert result.final_output == "It is sunny in Paris."

@@ -1,0 +1,44 @@
+"""bench/tool_prefix_reuse.py over the fake server with SmolLM2's frontend and a
+scripted model: with ``tool_choice`` ``auto`` every turn restores most of its prompt
+from the prefix cache; alternating ``auto`` and ``none`` changes the system message
+(where the server declares the tools), so the first switch restores nothing and each
+choice reuses only its own earlier turns. The H200 check runs the same script over
+``flare run``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from agent_fixtures import write_frontend, write_script
+from fake_server import FakeServer, build_fake_server
+from test_agent_protocol import SCRIPT
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_auto_turns_reuse_the_prefix_and_switching_to_none_does_not(tmp_path: Path) -> None:
+    frontend = write_frontend("smollm2", tmp_path / "frontend.pb")
+    script = write_script(SCRIPT, tmp_path / "script.json")
+    server = FakeServer(build_fake_server(), "--frontend", str(frontend), "--script", str(script))
+    try:
+        out = tmp_path / "reuse.json"
+        command = [sys.executable, str(ROOT / "bench/tool_prefix_reuse.py"), "--url", server.url]
+        command += ["--model", "tiny", "--out", str(out), "--turns", "6"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        result = json.loads(out.read_text())["schedules"]
+    finally:
+        assert server.stop() == 0
+    auto, alternating = result["auto"], result["alternating"]
+    assert [row["tool_calls"] for row in auto["rows"]][:2] == [1, 0]
+    assert all(share >= 0.8 for share in auto["summary"]["cached_fraction"][1:]), auto
+    # The first switch to `none` restores nothing (the system message changed);
+    # later turns of either choice restore that choice's own last checkpoint, so
+    # alternating prefills more in all.
+    first_none = alternating["rows"][1]
+    assert first_none["tool_choice"] == "none" and first_none["cached_tokens"] == 0
+    totals = (auto["summary"]["prefilled_total"], alternating["summary"]["prefilled_total"])
+    assert totals[1] > totals[0], totals
