@@ -14,6 +14,7 @@ SHA-256 of the prompt's token ids, compared with Transformers' rendering).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from collections.abc import Iterator
@@ -444,3 +445,120 @@ def test_the_openai_agents_sdk_runs_a_two_step_tool_loop_over_chat(smollm2: Serv
     result = agents.Runner.run_sync(agent, "What is the weather in Paris?")
     assert calls == ["Paris"]
     assert result.final_output == "It is sunny in Paris."
+
+
+FLAT_WEATHER = {"type": "function", **WEATHER["function"], "strict": True}
+
+
+def test_a_responses_stream_conforms_and_matches_the_whole_response(smollm2: Server) -> None:
+    client = _openai(smollm2)
+    request: dict[str, Any] = {
+        "model": MODEL,
+        "input": "What is the weather in Paris?",
+        "instructions": "Use the tools.",
+        "tools": [FLAT_WEATHER, {"type": "web_search"}],
+    }
+    whole = client.responses.create(**request)
+    assert whole.status == "completed"
+    (call,) = [item for item in whole.output if item.type == "function_call"]
+    assert (call.name, call.arguments) == ("get_weather", '{"city": "Paris"}')
+    assert call.call_id.startswith("call_")
+    # Hosted tool types are skipped, not refused, and not echoed.
+    assert [tool.type for tool in whole.tools] == ["function"]
+    events = list(client.responses.create(stream=True, **request))
+    kinds = [event.type for event in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.completed"
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    for kind in (
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+    ):
+        assert kind in kinds, kinds
+    arguments = "".join(
+        event.delta for event in events if event.type == "response.function_call_arguments.delta"
+    )
+    assert arguments == call.arguments
+    final = events[-1].response
+    assert [item.type for item in final.output] == [item.type for item in whole.output]
+
+
+def test_a_responses_text_stream_and_a_token_limit(smollm2: Server) -> None:
+    client = _openai(smollm2)
+    with client.responses.stream(model=MODEL, input="just chat") as stream:
+        deltas = [event.delta for event in stream if event.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == final.output_text == "Hello there."
+    short = client.responses.create(model=MODEL, input="just chat", max_output_tokens=2)
+    assert short.status == "incomplete"
+    assert short.incomplete_details is not None
+    assert short.incomplete_details.reason == "max_output_tokens"
+
+
+def test_previous_response_id_round_trips_function_items(smollm2: Server) -> None:
+    client = _openai(smollm2)
+    first = client.responses.create(
+        model=MODEL, input="What is the weather in Paris?", tools=[FLAT_WEATHER]
+    )
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    second = client.responses.create(
+        model=MODEL,
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
+        tools=[FLAT_WEATHER],
+    )
+    assert second.output_text == "It is sunny in Paris."
+    # The same conversation sent whole renders the same prompt.
+    replayed = client.responses.create(
+        model=MODEL,
+        input=[
+            {"role": "user", "content": "What is the weather in Paris?"},
+            call.model_dump(exclude_none=True),
+            {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"},
+        ],
+        tools=[FLAT_WEATHER],
+    )
+    assert second.usage is not None and replayed.usage is not None
+    assert second.usage.input_tokens == replayed.usage.input_tokens
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.responses.create(model=MODEL, previous_response_id="resp_unknown", input="hi")
+    assert raised.value.body["code"] == "previous_response_not_found", raised.value.body
+    unstored = client.responses.create(model=MODEL, input="just chat", store=False)
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model=MODEL, previous_response_id=unstored.id, input="hi")
+
+
+def test_the_openai_agents_sdk_runs_a_two_step_tool_loop_over_responses(
+    smollm2: Server,
+) -> None:
+    agents = pytest.importorskip("agents")
+    agents.set_tracing_disabled(True)
+    calls: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """The weather of a city."""
+        calls.append(city)
+        return "sunny"
+
+    def agent() -> Any:
+        # A client per event loop: each run below has its own.
+        client = openai.AsyncOpenAI(base_url=smollm2.url + "/v1", api_key="unused", max_retries=0)
+        model = agents.OpenAIResponsesModel(model=MODEL, openai_client=client)
+        return agents.Agent(
+            name="weather", instructions="Answer.", model=model, tools=[get_weather]
+        )
+
+    result = agents.Runner.run_sync(agent(), "What is the weather in Paris?")
+    assert calls == ["Paris"]
+    assert result.final_output == "It is sunny in Paris."
+
+    async def streamed() -> Any:
+        run = agents.Runner.run_streamed(agent(), "What is the weather in Paris?")
+        async for _ in run.stream_events():
+            pass
+        return run.final_output
+
+    assert asyncio.run(streamed()) == "It is sunny in Paris." and calls == ["Paris", "Paris"]

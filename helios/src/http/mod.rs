@@ -12,6 +12,8 @@
 //! - `POST /v1/chat/completions` (streamed as SSE with `"stream": true`);
 //! - `POST /v1/completions` (a text or token-id prompt, streamed or not);
 //! - `POST /v1/messages` (Anthropic, text content, streamed or not);
+//! - `POST /v1/responses` (OpenAI's Responses API over the chat path, with
+//!   `previous_response_id` over a bounded in-memory store; streamed or not);
 //! - `GET /v1/models`;
 //! - `GET /health` (200 while the worker serves, 503 once it stops or fails);
 //! - `GET /metrics` (the scheduler's gauges and counters, and histograms of
@@ -28,6 +30,8 @@ mod error;
 mod generation;
 mod info;
 mod messages;
+mod response_store;
+mod responses;
 mod sampling;
 mod sse;
 mod tools;
@@ -97,6 +101,8 @@ struct Shared {
     config: ServeConfig,
     /// Seconds each prompt's frontend work took (`/metrics`).
     preparation: Mutex<Histogram>,
+    /// Stored Responses API conversations (`previous_response_id`).
+    responses: response_store::ResponseStore,
 }
 
 /// What every handler shares: the scheduler handle, the frontend and the
@@ -115,6 +121,7 @@ impl AppState {
                 frontend,
                 config,
                 preparation: Mutex::new(Histogram::new(&PREPARATION_BUCKETS)),
+                responses: response_store::ResponseStore::new(),
             }),
         }
     }
@@ -145,6 +152,11 @@ impl AppState {
     fn config(&self) -> &ServeConfig {
         &self.shared.config
     }
+
+    /// The Responses API's stored conversations.
+    fn responses(&self) -> &response_store::ResponseStore {
+        &self.shared.responses
+    }
 }
 
 /// The router of every endpoint.
@@ -154,6 +166,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(chat::completions))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/messages", post(messages::messages))
+        .route("/v1/responses", post(responses::responses))
         .route("/v1/models", get(info::models))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
