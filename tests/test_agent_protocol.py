@@ -562,3 +562,47 @@ def test_the_openai_agents_sdk_runs_a_two_step_tool_loop_over_responses(
         return run.final_output
 
     assert asyncio.run(streamed()) == "It is sunny in Paris." and calls == ["Paris", "Paris"]
+
+
+def test_truncated_calls_and_stop_strings(smollm2: Server) -> None:
+    client = _openai(smollm2)
+    request: dict[str, Any] = {
+        "model": MODEL,
+        "messages": _ask("What is the weather in Paris?"),
+        "tools": [WEATHER],
+    }
+    # Cut inside the arguments: the call as far as it was written, finish "length".
+    short = client.chat.completions.create(max_tokens=14, **request).choices[0]
+    (call,) = short.message.tool_calls or []
+    assert short.finish_reason == "length" and call.function.name == "get_weather"
+    assert '{"city": "Paris"}'.startswith(call.function.arguments)
+    assert call.function.arguments != '{"city": "Paris"}'
+    streamed = _streamed_chat(client, max_tokens=14, **request)
+    assert [c["arguments"] for c in streamed["calls"]] == [call.function.arguments]
+    # A stop string at the closing marker: the call closed before it.
+    stopped = client.chat.completions.create(stop=["</tool_call>"], **request).choices[0]
+    assert stopped.finish_reason == "stop"
+    assert [c.function.arguments for c in stopped.message.tool_calls or []] == ['{"city": "Paris"}']
+
+
+def test_enable_thinking_reaches_the_template_and_decides_where_output_starts(
+    qwen3: Server,
+) -> None:
+    client = _openai(qwen3)
+    for enable in (True, False):
+        reply = client.chat.completions.create(
+            model=MODEL,
+            messages=_ask("just chat, digest please"),
+            extra_body={"chat_template_kwargs": {"enable_thinking": enable}},
+        )
+        ids = fixture_tokenizer("qwen3").apply_chat_template(
+            _ask("just chat, digest please"),
+            add_generation_prompt=True,
+            enable_thinking=enable,
+            tokenize=True,
+            return_dict=False,
+        )
+        # The digest is plain text: no reasoning, whichever way the prompt ends.
+        message = reply.choices[0].message
+        assert message.content == _digest(list(ids))
+        assert "reasoning_content" not in (message.model_extra or {})

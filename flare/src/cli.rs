@@ -28,9 +28,10 @@ pub enum Command {
     /// Loads the runtime core at CORE onto the GPU (no Python: window at its
     /// recorded base, initial contents, kernel images, every graph rebuilt,
     /// then as many KV pages as the prepared count allows beside
-    /// --gpu-reserve) and serves POST /v1/chat/completions, /v1/completions
-    /// and /v1/messages (streamed as server-sent events or not), GET
-    /// /v1/models, /health and /metrics. A core that cannot load fails before
+    /// --gpu-reserve) and serves POST /v1/chat/completions, /v1/completions,
+    /// /v1/messages and /v1/responses (streamed as server-sent events or
+    /// not; tool calls and reasoning parsed by the core's output protocol),
+    /// GET /v1/models, /health and /metrics. A core that cannot load fails before
     /// the socket is bound (exit status 2). SIGINT or SIGTERM stops
     /// admission, lets running requests finish (a second signal cancels
     /// them), drains the GPU and exits 0.
