@@ -135,10 +135,11 @@ def _streamed_chat(client: openai.OpenAI, **request: Any) -> dict[str, Any]:
 
 def test_a_tool_call_streamed_and_not_is_the_same_call(smollm2: Server) -> None:
     client = _openai(smollm2)
+    strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
     request: dict[str, Any] = {
         "model": MODEL,
         "messages": _ask("What is the weather in Paris?"),
-        "tools": [WEATHER, NOW],
+        "tools": [strict, NOW],
     }
     whole = client.chat.completions.create(**request)
     choice = whole.choices[0]
@@ -241,20 +242,29 @@ def test_the_openai_tool_choice_matrix(
 
 
 ANTHROPIC_MATRIX = [
-    ({"type": "auto"}, "weather in Paris", ("tool_use", 1)),
-    ({"type": "auto"}, "just chat", ("text", "Hello there.")),
-    ({"type": "none"}, "weather in Paris", ("text", CALL_PARIS)),
-    ({"type": "any"}, "weather in Paris", ("tool_use", 1)),
-    ({"type": "any"}, "just chat", ("error", 422)),
-    ({"type": "tool", "name": "get_weather"}, "weather in Paris", ("tool_use", 1)),
-    ({"type": "tool", "name": "now"}, "weather in Paris", ("error", 422)),
+    ({"type": "auto"}, True, "weather in Paris", ("tool_use", 1)),
+    ({"type": "auto"}, True, "just chat", ("text", "Hello there.")),
+    ({"type": "auto"}, False, "weather in Paris", ("text", CALL_PARIS)),
+    ({"type": "none"}, True, "weather in Paris", ("text", CALL_PARIS)),
+    ({"type": "none"}, False, "just chat", ("text", "Hello there.")),
+    ({"type": "any"}, True, "weather in Paris", ("tool_use", 1)),
+    ({"type": "any"}, True, "just chat", ("error", 422)),
+    ({"type": "any"}, False, "weather in Paris", ("error", 400)),
+    ({"type": "tool", "name": "get_weather"}, True, "weather in Paris", ("tool_use", 1)),
+    ({"type": "tool", "name": "now"}, True, "weather in Paris", ("error", 422)),
+    ({"type": "tool", "name": "get_weather"}, False, "weather in Paris", ("error", 400)),
 ]
 
 
 @pytest.mark.parametrize("stream", [False, True])
-@pytest.mark.parametrize(("choice", "prompt", "outcome"), ANTHROPIC_MATRIX)
+@pytest.mark.parametrize(("choice", "declared", "prompt", "outcome"), ANTHROPIC_MATRIX)
 def test_the_anthropic_tool_choice_matrix(
-    smollm2: Server, choice: dict[str, str], prompt: str, outcome: Any, stream: bool
+    smollm2: Server,
+    choice: dict[str, str],
+    declared: bool,
+    prompt: str,
+    outcome: Any,
+    stream: bool,
 ) -> None:
     client = _anthropic(smollm2)
     now = {"name": "now", "description": "The time", "input_schema": {"type": "object"}}
@@ -262,9 +272,10 @@ def test_the_anthropic_tool_choice_matrix(
         "model": MODEL,
         "max_tokens": 200,
         "messages": _ask(prompt),
-        "tools": [ANTHROPIC_WEATHER, now],
         "tool_choice": choice,
     }
+    if declared:
+        request["tools"] = [ANTHROPIC_WEATHER, now]
     kind, expected = outcome
     if kind == "error":
         with pytest.raises(anthropic.APIError) as raised:
@@ -273,7 +284,7 @@ def test_the_anthropic_tool_choice_matrix(
                     events.get_final_message()
             else:
                 client.messages.create(**request)
-        if not stream:
+        if not stream or expected == 400:
             assert isinstance(raised.value, anthropic.APIStatusError)
             assert raised.value.status_code == expected
         assert "tool_choice" in str(raised.value)

@@ -310,6 +310,77 @@ mod tests {
     }
 
     #[test]
+    fn reasoning_has_both_names_and_call_arguments_are_objects() {
+        let messages = openai_messages(vec![json!({"role": "assistant", "content": "",
+            "reasoning": "plan", "tool_calls": [
+                {"id": "c", "type": "function",
+                 "function": {"name": "f", "arguments": "{\"a\": 1}"}},
+                {"id": "d", "type": "function",
+                 "function": {"name": "g", "arguments": "not json"}}]})])
+        .unwrap();
+        assert_eq!(messages[0]["reasoning_content"], "plan");
+        assert_eq!(messages[0]["reasoning"], "plan");
+        assert_eq!(
+            messages[0]["tool_calls"][0]["function"]["arguments"],
+            json!({"a": 1})
+        );
+        assert_eq!(
+            messages[0]["tool_calls"][1]["function"]["arguments"],
+            "not json"
+        );
+    }
+
+    #[test]
+    fn anthropic_blocks_become_calls_tool_messages_and_reasoning() {
+        let (messages, prefill) = anthropic_messages(
+            Some(json!("be brief")),
+            vec![
+                ("user".to_owned(), json!("weather?")),
+                (
+                    "assistant".to_owned(),
+                    json!([
+                    {"type": "thinking", "thinking": "call it", "signature": "s"},
+                    {"type": "text", "text": "Checking."},
+                    {"type": "tool_use", "id": "t1", "name": "get_weather",
+                     "input": {"city": "Paris"}}]),
+                ),
+                (
+                    "user".to_owned(),
+                    json!([
+                    {"type": "tool_result", "tool_use_id": "t1", "content": "sunny"},
+                    {"type": "text", "text": "thanks"}]),
+                ),
+            ],
+        )
+        .unwrap();
+        assert!(!prefill);
+        assert_eq!(
+            messages[0],
+            json!({"role": "system", "content": "be brief"})
+        );
+        assert_eq!(messages[2]["reasoning_content"], "call it");
+        assert_eq!(messages[2]["content"], "Checking.");
+        assert_eq!(
+            messages[2]["tool_calls"][0]["function"],
+            json!({"name": "get_weather", "arguments": {"city": "Paris"}})
+        );
+        assert_eq!(
+            messages[3],
+            json!({"role": "tool", "tool_call_id": "t1", "content": "sunny"})
+        );
+        assert_eq!(messages[4], json!({"role": "user", "content": "thanks"}));
+        let tools = anthropic_tools(vec![
+            json!({"name": "f", "input_schema": {"type": "object"}}),
+            json!({"type": "web_search_20250305", "name": "web_search"}),
+        ]);
+        assert_eq!(
+            tools,
+            vec![json!({"type": "function",
+                "function": {"name": "f", "parameters": {"type": "object"}}})]
+        );
+    }
+
+    #[test]
     fn an_unknown_role_is_named_by_its_index() {
         let error = openai_messages(vec![
             json!({"role": "user", "content": "hi"}),

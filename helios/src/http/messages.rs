@@ -303,3 +303,28 @@ impl StreamFormat for MessageStream {
         vec![event("error", &error.anthropic_envelope())]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thinking_reaches_the_template_as_enable_thinking() {
+        let on = thinking_kwargs(Some(&json!({"type": "enabled", "budget_tokens": 512})));
+        assert_eq!(on.unwrap()["enable_thinking"], true);
+        let off = thinking_kwargs(Some(&json!({"type": "disabled"})));
+        assert_eq!(off.unwrap()["enable_thinking"], false);
+        assert!(thinking_kwargs(None).unwrap().is_empty());
+        let error = thinking_kwargs(Some(&json!({"type": "maybe"}))).unwrap_err();
+        assert_eq!(error.param().as_deref(), Some("thinking"));
+    }
+
+    #[test]
+    fn a_truncated_call_still_has_an_object_as_input() {
+        assert_eq!(input_object("{\"city\": \"Par"), json!({}));
+        assert_eq!(
+            input_object("{\"city\": \"Paris\"}"),
+            json!({"city": "Paris"})
+        );
+    }
+}

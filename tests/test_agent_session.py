@@ -1,0 +1,38 @@
+"""bench/agent_session.py over the fake server (SmolLM2's frontend, a scripted model
+that calls the tool, then answers from its result): the Responses stream conforms and
+the Anthropic tool conversation runs to its answer. The H200 check runs the same
+script over ``flare run`` (bench/issue20_check.sh)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from agent_fixtures import write_frontend, write_script
+from fake_server import FakeServer, build_fake_server
+from test_agent_protocol import SCRIPT
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_agent_session_completes_with_a_tool_round_trip(tmp_path: Path) -> None:
+    frontend = write_frontend("smollm2", tmp_path / "frontend.pb")
+    script = write_script(SCRIPT, tmp_path / "script.json")
+    server = FakeServer(build_fake_server(), "--frontend", str(frontend), "--script", str(script))
+    try:
+        out = tmp_path / "session.json"
+        command = [sys.executable, str(ROOT / "bench/agent_session.py"), "--url", server.url]
+        command += ["--model", "tiny", "--out", str(out)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        result = json.loads(out.read_text())
+    finally:
+        assert server.stop() == 0
+    stream = result["responses_stream"]
+    assert stream["event_types"][-1] == "response.completed"
+    assert [item["type"] for item in stream["response"]["output"]] == ["function_call"]
+    turns = result["anthropic_tool_conversation"]["turns"]
+    assert [turn["stop_reason"] for turn in turns] == ["tool_use", "end_turn"]
+    assert turns[1]["content"][0]["text"] == "It is sunny in Paris."
