@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from fake_server import FakeServer, build_fake_server
 from transformers import PreTrainedTokenizerFast
 
 from ignition.export import flare_core_pb2 as pb
@@ -61,3 +62,11 @@ def write_script(entries: list[dict[str, Any]], path: Path) -> Path:
     the entry whose ``when`` occurs latest in a prompt answers it."""
     path.write_text(json.dumps(entries), encoding="utf-8")
     return path
+
+
+def scripted_server(name: str, script: list[dict[str, Any]], folder: Path) -> FakeServer:
+    """The fake server over ``name``'s frontend with the model saying ``script``
+    (its files written into ``folder``)."""
+    frontend = write_frontend(name, folder / f"{name}.frontend.pb")
+    replies = write_script(script, folder / "script.json")
+    return FakeServer(build_fake_server(), "--frontend", str(frontend), "--script", str(replies))

@@ -18,15 +18,13 @@ import asyncio
 import hashlib
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
 import openai
 import pytest
-from agent_fixtures import fixture_tokenizer, write_frontend, write_script
+from agent_fixtures import fixture_tokenizer, scripted_server
 from fake_server import FakeServer as Server
-from fake_server import build_fake_server
 
 MODEL = "tiny"
 PARIS = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
@@ -64,27 +62,16 @@ ANTHROPIC_WEATHER = {
 }
 
 
-def _start(binary: Path, tmp: Path, name: str) -> Server:
-    frontend = write_frontend(name, tmp / f"{name}.frontend.pb")
-    script = write_script(SCRIPT, tmp / "script.json")
-    return Server(binary, "--frontend", str(frontend), "--script", str(script))
-
-
 @pytest.fixture(scope="module")
-def binary() -> Path:
-    return build_fake_server()
-
-
-@pytest.fixture(scope="module")
-def smollm2(binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    running = _start(binary, tmp_path_factory.mktemp("smollm2"), "smollm2")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    running = scripted_server("smollm2", SCRIPT, tmp_path_factory.mktemp("smollm2"))
     yield running
     assert running.stop() == 0, "".join(running.log)
 
 
 @pytest.fixture(scope="module")
-def qwen3(binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    running = _start(binary, tmp_path_factory.mktemp("qwen3"), "qwen3")
+def qwen3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    running = scripted_server("qwen3", SCRIPT, tmp_path_factory.mktemp("qwen3"))
     yield running
     assert running.stop() == 0, "".join(running.log)
 
@@ -439,25 +426,6 @@ def test_tool_conversations_render_as_transformers_renders_them(
     assert reply.usage is not None and reply.usage.prompt_tokens == len(ids)
 
 
-def test_the_openai_agents_sdk_runs_a_two_step_tool_loop_over_chat(smollm2: Server) -> None:
-    agents = pytest.importorskip("agents")
-    agents.set_tracing_disabled(True)
-    calls: list[str] = []
-
-    @agents.function_tool
-    def get_weather(city: str) -> str:
-        """The weather of a city."""
-        calls.append(city)
-        return "sunny"
-
-    client = openai.AsyncOpenAI(base_url=smollm2.url + "/v1", api_key="unused", max_retries=0)
-    model = agents.OpenAIChatCompletionsModel(model=MODEL, openai_client=client)
-    agent = agents.Agent(name="weather", instructions="Answer.", model=model, tools=[get_weather])
-    result = agents.Runner.run_sync(agent, "What is the weather in Paris?")
-    assert calls == ["Paris"]
-    assert result.final_output == "It is sunny in Paris."
-
-
 FLAT_WEATHER = {"type": "function", **WEATHER["function"], "strict": True}
 
 
@@ -541,9 +509,8 @@ def test_previous_response_id_round_trips_function_items(smollm2: Server) -> Non
         client.responses.create(model=MODEL, previous_response_id=unstored.id, input="hi")
 
 
-def test_the_openai_agents_sdk_runs_a_two_step_tool_loop_over_responses(
-    smollm2: Server,
-) -> None:
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_the_openai_agents_sdk_runs_a_two_step_tool_loop(smollm2: Server, api: str) -> None:
     agents = pytest.importorskip("agents")
     agents.set_tracing_disabled(True)
     calls: list[str] = []
@@ -554,10 +521,12 @@ def test_the_openai_agents_sdk_runs_a_two_step_tool_loop_over_responses(
         calls.append(city)
         return "sunny"
 
+    kind = agents.OpenAIChatCompletionsModel if api == "chat" else agents.OpenAIResponsesModel
+
     def agent() -> Any:
         # A client per event loop: each run below has its own.
         client = openai.AsyncOpenAI(base_url=smollm2.url + "/v1", api_key="unused", max_retries=0)
-        model = agents.OpenAIResponsesModel(model=MODEL, openai_client=client)
+        model = kind(model=MODEL, openai_client=client)
         return agents.Agent(
             name="weather", instructions="Answer.", model=model, tools=[get_weather]
         )

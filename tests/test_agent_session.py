@@ -10,17 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agent_fixtures import write_frontend, write_script
-from fake_server import FakeServer, build_fake_server
+from agent_fixtures import scripted_server
 from test_agent_protocol import SCRIPT
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_agent_session_completes_with_a_tool_round_trip(tmp_path: Path) -> None:
-    frontend = write_frontend("smollm2", tmp_path / "frontend.pb")
-    script = write_script(SCRIPT, tmp_path / "script.json")
-    server = FakeServer(build_fake_server(), "--frontend", str(frontend), "--script", str(script))
+    server = scripted_server("smollm2", SCRIPT, tmp_path)
     try:
         out = tmp_path / "session.json"
         command = [sys.executable, str(ROOT / "bench/agent_session.py"), "--url", server.url]
