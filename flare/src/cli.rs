@@ -509,17 +509,39 @@ impl fmt::Display for Inspection<'_> {
         ] {
             writeln!(f, "    {line}")?;
         }
+        let tool_markers = fe.tool_markers.as_ref();
         writeln!(
             f,
-            "  tool_parser           {}",
-            short(fe.tool_parser.as_str_name())
+            "  tool_parser           {}{}",
+            short(fe.tool_parser.as_str_name()),
+            markers(&[
+                tool_markers.and_then(|m| m.call_start.as_ref()),
+                tool_markers.and_then(|m| m.call_end.as_ref()),
+            ])
         )?;
+        let reasoning_markers = fe.reasoning_markers.as_ref();
         writeln!(
             f,
-            "  reasoning_parser      {}",
-            short(fe.reasoning_parser.as_str_name())
+            "  reasoning_parser      {}{}",
+            short(fe.reasoning_parser.as_str_name()),
+            markers(&[
+                reasoning_markers.and_then(|m| m.start.as_ref()),
+                reasoning_markers.and_then(|m| m.end.as_ref()),
+            ])
         )
     }
+}
+
+/// A parser's markers as ` <tool_call> (token 641) </tool_call>`.
+fn markers(markers: &[Option<&helios::core::proto::Marker>]) -> String {
+    let mut text = String::new();
+    for marker in markers.iter().flatten() {
+        text.push_str(&format!(" {}", marker.text));
+        if let Some(id) = marker.token_id {
+            text.push_str(&format!(" (token {id})"));
+        }
+    }
+    text
 }
 
 #[cfg(test)]
@@ -729,5 +751,22 @@ mod tests {
         assert!(text.contains("32.00 MiB"), "{text}");
         assert!(text.contains("eos_token_ids         [2]"), "{text}");
         assert!(text.contains("tool_parser           none"), "{text}");
+    }
+
+    #[test]
+    fn markers_show_their_token_when_they_are_one() {
+        use helios::core::proto::Marker;
+        let start = Marker {
+            text: "<think>".to_owned(),
+            token_id: Some(7),
+        };
+        let end = Marker {
+            text: "</think>".to_owned(),
+            token_id: None,
+        };
+        assert_eq!(
+            markers(&[Some(&start), Some(&end), None]),
+            " <think> (token 7) </think>"
+        );
     }
 }

@@ -117,8 +117,12 @@ pub struct FrontendSummary {
     pub sampling: SamplingDefaults,
     /// Tool-call parser.
     pub tool_parser: ToolParser,
+    /// Its markers, when it has any.
+    pub tool_markers: Option<super::proto::ToolMarkers>,
     /// Reasoning parser.
     pub reasoning_parser: ReasoningParser,
+    /// Its markers, when it has any.
+    pub reasoning_markers: Option<super::proto::ReasoningMarkers>,
 }
 
 impl CoreSummary {
@@ -202,8 +206,10 @@ impl CoreSummary {
                 special_tokens: frontend.special_tokens.len(),
                 sampling: *core.sampling(),
                 tool_parser: ToolParser::try_from(frontend.tool_parser).unwrap_or_default(),
+                tool_markers: frontend.tool_markers.clone(),
                 reasoning_parser: ReasoningParser::try_from(frontend.reasoning_parser)
                     .unwrap_or_default(),
+                reasoning_markers: frontend.reasoning_markers.clone(),
             },
         }
     }
