@@ -26,6 +26,7 @@ pub mod cuda;
 pub mod error;
 pub mod execution;
 pub mod frontend;
+pub mod grammar;
 pub mod http;
 pub mod prefix;
 pub mod replay;
