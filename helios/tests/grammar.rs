@@ -94,7 +94,7 @@ fn walk(spec: GrammarSpec, language: &[&str], seed: u64) -> usize {
     ];
     // Wider than the vocabulary: the padding must never be allowed.
     let width = bytes.len() + 40;
-    let engine = GrammarEngine::new(&tokenizer, &json, &stops, width).unwrap();
+    let engine = GrammarEngine::new(&tokenizer, &json, &stops, width, &[]).unwrap();
     assert_eq!(engine.mask_words(), width.div_ceil(32));
     let mut constraint = engine.constraint(&spec).unwrap();
     let mut mask = vec![0u32; engine.mask_words()];
@@ -168,6 +168,7 @@ fn oversized_and_broken_grammars_are_refused() {
         &json,
         &[tokenizer.token_to_id("<|im_end|>").unwrap()],
         700,
+        &[],
     )
     .unwrap();
     let huge = GrammarSpec::Regex("a".repeat(MAX_GRAMMAR_BYTES + 1));
@@ -195,4 +196,27 @@ fn oversized_and_broken_grammars_are_refused() {
     let brace = tokenizer.encode("{", false).unwrap()[0] as usize;
     assert!(bit(&a, brace));
     assert!(!first.is_accepting());
+}
+
+#[test]
+fn a_delimiter_token_is_matched_as_a_token_never_as_text() {
+    let (tokenizer, json) = load("qwen");
+    let call = tokenizer.token_to_id("<tool_call>").unwrap();
+    let stops = [tokenizer.token_to_id("<|im_end|>").unwrap()];
+    let width = tokenizer.vocab_size();
+    let allowed = |engine: &GrammarEngine, grammar: &str| {
+        let mut constraint = engine
+            .constraint(&GrammarSpec::Lark(grammar.to_owned()))
+            .unwrap();
+        let mut mask = vec![0u32; engine.mask_words()];
+        constraint.mask(&mut mask).unwrap();
+        bit(&mask, call as usize)
+    };
+    let plain = GrammarEngine::new(&tokenizer, &json, &stops, width, &[]).unwrap();
+    let delimited = GrammarEngine::new(&tokenizer, &json, &stops, width, &[call]).unwrap();
+    // Free text: the token's bytes are text unless it is a delimiter.
+    assert!(allowed(&plain, "start: /(?s:.*)/"));
+    assert!(!allowed(&delimited, "start: /(?s:.*)/"));
+    // By id, a delimiter is allowed.
+    assert!(allowed(&delimited, &format!("start: <[{call}]> \"x\"")));
 }

@@ -106,15 +106,25 @@ impl std::fmt::Debug for GrammarEngine {
 impl GrammarEngine {
     /// The engine over `tokenizer` (whose serialization is
     /// `tokenizer_json`), ending at `stops` (non-empty), with masks as wide
-    /// as `logits_width` (at least the vocabulary).
+    /// as `logits_width` (at least the vocabulary). `delimiters` are the
+    /// output protocol's marker tokens: the protocol reads them by id, so a
+    /// grammar matches them only as tokens (`<[id]>`), never as text.
     pub fn new(
         tokenizer: &Tokenizer,
         tokenizer_json: &str,
         stops: &[u32],
         logits_width: usize,
+        delimiters: &[u32],
     ) -> Result<Self, GrammarError> {
-        let words = vocabulary_bytes(tokenizer, tokenizer_json)?;
+        let mut words = vocabulary_bytes(tokenizer, tokenizer_json)?;
         check_round_trip(tokenizer, &words)?;
+        for &id in delimiters {
+            if let Some(word) = words.get_mut(id as usize) {
+                if word.first() != Some(&super::token_bytes::SPECIAL_MARKER) {
+                    word.insert(0, super::token_bytes::SPECIAL_MARKER);
+                }
+            }
+        }
         let engine = |reason: String| GrammarError::Engine { reason };
         let &eos = stops
             .first()
