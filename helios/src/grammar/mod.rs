@@ -13,8 +13,10 @@
 
 mod engine;
 pub mod token_bytes;
+mod tool_calls;
 
 pub use engine::{Constraint, GrammarEngine, GrammarSpec, CACHE_CAPACITY, MAX_GRAMMAR_BYTES};
+pub use tool_calls::tool_call_grammar;
 
 use crate::frontend::FrontendError;
 

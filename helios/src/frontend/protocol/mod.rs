@@ -204,7 +204,7 @@ impl OutputProtocol {
     }
 
     /// Every marker that is a token, with its kind.
-    fn marker_tokens(&self) -> Vec<(u32, MarkerKind)> {
+    pub fn marker_tokens(&self) -> Vec<(u32, MarkerKind)> {
         let reasoning = self.reasoning.as_ref();
         let tools = self.tools.as_ref();
         [

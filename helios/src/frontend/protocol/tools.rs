@@ -68,6 +68,14 @@ impl ToolSet {
         self.tools.iter().map(|(name, _)| name.as_str())
     }
 
+    /// The declared tools: each name with its parameter schema (`null`
+    /// when the definition has none).
+    pub fn tools(&self) -> impl Iterator<Item = (&str, &Value)> {
+        self.tools
+            .iter()
+            .map(|(name, schema)| (name.as_str(), schema))
+    }
+
     /// The JSON schema type of parameter `key` of tool `name` (its first
     /// type when it lists several), if declared.
     pub fn parameter_type(&self, name: &str, key: &str) -> Option<&str> {

@@ -6,7 +6,7 @@
 use serde_json::Value;
 
 use super::parser::OutputEvent;
-use super::scan::{earliest, partial_start};
+use super::scan::partial_start;
 use super::tools::ToolSet;
 
 const FUNCTION: &str = "<function=";
@@ -152,15 +152,12 @@ impl XmlCall {
                     self.phase = Phase::Value;
                 }
                 Phase::Value => {
-                    let tags = [
-                        (PARAMETER_END, true),
-                        (PARAMETER, false),
-                        (FUNCTION_END, false),
-                    ];
-                    match earliest(&self.pending, &tags) {
-                        Some((at, own, len)) => {
+                    // A value ends at its closing tag only (where a grammar
+                    // that constrains the call ends it too).
+                    match self.pending.find(PARAMETER_END) {
+                        Some(at) => {
                             let value = self.pending[..at].to_owned();
-                            self.pending.drain(..if own { at + len } else { at });
+                            self.pending.drain(..at + PARAMETER_END.len());
                             self.parameter(&value, tools, events);
                             self.phase = Phase::Body;
                         }

@@ -1,0 +1,251 @@
+//! The grammar of an answer that must be tool calls, in the core's own
+//! call format (`tool_choice` required or a named tool): an optional
+//! reasoning block first, then one call (or several, when parallel calls are
+//! allowed) and nothing else, each call's arguments valid against its
+//! tool's schema. Markers that are one added token are matched by id, the
+//! others as text; JSON is laid out as the templates print it (`", "` and
+//! `": "`, no other white space), so the call the model writes is the call a
+//! next turn renders.
+
+use serde_json::{json, Value};
+
+use super::GrammarError;
+use crate::frontend::protocol::{Marker, OutputProtocol, ToolFormat, ToolSet};
+
+/// How the grammar's JSON is laid out.
+fn layout() -> Value {
+    json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
+}
+
+/// A marker as a Lark item: its token by id, or its text.
+fn item(marker: &Marker) -> String {
+    match marker.token_id {
+        Some(id) => format!("<[{id}]>"),
+        None => literal(&marker.text),
+    }
+}
+
+/// `text` as a Lark string literal.
+fn literal(text: &str) -> String {
+    Value::from(text).to_string()
+}
+
+/// A tool's parameter schema, an object when it declares none.
+fn parameters(schema: &Value) -> Value {
+    match schema {
+        Value::Object(object) if !object.is_empty() => schema.clone(),
+        _ => json!({"type": "object"}),
+    }
+}
+
+/// The `%json` item of one call object: `name` fixed, the arguments (under
+/// `arguments_key`) valid against the tool's schema.
+fn json_call(name: &str, schema: &Value, arguments_key: &str) -> String {
+    let object = json!({
+        "type": "object",
+        "properties": {"name": {"const": name}, arguments_key: parameters(schema)},
+        "required": ["name", arguments_key],
+        "additionalProperties": false,
+        "x-guidance": layout(),
+    });
+    format!("%json {object}")
+}
+
+/// An XML-style call: `<function=NAME>` and one `<parameter=KEY>` per
+/// property in schema order (optional ones may be left out), each value in
+/// its type's syntax: one of its `enum` (or its `const`), digits for
+/// integers and numbers, `true`/`false`, JSON for objects and arrays, and
+/// free text up to the closing tag for other strings (a string's other
+/// constraints, such as `pattern`, are not enforced in this format).
+fn xml_call(name: &str, schema: &Value, rules: &mut Vec<String>, rule: &str) -> String {
+    let schema = parameters(schema);
+    let required: Vec<&str> = (schema.get("required").and_then(Value::as_array))
+        .map(|keys| keys.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let mut parts = vec![literal(&format!("<function={name}>\n"))];
+    if let Some(properties) = schema.get("properties").and_then(Value::as_object) {
+        for (position, (key, property)) in properties.iter().enumerate() {
+            let value = format!("{rule}_v{position}");
+            let kind = property
+                .get("type")
+                .and_then(Value::as_str)
+                .unwrap_or("string");
+            let end = literal("\n</parameter>\n");
+            // Values written as the parser reads them back: strings raw,
+            // others as JSON.
+            let written = |value: &Value| match value {
+                Value::String(text) => literal(text),
+                other => literal(&other.to_string()),
+            };
+            let choices: Option<Vec<String>> = match (property.get("enum"), property.get("const")) {
+                (Some(Value::Array(values)), _) => Some(values.iter().map(written).collect()),
+                (_, Some(value)) => Some(vec![written(value)]),
+                _ => None,
+            };
+            let body = match kind {
+                _ if choices.is_some() => {
+                    format!("({}) {end}", choices.unwrap_or_default().join(" | "))
+                }
+                "integer" => format!("/-?[0-9]+/ {end}"),
+                "number" => format!("/-?[0-9]+(\\.[0-9]+)?([eE][-+]?[0-9]+)?/ {end}"),
+                "boolean" => format!("(\"true\" | \"false\") {end}"),
+                "object" | "array" => {
+                    let mut schema = property.clone();
+                    if let Some(object) = schema.as_object_mut() {
+                        object.insert("x-guidance".to_owned(), layout());
+                    }
+                    format!("%json {schema} {end}")
+                }
+                _ => "xml_text".to_owned(),
+            };
+            rules.push(format!(
+                "{value}: {} {body}",
+                literal(&format!("<parameter={key}>\n"))
+            ));
+            let optional = if required.contains(&key.as_str()) {
+                ""
+            } else {
+                "?"
+            };
+            parts.push(format!("{value}{optional}"));
+        }
+    }
+    parts.push(literal("</function>\n"));
+    parts.join(" ")
+}
+
+/// The grammar (Lark) of an answer made of calls to `tools`, in
+/// `protocol`'s format; `starts_in_reasoning`: the prompt opened reasoning,
+/// which the answer closes first.
+pub fn tool_call_grammar(
+    protocol: &OutputProtocol,
+    tools: &ToolSet,
+    parallel: bool,
+    starts_in_reasoning: bool,
+) -> Result<String, GrammarError> {
+    let unsupported = |reason: &str| GrammarError::Compile {
+        reason: reason.to_owned(),
+    };
+    let syntax = (protocol.tools.as_ref())
+        .ok_or_else(|| unsupported("the core declares no tool-call format"))?;
+    if tools.is_empty() {
+        return Err(unsupported("no tools to call"));
+    }
+    let mut rules = Vec::new();
+    let mut bodies = Vec::new();
+    for (index, (name, schema)) in tools.tools().enumerate() {
+        let rule = format!("tool{index}");
+        let body = match syntax.format {
+            ToolFormat::JsonInTags | ToolFormat::JsonInstructed => {
+                json_call(name, schema, "arguments")
+            }
+            ToolFormat::JsonAnswer => json_call(name, schema, "parameters"),
+            ToolFormat::XmlFunctions => xml_call(name, schema, &mut rules, &rule),
+        };
+        rules.push(format!("{rule}: {body}"));
+        bodies.push(rule);
+    }
+    rules.push(format!("body: {}", bodies.join(" | ")));
+    if syntax.format == ToolFormat::XmlFunctions {
+        // A string value runs lazily to the first closing tag, where the
+        // parser ends it too.
+        rules.push("xml_text[lazy]: /(?s:.*)<\\/parameter>\\n/".to_owned());
+    }
+    let call = match (syntax.format, &syntax.call_start, &syntax.call_end) {
+        (ToolFormat::JsonAnswer, start, _) => {
+            let start = start
+                .as_ref()
+                .map(item)
+                .map_or(String::new(), |s| format!("{s} "));
+            rules.push(format!("first: {start}body"));
+            rules.push("call: body".to_owned());
+            "first"
+        }
+        (ToolFormat::XmlFunctions, Some(start), Some(end)) => {
+            rules.push(format!(
+                "call: {} {} body {}",
+                item(start),
+                literal("\n"),
+                item(end)
+            ));
+            "call"
+        }
+        (_, Some(start), Some(end)) => {
+            let newline = literal("\n");
+            rules.push(format!(
+                "call: {} {newline} body {newline} {}",
+                item(start),
+                item(end)
+            ));
+            "call"
+        }
+        _ => return Err(unsupported("the tool-call format lacks its markers")),
+    };
+    let between = match syntax.format {
+        ToolFormat::JsonAnswer => literal(&format!("{} ", syntax.separator)),
+        _ => literal("\n"),
+    };
+    let calls = if parallel {
+        format!("{call} ({between} call)*")
+    } else {
+        call.to_owned()
+    };
+    let start = match &protocol.reasoning {
+        Some(reasoning) => {
+            // Reasoning runs to its end marker; a call opening inside it
+            // would close it (the parser's rule), so it holds none.
+            let thought = match reasoning.end.token_id {
+                Some(id) => {
+                    let call_start = syntax.call_start.as_ref().filter(|m| m.token_id.is_none());
+                    let forbidden: Vec<&str> =
+                        call_start.map(|m| m.text.as_str()).into_iter().collect();
+                    rules.push(format!("THOUGHT_TEXT: {}", without(&forbidden)));
+                    format!("THOUGHT_TEXT <[{id}]>")
+                }
+                None => {
+                    // Lazily to the first end marker. (A textual call marker
+                    // inside it is not excluded: a lazy terminal cannot also
+                    // be an intersection, and a free terminal followed by a
+                    // delimiter is never left, the lexer extending it
+                    // greedily; the validation after completion catches it.)
+                    rules.push(format!(
+                        "thought_text[lazy]: /(?s:.*){}/",
+                        escape(&reasoning.end.text)
+                    ));
+                    "thought_text".to_owned()
+                }
+            };
+            if starts_in_reasoning {
+                format!("start: {thought} /\\n*/ {calls}")
+            } else {
+                let open = item(&reasoning.start);
+                format!("start: ({open} {thought} /\\n*/)? {calls}")
+            }
+        }
+        None => format!("start: {calls}"),
+    };
+    rules.insert(0, start);
+    Ok(rules.join("\n"))
+}
+
+/// A terminal: any text holding none of `forbidden`.
+fn without(forbidden: &[&str]) -> String {
+    let any = "/(?s:.*)/";
+    if forbidden.is_empty() {
+        return any.to_owned();
+    }
+    let alternatives: Vec<String> = forbidden.iter().map(|text| escape(text)).collect();
+    format!("{any} & ~/(?s:.*)({})(?s:.*)/", alternatives.join("|"))
+}
+
+/// `text` as a literal inside a Lark `/.../` regex.
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if "\\.+*?()|[]{}^$/-".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
