@@ -10,7 +10,7 @@
 use serde_json::{json, Value};
 
 use super::GrammarError;
-use crate::frontend::protocol::{Marker, OutputProtocol, ToolFormat, ToolSet};
+use crate::frontend::protocol::{schema_type, Marker, OutputProtocol, ToolFormat, ToolSet};
 
 /// How the grammar's JSON is laid out.
 fn layout() -> Value {
@@ -66,10 +66,7 @@ fn xml_call(name: &str, schema: &Value, rules: &mut Vec<String>, rule: &str) -> 
     if let Some(properties) = schema.get("properties").and_then(Value::as_object) {
         for (position, (key, property)) in properties.iter().enumerate() {
             let value = format!("{rule}_v{position}");
-            let kind = property
-                .get("type")
-                .and_then(Value::as_str)
-                .unwrap_or("string");
+            let kind = schema_type(property).unwrap_or("string");
             let end = literal("\n</parameter>\n");
             // Values written as the parser reads them back: strings raw,
             // others as JSON.

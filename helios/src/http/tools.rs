@@ -219,7 +219,9 @@ impl ToolPolicy {
                     ToolChoice::Required => self.declared.contains(name),
                     _ => true,
                 };
-                if !allowed {
+                // A call that is not presented (a later one, without parallel
+                // calls) cannot violate the choice.
+                if !allowed && self.presents(*index) {
                     return Err(HttpError::ToolChoiceUnmet {
                         reason: format!(
                             "the model called `{name}`, which tool_choice does not allow"
@@ -356,6 +358,16 @@ mod tests {
             policy.present(OutputEvent::Text("t".into())).unwrap(),
             Some(OutputEvent::Text("t".into()))
         );
+    }
+
+    #[test]
+    fn a_call_that_is_not_presented_cannot_violate_the_choice() {
+        let request = ToolRequest::new(weather(), ToolChoice::Named("now".into()), false).unwrap();
+        let mut policy = request.policy();
+        assert!(policy.present(start(0, "now")).unwrap().is_some());
+        policy.present(end(0)).unwrap();
+        assert_eq!(policy.present(start(1, "get_weather")).unwrap(), None);
+        assert_eq!(policy.finish(Finish::Eos).unwrap(), Finish::ToolCalls);
     }
 
     #[test]

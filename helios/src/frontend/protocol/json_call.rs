@@ -217,6 +217,10 @@ impl JsonCall {
             }
             Some(_) if self.is_arguments_key() => {
                 let text = match serde_json::from_str::<serde_json::Value>(value) {
+                    // No arguments written as an empty string: none at all.
+                    Ok(serde_json::Value::String(text)) if text.trim().is_empty() => {
+                        "{}".to_owned()
+                    }
                     Ok(serde_json::Value::String(text)) => text,
                     Ok(serde_json::Value::Null) => "{}".to_owned(),
                     _ => value.to_owned(),

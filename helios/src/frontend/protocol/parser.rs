@@ -191,6 +191,9 @@ pub struct OutputParser {
     thinking: Channel,
     /// Calls opened so far.
     calls: usize,
+    /// The open call began inside reasoning, which it closes once it is a
+    /// call (and which goes on when it is not).
+    call_from_reasoning: bool,
     events: Vec<OutputEvent>,
 }
 
@@ -238,6 +241,7 @@ impl OutputParser {
             mode,
             pending: String::new(),
             calls: 0,
+            call_from_reasoning: false,
             events: Vec::new(),
         }
     }
@@ -273,27 +277,31 @@ impl OutputParser {
                 Mode::Reasoning
             }
             (Mode::Reasoning, MarkerKind::ReasoningEnd) => self.close_reasoning(),
-            (Mode::Text | Mode::AnswerStart, MarkerKind::CallStart) if tools => self.open_call(),
-            (Mode::Reasoning, MarkerKind::CallStart) if tools => {
-                self.close_reasoning();
-                self.open_call()
+            (Mode::Text | Mode::AnswerStart, MarkerKind::CallStart) if tools => {
+                self.open_call(false)
+            }
+            (Mode::Reasoning, MarkerKind::CallStart) if tools => self.open_call(true),
+            (Mode::Closing | Mode::Between, MarkerKind::CallStart) if tools => {
+                self.after_call();
+                self.open_call(false)
             }
             (
                 mode @ (Mode::Opening { .. } | Mode::Json { .. } | Mode::Xml { .. }),
                 MarkerKind::CallStart,
             ) => {
-                self.end_open_call(mode);
-                self.advance(false);
-                self.open_call()
+                self.mode = self.end_open_call(mode);
+                self.settle();
+                let in_reasoning = matches!(self.mode, Mode::Reasoning);
+                self.open_call(in_reasoning)
             }
             (Mode::Closing, MarkerKind::CallEnd) => self.after_call(),
             (
                 mode @ (Mode::Opening { .. } | Mode::Json { .. } | Mode::Xml { .. }),
                 MarkerKind::CallEnd,
             ) => {
-                self.end_open_call(mode);
-                self.advance(false);
-                Mode::Text
+                self.mode = self.end_open_call(mode);
+                self.settle();
+                std::mem::replace(&mut self.mode, Mode::Text)
             }
             (mode, kind) => {
                 // Out of place: the marker's text is read where it fell.
@@ -308,24 +316,37 @@ impl OutputParser {
 
     /// Ends the output: releases what was held, closes what is open.
     pub fn finish(&mut self) -> Vec<OutputEvent> {
-        self.advance(false);
-        let mode = std::mem::replace(&mut self.mode, Mode::Text);
-        match mode {
-            Mode::Reasoning => {
-                let held = std::mem::take(&mut self.thinking.held);
-                self.reasoning_out(held);
-            }
-            mode @ (Mode::Opening { .. } | Mode::Json { .. } | Mode::Xml { .. }) => {
-                self.end_open_call(mode);
-                self.advance(false);
-            }
-            _ => {}
+        self.settle();
+        if matches!(self.mode, Mode::Reasoning) {
+            let held = std::mem::take(&mut self.thinking.held);
+            self.reasoning_out(held);
         }
+        self.mode = Mode::Text;
         let held = std::mem::take(&mut self.text.held);
         if self.calls == 0 && !held.is_empty() {
             self.events.push(OutputEvent::Text(held));
         }
         std::mem::take(&mut self.events)
+    }
+
+    /// Parses everything pending as if nothing followed, ending each call
+    /// still open; text a call gives back is parsed again, and may open (and
+    /// end) another: each round consumes an opening, so this ends.
+    fn settle(&mut self) {
+        loop {
+            self.advance(false);
+            match std::mem::replace(&mut self.mode, Mode::Text) {
+                mode @ (Mode::Opening { .. } | Mode::Json { .. } | Mode::Xml { .. }) => {
+                    self.mode = self.end_open_call(mode);
+                }
+                other => {
+                    self.mode = other;
+                    if self.pending.is_empty() {
+                        return;
+                    }
+                }
+            }
+        }
     }
 
     fn marker_text(&self, kind: MarkerKind) -> &str {
@@ -390,12 +411,7 @@ impl OutputParser {
                             Mode::Reasoning
                         }
                         MarkerKind::ReasoningEnd => self.close_reasoning(),
-                        _ => {
-                            if in_reasoning {
-                                self.close_reasoning();
-                            }
-                            self.open_call()
-                        }
+                        _ => self.open_call(in_reasoning),
                     };
                     return (next, true);
                 }
@@ -424,8 +440,7 @@ impl OutputParser {
                     return (Mode::Json { call, opening }, true);
                 }
                 self.pending = rest;
-                self.not_a_call(&opening, "", false);
-                (Mode::Text, true)
+                (self.not_a_call(&opening, "", false), true)
             }
             Mode::Json { mut call, opening } => {
                 let consumed = call.push(&self.pending, &mut self.events);
@@ -435,8 +450,7 @@ impl OutputParser {
                     return (Mode::Json { call, opening }, false);
                 }
                 if !call.announced() {
-                    self.not_a_call(&opening, call.raw(), true);
-                    return (Mode::Text, true);
+                    return (self.not_a_call(&opening, call.raw(), true), true);
                 }
                 let index = self.calls - 1;
                 self.events.push(OutputEvent::ToolCallEnd {
@@ -464,10 +478,7 @@ impl OutputParser {
                         });
                         (Mode::Closing, true)
                     }
-                    XmlStep::NotACall => {
-                        self.not_a_call(&opening, call.raw(), true);
-                        (Mode::Text, true)
-                    }
+                    XmlStep::NotACall => (self.not_a_call(&opening, call.raw(), true), true),
                 }
             }
             Mode::Closing => {
@@ -570,7 +581,8 @@ impl OutputParser {
     }
 
     /// A call opens (its opening marker was consumed).
-    fn open_call(&mut self) -> Mode {
+    fn open_call(&mut self, from_reasoning: bool) -> Mode {
+        self.call_from_reasoning = from_reasoning;
         let opening = self.marker_text(MarkerKind::CallStart).to_owned();
         let index = self.calls;
         match self.tools.as_ref().map(|(syntax, _)| syntax.format) {
@@ -585,8 +597,9 @@ impl OutputParser {
         }
     }
 
-    /// Ends a call that is still open at a marker token or the output's end.
-    fn end_open_call(&mut self, mode: Mode) {
+    /// Ends a call that is still open at a marker token or the output's end;
+    /// the mode to go on in (reasoning, when it was a mention there).
+    fn end_open_call(&mut self, mode: Mode) -> Mode {
         let index = self.calls.saturating_sub(1);
         match mode {
             Mode::Opening { opening, .. } => self.not_a_call(&opening, "", false),
@@ -595,6 +608,7 @@ impl OutputParser {
                     index,
                     complete: call.closed(),
                 });
+                Mode::Text
             }
             Mode::Json { call, opening } => self.not_a_call(&opening, call.raw(), true),
             Mode::Xml { mut call, opening } => {
@@ -610,32 +624,44 @@ impl OutputParser {
                         index,
                         complete: matches!(step, XmlStep::Closed(_)),
                     });
+                    Mode::Text
                 } else {
-                    self.not_a_call(&opening, call.raw(), true);
+                    self.not_a_call(&opening, call.raw(), true)
                 }
             }
-            _ => {}
+            other => other,
         }
     }
 
-    /// A call was announced: the white space held before it is dropped.
+    /// A call was announced: the white space held before it is dropped, and
+    /// reasoning it opened inside is closed.
     fn confirm(&mut self, announced: &bool) {
         if *announced {
             self.text.held.clear();
+            if std::mem::take(&mut self.call_from_reasoning) {
+                self.close_reasoning();
+            }
         }
     }
 
-    /// What looked like a call is text: its opening goes out, and `raw`
-    /// (what followed it) is parsed again as text. `took_index`: the call
-    /// had taken the next call index, which it gives back.
-    fn not_a_call(&mut self, opening: &str, raw: &str, took_index: bool) {
+    /// What looked like a call is text: its opening goes out (as reasoning,
+    /// when it was mentioned there), and `raw` (what followed it) is parsed
+    /// again; the mode to parse it in. `took_index`: the call had taken the
+    /// next call index, which it gives back.
+    fn not_a_call(&mut self, opening: &str, raw: &str, took_index: bool) -> Mode {
         if took_index {
             self.calls = self.calls.saturating_sub(1);
         }
         let mut rest = raw.to_owned();
         rest.push_str(&self.pending);
         self.pending = rest;
-        self.emit(false, opening);
+        let in_reasoning = std::mem::take(&mut self.call_from_reasoning);
+        self.emit(in_reasoning, opening);
+        if in_reasoning {
+            Mode::Reasoning
+        } else {
+            Mode::Text
+        }
     }
 
     fn after_object(&self) -> Mode {

@@ -80,14 +80,55 @@ impl ToolSet {
     /// type when it lists several), if declared.
     pub fn parameter_type(&self, name: &str, key: &str) -> Option<&str> {
         let (_, schema) = self.tools.iter().find(|(known, _)| known == name)?;
-        let kind = schema.get("properties")?.get(key)?.get("type")?;
-        match kind {
-            Value::String(kind) => Some(kind),
-            Value::Array(kinds) => kinds
+        schema_type(schema.get("properties")?.get(key)?)
+    }
+}
+
+/// The JSON type a property schema declares: its `type` (the first that is
+/// not `null`, when it lists several), else the type of its `enum` or
+/// `const` values. The parser coerces by it and the grammars write by it.
+pub fn schema_type(property: &Value) -> Option<&str> {
+    match property.get("type") {
+        Some(Value::String(kind)) => return Some(kind),
+        Some(Value::Array(kinds)) => {
+            return kinds
                 .iter()
                 .filter_map(Value::as_str)
-                .find(|kind| *kind != "null"),
-            _ => None,
+                .find(|kind| *kind != "null")
         }
+        _ => {}
+    }
+    let value = match (property.get("enum"), property.get("const")) {
+        (Some(Value::Array(values)), _) => values.first()?,
+        (_, Some(value)) => value,
+        _ => return None,
+    };
+    Some(match value {
+        Value::String(_) => "string",
+        Value::Number(n) if n.is_f64() => "number",
+        Value::Number(_) => "integer",
+        Value::Bool(_) => "boolean",
+        Value::Null => "null",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::schema_type;
+
+    #[test]
+    fn a_property_type_comes_from_type_then_from_its_values() {
+        assert_eq!(schema_type(&json!({"type": "integer"})), Some("integer"));
+        assert_eq!(
+            schema_type(&json!({"type": ["null", "integer"]})),
+            Some("integer")
+        );
+        assert_eq!(schema_type(&json!({"enum": [1, 2]})), Some("integer"));
+        assert_eq!(schema_type(&json!({"const": "x"})), Some("string"));
+        assert_eq!(schema_type(&json!({"description": "free"})), None);
     }
 }

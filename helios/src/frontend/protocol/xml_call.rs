@@ -138,7 +138,8 @@ impl XmlCall {
                         return XmlStep::Open;
                     } else {
                         // Stray text between parameters: skip to the next tag.
-                        let skip = rest[1..].find('<').map_or(rest.len(), |at| at + 1);
+                        let first = rest.chars().next().map_or(0, char::len_utf8);
+                        let skip = rest[first..].find('<').map_or(rest.len(), |at| at + first);
                         let dropped = self.pending.len() - rest.len() + skip;
                         self.pending.drain(..dropped);
                     }
