@@ -155,6 +155,10 @@ struct Fake {
 }
 
 impl Executor for Fake {
+    fn applies_masks(&self) -> bool {
+        self.inner.applies_masks()
+    }
+
     fn submit(&mut self, launch: &Launch) -> Result<Ticket, ExecutionError> {
         if let Some(time) = self.launch_time {
             std::thread::sleep(time);

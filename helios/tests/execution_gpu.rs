@@ -446,6 +446,7 @@ fn decode(slots: [u32; 4]) -> Launch {
         operation: Operation::Decode(Decode {
             capacity: 4,
             slots: slots.map(Slot).to_vec(),
+            masks: Vec::new(),
         }),
     }
 }
@@ -606,7 +607,10 @@ fn a_maintenance_launch_copies_the_status_binding_right_after_its_records() {
     // A resume has one record; a decode after it reads its status nowhere.
     let resume = Launch {
         page_updates: Vec::new(),
-        operation: Operation::Resume(Resume { slot: Slot(2) }),
+        operation: Operation::Resume(Resume {
+            slot: Slot(2),
+            mask: None,
+        }),
     };
     let ticket = executor.submit(&resume).unwrap();
     let calls = launch_calls(&state);

@@ -120,6 +120,7 @@ fn random_requests(rng: &mut Rng) -> Vec<RequestSpec> {
                 sampling: SamplingParams::default(),
                 seed: index,
                 message_endpoints,
+                grammar: None,
             }
         })
         .collect()

@@ -117,6 +117,7 @@ impl Job {
                 sampling: sampling.params,
                 seed: sampling.seed,
                 message_endpoints: Vec::new(),
+                grammar: None,
             },
             stops,
             parser: OutputProtocol::default().parser(None, false),

@@ -342,8 +342,9 @@ impl<E: Executor> Scheduler<E> {
         placement.phase = Phase::Decoding;
         placement.submitted_samples += 1;
         let row = Row::Resume { id };
+        let mask = self.next_mask(id);
         self.launch(
-            Operation::Resume(Resume { slot }),
+            Operation::Resume(Resume { slot, mask }),
             vec![row],
             vec![id],
             None,

@@ -31,9 +31,20 @@ impl<E: Executor> Scheduler<E> {
     /// Waits until fewer than `decode_depth` launches are in flight, so a
     /// decode step may join them: at most two launches that write completion
     /// records are ever in flight (a prefill iteration's admit writes none).
+    ///
+    /// While a constrained request decodes, the depth is one: its next mask
+    /// needs the token its last launch samples.
     pub(super) fn wait_for_room(&mut self) -> Result<usize, ExecutionError> {
+        let constrained = (self.placed.values()).any(|placed| {
+            placed.request.spec.grammar.is_some() && placed.placement.exit().is_none()
+        });
+        let depth = if constrained {
+            1
+        } else {
+            self.config.decode_depth
+        };
         let mut collected = 0;
-        while self.window.len() >= self.config.decode_depth {
+        while self.window.len() >= depth {
             self.collect_next(true)?;
             collected += 1;
         }
@@ -116,6 +127,14 @@ impl<E: Executor> Scheduler<E> {
                 generated,
                 done: flag,
             } => {
+                let request = &self.placed.get(&id).expect("placed").request;
+                if let Some(grammar) = &request.spec.grammar {
+                    if let Err(error) = grammar.advance(token) {
+                        let reason = error.to_string();
+                        self.fail_with(id, ExecutionError::Grammar { reason });
+                        return;
+                    }
+                }
                 let Placed { request, placement } = self.placed.get_mut(&id).expect("placed");
                 let confirmed = &mut placement.confirmed;
                 confirmed.consumed = consumed;
@@ -150,12 +169,16 @@ impl<E: Executor> Scheduler<E> {
 
     /// Fails a request whose record is invalid, unless it already ended.
     pub(super) fn fail(&mut self, id: RequestId, invalid: &InvalidRecord) {
+        self.fail_with(id, ExecutionError::InvalidRecord(invalid.clone()));
+    }
+
+    /// Fails request `id` alone with `error` (once).
+    pub(super) fn fail_with(&mut self, id: RequestId, error: ExecutionError) {
         let exit = self.placement_mut(id).map(|placement| placement.exit());
         if !matches!(exit, Some(None | Some(Exit::Preempted))) {
             return;
         }
         self.end_placement(id, Exit::Failed);
-        let error = ExecutionError::InvalidRecord(invalid.clone());
         self.emit(id, Event::Failed(error));
     }
 }

@@ -199,6 +199,9 @@ impl<E: Executor> Scheduler<E> {
             return Err(AdmissionError::Unavailable);
         }
         spec.check(&self.geometry)?;
+        if spec.grammar.is_some() && !self.executor.applies_masks() {
+            return Err(AdmissionError::GrammarUnsupported);
+        }
         if self.queue.len() >= self.config.queue_capacity {
             return Err(AdmissionError::QueueFull {
                 capacity: self.config.queue_capacity,

@@ -32,6 +32,10 @@ pub enum ErrorClass {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum AdmissionError {
+    /// The request is constrained, and this executor cannot apply masks
+    /// (the core's sampling graphs take none).
+    #[error("this core cannot constrain decoding: its sampling takes no token mask")]
+    GrammarUnsupported,
     /// The prompt holds no token.
     #[error("prompt is empty")]
     EmptyPrompt,
@@ -113,7 +117,8 @@ impl AdmissionError {
             | Self::TokenOutsideVocabulary { .. }
             | Self::ExceedsContext { .. }
             | Self::MessageEndpoint { .. }
-            | Self::InvalidSampling { .. } => ErrorClass::InvalidRequest,
+            | Self::InvalidSampling { .. }
+            | Self::GrammarUnsupported => ErrorClass::InvalidRequest,
             Self::ExceedsPool { .. }
             | Self::QueueFull { .. }
             | Self::ShuttingDown
@@ -230,6 +235,13 @@ pub enum ExecutionError {
     UnknownTicket {
         /// The ticket.
         ticket: u64,
+    },
+    /// A constrained request's grammar failed (its matcher refused a token
+    /// or could not compute a mask); that request alone fails.
+    #[error("the request's grammar failed: {reason}")]
+    Grammar {
+        /// The matcher's message.
+        reason: String,
     },
 }
 

@@ -82,6 +82,9 @@ pub struct PrefillChunk {
     pub tokens: Vec<u32>,
     /// The chunk ends the prompt, so the graph samples the first output.
     pub ends_prompt: bool,
+    /// The sampled token's mask (packed, bit set = allowed) when the
+    /// request is constrained.
+    pub mask: Option<Vec<u32>>,
 }
 
 /// One decode step (a decode graph): every row consumes its slot's pending
@@ -92,14 +95,19 @@ pub struct Decode {
     pub capacity: u32,
     /// One slot per row, `capacity` rows, padded with [`Slot::NULL`].
     pub slots: Vec<Slot>,
+    /// Each row's mask when any row is constrained (`None`: the row is
+    /// not); empty when none is.
+    pub masks: Vec<Option<Vec<u32>>>,
 }
 
 /// Sample from a slot's saved hidden vector (the resume graph), after a
 /// checkpoint restore.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resume {
     /// The restored slot.
     pub slot: Slot,
+    /// The sampled token's mask when the request is constrained.
+    pub mask: Option<Vec<u32>>,
 }
 
 /// Freeze a slot's exact consumed state into a snapshot row (the snapshot
@@ -315,4 +323,11 @@ pub trait Executor {
 
     /// Blocks until `ticket`, the oldest launch not yet retrieved, finished.
     fn wait(&mut self, ticket: Ticket) -> Result<Completion, ExecutionError>;
+
+    /// Whether launches may carry token masks (constrained decoding): the
+    /// executor's sampling applies them. Those that cannot refuse
+    /// constrained requests at submission.
+    fn applies_masks(&self) -> bool {
+        false
+    }
 }

@@ -40,6 +40,7 @@ mod error;
 mod events;
 mod executor;
 mod geometry;
+mod grammar;
 mod growth;
 mod ids;
 mod latency;
@@ -67,6 +68,7 @@ pub use executor::{
     MAX_IN_FLIGHT,
 };
 pub use geometry::Geometry;
+pub use grammar::Grammar;
 pub use ids::{Page, RequestId, Slot};
 pub use latency::{Histogram, Latency, INTER_TOKEN_BUCKETS, PREPARATION_BUCKETS, TTFT_BUCKETS};
 pub use request::RequestSpec;

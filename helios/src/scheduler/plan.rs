@@ -128,6 +128,7 @@ mod tests {
                     sampling: SamplingParams::default(),
                     seed: 0,
                     message_endpoints: Vec::new(),
+                    grammar: None,
                 },
                 chain: None,
                 arrival: index as u64,

@@ -4,6 +4,7 @@ use super::checkpoints::PlacementPrefix;
 use super::error::AdmissionError;
 use super::executor::SamplingParams;
 use super::geometry::Geometry;
+use super::grammar::Grammar;
 use super::ledger::SlotLease;
 use crate::prefix::PrefixChain;
 
@@ -24,6 +25,8 @@ pub struct RequestSpec {
     /// marks and the exact-cut rule; the prefix cache may capture them.
     /// Empty when the prompt is not a rendered conversation.
     pub message_endpoints: Vec<u32>,
+    /// The grammar its output follows, if any (see [`Grammar`]).
+    pub grammar: Option<Grammar>,
 }
 
 impl RequestSpec {

@@ -12,6 +12,22 @@ use super::request::{len32, Phase, Placed, Placement};
 use super::rng::readmission_seed;
 
 impl<E: Executor> Scheduler<E> {
+    /// The mask of request `id`'s next sample when it is constrained; a
+    /// grammar that fails fails the request (its launch then samples
+    /// unconstrained, into output nobody reads).
+    pub(super) fn next_mask(&mut self, id: RequestId) -> Option<Vec<u32>> {
+        let grammar = self.placed.get(&id)?.request.spec.grammar.clone()?;
+        let words = (self.geometry.vocab_size() as usize).div_ceil(32);
+        match grammar.mask(words) {
+            Ok(mask) => Some(mask),
+            Err(error) => {
+                let reason = error.to_string();
+                self.fail_with(id, ExecutionError::Grammar { reason });
+                None
+            }
+        }
+    }
+
     fn placement(&self, id: RequestId) -> &Placement {
         &self.placed[&id].placement
     }
@@ -71,11 +87,17 @@ impl<E: Executor> Scheduler<E> {
         if ends_prompt {
             placement.phase = Phase::Decoding;
         }
+        let mask = if ends_prompt {
+            self.next_mask(id)
+        } else {
+            None
+        };
         let chunk = PrefillChunk {
             slot,
             capacity,
             tokens,
             ends_prompt,
+            mask,
         };
         let row = Row::Chunk {
             id,
@@ -95,8 +117,15 @@ impl<E: Executor> Scheduler<E> {
         let mut batch = Vec::with_capacity(candidates.len());
         for id in candidates {
             // An earlier candidate's growth may have preempted this one (and
-            // retired it, when nothing in flight referenced it).
-            let decodes = (self.placed.get(&id)).is_some_and(|placed| placed.placement.decodes());
+            // retired it, when nothing in flight referenced it). A constrained
+            // one waits until its earlier samples are applied: its mask
+            // follows them.
+            let decodes = (self.placed.get(&id)).is_some_and(|placed| {
+                let placement = &placed.placement;
+                let caught_up = placed.request.spec.grammar.is_none()
+                    || placement.confirmed.generated >= placement.submitted_samples;
+                placement.decodes() && caught_up
+            });
             if decodes && self.grow(id) == Growth::Ready {
                 batch.push(id);
             }
@@ -109,6 +138,12 @@ impl<E: Executor> Scheduler<E> {
             .expect("decoders hold distinct slots, at most max_concurrency");
         let mut slots = Vec::with_capacity(capacity as usize);
         let mut rows = Vec::with_capacity(capacity as usize);
+        let mut masks: Vec<Option<Vec<u32>>> = batch.iter().map(|&id| self.next_mask(id)).collect();
+        if masks.iter().all(Option::is_none) {
+            masks.clear();
+        } else {
+            masks.resize(capacity as usize, None);
+        }
         for &id in &batch {
             let placement = self.placement_mut(id).expect("placed");
             placement.submitted_consumed += 1;
@@ -118,7 +153,11 @@ impl<E: Executor> Scheduler<E> {
         }
         slots.resize(capacity as usize, Slot::NULL);
         rows.resize(capacity as usize, Row::Padding);
-        let decode = Decode { capacity, slots };
+        let decode = Decode {
+            capacity,
+            slots,
+            masks,
+        };
         self.launch(Operation::Decode(decode), rows, batch, None)?;
         Ok(1)
     }

@@ -105,6 +105,7 @@ pub fn spec(prompt_len: usize, max_new_tokens: u32, seed: u64) -> RequestSpec {
         sampling: SamplingParams::default(),
         seed,
         message_endpoints: Vec::new(),
+        grammar: None,
     }
 }
 

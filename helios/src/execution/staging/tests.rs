@@ -67,6 +67,7 @@ fn a_decode_packs_its_slots_and_page_updates_in_order() {
         operation: Operation::Decode(Decode {
             capacity: 4,
             slots: vec![Slot(2), Slot(1), Slot::NULL, Slot::NULL],
+            masks: Vec::new(),
         }),
     };
     let packed = staging.pack(&launch).unwrap();
@@ -140,6 +141,7 @@ fn a_chunk_and_a_resume_select_their_graphs() {
         capacity: 256,
         tokens: vec![4; 130],
         ends_prompt: true,
+        mask: None,
     }));
     let packed = staging.pack(&chunk).unwrap();
     assert_eq!(packed.graph, graph_position(&core, GraphKind::Prefill, 256));
@@ -147,7 +149,10 @@ fn a_chunk_and_a_resume_select_their_graphs() {
     let sample = packed.writes.last().unwrap();
     assert_eq!(sample.addr, addr_of(&core, "staging.chunk_sample"));
     assert_eq!(words(&packed, sample), vec![1]);
-    let resume = launch(Operation::Resume(Resume { slot: Slot(2) }));
+    let resume = launch(Operation::Resume(Resume {
+        slot: Slot(2),
+        mask: None,
+    }));
     let packed = staging.pack(&resume).unwrap();
     assert_eq!(packed.graph, graph_position(&core, GraphKind::Resume, 1));
     assert_eq!(words(&packed, &packed.writes[0]), vec![2]);
@@ -198,7 +203,10 @@ fn snapshot_and_restore_pack_the_maintenance_inputs_and_read_the_status_back() {
         Some(1)
     );
     assert_eq!(staging.completion(&[], 0, true).status, None);
-    let resume = Operation::Resume(Resume { slot: Slot(1) });
+    let resume = Operation::Resume(Resume {
+        slot: Slot(1),
+        mask: None,
+    });
     assert!(!resume.reports_status());
     assert_eq!(staging.completion(&[0; 24], 1, false).status, None);
 }
@@ -211,6 +219,7 @@ fn launches_that_do_not_fit_are_refused() {
         capacity: 256,
         tokens: vec![4; 257],
         ends_prompt: false,
+        mask: None,
     }));
     assert!(matches!(
         staging.pack(&too_long),
@@ -219,6 +228,7 @@ fn launches_that_do_not_fit_are_refused() {
     let no_graph = launch(Operation::Decode(Decode {
         capacity: 3,
         slots: vec![Slot(1); 3],
+        masks: Vec::new(),
     }));
     assert!(matches!(
         staging.pack(&no_graph),
@@ -230,7 +240,10 @@ fn launches_that_do_not_fit_are_refused() {
             first: 1000,
             pages: vec![Page(1)],
         }],
-        operation: Operation::Resume(Resume { slot: Slot(1) }),
+        operation: Operation::Resume(Resume {
+            slot: Slot(1),
+            mask: None,
+        }),
     };
     assert!(matches!(
         staging.pack(&past_row),
@@ -244,6 +257,7 @@ fn launches_that_do_not_fit_are_refused() {
         capacity: 128,
         tokens: vec![u32::MAX],
         ends_prompt: false,
+        mask: None,
     }));
     assert!(matches!(
         staging.pack(&token),
@@ -340,6 +354,7 @@ fn packing_into_a_reused_buffer_equals_a_fresh_pack() {
     let decode = launch(Operation::Decode(Decode {
         capacity: 2,
         slots: vec![Slot(1), Slot::NULL],
+        masks: Vec::new(),
     }));
     let mut reused = Packed::default();
     for launch in [&admit, &decode, &admit] {

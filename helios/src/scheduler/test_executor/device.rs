@@ -173,7 +173,9 @@ impl Device {
             }
             Operation::PrefillChunk(chunk) => (vec![run.prefill(chunk)], None),
             Operation::Decode(decode) => (run.decode(decode), None),
-            Operation::Resume(Resume { slot }) => (vec![run.resume(*slot)], None),
+            Operation::Resume(Resume { slot, mask }) => {
+                (vec![run.resume(*slot, mask.as_deref())], None)
+            }
             Operation::Snapshot(snapshot) => (Vec::new(), Some(run.snapshot(snapshot))),
             Operation::Restore(restore) => (Vec::new(), Some(run.restore(restore))),
         };
@@ -266,7 +268,7 @@ impl Run<'_> {
         state.consumed += u32::try_from(len).expect("chunk fits");
         state.hidden_at = Some(state.consumed);
         let sampled = chunk.ends_prompt && len > 0;
-        let token = sampled.then(|| self.sample(slot));
+        let token = sampled.then(|| self.sample(slot, chunk.mask.as_deref()));
         self.record(slot, token)
     }
 
@@ -291,7 +293,8 @@ impl Run<'_> {
             self.flag(Violation::Capacity { launch });
         }
         let mut records = Vec::with_capacity(decode.slots.len());
-        for &slot in &decode.slots {
+        for (row, &slot) in decode.slots.iter().enumerate() {
+            let mask = decode.masks.get(row).and_then(Option::as_deref);
             let active =
                 self.live(slot) && self.device.slots[slot.0 as usize].done == done::RUNNING;
             if !active {
@@ -307,13 +310,13 @@ impl Run<'_> {
             let state = &mut self.device.slots[slot.0 as usize];
             state.consumed += 1;
             state.hidden_at = Some(state.consumed);
-            let token = self.sample(slot);
+            let token = self.sample(slot, mask);
             records.push(self.record(slot, Some(token)));
         }
         records
     }
 
-    fn resume(&mut self, slot: Slot) -> CompletionRecord {
+    fn resume(&mut self, slot: Slot, mask: Option<&[u32]>) -> CompletionRecord {
         let active = self.live(slot) && self.device.slots[slot.0 as usize].done == done::RUNNING;
         if active {
             let state = &self.device.slots[slot.0 as usize];
@@ -322,7 +325,7 @@ impl Run<'_> {
                 self.flag(Violation::StaleHidden { launch, slot });
             }
         }
-        let token = active.then(|| self.sample(slot));
+        let token = active.then(|| self.sample(slot, mask));
         self.record(slot, token)
     }
 
@@ -452,7 +455,9 @@ impl Run<'_> {
 
     /// Samples from the slot's history read through its page table, then
     /// commits like the graphs: pending token, counts, counter, finish flag.
-    fn sample(&mut self, slot: Slot) -> u32 {
+    /// A mask restricts the draw to the tokens it allows, as the captured
+    /// sampler applies it before filtering.
+    fn sample(&mut self, slot: Slot, mask: Option<&[u32]>) -> u32 {
         let launch = self.launch;
         let state = &self.device.slots[slot.0 as usize];
         let (consumed, restored, epoch) = (state.consumed, state.restored, state.epoch);
@@ -478,7 +483,7 @@ impl Run<'_> {
         let token = self
             .device
             .model
-            .sample(state.seed, state.counter, history, &tokens);
+            .sample(state.seed, state.counter, history, &tokens, mask);
         let mut counts = History::default().with_histogram(state.histogram);
         counts.count(token);
         state.histogram = counts.histogram();

@@ -232,6 +232,11 @@ fn corrupt(records: &mut Vec<CompletionRecord>, status: &mut Option<i32>, corrup
 }
 
 impl Executor for TestExecutor {
+    /// The emulated sampler applies masks, as the captured one does.
+    fn applies_masks(&self) -> bool {
+        true
+    }
+
     fn submit(&mut self, launch: &Launch) -> Result<Ticket, ExecutionError> {
         let index = self.log.len() as u64;
         if std::mem::take(&mut self.fail_next) {
@@ -371,6 +376,7 @@ mod tests {
             capacity: 8,
             tokens: tokens.to_vec(),
             ends_prompt: true,
+            mask: None,
         })
     }
 
@@ -393,6 +399,7 @@ mod tests {
         let decode = Operation::Decode(Decode {
             capacity: 2,
             slots: vec![Slot(1), Slot::NULL],
+            masks: Vec::new(),
         });
         let ticket = executor.submit(&launch(vec![], decode)).unwrap();
         let records = executor.wait(ticket).unwrap().records;
@@ -443,7 +450,10 @@ mod tests {
             expect: 6,
         });
         executor.submit(&launch(vec![], restore)).unwrap();
-        let resume = Operation::Resume(Resume { slot: Slot(2) });
+        let resume = Operation::Resume(Resume {
+            slot: Slot(2),
+            mask: None,
+        });
         executor.submit(&launch(vec![], resume)).unwrap();
         executor.wait(Ticket(3)).unwrap();
         assert_eq!(executor.wait(Ticket(4)).unwrap().status, Some(0));
@@ -482,7 +492,10 @@ mod tests {
         executor
             .submit(&launch(vec![], Operation::Admit(readmit)))
             .unwrap();
-        let resume = Operation::Resume(Resume { slot: Slot(1) });
+        let resume = Operation::Resume(Resume {
+            slot: Slot(1),
+            mask: None,
+        });
         executor.submit(&launch(vec![], resume)).unwrap();
         assert!(executor.violations().contains(&Violation::StaleHidden {
             launch: 3,
@@ -543,6 +556,7 @@ mod tests {
         let decode = Operation::Decode(Decode {
             capacity: 1,
             slots: vec![Slot(1)],
+            masks: Vec::new(),
         });
         executor.submit(&launch(remap, decode)).unwrap();
         let violations = executor.violations();

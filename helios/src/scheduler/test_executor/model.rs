@@ -124,12 +124,35 @@ impl FakeModel {
     }
 
     /// What the device samples: the script's token when there is one, the
-    /// hashed draw otherwise.
-    pub fn sample(&self, seed: u64, counter: u64, history: History, tokens: &[u32]) -> u32 {
-        match &self.script {
+    /// hashed draw otherwise; under a mask, that token when the mask allows
+    /// it, else one of the allowed tokens picked by the same hash (the
+    /// first stop token when the mask allows nothing).
+    pub fn sample(
+        &self,
+        seed: u64,
+        counter: u64,
+        history: History,
+        tokens: &[u32],
+        mask: Option<&[u32]>,
+    ) -> u32 {
+        let token = match &self.script {
             Some(script) => script.next_token(tokens, counter),
             None => self.next_token(seed, counter, history),
+        };
+        let Some(mask) = mask else {
+            return token;
+        };
+        if crate::scheduler::grammar::allows(mask, token) {
+            return token;
         }
+        let allowed: Vec<u32> = (0..mask.len() as u32 * 32)
+            .filter(|&id| crate::scheduler::grammar::allows(mask, id))
+            .collect();
+        if allowed.is_empty() {
+            return self.stop_token;
+        }
+        let x = mix(seed ^ mix(counter ^ mix(history.sequence ^ mix(history.histogram))));
+        allowed[usize::try_from(x % allowed.len() as u64).expect("index fits")]
     }
 
     /// The token draw `counter` of a request with `seed` samples after
