@@ -51,9 +51,3 @@ impl std::fmt::Debug for Grammar {
         f.write_str("Grammar(..)")
     }
 }
-
-/// Whether `mask` allows `token`.
-pub fn allows(mask: &[u32], token: u32) -> bool {
-    mask.get(token as usize / 32)
-        .is_some_and(|word| word >> (token % 32) & 1 == 1)
-}

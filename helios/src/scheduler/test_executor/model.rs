@@ -50,6 +50,12 @@ impl History {
     }
 }
 
+/// Whether packed `mask` allows `token`.
+fn allows(mask: &[u32], token: u32) -> bool {
+    mask.get(token as usize / 32)
+        .is_some_and(|word| word >> (token % 32) & 1 == 1)
+}
+
 /// SplitMix64's finalizer.
 fn mix(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -142,11 +148,11 @@ impl FakeModel {
         let Some(mask) = mask else {
             return token;
         };
-        if crate::scheduler::grammar::allows(mask, token) {
+        if allows(mask, token) {
             return token;
         }
         let allowed: Vec<u32> = (0..mask.len() as u32 * 32)
-            .filter(|&id| crate::scheduler::grammar::allows(mask, id))
+            .filter(|&id| allows(mask, id))
             .collect();
         if allowed.is_empty() {
             return self.stop_token;
