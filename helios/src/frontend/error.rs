@@ -31,6 +31,12 @@ pub enum FrontendError {
         #[source]
         source: tokenizers::Error,
     },
+    /// Constrained decoding cannot be offered over this core's tokenizer.
+    #[error("constrained decoding is not available for this model: {reason}")]
+    GrammarUnavailable {
+        /// Why the grammar engine could not be built.
+        reason: String,
+    },
     /// The core's output protocol is unusable.
     #[error(transparent)]
     Protocol(#[from] super::protocol::ProtocolError),

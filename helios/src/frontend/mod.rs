@@ -85,6 +85,10 @@ pub struct Frontend {
     eos_token_ids: Vec<u32>,
     /// How the model writes reasoning and tool calls.
     protocol: protocol::OutputProtocol,
+    /// The tokenizer's serialization, for the grammar engine.
+    tokenizer_json: String,
+    /// The grammar engine, built on first use (its check decodes every id).
+    grammar: std::sync::OnceLock<Result<std::sync::Arc<crate::grammar::GrammarEngine>, String>>,
     /// Recent chat encodings, whose history a next turn reuses.
     encodings: EncodeCache,
 }
@@ -140,6 +144,8 @@ impl Frontend {
             chat_template,
             eos_token_ids: frontend.eos_token_ids.clone(),
             protocol: protocol::OutputProtocol::from_core(frontend)?,
+            tokenizer_json: frontend.tokenizer_json.clone(),
+            grammar: std::sync::OnceLock::new(),
         })
     }
 
@@ -158,6 +164,31 @@ impl Frontend {
     /// The output protocol: how reasoning and tool calls are written.
     pub fn protocol(&self) -> &protocol::OutputProtocol {
         &self.protocol
+    }
+
+    /// The grammar engine over this tokenizer (built on first use): its
+    /// stop tokens end a grammar, and the output protocol's marker tokens
+    /// are matched by id only. Why it cannot be built, otherwise.
+    pub fn grammar(&self) -> Result<&crate::grammar::GrammarEngine, FrontendError> {
+        let built = self.grammar.get_or_init(|| {
+            let delimiters: Vec<u32> =
+                (self.protocol.marker_tokens().into_iter()).map(|(id, _)| id).collect();
+            crate::grammar::GrammarEngine::new(
+                &self.tokenizer,
+                &self.tokenizer_json,
+                &self.eos_token_ids,
+                self.tokenizer.vocab_size(),
+                &delimiters,
+            )
+            .map(std::sync::Arc::new)
+            .map_err(|error| error.to_string())
+        });
+        match built {
+            Ok(engine) => Ok(engine),
+            Err(reason) => Err(FrontendError::GrammarUnavailable {
+                reason: reason.clone(),
+            }),
+        }
     }
 
     /// The ids that end generation.

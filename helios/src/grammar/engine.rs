@@ -238,7 +238,7 @@ impl Constraint {
         let words = allowed.as_slice();
         let whole = (self.vocab_size / 32).min(mask.len()).min(words.len());
         mask[..whole].copy_from_slice(&words[..whole]);
-        for id in whole * 32..self.vocab_size {
+        for id in whole * 32..self.vocab_size.min(mask.len() * 32) {
             if allowed.is_allowed(id as u32) {
                 mask[id / 32] |= 1 << (id % 32);
             }
