@@ -250,6 +250,7 @@ fn main() -> ExitCode {
         max_body_bytes: 64 * 1024,
         api_key: args.api_key,
         marked_messages: marked,
+        constrained: true,
     };
     let app = router(AppState::new(handle.clone(), frontend, config));
     let served = serve_http(&format!("127.0.0.1:{}", args.port), app, handle);

@@ -479,14 +479,13 @@ async fn invalid_requests_are_refused_in_the_openai_envelope() {
     let server = server(Options::default());
     let cases = [
         (
-            json!({"input": "w1", "text": {"format": {"type": "json_schema", "name": "x",
-                "schema": {"type": "object"}}}}),
+            json!({"input": "w1", "text": {"format": {"type": "json_schema", "name": "x"}}}),
             StatusCode::BAD_REQUEST,
             "invalid_parameter",
             Some("text.format"),
         ),
         (
-            json!({"input": "w1", "text": {"format": {"type": "json_object"}}}),
+            json!({"input": "w1", "text": {"format": {"type": "yaml"}}}),
             StatusCode::BAD_REQUEST,
             "invalid_parameter",
             Some("text.format"),

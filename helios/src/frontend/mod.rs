@@ -171,8 +171,9 @@ impl Frontend {
     /// are matched by id only. Why it cannot be built, otherwise.
     pub fn grammar(&self) -> Result<&crate::grammar::GrammarEngine, FrontendError> {
         let built = self.grammar.get_or_init(|| {
-            let delimiters: Vec<u32> =
-                (self.protocol.marker_tokens().into_iter()).map(|(id, _)| id).collect();
+            let delimiters: Vec<u32> = (self.protocol.marker_tokens().into_iter())
+                .map(|(id, _)| id)
+                .collect();
             crate::grammar::GrammarEngine::new(
                 &self.tokenizer,
                 &self.tokenizer_json,

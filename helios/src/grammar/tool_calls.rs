@@ -187,42 +187,76 @@ pub fn tool_call_grammar(
     } else {
         call.to_owned()
     };
-    let start = match &protocol.reasoning {
-        Some(reasoning) => {
-            // Reasoning runs to its end marker; a call opening inside it
-            // would close it (the parser's rule), so it holds none.
-            let thought = match reasoning.end.token_id {
-                Some(id) => {
-                    let call_start = syntax.call_start.as_ref().filter(|m| m.token_id.is_none());
-                    let forbidden: Vec<&str> =
-                        call_start.map(|m| m.text.as_str()).into_iter().collect();
-                    rules.push(format!("THOUGHT_TEXT: {}", without(&forbidden)));
-                    format!("THOUGHT_TEXT <[{id}]>")
-                }
-                None => {
-                    // Lazily to the first end marker. (A textual call marker
-                    // inside it is not excluded: a lazy terminal cannot also
-                    // be an intersection, and a free terminal followed by a
-                    // delimiter is never left, the lexer extending it
-                    // greedily; the validation after completion catches it.)
-                    rules.push(format!(
-                        "thought_text[lazy]: /(?s:.*){}/",
-                        escape(&reasoning.end.text)
-                    ));
-                    "thought_text".to_owned()
-                }
-            };
-            if starts_in_reasoning {
-                format!("start: {thought} /\\n*/ {calls}")
-            } else {
-                let open = item(&reasoning.start);
-                format!("start: ({open} {thought} /\\n*/)? {calls}")
-            }
-        }
-        None => format!("start: {calls}"),
-    };
+    let call_start = syntax.call_start.as_ref();
+    let start = reasoning_then(
+        protocol,
+        starts_in_reasoning,
+        call_start,
+        &calls,
+        &mut rules,
+    );
     rules.insert(0, start);
     Ok(rules.join("\n"))
+}
+
+/// The start rule: `body` after the reasoning the protocol allows first
+/// (optional, or only its close when the prompt opened it). `call_start`:
+/// a textual call marker the reasoning must not hold (a call opening inside
+/// it would close it, the parser's rule).
+fn reasoning_then(
+    protocol: &OutputProtocol,
+    starts_in_reasoning: bool,
+    call_start: Option<&Marker>,
+    body: &str,
+    rules: &mut Vec<String>,
+) -> String {
+    let Some(reasoning) = &protocol.reasoning else {
+        return format!("start: {body}");
+    };
+    let thought = match reasoning.end.token_id {
+        Some(id) => {
+            let call_start = call_start.filter(|m| m.token_id.is_none());
+            let forbidden: Vec<&str> = call_start.map(|m| m.text.as_str()).into_iter().collect();
+            rules.push(format!("THOUGHT_TEXT: {}", without(&forbidden)));
+            format!("THOUGHT_TEXT <[{id}]>")
+        }
+        None => {
+            // Lazily to the first end marker. (A textual call marker inside
+            // it is not excluded: a lazy terminal cannot also be an
+            // intersection, and a free terminal followed by a delimiter is
+            // never left, the lexer extending it greedily; the validation
+            // after completion catches it.)
+            rules.push(format!(
+                "thought_text[lazy]: /(?s:.*){}/",
+                escape(&reasoning.end.text)
+            ));
+            "thought_text".to_owned()
+        }
+    };
+    if starts_in_reasoning {
+        format!("start: {thought} /\\n*/ {body}")
+    } else {
+        let open = item(&reasoning.start);
+        format!("start: ({open} {thought} /\\n*/)? {body}")
+    }
+}
+
+/// The grammar (Lark) of an answer that is a JSON value valid against
+/// `schema`, after the reasoning `protocol` allows first: structured output
+/// composed with the protocol's reasoning delimiters.
+pub fn answer_grammar(
+    protocol: &OutputProtocol,
+    schema: &Value,
+    starts_in_reasoning: bool,
+) -> String {
+    let mut schema = schema.clone();
+    if let Some(object) = schema.as_object_mut() {
+        object.entry("x-guidance").or_insert_with(layout);
+    }
+    let mut rules = vec![format!("answer: %json {schema}")];
+    let start = reasoning_then(protocol, starts_in_reasoning, None, "answer", &mut rules);
+    rules.insert(0, start);
+    rules.join("\n")
 }
 
 /// A terminal: any text holding none of `forbidden`.

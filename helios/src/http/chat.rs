@@ -34,6 +34,7 @@ struct ChatRequest {
     tools: Option<Vec<Value>>,
     tool_choice: Option<Value>,
     parallel_tool_calls: Option<bool>,
+    response_format: Option<Value>,
     chat_template_kwargs: Option<Map<String, Value>>,
     /// End the prompt inside the final message, which the output continues
     /// (vLLM's spelling; it turns the generation prompt off by default).
@@ -85,7 +86,10 @@ async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Respons
         ..ChatInput::default()
     };
     let max_tokens = request.max_completion_tokens.or(request.max_tokens);
-    let job = Job::chat(state, input, max_tokens, sampling, tools).await?;
+    let answer =
+        super::structured::answer_schema(request.response_format.as_ref(), "response_format")?;
+    let answer = answer.map(|schema| (schema, "response_format"));
+    let job = Job::chat(state, input, max_tokens, sampling, tools, answer).await?;
     let mut generation = generation::start(state, job).await?;
     let header = Header {
         id: format!("chatcmpl-{request_id}"),

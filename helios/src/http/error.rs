@@ -46,6 +46,9 @@ pub enum ErrorCode {
     ToolChoiceUnmet,
     /// `previous_response_id` names no stored response.
     PreviousResponseNotFound,
+    /// A grammar (a JSON schema, a tool's schema) does not compile or is
+    /// too large.
+    InvalidGrammar,
 }
 
 impl ErrorCode {
@@ -68,6 +71,7 @@ impl ErrorCode {
             Self::UnsupportedContent => "unsupported_content",
             Self::ToolChoiceUnmet => "tool_choice_unmet",
             Self::PreviousResponseNotFound => "previous_response_not_found",
+            Self::InvalidGrammar => "invalid_grammar",
         }
     }
 }
@@ -168,6 +172,14 @@ pub enum HttpError {
         /// What the output did.
         reason: String,
     },
+    /// A grammar the output must follow cannot be used.
+    #[error("{param}: {reason}")]
+    InvalidGrammar {
+        /// The field that asked for it.
+        param: &'static str,
+        /// Why.
+        reason: String,
+    },
     /// `previous_response_id` names a response that is not stored (never
     /// stored, or evicted from the bounded store).
     #[error("previous response `{id}` is not found: it was not stored, or it was evicted")]
@@ -189,7 +201,8 @@ impl HttpError {
             | Self::UnsupportedContent { .. }
             | Self::InvalidTools(_)
             | Self::UnknownTool { .. }
-            | Self::PreviousResponseNotFound { .. } => StatusCode::BAD_REQUEST,
+            | Self::PreviousResponseNotFound { .. }
+            | Self::InvalidGrammar { .. } => StatusCode::BAD_REQUEST,
             Self::ModelNotFound { .. } => StatusCode::NOT_FOUND,
             Self::ToolChoiceUnmet { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Frontend(error) if frontend_is_request_fault(error) => StatusCode::BAD_REQUEST,
@@ -232,6 +245,7 @@ impl HttpError {
             Self::InvalidTools(_) | Self::UnknownTool { .. } => ErrorCode::InvalidParameter,
             Self::ToolChoiceUnmet { .. } => ErrorCode::ToolChoiceUnmet,
             Self::PreviousResponseNotFound { .. } => ErrorCode::PreviousResponseNotFound,
+            Self::InvalidGrammar { .. } => ErrorCode::InvalidGrammar,
         }
     }
 
@@ -246,7 +260,8 @@ impl HttpError {
             | Self::UnsupportedContent { .. }
             | Self::InvalidTools(_)
             | Self::UnknownTool { .. }
-            | Self::PreviousResponseNotFound { .. } => "validation",
+            | Self::PreviousResponseNotFound { .. }
+            | Self::InvalidGrammar { .. } => "validation",
             Self::ToolChoiceUnmet { .. } => "output",
             Self::Frontend(error) if frontend_is_request_fault(error) => "validation",
             Self::Frontend(_) | Self::PreparationFailed => "frontend",
@@ -270,6 +285,7 @@ impl HttpError {
             ) => return Some(format!("tools[{index}]")),
             Self::UnknownTool { .. } | Self::ToolChoiceUnmet { .. } => "tool_choice",
             Self::PreviousResponseNotFound { .. } => "previous_response_id",
+            Self::InvalidGrammar { param, .. } => param,
             Self::Frontend(FrontendError::EmptyStop { .. }) => "stop",
             Self::Frontend(error) if frontend_is_request_fault(error) => "messages",
             Self::Admission(AdmissionError::ExceedsContext { .. }) => "max_tokens",
@@ -324,6 +340,7 @@ fn frontend_is_request_fault(error: &FrontendError) -> bool {
             | FrontendError::NoChatTemplate
             | FrontendError::EmptyStop { .. }
             | FrontendError::Encode { .. }
+            | FrontendError::GrammarUnavailable { .. }
     )
 }
 

@@ -156,19 +156,30 @@ impl Job {
     /// `tools` decides which tools the template sees and how the output's
     /// calls are parsed and checked; the output's reasoning is parsed by the
     /// core's protocol, starting inside it when the prompt ends open.
+    ///
+    /// `answer`: the JSON schema the answer must follow (`answer_param` the
+    /// field that gave it), or `None`; see [`super::structured`].
     pub async fn chat(
         state: &AppState,
         mut input: ChatInput,
         max_tokens: Option<u32>,
         sampling: Sampling,
         tools: ToolRequest,
+        answer: Option<(serde_json::Value, &'static str)>,
     ) -> Result<Self, HttpError> {
         prepare(state, move |state| {
             tools.prepare(&mut input, state.frontend().protocol());
             let (mut job, text) = Self::chat_now(state, &input, max_tokens, sampling)?;
             let protocol = state.frontend().protocol();
-            job.parser = protocol.parser(tools.parsed(), protocol.starts_in_reasoning(&text));
+            let in_reasoning = protocol.starts_in_reasoning(&text);
+            job.parser = protocol.parser(tools.parsed(), in_reasoning);
             job.policy = tools.policy();
+            let (schema, param) = match &answer {
+                Some((schema, param)) => (Some(schema), *param),
+                None => (None, "response_format"),
+            };
+            job.spec.grammar =
+                super::structured::grammar(state, &tools, schema, param, in_reasoning)?;
             Ok(job)
         })
         .await

@@ -103,7 +103,15 @@ async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Respons
         kwargs: thinking_kwargs(request.thinking.as_ref())?,
         ..ChatInput::default()
     };
-    let job = Job::chat(state, input, Some(request.max_tokens), sampling, tools).await?;
+    let job = Job::chat(
+        state,
+        input,
+        Some(request.max_tokens),
+        sampling,
+        tools,
+        None,
+    )
+    .await?;
     let mut generation = generation::start(state, job).await?;
     let format = MessageStream {
         id: format!("msg_{request_id}"),

@@ -34,6 +34,7 @@ mod response_store;
 mod responses;
 mod sampling;
 mod sse;
+mod structured;
 mod tools;
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -78,6 +79,9 @@ pub struct ServeConfig {
     /// this many messages (0: none, when the cache is off); marking a
     /// message renders the conversation once more.
     pub marked_messages: usize,
+    /// Whether the executor applies grammar masks: structured output is
+    /// served, and required tool calls are constrained, only then.
+    pub constrained: bool,
 }
 
 /// What [`ServeConfig::marked_messages`] should be: as many messages as one

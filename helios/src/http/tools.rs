@@ -168,6 +168,24 @@ impl ToolRequest {
         }
     }
 
+    /// The tools a call must name, and whether several calls are allowed,
+    /// when `tool_choice` requires a call (`required`, or a named tool).
+    pub fn required(&self) -> Option<(ToolSet, bool)> {
+        match &self.choice {
+            ToolChoice::Required => Some((self.declared.clone(), self.parallel)),
+            ToolChoice::Named(name) => {
+                let only: Vec<Value> = (self.definitions.iter())
+                    .filter(|tool| tool["function"]["name"].as_str() == Some(name.as_str()))
+                    .cloned()
+                    .collect();
+                ToolSet::from_definitions(&only)
+                    .ok()
+                    .map(|set| (set, self.parallel))
+            }
+            _ => None,
+        }
+    }
+
     /// The tools the parser reads calls to, when calls are allowed.
     pub fn parsed(&self) -> Option<ToolSet> {
         self.calls_allowed().then(|| self.declared.clone())

@@ -59,6 +59,8 @@ pub(super) fn plan(core: &ValidCore, admission: Admission) -> Result<Plan, Serve
             geometry.max_concurrency(),
             admission.message_checkpoints,
         ),
+        // The captured sampling graphs take no token mask yet.
+        constrained: false,
     };
     let scheduler = SchedulerConfig {
         queue_capacity: admission.queue_capacity,

@@ -154,6 +154,7 @@ pub fn server(options: Options) -> Server {
         max_body_bytes: 64 * 1024,
         api_key: options.api_key.clone(),
         marked_messages: marked,
+        constrained: true,
     };
     let state = AppState::new(handle.clone(), Arc::clone(&frontend), config);
     Server {

@@ -91,7 +91,8 @@ pub async fn responses(State(state): State<AppState>, body: Body) -> Response {
 async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Response, HttpError> {
     let request: ResponsesRequest = parse_body(body)?;
     conversation::check_model(state.config(), request.model.as_deref())?;
-    check_text_format(request.text.as_ref())?;
+    let format = request.text.as_ref().and_then(|text| text.get("format"));
+    let answer = super::structured::answer_schema(format, "text.format")?;
     if request.max_output_tokens == Some(0) {
         return Err(HttpError::InvalidParameter {
             param: "max_output_tokens",
@@ -166,7 +167,16 @@ async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Respons
         "user": request.user,
         "metadata": request.metadata.filter(Value::is_object).unwrap_or_else(|| json!({})),
     });
-    let job = Job::chat(state, input, request.max_output_tokens, sampling, tools).await?;
+    let answer = answer.map(|schema| (schema, "text.format"));
+    let job = Job::chat(
+        state,
+        input,
+        request.max_output_tokens,
+        sampling,
+        tools,
+        answer,
+    )
+    .await?;
     let mut generation = generation::start(state, job).await?;
     let mut format = ResponseStream::new(base, request.stream);
     if store {
@@ -200,26 +210,6 @@ async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Respons
 /// A sampling value as the response echoes it (f32 noise rounded off).
 fn rounded(value: f32) -> f64 {
     (f64::from(value) * 1e6).round() / 1e6
-}
-
-/// Refuses a `text.format` other than plain text.
-fn check_text_format(text: Option<&Value>) -> Result<(), HttpError> {
-    let Some(format) = text.and_then(|text| text.get("format")) else {
-        return Ok(());
-    };
-    match format.get("type").and_then(Value::as_str) {
-        _ if format.is_null() => Ok(()),
-        Some("text") => Ok(()),
-        Some("json_schema" | "json_object") => Err(HttpError::InvalidParameter {
-            param: "text.format",
-            reason: "must be {\"type\": \"text\"}: json_schema and json_object are not \
-                     supported yet",
-        }),
-        _ => Err(HttpError::InvalidParameter {
-            param: "text.format",
-            reason: "must be {\"type\": \"text\"}",
-        }),
-    }
 }
 
 /// The function tools of `tools` in chat's shape (for the template and the
@@ -605,17 +595,5 @@ mod tests {
         let nameless = vec![json!({"type": "web_search"}), json!({"type": "function"})];
         let error = function_tools(&nameless).unwrap_err();
         assert_eq!(error.param().as_deref(), Some("tools[1]"));
-    }
-
-    #[test]
-    fn text_formats_other_than_text_are_refused() {
-        assert!(check_text_format(None).is_ok());
-        assert!(check_text_format(Some(&json!({"format": {"type": "text"}}))).is_ok());
-        assert!(check_text_format(Some(&json!({"verbosity": "low"}))).is_ok());
-        for format in ["json_schema", "json_object", "yaml"] {
-            let text = json!({"format": {"type": format}});
-            let error = check_text_format(Some(&text)).unwrap_err();
-            assert_eq!(error.param().as_deref(), Some("text.format"));
-        }
     }
 }

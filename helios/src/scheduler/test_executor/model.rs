@@ -131,8 +131,9 @@ impl FakeModel {
 
     /// What the device samples: the script's token when there is one, the
     /// hashed draw otherwise; under a mask, that token when the mask allows
-    /// it, else one of the allowed tokens picked by the same hash (the
-    /// first stop token when the mask allows nothing).
+    /// it, else the stop token when allowed (so constrained output ends as
+    /// soon as it may), else one of the allowed tokens picked by the same
+    /// hash (the stop token when the mask allows nothing).
     pub fn sample(
         &self,
         seed: u64,
@@ -150,6 +151,10 @@ impl FakeModel {
         };
         if allows(mask, token) {
             return token;
+        }
+        // A model that would say something else ends as soon as it may.
+        if allows(mask, self.stop_token) {
+            return self.stop_token;
         }
         let allowed: Vec<u32> = (0..mask.len() as u32 * 32)
             .filter(|&id| allows(mask, id))
