@@ -64,9 +64,12 @@ def write_script(entries: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
-def scripted_server(name: str, script: list[dict[str, Any]], folder: Path) -> FakeServer:
+def scripted_server(
+    name: str, script: list[dict[str, Any]], folder: Path, *options: str
+) -> FakeServer:
     """The fake server over ``name``'s frontend with the model saying ``script``
-    (its files written into ``folder``)."""
+    (its files written into ``folder``), with further ``options``."""
     frontend = write_frontend(name, folder / f"{name}.frontend.pb")
     replies = write_script(script, folder / "script.json")
-    return FakeServer(build_fake_server(), "--frontend", str(frontend), "--script", str(replies))
+    arguments = ["--frontend", str(frontend), "--script", str(replies), *options]
+    return FakeServer(build_fake_server(), *arguments)

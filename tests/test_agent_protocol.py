@@ -18,6 +18,7 @@ import asyncio
 import hashlib
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -671,3 +672,37 @@ def test_a_required_call_cut_by_the_output_limit_still_fails(smollm2: Server) ->
     with pytest.raises(openai.APIError) as streamed:
         _streamed_chat(client, **request)
     assert "tool_choice" in str(streamed.value)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_without_masks_required_calls_are_validated_and_schemas_refused(
+    tmp_path: Path, stream: bool
+) -> None:
+    # As flare run serves today: the sampling takes no grammar mask.
+    server = scripted_server("smollm2", SCRIPT, tmp_path, "--no-masks")
+    try:
+        client = _openai(server)
+        request: dict[str, Any] = {
+            "model": MODEL,
+            "messages": _ask("just chat"),
+            "tools": [WEATHER],
+            "tool_choice": "required",
+        }
+        if stream:
+            # After the headers, the unmet requirement is an error event.
+            with pytest.raises(openai.APIError) as raised:
+                _streamed_chat(client, **request)
+            assert "tool_choice" in str(raised.value)
+        else:
+            with pytest.raises(openai.APIStatusError) as status:
+                client.chat.completions.create(**request)
+            assert status.value.status_code == 422
+            assert status.value.body["code"] == "tool_choice_unmet"
+        met = client.chat.completions.create(**{**request, "messages": _ask("weather in Paris")})
+        assert (met.choices[0].message.tool_calls or [])[0].function.name == "get_weather"
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(
+                model=MODEL, messages=_ask("just chat"), response_format={"type": "json_object"}
+            )
+    finally:
+        assert server.stop() == 0

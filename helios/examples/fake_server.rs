@@ -9,8 +9,12 @@
 //! ```text
 //! cargo run -p flare-helios --example fake_server -- [--port 0] [--api-key KEY]
 //!     [--launch-ms MS] [--fail-after LAUNCHES] [--stop-every N] [--message-checkpoints N]
-//!     [--frontend FRONTEND.pb] [--script SCRIPT.json]
+//!     [--frontend FRONTEND.pb] [--script SCRIPT.json] [--no-masks]
 //! ```
+//!
+//! `--no-masks` serves as an executor whose sampling takes no grammar mask
+//! does (as `flare run` does today): structured output is refused and
+//! required tool calls are validated after completion.
 //!
 //! `--frontend` serves another frontend (a serialized `flare.core.v1.Frontend`,
 //! as Ignition writes it into a core: tokenizer, template, output protocol)
@@ -49,6 +53,7 @@ struct Args {
     message_checkpoints: Option<usize>,
     frontend: Option<PathBuf>,
     script: Option<PathBuf>,
+    no_masks: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -68,6 +73,7 @@ fn parse() -> Result<Args, String> {
             }
             "--frontend" => args.frontend = Some(PathBuf::from(value()?)),
             "--script" => args.script = Some(PathBuf::from(value()?)),
+            "--no-masks" => args.no_masks = true,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -149,6 +155,8 @@ impl Script for Replies {
 /// The test executor, optionally slowed down and failing after some launches.
 struct Fake {
     inner: TestExecutor,
+    /// Whether to apply grammar masks (`--no-masks`: not).
+    masks: bool,
     launch_time: Option<Duration>,
     fail_after: Option<u64>,
     launches: u64,
@@ -156,7 +164,7 @@ struct Fake {
 
 impl Executor for Fake {
     fn applies_masks(&self) -> bool {
-        self.inner.applies_masks()
+        self.masks && self.inner.applies_masks()
     }
 
     fn submit(&mut self, launch: &Launch) -> Result<Ticket, ExecutionError> {
@@ -217,6 +225,7 @@ fn main() -> ExitCode {
     }
     let executor_geometry = geometry.clone();
     let (launch_time, fail_after) = (args.launch_time, args.fail_after);
+    let masks = !args.no_masks;
     // The prefix cache over 16 snapshot rows, as a prepared core has them.
     let rows = 16;
     let prefix = Some(PrefixConfig {
@@ -235,6 +244,7 @@ fn main() -> ExitCode {
     let worker = Worker::spawn(geometry.clone(), config, move || {
         Ok(Fake {
             inner: TestExecutor::with_snapshot_rows(&executor_geometry, model, rows),
+            masks,
             launch_time,
             fail_after,
             launches: 0,
@@ -250,7 +260,7 @@ fn main() -> ExitCode {
         max_body_bytes: 64 * 1024,
         api_key: args.api_key,
         marked_messages: marked,
-        constrained: true,
+        constrained: !args.no_masks,
     };
     let app = router(AppState::new(handle.clone(), frontend, config));
     let served = serve_http(&format!("127.0.0.1:{}", args.port), app, handle);
