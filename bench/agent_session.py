@@ -19,16 +19,9 @@ from typing import Any
 
 import anthropic
 import openai
+from tool_prefix_reuse import WEATHER
 
-TOOL = {
-    "name": "get_weather",
-    "description": "The current weather of a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string", "description": "The city's name."}},
-        "required": ["city"],
-    },
-}
+TOOL = WEATHER["function"]
 QUESTION = "What is the weather in Paris? Use the get_weather tool."
 
 
