@@ -461,12 +461,8 @@ impl OutputParser {
             }
             Mode::Xml { mut call, opening } => {
                 let pending = std::mem::take(&mut self.pending);
-                let set = self
-                    .tools
-                    .as_ref()
-                    .map(|(_, set)| set.clone())
-                    .unwrap_or_default();
-                let step = call.push(&pending, hold, &set, &mut self.events);
+                let tools = self.tools.as_ref().map(|(_, set)| set);
+                let step = call.push(&pending, hold, tools, &mut self.events);
                 self.confirm(&call.announced());
                 match step {
                     XmlStep::Open => (Mode::Xml { call, opening }, false),
@@ -613,12 +609,8 @@ impl OutputParser {
             Mode::Json { call, opening } => self.not_a_call(&opening, call.raw(), true),
             Mode::Xml { mut call, opening } => {
                 // What the call holds back is final now.
-                let set = self
-                    .tools
-                    .as_ref()
-                    .map(|(_, set)| set.clone())
-                    .unwrap_or_default();
-                let step = call.push("", false, &set, &mut self.events);
+                let tools = self.tools.as_ref().map(|(_, set)| set);
+                let step = call.push("", false, tools, &mut self.events);
                 if call.announced() {
                     self.events.push(OutputEvent::ToolCallEnd {
                         index,

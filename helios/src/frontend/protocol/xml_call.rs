@@ -83,7 +83,7 @@ impl XmlCall {
         &mut self,
         text: &str,
         hold: bool,
-        tools: &ToolSet,
+        tools: Option<&ToolSet>,
         events: &mut Vec<OutputEvent>,
     ) -> XmlStep {
         let before = self.raw.len();
@@ -176,11 +176,11 @@ impl XmlCall {
         }
     }
 
-    fn parameter(&mut self, value: &str, tools: &ToolSet, events: &mut Vec<OutputEvent>) {
+    fn parameter(&mut self, value: &str, tools: Option<&ToolSet>, events: &mut Vec<OutputEvent>) {
         let value = value.strip_prefix('\n').unwrap_or(value);
         let value = value.strip_suffix('\n').unwrap_or(value);
         let name = self.name.as_deref().unwrap_or_default();
-        let coerced = coerce(value, tools.parameter_type(name, &self.key));
+        let coerced = coerce(value, tools.and_then(|t| t.parameter_type(name, &self.key)));
         let key = Value::from(self.key.as_str()).to_string();
         let opening = if self.parameters == 0 { "{" } else { ", " };
         self.parameters += 1;
