@@ -4,10 +4,12 @@
 //! call whose end token never came, a call marker merely mentioned inside
 //! reasoning, and empty-string arguments.
 
+mod protocol_support;
+
 use helios::frontend::protocol::{
-    Marker, MarkerKind, OutputEvent, OutputProtocol, ParsedOutput, ReasoningSyntax, ToolFormat,
-    ToolSet, ToolSyntax,
+    Marker, MarkerKind, OutputProtocol, ReasoningSyntax, ToolFormat, ToolSet, ToolSyntax,
 };
+use protocol_support::{feed, text, Piece};
 use serde_json::json;
 
 fn tools() -> ToolSet {
@@ -53,45 +55,14 @@ fn by_tokens() -> OutputProtocol {
     )
 }
 
-enum Piece<'a> {
-    Text(&'a str),
-    Marker(MarkerKind),
-}
-
-/// The events of `pieces` (checked well formed: every announced call ends
-/// once) and their fold.
-fn run(
-    protocol: &OutputProtocol,
-    in_reasoning: bool,
-    pieces: &[Piece],
-) -> (Vec<OutputEvent>, ParsedOutput) {
-    let mut parser = protocol.parser(Some(tools()), in_reasoning);
-    let mut events = Vec::new();
-    for piece in pieces {
-        events.extend(match piece {
-            Piece::Text(text) => parser.push_text(text),
-            Piece::Marker(kind) => parser.push_marker(*kind),
-        });
-    }
-    events.extend(parser.finish());
-    let count = |f: fn(&OutputEvent) -> bool| events.iter().filter(|e| f(e)).count();
-    assert_eq!(
-        count(|e| matches!(e, OutputEvent::ToolCallStart { .. })),
-        count(|e| matches!(e, OutputEvent::ToolCallEnd { .. })),
-        "every announced call ends once: {events:?}"
-    );
-    let mut parsed = ParsedOutput::default();
-    events.iter().for_each(|event| parsed.apply(event));
-    (events, parsed)
-}
-
 #[test]
 fn non_ascii_stray_text_between_xml_parameters_is_skipped() {
     let output = "<tool_call>\n<function=f>\né stray\n</function>\n</tool_call>";
-    let (_, parsed) = run(
+    let (_, parsed) = feed(
         &tagged(ToolFormat::XmlFunctions),
+        Some(&tools()),
         false,
-        &[Piece::Text(output)],
+        &[text(output)],
     );
     assert_eq!(parsed.calls.len(), 1);
     assert_eq!(parsed.calls[0].arguments, "{}");
@@ -100,18 +71,20 @@ fn non_ascii_stray_text_between_xml_parameters_is_skipped() {
 #[test]
 fn text_given_back_at_the_end_is_parsed_to_its_end() {
     let input = "<tool_call>{<tool_call>{";
-    let (events, parsed) = run(
+    let (events, parsed) = feed(
         &tagged(ToolFormat::JsonInTags),
+        Some(&tools()),
         false,
-        &[Piece::Text(input)],
+        &[text(input)],
     );
     assert_eq!(parsed.text, input, "{events:?}");
     // A call the given-back text opens and the output cuts is still ended.
     let input = "<tool_call>{\"a\": <tool_call>{\"name\": \"f\"";
-    let (_, parsed) = run(
+    let (_, parsed) = feed(
         &tagged(ToolFormat::JsonInTags),
+        Some(&tools()),
         false,
-        &[Piece::Text(input)],
+        &[text(input)],
     );
     assert_eq!(parsed.calls.len(), 1);
     assert!(!parsed.calls[0].complete);
@@ -119,14 +92,15 @@ fn text_given_back_at_the_end_is_parsed_to_its_end() {
 
 #[test]
 fn a_call_start_token_after_a_call_without_its_end_token_opens_a_call() {
-    let (events, parsed) = run(
+    let (events, parsed) = feed(
         &by_tokens(),
+        Some(&tools()),
         false,
         &[
             Piece::Marker(MarkerKind::CallStart),
-            Piece::Text("\n{\"name\": \"f\", \"arguments\": {}}\n"),
+            text("\n{\"name\": \"f\", \"arguments\": {}}\n"),
             Piece::Marker(MarkerKind::CallStart),
-            Piece::Text("\n{\"name\": \"g\", \"arguments\": {}}\n"),
+            text("\n{\"name\": \"g\", \"arguments\": {}}\n"),
             Piece::Marker(MarkerKind::CallEnd),
         ],
     );
@@ -144,15 +118,16 @@ fn a_call_marker_mentioned_in_reasoning_keeps_it_reasoning() {
         }),
         ..by_tokens()
     };
-    let (events, parsed) = run(
+    let (events, parsed) = feed(
         &protocol,
+        Some(&tools()),
         true,
         &[
-            Piece::Text("I will use "),
+            text("I will use "),
             Piece::Marker(MarkerKind::CallStart),
-            Piece::Text(" tags for the call."),
+            text(" tags for the call."),
             Piece::Marker(MarkerKind::ReasoningEnd),
-            Piece::Text("Answer"),
+            text("Answer"),
         ],
     );
     assert_eq!(
@@ -166,10 +141,11 @@ fn a_call_marker_mentioned_in_reasoning_keeps_it_reasoning() {
 #[test]
 fn empty_string_arguments_are_an_empty_object() {
     let output = "<tool_call>\n{\"name\": \"f\", \"arguments\": \"\"}\n</tool_call>";
-    let (_, parsed) = run(
+    let (_, parsed) = feed(
         &tagged(ToolFormat::JsonInTags),
+        Some(&tools()),
         false,
-        &[Piece::Text(output)],
+        &[text(output)],
     );
     assert_eq!(parsed.calls[0].arguments, "{}");
 }

@@ -5,13 +5,16 @@
 //! the tokens a byte-level BPE makes of it; every stream of events is
 //! well formed (a call is named once, before its arguments).
 
+mod protocol_support;
+
 use std::path::PathBuf;
 
 use helios::frontend::protocol::{
-    Marker, MarkerKind, OutputEvent, OutputProtocol, ParsedOutput, ParsedToolCall, ReasoningSyntax,
-    ToolFormat, ToolSet, ToolSyntax,
+    Marker, MarkerKind, OutputProtocol, ParsedOutput, ParsedToolCall, ReasoningSyntax, ToolFormat,
+    ToolSet, ToolSyntax,
 };
 use helios::frontend::{Detokenizer, Tokenizer};
+use protocol_support::{feed, Piece};
 use serde_json::Value;
 
 fn fixture(name: &str) -> PathBuf {
@@ -58,13 +61,6 @@ fn protocol(spec: &Value) -> OutputProtocol {
     }
 }
 
-/// A piece of output: text, or a marker token.
-#[derive(Debug, Clone)]
-enum Piece {
-    Text(String),
-    Marker(MarkerKind),
-}
-
 fn pieces(output: &Value) -> Vec<Piece> {
     (output.as_array().unwrap().iter())
         .map(|piece| match piece {
@@ -95,55 +91,14 @@ fn expected(case: &Value) -> ParsedOutput {
     }
 }
 
-/// Feeds `pieces`, checks the events are well formed, and folds them.
+/// Feeds `pieces` and folds the checked events.
 fn parse(
     protocol: &OutputProtocol,
     tools: Option<&ToolSet>,
     in_reasoning: bool,
     pieces: &[Piece],
 ) -> ParsedOutput {
-    let mut parser = protocol.parser(tools.cloned(), in_reasoning);
-    let mut events = Vec::new();
-    for piece in pieces {
-        events.extend(match piece {
-            Piece::Text(text) => parser.push_text(text),
-            Piece::Marker(kind) => parser.push_marker(*kind),
-        });
-    }
-    events.extend(parser.finish());
-    well_formed(&events);
-    let mut parsed = ParsedOutput::default();
-    for event in &events {
-        parsed.apply(event);
-    }
-    parsed
-}
-
-/// Calls are numbered in order and named once before their arguments;
-/// each ends at most once; no event is empty.
-fn well_formed(events: &[OutputEvent]) {
-    let mut started = 0;
-    let mut ended = Vec::new();
-    for event in events {
-        match event {
-            OutputEvent::Text(text) | OutputEvent::Reasoning(text) => {
-                assert!(!text.is_empty(), "an empty delta in {events:?}")
-            }
-            OutputEvent::ToolCallStart { index, name } => {
-                assert_eq!(*index, started, "calls out of order in {events:?}");
-                assert!(!name.is_empty());
-                started += 1;
-            }
-            OutputEvent::ToolCallArguments { index, delta } => {
-                assert!(*index < started && !ended.contains(index), "{events:?}");
-                assert!(!delta.is_empty(), "an empty delta in {events:?}");
-            }
-            OutputEvent::ToolCallEnd { index, .. } => {
-                assert!(*index < started && !ended.contains(index), "{events:?}");
-                ended.push(*index);
-            }
-        }
-    }
+    feed(protocol, tools, in_reasoning, pieces).1
 }
 
 /// `pieces` with each text piece split at the given character boundaries
