@@ -7,6 +7,8 @@ tokens, and the output protocol derived from the template), written where the
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +75,14 @@ def scripted_server(
     replies = write_script(script, folder / "script.json")
     arguments = ["--frontend", str(frontend), "--script", str(replies), *options]
     return FakeServer(build_fake_server(), *arguments)
+
+
+def run_bench(script: str, server: FakeServer, out: Path, *options: str) -> dict[str, Any]:
+    """Runs ``bench/SCRIPT`` against ``server`` as the GPU check runs it against
+    ``flare run`` (model ``tiny``, report in ``out``); the report."""
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, str(root / "bench" / script), "--url", server.url]
+    command += ["--model", "tiny", "--out", str(out), *options]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(out.read_text())

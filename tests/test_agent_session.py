@@ -5,26 +5,16 @@ script over ``flare run`` (bench/issue20_check.sh)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-from agent_fixtures import scripted_server
+from agent_fixtures import run_bench, scripted_server
 from test_agent_protocol import SCRIPT
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_agent_session_completes_with_a_tool_round_trip(tmp_path: Path) -> None:
     server = scripted_server("smollm2", SCRIPT, tmp_path)
     try:
-        out = tmp_path / "session.json"
-        command = [sys.executable, str(ROOT / "bench/agent_session.py"), "--url", server.url]
-        command += ["--model", "tiny", "--out", str(out)]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr[-2000:]
-        result = json.loads(out.read_text())
+        result = run_bench("agent_session.py", server, tmp_path / "session.json")
     finally:
         assert server.stop() == 0
     stream = result["responses_stream"]

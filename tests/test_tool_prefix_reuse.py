@@ -7,26 +7,17 @@ choice reuses only its own earlier turns. The H200 check runs the same script ov
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-from agent_fixtures import scripted_server
+from agent_fixtures import run_bench, scripted_server
 from test_agent_protocol import SCRIPT
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_auto_turns_reuse_the_prefix_and_switching_to_none_does_not(tmp_path: Path) -> None:
     server = scripted_server("smollm2", SCRIPT, tmp_path)
     try:
-        out = tmp_path / "reuse.json"
-        command = [sys.executable, str(ROOT / "bench/tool_prefix_reuse.py"), "--url", server.url]
-        command += ["--model", "tiny", "--out", str(out), "--turns", "6"]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr[-2000:]
-        result = json.loads(out.read_text())["schedules"]
+        report = run_bench("tool_prefix_reuse.py", server, tmp_path / "reuse.json", "--turns", "6")
+        result = report["schedules"]
     finally:
         assert server.stop() == 0
     auto, alternating = result["auto"], result["alternating"]
