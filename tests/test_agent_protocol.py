@@ -42,6 +42,7 @@ SCRIPT = [
     {"when": "think first", "reply": "<think>\nplan: call it\n</think>\n\n" + CALL_PARIS},
     {"when": "sunny", "reply": "It is sunny in Paris."},
     {"when": "digest please", "reply_with": "prompt_sha256"},
+    {"when": "in json", "reply": '{"mood": "sunny", "count": 2}'},
 ]
 WEATHER = {
     "type": "function",
@@ -634,10 +635,26 @@ def test_json_schema_answers_validate_whatever_the_model_would_say(smollm2: Serv
     assert whole.finish_reason == "stop"
     streamed = _streamed_chat(client, **request)
     assert json.loads(streamed["content"])["answer"] in ("yes", "no")
+    # A JSON object leaves the model free inside it: one that would say an
+    # object says exactly that; one that would say prose is held to an
+    # object's opening (a random walk inside a string need not end, so the
+    # prose case is cut by its limit and checked only for its start).
     objects = client.chat.completions.create(
-        model=MODEL, messages=_ask("just chat"), response_format={"type": "json_object"}
+        model=MODEL, messages=_ask("in json"), response_format={"type": "json_object"}
     )
-    assert isinstance(json.loads(objects.choices[0].message.content or ""), dict)
+    assert objects.choices[0].message.content == '{"mood": "sunny", "count": 2}'
+    assert objects.choices[0].finish_reason == "stop"
+    forced = client.chat.completions.create(
+        model=MODEL,
+        messages=_ask("just chat"),
+        response_format={"type": "json_object"},
+        max_tokens=6,
+    ).choices[0]
+    assert (forced.message.content or "").lstrip().startswith("{"), forced.message.content
+    if forced.finish_reason == "stop":
+        assert isinstance(json.loads(forced.message.content or ""), dict)
+    else:
+        assert forced.finish_reason == "length"
     response = client.responses.create(
         model=MODEL,
         input="just chat",
