@@ -15,6 +15,7 @@ from ignition.components.token_state import (
     StagingInputs,
 )
 from ignition.preparation.steps import SamplingOps
+from ignition.replay.packing import pack_decode, pack_masks, token_mask
 
 VOCAB = 64
 
@@ -290,6 +291,7 @@ def _compiled_sampler_matches_eager(device: str, backend: str, vocab: int = 512)
             sampling.commit_samples, backend=backend, fullgraph=True, dynamic=False
         ),
     )
+    masks = _mixed_masks(device, vocab)
     for seed in range(3):
         for rows_used in (1, 2, 4):  # decode capacities 1, 2, 4 and a prefill's one row
             runs = []
@@ -299,7 +301,9 @@ def _compiled_sampler_matches_eager(device: str, backend: str, vocab: int = 512)
                 slots = torch.tensor([1, 2, 3, 4][:rows_used], device=device)
                 active = torch.tensor([True, True, False, True][:rows_used], device=device)
                 for _ in range(5):  # the commit advances counters and histograms
-                    tokens = sampling.sample_rows(logits[:rows_used], state, slots, 4, step.sample)
+                    tokens = sampling.sample_rows(
+                        logits[:rows_used], state, slots, 4, step.sample, masks
+                    )
                     step.commit(state, slots, tokens, active, completions)
                 runs.append((tokens, state.tensors(), completions))
             (tokens_e, state_e, done_e), (tokens_c, state_c, done_c) = runs
@@ -344,3 +348,116 @@ def test_the_compiled_sampler_is_independent_of_live_rows_on_gpu() -> None:
         one = sampling.sample_rows(logits[:1], state, slots[:1], 4, sample)
         four = sampling.sample_rows(logits, state, slots, 4, sample)
         assert int(one[0]) == int(four[0])
+
+
+def _mixed_masks(device: str, vocab: int) -> sampling.RowMasks:
+    """Rows as the graphs see them: all-ones, a few tokens, unmasked over stale
+    words, and a few tokens again."""
+    gen = torch.Generator().manual_seed(3)
+    few = [token_mask(torch.randint(0, vocab, (6,), generator=gen).tolist(), vocab) for _ in "ab"]
+    stale = token_mask([0], vocab)
+    words = torch.stack([token_mask(range(vocab), vocab), few[0], stale, few[1]])
+    return words.to(device), torch.tensor([1, 1, 0, 1], dtype=torch.int32, device=device)
+
+
+def _allowed(words: torch.Tensor, vocab: int) -> set[int]:
+    return {t for t in range(vocab) if (int(words[t // 32]) >> (t % 32)) & 1}
+
+
+def test_token_masks_pack_bit_t_of_word_t_over_32() -> None:
+    mask = token_mask([0, 31, 32, 99], 100)
+    assert mask.dtype == torch.int32 and mask.shape == (4,)
+    assert mask.tolist() == [1 - 2**31, 1, 0, 1 << 3]  # bit 31 makes word 0 negative
+    assert _allowed(mask, 100) == {0, 31, 32, 99}
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        token_mask([100], 100)
+
+
+def test_a_masked_row_samples_only_its_allowed_tokens() -> None:
+    state, logits = _random_requests("cpu", 2)
+    words, flags = _mixed_masks("cpu", 512)
+    slots = torch.tensor([1, 2, 3, 4])
+    for counter in range(64):
+        state.counter.fill_(counter)
+        masked = sampling.sample_rows(logits, state, slots, 4, masks=(words, flags))
+        free = sampling.sample_rows(logits, state, slots, 4)
+        for row in (1, 3):
+            assert int(masked[row]) in _allowed(words[row], 512), (counter, row)
+        # All-ones, and an unflagged row over stale words, sample as no mask does.
+        assert int(masked[0]) == int(free[0]) and int(masked[2]) == int(free[2])
+
+
+def test_an_all_ones_mask_keeps_the_whole_distribution_bitwise() -> None:
+    state, logits = _random_requests("cpu", 4)
+    slots = torch.tensor([1, 2, 3, 4])
+    masked = sampling.apply_mask(
+        logits, torch.stack([token_mask(range(512), 512)] * 4), torch.ones(4, dtype=torch.int32)
+    )
+    assert torch.equal(masked, logits)
+    kept = sampling.filtered_cumulative(masked, state, slots)
+    plain = sampling.filtered_cumulative(logits, state, slots)
+    for a, b in zip(kept, plain, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_mask_padding_past_the_vocabulary_is_never_sampled() -> None:
+    # 500 tokens take 16 words: the last word's 12 high bits lie past the logits.
+    vocab = 500
+    state, _ = _random_requests("cpu", 6, vocab)
+    logits = torch.zeros(4, vocab)
+    words = token_mask([3], vocab).clone()
+    words[-1] |= torch.tensor(-(1 << 20), dtype=torch.int32)  # bits 20..31: tokens 500..511
+    assert _allowed(words, vocab) == {3}
+    flags = torch.ones(4, dtype=torch.int32)
+    for counter in range(32):
+        state.counter.fill_(counter)
+        tokens = sampling.sample_rows(
+            logits, state, torch.tensor([1, 2, 3, 4]), 4, masks=(words.repeat(4, 1), flags)
+        )
+        assert tokens.tolist() == [3, 3, 3, 3]
+
+
+def test_a_mask_of_only_the_stop_token_ends_the_request() -> None:
+    state, logits = _random_requests("cpu", 8)
+    staging = StagingInputs.allocate(4, 64, 32, 512, torch.device("cpu"))
+    slots = torch.tensor([1])
+    pack_decode(staging, [1], 1, [token_mask([7], 512)])
+    masks = (staging.sample_mask, staging.sample_masked)
+    tokens = sampling.sample_rows(logits, state, slots, 4, masks=masks)
+    assert tokens.tolist() == [7]
+    sampling.commit_samples(state, slots, tokens, torch.tensor([True]), staging.completions)
+    assert int(state.done[1]) == FINISHED_STOP
+
+
+def test_packing_writes_every_rows_flag_and_only_masked_rows_words() -> None:
+    vocab = 512
+    staging = StagingInputs.allocate(4, 64, 32, vocab, torch.device("cpu"))
+    staging.sample_mask.fill_(5)  # a previous launch's words
+    staging.sample_masked.fill_(1)
+    pack_masks(staging, [None, token_mask([1], vocab)], 4)
+    assert staging.sample_masked.tolist() == [0, 1, 0, 0]
+    assert staging.sample_mask[0].tolist() == [5] * 16
+    assert staging.sample_mask[1].tolist() == [2] + [0] * 15
+    pack_decode(staging, [1, 2], 2)
+    assert staging.sample_masked.tolist()[:2] == [0, 0]
+    with pytest.raises(ValueError, match="3 masks for 2 rows"):
+        pack_masks(staging, [None] * 3, 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vocab", [49152, 151936])
+def test_the_compiled_sampler_keeps_to_masks_on_gpu(vocab: int) -> None:
+    """What the captured graphs run: masked rows draw only allowed tokens, and an
+    all-ones row, like an unflagged row over stale words, draws as without a mask."""
+    torch._dynamo.reset()
+    sample = SamplingOps.compiled().sample
+    state, logits = _random_requests("cuda", 9, vocab)
+    words, flags = _mixed_masks("cuda", vocab)
+    allowed = [_allowed(words[row].cpu(), vocab) for row in range(4)]
+    slots = torch.tensor([1, 2, 3, 4], device="cuda")
+    for counter in range(64):
+        state.counter.fill_(counter)
+        masked = sampling.sample_rows(logits, state, slots, 4, sample, (words, flags)).tolist()
+        free = sampling.sample_rows(logits, state, slots, 4, sample, (words, 0 * flags)).tolist()
+        assert masked[1] in allowed[1] and masked[3] in allowed[3], counter
+        assert masked[0] == free[0] and masked[2] == free[2], counter

@@ -11,6 +11,11 @@ the CPU for tests, and involves no PyTorch generator state.
 Filters are applied as probability thresholds over the sorted distribution: a
 filter keeps every token whose probability is at least its threshold, so tokens
 tied at a threshold are never truncated to a fixed count.
+
+Token masks (constrained decoding) come first: a masked row's disallowed tokens
+get ``-inf`` logits before penalties, temperature and every filter, so what the
+filters keep and the draw picks is always allowed. A row whose flag is 0 is
+sampled exactly as without a mask: the flag selects the unmodified logits.
 """
 
 from __future__ import annotations
@@ -23,10 +28,12 @@ from ignition.components.cumulative import row_cumsum
 from ignition.components.token_state import (
     FINISHED_LENGTH,
     FINISHED_STOP,
+    MASK_BITS,
     RUNNING,
     RequestState,
     StagingInputs,
 )
+from ignition.export import flare_core_pb2 as pb
 
 _MASK32 = 0xFFFFFFFF
 _PHILOX_M0 = 0xD2511F53
@@ -73,6 +80,17 @@ def philox_uniform(seed: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
     return words[0].to(torch.float32) * _TWO_POW_M32 + _TWO_POW_M32 / 2
 
 
+def apply_mask(logits: torch.Tensor, words: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+    """``logits`` [rows, vocab] with each masked row's disallowed tokens at ``-inf``:
+    ``words`` [rows, >= vocab / 32] int32 packed masks, ``masked`` [rows] flags."""
+    vocab = logits.shape[-1]
+    shifts = torch.arange(MASK_BITS, dtype=torch.int32, device=logits.device)
+    bits = (words.unsqueeze(-1) >> shifts) & 1
+    allowed = bits.reshape(words.shape[0], -1)[:, :vocab] != 0
+    keep = allowed | (masked == 0).unsqueeze(1)
+    return torch.where(keep, logits, float("-inf"))
+
+
 def filtered_cumulative(
     logits: torch.Tensor, state: RequestState, slots: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -113,7 +131,9 @@ def filtered_cumulative(
     return order, torch.where(position < kept_count, cumulative, kept_mass), kept_count
 
 
-SamplePadded = Callable[[torch.Tensor, RequestState, torch.Tensor], torch.Tensor]
+RowMasks = tuple[torch.Tensor, torch.Tensor]
+"""Packed token masks [rows, words] and their flags [rows], one row per sampled row."""
+SamplePadded = Callable[[torch.Tensor, RequestState, torch.Tensor, RowMasks | None], torch.Tensor]
 
 
 def sample_rows(
@@ -122,6 +142,7 @@ def sample_rows(
     slots: torch.Tensor,
     rows: int,
     sample: SamplePadded | None = None,
+    masks: RowMasks | None = None,
 ) -> torch.Tensor:
     """One token for each of the ``n`` ``slots``, from the first ``n`` rows of
     ``logits`` (float32, at least ``n`` rows), under each slot's sampling parameters,
@@ -135,7 +156,8 @@ def sample_rows(
     padding rows contain (the graphs pass their staging buffer: no copy); fewer rows
     are padded with zeros. ``sample`` (default ``sample_padded``) is that fixed-shape
     arithmetic: a compiled version sees one shape whatever ``n`` is, so every step
-    runs the same kernels.
+    runs the same kernels. ``masks`` (at least ``rows`` rows) constrain the rows
+    whose flag is set.
     """
     n = slots.shape[0]
     if logits.shape[0] < rows:
@@ -143,11 +165,20 @@ def sample_rows(
         logits = torch.cat([logits, pad])
     if n < rows:
         slots = torch.cat([slots, slots.new_zeros(rows - n)])
-    return (sample or sample_padded)(logits[:rows], state, slots)[:n]
+    if masks is not None:
+        masks = (masks[0][:rows], masks[1][:rows])
+    return (sample or sample_padded)(logits[:rows], state, slots, masks)[:n]
 
 
-def sample_padded(logits: torch.Tensor, state: RequestState, slots: torch.Tensor) -> torch.Tensor:
+def sample_padded(
+    logits: torch.Tensor,
+    state: RequestState,
+    slots: torch.Tensor,
+    masks: RowMasks | None = None,
+) -> torch.Tensor:
     """``sample_rows``'s arithmetic on its padded rows: one token per row."""
+    if masks is not None:
+        logits = apply_mask(logits, *masks)
     order, kept_cumulative, kept_count = filtered_cumulative(logits, state, slots)
     uniform = philox_uniform(
         state.seed.index_select(0, slots), state.counter.index_select(0, slots)
@@ -213,17 +244,21 @@ def admit(state: RequestState, staging: StagingInputs) -> None:
     row = torch.zeros(1, state.histogram.shape[1], dtype=torch.int32, device=tokens.device)
     row.scatter_add_(1, tokens.unsqueeze(0), present.unsqueeze(0))
     state.histogram.index_copy_(0, slot, row)
+
+    def at(values: torch.Tensor, position: int) -> torch.Tensor:
+        return values[position : position + 1]
+
     floats = staging.admit_float
     ints = staging.admit_int
     for target, value in (
-        (state.temperature, floats[0:1]),
-        (state.top_p, floats[1:2]),
-        (state.min_p, floats[2:3]),
-        (state.repetition, floats[3:4]),
-        (state.presence, floats[4:5]),
-        (state.frequency, floats[5:6]),
-        (state.top_k, ints[0:1]),
-        (state.max_new, ints[1:2]),
+        (state.temperature, at(floats, pb.ADMIT_FLOAT_TEMPERATURE)),
+        (state.top_p, at(floats, pb.ADMIT_FLOAT_TOP_P)),
+        (state.min_p, at(floats, pb.ADMIT_FLOAT_MIN_P)),
+        (state.repetition, at(floats, pb.ADMIT_FLOAT_REPETITION_PENALTY)),
+        (state.presence, at(floats, pb.ADMIT_FLOAT_PRESENCE_PENALTY)),
+        (state.frequency, at(floats, pb.ADMIT_FLOAT_FREQUENCY_PENALTY)),
+        (state.top_k, at(ints, pb.ADMIT_INT_TOP_K)),
+        (state.max_new, at(ints, pb.ADMIT_INT_MAX_NEW_TOKENS)),
         (state.seed, staging.admit_seed),
         (state.consumed, staging.admit_consumed),
     ):

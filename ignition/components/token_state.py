@@ -23,6 +23,16 @@ FINISHED_LENGTH = 2
 
 COMPLETION_FIELDS = ("slot", "token", "generated", "consumed", "done", "valid")
 
+# Token masks: 32 tokens per int32 word, bit (t % 32) of word (t // 32) set when
+# token t may be sampled (the manifest's SEMANTIC_SAMPLE_MASK).
+MASK_BITS = 32
+
+
+def mask_words(vocab: int) -> int:
+    """Words of one row's token mask over a ``vocab``-wide logits row."""
+    return -(-vocab // MASK_BITS)
+
+
 # Neutral values of the sampling parameters; every other field resets to zero.
 _RESET_VALUES = {"temperature": 1.0, "top_p": 1.0, "repetition": 1.0}
 
@@ -114,14 +124,16 @@ class StagingInputs:
     admit_tokens: torch.Tensor  # int64 [context_limit]: the whole prompt, for the histogram
     admit_len: torch.Tensor  # int32 [1]
     admit_consumed: torch.Tensor  # int32 [1]: tokens already in the slot (prefix restore)
-    admit_int: torch.Tensor  # int32 [2]: top_k, max_new
-    admit_float: torch.Tensor  # float32 [6]: temperature, top_p, min_p, rep., presence, freq.
+    admit_int: torch.Tensor  # int32 [2]: positions of the manifest's AdmitIntField
+    admit_float: torch.Tensor  # float32 [6]: positions of the manifest's AdmitFloatField
     admit_seed: torch.Tensor  # int64 [1]
     resume_slot: torch.Tensor  # int64 [1]
     maint_slot: torch.Tensor  # int64 [1]
     maint_row: torch.Tensor  # int64 [1]: snapshot row
     maint_expect: torch.Tensor  # int32 [1]: consumed count the restore expects
     completions: torch.Tensor  # int32 [max_rows, len(COMPLETION_FIELDS)]: output records
+    sample_mask: torch.Tensor  # int32 [max_rows, mask_words(vocab)]: allowed tokens per row
+    sample_masked: torch.Tensor  # int32 [max_rows]: 1 where the row's mask applies
     logits: torch.Tensor  # float32 [max_rows, vocab]: diagnostic copy of sampled rows' logits
     maint_status: torch.Tensor  # int32 [1]: 1 when the last maintenance applied
 
@@ -152,6 +164,8 @@ class StagingInputs:
             maint_row=z(1, dt=i64),
             maint_expect=z(1, dt=i32),
             completions=z(rows, len(COMPLETION_FIELDS), dt=i32),
+            sample_mask=z(rows, mask_words(vocab), dt=i32),
+            sample_masked=z(rows, dt=i32),
             logits=z(rows, vocab, dt=torch.float32),
             maint_status=z(1, dt=i32),
         )

@@ -72,6 +72,22 @@ class Semantic(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SEMANTIC_LOGITS: _ClassVar[Semantic]
     SEMANTIC_PAGE_TABLE: _ClassVar[Semantic]
     SEMANTIC_STOP_TOKENS: _ClassVar[Semantic]
+    SEMANTIC_SAMPLE_MASK: _ClassVar[Semantic]
+    SEMANTIC_SAMPLE_MASKED: _ClassVar[Semantic]
+
+class AdmitIntField(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ADMIT_INT_TOP_K: _ClassVar[AdmitIntField]
+    ADMIT_INT_MAX_NEW_TOKENS: _ClassVar[AdmitIntField]
+
+class AdmitFloatField(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ADMIT_FLOAT_TEMPERATURE: _ClassVar[AdmitFloatField]
+    ADMIT_FLOAT_TOP_P: _ClassVar[AdmitFloatField]
+    ADMIT_FLOAT_MIN_P: _ClassVar[AdmitFloatField]
+    ADMIT_FLOAT_REPETITION_PENALTY: _ClassVar[AdmitFloatField]
+    ADMIT_FLOAT_PRESENCE_PENALTY: _ClassVar[AdmitFloatField]
+    ADMIT_FLOAT_FREQUENCY_PENALTY: _ClassVar[AdmitFloatField]
 
 class ToolParser(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -138,6 +154,16 @@ SEMANTIC_COMPLETIONS: Semantic
 SEMANTIC_LOGITS: Semantic
 SEMANTIC_PAGE_TABLE: Semantic
 SEMANTIC_STOP_TOKENS: Semantic
+SEMANTIC_SAMPLE_MASK: Semantic
+SEMANTIC_SAMPLE_MASKED: Semantic
+ADMIT_INT_TOP_K: AdmitIntField
+ADMIT_INT_MAX_NEW_TOKENS: AdmitIntField
+ADMIT_FLOAT_TEMPERATURE: AdmitFloatField
+ADMIT_FLOAT_TOP_P: AdmitFloatField
+ADMIT_FLOAT_MIN_P: AdmitFloatField
+ADMIT_FLOAT_REPETITION_PENALTY: AdmitFloatField
+ADMIT_FLOAT_PRESENCE_PENALTY: AdmitFloatField
+ADMIT_FLOAT_FREQUENCY_PENALTY: AdmitFloatField
 TOOL_PARSER_UNSPECIFIED: ToolParser
 TOOL_PARSER_NONE: ToolParser
 TOOL_PARSER_JSON_IN_TAGS: ToolParser

@@ -81,6 +81,8 @@ _SEMANTICS = {
     "staging.maint_status": pb.SEMANTIC_MAINT_STATUS,
     "staging.completions": pb.SEMANTIC_COMPLETIONS,
     "staging.logits": pb.SEMANTIC_LOGITS,
+    "staging.sample_mask": pb.SEMANTIC_SAMPLE_MASK,
+    "staging.sample_masked": pb.SEMANTIC_SAMPLE_MASKED,
     "state.page_table": pb.SEMANTIC_PAGE_TABLE,
     "state.stop_tokens": pb.SEMANTIC_STOP_TOKENS,
 }

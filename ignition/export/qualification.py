@@ -13,7 +13,9 @@ exported core holds at load: initial contents, zeros elsewhere.
 The workload exercises what serving does, not only warm-up inputs: several requests
 of different lengths (multi-chunk prompts included) and sampling settings through
 the replay harness, so decode capacities and slot assignments change between steps,
-then a prefix snapshot, a restore into another slot, a resume and decodes of both.
+then a prefix snapshot, a restore into another slot, a resume and decodes of both,
+then decodes of both under token masks (all-ones, a few tokens per row, one row
+masked beside an unmasked one).
 """
 
 from __future__ import annotations
@@ -32,7 +34,14 @@ from ignition.export import flare_core_pb2 as pb
 from ignition.preparation.catalog import GraphKey, GraphKind
 from ignition.preparation.prepared import PreparedModel
 from ignition.replay.harness import Harness, Request
-from ignition.replay.packing import SamplingParams, pack_admission, pack_chunk, pack_decode
+from ignition.replay.packing import (
+    SamplingParams,
+    pack_admission,
+    pack_chunk,
+    pack_decode,
+    pack_resume,
+    token_mask,
+)
 
 # Buffers the host may write between launches (by manifest-name prefix).
 HOST_WRITTEN = ("state.", "staging.")
@@ -222,7 +231,7 @@ def run_workload(prepared: PreparedModel, execute: Callable[[GraphKey], None]) -
     state.page_table[2].zero_()
     state.page_table[1, :4] = torch.tensor([1, 2, 3, 4], dtype=torch.int32)
     sampling = samplings[0]
-    pack_admission(staging, 1, prompt, 8, sampling, seed=77)
+    pack_admission(staging, 1, prompt, 16, sampling, seed=77)
     execute(GraphKey(GraphKind.ADMIT, 1))
     pack_chunk(staging, 1, prompt, ends_prompt=True)
     execute(GraphKey(GraphKind.PREFILL, catalog.prefill_capacity(len(prompt))))
@@ -230,14 +239,23 @@ def run_workload(prepared: PreparedModel, execute: Callable[[GraphKey], None]) -
     staging.maint_row.fill_(1)
     execute(GraphKey(GraphKind.SNAPSHOT, 1))
     state.page_table[2, :4] = torch.tensor([1, 2, 5, 6], dtype=torch.int32)
-    pack_admission(staging, 2, prompt, 8, sampling, seed=77, consumed=len(prompt))
+    pack_admission(staging, 2, prompt, 16, sampling, seed=77, consumed=len(prompt))
     execute(GraphKey(GraphKind.ADMIT, 1))
     staging.maint_slot.fill_(2)
     staging.maint_expect.fill_(len(prompt))
     execute(GraphKey(GraphKind.RESTORE, 1))
-    staging.resume_slot.fill_(2)
+    pack_resume(staging, 2)
     execute(GraphKey(GraphKind.RESUME, 1))
     for capacity in sorted({catalog.decode_capacity(2), catalog.decode_capacity(1)}):
         for _ in range(3):
             pack_decode(staging, [2, 1] if capacity > 1 else [1], capacity)
             execute(GraphKey(GraphKind.DECODE, capacity))
+
+    # Token masks (constrained decoding): all-ones masks, then a recorded mask of a
+    # few tokens per row, then one row masked beside an unmasked one, then none.
+    capacity = catalog.decode_capacity(2)
+    everything = token_mask(range(vocab), vocab)
+    few = [token_mask(_prompt(gen, 5, vocab), vocab) for _ in range(2)]
+    for masks in ([everything, everything], few, [None, few[0]], []):
+        pack_decode(staging, [2, 1], capacity, masks)
+        execute(GraphKey(GraphKind.DECODE, capacity))

@@ -127,7 +127,10 @@ def build_steps(
     def sample(slots: torch.Tensor) -> torch.Tensor:
         # The step's logits are in staging.logits (one row per slot, then stale rows,
         # which the sampler's independent rows ignore): no padded copy.
-        return sampling.sample_rows(staging.logits, state, slots, sampler_rows, ops.sample)
+        # Each sampled row's token mask, applied where its flag is set (the host
+        # writes every row's flag each launch).
+        masks = (staging.sample_mask, staging.sample_masked)
+        return sampling.sample_rows(staging.logits, state, slots, sampler_rows, ops.sample, masks)
 
     def decode_step(capacity: int) -> Callable[[], None]:
         def run() -> None:
