@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::rc::Rc;
 
 use helios::core::load_manifest;
-use helios::core::proto::{DType, GraphKind, Semantic};
+use helios::core::proto::{Binding, Buffer, BufferRole, DType, GraphKind, Semantic};
 use helios::core::ValidCore;
 use helios::cuda::CudaError;
 use helios::execution::{GpuExecutor, HostBuffer, LaunchDevice, StagingLayout};
@@ -97,6 +97,9 @@ struct State {
     launches_run: i32,
     /// Per launch run: the graph and the decode slots it read.
     graph_inputs: Vec<(usize, Vec<i32>)>,
+    /// Per launch run on a core with token masks: the mask flags it read,
+    /// and the words of each flagged row.
+    mask_inputs: Vec<(Vec<i32>, Vec<Vec<i32>>)>,
     violations: Vec<String>,
 }
 
@@ -193,6 +196,22 @@ impl State {
             .map(|i| self.word(slots + width * i))
             .collect();
         self.graph_inputs.push((graph, read));
+        if self.core.takes_token_masks() {
+            let (flags, flags_len) = self.buffer_addr(Semantic::SampleMasked);
+            let (words, _) = self.buffer_addr(Semantic::SampleMask);
+            let row_words = self.core.buffer(Semantic::SampleMask).unwrap().shape[1];
+            let flags: Vec<i32> = (0..flags_len / 4)
+                .map(|i| self.word(flags + 4 * i))
+                .collect();
+            let rows = (flags.iter().enumerate())
+                .filter(|&(_, &flag)| flag == 1)
+                .map(|(row, _)| {
+                    let start = words + row as u64 * row_words * 4;
+                    (0..row_words).map(|i| self.word(start + 4 * i)).collect()
+                })
+                .collect();
+            self.mask_inputs.push((flags, rows));
+        }
         let (records, records_len) = self.buffer_addr(Semantic::Completions);
         for i in 0..records_len / 4 {
             self.put_word(records + 4 * i, launch * 1000 + i as i32);
@@ -259,6 +278,7 @@ impl FakeDevice {
             markers: Vec::new(),
             launches_run: 0,
             graph_inputs: Vec::new(),
+            mask_inputs: Vec::new(),
             violations: Vec::new(),
         }));
         let device = Self {
@@ -432,6 +452,64 @@ fn bound(core: &ValidCore, semantic: Semantic) -> (u64, u64) {
         .expect("bound");
     let buffer = core.buffer_named(&binding.buffer).expect("bound buffer");
     (core.window().base + buffer.offset, buffer.size_bytes)
+}
+
+/// The fixture (exported before token masks) with the mask buffers bound,
+/// as a newer export lays them out: rows x ceil(vocab / 32) words and one
+/// flag per row, after the last staging buffer.
+fn with_token_masks(core: &ValidCore) -> ValidCore {
+    let mut core = core.clone().into_core();
+    let rows = u64::from(
+        *core
+            .contract
+            .as_ref()
+            .unwrap()
+            .decode_capacities
+            .iter()
+            .max()
+            .unwrap(),
+    );
+    let row_words = u64::from(core.contract.as_ref().unwrap().vocab_size).div_ceil(32);
+    let staging =
+        |role: i32| role == BufferRole::StagingInput as i32 || role == BufferRole::Output as i32;
+    let mut end = (core.buffers.iter())
+        .filter(|b| staging(b.role))
+        .map(|b| b.offset + b.size_bytes)
+        .max()
+        .unwrap();
+    for (name, semantic, shape) in [
+        (
+            "staging.sample_mask",
+            Semantic::SampleMask,
+            vec![rows, row_words],
+        ),
+        ("staging.sample_masked", Semantic::SampleMasked, vec![rows]),
+    ] {
+        let offset = end.div_ceil(256) * 256;
+        let size_bytes = shape.iter().product::<u64>() * 4;
+        let strides = if shape.len() == 2 {
+            vec![shape[1], 1]
+        } else {
+            vec![1]
+        };
+        core.buffers.push(Buffer {
+            name: name.to_owned(),
+            role: BufferRole::StagingInput as i32,
+            offset,
+            size_bytes,
+            dtype: DType::DtypeI32 as i32,
+            shape,
+            strides,
+            initial_tensor: String::new(),
+        });
+        let contract = core.contract.as_mut().unwrap();
+        contract.bindings.push(Binding {
+            semantic: semantic as i32,
+            buffer: name.to_owned(),
+        });
+        end = offset + size_bytes;
+    }
+    ValidCore::new(core).unwrap()
 }
 
 fn graph_position(core: &ValidCore, kind: GraphKind, capacity: u32) -> usize {
@@ -739,4 +817,56 @@ fn a_failed_launch_is_a_device_error_naming_the_step() {
         err.to_string().contains("CUDA_ERROR_ILLEGAL_ADDRESS"),
         "{err}"
     );
+}
+
+/// The stale-staging hazard of constrained decoding: with two steps in
+/// flight, each lane's mask differing between them, every graph must read
+/// its own step's masks (the host packs the next step while the previous
+/// one's copies have not run yet).
+#[test]
+fn two_steps_in_flight_each_read_their_own_masks() {
+    let core = with_token_masks(&fixture());
+    let row_words = core.buffer(Semantic::SampleMask).unwrap().shape[1] as usize;
+    let (device, state) = FakeDevice::new(&core);
+    let mut executor = GpuExecutor::new(device).unwrap();
+    assert!(executor.applies_masks());
+    let mask = |seed: u32| -> Vec<u32> {
+        (0..row_words as u32)
+            .map(|i| seed.wrapping_mul(0x9E37_79B9).rotate_left(i))
+            .collect()
+    };
+    let step = |masks: [Option<Vec<u32>>; 4]| Launch {
+        page_updates: Vec::new(),
+        operation: Operation::Decode(Decode {
+            capacity: 4,
+            slots: [1, 2, 3, 0].map(Slot).to_vec(),
+            masks: masks.to_vec(),
+        }),
+    };
+    let first = step([Some(mask(1)), None, Some(mask(3)), None]);
+    let second = step([Some(mask(11)), Some(mask(12)), None, None]);
+    let third = step([None, None, None, None]);
+    let tickets = [&first, &second, &third].map(|launch| executor.submit(launch).unwrap());
+    state.borrow_mut().ready = true;
+    for ticket in tickets {
+        executor.poll(ticket).unwrap().expect("complete");
+    }
+    let state = state.borrow();
+    let words = |seed| mask(seed).into_iter().map(|w| w as i32).collect::<Vec<_>>();
+    let flags = |f: [i32; 4]| f.to_vec();
+    assert_eq!(
+        state.mask_inputs,
+        vec![
+            (flags([1, 0, 1, 0]), vec![words(1), words(3)]),
+            (flags([1, 1, 0, 0]), vec![words(11), words(12)]),
+            (flags([0, 0, 0, 0]), vec![]),
+        ]
+    );
+    assert!(state.violations.is_empty(), "{:?}", state.violations);
+}
+
+#[test]
+fn a_core_exported_before_token_masks_applies_none() {
+    let (device, _) = FakeDevice::new(&fixture());
+    assert!(!GpuExecutor::new(device).unwrap().applies_masks());
 }

@@ -178,6 +178,30 @@ fn missing_messages_are_named() {
 }
 
 #[test]
+fn token_masks_are_optional_but_bound_in_pairs() {
+    assert!(decode(&tiny_core()).unwrap().takes_token_masks());
+    let is_mask = |b: &Binding| {
+        helios::core::OPTIONAL_SEMANTICS.contains(&Semantic::try_from(b.semantic).unwrap())
+    };
+    // A core exported before token masks loads, and cannot constrain.
+    let old = mutated(|c| contract(c).bindings.retain(|b| !is_mask(b))).unwrap();
+    assert!(!old.takes_token_masks());
+    // One without the other is a broken export.
+    let err = mutated_err(|c| {
+        (contract(c).bindings).retain(|b| b.semantic != Semantic::SampleMasked as i32)
+    });
+    assert!(
+        matches!(
+            err,
+            CoreError::Missing {
+                field: "SEMANTIC_SAMPLE_MASKED"
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
 fn truncated_bytes_fail_to_decode() {
     let bytes = tiny_core().encode_to_vec();
     let err = decode_manifest(&bytes[..bytes.len() / 2]).unwrap_err();

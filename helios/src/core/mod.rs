@@ -27,7 +27,7 @@ pub use prost;
 pub use summary::{
     ContractSummary, CoreSummary, FrontendSummary, GraphKindSummary, RegionSummary, RoleSummary,
 };
-pub use validate::required_semantics;
+pub use validate::{all_semantics, required_semantics, OPTIONAL_SEMANTICS};
 
 use proto::{
     Buffer, Core, Frontend, Graph, GraphKind, Identity, KernelImage, PreparedContract,
@@ -183,6 +183,14 @@ impl ValidCore {
         self.bound
             .get(&semantic)
             .and_then(|&position| self.buffers.get(position))
+    }
+
+    /// Whether the sampling graphs take token masks (the core binds
+    /// [`OPTIONAL_SEMANTICS`]): only then can decoding be constrained.
+    pub fn takes_token_masks(&self) -> bool {
+        OPTIONAL_SEMANTICS
+            .iter()
+            .all(|semantic| self.bound.contains_key(semantic))
     }
 
     /// The buffer called `name`, if any.

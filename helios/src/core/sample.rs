@@ -13,7 +13,7 @@ use super::proto::{
     NamedToken, Node, PreparedContract, Qualification, QualificationStep, ReasoningParser, Region,
     RegionKind, SamplingDefaults, Semantic, ToolParser, Window,
 };
-use super::{required_semantics, ENGINE_ABI};
+use super::{all_semantics, ENGINE_ABI};
 
 const MIB: u64 = 1 << 20;
 
@@ -143,6 +143,11 @@ fn semantic_buffer(semantic: Semantic) -> (String, BufferRole, DType, Vec<u64>) 
             vec![rows, u64::from(VOCAB)],
         ),
         Semantic::Completions => (BufferRole::Output, DType::DtypeI32, vec![rows, 3]),
+        Semantic::SampleMask => (
+            BufferRole::StagingInput,
+            DType::DtypeI32,
+            vec![rows, u64::from(VOCAB.div_ceil(32))],
+        ),
         Semantic::MaintStatus => (BufferRole::Output, DType::DtypeI32, vec![1]),
         Semantic::ChunkTokens | Semantic::AdmitTokens => {
             (BufferRole::StagingInput, DType::DtypeI32, vec![chunk])
@@ -170,7 +175,8 @@ fn dim3(x: u32, y: u32, z: u32) -> Option<Dim3> {
 }
 
 /// A small valid core: a 32 MiB window with all seven regions, weights, KV
-/// pages, snapshot rows and one buffer per semantic value (all 21 bound),
+/// pages, snapshot rows and one buffer per semantic value (all 23 bound,
+/// the optional token masks included),
 /// one kernel image, decode graphs at [`SAMPLE_DECODE`], prefill graphs at
 /// [`SAMPLE_PREFILL`], and resume, admit, snapshot and restore graphs at
 /// capacity 1. The decode graph at capacity 1 launches a kernel from the
@@ -199,7 +205,7 @@ pub fn tiny_core() -> Core {
         &[2, HIDDEN],
     );
     let mut bindings = Vec::new();
-    for semantic in required_semantics() {
+    for semantic in all_semantics() {
         let (name, role, dtype, shape) = semantic_buffer(semantic);
         layout.add(&name, role, dtype, &shape);
         bindings.push(Binding {

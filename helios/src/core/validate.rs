@@ -26,9 +26,19 @@ const SINGLE_GRAPHS: [GraphKind; 4] = [
     GraphKind::Restore,
 ];
 
+/// Semantic values a core may leave unbound: the sampling graphs' token
+/// masks (cores exported before constrained decoding lack them, and load as
+/// before). A core binds both or neither.
+pub const OPTIONAL_SEMANTICS: [Semantic; 2] = [Semantic::SampleMask, Semantic::SampleMasked];
+
 /// Every semantic value a core must bind, in schema order (all but
-/// `SEMANTIC_UNSPECIFIED`).
+/// `SEMANTIC_UNSPECIFIED` and [`OPTIONAL_SEMANTICS`]).
 pub fn required_semantics() -> impl Iterator<Item = Semantic> {
+    all_semantics().filter(|semantic| !OPTIONAL_SEMANTICS.contains(semantic))
+}
+
+/// Every semantic value, in schema order (all but `SEMANTIC_UNSPECIFIED`).
+pub fn all_semantics() -> impl Iterator<Item = Semantic> {
     (1..).map_while(|value| Semantic::try_from(value).ok())
 }
 
@@ -442,6 +452,14 @@ pub(crate) fn check_bindings(
         return Err(CoreError::Missing {
             field: unbound.as_str_name(),
         });
+    }
+    let optional = OPTIONAL_SEMANTICS.map(|semantic| bound.contains_key(&semantic));
+    if optional.contains(&true) {
+        if let Some(position) = optional.iter().position(|&is_bound| !is_bound) {
+            return Err(CoreError::Missing {
+                field: OPTIONAL_SEMANTICS[position].as_str_name(),
+            });
+        }
     }
     Ok(bound)
 }

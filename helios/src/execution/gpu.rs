@@ -229,6 +229,10 @@ impl<D: LaunchDevice> Executor for GpuExecutor<D> {
         Ok(ticket)
     }
 
+    fn applies_masks(&self) -> bool {
+        self.staging.takes_masks()
+    }
+
     fn poll(&mut self, ticket: Ticket) -> Result<Option<Completion>, ExecutionError> {
         let slot = self.check_oldest(ticket)?.slot;
         let done = self.device.query(&self.ring[slot].done);

@@ -7,13 +7,19 @@
 //! one layout packs every operation. Element order inside the two packed
 //! parameter vectors is part of the semantic's definition:
 //!
-//! - `SEMANTIC_ADMIT_INT`: `top_k`, `max_new_tokens`;
-//! - `SEMANTIC_ADMIT_FLOAT`: temperature, top-p, min-p, repetition,
-//!   presence and frequency penalties.
+//! - `SEMANTIC_ADMIT_INT`: at the positions of the schema's `AdmitIntField`;
+//! - `SEMANTIC_ADMIT_FLOAT`: at the positions of `AdmitFloatField`.
+//!
+//! Token masks (a core that binds `SEMANTIC_SAMPLE_MASK` and
+//! `SEMANTIC_SAMPLE_MASKED`): every decode, prefill-chunk and resume launch
+//! writes each of its rows' flags, and the words of the rows it constrains;
+//! an unconstrained row's stale words are never read. A launch's bytes live
+//! in its own pinned slot of the executor's ring until its copies have run,
+//! so a mask written for one step never reaches another.
 
 use std::collections::HashMap;
 
-use crate::core::proto::{Buffer, DType, GraphKind, Semantic};
+use crate::core::proto::{AdmitFloatField, AdmitIntField, Buffer, DType, GraphKind, Semantic};
 use crate::core::ValidCore;
 use crate::prefix::SnapshotRow;
 use crate::scheduler::{
@@ -60,6 +66,9 @@ pub enum StagingError {
         /// Values the buffer holds.
         capacity: u64,
     },
+    /// A launch carries token masks, and the core's sampling takes none.
+    #[error("this core's sampling graphs take no token mask")]
+    NoMasks,
     /// A value does not fit the buffer's integer type.
     #[error("{what}: {value} does not fit {dtype:?}")]
     OutOfRange {
@@ -164,10 +173,22 @@ struct Fields {
     valid: usize,
 }
 
+/// Where a core's sampling graphs read token masks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Masks {
+    /// The packed masks, `rows` x `words` I32.
+    words: View,
+    /// Words per row.
+    row_words: u64,
+    /// The per-row flags, at least `rows` I32.
+    flags: View,
+}
+
 /// The resolved staging contract of a core.
 #[derive(Debug, Clone)]
 pub struct StagingLayout {
     views: HashMap<Semantic, View>,
+    masks: Option<Masks>,
     page_table: View,
     max_pages: u64,
     completions: View,
@@ -195,6 +216,7 @@ const INTEGER_INPUTS: [Semantic; 14] = [
 ];
 const ADMIT_INT_VALUES: u64 = 2;
 const ADMIT_FLOAT_VALUES: u64 = 6;
+const MASK_BITS: u64 = 32;
 
 fn is_integer(dtype: DType) -> bool {
     matches!(dtype, DType::DtypeI32 | DType::DtypeI64)
@@ -287,6 +309,40 @@ impl StagingLayout {
                 "an I32 buffer of at least one element",
             ));
         }
+        let masks = if core.takes_token_masks() {
+            let (buffer, words) = resolve(Semantic::SampleMask)?;
+            let vocab = u64::from(core.contract().vocab_size);
+            let row_words = vocab.div_ceil(MASK_BITS);
+            let rows = buffer.shape.first().copied().unwrap_or(0);
+            if words.dtype != DType::DtypeI32
+                || buffer.shape.len() != 2
+                || buffer.shape[1] != row_words
+                || rows == 0
+            {
+                return Err(binding_error(
+                    Semantic::SampleMask,
+                    buffer,
+                    "an I32 [rows, ceil(vocab / 32)] buffer",
+                ));
+            }
+            let (buffer, flags) = resolve(Semantic::SampleMasked)?;
+            if flags.dtype != DType::DtypeI32 || flags.elements < rows {
+                return Err(binding_error(
+                    Semantic::SampleMasked,
+                    buffer,
+                    "an I32 buffer of one flag per mask row",
+                ));
+            }
+            views.insert(Semantic::SampleMask, words);
+            views.insert(Semantic::SampleMasked, flags);
+            Some(Masks {
+                words,
+                row_words,
+                flags,
+            })
+        } else {
+            None
+        };
         let mut graphs = HashMap::new();
         for (index, graph) in core.graphs().iter().enumerate() {
             if let Ok(kind) = GraphKind::try_from(graph.kind) {
@@ -295,6 +351,7 @@ impl StagingLayout {
         }
         Ok(Self {
             views,
+            masks,
             page_table,
             max_pages,
             completions,
@@ -311,6 +368,11 @@ impl StagingLayout {
             .map(|view| view.elements * view.element_bytes())
             .sum();
         (inputs + self.page_table.elements * 4) as usize
+    }
+
+    /// Whether the core's sampling graphs take token masks.
+    pub fn takes_masks(&self) -> bool {
+        self.masks.is_some()
     }
 
     /// Bytes of `rows` completion records.
@@ -365,7 +427,10 @@ impl StagingLayout {
                     "consumed",
                     one(admit.consumed),
                 )?;
-                let ints = [admit.sampling.top_k, admit.max_new_tokens].map(i128::from);
+                let mut ints = [0i128; ADMIT_INT_VALUES as usize];
+                ints[AdmitIntField::AdmitIntTopK as usize] = i128::from(admit.sampling.top_k);
+                ints[AdmitIntField::AdmitIntMaxNewTokens as usize] =
+                    i128::from(admit.max_new_tokens);
                 self.put(
                     packed,
                     Semantic::AdmitInt,
@@ -387,16 +452,20 @@ impl StagingLayout {
                 self.put(packed, Semantic::ChunkLen, "chunk length", len)?;
                 let sample = one(u32::from(chunk.ends_prompt));
                 self.put(packed, Semantic::ChunkSample, "chunk sample", sample)?;
+                self.put_masks(packed, std::slice::from_ref(&chunk.mask), 1)?;
                 (GraphKind::Prefill, chunk.capacity)
             }
             Operation::Decode(decode) => {
                 let slots = decode.slots.iter().map(|s| i128::from(s.0));
                 self.put(packed, Semantic::DecodeSlots, "decode slots", slots)?;
+                let rows = decode.slots.len().max(decode.masks.len());
+                self.put_masks(packed, &decode.masks, rows)?;
                 (GraphKind::Decode, decode.capacity)
             }
             Operation::Resume(resume) => {
                 let slot = std::iter::once(i128::from(resume.slot.0));
                 self.put(packed, Semantic::ResumeSlot, "resume slot", slot)?;
+                self.put_masks(packed, std::slice::from_ref(&resume.mask), 1)?;
                 (GraphKind::Resume, 1)
             }
             Operation::Snapshot(snapshot) => {
@@ -536,6 +605,49 @@ impl StagingLayout {
         })
     }
 
+    /// The token masks of a sampling launch's first `rows` rows: each row's
+    /// flag (1 where `masks` holds a mask for it), then each masked row's
+    /// words. Nothing on a core without masks, where a mask is an error.
+    fn put_masks(
+        &self,
+        packed: &mut Packed,
+        masks: &[Option<Vec<u32>>],
+        rows: usize,
+    ) -> Result<(), StagingError> {
+        let Some(layout) = self.masks else {
+            return match masks.iter().any(Option::is_some) {
+                true => Err(StagingError::NoMasks),
+                false => Ok(()),
+            };
+        };
+        let flags = (0..rows).map(|row| i128::from(matches!(masks.get(row), Some(Some(_)))));
+        self.put(packed, Semantic::SampleMasked, "mask flags", flags)?;
+        let row_bytes = layout.row_words * 4;
+        for (row, mask) in masks.iter().enumerate() {
+            let Some(mask) = mask else { continue };
+            if mask.len() as u64 != layout.row_words {
+                return Err(StagingError::TooLong {
+                    what: "token mask words",
+                    len: mask.len(),
+                    capacity: layout.row_words,
+                });
+            }
+            if (row as u64 + 1) * layout.row_words > layout.words.elements {
+                return Err(StagingError::TooLong {
+                    what: "token mask rows",
+                    len: row + 1,
+                    capacity: layout.words.elements / layout.row_words,
+                });
+            }
+            let addr = layout.words.addr + row as u64 * row_bytes;
+            let Ok(()) = packed.append::<std::convert::Infallible>(addr, |bytes| {
+                bytes.extend(mask.iter().flat_map(|word| word.to_le_bytes()));
+                Ok(())
+            });
+        }
+        Ok(())
+    }
+
     /// The maintenance slot, row and (for a restore) expected consumed count.
     fn put_maintenance(
         &self,
@@ -560,14 +672,26 @@ impl StagingLayout {
 
     fn put_floats(&self, packed: &mut Packed, s: &SamplingParams) {
         let view = self.views[&Semantic::AdmitFloat];
-        let values = [
-            s.temperature,
-            s.top_p,
-            s.min_p,
-            s.repetition_penalty,
-            s.presence_penalty,
-            s.frequency_penalty,
-        ];
+        let mut values = [0f32; ADMIT_FLOAT_VALUES as usize];
+        for (field, value) in [
+            (AdmitFloatField::AdmitFloatTemperature, s.temperature),
+            (AdmitFloatField::AdmitFloatTopP, s.top_p),
+            (AdmitFloatField::AdmitFloatMinP, s.min_p),
+            (
+                AdmitFloatField::AdmitFloatRepetitionPenalty,
+                s.repetition_penalty,
+            ),
+            (
+                AdmitFloatField::AdmitFloatPresencePenalty,
+                s.presence_penalty,
+            ),
+            (
+                AdmitFloatField::AdmitFloatFrequencyPenalty,
+                s.frequency_penalty,
+            ),
+        ] {
+            values[field as usize] = value;
+        }
         let Ok(()) = packed.append::<std::convert::Infallible>(view.addr, |bytes| {
             bytes.extend(values.iter().flat_map(|v| v.to_le_bytes()));
             Ok(())

@@ -59,8 +59,8 @@ pub(super) fn plan(core: &ValidCore, admission: Admission) -> Result<Plan, Serve
             geometry.max_concurrency(),
             admission.message_checkpoints,
         ),
-        // The captured sampling graphs take no token mask yet.
-        constrained: false,
+        // Cores exported before token masks cannot constrain decoding.
+        constrained: core.takes_token_masks(),
     };
     let scheduler = SchedulerConfig {
         queue_capacity: admission.queue_capacity,

@@ -71,7 +71,7 @@ fn a_decode_packs_its_slots_and_page_updates_in_order() {
         }),
     };
     let packed = staging.pack(&launch).unwrap();
-    assert_eq!(packed.writes.len(), 2);
+    assert_eq!(packed.writes.len(), 3);
     let table = addr_of(&core, "state.page_table");
     let max_pages = core
         .buffers
@@ -86,8 +86,137 @@ fn a_decode_packs_its_slots_and_page_updates_in_order() {
         addr_of(&core, "staging.decode_slots")
     );
     assert_eq!(words(&packed, &packed.writes[1]), vec![2, 1, 0, 0]);
+    // No row is constrained: every row's mask flag is cleared.
+    assert_eq!(
+        packed.writes[2].addr,
+        addr_of(&core, "staging.sample_masked")
+    );
+    assert_eq!(words(&packed, &packed.writes[2]), vec![0, 0, 0, 0]);
     assert_eq!(packed.graph, graph_position(&core, GraphKind::Decode, 4));
     assert_eq!(packed.rows, 4);
+}
+
+/// The sample core's mask rows: 256 tokens, 8 words.
+const MASK_WORDS: usize = 8;
+
+fn mask(seed: u32) -> Vec<u32> {
+    (0..MASK_WORDS as u32)
+        .map(|i| seed.wrapping_mul(0x9E37_79B9) ^ i)
+        .collect()
+}
+
+#[test]
+fn a_constrained_decode_writes_every_flag_and_only_the_masked_rows_words() {
+    let core = core();
+    let staging = layout(core.clone()).unwrap();
+    assert!(staging.takes_masks());
+    let decode = launch(Operation::Decode(Decode {
+        capacity: 4,
+        slots: vec![Slot(2), Slot(1), Slot(3), Slot::NULL],
+        masks: vec![None, Some(mask(1)), Some(mask(2)), None],
+    }));
+    let packed = staging.pack(&decode).unwrap();
+    let flags = addr_of(&core, "staging.sample_masked");
+    let rows = addr_of(&core, "staging.sample_mask");
+    let row_bytes = (MASK_WORDS * 4) as u64;
+    let by_addr: HashMap<u64, &Write> = packed.writes.iter().map(|w| (w.addr, w)).collect();
+    assert_eq!(words(&packed, by_addr[&flags]), vec![0, 1, 1, 0]);
+    let as_words = |seed| mask(seed).iter().map(|&w| w as i32).collect::<Vec<_>>();
+    assert_eq!(words(&packed, by_addr[&(rows + row_bytes)]), as_words(1));
+    assert_eq!(
+        words(&packed, by_addr[&(rows + 2 * row_bytes)]),
+        as_words(2)
+    );
+    // Rows 0 and 3 are not written: their stale words are never read.
+    assert!(!by_addr.contains_key(&rows));
+    assert!(!by_addr.contains_key(&(rows + 3 * row_bytes)));
+    assert_eq!(packed.writes.len(), 4);
+}
+
+#[test]
+fn a_constrained_chunk_and_resume_mask_row_zero() {
+    let core = core();
+    let staging = layout(core.clone()).unwrap();
+    let flags = addr_of(&core, "staging.sample_masked");
+    let rows = addr_of(&core, "staging.sample_mask");
+    for (operation, masked) in [
+        (
+            Operation::PrefillChunk(PrefillChunk {
+                slot: Slot(1),
+                capacity: 128,
+                tokens: vec![4, 5],
+                ends_prompt: true,
+                mask: Some(mask(3)),
+            }),
+            1,
+        ),
+        (
+            Operation::PrefillChunk(PrefillChunk {
+                slot: Slot(1),
+                capacity: 128,
+                tokens: vec![4, 5],
+                ends_prompt: false,
+                mask: None,
+            }),
+            0,
+        ),
+        (
+            Operation::Resume(Resume {
+                slot: Slot(2),
+                mask: Some(mask(4)),
+            }),
+            1,
+        ),
+    ] {
+        let packed = staging.pack(&launch(operation)).unwrap();
+        let by_addr: HashMap<u64, &Write> = packed.writes.iter().map(|w| (w.addr, w)).collect();
+        assert_eq!(words(&packed, by_addr[&flags]), vec![masked]);
+        assert_eq!(by_addr.contains_key(&rows), masked == 1);
+    }
+}
+
+#[test]
+fn a_mask_of_the_wrong_width_is_refused() {
+    let staging = layout(core()).unwrap();
+    let decode = launch(Operation::Decode(Decode {
+        capacity: 1,
+        slots: vec![Slot(1)],
+        masks: vec![Some(vec![u32::MAX; MASK_WORDS + 1])],
+    }));
+    assert_eq!(
+        staging.pack(&decode),
+        Err(StagingError::TooLong {
+            what: "token mask words",
+            len: MASK_WORDS + 1,
+            capacity: MASK_WORDS as u64,
+        })
+    );
+}
+
+#[test]
+fn a_core_without_token_masks_packs_as_before_and_refuses_masks() {
+    let mut old = core();
+    let contract = old.contract.as_mut().unwrap();
+    contract.bindings.retain(|binding| {
+        !crate::core::OPTIONAL_SEMANTICS.contains(&Semantic::try_from(binding.semantic).unwrap())
+    });
+    let staging = layout(old.clone()).unwrap();
+    assert!(!staging.takes_masks());
+    let mut decode = Decode {
+        capacity: 2,
+        slots: vec![Slot(1), Slot::NULL],
+        masks: Vec::new(),
+    };
+    let packed = staging
+        .pack(&launch(Operation::Decode(decode.clone())))
+        .unwrap();
+    assert_eq!(packed.writes.len(), 1);
+    assert_eq!(packed.writes[0].addr, addr_of(&old, "staging.decode_slots"));
+    decode.masks = vec![Some(mask(5)), None];
+    assert_eq!(
+        staging.pack(&launch(Operation::Decode(decode))),
+        Err(StagingError::NoMasks)
+    );
 }
 
 #[test]
@@ -146,7 +275,7 @@ fn a_chunk_and_a_resume_select_their_graphs() {
     let packed = staging.pack(&chunk).unwrap();
     assert_eq!(packed.graph, graph_position(&core, GraphKind::Prefill, 256));
     assert_eq!(packed.rows, 1);
-    let sample = packed.writes.last().unwrap();
+    let sample = &packed.writes[packed.writes.len() - 2];
     assert_eq!(sample.addr, addr_of(&core, "staging.chunk_sample"));
     assert_eq!(words(&packed, sample), vec![1]);
     let resume = launch(Operation::Resume(Resume {
