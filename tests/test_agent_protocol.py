@@ -37,6 +37,7 @@ CALL_TWO = (
 SCRIPT = [
     {"when": "", "reply": "Nothing is scripted for that."},
     {"when": "weather in Paris", "reply": CALL_PARIS},
+    {"when": "weather in Rome", "reply": CALL_PARIS.replace("Paris", "Rome")},
     {"when": "two cities", "reply": CALL_TWO},
     {"when": "just chat", "reply": "Hello there."},
     {"when": "think first", "reply": "<think>\nplan: call it\n</think>\n\n" + CALL_PARIS},
@@ -671,6 +672,40 @@ def test_json_schema_answers_validate_whatever_the_model_would_say(smollm2: Serv
             },
         )
     assert raised.value.body["code"] == "invalid_grammar", raised.value.body
+
+
+def test_auto_with_a_strict_tool_holds_its_calls_to_the_schema(smollm2: Server) -> None:
+    # The scripted model calls for Rome, outside the tool's enum: as declared,
+    # the call comes back as written; declared strict, the mask leaves only the
+    # schema's cities, and prose stays free.
+    client = _openai(smollm2)
+    strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
+    ask = _ask("weather in Rome")
+    loose = client.chat.completions.create(model=MODEL, messages=ask, tools=[WEATHER])
+    calls = loose.choices[0].message.tool_calls or []
+    assert [json.loads(call.function.arguments) for call in calls] == [{"city": "Rome"}]
+    for stream in (False, True):
+        if stream:
+            held = _streamed_chat(client, model=MODEL, messages=ask, tools=[strict])
+            arguments, finish = [c["arguments"] for c in held["calls"]], held["finish"]
+        else:
+            choice = client.chat.completions.create(
+                model=MODEL, messages=ask, tools=[strict]
+            ).choices[0]
+            arguments = [c.function.arguments for c in choice.message.tool_calls or []]
+            finish = choice.finish_reason
+        assert finish == "tool_calls", (stream, arguments)
+        assert len(arguments) == 1 and json.loads(arguments[0])["city"] in ("Paris", "Oslo")
+    chat = client.chat.completions.create(model=MODEL, messages=_ask("just chat"), tools=[strict])
+    assert chat.choices[0].message.content == "Hello there."
+    broken = {
+        "type": "function",
+        "function": {"name": "x", "strict": True, "parameters": {"type": "nope"}},
+    }
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model=MODEL, messages=ask, tools=[broken])
+    assert raised.value.body["code"] == "invalid_grammar", raised.value.body
+    assert raised.value.body["param"] == "tools", raised.value.body
 
 
 def test_a_required_call_cut_by_the_output_limit_still_fails(smollm2: Server) -> None:

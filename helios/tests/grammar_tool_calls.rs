@@ -13,7 +13,7 @@ use helios::frontend::protocol::{
 };
 use helios::frontend::Tokenizer;
 use helios::grammar::token_bytes::{vocabulary_bytes, SPECIAL_MARKER};
-use helios::grammar::{tool_call_grammar, GrammarEngine, GrammarSpec};
+use helios::grammar::{auto_call_grammar, tool_call_grammar, GrammarEngine, GrammarSpec};
 use serde_json::{json, Value};
 
 fn qwen() -> (Tokenizer, String) {
@@ -273,4 +273,152 @@ fn an_open_reasoning_block_is_closed_before_the_call() {
     let id = tokenizer.token_to_id("<tool_call>").unwrap();
     assert!(grammar.contains(&format!("<[{id}]>")), "{grammar}");
     assert_eq!(protocol.marker_token(id), Some(MarkerKind::CallStart));
+}
+
+/// One piece of an output fed to a grammar: text as the tokenizer encodes
+/// it, or a marker's added token.
+enum Piece<'a> {
+    Text(&'a str),
+    Token(u32),
+}
+
+/// Feeds `pieces` then the stop token to `grammar`: `Err` names the first
+/// token the grammar's mask does not allow.
+fn feed(protocol: &OutputProtocol, grammar: &str, pieces: &[Piece]) -> Result<(), String> {
+    let (tokenizer, json) = qwen();
+    let bytes = vocabulary_bytes(&tokenizer, &json).unwrap();
+    let stop = tokenizer.token_to_id("<|im_end|>").unwrap();
+    let delimiters: Vec<u32> = (protocol.marker_tokens().into_iter())
+        .map(|(id, _)| id)
+        .collect();
+    let engine = GrammarEngine::new(&tokenizer, &json, &[stop], bytes.len(), &delimiters).unwrap();
+    let mut constraint = engine
+        .constraint(&GrammarSpec::Lark(grammar.to_owned()))
+        .unwrap_or_else(|e| panic!("{e}\n{grammar}"));
+    let mut mask = vec![0u32; engine.mask_words()];
+    let mut tokens = Vec::new();
+    for piece in pieces {
+        match piece {
+            Piece::Text(text) => tokens.extend(tokenizer.encode(text, false).unwrap()),
+            Piece::Token(id) => tokens.push(*id),
+        }
+    }
+    tokens.push(stop);
+    for (at, &token) in tokens.iter().enumerate() {
+        constraint.mask(&mut mask).unwrap();
+        if mask[token as usize / 32] >> (token % 32) & 1 == 0 {
+            let shown = String::from_utf8_lossy(&bytes[token as usize]).into_owned();
+            return Err(format!("token {at} ({shown:?}) is not allowed"));
+        }
+        constraint.advance(token).unwrap();
+    }
+    Ok(())
+}
+
+/// A call to `get_weather` for `city` in `format`, its markers by id when
+/// `by_token` (the test's strings are leaked: a few bytes per test).
+fn weather_call(
+    tokenizer: &Tokenizer,
+    format: ToolFormat,
+    by_token: bool,
+    city: &str,
+) -> Vec<Piece<'static>> {
+    let leak = |text: String| -> &'static str { Box::leak(text.into_boxed_str()) };
+    let body = match format {
+        ToolFormat::XmlFunctions => {
+            format!(
+                "\n<function=get_weather>\n<parameter=city>\n{city}\n</parameter>\n</function>\n"
+            )
+        }
+        ToolFormat::JsonAnswer => {
+            format!("{{\"name\": \"get_weather\", \"parameters\": {{\"city\": \"{city}\"}}}}")
+        }
+        _ => format!("\n{{\"name\": \"get_weather\", \"arguments\": {{\"city\": \"{city}\"}}}}\n"),
+    };
+    match format {
+        ToolFormat::JsonAnswer => vec![Piece::Text(leak(body))],
+        _ if by_token => vec![
+            Piece::Token(tokenizer.token_to_id("<tool_call>").unwrap()),
+            Piece::Text(leak(body)),
+            Piece::Token(tokenizer.token_to_id("</tool_call>").unwrap()),
+        ],
+        _ => vec![Piece::Text(leak(format!("<tool_call>{body}</tool_call>")))],
+    }
+}
+
+#[test]
+fn auto_with_strict_tools_leaves_text_free_and_holds_calls_to_their_schemas() {
+    let (tokenizer, _) = qwen();
+    let cases = [
+        (ToolFormat::JsonInTags, true),
+        (ToolFormat::JsonInTags, false),
+        (ToolFormat::JsonInstructed, false),
+        (ToolFormat::XmlFunctions, true),
+        (ToolFormat::XmlFunctions, false),
+        (ToolFormat::JsonAnswer, false),
+    ];
+    for (format, by_token) in cases {
+        let protocol = protocol(&tokenizer, format, by_token, false);
+        let label = format!("{format:?} by_token={by_token}");
+        let single = auto_call_grammar(&protocol, &tools(), false, false).unwrap();
+        let parallel = auto_call_grammar(&protocol, &tools(), true, false).unwrap();
+        let text = Piece::Text("It is sunny, {they say}.");
+        // Prose needs no call, whatever it holds.
+        assert_eq!(
+            feed(&protocol, &single, &[text]),
+            Ok(()),
+            "{label}\n{single}"
+        );
+        assert_eq!(
+            feed(&protocol, &single, &[]),
+            Ok(()),
+            "{label}: an empty answer"
+        );
+        let paris = weather_call(&tokenizer, format, by_token, "Paris");
+        let oslo = weather_call(&tokenizer, format, by_token, "Oslo");
+        let rome = weather_call(&tokenizer, format, by_token, "Rome");
+        let lead: &[Piece] = match format {
+            // The bare JSON format calls at the start or not at all.
+            ToolFormat::JsonAnswer => &[],
+            _ => &[Piece::Text("Let me check. ")],
+        };
+        let with = |calls: &[&[Piece<'static>]]| -> Vec<Piece<'static>> {
+            let mut pieces: Vec<Piece> = lead.iter().map(copy).collect();
+            for (i, call) in calls.iter().enumerate() {
+                if i > 0 {
+                    pieces.push(Piece::Text(match format {
+                        ToolFormat::JsonAnswer => "; ",
+                        _ => "\n",
+                    }));
+                }
+                pieces.extend(call.iter().map(copy));
+            }
+            pieces
+        };
+        assert_eq!(
+            feed(&protocol, &single, &with(&[&paris])),
+            Ok(()),
+            "{label}"
+        );
+        assert!(
+            feed(&protocol, &single, &with(&[&rome])).is_err(),
+            "{label}: an argument outside the schema"
+        );
+        assert!(
+            feed(&protocol, &single, &with(&[&paris, &oslo])).is_err(),
+            "{label}: a second call without parallel calls"
+        );
+        assert_eq!(
+            feed(&protocol, &parallel, &with(&[&paris, &oslo])),
+            Ok(()),
+            "{label}\n{parallel}"
+        );
+    }
+}
+
+fn copy<'a>(piece: &Piece<'a>) -> Piece<'a> {
+    match piece {
+        Piece::Text(text) => Piece::Text(text),
+        Piece::Token(id) => Piece::Token(*id),
+    }
 }

@@ -2,7 +2,8 @@
 //! call format (`tool_choice` required or a named tool): an optional
 //! reasoning block first, then one call (or several, when parallel calls are
 //! allowed) and nothing else, each call's arguments valid against its
-//! tool's schema. Markers that are one added token are matched by id, the
+//! tool's schema; and of one that may call them (`auto` with strict tools),
+//! free until a call opens. Markers that are one added token are matched by id, the
 //! others as text; JSON is laid out as the templates print it (`", "` and
 //! `": "`, no other white space), so the call the model writes is the call a
 //! next turn renders.
@@ -111,15 +112,16 @@ fn xml_call(name: &str, schema: &Value, rules: &mut Vec<String>, rule: &str) -> 
     parts.join(" ")
 }
 
-/// The grammar (Lark) of an answer made of calls to `tools`, in
-/// `protocol`'s format; `starts_in_reasoning`: the prompt opened reasoning,
-/// which the answer closes first.
-pub fn tool_call_grammar(
-    protocol: &OutputProtocol,
+/// The rules of one call in `protocol`'s format, each to one of `tools`,
+/// pushed onto `rules`: `call` (a call, its start marker included), `rest`
+/// (a call after its start marker, where the format has one) and, for the
+/// bare JSON format, `first` (the answer's first call, after the optional
+/// start marker). The tool-call syntax, for the callers' repetition.
+fn call_rules<'p>(
+    protocol: &'p OutputProtocol,
     tools: &ToolSet,
-    parallel: bool,
-    starts_in_reasoning: bool,
-) -> Result<String, GrammarError> {
+    rules: &mut Vec<String>,
+) -> Result<&'p crate::frontend::protocol::ToolSyntax, GrammarError> {
     let unsupported = |reason: &str| GrammarError::Compile {
         reason: reason.to_owned(),
     };
@@ -128,7 +130,6 @@ pub fn tool_call_grammar(
     if tools.is_empty() {
         return Err(unsupported("no tools to call"));
     }
-    let mut rules = Vec::new();
     let mut bodies = Vec::new();
     for (index, (name, schema)) in tools.tools().enumerate() {
         let rule = format!("tool{index}");
@@ -137,7 +138,7 @@ pub fn tool_call_grammar(
                 json_call(name, schema, "arguments")
             }
             ToolFormat::JsonAnswer => json_call(name, schema, "parameters"),
-            ToolFormat::XmlFunctions => xml_call(name, schema, &mut rules, &rule),
+            ToolFormat::XmlFunctions => xml_call(name, schema, rules, &rule),
         };
         rules.push(format!("{rule}: {body}"));
         bodies.push(rule);
@@ -148,7 +149,7 @@ pub fn tool_call_grammar(
         // parser ends it too.
         rules.push("xml_text[lazy]: /(?s:.*)<\\/parameter>\\n/".to_owned());
     }
-    let call = match (syntax.format, &syntax.call_start, &syntax.call_end) {
+    match (syntax.format, &syntax.call_start, &syntax.call_end) {
         (ToolFormat::JsonAnswer, start, _) => {
             let start = start
                 .as_ref()
@@ -156,34 +157,46 @@ pub fn tool_call_grammar(
                 .map_or(String::new(), |s| format!("{s} "));
             rules.push(format!("first: {start}body"));
             rules.push("call: body".to_owned());
-            "first"
         }
         (ToolFormat::XmlFunctions, Some(start), Some(end)) => {
-            rules.push(format!(
-                "call: {} {} body {}",
-                item(start),
-                literal("\n"),
-                item(end)
-            ));
-            "call"
+            rules.push(format!("rest: {} body {}", literal("\n"), item(end)));
+            rules.push(format!("call: {} rest", item(start)));
         }
         (_, Some(start), Some(end)) => {
             let newline = literal("\n");
-            rules.push(format!(
-                "call: {} {newline} body {newline} {}",
-                item(start),
-                item(end)
-            ));
-            "call"
+            rules.push(format!("rest: {newline} body {newline} {}", item(end)));
+            rules.push(format!("call: {} rest", item(start)));
         }
         _ => return Err(unsupported("the tool-call format lacks its markers")),
-    };
-    let between = match syntax.format {
+    }
+    Ok(syntax)
+}
+
+/// What separates parallel calls in `syntax`'s format.
+fn between(syntax: &crate::frontend::protocol::ToolSyntax) -> String {
+    match syntax.format {
         ToolFormat::JsonAnswer => literal(&format!("{} ", syntax.separator)),
         _ => literal("\n"),
+    }
+}
+
+/// The grammar (Lark) of an answer made of calls to `tools`, in
+/// `protocol`'s format; `starts_in_reasoning`: the prompt opened reasoning,
+/// which the answer closes first.
+pub fn tool_call_grammar(
+    protocol: &OutputProtocol,
+    tools: &ToolSet,
+    parallel: bool,
+    starts_in_reasoning: bool,
+) -> Result<String, GrammarError> {
+    let mut rules = Vec::new();
+    let syntax = call_rules(protocol, tools, &mut rules)?;
+    let call = match syntax.format {
+        ToolFormat::JsonAnswer => "first",
+        _ => "call",
     };
     let calls = if parallel {
-        format!("{call} ({between} call)*")
+        format!("{call} ({} call)*", between(syntax))
     } else {
         call.to_owned()
     };
@@ -193,6 +206,60 @@ pub fn tool_call_grammar(
         starts_in_reasoning,
         call_start,
         &calls,
+        &mut rules,
+    );
+    rules.insert(0, start);
+    Ok(rules.join("\n"))
+}
+
+/// The grammar (Lark) of an answer that may call `tools` (`tool_choice`
+/// auto with strict tools): free text until the format's call marker, then
+/// a call valid by construction, then text again (and, when `parallel`,
+/// further calls). The constraint is lazy: text holding no call marker is
+/// never restricted. A textual marker ends the text at its first
+/// occurrence; a marker that is one added token cannot occur in text; a
+/// format without a start marker (bare JSON) calls only at the start, and
+/// text that is not a call may not begin with `{`.
+pub fn auto_call_grammar(
+    protocol: &OutputProtocol,
+    tools: &ToolSet,
+    parallel: bool,
+    starts_in_reasoning: bool,
+) -> Result<String, GrammarError> {
+    let mut rules = Vec::new();
+    let syntax = call_rules(protocol, tools, &mut rules)?;
+    let repeat = if parallel { "*" } else { "?" };
+    let answer = match &syntax.call_start {
+        Some(start) if start.token_id.is_some() => {
+            // Text cannot spell an added token: the marker ends it.
+            rules.push("TEXT: /(?s:.*)/".to_owned());
+            format!("TEXT (call TEXT){repeat}")
+        }
+        Some(start) => {
+            // Lazily to the first marker, which opens the call; text after
+            // the last call holds no marker.
+            let marker = escape(&start.text);
+            rules.push(format!("head[lazy]: /(?s:.*){marker}/"));
+            rules.push(format!("TAIL: {}", without(&[&start.text])));
+            format!("(head rest){repeat} TAIL")
+        }
+        None => {
+            rules.push("PROSE: /[^{](?s:.*)/".to_owned());
+            let calls = if parallel {
+                format!("first ({} call)*", between(syntax))
+            } else {
+                "first".to_owned()
+            };
+            format!("PROSE? | {calls}")
+        }
+    };
+    rules.push(format!("auto: {answer}"));
+    let call_start = syntax.call_start.as_ref();
+    let start = reasoning_then(
+        protocol,
+        starts_in_reasoning,
+        call_start,
+        "auto",
         &mut rules,
     );
     rules.insert(0, start);

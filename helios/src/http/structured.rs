@@ -11,6 +11,8 @@
 //! - a required or named call is constrained only where the executor
 //!   applies masks; elsewhere it is validated after completion, as before
 //!   (the response fails when unmet), so no request that worked is refused;
+//! - under `auto`, a request declaring a `strict` tool is held lazily: free
+//!   text until a call opens, then a valid call (only where masks apply);
 //! - a `json_schema` or `json_object` format needs masks: where the executor
 //!   has none it is refused (400), since prose would come back instead;
 //! - a grammar that does not compile, or is too large, is 400
@@ -21,7 +23,9 @@ use serde_json::{json, Value};
 use super::error::HttpError;
 use super::tools::ToolRequest;
 use super::AppState;
-use crate::grammar::{answer_grammar, tool_call_grammar, GrammarError, GrammarSpec};
+use crate::grammar::{
+    answer_grammar, auto_call_grammar, tool_call_grammar, GrammarError, GrammarSpec,
+};
 use crate::scheduler::{AdmissionError, Grammar};
 
 /// The JSON schema an answer must follow, from a format object: OpenAI
@@ -76,7 +80,15 @@ pub fn grammar(
                 .map_err(|error| invalid_grammar(error, "tool_choice"))?;
             (lark, "tool_choice")
         }
-        (Some(_), None) | (None, None) => return Ok(None),
+        (None, None) => match tools.strict_auto() {
+            Some((set, parallel)) if constrained && protocol.tools.is_some() => {
+                let lark = auto_call_grammar(protocol, &set, parallel, starts_in_reasoning)
+                    .map_err(|error| invalid_grammar(error, "tools"))?;
+                (lark, "tools")
+            }
+            _ => return Ok(None),
+        },
+        (Some(_), None) => return Ok(None),
         (_, Some(_)) if !constrained => {
             return Err(HttpError::Admission(AdmissionError::GrammarUnsupported))
         }

@@ -186,6 +186,29 @@ impl ToolRequest {
         }
     }
 
+    /// The tools an `auto` answer's calls are held to, and whether several
+    /// calls are allowed, when a declared tool is `strict`: strict tools'
+    /// arguments valid against their schemas, the others' any JSON object.
+    pub fn strict_auto(&self) -> Option<(ToolSet, bool)> {
+        let strict = |tool: &Value| tool["function"]["strict"] == Value::Bool(true);
+        if self.choice != ToolChoice::Auto || !self.definitions.iter().any(strict) {
+            return None;
+        }
+        let held: Vec<Value> = (self.definitions.iter())
+            .map(|tool| match strict(tool) {
+                true => tool.clone(),
+                false => {
+                    let mut loose = tool.clone();
+                    loose["function"]["parameters"] = serde_json::json!({"type": "object"});
+                    loose
+                }
+            })
+            .collect();
+        ToolSet::from_definitions(&held)
+            .ok()
+            .map(|set| (set, self.parallel))
+    }
+
     /// The tools the parser reads calls to, when calls are allowed.
     pub fn parsed(&self) -> Option<ToolSet> {
         self.calls_allowed().then(|| self.declared.clone())
