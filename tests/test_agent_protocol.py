@@ -708,6 +708,32 @@ def test_auto_with_a_strict_tool_holds_its_calls_to_the_schema(smollm2: Server) 
     assert raised.value.body["param"] == "tools", raised.value.body
 
 
+def test_a_schema_with_auto_tools_answers_by_it_or_calls(smollm2: Server) -> None:
+    # An agent asking for structured final output may still call its tools: the
+    # scripted call comes through, and prose is held to the schema.
+    client = _openai(smollm2)
+    fmt = {"type": "json_schema", "json_schema": {"name": "yes_no", "schema": YES_NO}}
+    request = {"model": MODEL, "tools": [WEATHER], "response_format": fmt}
+    called = client.chat.completions.create(messages=_ask("weather in Paris"), **request)
+    choice = called.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert [c.function.arguments for c in choice.message.tool_calls or []] == ['{"city": "Paris"}']
+    # The scripted prose is neither: the mask leaves the schema's answer or a
+    # call, and the fake model picks among what is allowed at random.
+    for _ in range(4):
+        held = client.chat.completions.create(messages=_ask("just chat"), **request).choices[0]
+        if held.finish_reason == "tool_calls":
+            calls = held.message.tool_calls or []
+            assert calls and all(
+                json.loads(c.function.arguments)["city"] in ("Paris", "Oslo") for c in calls
+            ), held
+        else:
+            assert held.finish_reason == "stop", held
+            assert json.loads(held.message.content or "")["answer"] in ("yes", "no"), held
+    streamed = _streamed_chat(client, messages=_ask("weather in Paris"), **request)
+    assert [c["arguments"] for c in streamed["calls"]] == ['{"city": "Paris"}']
+
+
 def test_a_required_call_cut_by_the_output_limit_still_fails(smollm2: Server) -> None:
     client = _openai(smollm2)
     request: dict[str, Any] = {

@@ -13,7 +13,9 @@ use helios::frontend::protocol::{
 };
 use helios::frontend::Tokenizer;
 use helios::grammar::token_bytes::{vocabulary_bytes, SPECIAL_MARKER};
-use helios::grammar::{auto_call_grammar, tool_call_grammar, GrammarEngine, GrammarSpec};
+use helios::grammar::{
+    answer_or_calls_grammar, auto_call_grammar, tool_call_grammar, GrammarEngine, GrammarSpec,
+};
 use serde_json::{json, Value};
 
 fn qwen() -> (Tokenizer, String) {
@@ -420,5 +422,34 @@ fn copy<'a>(piece: &Piece<'a>) -> Piece<'a> {
     match piece {
         Piece::Text(text) => Piece::Text(text),
         Piece::Token(id) => Piece::Token(*id),
+    }
+}
+
+#[test]
+fn a_schema_with_auto_tools_is_its_answer_or_calls_and_nothing_else() {
+    let (tokenizer, _) = qwen();
+    let schema = json!({"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}},
+        "required": ["answer"], "additionalProperties": false});
+    for (format, by_token) in [
+        (ToolFormat::JsonInTags, true),
+        (ToolFormat::JsonInstructed, false),
+        (ToolFormat::XmlFunctions, true),
+        (ToolFormat::JsonAnswer, false),
+    ] {
+        let protocol = protocol(&tokenizer, format, by_token, false);
+        let label = format!("{format:?} by_token={by_token}");
+        let grammar = answer_or_calls_grammar(&protocol, &schema, &tools(), false, false).unwrap();
+        let answer = |text: &'static str| feed(&protocol, &grammar, &[Piece::Text(text)]);
+        assert_eq!(answer(r#"{"answer": "yes"}"#), Ok(()), "{label}\n{grammar}");
+        assert!(answer(r#"{"answer": "maybe"}"#).is_err(), "{label}");
+        assert!(answer("Yes, it is.").is_err(), "{label}: prose");
+        let paris = weather_call(&tokenizer, format, by_token, "Paris");
+        assert_eq!(
+            feed(&protocol, &grammar, &paris),
+            Ok(()),
+            "{label}\n{grammar}"
+        );
+        let rome = weather_call(&tokenizer, format, by_token, "Rome");
+        assert!(feed(&protocol, &grammar, &rome).is_err(), "{label}");
     }
 }

@@ -16,7 +16,9 @@ pub mod token_bytes;
 mod tool_calls;
 
 pub use engine::{Constraint, GrammarEngine, GrammarSpec, CACHE_CAPACITY, MAX_GRAMMAR_BYTES};
-pub use tool_calls::{answer_grammar, auto_call_grammar, tool_call_grammar};
+pub use tool_calls::{
+    answer_grammar, answer_or_calls_grammar, auto_call_grammar, tool_call_grammar,
+};
 
 use crate::frontend::FrontendError;
 

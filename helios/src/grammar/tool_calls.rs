@@ -2,8 +2,8 @@
 //! call format (`tool_choice` required or a named tool): an optional
 //! reasoning block first, then one call (or several, when parallel calls are
 //! allowed) and nothing else, each call's arguments valid against its
-//! tool's schema; and of one that may call them (`auto` with strict tools),
-//! free until a call opens. Markers that are one added token are matched by id, the
+//! tool's schema; of one that may call them (`auto` with strict tools),
+//! free until a call opens; and of one that is a structured answer or calls. Markers that are one added token are matched by id, the
 //! others as text; JSON is laid out as the templates print it (`", "` and
 //! `": "`, no other white space), so the call the model writes is the call a
 //! next turn renders.
@@ -172,12 +172,36 @@ fn call_rules<'p>(
     Ok(syntax)
 }
 
-/// What separates parallel calls in `syntax`'s format.
-fn between(syntax: &crate::frontend::protocol::ToolSyntax) -> String {
-    match syntax.format {
+/// The calls of an answer in `syntax`'s format: the first call, then more
+/// when `parallel`, each after the format's separator.
+fn calls(syntax: &crate::frontend::protocol::ToolSyntax, parallel: bool) -> String {
+    let first = match syntax.format {
+        ToolFormat::JsonAnswer => "first",
+        _ => "call",
+    };
+    if !parallel {
+        return first.to_owned();
+    }
+    let between = match syntax.format {
         ToolFormat::JsonAnswer => literal(&format!("{} ", syntax.separator)),
         _ => literal("\n"),
-    }
+    };
+    format!("{first} ({between} call)*")
+}
+
+/// The whole grammar: the start rule (`body` after the reasoning the
+/// protocol allows) first, then `rules`.
+fn grammar(
+    protocol: &OutputProtocol,
+    syntax: &crate::frontend::protocol::ToolSyntax,
+    starts_in_reasoning: bool,
+    body: &str,
+    mut rules: Vec<String>,
+) -> String {
+    let call_start = syntax.call_start.as_ref();
+    let start = reasoning_then(protocol, starts_in_reasoning, call_start, body, &mut rules);
+    rules.insert(0, start);
+    rules.join("\n")
 }
 
 /// The grammar (Lark) of an answer made of calls to `tools`, in
@@ -191,25 +215,8 @@ pub fn tool_call_grammar(
 ) -> Result<String, GrammarError> {
     let mut rules = Vec::new();
     let syntax = call_rules(protocol, tools, &mut rules)?;
-    let call = match syntax.format {
-        ToolFormat::JsonAnswer => "first",
-        _ => "call",
-    };
-    let calls = if parallel {
-        format!("{call} ({} call)*", between(syntax))
-    } else {
-        call.to_owned()
-    };
-    let call_start = syntax.call_start.as_ref();
-    let start = reasoning_then(
-        protocol,
-        starts_in_reasoning,
-        call_start,
-        &calls,
-        &mut rules,
-    );
-    rules.insert(0, start);
-    Ok(rules.join("\n"))
+    let body = calls(syntax, parallel);
+    Ok(grammar(protocol, syntax, starts_in_reasoning, &body, rules))
 }
 
 /// The grammar (Lark) of an answer that may call `tools` (`tool_choice`
@@ -245,25 +252,50 @@ pub fn auto_call_grammar(
         }
         None => {
             rules.push("PROSE: /[^{](?s:.*)/".to_owned());
-            let calls = if parallel {
-                format!("first ({} call)*", between(syntax))
-            } else {
-                "first".to_owned()
-            };
-            format!("PROSE? | {calls}")
+            format!("PROSE? | {}", calls(syntax, parallel))
         }
     };
     rules.push(format!("auto: {answer}"));
-    let call_start = syntax.call_start.as_ref();
-    let start = reasoning_then(
+    Ok(grammar(
         protocol,
+        syntax,
         starts_in_reasoning,
-        call_start,
         "auto",
-        &mut rules,
-    );
-    rules.insert(0, start);
-    Ok(rules.join("\n"))
+        rules,
+    ))
+}
+
+/// The grammar (Lark) of an answer that is either a JSON value valid
+/// against `schema` or calls to `tools` (structured output with `auto`
+/// tools, as an agent asks for its final output while it may still call
+/// tools): nothing else, after the reasoning `protocol` allows.
+pub fn answer_or_calls_grammar(
+    protocol: &OutputProtocol,
+    schema: &Value,
+    tools: &ToolSet,
+    parallel: bool,
+    starts_in_reasoning: bool,
+) -> Result<String, GrammarError> {
+    let mut rules = Vec::new();
+    let syntax = call_rules(protocol, tools, &mut rules)?;
+    rules.push(format!("answer: %json {}", laid_out(schema)));
+    rules.push(format!("either: answer | {}", calls(syntax, parallel)));
+    Ok(grammar(
+        protocol,
+        syntax,
+        starts_in_reasoning,
+        "either",
+        rules,
+    ))
+}
+
+/// `schema` with the grammars' JSON layout, unless it declares its own.
+fn laid_out(schema: &Value) -> Value {
+    let mut schema = schema.clone();
+    if let Some(object) = schema.as_object_mut() {
+        object.entry("x-guidance").or_insert_with(layout);
+    }
+    schema
 }
 
 /// The start rule: `body` after the reasoning the protocol allows first
@@ -316,11 +348,7 @@ pub fn answer_grammar(
     schema: &Value,
     starts_in_reasoning: bool,
 ) -> String {
-    let mut schema = schema.clone();
-    if let Some(object) = schema.as_object_mut() {
-        object.entry("x-guidance").or_insert_with(layout);
-    }
-    let mut rules = vec![format!("answer: %json {schema}")];
+    let mut rules = vec![format!("answer: %json {}", laid_out(schema))];
     let start = reasoning_then(protocol, starts_in_reasoning, None, "answer", &mut rules);
     rules.insert(0, start);
     rules.join("\n")

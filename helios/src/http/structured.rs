@@ -13,6 +13,8 @@
 //!   (the response fails when unmet), so no request that worked is refused;
 //! - under `auto`, a request declaring a `strict` tool is held lazily: free
 //!   text until a call opens, then a valid call (only where masks apply);
+//! - a schema with `auto` tools is the schema's answer or calls, so an
+//!   agent asking for structured final output can still call its tools;
 //! - a `json_schema` or `json_object` format needs masks: where the executor
 //!   has none it is refused (400), since prose would come back instead;
 //! - a grammar that does not compile, or is too large, is 400
@@ -24,7 +26,8 @@ use super::error::HttpError;
 use super::tools::ToolRequest;
 use super::AppState;
 use crate::grammar::{
-    answer_grammar, auto_call_grammar, tool_call_grammar, GrammarError, GrammarSpec,
+    answer_grammar, answer_or_calls_grammar, auto_call_grammar, tool_call_grammar, GrammarError,
+    GrammarSpec,
 };
 use crate::scheduler::{AdmissionError, Grammar};
 
@@ -64,7 +67,8 @@ fn invalid_grammar(error: GrammarError, param: &'static str) -> HttpError {
 }
 
 /// The grammar of a request's output: its required calls, else its answer
-/// schema (`param` names the field that asked for it), else none.
+/// schema (`param` names the field that asked for it; with `auto` tools,
+/// that answer or calls), else its calls when a tool is strict, else none.
 pub fn grammar(
     state: &AppState,
     tools: &ToolRequest,
@@ -74,30 +78,51 @@ pub fn grammar(
 ) -> Result<Option<Grammar>, HttpError> {
     let protocol = state.frontend().protocol();
     let constrained = state.config().constrained;
-    let (lark, param) = match (tools.required(), answer) {
-        (Some((set, parallel)), _) if constrained && protocol.tools.is_some() => {
+    let engine = || state.frontend().grammar();
+    let compile = |lark: String, param| {
+        (engine()?.constraint(&GrammarSpec::Lark(lark)))
+            .map(|constraint| Some(Grammar::new(constraint)))
+            .map_err(|error| invalid_grammar(error, param))
+    };
+    if let (Some((set, parallel)), true) = (tools.required(), protocol.tools.is_some()) {
+        if constrained {
             let lark = tool_call_grammar(protocol, &set, parallel, starts_in_reasoning)
                 .map_err(|error| invalid_grammar(error, "tool_choice"))?;
-            (lark, "tool_choice")
+            return compile(lark, "tool_choice");
         }
-        (None, None) => match tools.strict_auto() {
-            Some((set, parallel)) if constrained && protocol.tools.is_some() => {
+    }
+    if answer.is_some() && !constrained {
+        return Err(HttpError::Admission(AdmissionError::GrammarUnsupported));
+    }
+    if !constrained || tools.required().is_some() && answer.is_none() {
+        return Ok(None);
+    }
+    // Under `auto`, calls follow their tools' schemas; where one that is not
+    // strict does not compile, such tools' arguments are any object.
+    let auto = |loose: bool| -> Result<Option<Grammar>, HttpError> {
+        let calls = tools.auto_calls(loose).filter(|_| protocol.tools.is_some());
+        match (answer, calls) {
+            (Some(schema), Some((set, parallel))) => {
+                let lark =
+                    answer_or_calls_grammar(protocol, schema, &set, parallel, starts_in_reasoning)
+                        .map_err(|error| invalid_grammar(error, param))?;
+                compile(lark, param)
+            }
+            (Some(schema), None) => {
+                compile(answer_grammar(protocol, schema, starts_in_reasoning), param)
+            }
+            (None, Some((set, parallel))) if tools.any_strict() => {
                 let lark = auto_call_grammar(protocol, &set, parallel, starts_in_reasoning)
                     .map_err(|error| invalid_grammar(error, "tools"))?;
-                (lark, "tools")
+                compile(lark, "tools")
             }
-            _ => return Ok(None),
-        },
-        (Some(_), None) => return Ok(None),
-        (_, Some(_)) if !constrained => {
-            return Err(HttpError::Admission(AdmissionError::GrammarUnsupported))
+            (None, _) => Ok(None),
         }
-        (_, Some(schema)) => (answer_grammar(protocol, schema, starts_in_reasoning), param),
     };
-    let engine = state.frontend().grammar()?;
-    let constraint = (engine.constraint(&GrammarSpec::Lark(lark)))
-        .map_err(|error| invalid_grammar(error, param))?;
-    Ok(Some(Grammar::new(constraint)))
+    auto(false).or_else(|error| match tools.auto_calls(true) {
+        Some(_) => auto(true),
+        None => Err(error),
+    })
 }
 
 #[cfg(test)]

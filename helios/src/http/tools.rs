@@ -100,6 +100,11 @@ impl ToolChoice {
     }
 }
 
+/// Whether a tool definition (OpenAI chat shape) is `strict`.
+fn is_strict(tool: &Value) -> bool {
+    tool["function"]["strict"] == Value::Bool(true)
+}
+
 /// A request's tools and its choice, checked.
 #[derive(Debug, Clone, Default)]
 pub struct ToolRequest {
@@ -186,27 +191,33 @@ impl ToolRequest {
         }
     }
 
-    /// The tools an `auto` answer's calls are held to, and whether several
-    /// calls are allowed, when a declared tool is `strict`: strict tools'
-    /// arguments valid against their schemas, the others' any JSON object.
-    pub fn strict_auto(&self) -> Option<(ToolSet, bool)> {
-        let strict = |tool: &Value| tool["function"]["strict"] == Value::Bool(true);
-        if self.choice != ToolChoice::Auto || !self.definitions.iter().any(strict) {
+    /// The tools an `auto` answer's calls are held to when its output is
+    /// constrained, and whether several calls are allowed: each tool's
+    /// arguments valid against its schema, or, when `loose`, the arguments
+    /// of tools that are not `strict` any JSON object (for a schema the
+    /// grammar engine cannot compile, which only a strict tool must).
+    pub fn auto_calls(&self, loose: bool) -> Option<(ToolSet, bool)> {
+        if self.choice != ToolChoice::Auto || self.declared.is_empty() {
             return None;
         }
         let held: Vec<Value> = (self.definitions.iter())
-            .map(|tool| match strict(tool) {
-                true => tool.clone(),
-                false => {
-                    let mut loose = tool.clone();
-                    loose["function"]["parameters"] = serde_json::json!({"type": "object"});
-                    loose
+            .map(|tool| match loose && !is_strict(tool) {
+                false => tool.clone(),
+                true => {
+                    let mut any = tool.clone();
+                    any["function"]["parameters"] = serde_json::json!({"type": "object"});
+                    any
                 }
             })
             .collect();
         ToolSet::from_definitions(&held)
             .ok()
             .map(|set| (set, self.parallel))
+    }
+
+    /// Whether a declared tool asks for `strict` arguments.
+    pub fn any_strict(&self) -> bool {
+        self.definitions.iter().any(is_strict)
     }
 
     /// The tools the parser reads calls to, when calls are allowed.
@@ -315,6 +326,32 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn auto_calls_keep_schemas_and_loosen_only_tools_that_are_not_strict() {
+        let mut tools = weather();
+        tools[1]["function"]["strict"] = json!(true);
+        tools[1]["function"]["parameters"] = json!({"type": "object", "properties": {}});
+        let request = ToolRequest::new(tools.clone(), ToolChoice::Auto, false).unwrap();
+        assert!(request.any_strict());
+        let schemas = |loose| -> Vec<Value> {
+            let (set, parallel) = request.auto_calls(loose).unwrap();
+            assert!(!parallel);
+            set.tools().map(|(_, schema)| schema.clone()).collect()
+        };
+        let declared = [&tools[0], &tools[1]].map(|t| t["function"]["parameters"].clone());
+        assert_eq!(schemas(false), declared.to_vec());
+        assert_eq!(
+            schemas(true),
+            vec![json!({"type": "object"}), declared[1].clone()]
+        );
+        for choice in [ToolChoice::Required, ToolChoice::None] {
+            let other = ToolRequest::new(tools.clone(), choice, true).unwrap();
+            assert_eq!(other.auto_calls(false), None);
+        }
+        let plain = ToolRequest::new(weather(), ToolChoice::Auto, true).unwrap();
+        assert!(!plain.any_strict());
+    }
 
     fn weather() -> Vec<Value> {
         vec![
