@@ -119,9 +119,10 @@ pub fn grammar(
             (None, _) => Ok(None),
         }
     };
+    // Loosening can only help where a tool that is not strict is called.
     auto(false).or_else(|error| match tools.auto_calls(true) {
-        Some(_) => auto(true),
-        None => Err(error),
+        Some(_) if tools.any_loose() => auto(true),
+        _ => Err(error),
     })
 }
 

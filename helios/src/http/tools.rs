@@ -220,6 +220,11 @@ impl ToolRequest {
         self.definitions.iter().any(is_strict)
     }
 
+    /// Whether a declared tool does not (its arguments may be loosened).
+    pub fn any_loose(&self) -> bool {
+        !self.definitions.iter().all(is_strict)
+    }
+
     /// The tools the parser reads calls to, when calls are allowed.
     pub fn parsed(&self) -> Option<ToolSet> {
         self.calls_allowed().then(|| self.declared.clone())
@@ -349,8 +354,9 @@ mod tests {
             let other = ToolRequest::new(tools.clone(), choice, true).unwrap();
             assert_eq!(other.auto_calls(false), None);
         }
+        assert!(request.any_loose());
         let plain = ToolRequest::new(weather(), ToolChoice::Auto, true).unwrap();
-        assert!(!plain.any_strict());
+        assert!(!plain.any_strict() && plain.any_loose());
     }
 
     fn weather() -> Vec<Value> {
