@@ -268,8 +268,16 @@ def served_itl(url: str) -> tuple[float, float]:
     return float(values[f"{name}_sum"]), float(values[f"{name}_count"])
 
 
+MODES = ("unconstrained", "constrained")
+
+
 def latency(
-    client: openai.OpenAI, url: str, model: str, concurrency: int, rounds: int
+    client: openai.OpenAI,
+    url: str,
+    model: str,
+    concurrency: int,
+    rounds: int,
+    only: tuple[str, ...] = MODES,
 ) -> dict[str, Any]:
     """Per mode: each request's mean inter-token latency (its first to last content
     chunk over the gaps between), their median and p99, the pooled chunk gaps, and
@@ -286,6 +294,7 @@ def latency(
             },
         },
     }
+    modes = {mode: request for mode, request in modes.items() if mode in only}
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     served = dict.fromkeys(modes, (0.0, 0.0))
     with ThreadPoolExecutor(concurrency) as pool:
@@ -313,14 +322,15 @@ def latency(
             "served_tokens": count,
             "finish": [run["finish"] for run in done],
         }
-    constrained, free = summary["constrained"], summary["unconstrained"]
-    for key in ("request_itl_median_ms", "request_itl_p99_ms", "served_itl_mean_ms"):
-        if constrained[key] and free[key]:
-            summary[f"ratio_{key.removesuffix('_ms')}"] = constrained[key] / free[key]
+    if set(MODES) <= set(summary):
+        constrained, free = summary["constrained"], summary["unconstrained"]
+        for key in ("request_itl_median_ms", "request_itl_p99_ms", "served_itl_mean_ms"):
+            if constrained[key] and free[key]:
+                summary[f"ratio_{key.removesuffix('_ms')}"] = constrained[key] / free[key]
     # A story the output limit cut is unfinished JSON; every finished one must parse.
     summary["constrained_finished_valid"] = [
         judged(run["text"], STORY, run["finish"])["ok"]
-        for run in runs["constrained"]
+        for run in runs.get("constrained", [])
         if run["finish"] == "stop"
     ]
     return summary

@@ -9,6 +9,11 @@
 #       openai and anthropic SDKs: every json_schema answer and every required or
 #       named tool call validates (bench/constrained_session.py), and inter-token
 #       latency unconstrained and under a schema at c=1 and c=4; SIGTERM drains flare.
+#   bench/issue21_check.sh ab      OUT FLARE CORE CHECKPOINT
+#       what the mask input costs unconstrained requests: CHECKPOINT exported again
+#       as CORE was (bench/suite_gpu.sh's SmolLM2 options) but --no-token-masks, its
+#       `flare replay --check`, then bench/mask_input_ab.py over both cores in
+#       alternating rounds (native decode step, served ITL at c=1 and c=4).
 #   bench/issue21_check.sh sampler OUT [GRAMMAR_BENCH TOKENIZER...]
 #       the GPU sampling tests (compiled sampler with masks against eager, at the
 #       served vocabularies), what the mask input costs the captured sampler
@@ -19,7 +24,7 @@
 # Needs the openai and anthropic SDKs and the flare_heliopause wheel importable
 # (WHEELS, as bench/suite_gpu.sh installs them).
 set -uo pipefail
-usage="usage: bench/issue21_check.sh serve OUT FLARE CORE | sampler OUT [GRAMMAR_BENCH TOKENIZER...]"
+usage="usage: bench/issue21_check.sh serve OUT FLARE CORE | ab OUT FLARE CORE CHECKPOINT | sampler OUT [GRAMMAR_BENCH TOKENIZER...]"
 part=${1:?$usage}
 out=${2:?$usage}
 shift 2
@@ -52,6 +57,21 @@ case $part in
     code=$?
     echo "flare run exited with $code after SIGTERM" | tee "$out/exit.txt"
     [ $code -eq 0 ] || status=1
+    ;;
+  ab)
+    flare=${1:?$usage}
+    core=${2:?$usage}
+    checkpoint=${3:?$usage}
+    plain=$core-plain
+    rm -rf "$plain"
+    python3 -m ignition.cli prepare "$checkpoint" --out "$plain" --max-concurrency 4 \
+      --context-limit 8192 --no-token-masks > "$out/prepare-plain.log" 2>&1 \
+      || { tail -30 "$out/prepare-plain.log"; exit 1; }
+    "$flare" replay "$plain" --check --json "$out/replay-check-plain.json" \
+      > "$out/replay-check-plain.log" 2>&1 || status=1
+    tail -3 "$out/replay-check-plain.log"
+    python3 bench/mask_input_ab.py --flare "$flare" --masked "$core" --plain "$plain" \
+      --out "$out/mask-input-ab.json" 2>&1 | tee "$out/mask-input-ab.log" || status=1
     ;;
   sampler)
     python3 -m pytest tests/test_sampling.py -m gpu -q -p no:cacheprovider -rs \

@@ -66,6 +66,13 @@ def _add_preparation(parser: argparse.ArgumentParser) -> None:
     )
     add_compile_options(parser)
     parser.add_argument(
+        "--no-token-masks",
+        dest="token_masks",
+        action="store_false",
+        help="sampling graphs without the token-mask input (constrained decoding is then "
+        "refused); for measuring what the input costs",
+    )
+    parser.add_argument(
         "--device", default="cuda", help="cuda (serving) or cpu (diagnostics; no graphs)"
     )
 
@@ -81,6 +88,7 @@ def _options(args: argparse.Namespace, capture: bool) -> PrepareOptions:
         snapshot_rows=args.snapshot_rows,
         gpu_reserve_gib=args.gpu_reserve_gib,
         **compile_options(args),
+        token_masks=args.token_masks,
         capture=capture and device == "cuda",
         device=device,
         dtype=dtype,

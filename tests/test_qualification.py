@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import torch
 from checkpoints import write_tiny
 
 from ignition.export import flare_core_pb2 as pb
-from ignition.export.manifest import named_buffers
+from ignition.export.manifest import contract_message, named_buffers
 from ignition.export.qualification import (
     QualificationRecorder,
     changed_span,
@@ -25,21 +26,26 @@ from ignition.export.qualification import (
 from ignition.preparation.catalog import GraphKind
 from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare
 
+OPTIONS = PrepareOptions(
+    max_concurrency=4,
+    prefill_chunk_size=256,
+    context_limit=512,
+    snapshot_rows=2,
+    compile=False,
+    capture=False,
+    device="cpu",
+    dtype=torch.float32,
+)
+
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory: pytest.TempPathFactory) -> PreparedModel:
-    path = write_tiny(tmp_path_factory.mktemp("llama"), "llama")
-    options = PrepareOptions(
-        max_concurrency=4,
-        prefill_chunk_size=256,
-        context_limit=512,
-        snapshot_rows=2,
-        compile=False,
-        capture=False,
-        device="cpu",
-        dtype=torch.float32,
-    )
-    return prepare(Path(path), options)
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return Path(write_tiny(tmp_path_factory.mktemp("llama"), "llama"))
+
+
+@pytest.fixture(scope="module")
+def prepared(tiny: Path) -> PreparedModel:
+    return prepare(tiny, OPTIONS)
 
 
 def _record(prepared: PreparedModel) -> tuple[pb.Qualification, dict[str, torch.Tensor], list]:
@@ -114,3 +120,19 @@ def test_the_full_digest_period_grows_with_the_written_pools() -> None:
     assert full_digest_period(sized((2 << 30) - (1 << 20))) == 8
     assert full_digest_period(sized(2 << 30)) == 16
     assert full_digest_period(sized(10368 << 20)) == 48  # the 8B's 1,152 pages
+
+
+def test_a_core_without_token_masks_binds_none_and_qualifies_without_them(
+    tiny: Path, prepared: PreparedModel
+) -> None:
+    mask_semantics = {pb.SEMANTIC_SAMPLE_MASK, pb.SEMANTIC_SAMPLE_MASKED}
+    bound = {b.semantic for b in contract_message(prepared).bindings}
+    assert mask_semantics <= bound
+    plain = prepare(tiny, replace(OPTIONS, token_masks=False))
+    assert not plain.token_masks
+    assert not mask_semantics & {b.semantic for b in contract_message(plain).bindings}
+    # The same workload, less the four masked decodes, replays identically.
+    masked_steps = len(_record(prepared)[0].steps)
+    qualification, buffers, keys = _record(plain)
+    assert len(qualification.steps) == masked_steps - 4
+    assert replay_qualification(plain, qualification, buffers, keys) == []

@@ -86,6 +86,8 @@ _SEMANTICS = {
     "state.page_table": pb.SEMANTIC_PAGE_TABLE,
     "state.stop_tokens": pb.SEMANTIC_STOP_TOKENS,
 }
+# Bound only where sampling reads them (``PrepareOptions.token_masks``).
+_MASK_BUFFERS = {"staging.sample_mask", "staging.sample_masked"}
 
 
 def named_buffers(prepared: PreparedModel) -> Iterator[tuple[str, int, torch.Tensor]]:
@@ -150,7 +152,11 @@ def contract_message(prepared: PreparedModel) -> pb.PreparedContract:
         kv_page_axis=PAGE_AXIS,
         snapshot_rows=prepared.storage.snapshots.consumed.shape[0],
         vocab_size=prepared.model.geometry.vocab,
-        bindings=[pb.Binding(semantic=s, buffer=b) for b, s in _SEMANTICS.items()],
+        bindings=[
+            pb.Binding(semantic=s, buffer=b)
+            for b, s in _SEMANTICS.items()
+            if prepared.token_masks or b not in _MASK_BUFFERS
+        ],
         completion_fields=list(COMPLETION_FIELDS),
     )
 

@@ -253,6 +253,8 @@ def run_workload(prepared: PreparedModel, execute: Callable[[GraphKey], None]) -
 
     # Token masks (constrained decoding): all-ones masks, then a recorded mask of a
     # few tokens per row, then one row masked beside an unmasked one, then none.
+    if not prepared.token_masks:
+        return
     capacity = catalog.decode_capacity(2)
     everything = token_mask(range(vocab), vocab)
     few = [token_mask(_prompt(gen, 5, vocab), vocab) for _ in range(2)]

@@ -65,6 +65,9 @@ class PrepareOptions:
     # What decode layers fuse into their projections (``compile_flags.DecodeFusion``):
     # the residual additions by default, the fastest measured.
     decode_fusion: DecodeFusion = DEFAULT_DECODE_FUSION
+    # Sampling graphs take a token mask per row (constrained decoding); False
+    # exports graphs as before masks existed, to measure what the input costs.
+    token_masks: bool = True
     capture: bool = True
     # Keep each captured cudaGraph_t (an export walks them); they instantiate on use.
     keep_graphs: bool = False
@@ -101,6 +104,8 @@ class PreparedModel:
     memory: MemoryReport
     graphs: dict[GraphKey, torch.cuda.CUDAGraph] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    # Whether sampling reads the staged token masks (``PrepareOptions.token_masks``).
+    token_masks: bool = True
 
     def execute(self, key: GraphKey) -> None:
         """Replay the captured graph of ``key``, or call its operation when not captured."""
@@ -290,7 +295,9 @@ def prepare(
             decode = torch.compile(decode, fullgraph=False, dynamic=False)
             prefill = torch.compile(prefill, fullgraph=False, dynamic=False)
     ops = SamplingOps.compiled() if compiles_sampling(options) else SamplingOps()
-    steps = build_steps(catalog, storage, decode, prefill, model.logits, ops)
+    steps = build_steps(
+        catalog, storage, decode, prefill, model.logits, ops, token_masks=options.token_masks
+    )
 
     memory = MemoryReport(
         weights=model.weight_bytes(),
@@ -313,6 +320,7 @@ def prepare(
         defaults=llama.sampling_defaults(fingerprint),
         memory=memory,
         timings=timings,
+        token_masks=options.token_masks,
     )
     keys = catalog.keys()
     t1 = time.perf_counter()

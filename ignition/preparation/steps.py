@@ -118,8 +118,10 @@ def build_steps(
     prefill: ForwardFn,
     logits: Callable[[torch.Tensor], torch.Tensor],
     ops: SamplingOps | None = None,
+    token_masks: bool = True,
 ) -> dict[GraphKey, Callable[[], None]]:
-    """One zero-argument callable per catalog entry, over the fixed storage."""
+    """One zero-argument callable per catalog entry, over the fixed storage; sampling
+    reads the staged token masks unless ``token_masks`` is False."""
     state, staging, cache = storage.state, storage.staging, storage.cache
     sampler_rows = max(catalog.decode)
     ops = ops or SamplingOps()
@@ -129,7 +131,7 @@ def build_steps(
         # which the sampler's independent rows ignore): no padded copy.
         # Each sampled row's token mask, applied where its flag is set (the host
         # writes every row's flag each launch).
-        masks = (staging.sample_mask, staging.sample_masked)
+        masks = (staging.sample_mask, staging.sample_masked) if token_masks else None
         return sampling.sample_rows(staging.logits, state, slots, sampler_rows, ops.sample, masks)
 
     def decode_step(capacity: int) -> Callable[[], None]:
