@@ -2,7 +2,8 @@
 ``json_schema`` answer (chat, streamed and not; Responses ``text.format``) must
 validate against its schema, and every ``tool_choice`` required or named answer
 (chat, Anthropic ``any``/``tool``, Responses), streamed or not, must be a completed
-call whose arguments validate against the tool's schema. Then inter-token latency of
+call whose arguments validate against the tool's schema; a Responses custom tool's
+input (a Lark patch grammar, a regex) must be in its language. Then inter-token latency of
 streamed chats, unconstrained and under a JSON schema, at each concurrency: each
 request's mean gap between content chunks as the SDK's user sees it (median and p99
 over requests), and the server's own inter-token latency from its metrics.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import re
 import statistics
 import sys
 import time
@@ -45,6 +47,38 @@ STORY = {
     "additionalProperties": False,
 }
 STORY_ASK = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
+# Custom tools as Codex sends them: raw input in a Lark grammar or a regex.
+PATCH_GRAMMAR = """start: begin_patch hunk+ end_patch
+begin_patch: "*** Begin Patch" LF
+end_patch: "*** End Patch" LF?
+hunk: add_hunk | delete_hunk
+add_hunk: "*** Add File: " filename LF add_line+
+delete_hunk: "*** Delete File: " filename LF
+filename: /(.+)/
+add_line: "+" /(.*)/ LF -> line
+%import common.LF
+"""
+# The same language as a regex, to judge the input by.
+PATCH_LANGUAGE = re.compile(
+    r"\*\*\* Begin Patch\n(\*\*\* Add File: .+\n(\+.*\n)+|\*\*\* Delete File: .+\n)+"
+    r"\*\*\* End Patch\n?"
+)
+APPLY_PATCH = {
+    "type": "custom",
+    "name": "apply_patch",
+    "description": "Edit files: a patch that adds or deletes files.",
+    "format": {"type": "grammar", "syntax": "lark", "definition": PATCH_GRAMMAR},
+}
+DECIDE = {
+    "type": "custom",
+    "name": "decide",
+    "description": "Answer yes or no.",
+    "format": {"type": "grammar", "syntax": "regex", "definition": "^(yes|no)$"},
+}
+CUSTOM_ASKS = {
+    "apply_patch": ("Create a file hello.txt that says hello.", PATCH_LANGUAGE),
+    "decide": ("Is Paris in France?", re.compile("yes|no")),
+}
 
 
 def violations(value: Any, schema: dict[str, Any], at: str = "$") -> list[str]:
@@ -194,7 +228,50 @@ def chat_checks(client: openai.OpenAI, model: str) -> dict[str, Check]:
             return calls_judged(calls, response.status)
 
         found["responses_required" + ("_stream" if streamed else "")] = responses
+    for tool in (APPLY_PATCH, DECIDE):
+        for streamed in (False, True):
+            name = f"responses_custom_{tool['format']['syntax']}" + ("_stream" if streamed else "")
+            found[name] = lambda tool=tool, streamed=streamed: custom_call(
+                client, model, tool, streamed
+            )
     return found
+
+
+def custom_call(
+    client: openai.OpenAI, model: str, tool: dict[str, Any], streamed: bool
+) -> dict[str, Any]:
+    """A Responses custom tool forced by name: its one call's input must be in the
+    tool's language (streamed: the input deltas must join to the final input)."""
+    ask, language = CUSTOM_ASKS[tool["name"]]
+    request = {
+        "model": model,
+        "input": ask,
+        "tools": [tool],
+        "tool_choice": {"type": "custom", "name": tool["name"]},
+        "parallel_tool_calls": False,
+        "max_output_tokens": CALL_TOKENS,
+    }
+    problems = []
+    if streamed:
+        events = list(client.responses.create(stream=True, **request))
+        response = events[-1].response
+        deltas = [e.delta for e in events if e.type == "response.custom_tool_call_input.delta"]
+        done = [e.input for e in events if e.type == "response.custom_tool_call_input.done"]
+        if done != ["".join(deltas)]:
+            problems.append(f"input deltas {deltas!r} do not make the done input {done!r}")
+    else:
+        response = client.responses.create(**request)
+    if response.status == "failed":
+        # An error event in the stream: as a whole response's typed error.
+        return refused(RuntimeError(f"response.failed: {response.error}"))
+    calls = [item for item in response.output if item.type == "custom_tool_call"]
+    inputs = [call.input for call in calls]
+    if len(calls) != 1:
+        problems.append(f"{len(calls)} custom tool calls")
+    problems += [
+        f"input {text!r} is not in the grammar" for text in inputs if not language.fullmatch(text)
+    ]
+    return {"ok": not problems, "problems": problems, "finish": response.status, "inputs": inputs}
 
 
 def anthropic_checks(claude: anthropic.Anthropic, model: str) -> dict[str, Check]:

@@ -34,6 +34,36 @@ CALL_TWO = (
     CALL_PARIS
     + '\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
 )
+# A custom tool's input in a Lark grammar, as Codex sends apply_patch; the model's
+# call writes it as the JSON string argument of the function it is presented as.
+PATCH_GRAMMAR = """start: begin_patch hunk+ end_patch
+begin_patch: "*** Begin Patch" LF
+end_patch: "*** End Patch" LF?
+hunk: add_hunk | delete_hunk
+add_hunk: "*** Add File: " filename LF add_line+
+delete_hunk: "*** Delete File: " filename LF
+filename: /(.+)/
+add_line: "+" /(.*)/ LF -> line
+%import common.LF
+"""
+PATCH = '*** Begin Patch\n*** Add File: hello.txt\n+Hello "world"\t\\o/\n*** End Patch\n'
+CALL_PATCH = (
+    '<tool_call>\n{"name": "apply_patch", "arguments": {"input": '
+    + json.dumps(PATCH)
+    + "}}\n</tool_call>"
+)
+CALL_DECIDE = '<tool_call>\n{"name": "decide", "arguments": {"input": "maybe"}}\n</tool_call>'
+APPLY_PATCH = {
+    "type": "custom",
+    "name": "apply_patch",
+    "description": "Edit files with a patch.",
+    "format": {"type": "grammar", "syntax": "lark", "definition": PATCH_GRAMMAR},
+}
+DECIDE = {
+    "type": "custom",
+    "name": "decide",
+    "format": {"type": "grammar", "syntax": "regex", "definition": "^(yes|no)$"},
+}
 SCRIPT = [
     {"when": "", "reply": "Nothing is scripted for that."},
     {"when": "weather in Paris", "reply": CALL_PARIS},
@@ -44,6 +74,9 @@ SCRIPT = [
     {"when": "sunny", "reply": "It is sunny in Paris."},
     {"when": "digest please", "reply_with": "prompt_sha256"},
     {"when": "in json", "reply": '{"mood": "sunny", "count": 2}'},
+    {"when": "patch please", "reply": CALL_PATCH},
+    {"when": "file hello.txt", "reply": CALL_PATCH},
+    {"when": "yes or no", "reply": CALL_DECIDE},
 ]
 WEATHER = {
     "type": "function",
@@ -784,3 +817,90 @@ def test_without_masks_required_calls_are_validated_and_schemas_refused(
             )
     finally:
         assert server.stop() == 0
+
+
+def _custom_calls(response: Any) -> list[Any]:
+    return [item for item in response.output if item.type == "custom_tool_call"]
+
+
+def test_custom_tools_take_grammar_constrained_raw_input_streamed_or_not(
+    smollm2: Server,
+) -> None:
+    # Codex's custom tools: the input is raw text in the tool's grammar, written by
+    # the model as a JSON string (SmolLM2's call format) and given back decoded.
+    client = _openai(smollm2)
+    choices: list[Any] = ["required", "auto", {"type": "custom", "name": "apply_patch"}]
+    for choice in choices:
+        request = {
+            "model": MODEL,
+            "input": "patch please",
+            "tools": [APPLY_PATCH, FLAT_WEATHER],
+            "tool_choice": choice,
+        }
+        whole = client.responses.create(**request)
+        assert whole.status == "completed", whole
+        (call,) = _custom_calls(whole)
+        assert (call.name, call.input) == ("apply_patch", PATCH), call
+        assert call.call_id.startswith("call_")
+        assert whole.tools[0].type == "custom"
+        if isinstance(choice, dict):
+            assert whole.tool_choice.type == "custom", whole.tool_choice
+        events = list(client.responses.create(stream=True, **request))
+        assert [event.sequence_number for event in events] == list(range(len(events)))
+        deltas = [e.delta for e in events if e.type == "response.custom_tool_call_input.delta"]
+        (done,) = [e for e in events if e.type == "response.custom_tool_call_input.done"]
+        assert "".join(deltas) == done.input == PATCH
+        assert len(deltas) > 1, deltas
+        (item,) = [e.item for e in events if e.type == "response.output_item.done"]
+        assert item.type == "custom_tool_call" and item.input == PATCH
+        assert not [e for e in events if "function_call" in e.type]
+    # The scripted model answers "maybe": the regex leaves it yes or no.
+    for _ in range(3):
+        held = client.responses.create(
+            model=MODEL, input="yes or no", tools=[DECIDE], tool_choice="required"
+        )
+        (call,) = _custom_calls(held)
+        assert call.input in ("yes", "no"), call
+
+
+def test_a_custom_tool_call_and_its_output_continue_the_conversation(smollm2: Server) -> None:
+    client = _openai(smollm2)
+    tools = [APPLY_PATCH]
+    first = client.responses.create(model=MODEL, input="patch please", tools=tools)
+    (call,) = _custom_calls(first)
+    output = {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "sunny"}
+    second = client.responses.create(
+        model=MODEL, previous_response_id=first.id, input=[output], tools=tools
+    )
+    assert second.output_text == "It is sunny in Paris."
+    replayed = client.responses.create(
+        model=MODEL,
+        input=[
+            {"role": "user", "content": "patch please"},
+            call.model_dump(exclude_none=True),
+            output,
+        ],
+        tools=tools,
+        store=False,
+    )
+    assert second.usage is not None and replayed.usage is not None
+    assert replayed.usage.input_tokens == second.usage.input_tokens
+
+
+def test_bad_custom_tools_are_typed_errors(smollm2: Server) -> None:
+    client = _openai(smollm2)
+    unknown = {**APPLY_PATCH, "format": {"type": "grammar", "syntax": "ebnf", "definition": "x"}}
+    nested = {
+        **APPLY_PATCH,
+        "format": {"type": "grammar", "syntax": "lark", "definition": "start: %json {}"},
+    }
+    broken = {**DECIDE, "format": {"type": "grammar", "syntax": "regex", "definition": "("}}
+    for tool, code in (
+        (unknown, "invalid_parameter"),
+        (nested, "invalid_grammar"),
+        (broken, "invalid_grammar"),
+    ):
+        with pytest.raises(openai.BadRequestError) as raised:
+            client.responses.create(model=MODEL, input="patch please", tools=[tool])
+        assert raised.value.body["code"] == code, raised.value.body
+        assert raised.value.body["param"] == "tools", raised.value.body

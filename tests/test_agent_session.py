@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from agent_fixtures import run_bench, scripted_server
-from test_agent_protocol import SCRIPT
+from test_agent_protocol import PATCH, SCRIPT
 
 
 def test_the_agent_session_completes_with_a_tool_round_trip(tmp_path: Path) -> None:
@@ -40,7 +40,11 @@ def test_constrained_answers_validate_and_their_latency_is_reported(tmp_path: Pa
     finally:
         assert server.stop() == 0
     checks = result["checks"]
-    assert len(checks) == 13 and all(check["ok"] for check in checks.values()), checks
+    assert len(checks) == 17 and all(check["ok"] for check in checks.values()), checks
+    # The scripted patch comes through the grammar whole; the regex tool's "maybe"
+    # becomes yes or no.
+    assert checks["responses_custom_lark_stream"]["inputs"] == [PATCH]
+    assert checks["responses_custom_regex"]["inputs"][0] in ("yes", "no")
     assert checks["chat_required"]["calls"] == [["get_weather", '{"city": "Paris"}']]
     assert checks["anthropic_tool_stream"]["finish"] == "tool_use"
     for concurrency in (1, 4):

@@ -8,8 +8,8 @@
 use std::path::PathBuf;
 
 use helios::frontend::protocol::{
-    Marker, MarkerKind, OutputProtocol, ParsedOutput, ReasoningSyntax, ToolFormat, ToolSet,
-    ToolSyntax,
+    CustomInput, Marker, MarkerKind, OutputProtocol, ParsedOutput, ReasoningSyntax, ToolFormat,
+    ToolSet, ToolSyntax,
 };
 use helios::frontend::Tokenizer;
 use helios::grammar::token_bytes::{vocabulary_bytes, SPECIAL_MARKER};
@@ -94,6 +94,17 @@ fn valid(name: &str, arguments: &str) -> bool {
 
 /// Walks the grammar; the output parsed by the protocol's own parser.
 fn walk(protocol: &OutputProtocol, parallel: bool, in_reasoning: bool, seed: u64) -> ParsedOutput {
+    walk_tools(protocol, &tools(), parallel, in_reasoning, seed)
+}
+
+/// [`walk`] over `tools`.
+fn walk_tools(
+    protocol: &OutputProtocol,
+    tools: &ToolSet,
+    parallel: bool,
+    in_reasoning: bool,
+    seed: u64,
+) -> ParsedOutput {
     let (tokenizer, json) = qwen();
     let bytes = vocabulary_bytes(&tokenizer, &json).unwrap();
     let stops = [tokenizer.token_to_id("<|im_end|>").unwrap()];
@@ -103,11 +114,11 @@ fn walk(protocol: &OutputProtocol, parallel: bool, in_reasoning: bool, seed: u64
         .map(|(id, _)| id)
         .collect();
     let engine = GrammarEngine::new(&tokenizer, &json, &stops, bytes.len(), &delimiters).unwrap();
-    let grammar = tool_call_grammar(protocol, &tools(), parallel, in_reasoning).unwrap();
+    let grammar = tool_call_grammar(protocol, tools, parallel, in_reasoning).unwrap();
     let mut constraint = engine
         .constraint(&GrammarSpec::Lark(grammar.clone()))
         .unwrap_or_else(|e| panic!("{e}\n{grammar}"));
-    let mut parser = protocol.parser(Some(tools()), in_reasoning);
+    let mut parser = protocol.parser(Some(tools.clone()), in_reasoning);
     let mut events = Vec::new();
     let mut mask = vec![0u32; engine.mask_words()];
     let mut state = seed;
@@ -310,7 +321,14 @@ fn feed(protocol: &OutputProtocol, grammar: &str, pieces: &[Piece]) -> Result<()
         constraint.mask(&mut mask).unwrap();
         if mask[token as usize / 32] >> (token % 32) & 1 == 0 {
             let shown = String::from_utf8_lossy(&bytes[token as usize]).into_owned();
-            return Err(format!("token {at} ({shown:?}) is not allowed"));
+            let before: Vec<u8> = (tokens[..at].iter())
+                .flat_map(|&t| bytes[t as usize].clone())
+                .collect();
+            let before = String::from_utf8_lossy(&before);
+            let before = &before[before.len().saturating_sub(60)..];
+            return Err(format!(
+                "token {at} ({shown:?}) is not allowed after {before:?}"
+            ));
         }
         constraint.advance(token).unwrap();
     }
@@ -452,4 +470,113 @@ fn a_schema_with_auto_tools_is_its_answer_or_calls_and_nothing_else() {
         let rome = weather_call(&tokenizer, format, by_token, "Rome");
         assert!(feed(&protocol, &grammar, &rome).is_err(), "{label}");
     }
+}
+
+/// A custom tool's grammar that needs escapes in JSON: a word, then a
+/// newline, tab, quote or backslash, then a number.
+const SAY: &str = "start: \"say \" WORD SEP NUM\nSEP: \"\\n\" | \"\\t\" | \"\\\"\" | \"\\\\\"\n\
+                   WORD: /[a-z]{1,3}/\nNUM: /[0-9]{1,2}/\n";
+/// What SAY's language is, as a regex.
+const SAY_RX: &str = "^say [a-z]{1,3}(\n|\t|\"|\\\\)[0-9]{1,2}$";
+
+/// Two custom tools: `say` in the Lark grammar SAY, `answer` by a regex.
+fn custom_tools() -> ToolSet {
+    let input = json!({"type": "object", "properties": {"input": {"type": "string"}},
+        "required": ["input"], "additionalProperties": false});
+    ToolSet::from_definitions(&[
+        json!({"type": "function", "function": {"name": "say", "parameters": input}}),
+        json!({"type": "function", "function": {"name": "answer", "parameters": input}}),
+    ])
+    .unwrap()
+    .with_custom(&[
+        ("say".to_owned(), CustomInput::Lark(SAY.to_owned())),
+        (
+            "answer".to_owned(),
+            CustomInput::Regex("^(yes|no)\\n$".to_owned()),
+        ),
+    ])
+}
+
+#[test]
+fn custom_tool_inputs_follow_their_grammar_escaped_in_json_and_raw_in_xml() {
+    let (tokenizer, _) = qwen();
+    let cases = [
+        (ToolFormat::JsonInTags, true),
+        (ToolFormat::JsonInTags, false),
+        (ToolFormat::JsonInstructed, false),
+        (ToolFormat::XmlFunctions, true),
+        (ToolFormat::JsonAnswer, false),
+    ];
+    let say = regex::Regex::new(SAY_RX).unwrap();
+    let answer = regex::Regex::new("^(yes|no)\n$").unwrap();
+    let mut inputs = 0;
+    for (format, by_token) in cases {
+        let protocol = protocol(&tokenizer, format, by_token, false);
+        for seed in 0..6 {
+            let parsed = walk_tools(&protocol, &custom_tools(), true, false, seed);
+            let label = format!("{format:?} by_token={by_token} seed={seed}");
+            assert!(!parsed.calls.is_empty(), "{label}: {parsed:?}");
+            for call in &parsed.calls {
+                assert!(call.complete, "{label}: {call:?}");
+                let arguments: Value = serde_json::from_str(&call.arguments).unwrap();
+                let input = arguments["input"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{call:?}"));
+                let language = if call.name == "say" { &say } else { &answer };
+                assert!(language.is_match(input), "{label}: {input:?} from {call:?}");
+                inputs += 1;
+            }
+        }
+    }
+    assert!(inputs >= 30, "{inputs} inputs");
+}
+
+#[test]
+fn a_patch_grammar_holds_the_escaped_and_the_raw_input() {
+    // An apply_patch-like grammar, as Codex sends (Lark, common.LF).
+    let patch =
+        "start: begin hunk+ end\nbegin: \"*** Begin Patch\" LF\nend: \"*** End Patch\" LF?\n\
+                 hunk: \"*** Add File: \" FILENAME LF (\"+\" LINE LF)+\nFILENAME: /[^\\n]+/\n\
+                 LINE: /[^\\n]*/\n%import common.LF\n";
+    let tools = ToolSet::from_definitions(&[json!({"type": "function", "function": {
+        "name": "apply_patch", "parameters": {"type": "object",
+            "properties": {"input": {"type": "string"}}, "required": ["input"]}}})])
+    .unwrap()
+    .with_custom(&[(
+        "apply_patch".to_owned(),
+        CustomInput::Lark(patch.to_owned()),
+    )]);
+    let (tokenizer, _) = qwen();
+    let text = "*** Begin Patch\n*** Add File: a \"b\".txt\n+hello\\world\n*** End Patch\n";
+    let escaped = serde_json::to_string(text).unwrap();
+    let json = protocol(&tokenizer, ToolFormat::JsonInTags, false, false);
+    let grammar = tool_call_grammar(&json, &tools, false, false).unwrap();
+    let call = |input: &str| {
+        format!(
+            "<tool_call>\n{{\"name\": \"apply_patch\", \"arguments\": {{\"input\": {input}}}}}\
+             \n</tool_call>"
+        )
+    };
+    assert_eq!(
+        feed(&json, &grammar, &[Piece::Text(&call(&escaped))]),
+        Ok(()),
+        "{grammar}"
+    );
+    // Unescaped, the same patch breaks the JSON string; one outside the
+    // grammar (no End Patch) is refused too.
+    let raw = format!("\"{text}\"");
+    assert!(feed(&json, &grammar, &[Piece::Text(&call(&raw))]).is_err());
+    let cut = serde_json::to_string(&text.replace("*** End Patch\n", "")).unwrap();
+    assert!(feed(&json, &grammar, &[Piece::Text(&call(&cut))]).is_err());
+    let xml = protocol(&tokenizer, ToolFormat::XmlFunctions, false, false);
+    let grammar = tool_call_grammar(&xml, &tools, false, false).unwrap();
+    let body = format!(
+        "<tool_call>\n<function=apply_patch>\n<parameter=input>\n{text}\n</parameter>\n\
+         </function>\n</tool_call>"
+    );
+    assert_eq!(
+        feed(&xml, &grammar, &[Piece::Text(&body)]),
+        Ok(()),
+        "{grammar}"
+    );
 }

@@ -12,6 +12,7 @@
 //! each sampled token.
 
 mod engine;
+pub mod json_quote;
 pub mod token_bytes;
 mod tool_calls;
 

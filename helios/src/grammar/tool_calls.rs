@@ -10,8 +10,11 @@
 
 use serde_json::{json, Value};
 
+use super::json_quote::{self, lark_regex};
 use super::GrammarError;
-use crate::frontend::protocol::{schema_type, Marker, OutputProtocol, ToolFormat, ToolSet};
+use crate::frontend::protocol::{
+    schema_type, CustomInput, Marker, OutputProtocol, ToolFormat, ToolSet, CUSTOM_INPUT_KEY,
+};
 
 /// How the grammar's JSON is laid out.
 fn layout() -> Value {
@@ -50,6 +53,48 @@ fn json_call(name: &str, schema: &Value, arguments_key: &str) -> String {
         "x-guidance": layout(),
     });
     format!("%json {object}")
+}
+
+/// A custom tool's call: its one string argument in the tool's format (a
+/// Lark grammar nested whole, a regex, or any text), JSON-escaped where the
+/// call format writes arguments as JSON, raw in an XML-style parameter.
+fn custom_call(
+    name: &str,
+    input: &CustomInput,
+    format: ToolFormat,
+    rules: &mut Vec<String>,
+    rule: &str,
+) -> Result<String, GrammarError> {
+    let key = CUSTOM_INPUT_KEY;
+    let value = format!("{rule}_input");
+    if format == ToolFormat::XmlFunctions {
+        let open = literal(&format!("<function={name}>\n<parameter={key}>\n"));
+        let body = match input {
+            CustomInput::Text => {
+                return Ok(format!("{open} xml_text {}", literal("</function>\n")))
+            }
+            CustomInput::Lark(source) => format!("%lark {{\n{source}\n}}"),
+            CustomInput::Regex(rx) => lark_regex(&json_quote::regex(rx, "", false)?),
+        };
+        rules.push(format!("{value}: {body}"));
+        let close = literal("\n</parameter>\n</function>\n");
+        return Ok(format!("{open} {value} {close}"));
+    }
+    let arguments = match format {
+        ToolFormat::JsonAnswer => "parameters",
+        _ => "arguments",
+    };
+    let body = match input {
+        CustomInput::Text => lark_regex(&json_quote::regex("(?s:.*)", "", true)?),
+        CustomInput::Lark(source) => format!("%lark {{\n{}\n}}", json_quote::lark(source)?),
+        CustomInput::Regex(rx) => lark_regex(&json_quote::regex(rx, "", true)?),
+    };
+    rules.push(format!("{value}: {body}"));
+    let name = Value::from(name);
+    let open = literal(&format!(
+        "{{\"name\": {name}, \"{arguments}\": {{\"{key}\": \""
+    ));
+    Ok(format!("{open} {value} {}", literal("\"}}")))
 }
 
 /// An XML-style call: `<function=NAME>` and one `<parameter=KEY>` per
@@ -133,12 +178,15 @@ fn call_rules<'p>(
     let mut bodies = Vec::new();
     for (index, (name, schema)) in tools.tools().enumerate() {
         let rule = format!("tool{index}");
-        let body = match syntax.format {
-            ToolFormat::JsonInTags | ToolFormat::JsonInstructed => {
-                json_call(name, schema, "arguments")
-            }
-            ToolFormat::JsonAnswer => json_call(name, schema, "parameters"),
-            ToolFormat::XmlFunctions => xml_call(name, schema, rules, &rule),
+        let body = match (tools.custom_input(name), syntax.format) {
+            (Some(input), format) => custom_call(name, input, format, rules, &rule)?,
+            (None, _) => match syntax.format {
+                ToolFormat::JsonInTags | ToolFormat::JsonInstructed => {
+                    json_call(name, schema, "arguments")
+                }
+                ToolFormat::JsonAnswer => json_call(name, schema, "parameters"),
+                ToolFormat::XmlFunctions => xml_call(name, schema, rules, &rule),
+            },
         };
         rules.push(format!("{rule}: {body}"));
         bodies.push(rule);

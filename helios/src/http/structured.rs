@@ -11,8 +11,10 @@
 //! - a required or named call is constrained only where the executor
 //!   applies masks; elsewhere it is validated after completion, as before
 //!   (the response fails when unmet), so no request that worked is refused;
-//! - under `auto`, a request declaring a `strict` tool is held lazily: free
-//!   text until a call opens, then a valid call (only where masks apply);
+//! - under `auto`, a request declaring a `strict` tool (a custom tool with a
+//!   grammar is one) is held lazily: free text until a call opens, then a
+//!   valid call (only where masks apply); a custom tool's call holds its
+//!   input to its grammar wherever calls are constrained;
 //! - a schema with `auto` tools is the schema's answer or calls, so an
 //!   agent asking for structured final output can still call its tools;
 //! - a `json_schema` or `json_object` format needs masks: where the executor

@@ -23,7 +23,8 @@ use serde_json::Value;
 use super::error::HttpError;
 use super::generation::Finish;
 use crate::frontend::protocol::{
-    instructed_input, OutputEvent, OutputProtocol, ToolFormat, ToolInstruction, ToolSet,
+    instructed_input, CustomInput, OutputEvent, OutputProtocol, ToolFormat, ToolInstruction,
+    ToolSet,
 };
 use crate::frontend::ChatInput;
 
@@ -43,8 +44,9 @@ pub enum ToolChoice {
 
 impl ToolChoice {
     /// OpenAI's `tool_choice`: `"auto"`, `"none"`, `"required"`, or a named
-    /// function (`{"type": "function", "function": {"name": ..}}`, or the
-    /// Responses API's flat `{"type": "function", "name": ..}`).
+    /// function or custom tool (`{"type": "function", "function": {"name":
+    /// ..}}`, or the Responses API's flat `{"type": "function" | "custom",
+    /// "name": ..}`).
     pub fn from_openai(value: Option<&Value>) -> Result<Self, HttpError> {
         let invalid = HttpError::InvalidParameter {
             param: "tool_choice",
@@ -61,8 +63,14 @@ impl ToolChoice {
                 "required" => Ok(Self::Required),
                 _ => Err(invalid),
             },
-            Value::Object(choice) if choice.get("type") == Some(&Value::from("function")) => {
+            Value::Object(choice)
+                if matches!(
+                    choice.get("type").and_then(Value::as_str),
+                    Some("function" | "custom")
+                ) =>
+            {
                 let name = (choice.get("function"))
+                    .or_else(|| choice.get("custom"))
                     .and_then(|function| function.get("name"))
                     .or_else(|| choice.get("name"))
                     .and_then(Value::as_str);
@@ -111,11 +119,33 @@ pub struct ToolRequest {
     /// Definitions in OpenAI's chat shape, as templates read them.
     definitions: Vec<Value>,
     declared: ToolSet,
+    /// The custom tools among them (presented as functions of one string).
+    custom: Vec<(String, CustomInput)>,
     choice: ToolChoice,
     parallel: bool,
 }
 
 impl ToolRequest {
+    /// The request with `custom` (names and input formats) marked as the
+    /// custom tools among its definitions.
+    pub fn with_custom(mut self, custom: Vec<(String, CustomInput)>) -> Self {
+        self.declared = self.declared.with_custom(&custom);
+        self.custom = custom;
+        self
+    }
+
+    /// Whether `name` is a custom tool.
+    pub fn is_custom(&self, name: &str) -> bool {
+        self.custom.iter().any(|(known, _)| known == name)
+    }
+
+    /// The set of `definitions`, its custom tools marked.
+    fn set(&self, definitions: &[Value]) -> Option<ToolSet> {
+        ToolSet::from_definitions(definitions)
+            .ok()
+            .map(|set| set.with_custom(&self.custom))
+    }
+
     /// Checks `definitions` (OpenAI chat shape) against `choice`.
     pub fn new(
         definitions: Vec<Value>,
@@ -138,6 +168,7 @@ impl ToolRequest {
         Ok(Self {
             definitions,
             declared,
+            custom: Vec::new(),
             choice,
             parallel,
         })
@@ -183,9 +214,7 @@ impl ToolRequest {
                     .filter(|tool| tool["function"]["name"].as_str() == Some(name.as_str()))
                     .cloned()
                     .collect();
-                ToolSet::from_definitions(&only)
-                    .ok()
-                    .map(|set| (set, self.parallel))
+                self.set(&only).map(|set| (set, self.parallel))
             }
             _ => None,
         }
@@ -210,9 +239,7 @@ impl ToolRequest {
                 }
             })
             .collect();
-        ToolSet::from_definitions(&held)
-            .ok()
-            .map(|set| (set, self.parallel))
+        self.set(&held).map(|set| (set, self.parallel))
     }
 
     /// Whether a declared tool asks for `strict` arguments.

@@ -20,7 +20,7 @@ mod xml_call;
 
 pub use instruction::{instructed_input, ToolInstruction};
 pub use parser::{OutputEvent, OutputParser, ParsedOutput, ParsedToolCall};
-pub use tools::{schema_type, ToolSet, ToolSetError};
+pub use tools::{schema_type, CustomInput, ToolSet, ToolSetError, CUSTOM_INPUT_KEY};
 
 use crate::core::proto;
 

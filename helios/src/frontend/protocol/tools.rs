@@ -9,7 +9,24 @@ use serde_json::Value;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ToolSet {
     tools: Vec<(String, Value)>,
+    /// The custom tools among them, with their input's format.
+    custom: Vec<(String, CustomInput)>,
 }
+
+/// How a custom tool's input, one string, is written: a custom tool is
+/// presented as a function of one string argument, [`CUSTOM_INPUT_KEY`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CustomInput {
+    /// Any text.
+    Text,
+    /// Text in a Lark grammar.
+    Lark(String),
+    /// Text that a regex (Rust syntax) matches whole.
+    Regex(String),
+}
+
+/// The argument that holds a custom tool's input.
+pub const CUSTOM_INPUT_KEY: &str = "input";
 
 /// Why a tool definition is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -50,7 +67,27 @@ impl ToolSet {
             let parameters = function.and_then(|f| f.get("parameters")).cloned();
             tools.push((name.to_owned(), parameters.unwrap_or(Value::Null)));
         }
-        Ok(Self { tools })
+        Ok(Self {
+            tools,
+            custom: Vec::new(),
+        })
+    }
+
+    /// The set with `custom` (names and formats) marked as custom tools,
+    /// those of them it declares.
+    pub fn with_custom(mut self, custom: &[(String, CustomInput)]) -> Self {
+        self.custom = (custom.iter())
+            .filter(|(name, _)| self.contains(name))
+            .cloned()
+            .collect();
+        self
+    }
+
+    /// The input format of `name`, when it is a custom tool.
+    pub fn custom_input(&self, name: &str) -> Option<&CustomInput> {
+        (self.custom.iter())
+            .find(|(known, _)| known == name)
+            .map(|(_, input)| input)
     }
 
     /// Whether no tool is declared.

@@ -12,7 +12,14 @@
 //! - `instructions` are a system message first, and are not inherited from
 //!   a previous response (as OpenAI specifies);
 //! - function tools come in the flat `{type: "function", name, parameters}`
-//!   shape and reach the template in chat's shape; hosted tool types
+//!   shape and reach the template in chat's shape; `custom` tools (free
+//!   text, or a Lark or regex grammar, as Codex sends) reach it as functions
+//!   of one string argument, `input`, whose description gives the grammar,
+//!   are held to that grammar where masks apply (a grammar makes the tool
+//!   strict), and come back as `custom_tool_call` items whose decoded
+//!   input streams as `response.custom_tool_call_input.delta` events;
+//!   `custom_tool_call` and `custom_tool_call_output` input items continue
+//!   the conversation as function calls and tool results; hosted tool types
 //!   (`web_search`, `file_search`, ...) are skipped with a warning, since no
 //!   model here runs them, and are not echoed back;
 //! - `store` (default true) keeps the response's conversation in the
@@ -37,6 +44,7 @@
 //! - `seed` is accepted as a Helios extension (as on chat), for
 //!   reproducible output.
 
+mod custom_input;
 mod stream;
 
 use axum::extract::State;
@@ -52,7 +60,7 @@ use super::sampling::SamplingFields;
 use super::sse::{self, Usage};
 use super::tools::{ToolChoice, ToolRequest};
 use super::{new_request_id, parse_body, respond, unix_time, AppState, Body};
-use crate::frontend::protocol::ToolSetError;
+use crate::frontend::protocol::{CustomInput, ToolSetError, CUSTOM_INPUT_KEY};
 use crate::frontend::ChatInput;
 use stream::{Record, ResponseStream};
 
@@ -116,10 +124,11 @@ async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Respons
         ..SamplingFields::default()
     })?;
     let given_tools = request.tools.unwrap_or_default();
-    let (definitions, echoed_tools) = function_tools(&given_tools)?;
+    let (definitions, echoed_tools, custom) = function_tools(&given_tools)?;
     let choice = ToolChoice::from_openai(request.tool_choice.as_ref())?;
     let parallel = request.parallel_tool_calls.unwrap_or(true);
-    let tools = ToolRequest::new(definitions, choice.clone(), parallel)?;
+    let custom_names: Vec<String> = custom.iter().map(|(name, _)| name.clone()).collect();
+    let tools = ToolRequest::new(definitions, choice.clone(), parallel)?.with_custom(custom);
 
     let mut conversation = match &request.previous_response_id {
         Some(id) => match state.responses().get(id) {
@@ -159,7 +168,7 @@ async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Respons
         "store": store,
         "temperature": rounded(sampling.params.temperature),
         "text": {"format": {"type": "text"}},
-        "tool_choice": tool_choice_json(&choice),
+        "tool_choice": tool_choice_json(&choice, &tools),
         "tools": echoed_tools,
         "top_p": rounded(sampling.params.top_p),
         "truncation": "disabled",
@@ -178,7 +187,7 @@ async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Respons
     )
     .await?;
     let mut generation = generation::start(state, job).await?;
-    let mut format = ResponseStream::new(base, request.stream);
+    let mut format = ResponseStream::new(base, request.stream).with_custom_tools(custom_names);
     if store {
         format.record = Some(Record {
             state: state.clone(),
@@ -212,19 +221,31 @@ fn rounded(value: f32) -> f64 {
     (f64::from(value) * 1e6).round() / 1e6
 }
 
-/// The function tools of `tools` in chat's shape (for the template and the
-/// tool policy), and as the response echoes them; hosted tools are skipped
-/// with a warning. A bad definition is named by its position in `tools`.
-fn function_tools(tools: &[Value]) -> Result<(Vec<Value>, Vec<Value>), HttpError> {
+/// The function and custom tools of `tools` in chat's shape (for the
+/// template and the tool policy), as the response echoes them, and the
+/// custom tools' input formats; hosted tools are skipped with a warning. A
+/// bad definition is named by its position in `tools`.
+fn function_tools(tools: &[Value]) -> Result<FunctionTools, HttpError> {
     let mut definitions = Vec::new();
     let mut echoed = Vec::new();
+    let mut custom = Vec::new();
     let mut positions = Vec::new();
     for (position, tool) in tools.iter().enumerate() {
         let kind = tool.get("type").and_then(Value::as_str);
+        if kind == Some("custom") {
+            let (definition, input) = custom_tool(tool)?;
+            if let Some(name) = tool.get("name").and_then(Value::as_str) {
+                custom.push((name.to_owned(), input));
+            }
+            definitions.push(definition);
+            echoed.push(tool.clone());
+            positions.push(position);
+            continue;
+        }
         if kind != Some("function") {
             eprintln!(
                 "flare: skipping tool of type {kind:?} in a responses request: \
-                 only function tools are served"
+                 only function and custom tools are served"
             );
             continue;
         }
@@ -258,15 +279,75 @@ fn function_tools(tools: &[Value]) -> Result<(Vec<Value>, Vec<Value>), HttpError
             },
         }));
     }
-    Ok((definitions, echoed))
+    Ok((definitions, echoed, custom))
+}
+
+/// Tool definitions in chat's shape, as echoed, and the custom tools'
+/// input formats.
+type FunctionTools = (Vec<Value>, Vec<Value>, Vec<(String, CustomInput)>);
+
+/// A custom tool (`{"type": "custom", "name", "description", "format"}`)
+/// as the template sees it: a function of one string argument, `input`,
+/// whose description gives the grammar (the model writes what it is held
+/// to); one with a grammar is `strict`, so `auto` holds its calls too.
+fn custom_tool(tool: &Value) -> Result<(Value, CustomInput), HttpError> {
+    let invalid = |reason| HttpError::InvalidParameter {
+        param: "tools",
+        reason,
+    };
+    let format = tool.get("format").filter(|format| !format.is_null());
+    let input = match format.map(|format| (format.get("type"), format)) {
+        None => CustomInput::Text,
+        Some((Some(Value::String(kind)), _)) if kind == "text" => CustomInput::Text,
+        Some((Some(Value::String(kind)), format)) if kind == "grammar" => {
+            let definition = format.get("definition").and_then(Value::as_str);
+            match (format.get("syntax").and_then(Value::as_str), definition) {
+                (Some("lark"), Some(definition)) => CustomInput::Lark(definition.to_owned()),
+                (Some("regex"), Some(definition)) => CustomInput::Regex(definition.to_owned()),
+                _ => {
+                    return Err(invalid(
+                        "a custom tool's grammar format needs `syntax` \"lark\" or \"regex\" \
+                         and a `definition` string",
+                    ))
+                }
+            }
+        }
+        _ => {
+            return Err(invalid(
+                "a custom tool's `format` must be of type text or grammar",
+            ))
+        }
+    };
+    let about = match &input {
+        CustomInput::Text => "The tool's input, as text.".to_owned(),
+        CustomInput::Lark(grammar) => {
+            format!("The tool's input, text in this Lark grammar:\n{grammar}")
+        }
+        CustomInput::Regex(regex) => format!("The tool's input, text matching the regex {regex}"),
+    };
+    let mut function = json!({
+        "name": tool.get("name").cloned().unwrap_or(Value::Null),
+        "parameters": {
+            "type": "object",
+            "properties": {CUSTOM_INPUT_KEY: {"type": "string", "description": about}},
+            "required": [CUSTOM_INPUT_KEY],
+            "additionalProperties": false,
+        },
+        "strict": input != CustomInput::Text,
+    });
+    if let Some(description) = tool.get("description").filter(|d| d.is_string()) {
+        function["description"] = description.clone();
+    }
+    Ok((json!({"type": "function", "function": function}), input))
 }
 
 /// `tool_choice` as the response echoes it.
-fn tool_choice_json(choice: &ToolChoice) -> Value {
+fn tool_choice_json(choice: &ToolChoice, tools: &ToolRequest) -> Value {
     match choice {
         ToolChoice::Auto => json!("auto"),
         ToolChoice::None => json!("none"),
         ToolChoice::Required => json!("required"),
+        ToolChoice::Named(name) if tools.is_custom(name) => json!({"type": "custom", "name": name}),
         ToolChoice::Named(name) => json!({"type": "function", "name": name}),
     }
 }
@@ -332,17 +413,25 @@ fn chat_messages(instructions: Option<&str>, items: &[Value]) -> Result<Vec<Valu
                 messages.push(Value::Object(message));
                 assistant_open = role == "assistant";
             }
-            "function_call" => {
+            "function_call" | "custom_tool_call" => {
                 let field = |name| item.get(name).and_then(Value::as_str);
                 let (Some(call_id), Some(name)) = (field("call_id"), field("name")) else {
                     return Err(invalid_input(
-                        "holds a function_call item without a `call_id` and a `name`",
+                        "holds a function_call or custom_tool_call item without a `call_id` \
+                         and a `name`",
                     ));
+                };
+                // A custom tool's input is its function's one argument.
+                let arguments = match kind {
+                    "custom_tool_call" => {
+                        json!({CUSTOM_INPUT_KEY: field("input").unwrap_or_default()}).to_string()
+                    }
+                    _ => field("arguments").unwrap_or("{}").to_owned(),
                 };
                 let call = json!({
                     "id": call_id,
                     "type": "function",
-                    "function": {"name": name, "arguments": field("arguments").unwrap_or("{}")},
+                    "function": {"name": name, "arguments": arguments},
                 });
                 let open = messages.last_mut().filter(|_| assistant_open);
                 match open.and_then(Value::as_object_mut) {
@@ -364,10 +453,11 @@ fn chat_messages(instructions: Option<&str>, items: &[Value]) -> Result<Vec<Valu
                 }
                 assistant_open = true;
             }
-            "function_call_output" => {
+            "function_call_output" | "custom_tool_call_output" => {
                 let Some(call_id) = item.get("call_id").and_then(Value::as_str) else {
                     return Err(invalid_input(
-                        "holds a function_call_output item without a `call_id`",
+                        "holds a function_call_output or custom_tool_call_output item without \
+                         a `call_id`",
                     ));
                 };
                 let output = match item.get("output") {
@@ -570,7 +660,8 @@ mod tests {
             json!({"type": "file_search", "vector_store_ids": []}),
             json!({"type": "function", "name": "now"}),
         ];
-        let (definitions, echoed) = function_tools(&tools).unwrap();
+        let (definitions, echoed, custom) = function_tools(&tools).unwrap();
+        assert!(custom.is_empty());
         assert_eq!(
             definitions,
             vec![

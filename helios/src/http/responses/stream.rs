@@ -10,6 +10,7 @@ use super::super::generation::Finish;
 use super::super::sse::{StreamFormat, Usage};
 use super::super::tools::call_id;
 use super::super::{unix_time, AppState};
+use super::custom_input::InputReader;
 use crate::frontend::protocol::OutputEvent;
 
 /// What one output item is.
@@ -17,11 +18,13 @@ use crate::frontend::protocol::OutputEvent;
 enum Kind {
     Reasoning,
     Message,
-    /// Function call number `index` of the output.
+    /// Function call number `index` of the output; a custom tool's call
+    /// when `custom`.
     Call {
         index: usize,
         call_id: String,
         name: String,
+        custom: bool,
     },
 }
 
@@ -31,6 +34,10 @@ struct Item {
     id: String,
     kind: Kind,
     text: String,
+    /// A custom tool call's input, decoded from its arguments as they come.
+    input: InputReader,
+    /// That input so far (at the end, the whole input).
+    decoded: String,
     /// `in_progress` until it closes, then `completed` or `incomplete`.
     status: &'static str,
 }
@@ -58,6 +65,19 @@ impl Item {
                 json!({"type": "message", "id": self.id, "status": self.status,
                     "role": "assistant", "content": content})
             }
+            Kind::Call {
+                call_id,
+                name,
+                custom: true,
+                ..
+            } => json!({
+                "type": "custom_tool_call",
+                "id": self.id,
+                "call_id": call_id,
+                "name": name,
+                "input": self.decoded,
+                "status": self.status,
+            }),
             Kind::Call { call_id, name, .. } => json!({
                 "type": "function_call",
                 "id": self.id,
@@ -102,6 +122,8 @@ pub(super) struct ResponseStream {
     /// The index of the item being streamed, if any.
     open: Option<usize>,
     pub(super) record: Option<Record>,
+    /// The request's custom tools, whose calls are custom tool calls.
+    custom: Vec<String>,
 }
 
 impl ResponseStream {
@@ -113,7 +135,14 @@ impl ResponseStream {
             items: Vec::new(),
             open: None,
             record: None,
+            custom: Vec::new(),
         }
+    }
+
+    /// The stream, with `names` the request's custom tools.
+    pub(super) fn with_custom_tools(mut self, names: Vec<String>) -> Self {
+        self.custom = names;
+        self
     }
 
     /// One event of type `kind` with `fields`, numbered.
@@ -148,6 +177,7 @@ impl ResponseStream {
         let id = match kind {
             Kind::Reasoning => call_id("rs_"),
             Kind::Message => call_id("msg_"),
+            Kind::Call { custom: true, .. } => call_id("ctc_"),
             Kind::Call { .. } => call_id("fc_"),
         };
         let index = self.items.len();
@@ -155,6 +185,8 @@ impl ResponseStream {
             id: id.clone(),
             kind,
             text: String::new(),
+            input: InputReader::default(),
+            decoded: String::new(),
             status: "in_progress",
         });
         self.open = Some(index);
@@ -187,10 +219,17 @@ impl ResponseStream {
         if self.open == Some(index) {
             self.open = None;
         }
-        let item = &mut self.items[index];
-        if item.status != "in_progress" {
+        if self.items[index].status != "in_progress" {
             return;
         }
+        if matches!(self.items[index].kind, Kind::Call { custom: true, .. }) {
+            let (input, rest) = self.items[index].input.finish();
+            if !rest.is_empty() {
+                self.custom_delta(index, &rest, events);
+            }
+            self.items[index].decoded = input;
+        }
+        let item = &mut self.items[index];
         item.status = status;
         let item = item.clone();
         let at = json!({"item_id": item.id, "output_index": index});
@@ -202,6 +241,10 @@ impl ResponseStream {
             fields
         };
         match &item.kind {
+            Kind::Call { custom: true, .. } => {
+                let done = with(json!({"input": item.decoded}));
+                self.event(events, "response.custom_tool_call_input.done", done);
+            }
             Kind::Call { name, .. } => {
                 let done = with(json!({"arguments": item.text, "name": name}));
                 self.event(events, "response.function_call_arguments.done", done);
@@ -225,10 +268,25 @@ impl ResponseStream {
         self.event(events, "response.output_item.done", done);
     }
 
+    /// Sends `delta` of custom tool call `index`'s input.
+    fn custom_delta(&mut self, index: usize, delta: &str, events: &mut Vec<Sent>) {
+        let item = &mut self.items[index];
+        item.decoded.push_str(delta);
+        let fields = json!({"item_id": item.id, "output_index": index, "delta": delta});
+        self.event(events, "response.custom_tool_call_input.delta", fields);
+    }
+
     /// Appends `delta` to item `index` and sends it.
     fn delta(&mut self, index: usize, delta: &str, events: &mut Vec<Sent>) {
         let item = &mut self.items[index];
         item.text.push_str(delta);
+        if matches!(item.kind, Kind::Call { custom: true, .. }) {
+            let decoded = item.input.push(delta);
+            if !decoded.is_empty() {
+                self.custom_delta(index, &decoded, events);
+            }
+            return;
+        }
         let id = item.id.clone();
         let (kind, extra) = match item.kind {
             Kind::Reasoning => ("response.reasoning_text.delta", json!({"content_index": 0})),
@@ -331,6 +389,7 @@ impl ResponseStream {
                     index: *index,
                     call_id: call_id("call_"),
                     name: name.clone(),
+                    custom: self.custom.contains(name),
                 };
                 self.open(kind, &mut events);
             }
