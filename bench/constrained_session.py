@@ -159,6 +159,7 @@ def streamed_chat(client: openai.OpenAI, **request: Any) -> tuple[str, list[Any]
 
 Check = Callable[[], dict[str, Any]]
 CALL_TOKENS = 256  # room for a few calls; a call longer than this fails the check
+PATCH_TOKENS = 512  # a patch: its header, added lines and its end
 
 
 def refused(error: Exception) -> dict[str, Any]:
@@ -249,7 +250,7 @@ def custom_call(
         "tools": [tool],
         "tool_choice": {"type": "custom", "name": tool["name"]},
         "parallel_tool_calls": False,
-        "max_output_tokens": CALL_TOKENS,
+        "max_output_tokens": PATCH_TOKENS if tool is APPLY_PATCH else CALL_TOKENS,
     }
     problems = []
     if streamed:
@@ -262,8 +263,11 @@ def custom_call(
     else:
         response = client.responses.create(**request)
     if response.status == "failed":
-        # An error event in the stream: as a whole response's typed error.
-        return refused(RuntimeError(f"response.failed: {response.error}"))
+        # An error event in the stream: as a whole response's typed error, with
+        # what the call's input held when it stopped.
+        failed = refused(RuntimeError(f"response.failed: {response.error}"))
+        cut = [item.input for item in response.output if item.type == "custom_tool_call"]
+        return failed | {"inputs": cut}
     calls = [item for item in response.output if item.type == "custom_tool_call"]
     inputs = [call.input for call in calls]
     if len(calls) != 1:
@@ -343,6 +347,36 @@ def served_itl(url: str) -> tuple[float, float]:
     values = dict(line.rsplit(" ", 1) for line in text.splitlines() if line[:1] != "#")
     name = "flare_inter_token_latency_seconds"
     return float(values[f"{name}_sum"]), float(values[f"{name}_count"])
+
+
+def served_masks(url: str) -> dict[str, Any]:
+    """The server's grammar mask histogram (one constrained request's next-token
+    mask, on the model thread): count, mean, and the bucket bounds holding the
+    median and the 99th percentile."""
+    text = urllib.request.urlopen(url + "/metrics").read().decode()
+    name = "flare_grammar_mask_seconds"
+    buckets: list[tuple[float, float]] = []
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        key, value = line.rsplit(" ", 1)
+        if key.startswith(f"{name}_bucket"):
+            bound = key.split('le="')[1].rstrip('"}')
+            buckets.append((float(bound), float(value)))
+        else:
+            values[key] = float(value)
+    count = values.get(f"{name}_count", 0.0)
+
+    def bound(q: float) -> float | None:
+        return next((b for b, cumulative in buckets if cumulative >= q * count), None)
+
+    return {
+        "count": count,
+        "mean_us": 1e6 * values.get(f"{name}_sum", 0.0) / count if count else None,
+        "p50_at_most_us": 1e6 * b if count and (b := bound(0.5)) is not None else None,
+        "p99_at_most_us": 1e6 * b if count and (b := bound(0.99)) is not None else None,
+    }
 
 
 MODES = ("unconstrained", "constrained")
@@ -427,10 +461,12 @@ def main() -> int:
     for concurrency in args.concurrency:
         row = latency(client, args.url, args.model, concurrency, args.rounds)
         result[f"latency_c{concurrency}"] = row
+    result["served_masks"] = served_masks(args.url)
     args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     failed = [name for name, check in result["checks"].items() if not check["ok"]]
     for name, check in result["checks"].items():
         print(name, "ok" if check["ok"] else f"FAILED {check['problems']}", file=sys.stderr)
+    print(f"served grammar masks: {result['served_masks']}", file=sys.stderr)
     for concurrency in args.concurrency:
         row = result[f"latency_c{concurrency}"]
         if not all(row["constrained_finished_valid"]):

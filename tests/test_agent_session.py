@@ -45,6 +45,10 @@ def test_constrained_answers_validate_and_their_latency_is_reported(tmp_path: Pa
     # becomes yes or no.
     assert checks["responses_custom_lark_stream"]["inputs"] == [PATCH]
     assert checks["responses_custom_regex"]["inputs"][0] in ("yes", "no")
+    # The server timed every constrained request's masks.
+    masks = result["served_masks"]
+    assert masks["count"] > 0 and masks["mean_us"] > 0, masks
+    assert masks["p50_at_most_us"] <= masks["p99_at_most_us"], masks
     assert checks["chat_required"]["calls"] == [["get_weather", '{"city": "Paris"}']]
     assert checks["anthropic_tool_stream"]["finish"] == "tool_use"
     for concurrency in (1, 4):

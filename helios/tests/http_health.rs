@@ -117,6 +117,8 @@ async fn metrics_reports_latency_histograms() {
         1.0
     );
     assert_eq!(value("flare_inter_token_latency_seconds_count"), 3.0);
+    // No constrained request: no mask computed.
+    assert_eq!(value("flare_grammar_mask_seconds_count"), 0.0);
     assert!(value("flare_time_to_first_token_seconds_sum") > 0.0);
     // Buckets are cumulative: never decreasing up to +Inf.
     let buckets: Vec<f64> = text

@@ -106,6 +106,11 @@ fn constrained_requests_follow_their_grammars_and_others_are_unchanged() {
     // Every mask followed the lane's applied samples: a stale one would
     // have let the matcher refuse a token and fail the request.
     assert!(animal.failure.is_none() && number.failure.is_none());
+    // One mask, timed, per constrained sample; none without constraints.
+    let samples = animal.tokens.len() + number.tokens.len();
+    assert_eq!(mixed.mask_time().count(), samples as u64);
+    assert!(mixed.mask_time().sum() > 0.0);
+    assert_eq!(alone.mask_time().count(), 0);
     scheduler_support::assert_clean(&mixed);
 }
 

@@ -87,6 +87,12 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     );
     write_histogram(
         &mut text,
+        "flare_grammar_mask_seconds",
+        "Computing one constrained request's token mask for its next sample, on the model thread",
+        &latency.grammar_mask,
+    );
+    write_histogram(
+        &mut text,
         "flare_prompt_preparation_seconds",
         "Rendering, tokenization and endpoint mapping of a prompt, before submission",
         &state.preparation(),

@@ -26,6 +26,7 @@ use super::events::{Event, FinishReason, Metrics, RequestEvent};
 use super::executor::{Executor, Launch, Operation, OperationKind, Ticket};
 use super::geometry::Geometry;
 use super::ids::RequestId;
+use super::latency::{Histogram, MASK_BUCKETS};
 use super::ledger::PageLedger;
 use super::request::{Placed, Placement, Request, RequestSpec};
 use crate::prefix::PrefixChain;
@@ -137,6 +138,8 @@ pub struct Scheduler<E> {
     pub(super) failure: Option<ExecutionError>,
     /// The prefix cache, when the core has snapshot rows.
     pub(super) cache: Option<Cache>,
+    /// How long constrained requests' masks took, each.
+    pub(super) mask_time: Histogram,
 }
 
 impl<E: Executor> Scheduler<E> {
@@ -160,6 +163,7 @@ impl<E: Executor> Scheduler<E> {
         };
         Ok(Self {
             cache,
+            mask_time: Histogram::new(&MASK_BUCKETS),
             ledger: PageLedger::new(geometry.max_concurrency(), geometry.kv_pages()),
             geometry,
             config,
@@ -281,6 +285,11 @@ impl<E: Executor> Scheduler<E> {
     /// Events since the last call, in order.
     pub fn drain_events(&mut self) -> Vec<RequestEvent> {
         std::mem::take(&mut self.events)
+    }
+
+    /// How long each constrained request's next-token mask took.
+    pub fn mask_time(&self) -> &Histogram {
+        &self.mask_time
     }
 
     /// Current counters.

@@ -22,6 +22,13 @@ pub const INTER_TOKEN_BUCKETS: [f64; 11] = [
     0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
 
+/// Upper bounds (seconds) of the grammar mask buckets: one constrained
+/// request's mask for its next sample, computed on the model thread.
+pub const MASK_BUCKETS: [f64; 13] = [
+    0.000_001, 0.000_002, 0.000_005, 0.000_01, 0.000_02, 0.000_05, 0.000_1, 0.000_2, 0.000_5,
+    0.001, 0.002, 0.005, 0.01,
+];
+
 /// A fixed-bucket histogram in Prometheus' model: cumulative counts per
 /// upper bound (the last, `+Inf`, is the total), a sum and a count.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,13 +85,15 @@ impl Histogram {
     }
 }
 
-/// The two latency histograms.
+/// The latency histograms.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Latency {
     /// Submission to first output token.
     pub time_to_first_token: Histogram,
     /// Between successive output tokens of a request.
     pub inter_token: Histogram,
+    /// One constrained request's next-token mask (the scheduler's).
+    pub grammar_mask: Histogram,
 }
 
 impl Default for Latency {
@@ -92,6 +101,7 @@ impl Default for Latency {
         Self {
             time_to_first_token: Histogram::new(&TTFT_BUCKETS),
             inter_token: Histogram::new(&INTER_TOKEN_BUCKETS),
+            grammar_mask: Histogram::new(&MASK_BUCKETS),
         }
     }
 }

@@ -70,7 +70,9 @@ pub use executor::{
 pub use geometry::Geometry;
 pub use grammar::Grammar;
 pub use ids::{Page, RequestId, Slot};
-pub use latency::{Histogram, Latency, INTER_TOKEN_BUCKETS, PREPARATION_BUCKETS, TTFT_BUCKETS};
+pub use latency::{
+    Histogram, Latency, INTER_TOKEN_BUCKETS, MASK_BUCKETS, PREPARATION_BUCKETS, TTFT_BUCKETS,
+};
 pub use request::RequestSpec;
 pub use rng::readmission_seed;
 pub use worker::{Health, RequestStream, SchedulerHandle, ShutdownMode, Status, Worker};

@@ -18,7 +18,10 @@ impl<E: Executor> Scheduler<E> {
     pub(super) fn next_mask(&mut self, id: RequestId) -> Option<Vec<u32>> {
         let grammar = self.placed.get(&id)?.request.spec.grammar.clone()?;
         let words = (self.geometry.vocab_size() as usize).div_ceil(32);
-        match grammar.mask(words) {
+        let started = std::time::Instant::now();
+        let mask = grammar.mask(words);
+        self.mask_time.observe(started.elapsed().as_secs_f64());
+        match mask {
             Ok(mask) => Some(mask),
             Err(error) => {
                 let reason = error.to_string();

@@ -498,10 +498,12 @@ impl<E: Executor> ModelThread<E> {
             None if self.stopping => Health::Stopping,
             None => Health::Ready,
         };
+        let mut latency = self.latency.latency().clone();
+        latency.grammar_mask = self.scheduler.mask_time().clone();
         Status {
             health,
             metrics: self.scheduler.metrics(),
-            latency: self.latency.latency().clone(),
+            latency,
         }
     }
 
