@@ -68,37 +68,15 @@ from ignition.components.rotary import RotaryTable
 from ignition.loading.mapping import WeightMapping
 from ignition.loading.source import CheckpointError
 from ignition.preparation.compile_flags import DecodeFusion
+from recipes.interface import SamplingDefaults, StateLayout
+
+__all__ = ["RECIPE", "LlamaModel", "SamplingDefaults"]
 
 NAME = "llama"
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM")
 MODEL_TYPES = ("llama", "qwen3")
 PAGE_SIZE = 64
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-
-
-@dataclass(frozen=True)
-class SamplingDefaults:
-    """Typed defaults and inclusive ranges, resolved into a request's parameters by
-    ``ignition.replay.sampling_policy`` (and by Helios, from the manifest): a requested
-    value clamps into its parameter's range; a parameter absent from ``ranges`` is
-    fixed at its default."""
-
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    ranges: tuple[tuple[str, float, float], ...] = (
-        ("temperature", 0.01, 2.0),
-        ("top_k", 0, 1 << 30),
-        ("top_p", 0.01, 1.0),
-        ("min_p", 0.0, 1.0),
-        ("repetition_penalty", 0.5, 2.0),
-        ("presence_penalty", -2.0, 2.0),
-        ("frequency_penalty", -2.0, 2.0),
-    )
 
 
 # Defaults verified by hand against each model card's recommended generation call,
@@ -468,3 +446,42 @@ class LlamaModel:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 vocabulary logits of final hidden vectors."""
         return project(hidden, self.model.lm_head.weight, self.model.lm_head.bias).float()
+
+
+class LlamaRecipe:
+    """The ``recipes.interface.Recipe`` of the dense Llama and Qwen3 families."""
+
+    name = NAME
+    architectures = ARCHITECTURES
+    model_types = MODEL_TYPES
+    page_size = PAGE_SIZE
+
+    def validate_config(self, config: PretrainedConfig) -> None:
+        validate_config(config)
+
+    def layout(self, config: PretrainedConfig) -> StateLayout:
+        g = Geometry.from_config(config)
+        return StateLayout(
+            vocab=g.vocab,
+            hidden=g.hidden,
+            kv_layers=g.layers,
+            kv_heads=g.kv_heads,
+            head_dim=g.head_dim,
+        )
+
+    def build(
+        self,
+        config: PretrainedConfig,
+        cache: PagedKvCache,
+        dtype: torch.dtype,
+        device: torch.device,
+        positions: int,
+        decode_fusion: DecodeFusion,
+    ) -> LlamaModel:
+        return LlamaModel(config, cache, dtype, device, positions, decode_fusion)
+
+    def sampling_defaults(self, fingerprint: str) -> SamplingDefaults:
+        return sampling_defaults(fingerprint)
+
+
+RECIPE = LlamaRecipe()

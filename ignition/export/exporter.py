@@ -44,7 +44,6 @@ from ignition.export.window import REGION_KINDS, WindowPlacement
 from ignition.preparation.catalog import GraphKey, GraphKind
 from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare
 from ignition.preparation.progress import console, phase
-from recipes import llama
 
 
 @dataclass
@@ -80,7 +79,7 @@ def _identity(prepared: PreparedModel, device: int) -> pb.Identity:
     tokenizer = prepared.tokenizer.backend_tokenizer.to_str()
     return pb.Identity(
         engine_version=ENGINE_VERSION,
-        recipe=llama.NAME,
+        recipe=prepared.recipe,
         checkpoint_fingerprint=prepared.fingerprint,
         config_fingerprint=_sha256_text(config),
         tokenizer_fingerprint=_sha256_text(tokenizer),

@@ -25,7 +25,7 @@ from ignition.export.core_dir import write_core_dir
 from ignition.export.output_protocol import OutputProtocol, derive_output_protocol
 from ignition.preparation.catalog import GraphKind
 from ignition.preparation.prepared import PreparedModel
-from recipes.llama import SamplingDefaults
+from recipes.interface import SamplingDefaults
 
 ABI_VERSION = 1
 ENGINE_VERSION = "0.1.0"

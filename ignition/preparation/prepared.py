@@ -1,10 +1,12 @@
 """Preparation: checkpoint -> composed model over fixed storage -> compiled, captured graphs.
 
-Order (the design's, restricted to what a dense recipe needs): validate the
-checkpoint and catalog; build the canonical model on the meta device and stream
-weights into execution layouts; allocate request state, staging and snapshot rows;
-size KV pages from measured free memory; compile complete forwards; warm up and
-capture every catalog entry into one graph pool, largest first; reset state.
+Four steps, in the design's order, each its own function: ``plan`` (the recipe the
+registry picks by the config's architectures validates the checkpoint and declares
+its storage layout; the catalog), ``allocate`` (the recipe's canonical model built
+on the meta device, weights streamed into execution layouts; request state, staging,
+KV pages sized from measured free memory, snapshot rows), ``compile_steps`` (the
+complete forwards compiled) and ``capture`` (every catalog entry warmed up and
+captured into one graph pool, largest first; state reset).
 """
 
 from __future__ import annotations
@@ -15,14 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from ignition.components.kv_cache import PagedKvCache
 from ignition.components.state_transfer import SnapshotRows
 from ignition.components.token_state import MAX_STOP_TOKENS, RequestState, StagingInputs
 from ignition.loading.mapping import load_weights
 from ignition.loading.open import open_checkpoint
-from ignition.loading.source import CheckpointError
+from ignition.loading.source import CheckpointError, CheckpointSource
 from ignition.preparation.catalog import Catalog, GraphKey
 from ignition.preparation.compile_flags import DEFAULT_DECODE_FUSION, CompileScope, DecodeFusion
 from ignition.preparation.memory import GIB, MemoryReport, plan_kv_pages
@@ -35,7 +37,8 @@ from ignition.preparation.steps import (
     decode_forward,
     prefill_forward,
 )
-from recipes import llama
+from recipes.interface import Recipe, SamplingDefaults, StateLayout, TextModel
+from recipes.registry import recipe_for
 
 # Default prefix-checkpoint rows per concurrent request. A request captures at most
 # eight checkpoints (the design's budget cap); the pool keeps four times that per
@@ -96,16 +99,18 @@ class PreparedModel:
     name: str
     fingerprint: str
     catalog: Catalog
-    model: llama.LlamaModel
+    model: TextModel
     storage: Storage
     steps: dict[GraphKey, Callable[[], None]]
     tokenizer: PreTrainedTokenizerBase
-    defaults: llama.SamplingDefaults
+    defaults: SamplingDefaults
     memory: MemoryReport
     graphs: dict[GraphKey, torch.cuda.CUDAGraph] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     # Whether sampling reads the staged token masks (``PrepareOptions.token_masks``).
     token_masks: bool = True
+    # The recipe it was prepared with (``recipes.registry``).
+    recipe: str = ""
 
     def execute(self, key: GraphKey) -> None:
         """Replay the captured graph of ``key``, or call its operation when not captured."""
@@ -188,67 +193,106 @@ def _warm_up(steps: dict[GraphKey, Callable[[], None]], keys: list[GraphKey]) ->
             advance(1, str(key))
 
 
-def prepare(
-    path: Path, options: PrepareOptions, placement: Placement | None = None
-) -> PreparedModel:
-    """Prepare ``path``; ``placement`` decides where device memory comes from (by
-    default PyTorch's allocator; an export passes the fixed-address window)."""
-    placement = placement or DefaultPlacement()
-    t0 = time.perf_counter()
-    timings: dict[str, float] = {}
-    device = torch.device(options.device)
+@dataclass
+class PreparationPlan:
+    """What a checkpoint is prepared as, before any device memory: its recipe and the
+    storage layout it declares, the context limit, the graph catalog and the
+    tokenizer with the checkpoint's stop tokens."""
+
+    path: Path
+    source: CheckpointSource
+    config: PretrainedConfig
+    recipe: Recipe
+    layout: StateLayout
+    context_limit: int
+    catalog: Catalog
+    tokenizer: PreTrainedTokenizerBase
+    stop_tokens: list[int]
+
+
+def plan(path: Path, options: PrepareOptions) -> PreparationPlan:
+    """Validates the checkpoint at ``path`` against its recipe and plans the catalog."""
     source = open_checkpoint(path)
     config = source.config()
-    llama.validate_config(config)
-    geometry = llama.Geometry.from_config(config)
+    recipe = recipe_for(config)
+    recipe.validate_config(config)
+    page = recipe.page_size
     max_positions = int(config.max_position_embeddings)
-    context_limit = options.context_limit or (max_positions // llama.PAGE_SIZE) * llama.PAGE_SIZE
+    context_limit = options.context_limit or (max_positions // page) * page
     if context_limit > max_positions:
         raise CheckpointError(
             f"--context-limit {context_limit} exceeds max_position_embeddings {max_positions}"
         )
-    catalog = Catalog.plan(
-        options.max_concurrency, options.prefill_chunk_size, context_limit, llama.PAGE_SIZE
-    )
+    catalog = Catalog.plan(options.max_concurrency, options.prefill_chunk_size, context_limit, page)
     tok_dir, tok_kwargs = source.tokenizer_source()
     tokenizer = AutoTokenizer.from_pretrained(tok_dir, **tok_kwargs)
-    stop_tokens = _stop_tokens(config, tokenizer)
+    return PreparationPlan(
+        path=path,
+        source=source,
+        config=config,
+        recipe=recipe,
+        layout=recipe.layout(config),
+        context_limit=context_limit,
+        catalog=catalog,
+        tokenizer=tokenizer,
+        stop_tokens=_stop_tokens(config, tokenizer),
+    )
 
+
+@dataclass
+class Allocation:
+    """A plan's model with its weights loaded, and its fixed storage."""
+
+    model: TextModel
+    storage: Storage
+    memory: MemoryReport
+
+
+def allocate(plan: PreparationPlan, options: PrepareOptions, placement: Placement) -> Allocation:
+    """Builds the recipe's model and streams the weights in, then allocates request
+    state, staging, KV pages (sized from measured free memory unless given) and
+    snapshot rows, each in its placement region."""
+    device = torch.device(options.device)
+    layout, catalog, page = plan.layout, plan.catalog, plan.recipe.page_size
     cache = PagedKvCache(torch.empty(0, device=device))
     with placement.region("weights"):
-        model = llama.LlamaModel(
-            config,
+        model = plan.recipe.build(
+            plan.config,
             cache,
             options.dtype,
             device,
-            positions=context_limit,
-            decode_fusion=options.decode_fusion,
+            plan.context_limit,
+            options.decode_fusion,
         )
         with phase("loading weights", len(model.mapping.placements)) as advance:
-            load_weights(source, model.mapping, advance)
-    timings["load_s"] = time.perf_counter() - t0
+            load_weights(plan.source, model.mapping, advance)
 
     slots = options.max_concurrency + 1
     with placement.region("request_state"):
         state = RequestState.allocate(
             slots,
-            geometry.vocab,
+            layout.vocab,
             catalog.max_pages_per_request,
-            geometry.hidden,
+            layout.hidden,
             options.dtype,
             device,
         )
-        state.stop_tokens[: len(stop_tokens)] = torch.tensor(stop_tokens, device=device)
+        stops = plan.stop_tokens
+        state.stop_tokens[: len(stops)] = torch.tensor(stops, device=device)
     with placement.region("staging"):
         staging = StagingInputs.allocate(
-            max(catalog.decode), options.prefill_chunk_size, context_limit, geometry.vocab, device
+            max(catalog.decode),
+            options.prefill_chunk_size,
+            plan.context_limit,
+            layout.vocab,
+            device,
         )
     per_page = PagedKvCache.bytes_per_page(
-        geometry.layers, llama.PAGE_SIZE, geometry.kv_heads, geometry.head_dim, options.dtype
+        layout.kv_layers, page, layout.kv_heads, layout.head_dim, options.dtype
     )
     useful_pages = 1 + options.max_concurrency * catalog.max_pages_per_request
     rows = snapshot_rows(options)
-    snapshot_bytes = rows * (per_page + geometry.hidden * options.dtype.itemsize)
+    snapshot_bytes = rows * (per_page + layout.hidden * options.dtype.itemsize)
     if options.kv_pages is not None:
         pages = options.kv_pages
     elif device.type == "cuda":
@@ -265,20 +309,36 @@ def prepare(
         pages = useful_pages
     with placement.region("kv_pages"):
         cache.kv = PagedKvCache.allocate(
-            geometry.layers,
+            layout.kv_layers,
             pages,
-            llama.PAGE_SIZE,
-            geometry.kv_heads,
-            geometry.head_dim,
+            page,
+            layout.kv_heads,
+            layout.head_dim,
             options.dtype,
             device,
         ).kv
     with placement.region("snapshot_rows"):
-        snapshots = SnapshotRows.allocate(rows, cache, geometry.hidden, device)
-    storage = Storage(state, cache, snapshots, staging)
+        snapshots = SnapshotRows.allocate(rows, cache, layout.hidden, device)
+    memory = MemoryReport(
+        weights=model.weight_bytes(),
+        request_state=state.nbytes(),
+        staging=staging.nbytes(),
+        snapshot_rows=snapshots.nbytes(),
+        kv_pages=cache.nbytes(),
+        kv_page_count=pages,
+        bytes_per_page=per_page,
+    )
+    return Allocation(model, Storage(state, cache, snapshots, staging), memory)
 
-    decode = decode_forward(model, llama.PAGE_SIZE)
-    prefill = prefill_forward(model, llama.PAGE_SIZE)
+
+def compile_steps(
+    plan: PreparationPlan, allocation: Allocation, options: PrepareOptions
+) -> dict[GraphKey, Callable[[], None]]:
+    """One operation per catalog entry over the allocation: the recipe's forwards,
+    compiled as ``options`` say (no kernels run yet)."""
+    model, page = allocation.model, plan.recipe.page_size
+    decode = decode_forward(model, page)
+    prefill = prefill_forward(model, page)
     if options.compile:
         # No on-device benchmarking that changes numerics: a preparation chooses the
         # same kernels every time, so two preparations replay the same arithmetic.
@@ -295,35 +355,23 @@ def prepare(
             decode = torch.compile(decode, fullgraph=False, dynamic=False)
             prefill = torch.compile(prefill, fullgraph=False, dynamic=False)
     ops = SamplingOps.compiled() if compiles_sampling(options) else SamplingOps()
-    steps = build_steps(
-        catalog, storage, decode, prefill, model.logits, ops, token_masks=options.token_masks
-    )
-
-    memory = MemoryReport(
-        weights=model.weight_bytes(),
-        request_state=state.nbytes(),
-        staging=staging.nbytes(),
-        snapshot_rows=snapshots.nbytes(),
-        kv_pages=cache.nbytes(),
-        kv_page_count=pages,
-        bytes_per_page=per_page,
-    )
-    fingerprint = source.fingerprint()
-    prepared = PreparedModel(
-        name=path.name,
-        fingerprint=fingerprint,
-        catalog=catalog,
-        model=model,
-        storage=storage,
-        steps=steps,
-        tokenizer=tokenizer,
-        defaults=llama.sampling_defaults(fingerprint),
-        memory=memory,
-        timings=timings,
+    return build_steps(
+        plan.catalog,
+        allocation.storage,
+        decode,
+        prefill,
+        model.logits,
+        ops,
         token_masks=options.token_masks,
     )
-    keys = catalog.keys()
-    t1 = time.perf_counter()
+
+
+def capture(prepared: PreparedModel, options: PrepareOptions, placement: Placement) -> None:
+    """Warms up and captures every catalog entry into the placement's graph pool on a
+    GPU (compiles and runs each once on the CPU), reporting the scratch and pool the
+    capture took, then resets the storage."""
+    device = torch.device(options.device)
+    memory, steps, keys = prepared.memory, prepared.steps, prepared.catalog.keys()
     if device.type == "cuda":
         torch.cuda.synchronize()
         reserved_before = torch.cuda.memory_reserved(device)
@@ -338,9 +386,41 @@ def prepare(
         memory.device_free_after = torch.cuda.mem_get_info(device)[0]
     elif options.compile:
         _warm_up(steps, keys)
-    timings["compile_capture_s"] = time.perf_counter() - t1
     prepared.reset()
+
+
+def prepare(
+    path: Path, options: PrepareOptions, placement: Placement | None = None
+) -> PreparedModel:
+    """Prepare ``path``: plan, allocate, compile, capture. ``placement`` decides where
+    device memory comes from (by default PyTorch's allocator; an export passes the
+    fixed-address window)."""
+    placement = placement or DefaultPlacement()
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+    planned = plan(path, options)
+    allocation = allocate(planned, options, placement)
+    timings["load_s"] = time.perf_counter() - t0
+    steps = compile_steps(planned, allocation, options)
+    fingerprint = planned.source.fingerprint()
+    prepared = PreparedModel(
+        name=path.name,
+        fingerprint=fingerprint,
+        catalog=planned.catalog,
+        model=allocation.model,
+        storage=allocation.storage,
+        steps=steps,
+        tokenizer=planned.tokenizer,
+        defaults=planned.recipe.sampling_defaults(fingerprint),
+        memory=allocation.memory,
+        timings=timings,
+        token_masks=options.token_masks,
+        recipe=planned.recipe.name,
+    )
+    t1 = time.perf_counter()
+    capture(prepared, options, placement)
+    timings["compile_capture_s"] = time.perf_counter() - t1
     timings["prepare_s"] = time.perf_counter() - t0
-    for line in memory.lines():
+    for line in allocation.memory.lines():
         console.print(line)
     return prepared

@@ -46,7 +46,7 @@ from ignition.replay.errors import InvalidSampling
 from ignition.replay.packing import SamplingParams
 
 if TYPE_CHECKING:
-    from recipes.llama import SamplingDefaults
+    from recipes.interface import SamplingDefaults
 
 __all__ = [
     "FLOAT_PARAMETERS",

@@ -1,0 +1,81 @@
+"""The recipe interface: the registry picks a recipe by the config, and preparation
+reads everything model-specific through it (no GPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from checkpoints import write_tiny
+from transformers import AutoConfig, LlamaConfig
+
+from ignition.loading.source import CheckpointError
+from ignition.preparation.prepared import PrepareOptions, plan, prepare
+from recipes import llama
+from recipes.interface import Recipe, StateLayout
+from recipes.registry import RECIPES, recipe_for, recipe_named
+
+CPU = PrepareOptions(
+    max_concurrency=2,
+    prefill_chunk_size=128,
+    context_limit=256,
+    snapshot_rows=2,
+    compile=False,
+    capture=False,
+    device="cpu",
+    dtype=torch.float32,
+)
+
+
+def test_the_registry_picks_by_architectures_then_model_type() -> None:
+    assert [recipe.name for recipe in RECIPES] == ["llama"]
+    by_architecture = LlamaConfig(architectures=["Qwen3ForCausalLM"])
+    assert recipe_for(by_architecture) is llama.RECIPE
+    # GGUF configs carry a model_type and no architectures.
+    by_type = AutoConfig.for_model("qwen3")
+    assert not getattr(by_type, "architectures", None)
+    assert recipe_for(by_type) is llama.RECIPE
+    assert recipe_named("llama") is llama.RECIPE
+    unserved = AutoConfig.for_model("gpt2")
+    with pytest.raises(CheckpointError, match="not served by any recipe"):
+        recipe_for(unserved)
+    with pytest.raises(CheckpointError, match="no recipe is named"):
+        recipe_named("mamba")
+
+
+def test_llama_is_a_recipe_whose_layout_is_its_geometry() -> None:
+    recipe: Recipe = llama.RECIPE
+    config = LlamaConfig(
+        vocab_size=96,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+    )
+    assert recipe.layout(config) == StateLayout(
+        vocab=96, hidden=32, kv_layers=3, kv_heads=2, head_dim=8
+    )
+    assert recipe.page_size == llama.PAGE_SIZE
+    assert recipe.sampling_defaults("0" * 64) == llama.SamplingDefaults()
+    config.hidden_act = "gelu"
+    with pytest.raises(CheckpointError, match="hidden_act"):
+        recipe.validate_config(config)
+
+
+def test_preparation_plans_through_the_recipe(tmp_path: Path) -> None:
+    path = Path(write_tiny(tmp_path, "llama"))
+    planned = plan(path, CPU)
+    assert planned.recipe is llama.RECIPE
+    assert planned.layout == llama.RECIPE.layout(planned.config)
+    assert planned.catalog.page_size == llama.PAGE_SIZE
+    assert planned.context_limit == 256 and planned.stop_tokens
+    prepared = prepare(path, CPU)
+    assert prepared.recipe == "llama"
+    # The storage is the layout's: pages of the recipe's K/V, the saved hidden vector.
+    layout = planned.layout
+    kv = prepared.storage.cache.kv
+    assert kv.shape[0] == layout.kv_layers and layout.kv_heads in kv.shape
+    assert prepared.storage.state.hidden.shape[-1] == layout.hidden
+    assert prepared.storage.staging.logits.shape[-1] == layout.vocab
