@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,9 @@ import pytest
 from agent_fixtures import fixture_tokenizer, scripted_server
 from fake_server import FakeServer as Server
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from constrained_session import APPLY_PATCH, DECIDE
+
 MODEL = "tiny"
 PARIS = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 CALL_PARIS = f"<tool_call>\n{PARIS}\n</tool_call>"
@@ -34,18 +38,9 @@ CALL_TWO = (
     CALL_PARIS
     + '\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
 )
-# A custom tool's input in a Lark grammar, as Codex sends apply_patch; the model's
-# call writes it as the JSON string argument of the function it is presented as.
-PATCH_GRAMMAR = """start: begin_patch hunk+ end_patch
-begin_patch: "*** Begin Patch" LF
-end_patch: "*** End Patch" LF?
-hunk: add_hunk | delete_hunk
-add_hunk: "*** Add File: " filename LF add_line+
-delete_hunk: "*** Delete File: " filename LF
-filename: /(.+)/
-add_line: "+" /(.*)/ LF -> line
-%import common.LF
-"""
+# Custom tools as Codex sends them (an apply_patch Lark grammar, a yes/no regex), the
+# same the GPU check sends; the model's call writes the input as the JSON string
+# argument of the function the tool is presented as.
 PATCH = '*** Begin Patch\n*** Add File: hello.txt\n+Hello "world"\t\\o/\n*** End Patch\n'
 CALL_PATCH = (
     '<tool_call>\n{"name": "apply_patch", "arguments": {"input": '
@@ -53,17 +48,6 @@ CALL_PATCH = (
     + "}}\n</tool_call>"
 )
 CALL_DECIDE = '<tool_call>\n{"name": "decide", "arguments": {"input": "maybe"}}\n</tool_call>'
-APPLY_PATCH = {
-    "type": "custom",
-    "name": "apply_patch",
-    "description": "Edit files with a patch.",
-    "format": {"type": "grammar", "syntax": "lark", "definition": PATCH_GRAMMAR},
-}
-DECIDE = {
-    "type": "custom",
-    "name": "decide",
-    "format": {"type": "grammar", "syntax": "regex", "definition": "^(yes|no)$"},
-}
 SCRIPT = [
     {"when": "", "reply": "Nothing is scripted for that."},
     {"when": "weather in Paris", "reply": CALL_PARIS},

@@ -366,18 +366,20 @@ fn weather_call(
     }
 }
 
+/// Every call format, with markers by token id and as text.
+const FORMATS: [(ToolFormat, bool); 6] = [
+    (ToolFormat::JsonInTags, true),
+    (ToolFormat::JsonInTags, false),
+    (ToolFormat::JsonInstructed, false),
+    (ToolFormat::XmlFunctions, true),
+    (ToolFormat::XmlFunctions, false),
+    (ToolFormat::JsonAnswer, false),
+];
+
 #[test]
 fn auto_with_strict_tools_leaves_text_free_and_holds_calls_to_their_schemas() {
     let (tokenizer, _) = qwen();
-    let cases = [
-        (ToolFormat::JsonInTags, true),
-        (ToolFormat::JsonInTags, false),
-        (ToolFormat::JsonInstructed, false),
-        (ToolFormat::XmlFunctions, true),
-        (ToolFormat::XmlFunctions, false),
-        (ToolFormat::JsonAnswer, false),
-    ];
-    for (format, by_token) in cases {
+    for (format, by_token) in FORMATS {
         let protocol = protocol(&tokenizer, format, by_token, false);
         let label = format!("{format:?} by_token={by_token}");
         let single = auto_call_grammar(&protocol, &tools(), false, false).unwrap();
@@ -500,17 +502,10 @@ fn custom_tools() -> ToolSet {
 #[test]
 fn custom_tool_inputs_follow_their_grammar_escaped_in_json_and_raw_in_xml() {
     let (tokenizer, _) = qwen();
-    let cases = [
-        (ToolFormat::JsonInTags, true),
-        (ToolFormat::JsonInTags, false),
-        (ToolFormat::JsonInstructed, false),
-        (ToolFormat::XmlFunctions, true),
-        (ToolFormat::JsonAnswer, false),
-    ];
     let say = regex::Regex::new(SAY_RX).unwrap();
     let answer = regex::Regex::new("^(yes|no)\n$").unwrap();
     let mut inputs = 0;
-    for (format, by_token) in cases {
+    for (format, by_token) in FORMATS {
         let protocol = protocol(&tokenizer, format, by_token, false);
         for seed in 0..6 {
             let parsed = walk_tools(&protocol, &custom_tools(), true, false, seed);

@@ -30,6 +30,7 @@ pub use detokenizer::Detokenizer;
 pub use encode_cache::{EncodeCache, Reuse};
 pub use error::{FrontendError, InvalidChat};
 pub use stop::{StopMatcher, StopStep};
+pub(crate) use template::json_escaped;
 pub use template::{python_json, ChatInput, ChatTemplate, RenderedChat, SpecialTokens};
 pub use tokenizer::{ByteSpan, Tokenizer};
 

@@ -25,6 +25,7 @@
 use regex_syntax::hir::{Class, ClassUnicode, ClassUnicodeRange, Hir, HirKind, Look, Repetition};
 
 use super::GrammarError;
+use crate::frontend::json_escaped;
 
 /// Lark's common terminals: their names and regexes.
 const COMMON: &[(&str, &str)] = &[
@@ -68,28 +69,10 @@ fn refused(reason: impl Into<String>) -> GrammarError {
     }
 }
 
-/// How `c` is written inside a JSON string.
-fn escape_char(c: char, out: &mut String) {
-    match c {
-        '"' => out.push_str("\\\""),
-        '\\' => out.push_str("\\\\"),
-        '\n' => out.push_str("\\n"),
-        '\r' => out.push_str("\\r"),
-        '\t' => out.push_str("\\t"),
-        '\u{8}' => out.push_str("\\b"),
-        '\u{c}' => out.push_str("\\f"),
-        c if c < ' ' => out.push_str(&format!("\\u{:04x}", c as u32)),
-        c => out.push(c),
-    }
-}
-
-/// `text` as it is written inside a JSON string.
+/// `text` as it is written inside a JSON string (one canonical escape per
+/// character, as the templates' `tojson` and `serde_json` write it).
 pub fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        escape_char(c, &mut out);
-    }
-    out
+    json_escaped(text)
 }
 
 /// The characters that are escaped: control characters, `"` and `\`.
@@ -184,18 +167,22 @@ fn unanchored(hir: Hir) -> Hir {
     }
 }
 
-/// The regex `pattern` (Rust syntax, `flags` as Lark writes them) as the
-/// engine's regex text, escaped for a JSON string when `quoted`, anchors
-/// at its ends dropped.
-pub fn regex(pattern: &str, flags: &str, quoted: bool) -> Result<String, GrammarError> {
+/// The regex `pattern` (Rust syntax) under Lark's `flags`, parsed.
+fn parsed(pattern: &str, flags: &str) -> Result<Hir, GrammarError> {
     let pattern = if flags.is_empty() {
         pattern.to_owned()
     } else {
         format!("(?{flags}){pattern}")
     };
-    let hir = regex_syntax::parse(&pattern)
-        .map_err(|error| refused(format!("the regex does not parse: {error}")))?;
-    let hir = unanchored(hir);
+    regex_syntax::parse(&pattern)
+        .map_err(|error| refused(format!("the regex does not parse: {error}")))
+}
+
+/// The regex `pattern` (Rust syntax, `flags` as Lark writes them) as the
+/// engine's regex text, escaped for a JSON string when `quoted`, anchors
+/// at its ends dropped.
+pub fn regex(pattern: &str, flags: &str, quoted: bool) -> Result<String, GrammarError> {
+    let hir = unanchored(parsed(pattern, flags)?);
     let hir = if quoted { escaped(hir)? } else { hir };
     Ok(hir.to_string())
 }
@@ -356,14 +343,7 @@ fn characters(class: &ClassUnicode, runs: bool) -> String {
 
 /// The escaped expression of the regex `pattern` with Lark's `flags`.
 fn regex_expression(pattern: &str, flags: &str) -> Result<String, GrammarError> {
-    let pattern = if flags.is_empty() {
-        pattern.to_owned()
-    } else {
-        format!("(?{flags}){pattern}")
-    };
-    let hir = regex_syntax::parse(&pattern)
-        .map_err(|error| refused(format!("a grammar's regex does not parse: {error}")))?;
-    expression(&hir)
+    expression(&parsed(pattern, flags)?)
 }
 
 /// The rule a terminal `NAME` becomes.

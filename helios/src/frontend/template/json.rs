@@ -229,8 +229,24 @@ fn key_text(key: &Value) -> Result<String, Error> {
     }
 }
 
+/// `text` as it is written inside a JSON string, as `json.dumps` writes it
+/// without `ensure_ascii` (and as `serde_json` does): `\"`, `\\`, `\n`,
+/// `\r`, `\t`, `\b`, `\f`, `\u00XX` for other control characters,
+/// everything else raw.
+pub(crate) fn escaped(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    // The default style does not escape non-ASCII characters.
+    write_escaped(&mut out, text, &JsonStyle::default());
+    out
+}
+
 fn write_string(out: &mut String, s: &str, style: &JsonStyle) {
     out.push('"');
+    write_escaped(out, s, style);
+    out.push('"');
+}
+
+fn write_escaped(out: &mut String, s: &str, style: &JsonStyle) {
     for c in s.chars() {
         match c {
             '"' => out.push_str("\\\""),
@@ -250,7 +266,6 @@ fn write_string(out: &mut String, s: &str, style: &JsonStyle) {
             c => out.push(c),
         }
     }
-    out.push('"');
 }
 
 fn push_escape(out: &mut String, unit: u32) {

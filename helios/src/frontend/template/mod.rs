@@ -18,6 +18,7 @@ use serde::Deserialize;
 
 use super::error::{FrontendError, InvalidChat};
 use environment::{RaisedException, TEMPLATE_NAME};
+pub(crate) use json::escaped as json_escaped;
 pub use marks::RenderedChat;
 
 /// `value` as a template's `tojson` prints it (Python's `json.dumps`
