@@ -21,6 +21,46 @@ from ignition.loading.synthetic_tokenizers import word_level_tokenizer
 
 VOCAB = 512
 
+# The hybrid model of issue 22 at the tiny geometry its CPU tests use: three Gated
+# DeltaNet layers and one sparse-attention (QSA) layer, 8 experts top-2 with a shared
+# expert, 4 hyperconnection streams, PLE n-gram embeddings on layer 1 (one-indexed),
+# an indexer budget of 8 tokens in blocks of 4, partial rotary.
+TINY_HYBRID = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    num_hidden_layers=4,
+    layer_types=["linear_attention"] * 3 + ["qwen_sparse_attention"],
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=32,
+    num_experts=8,
+    num_experts_per_tok=2,
+    hc_count=4,
+    hc_lowrank=8,
+    ple_layer_ids=[1],
+    ple_embed_dim=32,
+    ngram_size=3,
+    heads_per_ngram=2,
+    ngram_vocab_size_base=1000,
+    make_ngram_vocab_size_divisible_by=8,
+    split_ngram_parts=1,
+    indexer_n_heads=2,
+    indexer_kv_heads=1,
+    indexer_head_dim=16,
+    indexer_budget=8,
+    indexer_compress_ratio=4,
+    max_position_embeddings=2048,
+    eos_token_id=1,
+    bos_token_id=2,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+)
+
 
 def _tokenizer() -> PreTrainedTokenizerFast:
     return word_level_tokenizer(VOCAB)
@@ -56,6 +96,18 @@ def write_tiny(
         model = Qwen3ForCausalLM(Qwen3Config(head_dim=head_dim, **common))
     else:
         raise ValueError(family)
+    model.save_pretrained(path)
+    _tokenizer().save_pretrained(path)
+    return path
+
+
+def write_tiny_hybrid(path: Path, *, seed: int = 0) -> Path:
+    """A tiny ``qwen4_exp`` text checkpoint (``TINY_HYBRID``) with the test tokenizer."""
+    from transformers.models.qwen4_exp.configuration_qwen4_exp import Qwen4ExpTextConfig
+    from transformers.models.qwen4_exp.modeling_qwen4_exp import Qwen4ExpForCausalLM
+
+    torch.manual_seed(seed)
+    model = Qwen4ExpForCausalLM(Qwen4ExpTextConfig(**TINY_HYBRID))
     model.save_pretrained(path)
     _tokenizer().save_pretrained(path)
     return path

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoints import write_tiny
-from transformers import AutoConfig, LlamaConfig
+from checkpoints import write_tiny, write_tiny_hybrid
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 
 from ignition.loading.source import CheckpointError
 from ignition.preparation.prepared import PrepareOptions, plan, prepare
@@ -79,3 +79,31 @@ def test_preparation_plans_through_the_recipe(tmp_path: Path) -> None:
     assert kv.shape[0] == layout.kv_layers and layout.kv_heads in kv.shape
     assert prepared.storage.state.hidden.shape[-1] == layout.hidden
     assert prepared.storage.staging.logits.shape[-1] == layout.vocab
+
+
+def test_the_tiny_hybrid_is_the_issues_geometry_and_no_recipe_serves_it_yet(
+    tmp_path: Path,
+) -> None:
+    # Issue 22's CPU fixture: the canonical model loads from the written files with
+    # three Gated DeltaNet layers (PLE on the first), one sparse-attention layer, 8
+    # experts top-2; until the hybrid recipe lands, preparation refuses it by name.
+    path = write_tiny_hybrid(tmp_path / "hybrid")
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    layers = model.model.layers
+    mixers = [
+        type(layer.linear_attn if hasattr(layer, "linear_attn") else layer.self_attn).__name__
+        for layer in layers
+    ]
+    assert mixers[:3] == ["Qwen4ExpTextGatedDeltaNet"] * 3 and mixers[3] == "Qwen4ExpTextAttention"
+    assert [getattr(layer, "ple", None) is not None for layer in layers] == [
+        True,
+        False,
+        False,
+        False,
+    ]
+    assert model.config.num_experts == 8 and model.config.num_experts_per_tok == 2
+    ids = torch.randint(3, 512, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert model(ids).logits.shape == (1, 24, 512)
+    with pytest.raises(CheckpointError, match=r"Qwen4ExpForCausalLM.*not served by any recipe"):
+        prepare(path, CPU)
