@@ -341,31 +341,32 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def served_metrics(url: str) -> dict[str, float]:
+    """The server's ``/metrics`` samples: name (histogram buckets with their label)
+    -> value."""
+    text = urllib.request.urlopen(url + "/metrics").read().decode()
+    pairs = (line.rsplit(" ", 1) for line in text.splitlines() if line and line[0] != "#")
+    return {name: float(value) for name, value in pairs}
+
+
 def served_itl(url: str) -> tuple[float, float]:
     """The server's inter-token latency histogram: (sum in seconds, count)."""
-    text = urllib.request.urlopen(url + "/metrics").read().decode()
-    values = dict(line.rsplit(" ", 1) for line in text.splitlines() if line[:1] != "#")
+    values = served_metrics(url)
     name = "flare_inter_token_latency_seconds"
-    return float(values[f"{name}_sum"]), float(values[f"{name}_count"])
+    return values[f"{name}_sum"], values[f"{name}_count"]
 
 
 def served_masks(url: str) -> dict[str, Any]:
     """The server's grammar mask histogram (one constrained request's next-token
     mask, on the model thread): count, mean, and the bucket bounds holding the
     median and the 99th percentile."""
-    text = urllib.request.urlopen(url + "/metrics").read().decode()
+    values = served_metrics(url)
     name = "flare_grammar_mask_seconds"
-    buckets: list[tuple[float, float]] = []
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line.startswith(name):
-            continue
-        key, value = line.rsplit(" ", 1)
-        if key.startswith(f"{name}_bucket"):
-            bound = key.split('le="')[1].rstrip('"}')
-            buckets.append((float(bound), float(value)))
-        else:
-            values[key] = float(value)
+    buckets = [
+        (float(key.split('le="')[1].rstrip('"}')), value)
+        for key, value in values.items()
+        if key.startswith(f"{name}_bucket")
+    ]
     count = values.get(f"{name}_count", 0.0)
 
     def bound(q: float) -> float | None:

@@ -293,8 +293,7 @@ pub fn auto_call_grammar(
         Some(start) => {
             // Lazily to the first marker, which opens the call; text after
             // the last call holds no marker.
-            let marker = escape(&start.text);
-            rules.push(format!("head[lazy]: /(?s:.*){marker}/"));
+            rules.push(format!("head[lazy]: {}", until(&start.text)));
             rules.push(format!("TAIL: {}", without(&[&start.text])));
             format!("(head rest){repeat} TAIL")
         }
@@ -374,8 +373,8 @@ fn reasoning_then(
             // never left, the lexer extending it greedily; the validation
             // after completion catches it.)
             rules.push(format!(
-                "thought_text[lazy]: /(?s:.*){}/",
-                escape(&reasoning.end.text)
+                "thought_text[lazy]: {}",
+                until(&reasoning.end.text)
             ));
             "thought_text".to_owned()
         }
@@ -408,18 +407,14 @@ fn without(forbidden: &[&str]) -> String {
     if forbidden.is_empty() {
         return any.to_owned();
     }
-    let alternatives: Vec<String> = forbidden.iter().map(|text| escape(text)).collect();
-    format!("{any} & ~/(?s:.*)({})(?s:.*)/", alternatives.join("|"))
+    let alternatives: Vec<String> = (forbidden.iter())
+        .map(|text| regex_syntax::escape(text))
+        .collect();
+    let holding = format!("(?s:.*)({})(?s:.*)", alternatives.join("|"));
+    format!("{any} & ~{}", lark_regex(&holding))
 }
 
-/// `text` as a literal inside a Lark `/.../` regex.
-fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if "\\.+*?()|[]{}^$/-".contains(c) {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
+/// A Lark regex of any text up to and including the first `marker`.
+fn until(marker: &str) -> String {
+    lark_regex(&format!("(?s:.*){}", regex_syntax::escape(marker)))
 }

@@ -118,9 +118,9 @@ fn is_strict(tool: &Value) -> bool {
 pub struct ToolRequest {
     /// Definitions in OpenAI's chat shape, as templates read them.
     definitions: Vec<Value>,
+    /// The declared tools, custom ones marked (presented as functions of one
+    /// string).
     declared: ToolSet,
-    /// The custom tools among them (presented as functions of one string).
-    custom: Vec<(String, CustomInput)>,
     choice: ToolChoice,
     parallel: bool,
 }
@@ -130,20 +130,19 @@ impl ToolRequest {
     /// custom tools among its definitions.
     pub fn with_custom(mut self, custom: Vec<(String, CustomInput)>) -> Self {
         self.declared = self.declared.with_custom(&custom);
-        self.custom = custom;
         self
     }
 
     /// Whether `name` is a custom tool.
     pub fn is_custom(&self, name: &str) -> bool {
-        self.custom.iter().any(|(known, _)| known == name)
+        self.declared.custom_input(name).is_some()
     }
 
     /// The set of `definitions`, its custom tools marked.
     fn set(&self, definitions: &[Value]) -> Option<ToolSet> {
         ToolSet::from_definitions(definitions)
             .ok()
-            .map(|set| set.with_custom(&self.custom))
+            .map(|set| set.with_custom(self.declared.custom()))
     }
 
     /// Checks `definitions` (OpenAI chat shape) against `choice`.
@@ -168,7 +167,6 @@ impl ToolRequest {
         Ok(Self {
             definitions,
             declared,
-            custom: Vec::new(),
             choice,
             parallel,
         })

@@ -83,6 +83,11 @@ impl ToolSet {
         self
     }
 
+    /// The custom tools: names and input formats.
+    pub fn custom(&self) -> &[(String, CustomInput)] {
+        &self.custom
+    }
+
     /// The input format of `name`, when it is a custom tool.
     pub fn custom_input(&self, name: &str) -> Option<&CustomInput> {
         (self.custom.iter())

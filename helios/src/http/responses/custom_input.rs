@@ -55,10 +55,15 @@ impl InputReader {
         out
     }
 
-    /// The whole input, and what of it was not given out yet (empty when
-    /// the streamed text is not a prefix of it, which only arguments of
-    /// another shape can cause).
-    pub(super) fn finish(&self) -> (String, String) {
+    /// The input read so far; after [`Self::finish`], the whole input.
+    pub(super) fn decoded(&self) -> &str {
+        &self.decoded
+    }
+
+    /// Ends the input: what of the whole input was not given out yet (empty
+    /// when the streamed text is not a prefix of it, which only arguments of
+    /// another shape can cause); [`Self::decoded`] is then the whole input.
+    pub(super) fn finish(&mut self) -> String {
         let parsed = serde_json::from_str::<Value>(&self.arguments).ok();
         let input = match parsed.as_ref().and_then(|v| v.get(CUSTOM_INPUT_KEY)) {
             Some(Value::String(input)) => input.clone(),
@@ -69,7 +74,8 @@ impl InputReader {
         let rest = (input.strip_prefix(self.decoded.as_str()))
             .unwrap_or_default()
             .to_owned();
-        (input, rest)
+        self.decoded = input;
+        rest
     }
 
     fn step(&mut self, c: char, out: &mut String) {
@@ -179,8 +185,8 @@ mod tests {
             .chunks(size)
             .map(|piece| reader.push(&piece.iter().collect::<String>()))
             .collect();
-        let (input, rest) = reader.finish();
-        (streamed, rest, input)
+        let rest = reader.finish();
+        (streamed, rest, reader.decoded().to_owned())
     }
 
     #[test]

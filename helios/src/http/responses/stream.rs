@@ -36,8 +36,6 @@ struct Item {
     text: String,
     /// A custom tool call's input, decoded from its arguments as they come.
     input: InputReader,
-    /// That input so far (at the end, the whole input).
-    decoded: String,
     /// `in_progress` until it closes, then `completed` or `incomplete`.
     status: &'static str,
 }
@@ -75,7 +73,7 @@ impl Item {
                 "id": self.id,
                 "call_id": call_id,
                 "name": name,
-                "input": self.decoded,
+                "input": self.input.decoded(),
                 "status": self.status,
             }),
             Kind::Call { call_id, name, .. } => json!({
@@ -186,7 +184,6 @@ impl ResponseStream {
             kind,
             text: String::new(),
             input: InputReader::default(),
-            decoded: String::new(),
             status: "in_progress",
         });
         self.open = Some(index);
@@ -223,11 +220,10 @@ impl ResponseStream {
             return;
         }
         if matches!(self.items[index].kind, Kind::Call { custom: true, .. }) {
-            let (input, rest) = self.items[index].input.finish();
+            let rest = self.items[index].input.finish();
             if !rest.is_empty() {
                 self.custom_delta(index, &rest, events);
             }
-            self.items[index].decoded = input;
         }
         let item = &mut self.items[index];
         item.status = status;
@@ -242,7 +238,7 @@ impl ResponseStream {
         };
         match &item.kind {
             Kind::Call { custom: true, .. } => {
-                let done = with(json!({"input": item.decoded}));
+                let done = with(json!({"input": item.input.decoded()}));
                 self.event(events, "response.custom_tool_call_input.done", done);
             }
             Kind::Call { name, .. } => {
@@ -270,8 +266,7 @@ impl ResponseStream {
 
     /// Sends `delta` of custom tool call `index`'s input.
     fn custom_delta(&mut self, index: usize, delta: &str, events: &mut Vec<Sent>) {
-        let item = &mut self.items[index];
-        item.decoded.push_str(delta);
+        let item = &self.items[index];
         let fields = json!({"item_id": item.id, "output_index": index, "delta": delta});
         self.event(events, "response.custom_tool_call_input.delta", fields);
     }
