@@ -12,7 +12,8 @@ recipe by name: ``recipes.registry.recipe_for`` picks one by the checkpoint conf
   sizes request state, pages and snapshot rows;
 - ``page_size`` is the KV page (and the catalog's granularity);
 - ``build`` composes the canonical Transformers model with the recipe's replaced
-  modules over execution-layout storage, and declares where each checkpoint tensor
+  modules over execution-layout storage (the pages, whose tensors preparation
+  allocates after the weights, and the continuation rows), and declares where each checkpoint tensor
   goes (``TextModel.mapping``, GGUF names already translated by the loader);
 - ``sampling_defaults`` are the model card's defaults of a verified checkpoint,
   recognized by content, and the recipe's ranges.
@@ -26,7 +27,8 @@ from typing import Protocol
 import torch
 from transformers import PretrainedConfig
 
-from ignition.components.kv_cache import AttentionStep, PagedKvCache
+from ignition.components.continuation import ContinuationRows, RowField
+from ignition.components.kv_cache import AttentionStep, PagedField, PagedKvCache
 from ignition.loading.mapping import WeightMapping
 from ignition.preparation.compile_flags import DecodeFusion
 
@@ -59,14 +61,18 @@ class SamplingDefaults:
 @dataclass(frozen=True)
 class StateLayout:
     """The per-request storage a recipe's model uses: ``kv_layers`` layers of paged
-    K/V, each ``kv_heads`` heads of ``head_dim`` per token; a saved hidden vector of
-    ``hidden`` (the resume input); logits over ``vocab`` tokens."""
+    K/V, each ``kv_heads`` heads of ``head_dim`` per token; further paged tensors
+    (``paged``, addressed by the same pages); continuation rows (``rows``: state
+    that is not paged, one row per request slot and per checkpoint); a saved hidden
+    vector of ``hidden`` (the resume input); logits over ``vocab`` tokens."""
 
     vocab: int
     hidden: int
     kv_layers: int
     kv_heads: int
     head_dim: int
+    paged: tuple[PagedField, ...] = ()
+    rows: tuple[RowField, ...] = ()
 
 
 class TextGeometry(Protocol):
@@ -135,12 +141,15 @@ class Recipe(Protocol):
 
     def validate_config(self, config: PretrainedConfig) -> None: ...
 
-    def layout(self, config: PretrainedConfig) -> StateLayout: ...
+    def layout(self, config: PretrainedConfig, dtype: torch.dtype) -> StateLayout:
+        """The storage of ``config`` at the execution ``dtype``."""
+        ...
 
     def build(
         self,
         config: PretrainedConfig,
         cache: PagedKvCache,
+        rows: ContinuationRows,
         dtype: torch.dtype,
         device: torch.device,
         positions: int,

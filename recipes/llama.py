@@ -56,6 +56,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
+from ignition.components.continuation import ContinuationRows
 from ignition.components.kv_cache import (
     AttentionStep,
     PagedKvCache,
@@ -459,7 +460,7 @@ class LlamaRecipe:
     def validate_config(self, config: PretrainedConfig) -> None:
         validate_config(config)
 
-    def layout(self, config: PretrainedConfig) -> StateLayout:
+    def layout(self, config: PretrainedConfig, dtype: torch.dtype) -> StateLayout:
         g = Geometry.from_config(config)
         return StateLayout(
             vocab=g.vocab,
@@ -473,6 +474,7 @@ class LlamaRecipe:
         self,
         config: PretrainedConfig,
         cache: PagedKvCache,
+        rows: ContinuationRows,
         dtype: torch.dtype,
         device: torch.device,
         positions: int,

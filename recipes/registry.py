@@ -9,10 +9,10 @@ from __future__ import annotations
 from transformers import PretrainedConfig
 
 from ignition.loading.source import CheckpointError
-from recipes import llama
+from recipes import llama, qwen4_exp
 from recipes.interface import Recipe
 
-RECIPES: tuple[Recipe, ...] = (llama.RECIPE,)
+RECIPES: tuple[Recipe, ...] = (llama.RECIPE, qwen4_exp.RECIPE)
 
 
 def recipe_named(name: str) -> Recipe:

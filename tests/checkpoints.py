@@ -101,6 +101,16 @@ def write_tiny(
     return path
 
 
+def perturb_zero_initialized(model: torch.nn.Module, scale: float = 0.2) -> None:
+    """Transformers initializes ``qwen4_exp``'s RMSNorm gains (``1 + w``) and PLE
+    convolution to zero, which would leave those weights' arithmetic untested: give
+    them the spread of a trained checkpoint's."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name or name.endswith("ple.conv1d.weight"):
+                param.add_(torch.randn_like(param) * scale)
+
+
 def write_tiny_hybrid(path: Path, *, seed: int = 0) -> Path:
     """A tiny ``qwen4_exp`` text checkpoint (``TINY_HYBRID``) with the test tokenizer."""
     from transformers.models.qwen4_exp.configuration_qwen4_exp import Qwen4ExpTextConfig
@@ -108,6 +118,7 @@ def write_tiny_hybrid(path: Path, *, seed: int = 0) -> Path:
 
     torch.manual_seed(seed)
     model = Qwen4ExpForCausalLM(Qwen4ExpTextConfig(**TINY_HYBRID))
+    perturb_zero_initialized(model)
     model.save_pretrained(path)
     _tokenizer().save_pretrained(path)
     return path

@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 
 from ignition.loading.source import CheckpointError
 from ignition.preparation.prepared import PrepareOptions, plan, prepare
-from recipes import llama
+from recipes import llama, qwen4_exp
 from recipes.interface import Recipe, StateLayout
 from recipes.registry import RECIPES, recipe_for, recipe_named
 
@@ -29,7 +29,7 @@ CPU = PrepareOptions(
 
 
 def test_the_registry_picks_by_architectures_then_model_type() -> None:
-    assert [recipe.name for recipe in RECIPES] == ["llama"]
+    assert [recipe.name for recipe in RECIPES] == ["llama", "qwen4_exp"]
     by_architecture = LlamaConfig(architectures=["Qwen3ForCausalLM"])
     assert recipe_for(by_architecture) is llama.RECIPE
     # GGUF configs carry a model_type and no architectures.
@@ -54,7 +54,7 @@ def test_llama_is_a_recipe_whose_layout_is_its_geometry() -> None:
         num_key_value_heads=2,
         intermediate_size=64,
     )
-    assert recipe.layout(config) == StateLayout(
+    assert recipe.layout(config, torch.float32) == StateLayout(
         vocab=96, hidden=32, kv_layers=3, kv_heads=2, head_dim=8
     )
     assert recipe.page_size == llama.PAGE_SIZE
@@ -68,7 +68,7 @@ def test_preparation_plans_through_the_recipe(tmp_path: Path) -> None:
     path = Path(write_tiny(tmp_path, "llama"))
     planned = plan(path, CPU)
     assert planned.recipe is llama.RECIPE
-    assert planned.layout == llama.RECIPE.layout(planned.config)
+    assert planned.layout == llama.RECIPE.layout(planned.config, CPU.dtype)
     assert planned.catalog.page_size == llama.PAGE_SIZE
     assert planned.context_limit == 256 and planned.stop_tokens
     prepared = prepare(path, CPU)
@@ -81,12 +81,13 @@ def test_preparation_plans_through_the_recipe(tmp_path: Path) -> None:
     assert prepared.storage.staging.logits.shape[-1] == layout.vocab
 
 
-def test_the_tiny_hybrid_is_the_issues_geometry_and_no_recipe_serves_it_yet(
+def test_the_tiny_hybrid_is_the_issues_geometry_and_its_recipe_declares_its_state(
     tmp_path: Path,
 ) -> None:
     # Issue 22's CPU fixture: the canonical model loads from the written files with
     # three Gated DeltaNet layers (PLE on the first), one sparse-attention layer, 8
-    # experts top-2; until the hybrid recipe lands, preparation refuses it by name.
+    # experts top-2; the registry picks the hybrid recipe, whose layout declares the
+    # selector pages and the continuation rows preparation allocates.
     path = write_tiny_hybrid(tmp_path / "hybrid")
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     layers = model.model.layers
@@ -105,5 +106,17 @@ def test_the_tiny_hybrid_is_the_issues_geometry_and_no_recipe_serves_it_yet(
     ids = torch.randint(3, 512, (1, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert model(ids).logits.shape == (1, 24, 512)
-    with pytest.raises(CheckpointError, match=r"Qwen4ExpForCausalLM.*not served by any recipe"):
-        prepare(path, CPU)
+    assert recipe_for(model.config) is qwen4_exp.RECIPE
+    prepared = prepare(path, CPU)
+    assert prepared.recipe == "qwen4_exp"
+    layout = qwen4_exp.RECIPE.layout(model.config, CPU.dtype)
+    assert layout.kv_layers == 1 and [f.name for f in layout.paged] == ["selectors"]
+    storage = prepared.storage
+    assert set(storage.cache.extra) == {"selectors"}
+    rows = {f.name for f in layout.rows}
+    assert set(storage.rows.tensors) == rows
+    assert {n for n in storage.snapshots.tensors() if n.startswith("rows.")} == {
+        f"rows.{n}" for n in rows
+    }
+    # A dense model declares neither.
+    assert llama.RECIPE.layout(AutoConfig.for_model("qwen3"), CPU.dtype).rows == ()

@@ -10,7 +10,7 @@ device type, fixed at preparation: Triton on CUDA, the torch reference on the CP
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,11 +33,39 @@ class AttentionStep:
     seq_lens: torch.Tensor | None  # decode: int32 [rows]
     start: torch.Tensor | None  # prefill: int32 [1]
     n_valid: torch.Tensor | None  # prefill: int32 [1]
+    # Request slot of each row (decode: int64 [rows]; prefill: [1]), for models with
+    # continuation rows (``ignition.components.continuation``).
+    slots: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class PagedField:
+    """A paged tensor besides K/V that a recipe's model keeps per page (QSA's block
+    keys): ``[layers, pages, *page_shape]`` of ``dtype``, addressed by the same
+    physical page ids as the K/V pages, so one page allocation identifies a token
+    range's storage in all of them (its page axis is 1)."""
+
+    name: str
+    layers: int
+    page_shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    def bytes_per_page(self) -> int:
+        count = self.layers
+        for size in self.page_shape:
+            count *= size
+        return count * self.dtype.itemsize
+
+    def allocate(self, pages: int, device: torch.device) -> torch.Tensor:
+        shape = (self.layers, pages, *self.page_shape)
+        return torch.zeros(shape, dtype=self.dtype, device=device)
 
 
 @dataclass
 class PagedKvCache:
     kv: torch.Tensor  # [layers, 2, pages, page_size, kv_heads, head_dim]
+    # Further paged tensors by name (``PagedField``), page axis 1.
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @staticmethod
     def allocate(
@@ -68,7 +96,8 @@ class PagedKvCache:
         return layers * 2 * page_size * kv_heads * head_dim * dtype.itemsize
 
     def nbytes(self) -> int:
-        return self.kv.numel() * self.kv.element_size()
+        tensors = [self.kv, *self.extra.values()]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def slot_mapping(

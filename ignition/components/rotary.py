@@ -22,8 +22,15 @@ class RotaryTable:
     """``cos[p]``, ``sin[p]`` ([positions, head_dim], execution dtype) for p < positions."""
 
     def __init__(
-        self, rotary: nn.Module, positions: int, dtype: torch.dtype, device: torch.device
+        self,
+        rotary: nn.Module,
+        positions: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        position_rows: int = 1,
     ) -> None:
+        """``position_rows``: the position-id rows the module takes (3 for interleaved
+        mRoPE, whose rows are equal for text)."""
         if positions < 1:
             raise ValueError(f"a rotary table needs at least one position, got {positions}")
         probe = torch.empty(1, 1, dtype=dtype, device=device)
@@ -31,7 +38,8 @@ class RotaryTable:
         with torch.no_grad():
             for lo in range(0, positions, _BUILD_CHUNK):
                 ids = torch.arange(lo, min(lo + _BUILD_CHUNK, positions), device=device)
-                cos, sin = rotary(probe, ids.unsqueeze(0))
+                rows = ids.view(1, 1, -1).expand(position_rows, 1, -1)
+                cos, sin = rotary(probe, rows[0] if position_rows == 1 else rows)
                 cos_parts.append(cos[0])
                 sin_parts.append(sin[0])
         self.cos = torch.cat(cos_parts).contiguous()

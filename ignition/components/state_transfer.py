@@ -1,45 +1,72 @@
-"""Exact endpoint transfers for a dense prefix checkpoint.
+"""Exact endpoint transfers for a prefix checkpoint.
 
-A dense model's continuation state at consumed count S is its full KV pages (shared,
-immutable, never copied), the partial tail page holding tokens [64 * (S // 64), S),
-and the saved final hidden vector for resume sampling. A snapshot row owns a copy
-of the whole tail page; restore copies it into the destination slot's private tail
-page. At an aligned endpoint there is no tail page and maintenance writes no page.
-All indices come from device staging buffers, so one captured graph serves every
-slot, row and page.
+A model's continuation state at consumed count S is its full pages (shared,
+immutable, never copied), the partial tail page holding tokens [64 * (S // 64), S)
+of the K/V pages and of every further paged tensor, the continuation rows its recipe
+declares (recurrent and convolution state, token histories; none for a dense
+model), and the saved final hidden vector for resume sampling. A snapshot row owns
+a copy of each whole tail page and of the continuation row; restore copies the tail
+pages into the destination slot's private tail page and the row into the slot. At
+an aligned endpoint there is no tail page and maintenance writes no page. All
+indices come from device staging buffers, so one captured graph serves every slot,
+row and page.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from ignition.components.continuation import ContinuationRows, RowField
 from ignition.components.kv_cache import NULL_PAGE, PagedKvCache
 from ignition.components.token_state import RequestState, StagingInputs
 
 
 @dataclass
 class SnapshotRows:
-    """Immutable checkpoint rows: tail page of every layer, hidden vector, consumed count."""
+    """Immutable checkpoint rows: tail page of every layer, hidden vector, consumed
+    count; the tail page of every further paged tensor and the continuation row."""
 
     kv: torch.Tensor  # [rows, layers, 2, page_size, kv_heads, head_dim]
     hidden: torch.Tensor  # [rows, hidden]
     consumed: torch.Tensor  # int32 [rows]
+    # Tail page of each further paged tensor: [rows, layers, *page_shape].
+    pages: dict[str, torch.Tensor] = field(default_factory=dict)
+    continuation: ContinuationRows = field(
+        default_factory=lambda: ContinuationRows((), 0, torch.device("cpu"))
+    )
 
     @staticmethod
-    def allocate(rows: int, cache: PagedKvCache, hidden: int, device: torch.device) -> SnapshotRows:
+    def allocate(
+        rows: int,
+        cache: PagedKvCache,
+        hidden: int,
+        device: torch.device,
+        fields: tuple[RowField, ...] = (),
+    ) -> SnapshotRows:
         layers, _, _, page_size, kv_heads, head_dim = cache.kv.shape
+        pages = {
+            name: torch.zeros(rows, t.shape[0], *t.shape[2:], dtype=t.dtype, device=device)
+            for name, t in cache.extra.items()
+        }
         return SnapshotRows(
             kv=torch.zeros(
                 rows, layers, 2, page_size, kv_heads, head_dim, dtype=cache.kv.dtype, device=device
             ),
             hidden=torch.zeros(rows, hidden, dtype=cache.kv.dtype, device=device),
             consumed=torch.zeros(rows, dtype=torch.int32, device=device),
+            pages=pages,
+            continuation=ContinuationRows(fields, rows, device),
         )
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {"kv": self.kv, "hidden": self.hidden, "consumed": self.consumed}
+        """By manifest name (``snapshot.<name>``); a dense model's are kv, hidden and
+        consumed alone."""
+        named = {"kv": self.kv, "hidden": self.hidden, "consumed": self.consumed}
+        named.update({f"paged.{n}": t for n, t in self.pages.items()})
+        named.update({f"rows.{n}": t for n, t in self.continuation.tensors.items()})
+        return named
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors().values())
@@ -53,20 +80,33 @@ def _tail_page(state: RequestState, slot: torch.Tensor, consumed: torch.Tensor, 
 
 
 def snapshot(
-    state: RequestState, cache: PagedKvCache, rows: SnapshotRows, staging: StagingInputs
+    state: RequestState,
+    cache: PagedKvCache,
+    rows: SnapshotRows,
+    staging: StagingInputs,
+    live: ContinuationRows | None = None,
 ) -> None:
-    """Freeze the slot's exact consumed state into snapshot row ``maint_row``."""
+    """Freeze the slot's exact consumed state into snapshot row ``maint_row``
+    (``live``: the slots' continuation rows, when the model has any)."""
     slot, row = staging.maint_slot, staging.maint_row
     consumed = state.consumed.index_select(0, slot)
     page = _tail_page(state, slot, consumed, cache.page_size)
     rows.kv.index_copy_(0, row, cache.kv.index_select(2, page).permute(2, 0, 1, 3, 4, 5))
+    for name, paged in cache.extra.items():
+        rows.pages[name].index_copy_(0, row, paged.index_select(1, page).transpose(0, 1))
+    if live is not None:
+        rows.continuation.copy_from(live, slot, row)
     rows.hidden.index_copy_(0, row, state.hidden.index_select(0, slot))
     rows.consumed.index_copy_(0, row, consumed)
     staging.maint_status.fill_(1)
 
 
 def restore(
-    state: RequestState, cache: PagedKvCache, rows: SnapshotRows, staging: StagingInputs
+    state: RequestState,
+    cache: PagedKvCache,
+    rows: SnapshotRows,
+    staging: StagingInputs,
+    live: ContinuationRows | None = None,
 ) -> None:
     """Install snapshot row ``maint_row`` into the slot, whose page table the host has
     pointed at the shared full pages and a private tail page. Applies only when the
@@ -78,6 +118,12 @@ def restore(
     current = cache.kv.index_select(2, page)
     saved = rows.kv.index_select(0, row).permute(1, 2, 0, 3, 4, 5)
     cache.kv.index_copy_(2, page, torch.where(ok, saved, current))
+    for name, paged in cache.extra.items():
+        current = paged.index_select(1, page)
+        saved = rows.pages[name].index_select(0, row).transpose(0, 1)
+        paged.index_copy_(1, page, torch.where(ok, saved, current))
+    if live is not None:
+        live.copy_from(rows.continuation, row, slot, apply=ok)
     hidden = state.hidden.index_select(0, slot)
     state.hidden.index_copy_(0, slot, torch.where(ok, rows.hidden.index_select(0, row), hidden))
     state.consumed.index_copy_(

@@ -98,6 +98,13 @@ def named_buffers(prepared: PreparedModel) -> Iterator[tuple[str, int, torch.Ten
     for name, tensor in storage.state.tensors().items():
         yield f"state.{name}", pb.BUFFER_ROLE_REQUEST_STATE, tensor
     yield "kv.pages", pb.BUFFER_ROLE_KV_PAGES, storage.cache.kv
+    # A recipe's further paged tensors and continuation rows are request state: the
+    # graphs alone read and write them; checkpoints copy them through the snapshot
+    # rows below, whatever they hold.
+    for name, tensor in storage.cache.extra.items():
+        yield f"paged.{name}", pb.BUFFER_ROLE_REQUEST_STATE, tensor
+    for name, tensor in storage.rows.tensors.items():
+        yield f"rows.{name}", pb.BUFFER_ROLE_REQUEST_STATE, tensor
     for name, tensor in storage.snapshots.tensors().items():
         yield f"snapshot.{name}", pb.BUFFER_ROLE_SNAPSHOT_ROWS, tensor
     outputs = {"completions", "logits", "maint_status"}

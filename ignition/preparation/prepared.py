@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
+from ignition.components.continuation import ContinuationRows
 from ignition.components.kv_cache import PagedKvCache
 from ignition.components.state_transfer import SnapshotRows
 from ignition.components.token_state import MAX_STOP_TOKENS, RequestState, StagingInputs
@@ -125,8 +126,16 @@ class PreparedModel:
         contents (what an exported core starts from)."""
         self.storage.state.reset()
         self.storage.cache.kv.zero_()
-        for tensor in self.storage.snapshots.tensors().values():
+        for tensor in self.storage.cache.extra.values():
             tensor.zero_()
+        rows = self.storage.rows
+        rows.reset(torch.arange(rows.rows, device=self.storage.cache.kv.device))
+        snapshots = self.storage.snapshots
+        for name, tensor in snapshots.tensors().items():
+            if not name.startswith("rows."):
+                tensor.zero_()
+        continuation = snapshots.continuation
+        continuation.reset(torch.arange(continuation.rows, device=snapshots.kv.device))
         for tensor in self.storage.staging.tensors().values():
             tensor.zero_()
 
@@ -231,7 +240,7 @@ def plan(path: Path, options: PrepareOptions) -> PreparationPlan:
         source=source,
         config=config,
         recipe=recipe,
-        layout=recipe.layout(config),
+        layout=recipe.layout(config, options.dtype),
         context_limit=context_limit,
         catalog=catalog,
         tokenizer=tokenizer,
@@ -255,10 +264,14 @@ def allocate(plan: PreparationPlan, options: PrepareOptions, placement: Placemen
     device = torch.device(options.device)
     layout, catalog, page = plan.layout, plan.catalog, plan.recipe.page_size
     cache = PagedKvCache(torch.empty(0, device=device))
+    slots = options.max_concurrency + 1
+    with placement.region("request_state"):
+        continuation = ContinuationRows(layout.rows, slots, device)
     with placement.region("weights"):
         model = plan.recipe.build(
             plan.config,
             cache,
+            continuation,
             options.dtype,
             device,
             plan.context_limit,
@@ -267,7 +280,6 @@ def allocate(plan: PreparationPlan, options: PrepareOptions, placement: Placemen
         with phase("loading weights", len(model.mapping.placements)) as advance:
             load_weights(plan.source, model.mapping, advance)
 
-    slots = options.max_concurrency + 1
     with placement.region("request_state"):
         state = RequestState.allocate(
             slots,
@@ -289,10 +301,11 @@ def allocate(plan: PreparationPlan, options: PrepareOptions, placement: Placemen
         )
     per_page = PagedKvCache.bytes_per_page(
         layout.kv_layers, page, layout.kv_heads, layout.head_dim, options.dtype
-    )
+    ) + sum(f.bytes_per_page() for f in layout.paged)
     useful_pages = 1 + options.max_concurrency * catalog.max_pages_per_request
     rows = snapshot_rows(options)
-    snapshot_bytes = rows * (per_page + layout.hidden * options.dtype.itemsize)
+    row_bytes = sum(f.nbytes() for f in layout.rows)
+    snapshot_bytes = rows * (per_page + layout.hidden * options.dtype.itemsize + row_bytes)
     if options.kv_pages is not None:
         pages = options.kv_pages
     elif device.type == "cuda":
@@ -317,18 +330,22 @@ def allocate(plan: PreparationPlan, options: PrepareOptions, placement: Placemen
             options.dtype,
             device,
         ).kv
+    # Further paged tensors are small and backed whole: outside the K/V region, whose
+    # pages a loader may back only in part.
+    with placement.region("request_state"):
+        cache.extra = {f.name: f.allocate(pages, device) for f in layout.paged}
     with placement.region("snapshot_rows"):
-        snapshots = SnapshotRows.allocate(rows, cache, layout.hidden, device)
+        snapshots = SnapshotRows.allocate(rows, cache, layout.hidden, device, layout.rows)
     memory = MemoryReport(
         weights=model.weight_bytes(),
-        request_state=state.nbytes(),
+        request_state=state.nbytes() + continuation.nbytes(),
         staging=staging.nbytes(),
         snapshot_rows=snapshots.nbytes(),
         kv_pages=cache.nbytes(),
         kv_page_count=pages,
         bytes_per_page=per_page,
     )
-    return Allocation(model, Storage(state, cache, snapshots, staging), memory)
+    return Allocation(model, Storage(state, cache, snapshots, staging, continuation), memory)
 
 
 def compile_steps(

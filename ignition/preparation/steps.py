@@ -9,12 +9,13 @@ write back what they read.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
 from ignition.components import sampling, state_transfer
+from ignition.components.continuation import ContinuationRows
 from ignition.components.kv_cache import AttentionStep, PagedKvCache, slot_mapping
 from ignition.components.state_transfer import SnapshotRows
 from ignition.components.token_state import NULL_SLOT, RUNNING, RequestState, StagingInputs
@@ -39,6 +40,10 @@ class Storage:
     cache: PagedKvCache
     snapshots: SnapshotRows
     staging: StagingInputs
+    # The recipe's continuation rows by request slot (none for a dense model).
+    rows: ContinuationRows = field(
+        default_factory=lambda: ContinuationRows((), 0, torch.device("cpu"))
+    )
 
 
 ForwardFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -75,10 +80,11 @@ def decode_forward(model: TextModel, page_size: int) -> ForwardFn:
         positions: torch.Tensor,
         active: torch.Tensor,
         page_tables: torch.Tensor,
+        slots: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         rows = slot_mapping(page_tables, positions, active, page_size)
         seq_lens = torch.where(active, positions + 1, 0).to(torch.int32)
-        step = AttentionStep(rows, page_tables, seq_lens, None, None)
+        step = AttentionStep(rows, page_tables, seq_lens, None, None, slots)
         hidden = model.forward_tokens(tokens, positions, step)
         return hidden, model.logits(hidden)
 
@@ -93,12 +99,13 @@ def prefill_forward(model: TextModel, page_size: int) -> ForwardFn:
         start: torch.Tensor,
         n_valid: torch.Tensor,
         page_table: torch.Tensor,
+        slot: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         index = torch.arange(tokens.shape[0], device=tokens.device)
         valid = index < n_valid
         positions = start.to(torch.int64) + index
         rows = slot_mapping(page_table.expand(tokens.shape[0], -1), positions, valid, page_size)
-        step = AttentionStep(rows, page_table[0], None, start, n_valid)
+        step = AttentionStep(rows, page_table[0], None, start, n_valid, slot)
         hidden = model.forward_tokens(tokens, positions, step)
         last = hidden.index_select(0, (n_valid.to(torch.int64) - 1).clamp(min=0))
         return last, model.logits(last)
@@ -145,6 +152,7 @@ def build_steps(
                 positions,
                 active,
                 state.page_table.index_select(0, slots),
+                slots,
             )
             _save_hidden(state, slots, active, hidden)
             state.consumed.index_copy_(0, slots, consumed + active.to(torch.int32))
@@ -165,6 +173,7 @@ def build_steps(
                 start,
                 n_valid,
                 state.page_table.index_select(0, slot),
+                slot,
             )
             _save_hidden(state, slot, live, hidden)
             state.consumed.index_copy_(0, slot, start + n_valid)
@@ -185,12 +194,15 @@ def build_steps(
 
     def admit_step() -> None:
         sampling.admit(state, staging)
+        # A fresh request starts from the rows' admission values; one admitted onto a
+        # restored prefix keeps the restored rows.
+        storage.rows.reset(staging.admit_slot, staging.admit_consumed == 0)
 
     def snapshot_step() -> None:
-        state_transfer.snapshot(state, cache, storage.snapshots, staging)
+        state_transfer.snapshot(state, cache, storage.snapshots, staging, storage.rows)
 
     def restore_step() -> None:
-        state_transfer.restore(state, cache, storage.snapshots, staging)
+        state_transfer.restore(state, cache, storage.snapshots, staging, storage.rows)
 
     steps: dict[GraphKey, Callable[[], None]] = {}
     for capacity in catalog.decode:

@@ -1,0 +1,638 @@
+"""The ``qwen4_exp`` recipe's text model: the hybrid of Gated DeltaNet and QSA layers,
+routed and shared experts, hyperconnections and PLE, over packed tokens, fixed pages
+and slot-indexed continuation rows.
+
+Composition: the canonical Transformers model is built on the meta device and keeps
+its embedding, decoder layers (their forward included: PLE injection, the two
+hyperconnection mixers, the injections), MoE blocks, final hyperconnection mixer
+and vocabulary head. Three modules are replaced, the smallest units whose dataflow
+serving changes; each reads its request state through the step context that the
+decoder layer passes as ``past_key_values``:
+
+- ``linear_attn`` becomes ``PreparedGatedDeltaNet``: the canonical projections,
+  gated norm and output projection around ``ignition.components.gated_delta`` over
+  the row's recurrent matrix and convolution history;
+- ``self_attn`` (QSA with its indexer) becomes ``PreparedSparseAttention``: the
+  canonical projections, norms and partial rotary function; the indexer writes
+  block keys to the selector pages and its ring, selects
+  (``ignition.components.selector``), and attention reads the selected tokens of
+  the paged K/V it writes first;
+- ``ple`` becomes ``PreparedPle``: the canonical n-gram hash, projections, gate and
+  norms over the row's two-token history and dilated convolution history.
+
+The experts run Transformers' ``grouped_mm`` implementation (no host
+synchronization). The rotary table is the canonical interleaved-mRoPE module's
+output with its three position rows equal (text only).
+
+A step's rows each carry one request's tokens: a prefill chunk is one row of the
+chunk's capacity (``step.start``, ``step.n_valid``), decode is one token per row
+(``step.seq_lens`` > 0 where live). ``step.slots`` names each row's continuation row.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoModelForCausalLM, PretrainedConfig
+from transformers.models.qwen4_exp import modeling_qwen4_exp as canonical
+
+from ignition.components import gated_delta, selector
+from ignition.components.continuation import ContinuationRows, RowField
+from ignition.components.kv_cache import AttentionStep, PagedField, PagedKvCache
+from ignition.components.rotary import RotaryTable
+from ignition.loading.mapping import WeightMapping
+from ignition.loading.source import CheckpointError
+from ignition.preparation.compile_flags import DecodeFusion
+from recipes.interface import SamplingDefaults, StateLayout
+
+NAME = "qwen4_exp"
+ARCHITECTURES = ("Qwen4ExpForCausalLM",)
+MODEL_TYPES = ("qwen4_exp_text",)
+PAGE_SIZE = 64
+SELECTORS = "selectors"
+# The PLE n-gram hash's persistent buffers, which Transformers computes from the
+# config (and saves); preparation computes them the same way.
+NGRAM_CONSTANTS = ("layer_multipliers", "ngram_heads_vocab_sizes", "ngram_heads_offsets")
+LINEAR = "linear_attention"
+SPARSE = "qwen_sparse_attention"
+
+
+@dataclass(frozen=True)
+class HybridGeometry:
+    vocab: int
+    hidden: int
+    layers: int
+    layer_types: tuple[str, ...]
+    # Gated DeltaNet
+    key_heads: int
+    value_heads: int
+    key_dim: int
+    value_dim: int
+    conv_kernel: int
+    # QSA
+    heads: int
+    kv_heads: int
+    head_dim: int
+    index_heads: int
+    index_dim: int
+    ratio: int
+    budget: int
+    # hyperconnections and PLE
+    streams: int
+    ple_layers: tuple[int, ...]  # zero-based layer indices
+    ngram_context: int
+    ple_conv_history: int
+
+    @staticmethod
+    def from_config(config: PretrainedConfig) -> HybridGeometry:
+        return HybridGeometry(
+            vocab=config.vocab_size,
+            hidden=config.hidden_size,
+            layers=config.num_hidden_layers,
+            layer_types=tuple(config.layer_types),
+            key_heads=config.linear_num_key_heads,
+            value_heads=config.linear_num_value_heads,
+            key_dim=config.linear_key_head_dim,
+            value_dim=config.linear_value_head_dim,
+            conv_kernel=config.linear_conv_kernel_dim,
+            heads=config.num_attention_heads,
+            kv_heads=config.num_key_value_heads,
+            head_dim=config.head_dim,
+            index_heads=config.indexer_n_heads,
+            index_dim=config.indexer_head_dim,
+            ratio=config.indexer_compress_ratio,
+            budget=config.indexer_budget,
+            streams=config.hc_count,
+            ple_layers=tuple(i - 1 for i in config.ple_layer_ids),
+            ngram_context=config.ngram_size - 1,
+            ple_conv_history=(config.ple_conv_kernel_size - 1) * config.ngram_size,
+        )
+
+    @property
+    def linear_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == LINEAR)
+
+    @property
+    def sparse_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == SPARSE)
+
+    @property
+    def conv_channels(self) -> int:
+        return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+
+    def row_fields(self, dtype: torch.dtype, eos: int) -> tuple[RowField, ...]:
+        """The continuation row: what a request's state holds besides its pages."""
+        gdn, qsa, ple = len(self.linear_layers), len(self.sparse_layers), len(self.ple_layers)
+        return (
+            RowField(
+                "gdn_state", (gdn, self.value_heads, self.key_dim, self.value_dim), torch.float32
+            ),
+            RowField("gdn_conv", (gdn, self.conv_channels, self.conv_kernel - 1), dtype),
+            RowField("ple_conv", (ple, self.streams * self.hidden, self.ple_conv_history), dtype),
+            RowField("ple_tokens", (ple, self.ngram_context), torch.int64, float(eos)),
+            RowField("qsa_ring", (qsa, self.ratio, self.index_dim), dtype),
+            RowField("qsa_tags", (qsa, self.ratio), torch.int32, -1.0),
+        )
+
+
+def validate_config(config: PretrainedConfig) -> None:
+    """Refuse what this recipe's forwards do not implement, naming the field."""
+    if config.model_type not in MODEL_TYPES:
+        raise CheckpointError(
+            f"model_type {config.model_type!r} is not served by the {NAME} recipe "
+            f"(it serves {', '.join(MODEL_TYPES)})"
+        )
+    if config.indexer_n_heads is None:
+        raise CheckpointError("qwen_sparse_attention layers without an indexer are not served")
+    if config.hidden_act != "silu":
+        raise CheckpointError(f"hidden_act {config.hidden_act!r}: the recipe implements silu")
+    if getattr(config, "attention_bias", False):
+        raise CheckpointError("attention_bias=True is not served by this recipe")
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        raise CheckpointError(f"rope_type {rope.get('rope_type')!r}: the recipe implements default")
+    if PAGE_SIZE % config.indexer_compress_ratio != 0:
+        raise CheckpointError(
+            f"indexer_compress_ratio {config.indexer_compress_ratio} does not divide the "
+            f"{PAGE_SIZE}-token page"
+        )
+
+
+@dataclass
+class StepContext:
+    """What the replaced modules read of one step, passed through the canonical
+    decoder layer as ``past_key_values``."""
+
+    cache: PagedKvCache  # K/V of the QSA layers; extra["selectors"]: their block keys
+    continuation: ContinuationRows
+    step: AttentionStep
+    slots: torch.Tensor  # int64 [rows]
+    start: torch.Tensor  # int64 [rows]: position of each row's first token
+    n_valid: torch.Tensor  # int64 [rows]: real tokens of each row
+    positions: torch.Tensor  # int64 [rows, tokens]
+    cos_sin: tuple[torch.Tensor, torch.Tensor]  # [rows * tokens, rotary]
+    rotary: RotaryTable
+    decode: bool
+
+    @property
+    def rows(self) -> int:
+        return self.slots.shape[0]
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """bool [rows, tokens]"""
+        index = torch.arange(self.positions.shape[1], device=self.positions.device)
+        return index.view(1, -1) < self.n_valid.view(-1, 1)
+
+    @property
+    def live(self) -> torch.Tensor:
+        """bool [rows]: rows that consume tokens (their state is written)."""
+        return self.n_valid > 0
+
+    @property
+    def page_tables(self) -> torch.Tensor:
+        """int32 [rows, max_pages]"""
+        tables = self.step.page_tables
+        return tables if tables.dim() == 2 else tables.unsqueeze(0)
+
+    def read(self, field: str, layer: int) -> torch.Tensor:
+        return self.continuation[field].select(1, layer).index_select(0, self.slots)
+
+    def write(self, field: str, layer: int, value: torch.Tensor) -> None:
+        """Each live row's new value; other rows write back what they read."""
+        target = self.continuation[field].select(1, layer)
+        keep = self.live.view(-1, *([1] * (value.dim() - 1)))
+        old = target.index_select(0, self.slots)
+        target.index_copy_(0, self.slots, torch.where(keep, value.to(target.dtype), old))
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The canonical partial rotary function of ``x [..., heads, dim]`` by ``cos/sin
+    [..., rotary]``."""
+    return canonical.apply_rotary_pos_emb(x, cos=cos, sin=sin, unsqueeze_dim=-2)
+
+
+class PreparedGatedDeltaNet(nn.Module):
+    """The canonical GDN module's projections and norms over continuation rows."""
+
+    def __init__(self, module: nn.Module, index: int) -> None:
+        super().__init__()
+        self.canonical = module
+        self.index = index
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        cache_params: StepContext,
+        attention_mask: torch.Tensor | None = None,
+        **_: object,
+    ) -> torch.Tensor:
+        m, ctx = self.canonical, cache_params
+        x = hidden_states[0]
+        tokens = x.shape[0]
+        mixed = m.in_proj_qkv(x)
+        z = m.in_proj_z(x).reshape(tokens, -1, m.head_v_dim)
+        b, a = m.in_proj_b(x), m.in_proj_a(x)
+        weight = m.conv1d.weight.squeeze(1)
+        history = ctx.read("gdn_conv", self.index)
+        if ctx.decode:
+            mixed, history = gated_delta.conv_decode(mixed, history, weight)
+        else:
+            mixed, history = gated_delta.conv_prefill(mixed, history[0], weight, ctx.n_valid)
+            history = history.unsqueeze(0)
+        ctx.write("gdn_conv", self.index, history)
+        q, k, v = torch.split(mixed, [m.key_dim, m.key_dim, m.value_dim], dim=-1)
+        q = q.reshape(tokens, -1, m.head_k_dim)
+        k = k.reshape(tokens, -1, m.head_k_dim)
+        v = v.reshape(tokens, -1, m.head_v_dim)
+        beta = b.sigmoid()
+        g = -m.A_log.float().exp() * F.softplus(a.float() + m.dt_bias)
+        repeat = m.num_v_heads // m.num_k_heads
+        if repeat > 1:
+            q, k = q.repeat_interleave(repeat, dim=1), k.repeat_interleave(repeat, dim=1)
+        state = ctx.read("gdn_state", self.index)
+        if ctx.decode:
+            out, state = gated_delta.delta_rule_decode(q, k, v, g, beta, state)
+        else:
+            valid = ctx.valid.view(-1)
+            out, final = gated_delta.delta_rule_prefill(q, k, v, g, beta, state[0], valid)
+            state = final.unsqueeze(0)
+        ctx.write("gdn_state", self.index, state)
+        out = m.norm(out.reshape(-1, m.head_v_dim), z.reshape(-1, m.head_v_dim))
+        return m.out_proj(out.reshape(1, tokens, -1))
+
+
+class PreparedSparseAttention(nn.Module):
+    """The canonical QSA module (gated attention with its indexer) over paged K/V,
+    selector pages and the continuation row's ring."""
+
+    def __init__(self, module: nn.Module, index: int, geometry: HybridGeometry) -> None:
+        super().__init__()
+        self.canonical = module
+        self.index = index
+        self.geometry = geometry
+        self.selection = selector.SelectorGeometry(geometry.ratio, geometry.budget, PAGE_SIZE)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: object = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: StepContext | None = None,
+        **_: object,
+    ) -> tuple[torch.Tensor, None]:
+        m, ctx, g = self.canonical, past_key_values, self.geometry
+        assert ctx is not None
+        x = hidden_states[0]
+        tokens = x.shape[0]
+        rows, per_row = ctx.rows, tokens // ctx.rows
+        cos, sin = ctx.cos_sin
+        tables = ctx.page_tables
+        # The indexer: raw keys into blocks and the ring, then the selection.
+        ix = m.indexer
+        qk = ix.index_qk_proj(x)
+        iq, raw = torch.split(qk, [g.index_heads * g.index_dim, g.index_dim], dim=-1)
+        iq = _rope(ix.q_layernorm(iq.reshape(tokens, g.index_heads, g.index_dim)), cos, sin)
+        ring = ctx.read("qsa_ring", self.index)
+        tags = ctx.read("qsa_tags", self.index)
+
+        def block_rotary(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            c, s = ctx.rotary.lookup(p)
+            return c.unsqueeze(-2), s.unsqueeze(-2)
+
+        selector.write_blocks(
+            ctx.cache.extra[SELECTORS][self.index],
+            ring,
+            tags,
+            raw.reshape(rows, per_row, g.index_dim),
+            ctx.start,
+            ctx.n_valid,
+            tables,
+            self.selection,
+            ix.k_layernorm,
+            lambda key, c, s: _rope(key.unsqueeze(-2), c.squeeze(-2), s.squeeze(-2)).squeeze(-2),
+            block_rotary,
+        )
+        ctx.write("qsa_ring", self.index, ring)
+        ctx.write("qsa_tags", self.index, tags)
+        mask = selector.select_tokens(
+            iq.reshape(rows, per_row, g.index_heads, g.index_dim),
+            ctx.cache.extra[SELECTORS][self.index].reshape(-1, PAGE_SIZE // g.ratio, g.index_dim),
+            ctx.positions,
+            ctx.valid,
+            tables,
+            self.selection,
+        )
+        # Gated attention over the selected tokens of the pages it writes first.
+        query, gate = torch.chunk(m.q_proj(x).view(tokens, g.heads, 2 * g.head_dim), 2, dim=-1)
+        gate = gate.reshape(tokens, -1)
+        query = m.q_norm(query)
+        key = m.k_norm(m.k_proj(x).view(tokens, g.kv_heads, g.head_dim))
+        value = m.v_proj(x).view(tokens, g.kv_heads, g.head_dim)
+        query, key = canonical.apply_rotary_pos_emb(query, key, cos, sin, unsqueeze_dim=1)
+        kv = ctx.cache.kv[self.index]
+        flat = kv.view(2, -1, g.kv_heads, g.head_dim)
+        live = (ctx.step.rows >= PAGE_SIZE).view(-1, 1, 1)
+        flat[0].index_copy_(0, ctx.step.rows, torch.where(live, key, 0).to(kv.dtype))
+        flat[1].index_copy_(0, ctx.step.rows, torch.where(live, value, 0).to(kv.dtype))
+        out = selector.sparse_attention(
+            query.reshape(rows, per_row, g.heads, g.head_dim), kv, tables, mask, m.scaling
+        )
+        out = out.reshape(tokens, -1) * torch.sigmoid(gate)
+        return m.o_proj(out).unsqueeze(0), None
+
+
+class PreparedPle(nn.Module):
+    """The canonical PLE layer over the continuation row's token and convolution
+    histories."""
+
+    def __init__(self, module: nn.Module, index: int) -> None:
+        super().__init__()
+        self.canonical = module
+        self.index = index
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        input_ids: torch.Tensor,
+        past_key_values: StepContext,
+        conv_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        m, ctx = self.canonical, past_key_values
+        tokens = hidden_states.shape[1]
+        rows, per_row = ctx.rows, tokens // ctx.rows
+        history = ctx.read("ple_tokens", self.index)
+        embeddings = ngram_embeddings(m.ple_embedding, input_ids.reshape(rows, per_row), history)
+        ext = torch.cat([history, input_ids.reshape(rows, per_row).long()], dim=-1)
+        context = history.shape[-1]
+        keep = ctx.n_valid.view(-1, 1) + torch.arange(context, device=ext.device)
+        ctx.write("ple_tokens", self.index, ext.gather(1, keep))
+        embeddings = embeddings.reshape(1, tokens, -1)
+        key = m.norm_key(m.key_proj(embeddings)).unflatten(-1, (m.hc_count, m.hidden_size))
+        value = m.value_proj(embeddings)
+        query = m.norm_query(hidden_states).unflatten(-1, (m.hc_count, m.hidden_size))
+        gate = (key * query).sum(dim=-1, keepdim=True) / math.sqrt(m.hidden_size)
+        gate = gate.abs().clamp_min(1e-6).sqrt() * gate.sign()
+        gated = torch.sigmoid(gate) * value.unsqueeze(-2)
+        normed = m.norm_conv(gated.flatten(-2))
+        gated = gated.flatten(-2)
+        # The dilated convolution over the history and these rows' inputs.
+        conv_history = ctx.read("ple_conv", self.index)  # [rows, channels, history]
+        inputs = normed[0].reshape(rows, per_row, -1).transpose(1, 2)
+        ext = torch.cat([conv_history, inputs.to(conv_history.dtype)], dim=-1)
+        conv = F.silu(m.conv1d(ext.to(m.conv1d.weight.dtype)))  # [rows, channels, per_row]
+        span = conv_history.shape[-1]
+        keep = ctx.n_valid.view(-1, 1) + torch.arange(span, device=ext.device)
+        ctx.write(
+            "ple_conv", self.index, ext.gather(2, keep.unsqueeze(1).expand(-1, ext.shape[1], -1))
+        )
+        conv = conv.transpose(1, 2).reshape(1, tokens, -1).to(gated.dtype)
+        return gated + conv
+
+
+def ngram_embeddings(
+    module: nn.Module, tokens: torch.Tensor, history: torch.Tensor
+) -> torch.Tensor:
+    """The canonical n-gram embedding (``Qwen4ExpTextNGramEmbedding``) of ``tokens
+    [rows, tokens]`` after each row's last ``history [rows, context]`` tokens: the
+    canonical hash over the same concatenated history its cached forward builds."""
+    token_history = torch.cat([history, tokens.long()], dim=-1)
+    shifted = [module._shift_right_ignore_eos(token_history, s) for s in range(module.ngram_size)]
+    blocks = []
+    for ngram in range(2, module.ngram_size + 1):
+        lo = (ngram - 2) * module.heads_per_ngram
+        hi = lo + module.heads_per_ngram
+        mixed = shifted[0] * module.layer_multipliers[0]
+        for position in range(1, ngram):
+            mixed = torch.bitwise_xor(mixed, shifted[position] * module.layer_multipliers[position])
+        sizes = module.ngram_heads_vocab_sizes[lo:hi]
+        offsets = module.ngram_heads_offsets[lo:hi]
+        blocks.append(
+            torch.remainder(mixed.unsqueeze(-1), sizes.view(1, 1, -1)) + offsets.view(1, 1, -1)
+        )
+    ids = torch.cat(blocks, dim=-1)[:, -tokens.shape[1] :]
+    return module.ngram_embedding(ids).flatten(-2)
+
+
+def checkpoint_views(
+    name: str, tensor: torch.Tensor, config: PretrainedConfig
+) -> list[tuple[str, torch.Tensor]]:
+    """The checkpoint tensors that make up parameter ``name`` and where each goes, as
+    Transformers' conversion for ``qwen4_exp_text`` reads them: each expert's
+    ``gate_proj``/``up_proj``/``down_proj`` into its rows of the fused expert weights,
+    and the PLE table's ``shard_k`` into the k-th of ``split_ngram_parts`` chunks
+    (``torch.chunk``, as saving splits it)."""
+    if name.endswith(".mlp.experts.gate_up_proj"):
+        base, half = name.removesuffix("gate_up_proj"), tensor.shape[1] // 2
+        return [
+            view
+            for e in range(tensor.shape[0])
+            for view in (
+                (f"{base}{e}.gate_proj.weight", tensor[e, :half]),
+                (f"{base}{e}.up_proj.weight", tensor[e, half:]),
+            )
+        ]
+    if name.endswith(".mlp.experts.down_proj"):
+        base = name.removesuffix("down_proj")
+        return [(f"{base}{e}.down_proj.weight", tensor[e]) for e in range(tensor.shape[0])]
+    if name.endswith(".ngram_embedding.weight"):
+        base = name.removesuffix("weight")
+        chunks = torch.chunk(tensor, config.split_ngram_parts, dim=0)
+        return [(f"{base}shard_{k}.weight", chunk) for k, chunk in enumerate(chunks)]
+    return [(name, tensor)]
+
+
+def _set_parameter(root: nn.Module, name: str, value: torch.Tensor) -> None:
+    owner_name, attr = name.rsplit(".", 1)
+    setattr(root.get_submodule(owner_name), attr, nn.Parameter(value, requires_grad=False))
+
+
+class HybridModel:
+    """The prepared hybrid text model: canonical modules over execution storage."""
+
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        cache: PagedKvCache,
+        continuation: ContinuationRows,
+        dtype: torch.dtype,
+        device: torch.device,
+        positions: int | None = None,
+    ) -> None:
+        """``cache``: the QSA layers' pages (``layout``), whose tensors preparation
+        allocates after the weights; ``continuation``: the rows of ``row_fields``."""
+        validate_config(config)
+        self.config = config
+        self.geometry = g = HybridGeometry.from_config(config)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(
+                config, dtype=dtype, experts_implementation="grouped_mm"
+            )
+        model.eval()
+        self.mapping = WeightMapping()
+        self.weights: dict[str, torch.Tensor] = {}
+        for name, param in list(model.named_parameters()):
+            real = torch.empty(param.shape, dtype=dtype, device=device)
+            _set_parameter(model, name, real)
+            self.weights[name] = real
+            for stored, target in checkpoint_views(name, real, config):
+                self.mapping.place(stored, target)
+        for name, _ in model.named_buffers():
+            if name.rsplit(".", 1)[-1] in NGRAM_CONSTANTS:
+                self.mapping.ignore(name, "an n-gram hash constant, derived from the config")
+        if config.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+            self.mapping.ignore(
+                "lm_head.weight", "tied to model.embed_tokens.weight (tie_word_embeddings)"
+            )
+        # Derived buffers (the n-gram hash constants, rotary frequencies): recomputed
+        # from the configuration, never loaded.
+        for layer_index in g.ple_layers:
+            ple = model.model.layers[layer_index].ple.ple_embedding
+            ple.layer_multipliers = canonical._build_layer_multipliers(
+                ple.unigram_vocab_size, ple.ngram_size, ple.ple_layer_index, ple.seed
+            ).to(device)
+            ple.ngram_heads_vocab_sizes = torch.tensor(
+                ple.head_vocab_sizes, dtype=torch.long, device=device
+            )
+            ple.ngram_heads_offsets = torch.tensor(
+                ple.head_offsets, dtype=torch.long, device=device
+            )
+            # The derived tables are read-only tensors the forwards read.
+            prefix = f"model.layers.{layer_index}.ple.ple_embedding"
+            self.weights[f"{prefix}.layer_multipliers"] = ple.layer_multipliers
+            self.weights[f"{prefix}.ngram_heads_vocab_sizes"] = ple.ngram_heads_vocab_sizes
+            self.weights[f"{prefix}.ngram_heads_offsets"] = ple.ngram_heads_offsets
+        linear, sparse = g.linear_layers, g.sparse_layers
+        for i, layer in enumerate(model.model.layers):
+            if i in linear:
+                layer.linear_attn = PreparedGatedDeltaNet(layer.linear_attn, linear.index(i))
+            else:
+                layer.self_attn = PreparedSparseAttention(layer.self_attn, sparse.index(i), g)
+            if i in g.ple_layers:
+                layer.ple = PreparedPle(layer.ple, g.ple_layers.index(i))
+        rotary = type(model.model.rotary_emb)(config=config).to(device)
+        self.rotary = RotaryTable(
+            rotary,
+            positions or int(config.max_position_embeddings),
+            dtype,
+            device,
+            position_rows=3,
+        )
+        self.weights["rotary.cos"] = self.rotary.cos
+        self.weights["rotary.sin"] = self.rotary.sin
+        model.model.rotary_emb = rotary
+        leftover = [n for n, b in model.named_buffers() if b.device.type != device.type]
+        if leftover:
+            raise CheckpointError(f"buffer {leftover[0]} has no execution storage")
+        self.model = model
+        self.cache = cache
+        self.continuation = continuation
+
+    def weight_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.weights.values())
+
+    def forward_tokens(
+        self, tokens: torch.Tensor, positions: torch.Tensor, step: AttentionStep
+    ) -> torch.Tensor:
+        """Final hidden vectors [tokens, hidden] (the last hyperconnection mixer's
+        output) of packed ``tokens``, consuming them into the rows ``step.slots``."""
+        if step.slots is None:
+            raise ValueError("the hybrid model needs each row's request slot (step.slots)")
+        decode = step.seq_lens is not None
+        rows = step.slots.shape[0]
+        if decode:
+            assert step.seq_lens is not None
+            start = positions.to(torch.int64)
+            n_valid = (step.seq_lens > 0).to(torch.int64)
+        else:
+            assert step.start is not None and step.n_valid is not None
+            start = step.start.to(torch.int64).view(1)
+            n_valid = step.n_valid.to(torch.int64).view(1)
+        ctx = StepContext(
+            cache=self.cache,
+            continuation=self.continuation,
+            step=step,
+            slots=step.slots.to(torch.int64),
+            start=start,
+            n_valid=n_valid,
+            positions=positions.to(torch.int64).view(rows, -1),
+            cos_sin=self.rotary.lookup(positions),
+            rotary=self.rotary,
+            decode=decode,
+        )
+        text = self.model.model
+        h = text.embed_tokens(tokens).unsqueeze(0).repeat(1, 1, self.config.hc_count)
+        for layer in text.layers:
+            h = layer(
+                h,
+                position_embeddings=ctx.cos_sin,
+                attention_mask=None,
+                conv_mask=None,
+                past_key_values=ctx,
+                ple_input_ids=tokens.unsqueeze(0),
+            )
+        return text.hyper_connection_mixer(h)[0]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 vocabulary logits of final hidden vectors."""
+        head = self.model.lm_head
+        return F.linear(hidden, head.weight, head.bias).float()
+
+    def compile_layers(self, **options: object) -> None:
+        for layer in self.model.model.layers:
+            layer.compile(**options)
+
+
+class Qwen4ExpRecipe:
+    """The ``recipes.interface.Recipe`` of the hybrid ``qwen4_exp`` text model."""
+
+    name = NAME
+    architectures = ARCHITECTURES
+    model_types = MODEL_TYPES
+    page_size = PAGE_SIZE
+
+    def validate_config(self, config: PretrainedConfig) -> None:
+        validate_config(config)
+
+    def layout(self, config: PretrainedConfig, dtype: torch.dtype) -> StateLayout:
+        g = HybridGeometry.from_config(config)
+        eos = config.eos_token_id
+        eos = eos[0] if isinstance(eos, list) else eos
+        return StateLayout(
+            vocab=g.vocab,
+            hidden=g.hidden,
+            kv_layers=len(g.sparse_layers),
+            kv_heads=g.kv_heads,
+            head_dim=g.head_dim,
+            paged=(
+                PagedField(
+                    SELECTORS, len(g.sparse_layers), (PAGE_SIZE // g.ratio, g.index_dim), dtype
+                ),
+            ),
+            rows=g.row_fields(dtype, int(eos)),
+        )
+
+    def build(
+        self,
+        config: PretrainedConfig,
+        cache: PagedKvCache,
+        rows: ContinuationRows,
+        dtype: torch.dtype,
+        device: torch.device,
+        positions: int,
+        decode_fusion: DecodeFusion,
+    ) -> HybridModel:
+        """``decode_fusion`` does not apply: the decoder layer's residuals are
+        hyperconnection injections, with no projection epilogue to fuse them into."""
+        return HybridModel(config, cache, rows, dtype, device, positions)
+
+    def sampling_defaults(self, fingerprint: str) -> SamplingDefaults:
+        return SamplingDefaults()
+
+
+RECIPE = Qwen4ExpRecipe()
