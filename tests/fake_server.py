@@ -33,6 +33,15 @@ def build_fake_server() -> Path:
     return EXAMPLE
 
 
+def build_flare() -> Path:
+    """Builds the ``flare`` binary (fast when it is up to date) and returns its path."""
+    cargo = shutil.which("cargo")
+    if cargo is None:
+        pytest.fail("cargo is needed to build the flare binary (see scripts/test.sh)")
+    subprocess.run([cargo, "build", "-q", "-p", "flare"], cwd=ROOT, check=True, timeout=1800)
+    return ROOT / "target" / "debug" / "flare"
+
+
 def _read_all(conn: socket.socket) -> bytes:
     chunks = []
     while chunk := conn.recv(65536):

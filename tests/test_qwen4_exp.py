@@ -6,11 +6,14 @@ restore, branches)."""
 
 from __future__ import annotations
 
+import itertools
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 from checkpoints import TINY_HYBRID, perturb_zero_initialized, write_tiny_hybrid
+from fake_server import build_flare
 from transformers import AutoModelForCausalLM, DynamicCache
 from transformers.models.qwen4_exp.configuration_qwen4_exp import Qwen4ExpTextConfig
 from transformers.models.qwen4_exp.modeling_qwen4_exp import Qwen4ExpForCausalLM
@@ -18,6 +21,9 @@ from transformers.models.qwen4_exp.modeling_qwen4_exp import Qwen4ExpForCausalLM
 from ignition.components.continuation import ContinuationRows
 from ignition.components.kv_cache import AttentionStep, PagedKvCache, slot_mapping
 from ignition.components.rotary import RotaryTable
+from ignition.export import flare_core_pb2 as pb
+from ignition.export.core_dir import write_core_dir
+from ignition.export.manifest import tiny_fixture
 from ignition.preparation.catalog import GraphKey, GraphKind
 from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare
 from ignition.replay.packing import SamplingParams, pack_admission, pack_chunk, pack_decode
@@ -459,3 +465,39 @@ def test_branches_from_one_snapshot_continue_independently(prepared: PreparedMod
     # The snapshot is immutable: restores and both branches left its row as it was.
     for name, t in prepared.storage.snapshots.tensors().items():
         assert torch.equal(t[0], frozen[name]), name
+
+
+def test_the_hybrid_core_declares_its_state_and_helios_accepts_it(
+    prepared: PreparedModel, tmp_path: Path
+) -> None:
+    # The manifest layer (no GPU): the selector pages and continuation rows are
+    # request state next to the request slots, their snapshot rows sit with the other
+    # snapshot rows (so Helios's checkpoint row layout carries them, uninterpreted),
+    # and the contract's bytes per page stay the K/V pages buffer's.
+    core, initial = tiny_fixture(prepared)
+    roles = {b.name: b.role for b in core.buffers}
+    rows = {f.name for f in prepared.storage.rows.fields}
+    for name in [f"rows.{n}" for n in rows] + ["paged.selectors"]:
+        assert roles[name] == pb.BUFFER_ROLE_REQUEST_STATE, name
+    snapshot = {n for n, r in roles.items() if r == pb.BUFFER_ROLE_SNAPSHOT_ROWS}
+    assert snapshot == {"snapshot.kv", "snapshot.hidden", "snapshot.consumed"} | {
+        f"snapshot.rows.{n}" for n in rows
+    } | {"snapshot.paged.selectors"}
+    kv = prepared.storage.cache.kv
+    assert core.contract.bytes_per_page == kv[:, :, 0].numel() * kv.element_size()
+    assert core.identity.recipe == "qwen4_exp"
+    # Admission values that are not zero travel as initial contents.
+    assert "rows.qsa_tags" in initial and "rows.ple_tokens" in initial
+    spans = sorted((r.offset, r.offset + r.size) for r in core.window.regions)
+    assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
+    write_core_dir(tmp_path / "core", core, initial, {})
+    flare = build_flare()
+    shown = subprocess.run(
+        [str(flare), "inspect", str(tmp_path / "core")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    assert "recipe                qwen4_exp" in shown
+    assert "snapshot_rows           10 x" in shown

@@ -96,8 +96,12 @@ class PagedKvCache:
         return layers * 2 * page_size * kv_heads * head_dim * dtype.itemsize
 
     def nbytes(self) -> int:
-        tensors = [self.kv, *self.extra.values()]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        """The K/V pages' bytes (``extra`` is counted with request state, where it is
+        placed)."""
+        return self.kv.numel() * self.kv.element_size()
+
+    def extra_nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.extra.values())
 
 
 def slot_mapping(

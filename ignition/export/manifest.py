@@ -6,7 +6,7 @@ walk and kernel images (CUPTI, the fixed-address window) come with the export
 proper; ``tiny_fixture`` lays buffers out in a synthetic window so that the
 manifest layer can be tested on the CPU and a committed fixture keeps loading.
 
-    python -m ignition.export.manifest --fixture OUT_DIR
+    python -m ignition.export.manifest --fixture OUT_DIR [--hybrid]
 """
 
 from __future__ import annotations
@@ -97,7 +97,6 @@ def named_buffers(prepared: PreparedModel) -> Iterator[tuple[str, int, torch.Ten
     storage = prepared.storage
     for name, tensor in storage.state.tensors().items():
         yield f"state.{name}", pb.BUFFER_ROLE_REQUEST_STATE, tensor
-    yield "kv.pages", pb.BUFFER_ROLE_KV_PAGES, storage.cache.kv
     # A recipe's further paged tensors and continuation rows are request state: the
     # graphs alone read and write them; checkpoints copy them through the snapshot
     # rows below, whatever they hold.
@@ -105,6 +104,7 @@ def named_buffers(prepared: PreparedModel) -> Iterator[tuple[str, int, torch.Ten
         yield f"paged.{name}", pb.BUFFER_ROLE_REQUEST_STATE, tensor
     for name, tensor in storage.rows.tensors.items():
         yield f"rows.{name}", pb.BUFFER_ROLE_REQUEST_STATE, tensor
+    yield "kv.pages", pb.BUFFER_ROLE_KV_PAGES, storage.cache.kv
     for name, tensor in storage.snapshots.tensors().items():
         yield f"snapshot.{name}", pb.BUFFER_ROLE_SNAPSHOT_ROWS, tensor
     outputs = {"completions", "logits", "maint_status"}
@@ -248,7 +248,7 @@ def tiny_fixture(
     ]
     identity = pb.Identity(
         engine_version=ENGINE_VERSION,
-        recipe="llama",
+        recipe=prepared.recipe,
         checkpoint_fingerprint=prepared.fingerprint,
         device_name="none (fixture)",
     )
@@ -276,15 +276,23 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description="write the tiny manifest fixture")
     parser.add_argument("--fixture", type=Path, required=True, help="output core directory")
+    parser.add_argument(
+        "--hybrid",
+        action="store_true",
+        help="the tiny qwen4_exp checkpoint (paged selectors, continuation rows) instead of llama",
+    )
     args = parser.parse_args()
     root = Path(__file__).resolve().parents[2]
     sys.path.insert(0, str(root / "tests"))
-    from checkpoints import write_tiny
+    from checkpoints import write_tiny, write_tiny_hybrid
 
     from ignition.preparation.prepared import PrepareOptions, prepare
 
     work = args.fixture / "checkpoint"
-    write_tiny(work, "llama")
+    if args.hybrid:
+        write_tiny_hybrid(work)
+    else:
+        write_tiny(work, "llama")
     options = PrepareOptions(
         max_concurrency=4,
         prefill_chunk_size=256,

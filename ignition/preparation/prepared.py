@@ -299,9 +299,12 @@ def allocate(plan: PreparationPlan, options: PrepareOptions, placement: Placemen
             layout.vocab,
             device,
         )
-    per_page = PagedKvCache.bytes_per_page(
+    kv_per_page = PagedKvCache.bytes_per_page(
         layout.kv_layers, page, layout.kv_heads, layout.head_dim, options.dtype
-    ) + sum(f.bytes_per_page() for f in layout.paged)
+    )
+    # A page's storage in every paged tensor (what planning and a snapshot row count);
+    # the contract's bytes per page are the K/V pages buffer's alone.
+    per_page = kv_per_page + sum(f.bytes_per_page() for f in layout.paged)
     useful_pages = 1 + options.max_concurrency * catalog.max_pages_per_request
     rows = snapshot_rows(options)
     row_bytes = sum(f.nbytes() for f in layout.rows)
@@ -338,12 +341,12 @@ def allocate(plan: PreparationPlan, options: PrepareOptions, placement: Placemen
         snapshots = SnapshotRows.allocate(rows, cache, layout.hidden, device, layout.rows)
     memory = MemoryReport(
         weights=model.weight_bytes(),
-        request_state=state.nbytes() + continuation.nbytes(),
+        request_state=state.nbytes() + continuation.nbytes() + cache.extra_nbytes(),
         staging=staging.nbytes(),
         snapshot_rows=snapshots.nbytes(),
         kv_pages=cache.nbytes(),
         kv_page_count=pages,
-        bytes_per_page=per_page,
+        bytes_per_page=kv_per_page,
     )
     return Allocation(model, Storage(state, cache, snapshots, staging, continuation), memory)
 
