@@ -501,3 +501,119 @@ def test_the_hybrid_core_declares_its_state_and_helios_accepts_it(
     ).stdout
     assert "recipe                qwen4_exp" in shown
     assert "snapshot_rows           10 x" in shown
+
+
+def _teacher_forced_split(
+    prepared: PreparedModel, tokens: list[int], endpoint: int, decode_from: int
+) -> torch.Tensor:
+    """Logits of positions ``decode_from - 1 ..`` with the prompt stopped at
+    ``endpoint``, snapshotted and restored into a slot that last held another
+    request at the same position; then prefilled to ``decode_from`` and decoded
+    one reference token at a time."""
+    state, staging = prepared.storage.state, prepared.storage.staging
+    prepared.reset()
+    _pages(prepared, 1, [1, 2, 3, 4])
+    _admit(prepared, 1, tokens)
+    _prefill(prepared, 1, tokens, 0, endpoint, last=False)
+    _snapshot(prepared, 1, 1)
+    other = _tokens(endpoint, 13)
+    _pages(prepared, 3, [5, 6, 7, 8])
+    _admit(prepared, 3, other)
+    _prefill(prepared, 3, other, 0, endpoint, last=False)
+    shared = endpoint // PAGE_SIZE
+    _pages(prepared, 3, [*range(1, shared + 1), *range(9, 13 - shared)])
+    _restore(prepared, 3, 1, tokens, endpoint)
+    _prefill(prepared, 3, tokens, endpoint, decode_from, last=True)
+    rows = [staging.logits[0].clone()]
+    pack_decode(staging, [3], 1)
+    for position in range(decode_from, len(tokens)):
+        state.pending[3] = tokens[position]
+        prepared.execute(GraphKey(GraphKind.DECODE, 1))
+        rows.append(staging.logits[0].clone())
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("endpoint", [1, 3, 4, 5, 63, 64, 65, 127, 128, 129])
+def test_an_endpoint_at_any_group_or_page_boundary_continues_exactly(
+    prepared: PreparedModel, endpoint: int
+) -> None:
+    # Qualification: prefix lengths before, at and after QSA's 4-token groups and the
+    # 64-token pages; the raw-key ring, selector pages, GDN and PLE histories carried
+    # across the endpoint, the prefill/decode handoff and the capacity change; an EOS
+    # right at the endpoint (PLE's segment reset across the cut).
+    tokens = _tokens(170, 14)
+    tokens[endpoint - 1] = EOS
+    decode_from = 160
+    whole = teacher_forced_logits(prepared, tokens, decode_from)
+    split = _teacher_forced_split(prepared, tokens, endpoint, decode_from)
+    # Only the chunk partition differs (a few fp32 ulp through the delta rule).
+    torch.testing.assert_close(split, whole, rtol=0, atol=1e-5)
+
+
+def test_a_whole_prompt_hit_resamples_from_the_saved_hidden_vector(
+    prepared: PreparedModel,
+) -> None:
+    state, staging = prepared.storage.state, prepared.storage.staging
+    tokens = _tokens(ENDPOINT, 15)
+    prepared.reset()
+    _pages(prepared, 1, [1, 2, 3])
+    _admit(prepared, 1, tokens)
+    _prefill(prepared, 1, tokens, 0, ENDPOINT, last=True)
+    prompt_logits, first = staging.logits[0].clone(), int(state.pending[1])
+    _snapshot(prepared, 1, 0)
+    _pages(prepared, 2, [1, 2, 4])
+    _restore(prepared, 2, 0, tokens, ENDPOINT)
+    staging.resume_slot.fill_(2)
+    prepared.execute(GraphKey(GraphKind.RESUME, 1))
+    assert torch.equal(staging.logits[0], prompt_logits)
+    assert int(state.pending[2]) == first  # the same seed's first draw
+    # Both continue alike from there, in one batch.
+    generated = _generate(prepared, [1, 2], 10)
+    assert all(torch.equal(a, b) for a, b in zip(generated[1], generated[2], strict=True))
+
+
+def test_padded_and_idle_rows_mutate_nothing(prepared: PreparedModel) -> None:
+    rows = prepared.storage.rows
+    tokens = _tokens(70, 16)
+    prepared.reset()
+    _pages(prepared, 1, [1, 2])
+    _admit(prepared, 1, tokens)
+    _prefill(prepared, 1, tokens, 0, len(tokens), last=True)
+    before = {name: t.clone() for name, t in rows.tensors.items()}
+    selectors = prepared.storage.cache.extra[SELECTORS].clone()
+    _generate(prepared, [1], 6, capacity=4)  # three padded rows in the null slot
+    for name, t in rows.tensors.items():
+        assert torch.equal(t[0], before[name][0]), name  # the null row
+        assert torch.equal(t[2:], before[name][2:]), name  # idle slots
+        assert not torch.equal(t[1], before[name][1]), name  # the request's own row
+    # Selector pages change only where the request completed blocks (its page 2).
+    changed = (prepared.storage.cache.extra[SELECTORS] != selectors).flatten(2).any(-1)
+    assert changed.nonzero()[:, 1].unique().tolist() == [2]
+
+
+def test_a_random_weight_geometry_names_its_tensors_as_a_saved_checkpoint(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    # The H200 geometry is a random-weight directory (no 60 GB checkpoint to carry);
+    # its source lists the tensors under the names saving gives them (per-expert
+    # projections, PLE table shards), which is what the recipe's mapping places.
+    from safetensors import safe_open
+
+    from ignition.loading.random_weights import (
+        GEOMETRIES,
+        RandomWeightsCheckpoint,
+        write_random_checkpoint,
+    )
+
+    geometry = write_random_checkpoint(tmp_path / "geometry", Qwen4ExpTextConfig(**TINY_HYBRID))
+    listed = RandomWeightsCheckpoint(geometry).tensors()
+    with safe_open(str(checkpoint / "model.safetensors"), "pt") as saved:
+        shapes = {n: tuple(saved.get_slice(n).get_shape()) for n in saved.keys()}
+    constants = {n for n in shapes if n.rsplit(".", 1)[-1] in qwen4_exp.NGRAM_CONSTANTS}
+    assert {n: info.shape for n, info in listed.items()} == {
+        n: s for n, s in shapes.items() if n not in constants
+    }
+    assert prepare(geometry, _options(torch.float32)).recipe == "qwen4_exp"
+    h200 = GEOMETRIES["qwen4-exp-h200"]()
+    assert h200.layer_types.count("linear_attention") == 36 and h200.num_experts == 128
+    qwen4_exp.validate_config(h200)

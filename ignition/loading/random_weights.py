@@ -38,6 +38,7 @@ from transformers import (
     PretrainedConfig,
     Qwen3Config,
 )
+from transformers.core_model_loading import revert_weight_conversion
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from ignition.loading.source import CheckpointError, TensorInfo
@@ -90,7 +91,59 @@ def _qwen3_8b() -> PretrainedConfig:
     )
 
 
-GEOMETRIES = {"llama-8b": _llama_8b, "qwen3-8b": _qwen3_8b}
+def _qwen4_exp_h200() -> PretrainedConfig:
+    """Qwen3.8 Flash's per-token work with 128 experts instead of 512, so that bf16
+    weights fit one H200 (issue 22): 48 layers of hidden 2560 (36 Gated DeltaNet of
+    16 key and 48 value heads of 128, 12 QSA of 16 heads of 256 with 2 KV heads),
+    top-10 routed experts of 640 and a shared one, four hyperconnection streams, PLE
+    on the first layer; the indexer (16 heads of 128, budget 2048, blocks of 4) and
+    the PLE table (16 n-gram heads of 160 over about 1M rows each) are
+    assumptions where the public config is silent."""
+    from transformers.models.qwen4_exp.configuration_qwen4_exp import Qwen4ExpTextConfig
+
+    return Qwen4ExpTextConfig(
+        vocab_size=248320,
+        hidden_size=2560,
+        num_hidden_layers=48,
+        layer_types=(["linear_attention"] * 3 + ["qwen_sparse_attention"]) * 12,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        head_dim=256,
+        linear_num_key_heads=16,
+        linear_num_value_heads=48,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        moe_intermediate_size=640,
+        shared_expert_intermediate_size=640,
+        num_experts=128,
+        num_experts_per_tok=10,
+        hc_count=4,
+        hc_lowrank=320,
+        ple_layer_ids=[1],
+        ple_embed_dim=2560,
+        ngram_size=3,
+        heads_per_ngram=8,
+        ngram_vocab_size_base=1_000_000,
+        split_ngram_parts=16,
+        indexer_n_heads=16,
+        indexer_kv_heads=1,
+        indexer_head_dim=128,
+        indexer_budget=2048,
+        indexer_compress_ratio=4,
+        max_position_embeddings=_MAX_POSITIONS,
+        rms_norm_eps=1e-6,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000000.0,
+            "partial_rotary_factor": 0.25,
+        },
+        bos_token_id=2,
+        eos_token_id=1,
+        tie_word_embeddings=False,
+    )
+
+
+GEOMETRIES = {"llama-8b": _llama_8b, "qwen3-8b": _qwen3_8b, "qwen4-exp-h200": _qwen4_exp_h200}
 
 
 def write_random_checkpoint(
@@ -103,7 +156,10 @@ def write_random_checkpoint(
         config = GEOMETRIES[config]()
     out.mkdir(parents=True, exist_ok=True)
     if not config.architectures:
-        config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
+        causal = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
+        if causal is None:
+            raise CheckpointError(f"no causal LM class for model_type {config.model_type!r}")
+        config.architectures = [causal]
     config.save_pretrained(out)
     char_level_tokenizer(config.vocab_size).save_pretrained(out)
     (out / MARKER).write_text(json.dumps({"seed": seed, "std": std}))
@@ -126,10 +182,17 @@ class RandomWeightsCheckpoint:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(self._config, dtype=torch.bfloat16)
         tied = bool(getattr(self._config, "tie_word_embeddings", False))
-        self._tensors = {
-            name: TensorInfo(name, tuple(p.shape), torch.bfloat16)
+        parameters = {
+            name: p
             for name, p in model.named_parameters(remove_duplicate=not tied)
             if not (tied and name == "lm_head.weight")
+        }
+        # Named as a saved checkpoint names them: Transformers' own saving conversion
+        # (per-expert projections, sharded tables), on meta tensors; none for dense
+        # families, whose parameters are their checkpoint tensors.
+        stored = revert_weight_conversion(model, parameters)
+        self._tensors = {
+            name: TensorInfo(name, tuple(t.shape), torch.bfloat16) for name, t in stored.items()
         }
 
     def config(self) -> PretrainedConfig:
