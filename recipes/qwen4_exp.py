@@ -319,14 +319,18 @@ class PreparedSparseAttention(nn.Module):
         )
         ctx.write("qsa_ring", self.index, ring)
         ctx.write("qsa_tags", self.index, tags)
-        mask = selector.select_tokens(
-            iq.reshape(rows, per_row, g.index_heads, g.index_dim),
-            ctx.cache.extra[SELECTORS][self.index].reshape(-1, PAGE_SIZE // g.ratio, g.index_dim),
-            ctx.positions,
-            ctx.valid,
+        positions = ctx.positions.reshape(-1)
+        valid = ctx.valid.reshape(-1)
+        scores = selector.block_scores(
+            iq,
+            ctx.cache.extra[SELECTORS][self.index],
             tables,
-            self.selection,
+            per_row,
+            positions,
+            valid,
+            g.ratio,
         )
+        blocks = selector.select_blocks(scores, positions, valid, self.selection)
         # Gated attention over the selected tokens of the pages it writes first.
         query, gate = torch.chunk(m.q_proj(x).view(tokens, g.heads, 2 * g.head_dim), 2, dim=-1)
         gate = gate.reshape(tokens, -1)
@@ -339,8 +343,8 @@ class PreparedSparseAttention(nn.Module):
         live = (ctx.step.rows >= PAGE_SIZE).view(-1, 1, 1)
         flat[0].index_copy_(0, ctx.step.rows, torch.where(live, key, 0).to(kv.dtype))
         flat[1].index_copy_(0, ctx.step.rows, torch.where(live, value, 0).to(kv.dtype))
-        out = selector.sparse_attention(
-            query.reshape(rows, per_row, g.heads, g.head_dim), kv, tables, mask, m.scaling
+        out = selector.selected_attention(
+            query, kv, tables, per_row, blocks, positions, g.ratio, m.scaling
         )
         out = out.reshape(tokens, -1) * torch.sigmoid(gate)
         return m.o_proj(out).unsqueeze(0), None

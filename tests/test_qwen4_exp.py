@@ -21,6 +21,7 @@ from transformers.models.qwen4_exp.modeling_qwen4_exp import Qwen4ExpForCausalLM
 from ignition.components.continuation import ContinuationRows
 from ignition.components.kv_cache import AttentionStep, PagedKvCache, slot_mapping
 from ignition.components.rotary import RotaryTable
+from ignition.components.selector import token_mask
 from ignition.export import flare_core_pb2 as pb
 from ignition.export.core_dir import write_core_dir
 from ignition.export.manifest import tiny_fixture
@@ -170,17 +171,17 @@ def test_gated_deltanet_matches_transformers(reference: Qwen4ExpForCausalLM) -> 
 
 
 def _recording(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
-    """The token masks our selection returns, in call order."""
-    masks: list[torch.Tensor] = []
-    select = qwen4_exp.selector.select_tokens
+    """The block lists our selection returns, in call order."""
+    lists: list[torch.Tensor] = []
+    select = qwen4_exp.selector.select_blocks
 
     def record(*args: object, **kwargs: object) -> torch.Tensor:
-        mask = select(*args, **kwargs)  # type: ignore[arg-type]
-        masks.append(mask)
-        return mask
+        blocks = select(*args, **kwargs)  # type: ignore[arg-type]
+        lists.append(blocks)
+        return blocks
 
-    monkeypatch.setattr(qwen4_exp.selector, "select_tokens", record)
-    return masks
+    monkeypatch.setattr(qwen4_exp.selector, "select_blocks", record)
+    return lists
 
 
 def test_sparse_attention_and_its_selection_match_transformers(
@@ -214,15 +215,17 @@ def test_sparse_attention_and_its_selection_match_transformers(
             got_out.append(ours(_decode_rows(x[:, t : t + 1]), None, None, h.decode(t))[0][:, 1:])
     torch.testing.assert_close(torch.cat(got_out, 1), torch.cat(want_out, 1), rtol=1e-5, atol=1e-6)
     # The selection: the prompt's queries, then each decode query (row 1).
-    got_masks = [masks[0][0, :PROMPT, :PROMPT]] + [
-        m[1, 0, : PROMPT + i + 1] for i, m in enumerate(masks[1:])
+    ratio = CONFIG.indexer_compress_ratio
+    got_masks = [token_mask(masks[0][:PROMPT], torch.arange(PROMPT), PROMPT, ratio)] + [
+        token_mask(m[1:], torch.tensor([PROMPT + i]), PROMPT + i + 1, ratio)[0]
+        for i, m in enumerate(masks[1:])
     ]
     for got, want in zip(got_masks, want_masks, strict=True):
         assert torch.equal(got, want.view_as(got))
     prompt = got_masks[0]
     counts = prompt.sum(-1)
     dense = torch.arange(1, PROMPT + 1)
-    budget, ratio = CONFIG.indexer_budget, CONFIG.indexer_compress_ratio
+    budget = CONFIG.indexer_budget
     # Dense while p + 1 < budget + ratio; sparse after.
     assert torch.equal(counts[: budget + ratio - 1], dense[: budget + ratio - 1])
     assert (counts[budget + ratio :] < dense[budget + ratio :]).all()

@@ -21,7 +21,14 @@ Everything is batched over rows that each carry a request's tokens ``[rows,
 tokens]``, their first position and valid count: a prefill chunk is one row of
 ``tokens`` = capacity, decode is one token per row. Shapes are fixed; invalid blocks
 and tokens are masked, never branched on. Selection is a fixed-k top-k with -inf
-for incomplete blocks; a -inf pick is not selected.
+for incomplete blocks; a -inf pick is not selected. A token's selection is a list of
+blocks (``select_blocks``: the top blocks, then its open group's block), which
+attention reads (``selected_attention``).
+
+Scoring and attention are custom operators, one implementation per device fixed at
+preparation: the torch references here on the CPU (gathers of the whole context,
+numerical references), the Triton kernels of ``ignition.components.triton_selector``
+on CUDA.
 """
 
 from __future__ import annotations
@@ -121,62 +128,176 @@ def write_blocks(
     tags.copy_(torch.where(fresh, latest.to(tags.dtype), tags))
 
 
-def select_tokens(
+def block_scores_ref(
     q: torch.Tensor,
     selectors: torch.Tensor,
+    tables: torch.Tensor,
+    tokens_per_row: int,
     positions: torch.Tensor,
     valid: torch.Tensor,
-    page_tables: torch.Tensor,
-    geometry: SelectorGeometry,
+    ratio: int,
 ) -> torch.Tensor:
-    """The token mask ``[rows, tokens, context]`` (context = the page table's reach)
-    of each query ``q [rows, tokens, heads, Di]`` at ``positions [rows, tokens]``:
-    selected complete blocks and the open tail, never past the query. Queries that
-    are not ``valid`` select nothing."""
-    rows, _, _, dim = q.shape
+    """fp32 scores ``[tokens, blocks]`` of each query ``q [tokens, heads, Di]`` against
+    every block its table row reaches (``selectors [pages, blocks_per_page, Di]``), as
+    Transformers' indexer computes them; -inf where the block is not complete at the
+    token's position or the token is not valid."""
+    tokens, _, dim = q.shape
+    rows = tables.shape[0]
+    blocks = selectors.index_select(0, tables.to(torch.int64).view(-1)).view(rows, -1, dim)
+    per_row = q.view(rows, tokens_per_row, *q.shape[1:])
+    scores = torch.einsum("rthd,rbd->rtbh", per_row.float(), blocks.float())
+    scores = (torch.relu(scores).sum(dim=-1) / math.sqrt(dim)).reshape(tokens, -1)
+    complete = torch.div(positions + 1, ratio, rounding_mode="floor")
+    block = torch.arange(scores.shape[1], device=q.device)
+    keep = (block < complete.unsqueeze(-1)) & valid.unsqueeze(-1)
+    return torch.where(keep, scores, float("-inf"))
+
+
+def select_blocks(
+    scores: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, geometry: SelectorGeometry
+) -> torch.Tensor:
+    """int32 ``[tokens, top_blocks + 1]``: the top ``budget / ratio`` complete blocks of
+    each token (-1 where fewer are complete), then its open group's block when the
+    group has tokens (the tail, up to and including the token), else -1."""
     r = geometry.ratio
-    device = q.device
-    pages = page_tables.to(torch.int64)
-    blocks = selectors.index_select(0, pages.view(-1)).view(rows, -1, dim)  # [R, NB, Di]
-    n_blocks = blocks.shape[1]
-    scores = torch.einsum("rthd,rbd->rtbh", q.float(), blocks.float())
-    scores = torch.relu(scores).sum(dim=-1) / math.sqrt(dim)  # [R, T, NB]
-    complete = torch.div(positions + 1, r, rounding_mode="floor")  # [R, T]
-    block = torch.arange(n_blocks, device=device)
-    scores = torch.where(block < complete.unsqueeze(-1), scores, float("-inf"))
-    k = min(geometry.top_blocks, n_blocks)
+    k = min(geometry.top_blocks, scores.shape[-1])
     top = scores.topk(k, dim=-1)
-    picked = torch.where(top.values > float("-inf"), top.indices, -1)  # [R, T, k]
-    context = n_blocks * r
-    position = torch.arange(context, device=device)
-    in_block = (
-        torch.div(position, r, rounding_mode="floor").view(1, 1, -1, 1) == picked.unsqueeze(2)
-    ).any(dim=-1)
-    tail = (position >= (complete * r).unsqueeze(-1)) & (position <= positions.unsqueeze(-1))
-    return (in_block | tail) & valid.unsqueeze(-1)
+    picked = torch.where(top.values > float("-inf"), top.indices, -1)
+    complete = torch.div(positions + 1, r, rounding_mode="floor")
+    open_group = ((positions + 1) % r != 0) & valid
+    tail = torch.where(open_group, complete, -1)
+    return torch.cat([picked, tail.unsqueeze(-1)], dim=-1).to(torch.int32)
 
 
-def sparse_attention(
+def token_mask(
+    blocks: torch.Tensor, positions: torch.Tensor, context: int, ratio: int
+) -> torch.Tensor:
+    """bool ``[tokens, context]``: the positions of each token's selected blocks, never
+    past the token."""
+    position = torch.arange(context, device=blocks.device)
+    block = torch.div(position, ratio, rounding_mode="floor")
+    chosen = (block.view(1, -1, 1) == blocks.unsqueeze(1)).any(dim=-1)
+    return chosen & (position.view(1, -1) <= positions.view(-1, 1))
+
+
+def selected_attention_ref(
     q: torch.Tensor,
     kv: torch.Tensor,
-    page_tables: torch.Tensor,
-    mask: torch.Tensor,
-    scaling: float,
+    tables: torch.Tensor,
+    tokens_per_row: int,
+    blocks: torch.Tensor,
+    positions: torch.Tensor,
+    ratio: int,
+    scale: float,
 ) -> torch.Tensor:
-    """Attention of ``q [rows, tokens, heads, head_dim]`` over the tokens of ``mask
-    [rows, tokens, context]`` in one layer's pages ``kv [2, pages, page_size, kv_heads,
-    head_dim]``, with eager attention's arithmetic (scores and the weighted sum in the
-    query dtype, the softmax in fp32). Rows that select nothing give zeros."""
-    rows, tokens, heads, head_dim = q.shape
-    kv_heads = kv.shape[3]
-    pages = page_tables.to(torch.int64)
+    """Attention of ``q [tokens, heads, head_dim]`` over the tokens of its selected
+    ``blocks`` in one layer's pages ``kv [2, pages, page_size, kv_heads, head_dim]``,
+    with eager attention's arithmetic (scores and the weighted sum in the query
+    dtype, the softmax in fp32). Tokens that select nothing give zeros."""
+    tokens, heads, head_dim = q.shape
+    rows, kv_heads = tables.shape[0], kv.shape[3]
+    pages = tables.to(torch.int64)
     k = kv[0].index_select(0, pages.view(-1)).view(rows, -1, kv_heads, head_dim)
     v = kv[1].index_select(0, pages.view(-1)).view(rows, -1, kv_heads, head_dim)
     group = heads // kv_heads
     k = k.repeat_interleave(group, dim=2).to(q.dtype)  # [R, L, H, D]
     v = v.repeat_interleave(group, dim=2).to(q.dtype)
-    scores = torch.einsum("rthd,rlhd->rhtl", q, k) * scaling
+    mask = token_mask(blocks, positions, k.shape[1], ratio).view(rows, tokens_per_row, -1)
+    per_row = q.view(rows, tokens_per_row, heads, head_dim)
+    scores = torch.einsum("rthd,rlhd->rhtl", per_row, k) * scale
     scores = scores.masked_fill(~mask.unsqueeze(1), torch.finfo(q.dtype).min)
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    weights = torch.where(mask.any(-1).view(rows, 1, tokens, 1), weights, 0)
-    return torch.einsum("rhtl,rlhd->rthd", weights, v)
+    weights = torch.where(mask.any(-1).unsqueeze(1).unsqueeze(-1), weights, 0)
+    return torch.einsum("rhtl,rlhd->rthd", weights, v).reshape(tokens, heads, head_dim)
+
+
+@torch.library.custom_op("flare::qsa_block_scores", mutates_args=())
+def block_scores(
+    q: torch.Tensor,
+    selectors: torch.Tensor,
+    tables: torch.Tensor,
+    tokens_per_row: int,
+    positions: torch.Tensor,
+    valid: torch.Tensor,
+    ratio: int,
+) -> torch.Tensor:
+    """``block_scores_ref``; on CUDA the Triton kernel (``triton_selector``)."""
+    return block_scores_ref(q, selectors, tables, tokens_per_row, positions, valid, ratio)
+
+
+@block_scores.register_kernel("cuda")
+def _block_scores_cuda(
+    q: torch.Tensor,
+    selectors: torch.Tensor,
+    tables: torch.Tensor,
+    tokens_per_row: int,
+    positions: torch.Tensor,
+    valid: torch.Tensor,
+    ratio: int,
+) -> torch.Tensor:
+    from ignition.components import triton_selector
+
+    return triton_selector.triton_block_scores(
+        q, selectors, tables, tokens_per_row, positions, valid.to(torch.int32), ratio
+    )
+
+
+@block_scores.register_fake
+def _block_scores_fake(
+    q: torch.Tensor,
+    selectors: torch.Tensor,
+    tables: torch.Tensor,
+    tokens_per_row: int,
+    positions: torch.Tensor,
+    valid: torch.Tensor,
+    ratio: int,
+) -> torch.Tensor:
+    blocks = tables.shape[1] * selectors.shape[1]
+    return q.new_empty(q.shape[0], blocks, dtype=torch.float32)
+
+
+@torch.library.custom_op("flare::qsa_selected_attention", mutates_args=())
+def selected_attention(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    tables: torch.Tensor,
+    tokens_per_row: int,
+    blocks: torch.Tensor,
+    positions: torch.Tensor,
+    ratio: int,
+    scale: float,
+) -> torch.Tensor:
+    """``selected_attention_ref``; on CUDA the Triton kernel (``triton_selector``)."""
+    return selected_attention_ref(q, kv, tables, tokens_per_row, blocks, positions, ratio, scale)
+
+
+@selected_attention.register_kernel("cuda")
+def _selected_attention_cuda(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    tables: torch.Tensor,
+    tokens_per_row: int,
+    blocks: torch.Tensor,
+    positions: torch.Tensor,
+    ratio: int,
+    scale: float,
+) -> torch.Tensor:
+    from ignition.components import triton_selector
+
+    return triton_selector.triton_selected_attention(
+        q, kv, tables, tokens_per_row, blocks, positions, ratio, scale
+    )
+
+
+@selected_attention.register_fake
+def _selected_attention_fake(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    tables: torch.Tensor,
+    tokens_per_row: int,
+    blocks: torch.Tensor,
+    positions: torch.Tensor,
+    ratio: int,
+    scale: float,
+) -> torch.Tensor:
+    return torch.empty_like(q)
