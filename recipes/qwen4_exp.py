@@ -41,8 +41,8 @@ from transformers import AutoModelForCausalLM, PretrainedConfig
 from transformers.models.qwen4_exp import modeling_qwen4_exp as canonical
 
 from ignition.components import gated_delta, selector
-from ignition.components.continuation import ContinuationRows, RowField
-from ignition.components.kv_cache import AttentionStep, PagedField, PagedKvCache
+from ignition.components.continuation import ContinuationRows, RowField, write_slot_rows
+from ignition.components.kv_cache import AttentionStep, PagedField, PagedKvCache, write_kv
 from ignition.components.rotary import RotaryTable
 from ignition.loading.mapping import WeightMapping
 from ignition.loading.source import CheckpointError
@@ -204,10 +204,10 @@ class StepContext:
 
     def write(self, field: str, layer: int, value: torch.Tensor) -> None:
         """Each live row's new value; other rows write back what they read."""
-        target = self.continuation[field].select(1, layer)
+        tensor = self.continuation[field]
         keep = self.live.view(-1, *([1] * (value.dim() - 1)))
-        old = target.index_select(0, self.slots)
-        target.index_copy_(0, self.slots, torch.where(keep, value.to(target.dtype), old))
+        old = self.read(field, layer)
+        write_slot_rows(tensor, layer, self.slots, torch.where(keep, value.to(tensor.dtype), old))
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -305,7 +305,8 @@ class PreparedSparseAttention(nn.Module):
             return c.unsqueeze(-2), s.unsqueeze(-2)
 
         selector.write_blocks(
-            ctx.cache.extra[SELECTORS][self.index],
+            ctx.cache.extra[SELECTORS],
+            self.index,
             ring,
             tags,
             raw.reshape(rows, per_row, g.index_dim),
@@ -338,11 +339,8 @@ class PreparedSparseAttention(nn.Module):
         key = m.k_norm(m.k_proj(x).view(tokens, g.kv_heads, g.head_dim))
         value = m.v_proj(x).view(tokens, g.kv_heads, g.head_dim)
         query, key = canonical.apply_rotary_pos_emb(query, key, cos, sin, unsqueeze_dim=1)
+        write_kv(ctx.cache.kv, self.index, ctx.step.rows, key, value)
         kv = ctx.cache.kv[self.index]
-        flat = kv.view(2, -1, g.kv_heads, g.head_dim)
-        live = (ctx.step.rows >= PAGE_SIZE).view(-1, 1, 1)
-        flat[0].index_copy_(0, ctx.step.rows, torch.where(live, key, 0).to(kv.dtype))
-        flat[1].index_copy_(0, ctx.step.rows, torch.where(live, value, 0).to(kv.dtype))
         out = selector.selected_attention(
             query, kv, tables, per_row, blocks, positions, g.ratio, m.scaling
         )

@@ -620,3 +620,53 @@ def test_a_random_weight_geometry_names_its_tensors_as_a_saved_checkpoint(
     h200 = GEOMETRIES["qwen4-exp-h200"]()
     assert h200.layer_types.count("linear_attention") == 36 and h200.num_experts == 128
     qwen4_exp.validate_config(h200)
+
+
+def _gpu_options(compile_forwards: bool) -> PrepareOptions:
+    return PrepareOptions(
+        max_concurrency=4,
+        prefill_chunk_size=128,
+        context_limit=512,
+        snapshot_rows=3,
+        compile=compile_forwards,
+        capture=True,
+        device="cuda",
+        dtype=torch.bfloat16,
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compile_forwards", [False, True])
+def test_captured_graphs_match_transformers_on_the_gpu(
+    checkpoint: Path, compile_forwards: bool
+) -> None:
+    # fla's GDN kernels, the QSA kernels and grouped experts, captured (and compiled):
+    # teacher-forced logits against Transformers in bf16 on the same GPU.
+    prepared = prepare(checkpoint, _gpu_options(compile_forwards))
+    reference = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16)
+    reference = reference.cuda().eval()
+    tokens = _tokens(160, 6)
+    with torch.no_grad():
+        want = reference(torch.tensor([tokens], device="cuda")).logits[0].float().cpu()
+    got = teacher_forced_logits(prepared, tokens, 140, chunk=48)
+    comparison = compare_logits(got, want[139:])
+    assert comparison.relative_l2 < 2**-4, comparison
+    assert comparison.kl < 2**-8, comparison
+    assert comparison.top10_overlap > 0.9, comparison
+
+
+@pytest.mark.gpu
+def test_split_snapshot_restore_through_graphs(checkpoint: Path) -> None:
+    prepared = prepare(checkpoint, _gpu_options(True))
+    tokens = _tokens(ENDPOINT + SUFFIX, 7)
+    whole_prompt, _ = _uninterrupted(prepared, tokens)
+    split_prompt, split = _split(prepared, tokens)
+    # bf16 GDN chunks associate differently across the partition: bounded, not equal.
+    assert _relative(split_prompt, whole_prompt) < 2**-5
+    again_prompt, again = _split(prepared, tokens)
+    assert torch.equal(again_prompt, split_prompt)
+    assert all(torch.equal(a, b) for a, b in zip(again, split, strict=True))
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())

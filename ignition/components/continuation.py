@@ -90,3 +90,20 @@ class ContinuationRows:
                 keep = apply.view(-1, *([1] * len(f.shape)))
                 value = torch.where(keep, value, t.index_select(0, dst))
             t.index_copy_(0, dst, value)
+
+
+@torch.library.custom_op("flare::write_slot_rows", mutates_args=("field",))
+def write_slot_rows(
+    field: torch.Tensor, layer: int, slots: torch.Tensor, values: torch.Tensor
+) -> None:
+    """``field[slots, layer] = values`` in place (a field is ``[rows, layers, ...]``;
+    the whole field is never copied, as a functionalized ``index_copy_`` of it would
+    be). Padded rows name the null slot and write back its own value."""
+    field.select(1, layer).index_copy_(0, slots, values.to(field.dtype))
+
+
+@write_slot_rows.register_fake
+def _write_slot_rows_fake(
+    field: torch.Tensor, layer: int, slots: torch.Tensor, values: torch.Tensor
+) -> None:
+    return None

@@ -13,16 +13,24 @@ decode step leaves exactly the state of the tokens it consumed:
   taken after the chunk is that of its last valid token;
 - decode rows that are not live write back what they read.
 
-The arithmetic is the canonical one: the delta rule is Transformers' chunked rule
-for chunks and its recurrent rule for decode rows (``torch_chunk_gated_delta_rule``,
-``torch_recurrent_gated_delta_rule``, with their in-kernel l2 norm), and the
-convolution is ``F.conv1d`` over the history and the new inputs, as Transformers'
-cached path computes it. Chunks are relative to each invocation, so a different
-prefill partition can change the recurrence's association (a numerical bound, not
-an exact equality); a consumed endpoint is exact.
+The delta rule is one custom operator per form, with one implementation per device
+fixed at preparation: on the CPU Transformers' torch references (its chunked rule
+for chunks and its recurrent rule for decode rows, ``torch_chunk_gated_delta_rule``,
+``torch_recurrent_gated_delta_rule``, with their in-kernel l2 norm), on CUDA the
+same-named Triton kernels of fla-core 0.6 (``chunk_gated_delta_rule``,
+``fused_recurrent_gated_delta_rule``), which Transformers itself dispatches to. fla
+memoizes some index tensors by object identity; preparation turns that off in fla's
+own configuration before any kernel runs (never through the user's environment).
+The convolution is ``F.conv1d`` over the history and the new inputs, as
+Transformers' cached path computes it. Chunks are relative to each invocation, so a
+different prefill partition can change the recurrence's association (a numerical
+bound, not an exact equality); a consumed endpoint is exact.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -65,6 +73,142 @@ def conv_decode(
     return out, ext[..., 1:]
 
 
+def _fla() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """fla's chunked and recurrent kernels, with its identity-keyed tensor cache off."""
+    try:
+        import fla.utils
+
+        fla.utils.FLA_DISABLE_TENSOR_CACHE = True
+        from fla.ops.gated_delta_rule import (
+            chunk_gated_delta_rule,
+            fused_recurrent_gated_delta_rule,
+        )
+    except ImportError as err:
+        raise RuntimeError(
+            "Gated DeltaNet on CUDA needs fla-core 0.6.0: pip install fla-core==0.6.0 einops"
+        ) from err
+    return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+
+
+@torch.library.custom_op("flare::gdn_chunk_rule", mutates_args=())
+def chunk_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence ``[1, tokens, heads, dim]`` from ``state [1, Hv, dk, dv]``: the
+    outputs and the final state (the canonical chunked rule with its l2 norm)."""
+    out, final = canonical.torch_chunk_gated_delta_rule(
+        q,
+        k,
+        v,
+        g=g,
+        beta=beta,
+        chunk_size=CHUNK,
+        initial_state=state,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )
+    return out, final
+
+
+@chunk_rule.register_kernel("cuda")
+def _chunk_rule_cuda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    chunk, _ = _fla()
+    out, final = chunk(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        initial_state=state,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )
+    return out, final
+
+
+@chunk_rule.register_fake
+def _chunk_rule_fake(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(v), torch.empty_like(state)
+
+
+@torch.library.custom_op("flare::gdn_recurrent_rule", mutates_args=())
+def recurrent_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per sequence ``[rows, 1, heads, dim]`` from each row's ``state [rows,
+    Hv, dk, dv]`` (the canonical recurrent rule with its l2 norm)."""
+    out, final = canonical.torch_recurrent_gated_delta_rule(
+        q,
+        k,
+        v,
+        g=g,
+        beta=beta,
+        initial_state=state,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )
+    return out, final
+
+
+@recurrent_rule.register_kernel("cuda")
+def _recurrent_rule_cuda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    _, recurrent = _fla()
+    out, final = recurrent(
+        q,
+        k,
+        v,
+        g=g,
+        beta=beta,
+        initial_state=state,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )
+    return out, final
+
+
+@recurrent_rule.register_fake
+def _recurrent_rule_fake(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(v), torch.empty_like(state)
+
+
 def delta_rule_prefill(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -81,16 +225,13 @@ def delta_rule_prefill(
     live = valid.view(-1, 1)
     q, k, v = (torch.where(live.unsqueeze(-1), t, 0) for t in (q, k, v))
     g, beta = torch.where(live, g, 0), torch.where(live, beta, 0)
-    out, final = canonical.torch_chunk_gated_delta_rule(
+    out, final = chunk_rule(
         q.unsqueeze(0),
         k.unsqueeze(0),
         v.unsqueeze(0),
-        g=g.unsqueeze(0),
-        beta=beta.unsqueeze(0),
-        chunk_size=CHUNK,
-        initial_state=state.unsqueeze(0),
-        output_final_state=True,
-        use_qk_l2norm_in_kernel=True,
+        g.unsqueeze(0),
+        beta.unsqueeze(0),
+        state.unsqueeze(0).contiguous(),
     )
     return out[0], final[0]
 
@@ -105,14 +246,12 @@ def delta_rule_decode(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row from each row's ``state [rows, Hv, dk, dv]``: the outputs
     ``[rows, Hv, dv]`` and every row's next state."""
-    out, final = canonical.torch_recurrent_gated_delta_rule(
+    out, final = recurrent_rule(
         q.unsqueeze(1),
         k.unsqueeze(1),
         v.unsqueeze(1),
-        g=g.unsqueeze(1),
-        beta=beta.unsqueeze(1),
-        initial_state=state,
-        output_final_state=True,
-        use_qk_l2norm_in_kernel=True,
+        g.unsqueeze(1),
+        beta.unsqueeze(1),
+        state.contiguous(),
     )
     return out[:, 0], final

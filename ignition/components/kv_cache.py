@@ -129,6 +129,35 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos.unsqueeze(1) + torch.cat((-x2, x1), dim=-1) * sin.unsqueeze(1)
 
 
+@torch.library.custom_op("flare::write_layer_rows", mutates_args=("buffer",))
+def write_layer_rows(
+    buffer: torch.Tensor, layer: int, index: torch.Tensor, values: torch.Tensor
+) -> None:
+    """Rows ``index`` of ``buffer[layer]``, viewed as ``[-1, *values.shape[1:]]``,
+    become ``values``, in place (a paged buffer's token or block rows: the whole
+    buffer is never copied, as a functionalized ``index_copy_`` of it would be)."""
+    flat = buffer[layer].view(-1, *values.shape[1:])
+    flat.index_copy_(0, index, values.to(buffer.dtype))
+
+
+@write_layer_rows.register_fake
+def _write_layer_rows_fake(
+    buffer: torch.Tensor, layer: int, index: torch.Tensor, values: torch.Tensor
+) -> None:
+    return None
+
+
+def write_kv(
+    kv: torch.Tensor, layer: int, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
+    """K/V ``[tokens, kv_heads, head_dim]`` of one layer to flat cache ``rows``; tokens
+    whose row lies in the null page write zeros there."""
+    _, _, pages, page_size, _, _ = kv.shape
+    live = (rows >= page_size).view(-1, 1, 1)
+    values = torch.cat([torch.where(live, k, 0), torch.where(live, v, 0)])
+    write_layer_rows(kv, layer, torch.cat([rows, rows + pages * page_size]), values)
+
+
 @torch.library.custom_op("flare::rope_write_kv", mutates_args=("kv",))
 def rope_write_kv(
     kv: torch.Tensor,

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ignition.components.kv_cache import NULL_PAGE
+from ignition.components.kv_cache import NULL_PAGE, write_layer_rows
 
 NormFn = Callable[[torch.Tensor], torch.Tensor]
 RopeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -78,6 +78,7 @@ def _extended_keys(
 
 def write_blocks(
     selectors: torch.Tensor,
+    layer: int,
     ring: torch.Tensor,
     tags: torch.Tensor,
     keys: torch.Tensor,
@@ -91,8 +92,9 @@ def write_blocks(
 ) -> None:
     """Consume raw index ``keys [rows, tokens, Di]`` (the first ``n_valid`` of each
     row real, from position ``start``): write the key of every block they complete
-    into ``selectors [pages, blocks_per_page, Di]`` (one layer) and the ring and tags
-    after the last valid token. ``cos_sin(positions)`` gives the rotary rows."""
+    into ``selectors[layer] [pages, blocks_per_page, Di]`` and the ring and tags (the
+    rows' copies, updated in place) after the last valid token.
+    ``cos_sin(positions)`` gives the rotary rows."""
     rows, tokens, dim = keys.shape
     r = geometry.ratio
     device = keys.device
@@ -113,9 +115,9 @@ def write_blocks(
     page = page_tables.gather(1, logical.to(torch.int64)).to(torch.int64)
     page = torch.where(done, page, NULL_PAGE)
     offset = candidates.remainder(geometry.blocks_per_page)
-    flat = selectors.view(-1, dim)
     target = (page * geometry.blocks_per_page + offset).view(-1)
-    flat.index_copy_(0, target, torch.where(done.unsqueeze(-1), block_keys, 0).view(-1, dim))
+    values = torch.where(done.unsqueeze(-1), block_keys, 0).view(-1, dim)
+    write_layer_rows(selectors, layer, target, values)
     # The ring after the last valid token: entry i holds the latest position <= last
     # with p % r == i, taken from these tokens when it is one of them.
     last = (start + n_valid - 1).view(-1, 1)
