@@ -56,7 +56,8 @@ def _add_preparation(parser: argparse.ArgumentParser) -> None:
         "--snapshot-rows",
         type=int,
         default=None,
-        help="prefix-checkpoint rows (default 32 per concurrent request)",
+        help="prefix-checkpoint rows (default 32 per concurrent request, within a 4 GiB "
+        "checkpoint-state budget)",
     )
     parser.add_argument(
         "--gpu-reserve-gib",

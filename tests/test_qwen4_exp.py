@@ -670,3 +670,55 @@ def test_split_snapshot_restore_through_graphs(checkpoint: Path) -> None:
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def test_the_custom_operators_pass_opcheck() -> None:
+    # Their fake kernels (what compilation plans buffers from) agree with the real
+    # ones in shape, dtype and strides, mutations are declared: a wrong fake made
+    # Inductor reject the compiled prefill.
+    from ignition.components import gated_delta, selector
+    from ignition.components.continuation import write_slot_rows
+    from ignition.components.kv_cache import write_layer_rows
+
+    gen = torch.Generator().manual_seed(0)
+    T, H, K = 70, 4, 16
+    # q, k, v as the module's views: non-contiguous slices of one projection.
+    mixed = torch.randn(1, T, 3 * H * K, generator=gen)
+    q, k, v = (t.view(1, T, H, K) for t in mixed.split(H * K, dim=-1))
+    g, beta = -torch.rand(1, T, H, generator=gen), torch.rand(1, T, H, generator=gen)
+    state = torch.randn(1, H, K, K, generator=gen)
+    torch.library.opcheck(gated_delta.chunk_rule, (q, k, v, g, beta, state))
+    torch.library.opcheck(
+        gated_delta.recurrent_rule,
+        (
+            q[:, :1].expand(3, -1, -1, -1),
+            k[:, :1].expand(3, -1, -1, -1),
+            v[:, :1].expand(3, -1, -1, -1),
+            g[:, :1].expand(3, -1, -1),
+            beta[:, :1].expand(3, -1, -1),
+            state.expand(3, -1, -1, -1).contiguous(),
+        ),
+    )
+    tables = torch.tensor([[1, 2]], dtype=torch.int32)
+    selectors = torch.randn(3, PER_PAGE_TEST, 16, generator=gen)
+    positions = torch.arange(40, 72)
+    valid = torch.ones(32, dtype=torch.bool)
+    iq = torch.randn(32, 2, 32, generator=gen)[..., :16]  # non-contiguous
+    torch.library.opcheck(selector.block_scores, (iq, selectors, tables, 32, positions, valid, 4))
+    blocks = torch.randint(-1, 10, (32, 3), generator=gen, dtype=torch.int32)
+    kv = torch.randn(2, 3, 64, 2, 16, generator=gen)
+    query = (
+        torch.randn(32, 8, 16, generator=gen).transpose(0, 1).contiguous().transpose(0, 1)[:, :4]
+    )
+    torch.library.opcheck(
+        selector.selected_attention, (query, kv, tables, 32, blocks, positions, 4, 0.25)
+    )
+    torch.library.opcheck(
+        write_layer_rows, (torch.zeros(2, 3, 4, 5), 1, torch.tensor([0, 7]), torch.ones(2, 5))
+    )
+    torch.library.opcheck(
+        write_slot_rows, (torch.zeros(3, 2, 4), 1, torch.tensor([0, 2]), torch.ones(2, 4))
+    )
+
+
+PER_PAGE_TEST = PAGE_SIZE // 4

@@ -48,6 +48,11 @@ def test_snapshot_rows_default_to_32_per_concurrent_request() -> None:
     assert snapshot_rows(PrepareOptions(max_concurrency=8)) == 256
     assert snapshot_rows(PrepareOptions(snapshot_rows=2)) == 2
     assert snapshot_rows(PrepareOptions(snapshot_rows=0)) == 0
+    # Rows of large continuation state are capped by the checkpoint-state budget.
+    assert snapshot_rows(PrepareOptions(), row_bytes=9 << 20) == 128
+    assert snapshot_rows(PrepareOptions(), row_bytes=113 << 20) == 36
+    assert snapshot_rows(PrepareOptions(), row_bytes=8 << 30) == 1
+    assert snapshot_rows(PrepareOptions(snapshot_rows=3), row_bytes=8 << 30) == 3
 
 
 def test_the_sampler_compiles_with_the_forwards_unless_told() -> None:

@@ -29,6 +29,7 @@ bound, not an exact equality); a consumed endpoint is exact.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +39,10 @@ from transformers.models.qwen4_exp import modeling_qwen4_exp as canonical
 
 # The chunked rule's chunk (Transformers' default and fla's).
 CHUNK = 64
+# Transformers' torch references themselves: the names Transformers exports dispatch
+# to fla's kernels whenever fla-core is importable, whatever the device.
+_TORCH_CHUNK_RULE = inspect.unwrap(canonical.torch_chunk_gated_delta_rule)
+_TORCH_RECURRENT_RULE = inspect.unwrap(canonical.torch_recurrent_gated_delta_rule)
 
 
 def conv_prefill(
@@ -101,7 +106,7 @@ def chunk_rule(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence ``[1, tokens, heads, dim]`` from ``state [1, Hv, dk, dv]``: the
     outputs and the final state (the canonical chunked rule with its l2 norm)."""
-    out, final = canonical.torch_chunk_gated_delta_rule(
+    out, final = _TORCH_CHUNK_RULE(
         q,
         k,
         v,
@@ -112,7 +117,7 @@ def chunk_rule(
         output_final_state=True,
         use_qk_l2norm_in_kernel=True,
     )
-    return out, final
+    return out.contiguous(), final.contiguous()
 
 
 @chunk_rule.register_kernel("cuda")
@@ -135,7 +140,7 @@ def _chunk_rule_cuda(
         output_final_state=True,
         use_qk_l2norm_in_kernel=True,
     )
-    return out, final
+    return out.contiguous(), final.contiguous()
 
 
 @chunk_rule.register_fake
@@ -147,7 +152,7 @@ def _chunk_rule_fake(
     beta: torch.Tensor,
     state: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.empty_like(v), torch.empty_like(state)
+    return v.new_empty(v.shape), state.new_empty(state.shape)
 
 
 @torch.library.custom_op("flare::gdn_recurrent_rule", mutates_args=())
@@ -161,7 +166,7 @@ def recurrent_rule(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per sequence ``[rows, 1, heads, dim]`` from each row's ``state [rows,
     Hv, dk, dv]`` (the canonical recurrent rule with its l2 norm)."""
-    out, final = canonical.torch_recurrent_gated_delta_rule(
+    out, final = _TORCH_RECURRENT_RULE(
         q,
         k,
         v,
@@ -171,7 +176,7 @@ def recurrent_rule(
         output_final_state=True,
         use_qk_l2norm_in_kernel=True,
     )
-    return out, final
+    return out.contiguous(), final.contiguous()
 
 
 @recurrent_rule.register_kernel("cuda")
@@ -194,7 +199,7 @@ def _recurrent_rule_cuda(
         output_final_state=True,
         use_qk_l2norm_in_kernel=True,
     )
-    return out, final
+    return out.contiguous(), final.contiguous()
 
 
 @recurrent_rule.register_fake
@@ -206,7 +211,7 @@ def _recurrent_rule_fake(
     beta: torch.Tensor,
     state: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.empty_like(v), torch.empty_like(state)
+    return v.new_empty(v.shape), state.new_empty(state.shape)
 
 
 def delta_rule_prefill(

@@ -152,7 +152,7 @@ def block_scores_ref(
     complete = torch.div(positions + 1, ratio, rounding_mode="floor")
     block = torch.arange(scores.shape[1], device=q.device)
     keep = (block < complete.unsqueeze(-1)) & valid.unsqueeze(-1)
-    return torch.where(keep, scores, float("-inf"))
+    return torch.where(keep, scores, float("-inf")).contiguous()
 
 
 def select_blocks(
@@ -210,7 +210,8 @@ def selected_attention_ref(
     scores = scores.masked_fill(~mask.unsqueeze(1), torch.finfo(q.dtype).min)
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     weights = torch.where(mask.any(-1).unsqueeze(1).unsqueeze(-1), weights, 0)
-    return torch.einsum("rhtl,rlhd->rthd", weights, v).reshape(tokens, heads, head_dim)
+    out = torch.einsum("rhtl,rlhd->rthd", weights, v)
+    return out.reshape(tokens, heads, head_dim).contiguous()
 
 
 @torch.library.custom_op("flare::qsa_block_scores", mutates_args=())
@@ -302,4 +303,4 @@ def _selected_attention_fake(
     ratio: int,
     scale: float,
 ) -> torch.Tensor:
-    return torch.empty_like(q)
+    return q.new_empty(q.shape)

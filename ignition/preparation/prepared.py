@@ -46,6 +46,11 @@ from recipes.registry import recipe_for
 # slot so older turns of long conversations survive for branches (a row costs one KV
 # page and one hidden vector: 1.4 MiB for SmolLM2-135M, 9 MiB for Qwen3-8B).
 SNAPSHOT_ROWS_PER_SLOT = 32
+# The default checkpoint-state budget (the design's): rows whose continuation state is
+# large (a hybrid model's recurrent matrices, ~113 MiB a row at Qwen3.8 Flash's
+# geometry) are capped to what it holds; dense rows (at most ~9 MiB) stay at the
+# per-slot count.
+SNAPSHOT_STATE_BUDGET = 4 * 1024**3
 
 
 @dataclass(frozen=True)
@@ -79,11 +84,16 @@ class PrepareOptions:
     dtype: torch.dtype = torch.bfloat16
 
 
-def snapshot_rows(options: PrepareOptions) -> int:
-    """The prefix-checkpoint rows ``options`` prepare."""
+def snapshot_rows(options: PrepareOptions, row_bytes: int = 0) -> int:
+    """The prefix-checkpoint rows ``options`` prepare: as given, else
+    ``SNAPSHOT_ROWS_PER_SLOT`` per concurrent request within the checkpoint-state
+    budget for rows of ``row_bytes`` (at least one row)."""
     if options.snapshot_rows is not None:
         return options.snapshot_rows
-    return SNAPSHOT_ROWS_PER_SLOT * options.max_concurrency
+    rows = SNAPSHOT_ROWS_PER_SLOT * options.max_concurrency
+    if row_bytes > 0:
+        rows = min(rows, max(1, SNAPSHOT_STATE_BUDGET // row_bytes))
+    return rows
 
 
 def compiles_sampling(options: PrepareOptions) -> bool:
@@ -306,9 +316,10 @@ def allocate(plan: PreparationPlan, options: PrepareOptions, placement: Placemen
     # the contract's bytes per page are the K/V pages buffer's alone.
     per_page = kv_per_page + sum(f.bytes_per_page() for f in layout.paged)
     useful_pages = 1 + options.max_concurrency * catalog.max_pages_per_request
-    rows = snapshot_rows(options)
-    row_bytes = sum(f.nbytes() for f in layout.rows)
-    snapshot_bytes = rows * (per_page + layout.hidden * options.dtype.itemsize + row_bytes)
+    row_bytes = per_page + layout.hidden * options.dtype.itemsize
+    row_bytes += sum(f.nbytes() for f in layout.rows)
+    rows = snapshot_rows(options, row_bytes)
+    snapshot_bytes = rows * row_bytes
     if options.kv_pages is not None:
         pages = options.kv_pages
     elif device.type == "cuda":

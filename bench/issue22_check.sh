@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Issue 22's check on the GPU machine (the hybrid qwen4_exp recipe), in parts that
+# each fit one call. Results go to OUT.
+#
+#   bench/issue22_check.sh tests OUT
+#       the hybrid's GPU tests: fla's GDN kernels, the QSA Triton kernels and the
+#       grouped experts captured (and compiled) against Transformers in bf16, split,
+#       snapshot and restore through graphs (tests/test_qwen4_exp.py), and the QSA
+#       kernels against their references at serving shapes (tests/test_selector_kernels.py).
+#   bench/issue22_check.sh tiny OUT FLARE
+#       the tiny hybrid checkpoint exported as a runtime core and `flare replay --check`
+#       (Rust replay bitwise against the Python replay of the same graphs).
+#   bench/issue22_check.sh h200 OUT FLARE
+#       the qwen4-exp-h200 geometry (Qwen3.8 Flash's per-token work with 128 experts,
+#       random weights generated on load) exported with --max-concurrency 4, then
+#       `flare replay --check` and the native decode step at capacities 1 and 4.
+#
+# Needs fla-core 0.6.0 and einops importable, and the flare_heliopause wheel (WHEELS,
+# as bench/suite_gpu.sh installs them).
+set -uo pipefail
+usage="usage: bench/issue22_check.sh tests OUT | tiny OUT FLARE | h200 OUT FLARE"
+part=${1:?$usage}
+out=${2:?$usage}
+shift 2
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/flare-triton TORCHINDUCTOR_CACHE_DIR=/tmp/flare-inductor
+work=${WORK:-/tmp/flare-issue22}
+mkdir -p "$work"
+status=0
+
+export_and_check() {  # CHECKPOINT CORE FLARE [prepare options...]
+  local checkpoint=$1 core=$2 flare=$3
+  shift 3
+  rm -rf "$core"
+  python3 -m ignition.cli prepare "$checkpoint" --out "$core" "$@" \
+    > "$out/prepare-$(basename "$core").log" 2>&1 \
+    || { tail -30 "$out/prepare-$(basename "$core").log"; return 1; }
+  "$flare" replay "$core" --check --json "$out/replay-check-$(basename "$core").json" \
+    > "$out/replay-check-$(basename "$core").log" 2>&1 || status=1
+  tail -3 "$out/replay-check-$(basename "$core").log"
+}
+
+case $part in
+  tests)
+    python3 -m pytest -m gpu tests/test_qwen4_exp.py tests/test_selector_kernels.py -q \
+      -p no:cacheprovider -rs 2>&1 | tee "$out/pytest-gpu.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    ;;
+  tiny)
+    flare=${1:?$usage}
+    python3 -c "import sys; from pathlib import Path; from checkpoints import write_tiny_hybrid; \
+write_tiny_hybrid(Path(sys.argv[1]))" "$work/tiny-hybrid" || exit 1
+    export_and_check "$work/tiny-hybrid" "$work/tiny-hybrid-core" "$flare" \
+      --max-concurrency 4 --context-limit 2048 --prefill-chunk-size 256 || status=1
+    ;;
+  h200)
+    flare=${1:?$usage}
+    python3 -m ignition.loading.random_weights --geometry qwen4-exp-h200 \
+      --out "$work/qwen4-exp-h200" > /dev/null || exit 1
+    export_and_check "$work/qwen4-exp-h200" "$work/qwen4-exp-h200-core" "$flare" \
+      --max-concurrency 4 --context-limit 32768 || status=1
+    for capacity in 1 4; do
+      "$flare" replay "$work/qwen4-exp-h200-core" --bench-decode $capacity \
+        --json "$out/bench-decode-c$capacity.json" > "$out/bench-decode-c$capacity.log" 2>&1 \
+        || status=1
+    done
+    ;;
+  *)
+    echo "$usage" >&2
+    exit 2
+    ;;
+esac
+exit $status
