@@ -20,6 +20,9 @@ import torch
 
 from ignition.components import selector, triton_selector
 
+# The interpreter's device without CUDA; on the H200 the ``gpu`` copies run there too.
+LOCAL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICES = [LOCAL_DEVICE, pytest.param("cuda", marks=pytest.mark.gpu, id="gpu")]
 RATIO, PAGE, PER_PAGE = 4, 64, 16
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
 INDEX_HEADS, INDEX_DIM = 2, 16
@@ -36,8 +39,9 @@ def _relative_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("rows,tokens_per_row", [(3, 1), (1, 64)])
-def test_block_scores_match_the_reference(rows: int, tokens_per_row: int) -> None:
+def test_block_scores_match_the_reference(rows: int, tokens_per_row: int, device: str) -> None:
     gen = torch.Generator().manual_seed(2)
     tables = _tables(rows, 2)
     selectors = torch.full((PAGES, PER_PAGE, INDEX_DIM), float("nan"))
@@ -48,6 +52,9 @@ def test_block_scores_match_the_reference(rows: int, tokens_per_row: int) -> Non
     positions = torch.randint(0, 2 * PAGE, (n,), generator=gen)
     valid = torch.ones(n, dtype=torch.bool)
     valid[-1] = False
+    q, selectors, tables, positions, valid = (
+        t.to(device) for t in (q, selectors, tables, positions, valid)
+    )
     want = selector.block_scores_ref(q, selectors, tables, tokens_per_row, positions, valid, RATIO)
     got = triton_selector.triton_block_scores(
         q, selectors, tables, tokens_per_row, positions, valid.to(torch.int32), RATIO
@@ -95,12 +102,13 @@ def _case(
     return q, kv, tables, blocks, positions
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows,tokens_per_row", [(3, 1), (1, 16)])
 def test_selected_attention_matches_the_reference(
-    rows: int, tokens_per_row: int, dtype: torch.dtype
+    rows: int, tokens_per_row: int, dtype: torch.dtype, device: str
 ) -> None:
-    q, kv, tables, blocks, positions = _case(rows, tokens_per_row, dtype)
+    q, kv, tables, blocks, positions = (t.to(device) for t in _case(rows, tokens_per_row, dtype))
     scale = HEAD_DIM**-0.5
     # The reference gathers whole pages: unread NaN would reach its masked scores as
     # NaN, so it reads the pages with the poison zeroed (the kernel reads the poison).

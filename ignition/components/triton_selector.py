@@ -33,7 +33,6 @@ from ignition.components.triton_attention import (
     _MIN_DOT,
     LOG2E,
     _decode_combine_kernel,
-    _dot,
     _split_partials,
 )
 
@@ -46,6 +45,21 @@ SCORE_TOKENS = 8
 # Programs wanted for attention before splitting stops (an H200 has 132 SMs).
 TARGET_PROGRAMS = 264
 MAX_SPLITS = 16
+
+
+@triton.jit
+def _dot(a, b, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """``tl.dot`` with fp32 accumulation. IEEE: fp32 operands multiplied in full fp32
+    (the default, TF32, keeps 10 mantissa bits: scores and probabilities of fp32
+    operands would lose their precision); 16-bit operands are exact in fp32 either
+    way. UPCAST: the interpreter's bf16 workaround of ``triton_attention._dot``."""
+    if UPCAST:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32))
+    elif IEEE:
+        out = tl.dot(a, b, input_precision="ieee")
+    else:
+        out = tl.dot(a, b)
+    return out
 
 
 @triton.jit
@@ -78,6 +92,7 @@ def _block_scores_kernel(
     PER_PAGE: tl.constexpr,
     RATIO: tl.constexpr,
     UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
 ):
     """One (token tile of one table row, block tile)."""
     pid_n = tl.program_id(0)
@@ -103,7 +118,7 @@ def _block_scores_kernel(
     k = tl.load(
         sel_ptr + k_off[:, None] + offs_d[None, :] * stride_sd, mask=b_ok[:, None], other=0.0
     )
-    s = _dot(q, tl.trans(k), UPCAST)  # [BLOCK_N * BLOCK_HP, BLOCK_B], fp32
+    s = _dot(q, tl.trans(k), UPCAST, IEEE)  # [BLOCK_N * BLOCK_HP, BLOCK_B], fp32
     s = tl.maximum(s, 0.0)
     s = tl.sum(tl.reshape(s, (BLOCK_N, BLOCK_HP, BLOCK_B)), axis=1) / sqrt_dim
     offs_t = first + tl.arange(0, BLOCK_N)
@@ -160,6 +175,7 @@ def _selected_split_kernel(
     TILE: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
 ):
     """One (token, kv head, split): the kv-head group's queries against a contiguous
     range of the token's selected blocks; writes unnormalised partial results."""
@@ -208,7 +224,7 @@ def _selected_split_kernel(
             mask=ok[:, None],
             other=0.0,
         )
-        qk = _dot(q, tl.trans(k), UPCAST) * qk_scale
+        qk = _dot(q, tl.trans(k), UPCAST, IEEE) * qk_scale
         qk = tl.where(ok[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         # A tile may hold no selected token (padding of the list): shift by 0 then,
@@ -217,7 +233,7 @@ def _selected_split_kernel(
         alpha = tl.exp2(m_i - shift)
         p_ij = tl.exp2(qk - shift[:, None])
         l_i = l_i * alpha + tl.sum(p_ij, 1)
-        acc = acc * alpha[:, None] + _dot(p_ij.to(v.dtype), v, UPCAST)
+        acc = acc * alpha[:, None] + _dot(p_ij.to(v.dtype), v, UPCAST, IEEE)
         m_i = m_new
 
     m_off = n * stride_mn + heads * stride_mh + split * stride_ms
@@ -282,6 +298,7 @@ def triton_block_scores(
         PER_PAGE=per_page,
         RATIO=ratio,
         UPCAST=_INTERPRETED,
+        IEEE=q.dtype == torch.float32,
         num_warps=4,
     )
     return out
@@ -348,6 +365,7 @@ def triton_selected_attention(
         TILE=TILE_BLOCKS,
         NUM_SPLITS=splits,
         UPCAST=_INTERPRETED,
+        IEEE=q.dtype == torch.float32,
         num_warps=4,
         num_stages=2,
     )
