@@ -396,12 +396,13 @@ class PreparedPle(nn.Module):
         return gated + conv
 
 
-def ngram_embeddings(
-    module: nn.Module, tokens: torch.Tensor, history: torch.Tensor
-) -> torch.Tensor:
-    """The canonical n-gram embedding (``Qwen4ExpTextNGramEmbedding``) of ``tokens
-    [rows, tokens]`` after each row's last ``history [rows, context]`` tokens: the
-    canonical hash over the same concatenated history its cached forward builds."""
+def ngram_ids(module: nn.Module, tokens: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
+    """The PLE table rows ``[rows, tokens, ngram heads]`` of ``tokens [rows, tokens]``
+    after each row's last ``history [rows, context]`` tokens: the canonical hash
+    (``Qwen4ExpTextNGramEmbedding``: splitmix64 multipliers, per-head primes, EOS
+    segment resets) over the same concatenated history its cached forward builds.
+    The ids are the boundary where host-delivered table rows (the real 95 GiB table)
+    will replace the lookup."""
     token_history = torch.cat([history, tokens.long()], dim=-1)
     shifted = [module._shift_right_ignore_eos(token_history, s) for s in range(module.ngram_size)]
     blocks = []
@@ -416,8 +417,15 @@ def ngram_embeddings(
         blocks.append(
             torch.remainder(mixed.unsqueeze(-1), sizes.view(1, 1, -1)) + offsets.view(1, 1, -1)
         )
-    ids = torch.cat(blocks, dim=-1)[:, -tokens.shape[1] :]
-    return module.ngram_embedding(ids).flatten(-2)
+    return torch.cat(blocks, dim=-1)[:, -tokens.shape[1] :]
+
+
+def ngram_embeddings(
+    module: nn.Module, tokens: torch.Tensor, history: torch.Tensor
+) -> torch.Tensor:
+    """The n-gram embeddings ``[rows, tokens, ple_embed_dim]``: the table resident on
+    the GPU, looked up at ``ngram_ids``."""
+    return module.ngram_embedding(ngram_ids(module, tokens, history)).flatten(-2)
 
 
 def checkpoint_views(
