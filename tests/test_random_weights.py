@@ -110,12 +110,14 @@ def test_materialized_weights_are_the_generated_ones(tmp_path: Path) -> None:
 def test_the_config_names_its_transformers_class(tmp_path: Path) -> None:
     import transformers
     from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     for name in GEOMETRIES:
         config = AutoConfig.from_pretrained(write_random_checkpoint(tmp_path / name, name))
-        # What `transformers serve` instantiates (it failed on the 8B without it).
+        # What `transformers serve` instantiates (it failed on the 8B without it): the
+        # causal LM class of the model type (Qwen4ExpForCausalLM for qwen4_exp_text).
         (architecture,) = config.architectures
-        assert architecture.lower() == f"{config.model_type}forcausallm"
+        assert architecture == MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]
         assert hasattr(transformers, architecture)
 
 
