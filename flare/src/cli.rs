@@ -411,6 +411,20 @@ impl fmt::Display for Inspection<'_> {
                 Mib(region.size).to_string()
             )?;
         }
+        if !s.peer_windows.is_empty() {
+            writeln!(
+                f,
+                "ranks         {} (tensor parallel; rank 0's window above)",
+                1 + s.peer_windows.len()
+            )?;
+            for (rank, base, size) in &s.peer_windows {
+                writeln!(
+                    f,
+                    "  rank {rank:<3} window base {base:#x}, size {}",
+                    Mib(*size)
+                )?;
+            }
+        }
 
         writeln!(
             f,

@@ -67,3 +67,33 @@ fn inspect_rejects_a_directory_without_manifest() {
     assert_eq!(out.status.code(), Some(2));
     assert!(out.stdout.is_empty());
 }
+
+#[test]
+fn inspect_lists_the_ranks_of_a_tensor_parallel_core() {
+    let core = helios::core::sample::ranked_core(2);
+    let peer_base = core.rank_layout.as_ref().unwrap().peers[0]
+        .window
+        .as_ref()
+        .unwrap()
+        .base;
+    let dir = write_core("two-ranks", &core);
+    let out = inspect(&dir);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains("ranks         2 (tensor parallel"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("rank 1   window base {peer_base:#x}")),
+        "{stdout}"
+    );
+    assert!(!inspect_one_rank_mentions_ranks());
+}
+
+fn inspect_one_rank_mentions_ranks() -> bool {
+    let dir = write_core("one-rank", &tiny_core());
+    String::from_utf8(inspect(&dir).stdout)
+        .unwrap()
+        .contains("ranks ")
+}

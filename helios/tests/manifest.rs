@@ -1087,3 +1087,152 @@ fn memset_and_memcpy_nodes_must_stay_in_the_window() {
         "{err}"
     );
 }
+
+// ---------------------------------------------------------------- rank layout
+
+fn ranked(world_size: u32, change: impl FnOnce(&mut Core)) -> Result<ValidCore, CoreError> {
+    let mut core = helios::core::sample::ranked_core(world_size);
+    change(&mut core);
+    decode(&core)
+}
+
+fn rank_layout_reason(result: Result<ValidCore, CoreError>) -> String {
+    match result {
+        Err(CoreError::RankLayout { reason }) => reason,
+        Err(other) => panic!("rejected for another reason: {other}"),
+        Ok(_) => panic!("the changed core was accepted"),
+    }
+}
+
+#[test]
+fn a_two_rank_core_loads_with_its_peer_in_rank_order() {
+    let core = ranked(2, |_| {}).unwrap();
+    assert_eq!(core.world_size(), 2);
+    let peer = &core.peers()[0];
+    assert_eq!(peer.rank(), 1);
+    assert_eq!(peer.window().base, core.window().base + core.window().size);
+    // The peer's bound buffers and catalog mirror rank 0's.
+    assert_eq!(
+        peer.buffer(Semantic::DecodeSlots).map(|b| &b.name),
+        core.buffer(Semantic::DecodeSlots).map(|b| &b.name)
+    );
+    assert!(peer.graph(GraphKind::Decode, 4).is_some());
+    // A one-rank core has no peers, and the layout round-trips.
+    assert_eq!(decode(&tiny_core()).unwrap().world_size(), 1);
+    let four = ranked(4, |_| {}).unwrap();
+    let again = decode(&four.clone().into_core()).unwrap();
+    assert_eq!(again.world_size(), 4);
+    let ranks: Vec<u32> = again.peers().iter().map(|p| p.rank()).collect();
+    assert_eq!(ranks, [1, 2, 3]);
+}
+
+#[test]
+fn missing_and_repeated_ranks_are_rejected() {
+    let layout = |c: &mut Core| c.rank_layout.as_mut().unwrap().peers.clone();
+    let missing = rank_layout_reason(ranked(3, |c| {
+        c.rank_layout.as_mut().unwrap().peers.remove(0);
+    }));
+    assert!(missing.contains("rank 1 of 3 is missing"), "{missing}");
+    let twice = rank_layout_reason(ranked(3, |c| {
+        let mut peers = layout(c);
+        peers[1].rank = 1;
+        c.rank_layout.as_mut().unwrap().peers = peers;
+    }));
+    assert!(twice.contains("rank 1 appears twice"), "{twice}");
+    let outside = rank_layout_reason(ranked(2, |c| {
+        c.rank_layout.as_mut().unwrap().peers[0].rank = 2;
+    }));
+    assert!(outside.contains("rank 2 is outside 1..2"), "{outside}");
+    let zero = rank_layout_reason(ranked(2, |c| {
+        c.rank_layout.as_mut().unwrap().peers[0].rank = 0;
+    }));
+    assert!(zero.contains("rank 0 is outside"), "{zero}");
+    let alone = rank_layout_reason(ranked(2, |c| {
+        let layout = c.rank_layout.as_mut().unwrap();
+        layout.world_size = 1;
+        layout.peers.clear();
+    }));
+    assert!(alone.contains("world_size 1"), "{alone}");
+}
+
+#[test]
+fn mismatched_capacities_are_rejected() {
+    fn peer_graphs(c: &mut Core) -> &mut Vec<helios::core::proto::Graph> {
+        &mut c.rank_layout.as_mut().unwrap().peers[0].graphs
+    }
+    let lacks = rank_layout_reason(ranked(2, |c| {
+        let graphs = peer_graphs(c);
+        let at = graphs
+            .iter()
+            .position(|g| g.kind == GraphKind::Decode as i32 && g.capacity == 4)
+            .unwrap();
+        graphs.remove(at);
+    }));
+    assert!(
+        lacks.contains("rank 1 lacks rank 0's graph GRAPH_KIND_DECODE@4"),
+        "{lacks}"
+    );
+    let extra = rank_layout_reason(ranked(2, |c| {
+        let graphs = peer_graphs(c);
+        let mut more = graphs[0].clone();
+        more.capacity = 8;
+        graphs.push(more);
+    }));
+    assert!(
+        extra.contains("has graph GRAPH_KIND_DECODE@8, which rank 0 lacks"),
+        "{extra}"
+    );
+    // The staging every rank binds must be rank 0's layout: one packing for all.
+    let staging = rank_layout_reason(ranked(2, |c| {
+        let peer = &mut c.rank_layout.as_mut().unwrap().peers[0];
+        let slots = (peer.buffers.iter_mut())
+            .find(|b| b.name == "staging.decode_slots")
+            .unwrap();
+        slots.shape[0] /= 2;
+        slots.size_bytes /= 2;
+    }));
+    assert!(
+        staging.contains("rank 1 binds SEMANTIC_DECODE_SLOTS"),
+        "{staging}"
+    );
+}
+
+#[test]
+fn overlapping_windows_and_invalid_peer_bundles_are_rejected() {
+    let overlap = rank_layout_reason(ranked(3, |c| {
+        let peers = &mut c.rank_layout.as_mut().unwrap().peers;
+        let base = peers[0].window.as_ref().unwrap().base;
+        peers[1].window.as_mut().unwrap().base = base + 2 * (1 << 20);
+    }));
+    assert!(
+        overlap.contains("the windows of rank 1 and rank 2 overlap"),
+        "{overlap}"
+    );
+    let on_zero = rank_layout_reason(ranked(2, |c| {
+        let base = c.window.as_ref().unwrap().base;
+        c.rank_layout.as_mut().unwrap().peers[0]
+            .window
+            .as_mut()
+            .unwrap()
+            .base = base;
+    }));
+    assert!(on_zero.contains("rank 0 and rank 1 overlap"), "{on_zero}");
+    // A peer's own bundle is checked as a one-rank core's, and the error names it.
+    let err = ranked(2, |c| {
+        let peer = &mut c.rank_layout.as_mut().unwrap().peers[0];
+        peer.buffers.retain(|b| b.name != "staging.logits");
+    })
+    .unwrap_err();
+    assert!(
+        matches!(&err, CoreError::InRank { rank: 1, source } if matches!(**source, CoreError::UnknownReference { .. })),
+        "{err}"
+    );
+    let err = ranked(2, |c| {
+        c.rank_layout.as_mut().unwrap().peers[0].window = None
+    })
+    .unwrap_err();
+    assert!(
+        matches!(&err, CoreError::InRank { rank: 1, source } if matches!(**source, CoreError::Missing { field: "window" })),
+        "{err}"
+    );
+}

@@ -262,3 +262,21 @@ fn loading_reports_file_errors_before_any_cuda_work() {
     let err = LoadedCore::load(&dir, &LoadOptions::default()).unwrap_err();
     assert!(matches!(err, ReplayError::Io { .. }), "{err:?}");
 }
+
+#[test]
+fn a_tensor_parallel_core_is_refused_before_any_cuda_work() {
+    // Its rank layout validates (tests/manifest.rs), but this engine rebuilds one
+    // rank: loading says so, typed, instead of serving rank 0 alone.
+    let (core, tensors) = sample();
+    let core = helios::core::sample::with_ranks(core, 2);
+    let dir = written("load-two-ranks", &core, &tensors, &[IMAGE]);
+    let err = LoadedCore::load(&dir, &LoadOptions::default()).unwrap_err();
+    assert!(
+        matches!(err, ReplayError::TensorParallel { world_size: 2 }),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("tensor parallelism over 2 GPUs"),
+        "{err}"
+    );
+}

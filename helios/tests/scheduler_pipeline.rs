@@ -283,3 +283,197 @@ fn an_executor_failure_fails_every_request_and_stops_the_scheduler() {
     );
     assert!(scheduler.is_idle());
 }
+
+// ---------------------------------------------------------------- ranks
+
+/// A rank's executor: the test executor, recording every launch it accepts,
+/// failing its `fail_at`-th launch, and saying when its thread dropped it.
+struct Rank {
+    inner: TestExecutor,
+    launches: std::sync::Arc<std::sync::Mutex<Vec<helios::scheduler::Launch>>>,
+    fail_at: Option<usize>,
+    dropped: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl helios::scheduler::Executor for Rank {
+    fn submit(
+        &mut self,
+        launch: &helios::scheduler::Launch,
+    ) -> Result<helios::scheduler::Ticket, ExecutionError> {
+        let mut launches = self.launches.lock().unwrap();
+        if self.fail_at == Some(launches.len()) {
+            self.inner.fail_next();
+        }
+        launches.push(launch.clone());
+        self.inner.submit(launch)
+    }
+    fn poll(
+        &mut self,
+        ticket: helios::scheduler::Ticket,
+    ) -> Result<Option<helios::scheduler::Completion>, ExecutionError> {
+        self.inner.poll(ticket)
+    }
+    fn wait(
+        &mut self,
+        ticket: helios::scheduler::Ticket,
+    ) -> Result<helios::scheduler::Completion, ExecutionError> {
+        self.inner.wait(ticket)
+    }
+}
+
+impl Drop for Rank {
+    fn drop(&mut self) {
+        self.dropped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+type Launches = std::sync::Arc<std::sync::Mutex<Vec<helios::scheduler::Launch>>>;
+type Dropped = std::sync::Arc<std::sync::atomic::AtomicBool>;
+
+/// Two ranks over `setup`'s test executor (rank 1 completing `delay` polls
+/// later), rank 1 failing its `fail_at`-th launch.
+fn two_ranks(
+    setup: &Setup,
+    delay: u32,
+    fail_at: Option<usize>,
+) -> (
+    Scheduler<helios::scheduler::RankGroup<Rank>>,
+    Vec<Launches>,
+    Vec<Dropped>,
+) {
+    let mut launches = Vec::new();
+    let mut dropped = Vec::new();
+    let ranks: Vec<Rank> = (0..2)
+        .map(|rank| {
+            let mut inner = setup.executor();
+            inner.set_completion_delay(if rank == 1 { delay } else { 0 });
+            let rank = Rank {
+                inner,
+                launches: Launches::default(),
+                fail_at: if rank == 1 { fail_at } else { None },
+                dropped: Dropped::default(),
+            };
+            launches.push(rank.launches.clone());
+            dropped.push(rank.dropped.clone());
+            rank
+        })
+        .collect();
+    let group = helios::scheduler::RankGroup::new(ranks).unwrap();
+    assert_eq!(group.world_size(), 2);
+    let scheduler = Scheduler::new(setup.geometry(), setup.config.clone(), group).unwrap();
+    (scheduler, launches, dropped)
+}
+
+#[test]
+fn two_ranks_take_identical_launches_and_serve_what_one_device_does() {
+    let setup = Setup {
+        kv_pages: 20,
+        ..Setup::default()
+    };
+    let (mut scheduler, launches, dropped) = two_ranks(&setup, 2, None);
+    let requests: Vec<_> = (0..5)
+        .map(|seed| spec(20 + 9 * seed as usize, 30, seed))
+        .collect();
+    for request in &requests {
+        scheduler.submit(request.clone()).unwrap();
+    }
+    let mut transcript = Transcript::default();
+    transcript.run(&mut scheduler, 100_000).unwrap();
+    for (id, request) in requests.iter().enumerate() {
+        let log = transcript.get(RequestId(id as u64));
+        assert_eq!(
+            log.tokens,
+            reference(&setup, request).tokens,
+            "request {id}"
+        );
+    }
+    let zero = launches[0].lock().unwrap().clone();
+    assert!(zero.len() > 20, "{} launches", zero.len());
+    assert_eq!(zero, *launches[1].lock().unwrap());
+    // One device alone, completing as late as the group's slowest rank, issues
+    // the same launches.
+    let mut alone = setup.scheduler();
+    alone.executor_mut().set_completion_delay(2);
+    for request in &requests {
+        alone.submit(request.clone()).unwrap();
+    }
+    run(&mut alone);
+    assert_eq!(alone.executor().log(), zero.as_slice());
+    drop(scheduler);
+    assert!(dropped
+        .iter()
+        .all(|d| d.load(std::sync::atomic::Ordering::SeqCst)));
+}
+
+#[test]
+fn a_rank_failure_fails_the_step_on_every_rank_and_shutdown_joins_both() {
+    let setup = Setup::default();
+    let (mut scheduler, launches, dropped) = two_ranks(&setup, 1, Some(6));
+    for seed in 0..3 {
+        scheduler.submit(spec(5, 30, seed)).unwrap();
+    }
+    let mut transcript = Transcript::default();
+    let error = transcript.run(&mut scheduler, 1000).unwrap_err();
+    let helios::scheduler::test_executor::RunError::Scheduler(SchedulerError::Execution(
+        ExecutionError::Device { source, .. },
+    )) = error
+    else {
+        panic!("{error:?}")
+    };
+    let failure = source
+        .downcast_ref::<helios::scheduler::RankFailure>()
+        .unwrap();
+    assert_eq!(failure.rank, 1);
+    assert!(failure.to_string().starts_with("rank 1: "), "{failure}");
+    for id in 0..3 {
+        let log = transcript.get(RequestId(id));
+        assert!(
+            matches!(log.failure, Some(ExecutionError::Device { .. })),
+            "{log:?}"
+        );
+        assert_eq!(log.terminal_events, 1);
+    }
+    // Both ranks took the failed launch; nothing was submitted after it.
+    assert_eq!(launches[0].lock().unwrap().len(), 7);
+    assert_eq!(launches[1].lock().unwrap().len(), 7);
+    assert!(scheduler.step().is_err());
+    drop(scheduler);
+    assert!(dropped
+        .iter()
+        .all(|d| d.load(std::sync::atomic::Ordering::SeqCst)));
+}
+
+#[test]
+fn ranks_whose_records_diverge_fail_the_step() {
+    let setup = Setup::default();
+    let mut ranks: Vec<TestExecutor> = (0..2).map(|_| setup.executor()).collect();
+    ranks[1].corrupt_next(
+        OperationKind::PrefillChunk,
+        Corruption::Field {
+            row: 0,
+            field: RecordField::Token,
+            value: 7,
+        },
+    );
+    let group = helios::scheduler::RankGroup::new(ranks).unwrap();
+    let mut scheduler = Scheduler::new(setup.geometry(), setup.config.clone(), group).unwrap();
+    scheduler.submit(spec(5, 30, 0)).unwrap();
+    let mut transcript = Transcript::default();
+    let error = transcript.run(&mut scheduler, 1000).unwrap_err();
+    let helios::scheduler::test_executor::RunError::Scheduler(SchedulerError::Execution(
+        ExecutionError::Device { source, .. },
+    )) = error
+    else {
+        panic!("{error:?}")
+    };
+    let failure = source
+        .downcast_ref::<helios::scheduler::RankFailure>()
+        .unwrap();
+    assert_eq!(failure.rank, 1);
+    assert!(matches!(
+        failure.source,
+        helios::scheduler::RankProblem::RecordsDiverged
+    ));
+    assert!(scheduler.step().is_err());
+}

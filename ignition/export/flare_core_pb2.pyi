@@ -175,7 +175,7 @@ REASONING_PARSER_NONE: ReasoningParser
 REASONING_PARSER_THINK_TAGS: ReasoningParser
 
 class Core(_message.Message):
-    __slots__ = ("abi_version", "identity", "window", "buffers", "images", "graphs", "contract", "frontend", "qualification")
+    __slots__ = ("abi_version", "identity", "window", "buffers", "images", "graphs", "contract", "frontend", "qualification", "rank_layout")
     ABI_VERSION_FIELD_NUMBER: _ClassVar[int]
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
@@ -185,6 +185,7 @@ class Core(_message.Message):
     CONTRACT_FIELD_NUMBER: _ClassVar[int]
     FRONTEND_FIELD_NUMBER: _ClassVar[int]
     QUALIFICATION_FIELD_NUMBER: _ClassVar[int]
+    RANK_LAYOUT_FIELD_NUMBER: _ClassVar[int]
     abi_version: int
     identity: Identity
     window: Window
@@ -194,7 +195,28 @@ class Core(_message.Message):
     contract: PreparedContract
     frontend: Frontend
     qualification: Qualification
-    def __init__(self, abi_version: _Optional[int] = ..., identity: _Optional[_Union[Identity, _Mapping]] = ..., window: _Optional[_Union[Window, _Mapping]] = ..., buffers: _Optional[_Iterable[_Union[Buffer, _Mapping]]] = ..., images: _Optional[_Iterable[_Union[KernelImage, _Mapping]]] = ..., graphs: _Optional[_Iterable[_Union[Graph, _Mapping]]] = ..., contract: _Optional[_Union[PreparedContract, _Mapping]] = ..., frontend: _Optional[_Union[Frontend, _Mapping]] = ..., qualification: _Optional[_Union[Qualification, _Mapping]] = ...) -> None: ...
+    rank_layout: RankLayout
+    def __init__(self, abi_version: _Optional[int] = ..., identity: _Optional[_Union[Identity, _Mapping]] = ..., window: _Optional[_Union[Window, _Mapping]] = ..., buffers: _Optional[_Iterable[_Union[Buffer, _Mapping]]] = ..., images: _Optional[_Iterable[_Union[KernelImage, _Mapping]]] = ..., graphs: _Optional[_Iterable[_Union[Graph, _Mapping]]] = ..., contract: _Optional[_Union[PreparedContract, _Mapping]] = ..., frontend: _Optional[_Union[Frontend, _Mapping]] = ..., qualification: _Optional[_Union[Qualification, _Mapping]] = ..., rank_layout: _Optional[_Union[RankLayout, _Mapping]] = ...) -> None: ...
+
+class RankLayout(_message.Message):
+    __slots__ = ("world_size", "peers")
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    world_size: int
+    peers: _containers.RepeatedCompositeFieldContainer[RankBundle]
+    def __init__(self, world_size: _Optional[int] = ..., peers: _Optional[_Iterable[_Union[RankBundle, _Mapping]]] = ...) -> None: ...
+
+class RankBundle(_message.Message):
+    __slots__ = ("rank", "window", "buffers", "graphs")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    BUFFERS_FIELD_NUMBER: _ClassVar[int]
+    GRAPHS_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    window: Window
+    buffers: _containers.RepeatedCompositeFieldContainer[Buffer]
+    graphs: _containers.RepeatedCompositeFieldContainer[Graph]
+    def __init__(self, rank: _Optional[int] = ..., window: _Optional[_Union[Window, _Mapping]] = ..., buffers: _Optional[_Iterable[_Union[Buffer, _Mapping]]] = ..., graphs: _Optional[_Iterable[_Union[Graph, _Mapping]]] = ...) -> None: ...
 
 class Identity(_message.Message):
     __slots__ = ("engine_version", "recipe", "checkpoint_fingerprint", "config_fingerprint", "tokenizer_fingerprint", "device_name", "compute_capability_major", "compute_capability_minor", "sm_count", "driver_version", "cuda_version")

@@ -145,6 +145,22 @@ pub enum CoreError {
         /// What does not match.
         problem: KvAxisProblem,
     },
+    /// The rank layout of a tensor-parallel core does not hold together
+    /// (world size, the set of ranks, their catalogs, bindings or windows).
+    #[error("invalid rank layout: {reason}")]
+    RankLayout {
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// One rank's window, buffers or graphs are invalid.
+    #[error("rank {rank}: {source}")]
+    InRank {
+        /// The rank whose bundle was rejected.
+        rank: u32,
+        /// Why.
+        #[source]
+        source: Box<CoreError>,
+    },
 }
 
 /// Why `contract.kv_page_axis` does not fit the KV pages buffer.

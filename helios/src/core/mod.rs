@@ -9,6 +9,7 @@
 mod error;
 mod kv_layout;
 pub mod proto;
+mod rank_layout;
 #[cfg(any(test, feature = "test-support"))]
 pub mod sample;
 mod summary;
@@ -24,6 +25,7 @@ pub use kv_layout::{KvLayout, MAX_KV_SLABS};
 /// The `prost` version the manifest types are generated with, for crates that
 /// encode or decode them without depending on `prost` themselves.
 pub use prost;
+pub use rank_layout::ValidRank;
 pub use summary::{
     ContractSummary, CoreSummary, FrontendSummary, GraphKindSummary, RegionSummary, RoleSummary,
 };
@@ -74,6 +76,8 @@ pub struct ValidCore {
     bound: BTreeMap<Semantic, usize>,
     catalog: BTreeMap<(GraphKind, u32), usize>,
     kv_layout: Option<KvLayout>,
+    /// Ranks 1 .. world_size - 1 of a tensor-parallel core, in rank order.
+    peers: Vec<ValidRank>,
 }
 
 impl ValidCore {
@@ -89,6 +93,7 @@ impl ValidCore {
             contract,
             frontend,
             qualification,
+            rank_layout,
         } = core;
         validate::check_abi(abi_version)?;
         let missing = |field| CoreError::Missing { field };
@@ -109,6 +114,18 @@ impl ValidCore {
         if let Some(qualification) = &qualification {
             validate::check_qualification(qualification, graphs.len(), &buffers, &names)?;
         }
+        let peers = match rank_layout {
+            None => Vec::new(),
+            Some(layout) => {
+                let zero = rank_layout::RankZero {
+                    window: &window,
+                    buffers: &buffers,
+                    catalog: &catalog,
+                    bound: &bound,
+                };
+                rank_layout::check_rank_layout(layout, &zero, &contract, &digests)?
+            }
+        };
 
         Ok(Self {
             abi_version,
@@ -124,7 +141,19 @@ impl ValidCore {
             bound,
             catalog,
             kv_layout,
+            peers,
         })
+    }
+
+    /// Ranks the core was prepared for: 1, or its rank layout's world size.
+    pub fn world_size(&self) -> u32 {
+        1 + self.peers.len() as u32
+    }
+
+    /// Ranks 1 .. world_size - 1 (empty for a one-rank core); rank 0 is the
+    /// core's own window, buffers and graphs.
+    pub fn peers(&self) -> &[ValidRank] {
+        &self.peers
     }
 
     /// The execution ABI the core was exported for (at most [`ENGINE_ABI`]).
@@ -243,6 +272,10 @@ impl ValidCore {
             contract: Some(self.contract),
             frontend: Some(self.frontend),
             qualification: self.qualification,
+            rank_layout: (!self.peers.is_empty()).then(|| proto::RankLayout {
+                world_size: 1 + self.peers.len() as u32,
+                peers: self.peers.into_iter().map(ValidRank::into_bundle).collect(),
+            }),
         }
     }
 }

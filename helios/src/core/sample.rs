@@ -10,8 +10,8 @@
 use super::proto::{
     node::Op, Binding, Buffer, BufferDigest, BufferRole, BufferWrite, Core, DType, Dim3, Edge,
     EmptyNode, FloatRange, Frontend, Graph, GraphKind, Identity, KernelImage, KernelNode,
-    NamedToken, Node, PreparedContract, Qualification, QualificationStep, ReasoningParser, Region,
-    RegionKind, SamplingDefaults, Semantic, ToolParser, Window,
+    NamedToken, Node, PreparedContract, Qualification, QualificationStep, RankBundle, RankLayout,
+    ReasoningParser, Region, RegionKind, SamplingDefaults, Semantic, ToolParser, Window,
 };
 use super::{all_semantics, ENGINE_ABI};
 
@@ -329,7 +329,32 @@ pub fn tiny_core() -> Core {
                 }],
             }],
         }),
+        rank_layout: None,
     }
+}
+
+/// The sample core prepared for `world_size` ranks ([`with_ranks`]).
+pub fn ranked_core(world_size: u32) -> Core {
+    with_ranks(tiny_core(), world_size)
+}
+
+/// `core` prepared for `world_size` ranks: each peer has rank 0's buffers and
+/// graphs in a window of its own, right after the previous rank's.
+pub fn with_ranks(mut core: Core, world_size: u32) -> Core {
+    let window = core.window.clone().expect("the sample has a window");
+    let peers = (1..world_size)
+        .map(|rank| RankBundle {
+            rank,
+            window: Some(Window {
+                base: window.base + u64::from(rank) * window.size,
+                ..window.clone()
+            }),
+            buffers: core.buffers.clone(),
+            graphs: core.graphs.clone(),
+        })
+        .collect();
+    core.rank_layout = Some(RankLayout { world_size, peers });
+    core
 }
 
 /// A contiguous bf16 KV pages buffer (`kv.pages`, role KV pages) of `shape`

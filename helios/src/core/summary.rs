@@ -20,6 +20,8 @@ pub struct CoreSummary {
     pub window_size: u64,
     /// The window's regions, in manifest order.
     pub regions: Vec<RegionSummary>,
+    /// Each peer rank's number and window (base, size): empty for one rank.
+    pub peer_windows: Vec<(u32, u64, u64)>,
     /// Number of buffers.
     pub buffer_count: usize,
     /// Bytes of all buffers together.
@@ -172,6 +174,9 @@ impl CoreSummary {
             identity: core.identity().clone(),
             window_base: window.base,
             window_size: window.size,
+            peer_windows: (core.peers().iter())
+                .map(|peer| (peer.rank(), peer.window().base, peer.window().size))
+                .collect(),
             regions,
             buffer_count: core.buffers().len(),
             buffer_bytes: core

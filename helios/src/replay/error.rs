@@ -116,6 +116,16 @@ pub enum ReplayError {
         /// Free device memory.
         free: u64,
     },
+    /// The core was prepared for several GPUs; this engine rebuilds one
+    /// rank's graphs on one device.
+    #[error(
+        "the core was prepared for tensor parallelism over {world_size} GPUs, which this engine \
+         does not serve yet: prepare it for one GPU"
+    )]
+    TensorParallel {
+        /// The core's rank layout's world size.
+        world_size: u32,
+    },
     /// Free device memory, after everything else was loaded and the reserve
     /// and driver margin set aside, backs fewer KV pages than one request of
     /// the context limit needs (or, for a core without `kv_page_axis`, not

@@ -204,6 +204,11 @@ impl LoadedCore {
         let dir = CoreDir::read(path)?;
         let mut read = started.elapsed();
         let (core, images, initial) = dir.into_parts();
+        if core.world_size() > 1 {
+            return Err(ReplayError::TensorParallel {
+                world_size: core.world_size(),
+            });
+        }
         let image_bytes = images.iter().map(|image| image.bytes.len() as u64).sum();
         let image_count = images.len();
 

@@ -47,6 +47,7 @@ mod latency;
 mod ledger;
 mod plan;
 mod pool;
+mod ranks;
 mod request;
 mod retire;
 mod rng;
@@ -73,6 +74,7 @@ pub use ids::{Page, RequestId, Slot};
 pub use latency::{
     Histogram, Latency, INTER_TOKEN_BUCKETS, MASK_BUCKETS, PREPARATION_BUCKETS, TTFT_BUCKETS,
 };
+pub use ranks::{RankFailure, RankGroup, RankPanicked, RankProblem};
 pub use request::RequestSpec;
 pub use rng::readmission_seed;
 pub use worker::{Health, RequestStream, SchedulerHandle, ShutdownMode, Status, Worker};

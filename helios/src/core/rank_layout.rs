@@ -1,0 +1,223 @@
+//! The rank layout of a tensor-parallel core: the ranks besides rank 0, each
+//! validated as one rank's core would be, and held to the rules that let one
+//! scheduling decision run on every rank.
+//!
+//! - The world size is at least 2 and every rank 1 .. world_size - 1 appears
+//!   exactly once.
+//! - Every rank has rank 0's graph catalog: the same (kind, capacity) pairs,
+//!   so a step launches the same graph on every rank.
+//! - Every rank binds the contract's semantic values to buffers of the same
+//!   names, shapes, strides and dtypes as rank 0's: the host packs one staging
+//!   layout and one set of page and slot assignments for all of them.
+//! - Windows are disjoint: every rank's window lives in one process's virtual
+//!   address space.
+//!
+//! What a rank's graphs compute (its shards of the projections, its KV heads,
+//! its collectives) stays in its graphs: nothing here interprets it.
+
+use std::collections::BTreeMap;
+
+use super::error::CoreError;
+use super::kv_layout::{self, KvLayout};
+use super::proto::{Buffer, Graph, GraphKind, PreparedContract, RankLayout, Semantic, Window};
+use super::validate;
+
+/// One peer rank's validated bundle.
+#[derive(Debug, Clone)]
+pub struct ValidRank {
+    rank: u32,
+    window: Window,
+    buffers: Vec<Buffer>,
+    graphs: Vec<Graph>,
+    bound: BTreeMap<Semantic, usize>,
+    catalog: BTreeMap<(GraphKind, u32), usize>,
+    kv_layout: Option<KvLayout>,
+}
+
+impl ValidRank {
+    /// The rank's number (1 .. world_size - 1).
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// The rank's fixed virtual-address window.
+    pub fn window(&self) -> &Window {
+        &self.window
+    }
+
+    /// The rank's buffer views.
+    pub fn buffers(&self) -> &[Buffer] {
+        &self.buffers
+    }
+
+    /// The rank's graphs, in manifest order.
+    pub fn graphs(&self) -> &[Graph] {
+        &self.graphs
+    }
+
+    /// The buffer bound to `semantic` on this rank.
+    pub fn buffer(&self, semantic: Semantic) -> Option<&Buffer> {
+        self.bound
+            .get(&semantic)
+            .and_then(|&index| self.buffers.get(index))
+    }
+
+    /// The graph of `kind` at exactly `capacity` on this rank.
+    pub fn graph(&self, kind: GraphKind, capacity: u32) -> Option<&Graph> {
+        self.catalog
+            .get(&(kind, capacity))
+            .and_then(|&index| self.graphs.get(index))
+    }
+
+    /// The rank's KV pages buffer as slabs of pages.
+    pub fn kv_layout(&self) -> Option<&KvLayout> {
+        self.kv_layout.as_ref()
+    }
+
+    pub(crate) fn into_bundle(self) -> super::proto::RankBundle {
+        super::proto::RankBundle {
+            rank: self.rank,
+            window: Some(self.window),
+            buffers: self.buffers,
+            graphs: self.graphs,
+        }
+    }
+}
+
+/// Rank 0's validated facts the peers are held to.
+pub(crate) struct RankZero<'a> {
+    pub window: &'a Window,
+    pub buffers: &'a [Buffer],
+    pub catalog: &'a BTreeMap<(GraphKind, u32), usize>,
+    pub bound: &'a BTreeMap<Semantic, usize>,
+}
+
+fn invalid(reason: String) -> CoreError {
+    CoreError::RankLayout { reason }
+}
+
+fn graph_name((kind, capacity): &(GraphKind, u32)) -> String {
+    format!("{}@{capacity}", kind.as_str_name())
+}
+
+/// Validates `layout` against rank 0; returns the peers in rank order.
+pub(crate) fn check_rank_layout(
+    layout: RankLayout,
+    zero: &RankZero<'_>,
+    contract: &PreparedContract,
+    images: &std::collections::HashSet<&str>,
+) -> Result<Vec<ValidRank>, CoreError> {
+    let RankLayout { world_size, peers } = layout;
+    if world_size < 2 {
+        return Err(invalid(format!(
+            "world_size {world_size}: a core of one rank has no rank layout"
+        )));
+    }
+    let mut by_rank: BTreeMap<u32, super::proto::RankBundle> = BTreeMap::new();
+    for peer in peers {
+        let rank = peer.rank;
+        if rank == 0 || rank >= world_size {
+            return Err(invalid(format!(
+                "rank {rank} is outside 1..{world_size} (rank 0 is the core's own bundle)"
+            )));
+        }
+        if by_rank.insert(rank, peer).is_some() {
+            return Err(invalid(format!("rank {rank} appears twice")));
+        }
+    }
+    if let Some(missing) = (1..world_size).find(|rank| !by_rank.contains_key(rank)) {
+        return Err(invalid(format!(
+            "rank {missing} of {world_size} is missing"
+        )));
+    }
+    let mut ranks = Vec::with_capacity(by_rank.len());
+    for (rank, bundle) in by_rank {
+        let peer =
+            check_bundle(rank, bundle, contract, images).map_err(|source| CoreError::InRank {
+                rank,
+                source: Box::new(source),
+            })?;
+        check_agreement(&peer, zero)?;
+        ranks.push(peer);
+    }
+    let mut windows: Vec<(u32, u64, u64)> = std::iter::once((0, zero.window))
+        .chain(ranks.iter().map(|peer| (peer.rank, &peer.window)))
+        .map(|(rank, window)| (rank, window.base, window.base.saturating_add(window.size)))
+        .collect();
+    windows.sort_by_key(|&(_, start, _)| start);
+    for pair in windows.windows(2) {
+        let ((a, _, a_end), (b, b_start, _)) = (pair[0], pair[1]);
+        if b_start < a_end {
+            return Err(invalid(format!(
+                "the windows of rank {a} and rank {b} overlap"
+            )));
+        }
+    }
+    Ok(ranks)
+}
+
+/// One peer's window, buffers, graphs and bindings, as a one-rank core's.
+fn check_bundle(
+    rank: u32,
+    bundle: super::proto::RankBundle,
+    contract: &PreparedContract,
+    images: &std::collections::HashSet<&str>,
+) -> Result<ValidRank, CoreError> {
+    let window = bundle
+        .window
+        .ok_or(CoreError::Missing { field: "window" })?;
+    validate::check_window(&window)?;
+    let names = validate::check_buffers(&bundle.buffers, window.size)?;
+    let catalog = validate::check_graphs(&bundle.graphs, images, &window)?;
+    let kv_layout = kv_layout::check_kv_layout(contract, &bundle.buffers, &window.regions)?;
+    let bound = validate::check_bindings(&contract.bindings, &names)?;
+    drop(names);
+    Ok(ValidRank {
+        rank,
+        window,
+        buffers: bundle.buffers,
+        graphs: bundle.graphs,
+        bound,
+        catalog,
+        kv_layout,
+    })
+}
+
+/// The catalog and the bound buffers' views equal rank 0's.
+fn check_agreement(peer: &ValidRank, zero: &RankZero<'_>) -> Result<(), CoreError> {
+    let rank = peer.rank;
+    if let Some(key) = (zero.catalog.keys()).find(|key| !peer.catalog.contains_key(key)) {
+        return Err(invalid(format!(
+            "rank {rank} lacks rank 0's graph {}",
+            graph_name(key)
+        )));
+    }
+    if let Some(key) = (peer.catalog.keys()).find(|key| !zero.catalog.contains_key(key)) {
+        return Err(invalid(format!(
+            "rank {rank} has graph {}, which rank 0 lacks",
+            graph_name(key)
+        )));
+    }
+    for (semantic, &index) in zero.bound {
+        let ours = &zero.buffers[index];
+        let theirs = peer
+            .buffer(*semantic)
+            .expect("bindings were checked on the peer");
+        let same = ours.name == theirs.name
+            && ours.dtype == theirs.dtype
+            && ours.shape == theirs.shape
+            && ours.strides == theirs.strides;
+        if !same {
+            return Err(invalid(format!(
+                "rank {rank} binds {} to a buffer other than rank 0's view \
+                 ({:?} {:?} against {:?} {:?})",
+                semantic.as_str_name(),
+                theirs.name,
+                theirs.shape,
+                ours.name,
+                ours.shape
+            )));
+        }
+    }
+    Ok(())
+}

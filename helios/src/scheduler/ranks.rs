@@ -1,0 +1,314 @@
+//! One scheduling decision, executed on every rank of a tensor-parallel core.
+//!
+//! [`RankGroup`] is an [`Executor`] over one executor per rank, each owned by
+//! an execution thread of its own (a rank's device work never waits on
+//! another's host thread). Every launch goes to every rank in the same order,
+//! with the same page and slot assignments: the scheduler plans once. A
+//! launch's completion is rank 0's records, once every rank finished it; the
+//! ranks' graphs broadcast rank 0's sample before any state update, so a rank
+//! that reports other records has diverged, and the group fails. A failure on
+//! any rank fails the step on all of them (the scheduler then fails every
+//! admitted request and stops, as for one device). Dropping the group, or
+//! [`RankGroup::join`], ends every rank's thread and joins it.
+
+use std::error::Error;
+use std::fmt;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use super::error::ExecutionError;
+use super::executor::{Completion, Executor, Launch, Ticket};
+
+/// A rank's failure, named with its rank.
+#[derive(Debug)]
+pub struct RankFailure {
+    /// The rank that failed.
+    pub rank: usize,
+    /// What failed there.
+    pub source: RankProblem,
+}
+
+/// What went wrong on one rank.
+#[derive(Debug)]
+pub enum RankProblem {
+    /// Its executor reported an error.
+    Execution(ExecutionError),
+    /// Its execution thread ended (it panicked).
+    ThreadEnded,
+    /// It accepted a launch under another ticket than rank 0's.
+    TicketDiverged {
+        /// Rank 0's ticket.
+        expected: u64,
+        /// This rank's.
+        found: u64,
+    },
+    /// Its completion records differ from rank 0's.
+    RecordsDiverged,
+}
+
+impl fmt::Display for RankFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let rank = self.rank;
+        match &self.source {
+            RankProblem::Execution(err) => write!(f, "rank {rank}: {err}"),
+            RankProblem::ThreadEnded => write!(f, "rank {rank}'s execution thread ended"),
+            RankProblem::TicketDiverged { expected, found } => write!(
+                f,
+                "rank {rank} took the launch as ticket {found}, rank 0 as {expected}"
+            ),
+            RankProblem::RecordsDiverged => {
+                write!(f, "rank {rank}'s completion records differ from rank 0's")
+            }
+        }
+    }
+}
+
+impl Error for RankFailure {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        match &self.source {
+            RankProblem::Execution(err) => Some(err),
+            _ => None,
+        }
+    }
+}
+
+/// A rank thread panicked and could not be joined cleanly.
+#[derive(Debug, thiserror::Error)]
+#[error("the execution thread of rank {rank} panicked")]
+pub struct RankPanicked {
+    /// The rank whose thread panicked.
+    pub rank: usize,
+}
+
+enum Command {
+    Submit(Box<Launch>),
+    Poll(Ticket),
+    Wait(Ticket),
+}
+
+enum Reply {
+    Submitted(Result<Ticket, ExecutionError>),
+    Polled(Result<Option<Completion>, ExecutionError>),
+    Waited(Result<Completion, ExecutionError>),
+}
+
+struct RankThread<E> {
+    commands: Option<Sender<Command>>,
+    replies: Receiver<Reply>,
+    handle: Option<JoinHandle<E>>,
+}
+
+/// An [`Executor`] over one executor per rank, each on its own thread.
+pub struct RankGroup<E: Executor + Send + 'static> {
+    ranks: Vec<RankThread<E>>,
+    applies_masks: bool,
+    /// The oldest launch's completions from the ranks that finished it.
+    finished: Vec<Option<Completion>>,
+}
+
+impl<E: Executor + Send + 'static> fmt::Debug for RankGroup<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RankGroup")
+            .field("ranks", &self.ranks.len())
+            .finish()
+    }
+}
+
+fn serve<E: Executor>(mut executor: E, commands: Receiver<Command>, replies: Sender<Reply>) -> E {
+    while let Ok(command) = commands.recv() {
+        let reply = match command {
+            Command::Submit(launch) => Reply::Submitted(executor.submit(&launch)),
+            Command::Poll(ticket) => Reply::Polled(executor.poll(ticket)),
+            Command::Wait(ticket) => Reply::Waited(executor.wait(ticket)),
+        };
+        if replies.send(reply).is_err() {
+            break;
+        }
+    }
+    executor
+}
+
+fn failed(rank: usize, source: RankProblem) -> ExecutionError {
+    ExecutionError::Device {
+        operation: "tensor-parallel step",
+        source: Arc::new(RankFailure { rank, source }),
+    }
+}
+
+impl<E: Executor + Send + 'static> RankGroup<E> {
+    /// Starts one execution thread per rank; `executors[0]` is rank 0.
+    pub fn new(executors: Vec<E>) -> std::io::Result<Self> {
+        assert!(!executors.is_empty(), "a rank group has at least rank 0");
+        let applies_masks = executors.iter().all(Executor::applies_masks);
+        let mut ranks = Vec::with_capacity(executors.len());
+        for (rank, executor) in executors.into_iter().enumerate() {
+            let (command_tx, command_rx) = channel();
+            let (reply_tx, reply_rx) = channel();
+            let handle = std::thread::Builder::new()
+                .name(format!("helios-rank-{rank}"))
+                .spawn(move || serve(executor, command_rx, reply_tx))?;
+            ranks.push(RankThread {
+                commands: Some(command_tx),
+                replies: reply_rx,
+                handle: Some(handle),
+            });
+        }
+        let finished = vec![None; ranks.len()];
+        Ok(Self {
+            ranks,
+            applies_masks,
+            finished,
+        })
+    }
+
+    /// Ranks in the group.
+    pub fn world_size(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// Ends every rank's thread and joins it; gives back each rank's
+    /// executor, rank 0 first.
+    pub fn join(mut self) -> Result<Vec<E>, RankPanicked> {
+        let mut executors = Vec::with_capacity(self.ranks.len());
+        let mut panicked = None;
+        for (rank, thread) in self.ranks.iter_mut().enumerate() {
+            thread.commands = None;
+            let handle = thread.handle.take().expect("joined once");
+            match handle.join() {
+                Ok(executor) => executors.push(executor),
+                Err(_) => panicked = panicked.or(Some(RankPanicked { rank })),
+            }
+        }
+        panicked.map_or(Ok(executors), Err)
+    }
+
+    /// Sends `command` to every rank whose `pending` is set, then collects
+    /// each one's reply.
+    fn broadcast(
+        &mut self,
+        mut command: impl FnMut() -> Command,
+        pending: &[bool],
+    ) -> Result<Vec<Option<Reply>>, ExecutionError> {
+        for (rank, thread) in self.ranks.iter().enumerate() {
+            if !pending[rank] {
+                continue;
+            }
+            let sent = (thread.commands.as_ref()).is_some_and(|tx| tx.send(command()).is_ok());
+            if !sent {
+                return Err(failed(rank, RankProblem::ThreadEnded));
+            }
+        }
+        let mut replies = Vec::with_capacity(self.ranks.len());
+        for (rank, thread) in self.ranks.iter().enumerate() {
+            if !pending[rank] {
+                replies.push(None);
+                continue;
+            }
+            let reply =
+                (thread.replies.recv()).map_err(|_| failed(rank, RankProblem::ThreadEnded))?;
+            replies.push(Some(reply));
+        }
+        Ok(replies)
+    }
+
+    /// Rank 0's completion once every rank finished; `None` before.
+    fn gather(&mut self) -> Result<Option<Completion>, ExecutionError> {
+        if self.finished.iter().any(Option::is_none) {
+            return Ok(None);
+        }
+        let mut completions = self
+            .finished
+            .iter_mut()
+            .map(|c| c.take().expect("finished"));
+        let zero = completions.next().expect("rank 0");
+        for (offset, completion) in completions.enumerate() {
+            if completion != zero {
+                return Err(failed(offset + 1, RankProblem::RecordsDiverged));
+            }
+        }
+        Ok(Some(zero))
+    }
+
+    fn pending(&self) -> Vec<bool> {
+        self.finished.iter().map(Option::is_none).collect()
+    }
+}
+
+impl<E: Executor + Send + 'static> Executor for RankGroup<E> {
+    fn submit(&mut self, launch: &Launch) -> Result<Ticket, ExecutionError> {
+        let all = vec![true; self.ranks.len()];
+        let replies = self.broadcast(|| Command::Submit(Box::new(launch.clone())), &all)?;
+        let mut tickets = Vec::with_capacity(replies.len());
+        for (rank, reply) in replies.into_iter().enumerate() {
+            match reply {
+                Some(Reply::Submitted(Ok(ticket))) => tickets.push(ticket),
+                Some(Reply::Submitted(Err(err))) => {
+                    return Err(failed(rank, RankProblem::Execution(err)))
+                }
+                _ => return Err(failed(rank, RankProblem::ThreadEnded)),
+            }
+        }
+        let zero = tickets[0];
+        if let Some((rank, ticket)) = (tickets.iter().enumerate()).find(|(_, t)| **t != zero) {
+            return Err(failed(
+                rank,
+                RankProblem::TicketDiverged {
+                    expected: zero.0,
+                    found: ticket.0,
+                },
+            ));
+        }
+        Ok(zero)
+    }
+
+    fn poll(&mut self, ticket: Ticket) -> Result<Option<Completion>, ExecutionError> {
+        let pending = self.pending();
+        let replies = self.broadcast(|| Command::Poll(ticket), &pending)?;
+        for (rank, reply) in replies.into_iter().enumerate() {
+            match reply {
+                None => {}
+                Some(Reply::Polled(Ok(done))) => self.finished[rank] = done,
+                Some(Reply::Polled(Err(err))) => {
+                    return Err(failed(rank, RankProblem::Execution(err)))
+                }
+                Some(_) => return Err(failed(rank, RankProblem::ThreadEnded)),
+            }
+        }
+        self.gather()
+    }
+
+    fn wait(&mut self, ticket: Ticket) -> Result<Completion, ExecutionError> {
+        let pending = self.pending();
+        let replies = self.broadcast(|| Command::Wait(ticket), &pending)?;
+        for (rank, reply) in replies.into_iter().enumerate() {
+            match reply {
+                None => {}
+                Some(Reply::Waited(Ok(done))) => self.finished[rank] = Some(done),
+                Some(Reply::Waited(Err(err))) => {
+                    return Err(failed(rank, RankProblem::Execution(err)))
+                }
+                Some(_) => return Err(failed(rank, RankProblem::ThreadEnded)),
+            }
+        }
+        Ok(self.gather()?.expect("every rank finished the launch"))
+    }
+
+    fn applies_masks(&self) -> bool {
+        self.applies_masks
+    }
+}
+
+impl<E: Executor + Send + 'static> Drop for RankGroup<E> {
+    fn drop(&mut self) {
+        for thread in &mut self.ranks {
+            thread.commands = None;
+        }
+        for thread in &mut self.ranks {
+            if let Some(handle) = thread.handle.take() {
+                // A panicked rank was reported by the step that saw it end.
+                let _ = handle.join();
+            }
+        }
+    }
+}
