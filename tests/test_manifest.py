@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -160,3 +161,35 @@ def test_nonzero_contents_are_found_in_bounded_chunks() -> None:
         assert any_nonzero(one, chunk_elements=7)
         assert any_nonzero(one.transpose(0, 2), chunk_elements=7)  # not contiguous
     assert not any_nonzero(torch.zeros(0), chunk_elements=7)
+
+
+def test_a_rank_layout_written_here_is_what_helios_validates(
+    prepared: PreparedModel, tmp_path: Path
+) -> None:
+    # Two ranks of the same preparation in disjoint windows load, and flare inspect
+    # lists them; rank 1's window over rank 0's is refused, naming both.
+    from fake_server import build_flare
+
+    from ignition.export.manifest import with_rank_layout
+
+    flare = build_flare()
+    zero, initial = tiny_fixture(prepared)
+    one, _ = tiny_fixture(prepared, base=zero.window.base + zero.window.size)
+    core = with_rank_layout(zero, [one])
+    write_core_dir(tmp_path / "two", core, initial, {})
+    shown = subprocess.run(
+        [str(flare), "inspect", str(tmp_path / "two")], capture_output=True, text=True, timeout=120
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "ranks         2 (tensor parallel" in shown.stdout
+    overlapping, _ = tiny_fixture(prepared, base=zero.window.base)
+    bad = with_rank_layout(tiny_fixture(prepared)[0], [overlapping])
+    write_core_dir(tmp_path / "overlap", bad, initial, {})
+    refused = subprocess.run(
+        [str(flare), "inspect", str(tmp_path / "overlap")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2
+    assert "the windows of rank 0 and rank 1 overlap" in refused.stderr

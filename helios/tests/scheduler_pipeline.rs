@@ -477,3 +477,44 @@ fn ranks_whose_records_diverge_fail_the_step() {
     ));
     assert!(scheduler.step().is_err());
 }
+
+#[test]
+fn the_model_thread_serves_two_ranks_and_its_shutdown_joins_both() {
+    use helios::scheduler::{ShutdownMode, Worker};
+    let setup = Setup::default();
+    let dropped: Vec<Dropped> = (0..2).map(|_| Dropped::default()).collect();
+    let flags = dropped.clone();
+    let executor_setup = setup.clone();
+    let worker = Worker::spawn(setup.geometry(), setup.config.clone(), move || {
+        let ranks = (flags.iter())
+            .map(|flag| Rank {
+                inner: executor_setup.executor(),
+                launches: Launches::default(),
+                fail_at: None,
+                dropped: flag.clone(),
+            })
+            .collect();
+        helios::scheduler::RankGroup::new(ranks).map_err(|err| ExecutionError::Device {
+            operation: "rank threads",
+            source: std::sync::Arc::new(err),
+        })
+    })
+    .unwrap();
+    let request = spec(12, 20, 5);
+    let mut stream = worker.handle().submit_blocking(request.clone()).unwrap();
+    let mut tokens = Vec::new();
+    while let Some(event) = stream.next_event().unwrap() {
+        if let helios::scheduler::Event::Tokens { tokens: more, .. } = event {
+            tokens.extend(more);
+        }
+    }
+    assert_eq!(tokens, reference(&setup, &request).tokens);
+    assert!(dropped
+        .iter()
+        .all(|d| !d.load(std::sync::atomic::Ordering::SeqCst)));
+    worker.shutdown(ShutdownMode::Finish).unwrap();
+    // The model thread dropped the group, which joined both rank threads.
+    assert!(dropped
+        .iter()
+        .all(|d| d.load(std::sync::atomic::Ordering::SeqCst)));
+}
