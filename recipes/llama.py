@@ -65,10 +65,10 @@ from ignition.components.kv_cache import (
     rope_write_kv,
 )
 from ignition.components.linear import ROWS_TILE, RmsNorm, gated_project, project
-from ignition.components.rotary import RotaryTable
 from ignition.loading.mapping import WeightMapping
 from ignition.loading.source import CheckpointError
 from ignition.preparation.compile_flags import DecodeFusion
+from recipes.composition import check_placed, place_rotary, set_parameter
 from recipes.interface import SamplingDefaults, StateLayout
 
 __all__ = ["RECIPE", "LlamaModel", "SamplingDefaults"]
@@ -329,11 +329,6 @@ def fuse_decode(layer: nn.Module, fusion: DecodeFusion) -> None:
     layer.fuse_norms = fusion == "norms"
 
 
-def _set_parameter(root: nn.Module, name: str, value: torch.Tensor) -> None:
-    owner_name, attr = name.rsplit(".", 1)
-    setattr(root.get_submodule(owner_name), attr, nn.Parameter(value, requires_grad=False))
-
-
 class LlamaModel:
     """The prepared model: canonical modules over execution-layout storage."""
 
@@ -397,7 +392,7 @@ class LlamaModel:
             if name in packed:
                 continue
             real = torch.empty(param.shape, dtype=dtype, device=device)
-            _set_parameter(model, name, real)
+            set_parameter(model, name, real)
             self.mapping.place(name, real)
             self.weights[name] = real
         if config.tie_word_embeddings:
@@ -405,17 +400,8 @@ class LlamaModel:
             self.mapping.ignore(
                 "lm_head.weight", "tied to model.embed_tokens.weight (tie_word_embeddings)"
             )
-        rotary = type(model.model.rotary_emb)(config=config).to(device)
-        self.rotary = RotaryTable(
-            rotary, positions or int(config.max_position_embeddings), dtype, device
-        )
-        self.weights["rotary.cos"] = self.rotary.cos
-        self.weights["rotary.sin"] = self.rotary.sin
-        # Serving reads the table; the canonical module stays for reference comparisons.
-        model.model.rotary_emb = rotary
-        leftover = [n for n, b in model.named_buffers() if b.device.type != device.type]
-        if leftover:
-            raise CheckpointError(f"buffer {leftover[0]} has no execution storage")
+        self.rotary = place_rotary(model, config, self.weights, positions, dtype, device)
+        check_placed(model, device)
         self.model = model
         self.cache = cache
 

@@ -47,6 +47,7 @@ from ignition.components.rotary import RotaryTable
 from ignition.loading.mapping import WeightMapping
 from ignition.loading.source import CheckpointError
 from ignition.preparation.compile_flags import DecodeFusion
+from recipes.composition import check_placed, place_rotary, set_parameter
 from recipes.interface import SamplingDefaults, StateLayout
 
 NAME = "qwen4_exp"
@@ -456,11 +457,6 @@ def checkpoint_views(
     return [(name, tensor)]
 
 
-def _set_parameter(root: nn.Module, name: str, value: torch.Tensor) -> None:
-    owner_name, attr = name.rsplit(".", 1)
-    setattr(root.get_submodule(owner_name), attr, nn.Parameter(value, requires_grad=False))
-
-
 class HybridModel:
     """The prepared hybrid text model: canonical modules over execution storage."""
 
@@ -487,7 +483,7 @@ class HybridModel:
         self.weights: dict[str, torch.Tensor] = {}
         for name, param in list(model.named_parameters()):
             real = torch.empty(param.shape, dtype=dtype, device=device)
-            _set_parameter(model, name, real)
+            set_parameter(model, name, real)
             self.weights[name] = real
             for stored, target in checkpoint_views(name, real, config):
                 self.mapping.place(stored, target)
@@ -525,20 +521,11 @@ class HybridModel:
                 layer.self_attn = PreparedSparseAttention(layer.self_attn, sparse.index(i), g)
             if i in g.ple_layers:
                 layer.ple = PreparedPle(layer.ple, g.ple_layers.index(i))
-        rotary = type(model.model.rotary_emb)(config=config).to(device)
-        self.rotary = RotaryTable(
-            rotary,
-            positions or int(config.max_position_embeddings),
-            dtype,
-            device,
-            position_rows=3,
+        # Interleaved mRoPE takes three position rows, equal for text.
+        self.rotary = place_rotary(
+            model, config, self.weights, positions, dtype, device, position_rows=3
         )
-        self.weights["rotary.cos"] = self.rotary.cos
-        self.weights["rotary.sin"] = self.rotary.sin
-        model.model.rotary_emb = rotary
-        leftover = [n for n, b in model.named_buffers() if b.device.type != device.type]
-        if leftover:
-            raise CheckpointError(f"buffer {leftover[0]} has no execution storage")
+        check_placed(model, device)
         self.model = model
         self.cache = cache
         self.continuation = continuation

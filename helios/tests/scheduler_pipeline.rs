@@ -328,6 +328,18 @@ impl Drop for Rank {
     }
 }
 
+/// The device failure a run stopped on.
+fn device_failure(
+    error: helios::scheduler::test_executor::RunError,
+) -> std::sync::Arc<dyn std::error::Error + Send + Sync> {
+    match error {
+        helios::scheduler::test_executor::RunError::Scheduler(SchedulerError::Execution(
+            ExecutionError::Device { source, .. },
+        )) => source,
+        other => panic!("{other:?}"),
+    }
+}
+
 type Launches = std::sync::Arc<std::sync::Mutex<Vec<helios::scheduler::Launch>>>;
 type Dropped = std::sync::Arc<std::sync::atomic::AtomicBool>;
 
@@ -415,12 +427,7 @@ fn a_rank_failure_fails_the_step_on_every_rank_and_shutdown_joins_both() {
     }
     let mut transcript = Transcript::default();
     let error = transcript.run(&mut scheduler, 1000).unwrap_err();
-    let helios::scheduler::test_executor::RunError::Scheduler(SchedulerError::Execution(
-        ExecutionError::Device { source, .. },
-    )) = error
-    else {
-        panic!("{error:?}")
-    };
+    let source = device_failure(error);
     let failure = source
         .downcast_ref::<helios::scheduler::RankFailure>()
         .unwrap();
@@ -461,12 +468,7 @@ fn ranks_whose_records_diverge_fail_the_step() {
     scheduler.submit(spec(5, 30, 0)).unwrap();
     let mut transcript = Transcript::default();
     let error = transcript.run(&mut scheduler, 1000).unwrap_err();
-    let helios::scheduler::test_executor::RunError::Scheduler(SchedulerError::Execution(
-        ExecutionError::Device { source, .. },
-    )) = error
-    else {
-        panic!("{error:?}")
-    };
+    let source = device_failure(error);
     let failure = source
         .downcast_ref::<helios::scheduler::RankFailure>()
         .unwrap();
