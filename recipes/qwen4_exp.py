@@ -300,11 +300,6 @@ class PreparedSparseAttention(nn.Module):
         iq = _rope(ix.q_layernorm(iq.reshape(tokens, g.index_heads, g.index_dim)), cos, sin)
         ring = ctx.read("qsa_ring", self.index)
         tags = ctx.read("qsa_tags", self.index)
-
-        def block_rotary(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            c, s = ctx.rotary.lookup(p)
-            return c.unsqueeze(-2), s.unsqueeze(-2)
-
         selector.write_blocks(
             ctx.cache.extra[SELECTORS],
             self.index,
@@ -316,8 +311,8 @@ class PreparedSparseAttention(nn.Module):
             tables,
             self.selection,
             ix.k_layernorm,
-            lambda key, c, s: _rope(key.unsqueeze(-2), c.squeeze(-2), s.squeeze(-2)).squeeze(-2),
-            block_rotary,
+            lambda key, c, s: _rope(key.unsqueeze(-2), c, s).squeeze(-2),
+            ctx.rotary.lookup,
         )
         ctx.write("qsa_ring", self.index, ring)
         ctx.write("qsa_tags", self.index, tags)
