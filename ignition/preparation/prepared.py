@@ -47,7 +47,7 @@ from recipes.registry import recipe_for
 # page and one hidden vector: 1.4 MiB for SmolLM2-135M, 9 MiB for Qwen3-8B).
 SNAPSHOT_ROWS_PER_SLOT = 32
 # The default checkpoint-state budget (the design's): rows whose continuation state is
-# large (a hybrid model's recurrent matrices, ~113 MiB a row at Qwen3.8 Flash's
+# large (a hybrid model's recurrent matrices, ~112 MiB a row at Qwen3.8 Flash's
 # geometry) are capped to what it holds; dense rows (at most ~9 MiB) stay at the
 # per-slot count.
 SNAPSHOT_STATE_BUDGET = 4 * 1024**3
