@@ -127,8 +127,40 @@ def test_selected_attention_matches_the_reference(
         assert _relative_l2(got, want) < 1e-2
 
 
-def test_splits_depend_on_shapes_only() -> None:
-    assert triton_selector.selected_splits(1, 2, 513) == triton_selector.MAX_SPLITS
-    assert triton_selector.selected_splits(4096, 2, 513) == 1
-    # Never more splits than tiles of the list.
-    assert triton_selector.selected_splits(1, 2, 9) == 1
+def test_splits_depend_on_the_list_alone() -> None:
+    # Decode: one split per 16-block tile up to 16, whatever the batch; prefill: one.
+    assert triton_selector.selected_splits(1, 513) == triton_selector.MAX_SPLITS
+    assert triton_selector.selected_splits(1, 40) == 3
+    assert triton_selector.selected_splits(1, 9) == 1
+    assert triton_selector.selected_splits(4096, 513) == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_decode_token_attends_alike_at_every_capacity(device: str) -> None:
+    # A token selecting 40 blocks (three tiles, three splits) gives the same bits
+    # alone and as the first of 100 decode rows: the split count follows its list,
+    # not the batch (it once followed the batch: two splits at 100 rows, three alone,
+    # which changed the token's rounding).
+    gen = torch.Generator().manual_seed(5)
+    kv = torch.randn(2, PAGES, PAGE, KV_HEADS, HEAD_DIM, generator=gen).to(torch.bfloat16)
+    tables = _tables(1, 3).expand(4, -1).contiguous()  # the rows read the same pages
+    positions = torch.tensor([180, 190, 170, 175])
+    blocks = torch.stack(
+        [torch.randperm(int(p + 1) // RATIO, generator=gen)[:40] for p in positions]
+    ).to(torch.int32)
+    q = torch.randn(4, HEADS, HEAD_DIM, generator=gen).to(torch.bfloat16)
+    rows = 100
+    q, tables, blocks, positions = (
+        t.repeat(rows // 4, *([1] * (t.dim() - 1))) for t in (q, tables, blocks, positions)
+    )
+    q, kv, tables, blocks, positions = (t.to(device) for t in (q, kv, tables, blocks, positions))
+    scale = HEAD_DIM**-0.5
+    four = triton_selector.triton_selected_attention(
+        q, kv, tables, 1, blocks, positions, RATIO, scale
+    )
+    one = triton_selector.triton_selected_attention(
+        q[:1], kv, tables[:1], 1, blocks[:1], positions[:1], RATIO, scale
+    )
+    assert torch.equal(one[0], four[0]) and torch.equal(four[0], four[4])
+    want = selector.selected_attention_ref(q, kv, tables, 1, blocks, positions, RATIO, scale)
+    assert _relative_l2(four, want) < 1e-2

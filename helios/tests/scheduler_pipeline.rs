@@ -445,6 +445,24 @@ fn a_rank_failure_fails_the_step_on_every_rank_and_shutdown_joins_both() {
     assert_eq!(launches[0].lock().unwrap().len(), 7);
     assert_eq!(launches[1].lock().unwrap().len(), 7);
     assert!(scheduler.step().is_err());
+    // The group itself takes nothing more (its ranks' channels may hold the
+    // failed step's replies): it names the rank that failed.
+    use helios::scheduler::Executor as _;
+    let again = launches[0].lock().unwrap()[0].clone();
+    let ExecutionError::Device { source, .. } =
+        scheduler.executor_mut().submit(&again).unwrap_err()
+    else {
+        panic!("not a device failure")
+    };
+    let refused = source
+        .downcast_ref::<helios::scheduler::RankFailure>()
+        .unwrap();
+    assert_eq!(refused.rank, 1);
+    assert!(matches!(
+        refused.source,
+        helios::scheduler::RankProblem::FailedBefore
+    ));
+    assert_eq!(launches[1].lock().unwrap().len(), 7);
     drop(scheduler);
     assert!(dropped
         .iter()

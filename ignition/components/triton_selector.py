@@ -15,8 +15,9 @@ tokens_per_row`` (a prefill chunk is one row, decode one token per row).
 - ``triton_selected_attention``: each token attends to the tokens of its selected
   blocks (a list padded with -1; the open group's block comes last, its tokens past
   the query masked). Split over the list like decode attention is split over pages
-  (partials merged by the decode combine kernel), so a token's result depends only on
-  its own list, never on the batch.
+  (partials merged by the decode combine kernel) into a number of splits that
+  depends only on the list's length, so a token's result depends only on its own
+  list, never on the batch.
 
 Both are replayed in CUDA graphs with new metadata: grids and constexprs depend only
 on shapes, everything per step is read on the device.
@@ -42,8 +43,8 @@ TILE_BLOCKS = 16
 SCORE_BLOCKS = 64
 # Tokens of one table row per score program (the prefill chunk shares its row).
 SCORE_TOKENS = 8
-# Programs wanted for attention before splitting stops (an H200 has 132 SMs).
-TARGET_PROGRAMS = 264
+# Splits of a decode token's block list: at most this many, whatever the batch (a
+# split count that followed the batch would change the token's rounding with it).
 MAX_SPLITS = 16
 
 
@@ -304,12 +305,14 @@ def triton_block_scores(
     return out
 
 
-def selected_splits(n_tokens: int, kv_heads: int, n_select: int) -> int:
-    """Splits of each token's block list: enough programs to fill the GPU for a few
-    decode rows, one for a prefill chunk; a function of shapes only."""
-    tiles = triton.cdiv(n_select, TILE_BLOCKS)
-    wanted = triton.cdiv(TARGET_PROGRAMS, max(n_tokens * kv_heads, 1))
-    return max(1, min(wanted, tiles, MAX_SPLITS))
+def selected_splits(tokens_per_row: int, n_select: int) -> int:
+    """Splits of each token's block list: for decode rows (one token per row) one per
+    tile of the list up to ``MAX_SPLITS``, for a prefill chunk (whose tokens fill
+    the GPU) one. Neither depends on how many rows or tokens the launch holds, so a
+    token's result is the same at every decode capacity and every chunk size."""
+    if tokens_per_row > 1:
+        return 1
+    return max(1, min(triton.cdiv(n_select, TILE_BLOCKS), MAX_SPLITS))
 
 
 def triton_selected_attention(
@@ -336,7 +339,7 @@ def triton_selected_attention(
     group = heads // kv_heads
     block_h = max(_MIN_DOT, triton.next_power_of_2(group))
     n_select = blocks.shape[1]
-    splits = selected_splits(n_tokens, kv_heads, n_select)
+    splits = selected_splits(tokens_per_row, n_select)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     part_m, part_l, part_acc = _split_partials(n_tokens, heads, splits, head_dim, q.device)
     _selected_split_kernel[(n_tokens, kv_heads, splits)](

@@ -45,6 +45,9 @@ pub enum RankProblem {
     },
     /// Its completion records differ from rank 0's.
     RecordsDiverged,
+    /// It failed an earlier step; the group takes no more launches (replies
+    /// of that step may still sit unread in the ranks' channels).
+    FailedBefore,
 }
 
 impl fmt::Display for RankFailure {
@@ -60,6 +63,7 @@ impl fmt::Display for RankFailure {
             RankProblem::RecordsDiverged => {
                 write!(f, "rank {rank}'s completion records differ from rank 0's")
             }
+            RankProblem::FailedBefore => write!(f, "rank {rank} failed an earlier step"),
         }
     }
 }
@@ -105,6 +109,8 @@ pub struct RankGroup<E: Executor + Send + 'static> {
     applies_masks: bool,
     /// The oldest launch's completions from the ranks that finished it.
     finished: Vec<Option<Completion>>,
+    /// The rank whose failure ended the group's service.
+    failed: Option<usize>,
 }
 
 impl<E: Executor + Send + 'static> fmt::Debug for RankGroup<E> {
@@ -159,6 +165,7 @@ impl<E: Executor + Send + 'static> RankGroup<E> {
             ranks,
             applies_masks,
             finished,
+            failed: None,
         })
     }
 
@@ -237,6 +244,41 @@ impl<E: Executor + Send + 'static> RankGroup<E> {
 
 impl<E: Executor + Send + 'static> Executor for RankGroup<E> {
     fn submit(&mut self, launch: &Launch) -> Result<Ticket, ExecutionError> {
+        self.guarded(|group| group.submit_once(launch))
+    }
+
+    fn poll(&mut self, ticket: Ticket) -> Result<Option<Completion>, ExecutionError> {
+        self.guarded(|group| group.poll_once(ticket))
+    }
+
+    fn wait(&mut self, ticket: Ticket) -> Result<Completion, ExecutionError> {
+        self.guarded(|group| group.wait_once(ticket))
+    }
+
+    fn applies_masks(&self) -> bool {
+        self.applies_masks
+    }
+}
+
+impl<E: Executor + Send + 'static> RankGroup<E> {
+    /// Runs `step` unless a rank failed before; a failure ends the group's
+    /// service (the scheduler stops after it too).
+    fn guarded<T>(
+        &mut self,
+        step: impl FnOnce(&mut Self) -> Result<T, ExecutionError>,
+    ) -> Result<T, ExecutionError> {
+        if let Some(rank) = self.failed {
+            return Err(failed(rank, RankProblem::FailedBefore));
+        }
+        let result = step(self);
+        if let Err(ExecutionError::Device { source, .. }) = &result {
+            let rank = source.downcast_ref::<RankFailure>().map_or(0, |f| f.rank);
+            self.failed = Some(rank);
+        }
+        result
+    }
+
+    fn submit_once(&mut self, launch: &Launch) -> Result<Ticket, ExecutionError> {
         let all = vec![true; self.ranks.len()];
         let replies = self.broadcast(|| Command::Submit(Box::new(launch.clone())), &all)?;
         let mut tickets = Vec::with_capacity(replies.len());
@@ -262,7 +304,7 @@ impl<E: Executor + Send + 'static> Executor for RankGroup<E> {
         Ok(zero)
     }
 
-    fn poll(&mut self, ticket: Ticket) -> Result<Option<Completion>, ExecutionError> {
+    fn poll_once(&mut self, ticket: Ticket) -> Result<Option<Completion>, ExecutionError> {
         let pending = self.pending();
         let replies = self.broadcast(|| Command::Poll(ticket), &pending)?;
         for (rank, reply) in replies.into_iter().enumerate() {
@@ -278,7 +320,7 @@ impl<E: Executor + Send + 'static> Executor for RankGroup<E> {
         self.gather()
     }
 
-    fn wait(&mut self, ticket: Ticket) -> Result<Completion, ExecutionError> {
+    fn wait_once(&mut self, ticket: Ticket) -> Result<Completion, ExecutionError> {
         let pending = self.pending();
         let replies = self.broadcast(|| Command::Wait(ticket), &pending)?;
         for (rank, reply) in replies.into_iter().enumerate() {
@@ -293,13 +335,12 @@ impl<E: Executor + Send + 'static> Executor for RankGroup<E> {
         }
         Ok(self.gather()?.expect("every rank finished the launch"))
     }
-
-    fn applies_masks(&self) -> bool {
-        self.applies_masks
-    }
 }
 
 impl<E: Executor + Send + 'static> Drop for RankGroup<E> {
+    /// Closes every rank's commands and joins its thread. A rank blocked in a
+    /// launch that never completes (a collective whose peer refused the launch)
+    /// would hold the join; the device layer's own failure ends such a wait.
     fn drop(&mut self) {
         for thread in &mut self.ranks {
             thread.commands = None;
