@@ -45,9 +45,11 @@ from ignition.replay.packing import (
 
 # Buffers the host may write between launches (by manifest-name prefix).
 HOST_WRITTEN = ("state.", "staging.")
-# Buffers too large to digest after every step: pages and snapshot-row pages every
+# Buffers too large to digest after every step: pages and snapshot-row pages, and a
+# recipe's further paged tensors and continuation rows with their snapshot rows (a
+# hybrid's recurrent state: ~112 MiB a row at Qwen3.8 Flash's geometry) every
 # ``full_every`` steps, weights (which no graph writes) only at the last step.
-LARGE = ("kv.", "weight.", "snapshot.kv")
+LARGE = ("kv.", "weight.", "snapshot.kv", "paged.", "rows.", "snapshot.paged.", "snapshot.rows.")
 READ_ONLY = ("weight.",)
 # One full digest of the large written buffers per 8 steps for each 2 GiB of them.
 FULL_EVERY_PER_SIZE = 8
