@@ -179,6 +179,39 @@ class StepContext:
     rotary: RotaryTable
     decode: bool
 
+    @staticmethod
+    def of(
+        step: AttentionStep,
+        positions: torch.Tensor,
+        cache: PagedKvCache,
+        continuation: ContinuationRows,
+        rotary: RotaryTable,
+    ) -> StepContext:
+        """The context of ``step`` over ``positions`` (decode rows when the step has
+        sequence lengths, else one prefill chunk)."""
+        if step.slots is None:
+            raise ValueError("the hybrid model needs each row's request slot (step.slots)")
+        decode = step.seq_lens is not None
+        if step.seq_lens is not None:
+            start = positions.to(torch.int64)
+            n_valid = (step.seq_lens > 0).to(torch.int64)
+        else:
+            assert step.start is not None and step.n_valid is not None
+            start = step.start.to(torch.int64).view(1)
+            n_valid = step.n_valid.to(torch.int64).view(1)
+        return StepContext(
+            cache=cache,
+            continuation=continuation,
+            step=step,
+            slots=step.slots.to(torch.int64),
+            start=start,
+            n_valid=n_valid,
+            positions=positions.to(torch.int64).view(step.slots.shape[0], -1),
+            cos_sin=rotary.lookup(positions),
+            rotary=rotary,
+            decode=decode,
+        )
+
     @property
     def rows(self) -> int:
         return self.slots.shape[0]
@@ -533,30 +566,7 @@ class HybridModel:
     ) -> torch.Tensor:
         """Final hidden vectors [tokens, hidden] (the last hyperconnection mixer's
         output) of packed ``tokens``, consuming them into the rows ``step.slots``."""
-        if step.slots is None:
-            raise ValueError("the hybrid model needs each row's request slot (step.slots)")
-        decode = step.seq_lens is not None
-        rows = step.slots.shape[0]
-        if decode:
-            assert step.seq_lens is not None
-            start = positions.to(torch.int64)
-            n_valid = (step.seq_lens > 0).to(torch.int64)
-        else:
-            assert step.start is not None and step.n_valid is not None
-            start = step.start.to(torch.int64).view(1)
-            n_valid = step.n_valid.to(torch.int64).view(1)
-        ctx = StepContext(
-            cache=self.cache,
-            continuation=self.continuation,
-            step=step,
-            slots=step.slots.to(torch.int64),
-            start=start,
-            n_valid=n_valid,
-            positions=positions.to(torch.int64).view(rows, -1),
-            cos_sin=self.rotary.lookup(positions),
-            rotary=self.rotary,
-            decode=decode,
-        )
+        ctx = StepContext.of(step, positions, self.cache, self.continuation, self.rotary)
         text = self.model.model
         h = text.embed_tokens(tokens).unsqueeze(0).repeat(1, 1, self.config.hc_count)
         for layer in text.layers:

@@ -88,7 +88,7 @@ class Harness:
             torch.tensor([n], dtype=torch.int32),
             torch.tensor([1]),
         )
-        return self._context(step, positions, decode=False)
+        return self._context(step, positions)
 
     def decode(self, position: int) -> StepContext:
         """Two rows: the null slot's padding, then the request's token."""
@@ -98,28 +98,10 @@ class Harness:
         rows = slot_mapping(tables, positions, live, PAGE_SIZE)
         seq_lens = torch.where(live, positions + 1, 0).to(torch.int32)
         step = AttentionStep(rows, tables, seq_lens, None, None, torch.tensor([0, 1]))
-        return self._context(step, positions, decode=True)
+        return self._context(step, positions)
 
-    def _context(self, step: AttentionStep, positions: torch.Tensor, decode: bool) -> StepContext:
-        assert step.slots is not None
-        if decode:
-            assert step.seq_lens is not None
-            start, n_valid = positions, (step.seq_lens > 0).to(torch.int64)
-        else:
-            assert step.start is not None and step.n_valid is not None
-            start, n_valid = step.start.long(), step.n_valid.long()
-        return StepContext(
-            cache=self.cache,
-            continuation=self.rows,
-            step=step,
-            slots=step.slots,
-            start=start,
-            n_valid=n_valid,
-            positions=positions.view(step.slots.shape[0], -1),
-            cos_sin=self.rotary.lookup(positions),
-            rotary=self.rotary,
-            decode=decode,
-        )
+    def _context(self, step: AttentionStep, positions: torch.Tensor) -> StepContext:
+        return StepContext.of(step, positions, self.cache, self.rows, self.rotary)
 
 
 def _pad(x: torch.Tensor) -> torch.Tensor:
