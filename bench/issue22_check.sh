@@ -54,7 +54,7 @@ case $part in
     python3 -c "import sys; from pathlib import Path; from checkpoints import write_tiny_hybrid; \
 write_tiny_hybrid(Path(sys.argv[1]))" "$work/tiny-hybrid" || exit 1
     export_and_check "$work/tiny-hybrid" "$work/tiny-hybrid-core" "$flare" \
-      --max-concurrency 4 --context-limit 2048 --prefill-chunk-size 256 || status=1
+      --max-concurrency 2 --context-limit 1024 --prefill-chunk-size 128 || status=1
     ;;
   h200)
     flare=${1:?$usage}

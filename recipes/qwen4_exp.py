@@ -31,17 +31,23 @@ chunk's capacity (``step.start``, ``step.n_valid``), decode is one token per row
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModelForCausalLM, PretrainedConfig
-from transformers.models.qwen4_exp import modeling_qwen4_exp as canonical
 
 from ignition.components import gated_delta, selector
-from ignition.components.continuation import ContinuationRows, RowField, write_slot_rows
+from ignition.components.continuation import (
+    ContinuationRows,
+    RowField,
+    read_slot_rows,
+    write_slot_rows,
+)
 from ignition.components.kv_cache import AttentionStep, PagedField, PagedKvCache, write_kv
 from ignition.components.rotary import RotaryTable
 from ignition.loading.mapping import WeightMapping
@@ -60,6 +66,17 @@ SELECTORS = "selectors"
 NGRAM_CONSTANTS = ("layer_multipliers", "ngram_heads_vocab_sizes", "ngram_heads_offsets")
 LINEAR = "linear_attention"
 SPARSE = "qwen_sparse_attention"
+
+
+@functools.cache
+def canonical() -> ModuleType:
+    """Transformers' ``modeling_qwen4_exp``, imported on first use: importing it
+    imports fla-core where it is installed, and fla initializes CUDA on import, which
+    must not happen before an export starts recording kernel images (registering this
+    recipe must not import it)."""
+    from transformers.models.qwen4_exp import modeling_qwen4_exp
+
+    return modeling_qwen4_exp
 
 
 @dataclass(frozen=True)
@@ -234,7 +251,7 @@ class StepContext:
         return tables if tables.dim() == 2 else tables.unsqueeze(0)
 
     def read(self, field: str, layer: int) -> torch.Tensor:
-        return self.continuation[field].select(1, layer).index_select(0, self.slots)
+        return read_slot_rows(self.continuation[field], layer, self.slots)
 
     def write(self, field: str, layer: int, value: torch.Tensor) -> None:
         """Each live row's new value; other rows write back what they read."""
@@ -242,12 +259,6 @@ class StepContext:
         keep = self.live.view(-1, *([1] * (value.dim() - 1)))
         old = self.read(field, layer)
         write_slot_rows(tensor, layer, self.slots, torch.where(keep, value.to(tensor.dtype), old))
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """The canonical partial rotary function of ``x [..., heads, dim]`` by ``cos/sin
-    [..., rotary]``."""
-    return canonical.apply_rotary_pos_emb(x, cos=cos, sin=sin, unsqueeze_dim=-2)
 
 
 class PreparedGatedDeltaNet(nn.Module):
@@ -310,6 +321,13 @@ class PreparedSparseAttention(nn.Module):
         self.index = index
         self.geometry = geometry
         self.selection = selector.SelectorGeometry(geometry.ratio, geometry.budget, PAGE_SIZE)
+        # Resolved here, not in the forward (Dynamo would trace through the cache).
+        self.apply_rotary = canonical().apply_rotary_pos_emb
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The canonical partial rotary function of ``x [..., heads, dim]`` by
+        ``cos/sin [..., rotary]``."""
+        return self.apply_rotary(x, cos=cos, sin=sin, unsqueeze_dim=-2)
 
     def forward(
         self,
@@ -330,7 +348,7 @@ class PreparedSparseAttention(nn.Module):
         ix = m.indexer
         qk = ix.index_qk_proj(x)
         iq, raw = torch.split(qk, [g.index_heads * g.index_dim, g.index_dim], dim=-1)
-        iq = _rope(ix.q_layernorm(iq.reshape(tokens, g.index_heads, g.index_dim)), cos, sin)
+        iq = self._rope(ix.q_layernorm(iq.reshape(tokens, g.index_heads, g.index_dim)), cos, sin)
         ring = ctx.read("qsa_ring", self.index)
         tags = ctx.read("qsa_tags", self.index)
         selector.write_blocks(
@@ -344,7 +362,7 @@ class PreparedSparseAttention(nn.Module):
             tables,
             self.selection,
             ix.k_layernorm,
-            lambda key, c, s: _rope(key.unsqueeze(-2), c, s).squeeze(-2),
+            lambda key, c, s: self._rope(key.unsqueeze(-2), c, s).squeeze(-2),
             ctx.rotary.lookup,
         )
         ctx.write("qsa_ring", self.index, ring)
@@ -367,7 +385,7 @@ class PreparedSparseAttention(nn.Module):
         query = m.q_norm(query)
         key = m.k_norm(m.k_proj(x).view(tokens, g.kv_heads, g.head_dim))
         value = m.v_proj(x).view(tokens, g.kv_heads, g.head_dim)
-        query, key = canonical.apply_rotary_pos_emb(query, key, cos, sin, unsqueeze_dim=1)
+        query, key = self.apply_rotary(query, key, cos, sin, unsqueeze_dim=1)
         write_kv(ctx.cache.kv, self.index, ctx.step.rows, key, value)
         kv = ctx.cache.kv[self.index]
         out = selector.selected_attention(
@@ -527,9 +545,13 @@ class HybridModel:
         # from the configuration, never loaded.
         for layer_index in g.ple_layers:
             ple = model.model.layers[layer_index].ple.ple_embedding
-            ple.layer_multipliers = canonical._build_layer_multipliers(
-                ple.unigram_vocab_size, ple.ngram_size, ple.ple_layer_index, ple.seed
-            ).to(device)
+            ple.layer_multipliers = (
+                canonical()
+                ._build_layer_multipliers(
+                    ple.unigram_vocab_size, ple.ngram_size, ple.ple_layer_index, ple.seed
+                )
+                .to(device)
+            )
             ple.ngram_heads_vocab_sizes = torch.tensor(
                 ple.head_vocab_sizes, dtype=torch.long, device=device
             )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -71,7 +72,7 @@ class Harness:
         self.cache.extra[SELECTORS] = torch.zeros(
             qsa, PAGES + 1, PAGE_SIZE // GEOMETRY.ratio, GEOMETRY.index_dim
         )
-        rotary = qwen4_exp.canonical.Qwen4ExpTextRotaryEmbedding(CONFIG)
+        rotary = qwen4_exp.canonical().Qwen4ExpTextRotaryEmbedding(CONFIG)
         self.rotary = RotaryTable(rotary, 512, torch.float32, CPU, position_rows=3)
         self.table = torch.arange(1, PAGES + 1, dtype=torch.int32)
 
@@ -660,7 +661,7 @@ def test_the_custom_operators_pass_opcheck() -> None:
     # ones in shape, dtype and strides, mutations are declared: a wrong fake made
     # Inductor reject the compiled prefill.
     from ignition.components import gated_delta, selector
-    from ignition.components.continuation import write_slot_rows
+    from ignition.components.continuation import read_slot_rows, write_slot_rows
     from ignition.components.kv_cache import write_layer_rows
 
     gen = torch.Generator().manual_seed(0)
@@ -702,6 +703,8 @@ def test_the_custom_operators_pass_opcheck() -> None:
     torch.library.opcheck(
         write_slot_rows, (torch.zeros(3, 2, 4), 1, torch.tensor([0, 2]), torch.ones(2, 4))
     )
+    rows = torch.randn(3, 2, 4, generator=gen)
+    torch.library.opcheck(read_slot_rows, (rows, 1, torch.tensor([2, 0, 2])))
 
 
 PER_PAGE_TEST = PAGE_SIZE // 4
@@ -788,3 +791,19 @@ def test_the_hybrid_qualification_replays_identically(checkpoint: Path) -> None:
     with_rows = [any(d.buffer == "rows.gdn_state" for d in s.digests) for s in steps]
     with_pages = [any(d.buffer == "kv.pages" for d in s.digests) for s in steps]
     assert with_rows == with_pages and with_rows[-1] and not all(with_rows)
+
+
+def test_registering_recipes_imports_no_canonical_hybrid_modeling() -> None:
+    # Transformers' qwen4_exp modeling module imports fla-core where it is installed,
+    # and fla initializes CUDA on import: an export, which must start recording kernel
+    # images before CUDA starts, failed before its first step ("CUDA is already
+    # initialized") because the CLI imported it through the recipe registry.
+    code = (
+        "import sys, ignition.cli, ignition.export.exporter, recipes.registry\n"
+        "print(sorted(m for m in sys.modules if m.endswith('modeling_qwen4_exp') "
+        "or m == 'fla' or m.startswith('fla.')))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert run.stdout.strip() == "[]", run.stdout

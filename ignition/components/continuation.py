@@ -92,6 +92,21 @@ class ContinuationRows:
             t.index_copy_(0, dst, value)
 
 
+@torch.library.custom_op("flare::read_slot_rows", mutates_args=())
+def read_slot_rows(field: torch.Tensor, layer: int, slots: torch.Tensor) -> torch.Tensor:
+    """A copy of ``field[slots, layer]``, made where the read stands in the forward.
+    Inductor inlines a plain ``index_select`` into its consumers and may realize a
+    consumer after a later ``write_slot_rows`` of the same field; the consumer then
+    reads the new rows (seen on CUDA: PLE's n-gram hash read the token history it had
+    just replaced). An operator's output is materialized before any later mutation."""
+    return field.select(1, layer).index_select(0, slots)
+
+
+@read_slot_rows.register_fake
+def _read_slot_rows_fake(field: torch.Tensor, layer: int, slots: torch.Tensor) -> torch.Tensor:
+    return field.new_empty((slots.shape[0], *field.shape[2:]))
+
+
 @torch.library.custom_op("flare::write_slot_rows", mutates_args=("field",))
 def write_slot_rows(
     field: torch.Tensor, layer: int, slots: torch.Tensor, values: torch.Tensor

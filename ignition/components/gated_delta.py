@@ -29,20 +29,31 @@ bound, not an exact equality); a consumed endpoint is exact.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers.models.qwen4_exp import modeling_qwen4_exp as canonical
 
 # The chunked rule's chunk (Transformers' default and fla's).
 CHUNK = 64
-# Transformers' torch references themselves: the names Transformers exports dispatch
-# to fla's kernels whenever fla-core is importable, whatever the device.
-_TORCH_CHUNK_RULE = inspect.unwrap(canonical.torch_chunk_gated_delta_rule)
-_TORCH_RECURRENT_RULE = inspect.unwrap(canonical.torch_recurrent_gated_delta_rule)
+
+
+@functools.cache
+def _torch_rules() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """Transformers' torch references themselves (chunked, recurrent): the names
+    Transformers exports dispatch to fla's kernels whenever fla-core is importable,
+    whatever the device. Imported on first use, never with this module: importing the
+    canonical modeling module imports fla, which initializes CUDA, and an export must
+    start recording kernel images before CUDA starts."""
+    from transformers.models.qwen4_exp import modeling_qwen4_exp as canonical
+
+    return (
+        inspect.unwrap(canonical.torch_chunk_gated_delta_rule),
+        inspect.unwrap(canonical.torch_recurrent_gated_delta_rule),
+    )
 
 
 def conv_prefill(
@@ -106,7 +117,7 @@ def chunk_rule(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence ``[1, tokens, heads, dim]`` from ``state [1, Hv, dk, dv]``: the
     outputs and the final state (the canonical chunked rule with its l2 norm)."""
-    out, final = _TORCH_CHUNK_RULE(
+    out, final = _torch_rules()[0](
         q,
         k,
         v,
@@ -166,7 +177,7 @@ def recurrent_rule(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per sequence ``[rows, 1, heads, dim]`` from each row's ``state [rows,
     Hv, dk, dv]`` (the canonical recurrent rule with its l2 norm)."""
-    out, final = _TORCH_RECURRENT_RULE(
+    out, final = _torch_rules()[1](
         q,
         k,
         v,
