@@ -136,3 +136,14 @@ def test_a_core_without_token_masks_binds_none_and_qualifies_without_them(
     qualification, buffers, keys = _record(plain)
     assert len(qualification.steps) == masked_steps - 4
     assert replay_qualification(plain, qualification, buffers, keys) == []
+
+
+def test_the_workload_fits_a_prefill_chunk_smaller_than_its_prefix_prompt(tiny: Path) -> None:
+    # The prefix operations' prompt is 2.5 pages (160 tokens at 64-token pages); with
+    # 128-token chunks the workload packed it into one chunk and failed before it
+    # recorded anything (an export of such a preparation stopped there).
+    small = prepare(tiny, replace(OPTIONS, prefill_chunk_size=128, max_concurrency=2))
+    assert 2 * small.catalog.page_size + small.catalog.page_size // 2 > 128
+    qualification, buffers, keys = _record(small)
+    assert {keys[step.graph] for step in qualification.steps} == set(keys)
+    assert replay_qualification(small, qualification, buffers, keys) == []

@@ -235,8 +235,11 @@ def run_workload(prepared: PreparedModel, execute: Callable[[GraphKey], None]) -
     sampling = samplings[0]
     pack_admission(staging, 1, prompt, 16, sampling, seed=77)
     execute(GraphKey(GraphKind.ADMIT, 1))
-    pack_chunk(staging, 1, prompt, ends_prompt=True)
-    execute(GraphKey(GraphKind.PREFILL, catalog.prefill_capacity(len(prompt))))
+    # In chunks of the prepared size (2.5 pages can exceed it).
+    for start in range(0, len(prompt), chunk):
+        piece = prompt[start : start + chunk]
+        pack_chunk(staging, 1, piece, ends_prompt=start + len(piece) == len(prompt))
+        execute(GraphKey(GraphKind.PREFILL, catalog.prefill_capacity(len(piece))))
     staging.maint_slot.fill_(1)
     staging.maint_row.fill_(1)
     execute(GraphKey(GraphKind.SNAPSHOT, 1))
