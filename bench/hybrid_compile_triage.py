@@ -116,9 +116,9 @@ def components(checkpoint: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     import recipes.qwen4_exp as hybrid
+    from ignition.preparation.prepared import configure_compilation
 
-    torch._inductor.config.deterministic = True
-    torch._inductor.config.emulate_precision_casts = True
+    configure_compilation()
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).cuda().eval()
     config = model.config
     layers = model.model.layers

@@ -257,7 +257,9 @@ class StepContext:
         """Each live row's new value; other rows write back what they read."""
         tensor = self.continuation[field]
         keep = self.live.view(-1, *([1] * (value.dim() - 1)))
-        old = self.read(field, layer)
+        # A plain read may fuse here: its consumer is the write's own input, which is
+        # materialized before the write.
+        old = tensor.select(1, layer).index_select(0, self.slots)
         write_slot_rows(tensor, layer, self.slots, torch.where(keep, value.to(tensor.dtype), old))
 
 

@@ -362,6 +362,19 @@ def allocate(plan: PreparationPlan, options: PrepareOptions, placement: Placemen
     return Allocation(model, Storage(state, cache, snapshots, staging, continuation), memory)
 
 
+def configure_compilation() -> None:
+    """The Inductor and Dynamo settings every preparation compiles with."""
+    # No on-device benchmarking that changes numerics: a preparation chooses the
+    # same kernels every time, so two preparations replay the same arithmetic.
+    torch._inductor.config.deterministic = True
+    # Round fused low-precision intermediates as eager does. Otherwise whether a
+    # bf16 intermediate is rounded depends on fusion decisions, which differ between
+    # graphs of different capacities: a request's numbers would depend on its batch.
+    torch._inductor.config.emulate_precision_casts = True
+    torch._dynamo.config.recompile_limit = 256
+    torch._dynamo.config.accumulated_recompile_limit = 4096
+
+
 def compile_steps(
     plan: PreparationPlan, allocation: Allocation, options: PrepareOptions
 ) -> dict[GraphKey, Callable[[], None]]:
@@ -371,15 +384,7 @@ def compile_steps(
     decode = decode_forward(model, page)
     prefill = prefill_forward(model, page)
     if options.compile:
-        # No on-device benchmarking that changes numerics: a preparation chooses the
-        # same kernels every time, so two preparations replay the same arithmetic.
-        torch._inductor.config.deterministic = True
-        # Round fused low-precision intermediates as eager does. Otherwise whether a
-        # bf16 intermediate is rounded depends on fusion decisions, which differ between
-        # graphs of different capacities: a request's numbers would depend on its batch.
-        torch._inductor.config.emulate_precision_casts = True
-        torch._dynamo.config.recompile_limit = 256
-        torch._dynamo.config.accumulated_recompile_limit = 4096
+        configure_compilation()
         if options.compile_scope == "layer":
             model.compile_layers(fullgraph=False, dynamic=False)
         else:
