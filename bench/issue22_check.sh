@@ -10,15 +10,22 @@
 #   bench/issue22_check.sh tiny OUT FLARE
 #       the tiny hybrid checkpoint exported as a runtime core and `flare replay --check`
 #       (Rust replay bitwise against the Python replay of the same graphs).
-#   bench/issue22_check.sh h200 OUT FLARE
-#       the qwen4-exp-h200 geometry (Qwen3.8 Flash's per-token work with 128 experts,
-#       random weights generated on load) exported with --max-concurrency 4, then
-#       `flare replay --check` and the native decode step at capacities 1 and 4.
+#   bench/issue22_check.sh h200 OUT FLARE [prepare options...]
+#       the GEOMETRY (default qwen4-exp-h200-e64: Qwen3.8 Flash's per-token work with
+#       64 experts, random weights generated on load; the 128-expert core's 75 GB
+#       outgrow the GPU machine's disk) exported with --max-concurrency 4, compiled
+#       layer by layer, then `flare replay --check` and the native decode step at
+#       capacities 1 and 4.
+#   bench/issue22_check.sh timeline OUT [kernel_timeline options...]
+#       the same geometry prepared in this process (no core: its 75 GB of weights
+#       outgrow the disk), its decode graphs at capacities 1 and 4 timed against the
+#       roofline (bench/suite/sparse_geometry.py, bandwidth probed in the same run)
+#       and their kernels attributed (bench/kernel_timeline.py).
 #
 # Needs fla-core 0.6.0 and einops importable, and the flare_heliopause wheel (WHEELS,
 # as bench/suite_gpu.sh installs them).
 set -uo pipefail
-usage="usage: bench/issue22_check.sh tests OUT | tiny OUT FLARE | h200 OUT FLARE"
+usage="usage: bench/issue22_check.sh tests OUT | tiny OUT FLARE | h200 OUT FLARE [options] | timeline OUT [options]"
 part=${1:?$usage}
 out=${2:?$usage}
 shift 2
@@ -58,15 +65,26 @@ write_tiny_hybrid(Path(sys.argv[1]))" "$work/tiny-hybrid" || exit 1
     ;;
   h200)
     flare=${1:?$usage}
-    python3 -m ignition.loading.random_weights --geometry qwen4-exp-h200 \
-      --out "$work/qwen4-exp-h200" > /dev/null || exit 1
-    export_and_check "$work/qwen4-exp-h200" "$work/qwen4-exp-h200-core" "$flare" \
-      --max-concurrency 4 --context-limit 32768 || status=1
+    shift
+    geometry=${GEOMETRY:-qwen4-exp-h200-e64}
+    python3 -m ignition.loading.random_weights --geometry "$geometry" \
+      --out "$work/$geometry" > /dev/null || exit 1
+    export_and_check "$work/$geometry" "$work/$geometry-core" "$flare" \
+      --max-concurrency 4 --context-limit 32768 --compile-scope layer "$@" || status=1
     for capacity in 1 4; do
-      "$flare" replay "$work/qwen4-exp-h200-core" --bench-decode $capacity \
+      "$flare" replay "$work/$geometry-core" --bench-decode $capacity \
         --json "$out/bench-decode-c$capacity.json" > "$out/bench-decode-c$capacity.log" 2>&1 \
         || status=1
     done
+    ;;
+  timeline)
+    python3 -m ignition.loading.random_weights --geometry qwen4-exp-h200 \
+      --out "$work/qwen4-exp-h200" > /dev/null || exit 1
+    python3 bench/kernel_timeline.py "$work/qwen4-exp-h200" --capacities 1 4 \
+      --prompt-tokens 512 --prefill-chunk-size 512 --context-limit 4096 \
+      --geometry "$work/qwen4-exp-h200/config.json" --trace-dir "$work/traces" \
+      --out "$out/timeline.json" "$@" 2>&1 | tee "$out/timeline.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     ;;
   *)
     echo "$usage" >&2

@@ -15,7 +15,8 @@ graph launch runs, with the launch's correlation id). Per capacity it reports:
   ``bench/suite/report.py``) over the read bandwidth measured here, in this process.
 
     python bench/kernel_timeline.py MODEL --capacities 1 4 --steps 50 --out timeline.json \\
-        [--trace-dir DIR] [--context-limit N] [--geometry NAME|config.json] [--no-compile] \\
+        [--trace-dir DIR] [--context-limit N] [--prefill-chunk-size N] \\
+        [--geometry NAME|config.json] [--no-compile] \\
         [--compile-scope S] [--[no-]compile-sampling] [--decode-fusion F]
 
 ``summarize`` (the aggregation) is pure and tested on the CPU; the measurement needs
@@ -162,6 +163,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         args.model,
         PrepareOptions(
             max_concurrency=max(capacities),
+            prefill_chunk_size=args.prefill_chunk_size,
             context_limit=args.context_limit,
             **compile_options(args),
         ),
@@ -275,6 +277,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--context-limit", type=int, default=4096)
+    parser.add_argument(
+        "--prefill-chunk-size",
+        type=int,
+        default=4096,
+        help="largest prefill graph (default 4096); at least --prompt-tokens",
+    )
     parser.add_argument(
         "--geometry",
         help="bytes per step from this geometry (a name of bench/suite/report.py or a "

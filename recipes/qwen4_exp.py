@@ -31,6 +31,7 @@ chunk's capacity (``step.start``, ``step.n_valid``), decode is one token per row
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ ARCHITECTURES = ("Qwen4ExpForCausalLM",)
 MODEL_TYPES = ("qwen4_exp_text",)
 PAGE_SIZE = 64
 SELECTORS = "selectors"
+KV = "kv"
 # The PLE n-gram hash's persistent buffers, which Transformers computes from the
 # config (and saves); preparation computes them the same way.
 NGRAM_CONSTANTS = ("layer_multipliers", "ngram_heads_vocab_sizes", "ngram_heads_offsets")
@@ -142,6 +144,22 @@ class HybridGeometry:
     def conv_channels(self) -> int:
         return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
 
+    def layer_entries(self, layer: int) -> dict[str, int]:
+        """Where decoder layer ``layer`` keeps its state: for each continuation field
+        it uses (and ``KV`` and ``SELECTORS``, the paged tensors of QSA layers), the
+        index of this layer among the layers of its kind."""
+        entries: dict[str, int] = {}
+        if layer in self.linear_layers:
+            index = self.linear_layers.index(layer)
+            entries.update(gdn_state=index, gdn_conv=index)
+        if layer in self.sparse_layers:
+            index = self.sparse_layers.index(layer)
+            entries.update({"qsa_ring": index, "qsa_tags": index, KV: index, SELECTORS: index})
+        if layer in self.ple_layers:
+            index = self.ple_layers.index(layer)
+            entries.update(ple_conv=index, ple_tokens=index)
+        return entries
+
     def row_fields(self, dtype: torch.dtype, eos: int) -> tuple[RowField, ...]:
         """The continuation row: what a request's state holds besides its pages."""
         gdn, qsa, ple = len(self.linear_layers), len(self.sparse_layers), len(self.ple_layers)
@@ -183,10 +201,14 @@ def validate_config(config: PretrainedConfig) -> None:
 @dataclass
 class StepContext:
     """What the replaced modules read of one step, passed through the canonical
-    decoder layer as ``past_key_values``."""
+    decoder layer as ``past_key_values``. A step's context holds every layer's state;
+    ``at`` narrows it to what one layer reads, the form the modules take."""
 
-    cache: PagedKvCache  # K/V of the QSA layers; extra["selectors"]: their block keys
-    continuation: ContinuationRows
+    # Each continuation field [rows, layers of its kind, ...]; in a layer's context
+    # only the fields of that layer, narrowed to it ([rows, 1, ...]).
+    fields: dict[str, torch.Tensor]
+    kv: torch.Tensor  # the QSA layers' K/V pages [layers, 2, pages, ...] (a layer's: [1, ...])
+    selectors: torch.Tensor  # their block keys [layers, pages, blocks, dim] (likewise)
     step: AttentionStep
     slots: torch.Tensor  # int64 [rows]
     start: torch.Tensor  # int64 [rows]: position of each row's first token
@@ -217,8 +239,9 @@ class StepContext:
             start = step.start.to(torch.int64).view(1)
             n_valid = step.n_valid.to(torch.int64).view(1)
         return StepContext(
-            cache=cache,
-            continuation=continuation,
+            fields=dict(continuation.tensors),
+            kv=cache.kv,
+            selectors=cache.extra[SELECTORS],
             step=step,
             slots=step.slots.to(torch.int64),
             start=start,
@@ -227,6 +250,23 @@ class StepContext:
             cos_sin=rotary.lookup(positions),
             rotary=rotary,
             decode=decode,
+        )
+
+    def at(self, entries: dict[str, int]) -> StepContext:
+        """The context of one decoder layer (``HybridGeometry.layer_entries``): its
+        fields, K/V and selector pages as views at entry 0. Every layer of a kind then
+        runs the same code over its own tensors, so one compiled region of a shape
+        serves all of them (``--compile-scope layer``); an index attribute would be
+        specialized into a compilation per layer."""
+
+        def narrow(t: torch.Tensor, name: str, dim: int) -> torch.Tensor:
+            return t.narrow(dim, entries[name], 1) if name in entries else t.narrow(dim, 0, 0)
+
+        return dataclasses.replace(
+            self,
+            fields={n: narrow(t, n, 1) for n, t in self.fields.items() if n in entries},
+            kv=narrow(self.kv, KV, 0),
+            selectors=narrow(self.selectors, SELECTORS, 0),
         )
 
     @property
@@ -250,26 +290,27 @@ class StepContext:
         tables = self.step.page_tables
         return tables if tables.dim() == 2 else tables.unsqueeze(0)
 
-    def read(self, field: str, layer: int) -> torch.Tensor:
-        return read_slot_rows(self.continuation[field], layer, self.slots)
+    def read(self, field: str) -> torch.Tensor:
+        """Each row's value of this layer's ``field`` (a layer's context)."""
+        return read_slot_rows(self.fields[field], 0, self.slots)
 
-    def write(self, field: str, layer: int, value: torch.Tensor) -> None:
-        """Each live row's new value; other rows write back what they read."""
-        tensor = self.continuation[field]
+    def write(self, field: str, value: torch.Tensor) -> None:
+        """Each live row's new value of this layer's ``field``; other rows write back
+        what they read."""
+        tensor = self.fields[field]
         keep = self.live.view(-1, *([1] * (value.dim() - 1)))
         # A plain read may fuse here: its consumer is the write's own input, which is
         # materialized before the write.
-        old = tensor.select(1, layer).index_select(0, self.slots)
-        write_slot_rows(tensor, layer, self.slots, torch.where(keep, value.to(tensor.dtype), old))
+        old = tensor.select(1, 0).index_select(0, self.slots)
+        write_slot_rows(tensor, 0, self.slots, torch.where(keep, value.to(tensor.dtype), old))
 
 
 class PreparedGatedDeltaNet(nn.Module):
     """The canonical GDN module's projections and norms over continuation rows."""
 
-    def __init__(self, module: nn.Module, index: int) -> None:
+    def __init__(self, module: nn.Module) -> None:
         super().__init__()
         self.canonical = module
-        self.index = index
 
     def forward(
         self,
@@ -285,13 +326,13 @@ class PreparedGatedDeltaNet(nn.Module):
         z = m.in_proj_z(x).reshape(tokens, -1, m.head_v_dim)
         b, a = m.in_proj_b(x), m.in_proj_a(x)
         weight = m.conv1d.weight.squeeze(1)
-        history = ctx.read("gdn_conv", self.index)
+        history = ctx.read("gdn_conv")
         if ctx.decode:
             mixed, history = gated_delta.conv_decode(mixed, history, weight)
         else:
             mixed, history = gated_delta.conv_prefill(mixed, history[0], weight, ctx.n_valid)
             history = history.unsqueeze(0)
-        ctx.write("gdn_conv", self.index, history)
+        ctx.write("gdn_conv", history)
         q, k, v = torch.split(mixed, [m.key_dim, m.key_dim, m.value_dim], dim=-1)
         q = q.reshape(tokens, -1, m.head_k_dim)
         k = k.reshape(tokens, -1, m.head_k_dim)
@@ -301,14 +342,14 @@ class PreparedGatedDeltaNet(nn.Module):
         repeat = m.num_v_heads // m.num_k_heads
         if repeat > 1:
             q, k = q.repeat_interleave(repeat, dim=1), k.repeat_interleave(repeat, dim=1)
-        state = ctx.read("gdn_state", self.index)
+        state = ctx.read("gdn_state")
         if ctx.decode:
             out, state = gated_delta.delta_rule_decode(q, k, v, g, beta, state)
         else:
             valid = ctx.valid.view(-1)
             out, final = gated_delta.delta_rule_prefill(q, k, v, g, beta, state[0], valid)
             state = final.unsqueeze(0)
-        ctx.write("gdn_state", self.index, state)
+        ctx.write("gdn_state", state)
         out = m.norm(out.reshape(-1, m.head_v_dim), z.reshape(-1, m.head_v_dim))
         return m.out_proj(out.reshape(1, tokens, -1))
 
@@ -317,10 +358,9 @@ class PreparedSparseAttention(nn.Module):
     """The canonical QSA module (gated attention with its indexer) over paged K/V,
     selector pages and the continuation row's ring."""
 
-    def __init__(self, module: nn.Module, index: int, geometry: HybridGeometry) -> None:
+    def __init__(self, module: nn.Module, geometry: HybridGeometry) -> None:
         super().__init__()
         self.canonical = module
-        self.index = index
         self.geometry = geometry
         self.selection = selector.SelectorGeometry(geometry.ratio, geometry.budget, PAGE_SIZE)
         # Resolved here, not in the forward (Dynamo would trace through the cache).
@@ -351,11 +391,11 @@ class PreparedSparseAttention(nn.Module):
         qk = ix.index_qk_proj(x)
         iq, raw = torch.split(qk, [g.index_heads * g.index_dim, g.index_dim], dim=-1)
         iq = self._rope(ix.q_layernorm(iq.reshape(tokens, g.index_heads, g.index_dim)), cos, sin)
-        ring = ctx.read("qsa_ring", self.index)
-        tags = ctx.read("qsa_tags", self.index)
+        ring = ctx.read("qsa_ring")
+        tags = ctx.read("qsa_tags")
         selector.write_blocks(
-            ctx.cache.extra[SELECTORS],
-            self.index,
+            ctx.selectors,
+            0,
             ring,
             tags,
             raw.reshape(rows, per_row, g.index_dim),
@@ -367,13 +407,13 @@ class PreparedSparseAttention(nn.Module):
             lambda key, c, s: self._rope(key.unsqueeze(-2), c, s).squeeze(-2),
             ctx.rotary.lookup,
         )
-        ctx.write("qsa_ring", self.index, ring)
-        ctx.write("qsa_tags", self.index, tags)
+        ctx.write("qsa_ring", ring)
+        ctx.write("qsa_tags", tags)
         positions = ctx.positions.reshape(-1)
         valid = ctx.valid.reshape(-1)
         scores = selector.block_scores(
             iq,
-            ctx.cache.extra[SELECTORS][self.index],
+            ctx.selectors[0],
             tables,
             per_row,
             positions,
@@ -388,8 +428,8 @@ class PreparedSparseAttention(nn.Module):
         key = m.k_norm(m.k_proj(x).view(tokens, g.kv_heads, g.head_dim))
         value = m.v_proj(x).view(tokens, g.kv_heads, g.head_dim)
         query, key = self.apply_rotary(query, key, cos, sin, unsqueeze_dim=1)
-        write_kv(ctx.cache.kv, self.index, ctx.step.rows, key, value)
-        kv = ctx.cache.kv[self.index]
+        write_kv(ctx.kv, 0, ctx.step.rows, key, value)
+        kv = ctx.kv[0]
         out = selector.selected_attention(
             query, kv, tables, per_row, blocks, positions, g.ratio, m.scaling
         )
@@ -401,10 +441,9 @@ class PreparedPle(nn.Module):
     """The canonical PLE layer over the continuation row's token and convolution
     histories."""
 
-    def __init__(self, module: nn.Module, index: int) -> None:
+    def __init__(self, module: nn.Module) -> None:
         super().__init__()
         self.canonical = module
-        self.index = index
 
     def forward(
         self,
@@ -416,12 +455,12 @@ class PreparedPle(nn.Module):
         m, ctx = self.canonical, past_key_values
         tokens = hidden_states.shape[1]
         rows, per_row = ctx.rows, tokens // ctx.rows
-        history = ctx.read("ple_tokens", self.index)
+        history = ctx.read("ple_tokens")
         embeddings = ngram_embeddings(m.ple_embedding, input_ids.reshape(rows, per_row), history)
         ext = torch.cat([history, input_ids.reshape(rows, per_row).long()], dim=-1)
         context = history.shape[-1]
         keep = ctx.n_valid.view(-1, 1) + torch.arange(context, device=ext.device)
-        ctx.write("ple_tokens", self.index, ext.gather(1, keep))
+        ctx.write("ple_tokens", ext.gather(1, keep))
         embeddings = embeddings.reshape(1, tokens, -1)
         key = m.norm_key(m.key_proj(embeddings)).unflatten(-1, (m.hc_count, m.hidden_size))
         value = m.value_proj(embeddings)
@@ -432,15 +471,13 @@ class PreparedPle(nn.Module):
         normed = m.norm_conv(gated.flatten(-2))
         gated = gated.flatten(-2)
         # The dilated convolution over the history and these rows' inputs.
-        conv_history = ctx.read("ple_conv", self.index)  # [rows, channels, history]
+        conv_history = ctx.read("ple_conv")  # [rows, channels, history]
         inputs = normed[0].reshape(rows, per_row, -1).transpose(1, 2)
         ext = torch.cat([conv_history, inputs.to(conv_history.dtype)], dim=-1)
         conv = F.silu(m.conv1d(ext.to(m.conv1d.weight.dtype)))  # [rows, channels, per_row]
         span = conv_history.shape[-1]
         keep = ctx.n_valid.view(-1, 1) + torch.arange(span, device=ext.device)
-        ctx.write(
-            "ple_conv", self.index, ext.gather(2, keep.unsqueeze(1).expand(-1, ext.shape[1], -1))
-        )
+        ctx.write("ple_conv", ext.gather(2, keep.unsqueeze(1).expand(-1, ext.shape[1], -1)))
         conv = conv.transpose(1, 2).reshape(1, tokens, -1).to(gated.dtype)
         return gated + conv
 
@@ -565,14 +602,14 @@ class HybridModel:
             self.weights[f"{prefix}.layer_multipliers"] = ple.layer_multipliers
             self.weights[f"{prefix}.ngram_heads_vocab_sizes"] = ple.ngram_heads_vocab_sizes
             self.weights[f"{prefix}.ngram_heads_offsets"] = ple.ngram_heads_offsets
-        linear, sparse = g.linear_layers, g.sparse_layers
         for i, layer in enumerate(model.model.layers):
-            if i in linear:
-                layer.linear_attn = PreparedGatedDeltaNet(layer.linear_attn, linear.index(i))
+            if i in g.linear_layers:
+                layer.linear_attn = PreparedGatedDeltaNet(layer.linear_attn)
             else:
-                layer.self_attn = PreparedSparseAttention(layer.self_attn, sparse.index(i), g)
+                layer.self_attn = PreparedSparseAttention(layer.self_attn, g)
             if i in g.ple_layers:
-                layer.ple = PreparedPle(layer.ple, g.ple_layers.index(i))
+                layer.ple = PreparedPle(layer.ple)
+        self.entries = [g.layer_entries(i) for i in range(g.layers)]
         # Interleaved mRoPE takes three position rows, equal for text.
         self.rotary = place_rotary(
             model, config, self.weights, positions, dtype, device, position_rows=3
@@ -593,13 +630,13 @@ class HybridModel:
         ctx = StepContext.of(step, positions, self.cache, self.continuation, self.rotary)
         text = self.model.model
         h = text.embed_tokens(tokens).unsqueeze(0).repeat(1, 1, self.config.hc_count)
-        for layer in text.layers:
+        for layer, entries in zip(text.layers, self.entries, strict=True):
             h = layer(
                 h,
                 position_embeddings=ctx.cos_sin,
                 attention_mask=None,
                 conv_mask=None,
-                past_key_values=ctx,
+                past_key_values=ctx.at(entries),
                 ple_input_ids=tokens.unsqueeze(0),
             )
         return text.hyper_connection_mixer(h)[0]
@@ -610,6 +647,11 @@ class HybridModel:
         return F.linear(hidden, head.weight, head.bias).float()
 
     def compile_layers(self, **options: object) -> None:
+        """Regional compilation: each decoder layer as its own compiled region
+        (``torch.compile`` ``options``). A layer reads its state through its own
+        context (``StepContext.at``), so one compilation per shape serves every layer
+        of a kind (GDN, GDN with PLE, QSA): compile time no longer grows with depth.
+        The embedding, the final mixer and the vocabulary head run as they are."""
         for layer in self.model.model.layers:
             layer.compile(**options)
 

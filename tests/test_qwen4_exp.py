@@ -16,6 +16,7 @@ import pytest
 import torch
 from checkpoints import TINY_HYBRID, perturb_zero_initialized, write_tiny_hybrid
 from fake_server import build_flare
+from torch._dynamo.testing import CompileCounter
 from transformers import AutoModelForCausalLM, DynamicCache
 from transformers.models.qwen4_exp.configuration_qwen4_exp import Qwen4ExpTextConfig
 from transformers.models.qwen4_exp.modeling_qwen4_exp import Qwen4ExpForCausalLM
@@ -76,7 +77,7 @@ class Harness:
         self.rotary = RotaryTable(rotary, 512, torch.float32, CPU, position_rows=3)
         self.table = torch.arange(1, PAGES + 1, dtype=torch.int32)
 
-    def prefill(self, start: int, n: int) -> StepContext:
+    def prefill(self, start: int, n: int, layer: int) -> StepContext:
         index = torch.arange(CAPACITY)
         valid = index < n
         positions = start + index
@@ -89,9 +90,9 @@ class Harness:
             torch.tensor([n], dtype=torch.int32),
             torch.tensor([1]),
         )
-        return self._context(step, positions)
+        return self._context(step, positions, layer)
 
-    def decode(self, position: int) -> StepContext:
+    def decode(self, position: int, layer: int) -> StepContext:
         """Two rows: the null slot's padding, then the request's token."""
         positions = torch.tensor([0, position])
         live = torch.tensor([False, True])
@@ -99,10 +100,12 @@ class Harness:
         rows = slot_mapping(tables, positions, live, PAGE_SIZE)
         seq_lens = torch.where(live, positions + 1, 0).to(torch.int32)
         step = AttentionStep(rows, tables, seq_lens, None, None, torch.tensor([0, 1]))
-        return self._context(step, positions)
+        return self._context(step, positions, layer)
 
-    def _context(self, step: AttentionStep, positions: torch.Tensor) -> StepContext:
-        return StepContext.of(step, positions, self.cache, self.rows, self.rotary)
+    def _context(self, step: AttentionStep, positions: torch.Tensor, layer: int) -> StepContext:
+        """The context decoder layer ``layer`` reads."""
+        context = StepContext.of(step, positions, self.cache, self.rows, self.rotary)
+        return context.at(GEOMETRY.layer_entries(layer))
 
 
 def _pad(x: torch.Tensor) -> torch.Tensor:
@@ -128,7 +131,7 @@ PROMPT, STEPS = 37, 8  # past the indexer's dense span (budget + ratio = 12)
 
 def test_gated_deltanet_matches_transformers(reference: Qwen4ExpForCausalLM) -> None:
     canonical = reference.model.layers[1].linear_attn  # a GDN layer without PLE
-    ours = PreparedGatedDeltaNet(canonical, GEOMETRY.linear_layers.index(1))
+    ours = PreparedGatedDeltaNet(canonical)
     h = Harness()
     x = torch.randn(
         1, PROMPT + STEPS, CONFIG.hidden_size, generator=torch.Generator().manual_seed(1)
@@ -136,13 +139,13 @@ def test_gated_deltanet_matches_transformers(reference: Qwen4ExpForCausalLM) -> 
     cache = DynamicCache(config=CONFIG)
     with torch.no_grad():
         want = [canonical(x[:, :PROMPT], cache_params=cache)]
-        got = [ours(_pad(x[:, :PROMPT]), h.prefill(0, PROMPT))[:, :PROMPT]]
+        got = [ours(_pad(x[:, :PROMPT]), h.prefill(0, PROMPT, 1))[:, :PROMPT]]
         for t in range(PROMPT, PROMPT + STEPS):
             want.append(canonical(x[:, t : t + 1], cache_params=cache))
-            got.append(ours(_decode_rows(x[:, t : t + 1]), h.decode(t))[:, 1:])
+            got.append(ours(_decode_rows(x[:, t : t + 1]), h.decode(t, 1))[:, 1:])
     torch.testing.assert_close(torch.cat(got, 1), torch.cat(want, 1), rtol=1e-5, atol=1e-6)
     layer = cache.layers[1]
-    index = ours.index
+    index = GEOMETRY.linear_layers.index(1)
     torch.testing.assert_close(h.rows["gdn_state"][1, index], layer.recurrent_states[0][0])
     kernel = CONFIG.linear_conv_kernel_dim
     # The history holds projections, computed here in other batch shapes than
@@ -173,7 +176,7 @@ def test_sparse_attention_and_its_selection_match_transformers(
 ) -> None:
     masks = _recording(monkeypatch)
     canonical = reference.model.layers[3].self_attn
-    ours = PreparedSparseAttention(canonical, 0, GEOMETRY)
+    ours = PreparedSparseAttention(canonical, GEOMETRY)
     h = Harness()
     x = torch.randn(
         1, PROMPT + STEPS, CONFIG.hidden_size, generator=torch.Generator().manual_seed(2)
@@ -194,9 +197,10 @@ def test_sparse_attention_and_its_selection_match_transformers(
             want_out.append(out)
     hook.remove()
     with torch.no_grad():
-        got_out = [ours(_pad(x[:, :PROMPT]), None, None, h.prefill(0, PROMPT))[0][:, :PROMPT]]
+        got_out = [ours(_pad(x[:, :PROMPT]), None, None, h.prefill(0, PROMPT, 3))[0][:, :PROMPT]]
         for t in range(PROMPT, PROMPT + STEPS):
-            got_out.append(ours(_decode_rows(x[:, t : t + 1]), None, None, h.decode(t))[0][:, 1:])
+            step = h.decode(t, 3)
+            got_out.append(ours(_decode_rows(x[:, t : t + 1]), None, None, step)[0][:, 1:])
     torch.testing.assert_close(torch.cat(got_out, 1), torch.cat(want_out, 1), rtol=1e-5, atol=1e-6)
     # The selection: the prompt's queries, then each decode query (row 1).
     ratio = CONFIG.indexer_compress_ratio
@@ -220,7 +224,7 @@ def test_sparse_attention_and_its_selection_match_transformers(
 
 def test_ple_matches_transformers(reference: Qwen4ExpForCausalLM) -> None:
     canonical = reference.model.layers[0].ple
-    ours = PreparedPle(canonical, 0)
+    ours = PreparedPle(canonical)
     h = Harness()
     streams = CONFIG.hc_count * CONFIG.hidden_size
     x = torch.randn(1, PROMPT + STEPS, streams, generator=torch.Generator().manual_seed(3))
@@ -232,11 +236,11 @@ def test_ple_matches_transformers(reference: Qwen4ExpForCausalLM) -> None:
         padded_ids = torch.cat(
             [ids[:, :PROMPT], torch.zeros(1, CAPACITY - PROMPT, dtype=torch.long)], 1
         )
-        got = [ours(_pad(x[:, :PROMPT]), padded_ids, h.prefill(0, PROMPT))[:, :PROMPT]]
+        got = [ours(_pad(x[:, :PROMPT]), padded_ids, h.prefill(0, PROMPT, 0))[:, :PROMPT]]
         for t in range(PROMPT, PROMPT + STEPS):
             want.append(canonical(x[:, t : t + 1], ids[:, t : t + 1], cache))
             pair = torch.tensor([[7, int(ids[0, t])]])
-            got.append(ours(_decode_rows(x[:, t : t + 1]), pair, h.decode(t))[:, 1:])
+            got.append(ours(_decode_rows(x[:, t : t + 1]), pair, h.decode(t, 0))[:, 1:])
     torch.testing.assert_close(torch.cat(got, 1), torch.cat(want, 1), rtol=1e-5, atol=1e-6)
     last = PROMPT + STEPS
     assert h.rows["ple_tokens"][1, 0].tolist() == ids[0, last - 2 : last].tolist()
@@ -578,6 +582,24 @@ def test_padded_and_idle_rows_mutate_nothing(prepared: PreparedModel) -> None:
     assert changed.nonzero()[:, 1].unique().tolist() == [2]
 
 
+def test_one_compiled_layer_serves_every_layer_of_its_kind(checkpoint: Path) -> None:
+    # --compile-scope layer: each decoder layer reads its state through its own
+    # context, so layers of one kind (GDN, GDN with PLE, QSA) share one compilation
+    # per shape. An index attribute specialized every layer into its own: 48
+    # compilations per shape at the H200 geometry instead of 3 (8 here, before).
+    prepared = prepare(checkpoint, _options(torch.float32))
+    tokens = _tokens(100, 3)
+    eager = teacher_forced_logits(prepared, tokens, 90, chunk=48)
+    counter = CompileCounter()
+    prepared.model.compile_layers(backend=counter, fullgraph=True, dynamic=False)
+    compiled = teacher_forced_logits(prepared, tokens, 90, chunk=48)
+    kinds = {(t, i in GEOMETRY.ple_layers) for i, t in enumerate(GEOMETRY.layer_types)}
+    assert GEOMETRY.layers > len(kinds) == 3
+    assert counter.frame_count == 2 * len(kinds)  # one prefill and one decode shape
+    # The regions run the traced graphs eagerly: each layer read its own state.
+    assert torch.equal(compiled, eager)
+
+
 def test_a_random_weight_geometry_names_its_tensors_as_a_saved_checkpoint(
     checkpoint: Path, tmp_path: Path
 ) -> None:
@@ -606,13 +628,15 @@ def test_a_random_weight_geometry_names_its_tensors_as_a_saved_checkpoint(
     qwen4_exp.validate_config(h200)
 
 
-def _gpu_options(compile_forwards: bool) -> PrepareOptions:
+def _gpu_options(scope: str | None) -> PrepareOptions:
+    """Captured on the GPU; compiled in ``scope`` ("forward" or "layer"), or eager."""
     return PrepareOptions(
         max_concurrency=4,
         prefill_chunk_size=128,
         context_limit=512,
         snapshot_rows=3,
-        compile=compile_forwards,
+        compile=scope is not None,
+        compile_scope="layer" if scope == "layer" else "forward",
         capture=True,
         device="cuda",
         dtype=torch.bfloat16,
@@ -620,13 +644,12 @@ def _gpu_options(compile_forwards: bool) -> PrepareOptions:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("compile_forwards", [False, True])
-def test_captured_graphs_match_transformers_on_the_gpu(
-    checkpoint: Path, compile_forwards: bool
-) -> None:
-    # fla's GDN kernels, the QSA kernels and grouped experts, captured (and compiled):
-    # teacher-forced logits against Transformers in bf16 on the same GPU.
-    prepared = prepare(checkpoint, _gpu_options(compile_forwards))
+@pytest.mark.parametrize("scope", [None, "forward", "layer"])
+def test_captured_graphs_match_transformers_on_the_gpu(checkpoint: Path, scope: str | None) -> None:
+    # fla's GDN kernels, the QSA kernels and grouped experts, captured (eager, or
+    # compiled as whole forwards or layer by layer): teacher-forced logits against
+    # Transformers in bf16 on the same GPU.
+    prepared = prepare(checkpoint, _gpu_options(scope))
     reference = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16)
     reference = reference.cuda().eval()
     tokens = _tokens(160, 6)
@@ -641,7 +664,7 @@ def test_captured_graphs_match_transformers_on_the_gpu(
 
 @pytest.mark.gpu
 def test_split_snapshot_restore_through_graphs(checkpoint: Path) -> None:
-    prepared = prepare(checkpoint, _gpu_options(True))
+    prepared = prepare(checkpoint, _gpu_options("forward"))
     tokens = _tokens(ENDPOINT + SUFFIX, 7)
     whole_prompt, _ = _uninterrupted(prepared, tokens)
     split_prompt, split = _split(prepared, tokens)

@@ -26,20 +26,26 @@ one step, batch 1, context 4096 363,401,856 B     15,740,798,976 B
 dim 128, intermediate 12288, vocab 151936, untied, q/k norms. ``test_bench_suite``
 recomputes the table.) At 4.0 TB/s a batch-1 step is 67 µs for SmolLM2 (launch-bound
 in practice) and 3.78 ms for Qwen3-8B.
+
+A hybrid MoE model (``qwen4_exp_text``: a ``config.json`` with ``num_experts``, or the
+name ``qwen4-exp-h200``) reads only the routed experts and table rows its tokens
+select, and per sequence a recurrent state and a bounded K/V selection:
+``SparseGeometry`` in ``bench/suite/sparse_geometry.py``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import re
 import sys
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from bench.suite.client import (
     Sample,
@@ -53,6 +59,7 @@ from bench.suite.client import (
     throughput_tokens_per_s,
 )
 from bench.suite.server_metrics import per_request
+from bench.suite.sparse_geometry import SparseGeometry
 
 
 @dataclass(frozen=True)
@@ -125,6 +132,30 @@ GEOMETRIES = {
 }
 
 
+class StepGeometry(Protocol):
+    """What the roofline needs of a geometry: dense (``Geometry``) or hybrid MoE
+    (``SparseGeometry``)."""
+
+    def weight_bytes(self) -> int: ...
+
+    def weight_bytes_read(self, batch: int = 1) -> int: ...
+
+    def bytes_per_step(self, batch: int = 1, context: int = 0) -> int: ...
+
+
+@functools.cache
+def _qwen4_exp_h200() -> SparseGeometry:
+    # Imports Transformers and builds a meta model: only when this name is asked for.
+    from ignition.loading.random_weights import GEOMETRIES as CONFIGS
+
+    return SparseGeometry.from_config(CONFIGS["qwen4-exp-h200"]().to_dict())
+
+
+# Named geometries built on first use (their construction is not free).
+LAZY_GEOMETRIES: dict[str, Callable[[], StepGeometry]] = {"qwen4-exp-h200": _qwen4_exp_h200}
+GEOMETRY_NAMES = (*GEOMETRIES, *LAZY_GEOMETRIES)
+
+
 def prefilled_tokens(sample: Sample) -> int | None:
     """Prompt tokens the server prefilled: the prompt less what it reports cached;
     None when it reports neither."""
@@ -147,21 +178,32 @@ def meant_cold(measurement: str, sample: Sample) -> bool:
 
 
 def roofline_step_s(
-    geometry: Geometry, bandwidth: float, batch: int = 1, context: int = 0
+    geometry: StepGeometry, bandwidth: float, batch: int = 1, context: int = 0
 ) -> float:
     """Seconds per decode step (= per token of each sequence) at ``bandwidth`` bytes/s."""
     return geometry.bytes_per_step(batch, context) / bandwidth
 
 
-def resolve_geometry(name: str) -> Geometry:
+def geometry_from_dict(data: dict[str, Any]) -> StepGeometry:
+    """A ``config.json``'s fields (a hybrid MoE one, with ``num_experts``, gives a
+    ``SparseGeometry``), or a geometry's own fields (as ``asdict`` wrote them)."""
+    if "num_hidden_layers" in data:
+        if "num_experts" in data:
+            return SparseGeometry.from_config(data)
+        return Geometry.from_config(data)
+    if "num_experts" in data:
+        return SparseGeometry(**data)
+    return Geometry(**data)
+
+
+def resolve_geometry(name: str) -> StepGeometry:
     """A named geometry, a ``config.json`` path, or a JSON object of the fields."""
     if name in GEOMETRIES:
         return GEOMETRIES[name]
-    path = Path(name)
-    data = json.loads(path.read_text()) if path.exists() else json.loads(name)
-    if "num_hidden_layers" in data:
-        return Geometry.from_config(data)
-    return Geometry(**data)
+    if name in LAZY_GEOMETRIES:
+        return LAZY_GEOMETRIES[name]()
+    text = name if name.lstrip().startswith("{") else Path(name).read_text()
+    return geometry_from_dict(json.loads(text))
 
 
 # ---------------------------------------------------------------- metrics
@@ -324,7 +366,7 @@ def decode_bench_metrics(bench: dict[str, Any]) -> dict[Row, float]:
 
 
 def roofline_metrics(
-    result: dict[str, Any], geometry: Geometry, bandwidth: float
+    result: dict[str, Any], geometry: StepGeometry, bandwidth: float
 ) -> dict[str, float]:
     """Roofline values of the decode rows, at the mean context of ``result``'s decode
     samples (prompt plus half the output)."""
@@ -364,7 +406,7 @@ def _ratio(a: float | None, b: float | None) -> str:
 def summary_table(
     results: Sequence[dict[str, Any]],
     flare: str = "flare",
-    geometry: Geometry | None = None,
+    geometry: StepGeometry | None = None,
     bandwidth: float | None = None,
     flare_extra: dict[Row, float] | None = None,
 ) -> str:
@@ -413,10 +455,17 @@ def summary_table(
         f"{flare} is faster, for rates (tok/s) above 1 does. Medians unless named; p99 is "
         "the sample at index floor(0.99 n) of the sorted samples.",
     ]
-    if roof and geometry is not None and bandwidth:
+    if roof and isinstance(geometry, Geometry) and bandwidth:
         notes.append(
             f"Roofline: {geometry.weight_bytes_read():,} weight bytes and "
             f"{geometry.kv_bytes_per_position():,} K+V bytes per context position per step, "
+            f"over {bandwidth / 1e9:,.0f} GB/s measured."
+        )
+    elif roof and geometry is not None and bandwidth:
+        notes.append(
+            f"Roofline: {geometry.weight_bytes_read():,} weight bytes per step at batch 1 "
+            "(routed experts: the expected distinct experts of the batch, uniform routing) "
+            "plus each sequence's recurrent state, selected K+V and indexer keys, "
             f"over {bandwidth / 1e9:,.0f} GB/s measured."
         )
     if any("clients" in samples_of(r) for r in results):
@@ -517,7 +566,7 @@ def plot(
     results: Sequence[dict[str, Any]],
     out_dir: Path,
     flare: str = "flare",
-    geometry: Geometry | None = None,
+    geometry: StepGeometry | None = None,
     bandwidth: float | None = None,
 ) -> list[Path]:
     """PNG plots beside the summary; none (with a message) without matplotlib."""
@@ -650,7 +699,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("results", nargs="+", type=Path, help="results JSON of each engine")
     parser.add_argument("--flare", default="flare", help="the engine the ratios are of")
     parser.add_argument(
-        "--geometry", help=f"{' | '.join(GEOMETRIES)} | config.json (default: from the results)"
+        "--geometry",
+        help=f"{' | '.join(GEOMETRY_NAMES)} | config.json (default: from the results)",
     )
     parser.add_argument(
         "--bandwidth-gbs", type=float, help="measured read bandwidth (default: from the results)"
@@ -667,7 +717,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = [json.loads(path.read_text()) for path in args.results]
     geometry = resolve_geometry(args.geometry) if args.geometry else None
     if geometry is None and (recorded := _first(results, "geometry", args.flare)):
-        geometry = Geometry(**recorded)
+        geometry = geometry_from_dict(recorded)
     bandwidth = args.bandwidth_gbs * 1e9 if args.bandwidth_gbs else None
     bandwidth = bandwidth or _first(results, "bandwidth_bytes_per_s", args.flare)
     extra: dict[Row, float] = {}

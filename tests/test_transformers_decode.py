@@ -1,0 +1,42 @@
+"""The Transformers baseline of a random-weight geometry runs the weights Ignition
+prepares (``bench/transformers_decode.py``), on the tiny hybrid config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from checkpoints import TINY_HYBRID
+from transformers import AutoModelForCausalLM
+from transformers.models.qwen4_exp.configuration_qwen4_exp import Qwen4ExpTextConfig
+
+from bench.transformers_decode import load
+from ignition.loading.random_weights import write_random_checkpoint
+from ignition.preparation.prepared import PrepareOptions, prepare
+
+
+def test_the_baseline_holds_the_prepared_weights_and_canonical_buffers(tmp_path: Path) -> None:
+    config = Qwen4ExpTextConfig(**TINY_HYBRID)
+    geometry = write_random_checkpoint(tmp_path / "geometry", config)
+    model = load(geometry, device="cpu")
+    options = PrepareOptions(
+        max_concurrency=1,
+        prefill_chunk_size=128,
+        context_limit=512,
+        snapshot_rows=1,
+        compile=False,
+        capture=False,
+        device="cpu",
+        dtype=torch.bfloat16,
+    )
+    prepared = prepare(geometry, options)
+    names = [name for name, _ in model.named_parameters()]
+    assert names and all(name in prepared.model.weights for name in names)
+    for name, param in model.named_parameters():
+        assert torch.equal(param, prepared.model.weights[name]), name
+    # The derived buffers equal those the canonical constructor computes.
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    ours, theirs = dict(model.named_buffers()), dict(fresh.named_buffers())
+    assert ours.keys() == theirs.keys()
+    for name, buffer in theirs.items():
+        assert torch.equal(ours[name].to(buffer.dtype), buffer), name
