@@ -16,6 +16,16 @@
 #       outgrow the GPU machine's disk) exported with --max-concurrency 4, compiled
 #       layer by layer, then `flare replay --check` and the native decode step at
 #       capacities 1 and 4.
+#   bench/issue22_check.sh serve-prepare OUT FLARE [prepare options...]
+#   bench/issue22_check.sh serve OUT FLARE [prepare options...]
+#       bench/serve_check.sh on the GEOMETRY in two calls on one machine (WORK keeps
+#       the core and the harness's answers between them; /dev/shm writes 45 GB far
+#       faster than the disk): first the 50 agent prompts through the Python harness
+#       and the core exported; then `flare run` serving them (outputs against the
+#       harness's, cancellation, drain, whole-prompt restores answering identically),
+#       the suite's 32K tool-append agent trace (a 40K context) with its fork (cached
+#       plus prefilled tokens and TTFT per turn) and tools workload, and the native
+#       decode step at capacities 1 and 4.
 #   bench/issue22_check.sh timeline OUT [kernel_timeline options...]
 #       the same geometry prepared in this process (no core: its 75 GB of weights
 #       outgrow the disk), its decode graphs at capacities 1 and 4 timed against the
@@ -25,7 +35,7 @@
 # Needs fla-core 0.6.0 and einops importable, and the flare_heliopause wheel (WHEELS,
 # as bench/suite_gpu.sh installs them).
 set -uo pipefail
-usage="usage: bench/issue22_check.sh tests OUT | tiny OUT FLARE | h200 OUT FLARE [options] | timeline OUT [options]"
+usage="usage: bench/issue22_check.sh tests OUT | tiny OUT FLARE | h200 OUT FLARE [options] | serve-prepare OUT FLARE [options] | serve OUT FLARE [options] | timeline OUT [options]"
 part=${1:?$usage}
 out=${2:?$usage}
 shift 2
@@ -73,6 +83,33 @@ write_tiny_hybrid(Path(sys.argv[1]))" "$work/tiny-hybrid" || exit 1
       --max-concurrency 4 --context-limit 32768 --compile-scope layer "$@" || status=1
     for capacity in 1 4; do
       "$flare" replay "$work/$geometry-core" --bench-decode $capacity \
+        --json "$out/bench-decode-c$capacity.json" > "$out/bench-decode-c$capacity.log" 2>&1 \
+        || status=1
+    done
+    ;;
+  serve-prepare | serve)
+    flare=${1:?$usage}
+    shift
+    geometry=${GEOMETRY:-qwen4-exp-h200-e64}
+    dir=$work/$geometry
+    [ -f "$dir/config.json" ] || python3 -m ignition.loading.random_weights \
+      --geometry "$geometry" --out "$dir" > /dev/null || exit 1
+    export CORE=$work/$geometry-serve-core PYTHON_JSON=$work/$geometry-python.json
+    prepare=(--max-concurrency 4 --context-limit 40960 --compile-scope layer
+      --prefill-chunk-size 512 "$@")
+    if [ "$part" = serve-prepare ]; then
+      STAGE=prepare bash bench/serve_check.sh "$out" "$dir" "$flare" -- "${prepare[@]}" \
+        || status=1
+      exit $status
+    fi
+    bash bench/serve_check.sh "$out" "$dir" "$flare" -- "${prepare[@]}" || status=1
+    python3 -m bench.suite --url http://127.0.0.1:18080/v1 \
+      --launch "$flare run $CORE --port 18080" --engine flare --workloads agent tools \
+      --agent-tokens 32768 --tokenizer "$dir" --geometry "$dir/config.json" \
+      --measure-bandwidth --out "$out/suite-flare.json" 2>&1 | tee "$out/suite-flare.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    for capacity in 1 4; do
+      "$flare" replay "$CORE" --bench-decode $capacity --steps 256 \
         --json "$out/bench-decode-c$capacity.json" > "$out/bench-decode-c$capacity.log" 2>&1 \
         || status=1
     done

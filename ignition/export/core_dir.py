@@ -15,9 +15,10 @@ import hashlib
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from ignition.export import flare_core_pb2 as pb
+from ignition.export.tensor_file import write_tensors
 
 MANIFEST = "manifest.pb"
 BUFFERS = "buffers.safetensors"
@@ -67,12 +68,14 @@ def _check(core: pb.Core, initial: dict[str, torch.Tensor], images: dict[str, by
 def write_core_dir(
     path: Path, core: pb.Core, initial: dict[str, torch.Tensor], images: dict[str, bytes]
 ) -> None:
-    """Write a core directory after checking that its parts agree."""
+    """Write a core directory after checking that its parts agree. ``initial`` may
+    lie on the GPU: each tensor is copied to the host in bounded pieces as it is
+    written, so host memory never holds the weights whole."""
     _check(core, initial, images)
     (path / IMAGES).mkdir(parents=True, exist_ok=True)
     for digest, data in images.items():
         (path / IMAGES / f"{digest}.bin").write_bytes(data)
-    save_file({k: v.contiguous().cpu() for k, v in initial.items()}, str(path / BUFFERS))
+    write_tensors(path / BUFFERS, initial)
     (path / MANIFEST).write_bytes(core.SerializeToString())
 
 

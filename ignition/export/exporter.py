@@ -102,8 +102,9 @@ def _driver_version() -> int:
 def buffer_views(
     prepared: PreparedModel, window: WindowPlacement, initial_contents: bool = True
 ) -> tuple[list[pb.Buffer], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Buffer views at their window offsets, initial contents (after reset; none
-    copied with ``initial_contents=False``), and the tensors by manifest name.
+    """Buffer views at their window offsets, initial contents (after reset; the
+    weights as the device tensors themselves, the rest copied to the host; none with
+    ``initial_contents=False``), and the tensors by manifest name.
     Refuses a buffer outside its role's region."""
     regions = {REGION_KINDS[u.name]: u for u in window.usage()}
     messages, initial, tensors = [], {}, {}
@@ -127,7 +128,11 @@ def buffer_views(
         messages.append(message)
         tensors[name] = tensor
         if message.initial_tensor and initial_contents:
-            initial[name] = tensor.detach().cpu()
+            # Weights are read-only: they are written from the device when the core
+            # is (no host copy of them all). State changes from here on, so its
+            # initial contents are copied now.
+            weight = role == pb.BUFFER_ROLE_WEIGHT
+            initial[name] = tensor.detach() if weight else tensor.detach().cpu()
     return messages, initial, tensors
 
 

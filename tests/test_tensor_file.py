@@ -1,0 +1,55 @@
+"""The bounded-memory safetensors writer (``ignition.export.tensor_file``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from ignition.export.tensor_file import write_tensors
+
+
+def _tensors() -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    wide = torch.randn(6, 10, generator=gen)
+    return {
+        "w.bf16": torch.randn(7, 5, generator=gen).to(torch.bfloat16),
+        "a.f32": torch.randn(3, 4, 2, generator=gen),
+        "ids.i64": torch.arange(-5, 6, dtype=torch.int64),
+        "tags.i32": torch.tensor([[-1, 2], [3, -4]], dtype=torch.int32),
+        "bytes.u8": torch.arange(13, dtype=torch.uint8),
+        "flags.bool": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 4),
+        "strided": wide[:, ::3],  # not contiguous
+    }
+
+
+def test_a_written_file_reads_back_as_safetensors(tmp_path: Path) -> None:
+    tensors = _tensors()
+    write_tensors(tmp_path / "t.safetensors", tensors, metadata={"note": "x"})
+    back = load_file(str(tmp_path / "t.safetensors"))
+    assert back.keys() == tensors.keys()
+    for name, tensor in tensors.items():
+        assert back[name].dtype == tensor.dtype and back[name].shape == tensor.shape, name
+        assert torch.equal(back[name], tensor), name
+    with safe_open(str(tmp_path / "t.safetensors"), "pt") as file:
+        assert file.metadata() == {"format": "pt", "note": "x"}
+
+
+def test_pieces_smaller_than_a_tensor_write_the_same_bytes(tmp_path: Path) -> None:
+    tensors = _tensors()
+    write_tensors(tmp_path / "whole", tensors)
+    write_tensors(tmp_path / "pieces", tensors, chunk_bytes=3)
+    assert (tmp_path / "pieces").read_bytes() == (tmp_path / "whole").read_bytes()
+    # The header is padded to 8 bytes, as safetensors writes it.
+    length = int.from_bytes((tmp_path / "whole").read_bytes()[:8], "little")
+    assert length % 8 == 0
+
+
+def test_a_dtype_without_a_safetensors_name_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="complex64"):
+        write_tensors(tmp_path / "bad", {"z": torch.zeros(2, dtype=torch.complex64)})
