@@ -5,8 +5,9 @@
 #   bench/issue22_check.sh tests OUT
 #       the hybrid's GPU tests: fla's GDN kernels, the QSA Triton kernels and the
 #       grouped experts captured (and compiled) against Transformers in bf16, split,
-#       snapshot and restore through graphs (tests/test_qwen4_exp.py), and the QSA
-#       kernels against their references at serving shapes (tests/test_selector_kernels.py).
+#       snapshot and restore through graphs (tests/test_qwen4_exp.py), the QSA
+#       kernels against their references at serving shapes (tests/test_selector_kernels.py)
+#       and the decode experts' kernels against theirs (tests/test_routed_experts.py).
 #   bench/issue22_check.sh tiny OUT FLARE
 #       the tiny hybrid checkpoint exported as a runtime core and `flare replay --check`
 #       (Rust replay bitwise against the Python replay of the same graphs).
@@ -62,7 +63,8 @@ export_and_check() {  # CHECKPOINT CORE FLARE [prepare options...]
 
 case $part in
   tests)
-    python3 -m pytest -m gpu tests/test_qwen4_exp.py tests/test_selector_kernels.py -q \
+    python3 -m pytest -m gpu tests/test_qwen4_exp.py tests/test_selector_kernels.py \
+      tests/test_routed_experts.py -q \
       -p no:cacheprovider -rs 2>&1 | tee "$out/pytest-gpu.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     ;;

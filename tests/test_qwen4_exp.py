@@ -37,6 +37,7 @@ from recipes.qwen4_exp import (
     PAGE_SIZE,
     SELECTORS,
     HybridGeometry,
+    PreparedExperts,
     PreparedGatedDeltaNet,
     PreparedPle,
     PreparedSparseAttention,
@@ -257,6 +258,27 @@ def test_grouped_experts_match_the_eager_loop(reference: Qwen4ExpForCausalLM) ->
         got = block(x)
         block.experts.config._experts_implementation = "eager"
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_decode_experts_match_the_eager_loop(reference: Qwen4ExpForCausalLM) -> None:
+    # A decode step's few tokens go through flare::routed_experts, a prefill chunk's
+    # through grouped_mm: both equal the canonical block's eager loop.
+    block = reference.model.layers[2].mlp
+    canonical = block.experts
+    gen = torch.Generator().manual_seed(6)
+    inputs = {n: torch.randn(1, n, CONFIG.hidden_size, generator=gen) for n in (1, 4, 40)}
+    with torch.no_grad():
+        canonical.config._experts_implementation = "eager"
+        want = {n: block(x) for n, x in inputs.items()}
+        canonical.config._experts_implementation = "grouped_mm"
+        block.experts = PreparedExperts(canonical)
+        try:
+            got = {n: block(x) for n, x in inputs.items()}
+        finally:
+            block.experts = canonical
+            canonical.config._experts_implementation = "eager"
+    for n in inputs:
+        torch.testing.assert_close(got[n], want[n], rtol=1e-5, atol=1e-6)
 
 
 def _options(dtype: torch.dtype) -> PrepareOptions:

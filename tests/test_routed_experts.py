@@ -1,0 +1,96 @@
+"""The routed-experts operator (``ignition.components.experts``) and its Triton kernels
+(under Triton's interpreter without CUDA, conftest.py) against Transformers'
+``grouped_mm`` experts and the eager expert loop.
+
+Tolerances: the kernels round at the same points as Transformers' ``grouped_mm`` path,
+so in fp32 only the order of each dot product's additions differs (relative 1e-5);
+in bf16 that order can move a rounding by one bf16 step (2^-8 relative) in any
+intermediate, so elementwise bounds are a few such steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from transformers.integrations.moe import grouped_mm_experts_forward
+
+from ignition.components import triton_experts
+from ignition.components.experts import routed_experts, routed_experts_ref
+
+LOCAL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICES = [LOCAL_DEVICE, pytest.param("cuda", marks=pytest.mark.gpu, id="gpu")]
+EXPERTS, HIDDEN, INTER, K = 8, 96, 40, 3  # columns and reductions not multiples of a block
+
+
+class _Experts(torch.nn.Module):
+    """What ``grouped_mm_experts_forward`` reads of Transformers' experts module."""
+
+    def __init__(self, gate_up: torch.Tensor, down: torch.Tensor) -> None:
+        super().__init__()
+        self.gate_up_proj, self.down_proj = gate_up, down
+        self.num_experts = gate_up.shape[0]
+        self.has_gate, self.has_bias, self.is_transposed = True, False, False
+        self.act_fn = torch.nn.functional.silu
+
+    def _apply_gate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.act_fn(gate) * up
+
+
+def _operands(tokens: int, dtype: torch.dtype, device: str, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, HIDDEN, generator=gen)
+    gate_up = torch.randn(EXPERTS, 2 * INTER, HIDDEN, generator=gen) / HIDDEN**0.5
+    down = torch.randn(EXPERTS, HIDDEN, INTER, generator=gen) / INTER**0.5
+    index = torch.stack([torch.randperm(EXPERTS, generator=gen)[:K] for _ in range(tokens)])
+    weights = torch.softmax(torch.randn(tokens, K, generator=gen), dim=-1)
+    floats = [t.to(dtype).to(device) for t in (x, gate_up, down, weights)]
+    return floats[0], floats[1], floats[2], index.to(device), floats[3]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_reference_matches_transformers_grouped_experts(dtype: torch.dtype) -> None:
+    x, gate_up, down, index, weights = _operands(5, dtype, "cpu")
+    want = grouped_mm_experts_forward(_Experts(gate_up, down), x, index, weights)
+    got = routed_experts_ref(x, gate_up, down, index, weights)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    else:
+        torch.testing.assert_close(got.float(), want.float(), rtol=2**-6, atol=2**-9)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_the_kernels_match_the_reference(tokens: int, dtype: torch.dtype, device: str) -> None:
+    x, gate_up, down, index, weights = _operands(tokens, dtype, device, seed=tokens)
+    want = routed_experts_ref(x, gate_up, down, index, weights)
+    got = triton_experts.triton_routed_experts(x, gate_up, down, index, weights)
+    assert got.dtype == dtype and got.shape == (tokens, HIDDEN)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    else:
+        torch.testing.assert_close(got.float(), want.float(), rtol=2**-6, atol=2**-9)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "run", [triton_experts.triton_routed_experts, routed_experts_ref], ids=["kernels", "ref"]
+)
+def test_a_token_is_computed_alike_at_every_batch_size(run: Callable, device: str) -> None:
+    # Each (token, slot) pair is computed on its own: a token's result is bitwise the
+    # same alone, in a batch, and at another position of the batch.
+    x, gate_up, down, index, weights = _operands(4, torch.bfloat16, device, seed=7)
+    batch = run(x, gate_up, down, index, weights)
+    for t in range(4):
+        alone = run(x[t : t + 1], gate_up, down, index[t : t + 1], weights[t : t + 1])
+        assert torch.equal(alone[0], batch[t])
+    flipped = run(x.flip(0), gate_up, down, index.flip(0), weights.flip(0))
+    assert torch.equal(flipped.flip(0), batch)
+
+
+def test_the_operator_passes_opcheck() -> None:
+    x, gate_up, down, index, weights = _operands(2, torch.float32, "cpu")
+    torch.library.opcheck(routed_experts, (x, gate_up, down, index, weights))
