@@ -4,10 +4,10 @@ and slot-indexed continuation rows.
 
 Composition: the canonical Transformers model is built on the meta device and keeps
 its embedding, decoder layers (their forward included: PLE injection, the two
-hyperconnection mixers, the injections), MoE blocks, final hyperconnection mixer
-and vocabulary head. Three modules are replaced, the smallest units whose dataflow
-serving changes; each reads its request state through the step context that the
-decoder layer passes as ``past_key_values``:
+hyperconnection mixers, the injections), router, experts' weights, final
+hyperconnection mixer and vocabulary head. Three modules are replaced, the smallest
+units whose dataflow serving changes; each reads its request state through the step
+context that the decoder layer passes as ``past_key_values``:
 
 - ``linear_attn`` becomes ``PreparedGatedDeltaNet``: the canonical projections,
   gated norm and output projection around ``ignition.components.gated_delta`` over
@@ -20,12 +20,20 @@ decoder layer passes as ``past_key_values``:
 - ``ple`` becomes ``PreparedPle``: the canonical n-gram hash, projections, gate and
   norms over the row's two-token history and dilated convolution history.
 
-The routed experts of a prefill chunk run Transformers' ``grouped_mm``
-implementation (no host synchronization); ``mlp.experts`` becomes
-``PreparedExperts``, which gives a decode step's few tokens one matrix-vector
-product per token and slot instead (``flare::routed_experts``: sorting a handful of
-rows into 64-row grouped-GEMM tiles read the experts at 1.7 TB/s on the H200). The
-rotary table is the canonical interleaved-mRoPE module's output with its three
+Two more are replaced for speed, measured on the H200 (``bench/results/issue22/``):
+
+- ``mlp`` becomes ``PreparedMoe``, the canonical block's forward with the shared
+  expert's gate, up and sigmoid-gate projections as one GEMM; GDN's four input
+  projections are one GEMM too (``MERGED``: each canonical weight is a row view of
+  the merged one, so loading is unchanged). At the H200 geometry a step ran about
+  1,060 small cuBLAS launches at 1.5 TB/s;
+- ``mlp.experts`` becomes ``PreparedExperts``: a prefill chunk's routed experts run
+  Transformers' ``grouped_mm`` implementation (no host synchronization), a decode
+  step's few tokens one matrix-vector product per token and slot
+  (``flare::routed_experts``: sorting a handful of rows into 64-row grouped-GEMM
+  tiles read the experts at 1.7 TB/s).
+
+The rotary table is the canonical interleaved-mRoPE module's output with its three
 position rows equal (text only).
 
 A step's rows each carry one request's tokens: a prefill chunk is one row of the
@@ -68,6 +76,24 @@ MODEL_TYPES = ("qwen4_exp_text",)
 PAGE_SIZE = 64
 SELECTORS = "selectors"
 KV = "kv"
+# Projections of one input that preparation stores as one weight (the members' rows in
+# order, each member's parameter a view of its rows), so a step runs one GEMM where the
+# canonical module runs several: GDN's four input projections, and the shared
+# expert's gate and up with its sigmoid gate. Keyed by the merged weight's name within
+# its layer.
+MERGED = {
+    "linear_attn.in_proj": (
+        "linear_attn.in_proj_qkv",
+        "linear_attn.in_proj_z",
+        "linear_attn.in_proj_b",
+        "linear_attn.in_proj_a",
+    ),
+    "mlp.shared_in": (
+        "mlp.shared_expert.gate_proj",
+        "mlp.shared_expert.up_proj",
+        "mlp.shared_expert_gate",
+    ),
+}
 # The PLE n-gram hash's persistent buffers, which Transformers computes from the
 # config (and saves); preparation computes them the same way.
 NGRAM_CONSTANTS = ("layer_multipliers", "ngram_heads_vocab_sizes", "ngram_heads_offsets")
@@ -313,9 +339,13 @@ class StepContext:
 class PreparedGatedDeltaNet(nn.Module):
     """The canonical GDN module's projections and norms over continuation rows."""
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, in_proj: torch.Tensor) -> None:
+        """``in_proj``: the merged input projections (``MERGED``), whose row views
+        are the canonical ``in_proj_qkv``, ``in_proj_z``, ``in_proj_b`` and
+        ``in_proj_a`` weights."""
         super().__init__()
         self.canonical = module
+        self.in_proj = nn.Parameter(in_proj, requires_grad=False)
 
     def forward(
         self,
@@ -327,9 +357,10 @@ class PreparedGatedDeltaNet(nn.Module):
         m, ctx = self.canonical, cache_params
         x = hidden_states[0]
         tokens = x.shape[0]
-        mixed = m.in_proj_qkv(x)
-        z = m.in_proj_z(x).reshape(tokens, -1, m.head_v_dim)
-        b, a = m.in_proj_b(x), m.in_proj_a(x)
+        mixed, z, b, a = F.linear(x, self.in_proj).split(
+            [2 * m.key_dim + m.value_dim, m.value_dim, m.num_v_heads, m.num_v_heads], dim=-1
+        )
+        z = z.reshape(tokens, -1, m.head_v_dim)
         weight = m.conv1d.weight.squeeze(1)
         history = ctx.read("gdn_conv")
         if ctx.decode:
@@ -440,6 +471,30 @@ class PreparedSparseAttention(nn.Module):
         )
         out = out.reshape(tokens, -1) * torch.sigmoid(gate)
         return m.o_proj(out).unsqueeze(0), None
+
+
+class PreparedMoe(nn.Module):
+    """The canonical MoE block (router, routed experts, shared expert and its sigmoid
+    gate) with the shared expert's three input projections as one GEMM."""
+
+    def __init__(self, module: nn.Module, shared_in: torch.Tensor) -> None:
+        """``shared_in``: the merged projections (``MERGED``), whose row views are
+        the canonical ``shared_expert.gate_proj``, ``up_proj`` and
+        ``shared_expert_gate`` weights."""
+        super().__init__()
+        self.canonical = module
+        self.shared_in = nn.Parameter(shared_in, requires_grad=False)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        m = self.canonical
+        shape = hidden_states.shape
+        x = hidden_states.reshape(-1, shape[-1])
+        inter = m.shared_expert.intermediate_size
+        gate, up, shared_gate = F.linear(x, self.shared_in).split([inter, inter, 1], dim=-1)
+        shared = m.shared_expert.down_proj(m.shared_expert.act_fn(gate) * up)
+        _, routing_weights, selected_experts = m.gate(x)
+        routed = m.experts(x, selected_experts, routing_weights)
+        return (routed + torch.sigmoid(shared_gate) * shared).reshape(shape)
 
 
 class PreparedExperts(nn.Module):
@@ -591,10 +646,25 @@ class HybridModel:
         model.eval()
         self.mapping = WeightMapping()
         self.weights: dict[str, torch.Tensor] = {}
-        for name, param in list(model.named_parameters()):
-            real = torch.empty(param.shape, dtype=dtype, device=device)
+        parameters = dict(model.named_parameters())
+        views: dict[str, torch.Tensor] = {}
+        self.merged: list[dict[str, torch.Tensor]] = [{} for _ in range(g.layers)]
+        for i in range(g.layers):
+            for merged, members in MERGED.items():
+                names = [f"model.layers.{i}.{member}.weight" for member in members]
+                if not all(name in parameters for name in names):
+                    continue
+                rows = [parameters[name].shape[0] for name in names]
+                whole = torch.empty(sum(rows), config.hidden_size, dtype=dtype, device=device)
+                views.update(zip(names, whole.split(rows), strict=True))
+                self.merged[i][merged] = whole
+                self.weights[f"model.layers.{i}.{merged}.weight"] = whole
+        for name, param in parameters.items():
+            real = views.get(name)
+            if real is None:
+                real = torch.empty(param.shape, dtype=dtype, device=device)
+                self.weights[name] = real
             set_parameter(model, name, real)
-            self.weights[name] = real
             for stored, target in checkpoint_views(name, real, config):
                 self.mapping.place(stored, target)
         for name, _ in model.named_buffers():
@@ -629,12 +699,14 @@ class HybridModel:
             self.weights[f"{prefix}.ngram_heads_offsets"] = ple.ngram_heads_offsets
         for i, layer in enumerate(model.model.layers):
             if i in g.linear_layers:
-                layer.linear_attn = PreparedGatedDeltaNet(layer.linear_attn)
+                in_proj = self.merged[i]["linear_attn.in_proj"]
+                layer.linear_attn = PreparedGatedDeltaNet(layer.linear_attn, in_proj)
             else:
                 layer.self_attn = PreparedSparseAttention(layer.self_attn, g)
             if i in g.ple_layers:
                 layer.ple = PreparedPle(layer.ple)
             layer.mlp.experts = PreparedExperts(layer.mlp.experts)
+            layer.mlp = PreparedMoe(layer.mlp, self.merged[i]["mlp.shared_in"])
         self.entries = [g.layer_entries(i) for i in range(g.layers)]
         # Interleaved mRoPE takes three position rows, equal for text.
         self.rotary = place_rotary(

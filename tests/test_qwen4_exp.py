@@ -39,6 +39,7 @@ from recipes.qwen4_exp import (
     HybridGeometry,
     PreparedExperts,
     PreparedGatedDeltaNet,
+    PreparedMoe,
     PreparedPle,
     PreparedSparseAttention,
     StepContext,
@@ -132,7 +133,9 @@ PROMPT, STEPS = 37, 8  # past the indexer's dense span (budget + ratio = 12)
 
 def test_gated_deltanet_matches_transformers(reference: Qwen4ExpForCausalLM) -> None:
     canonical = reference.model.layers[1].linear_attn  # a GDN layer without PLE
-    ours = PreparedGatedDeltaNet(canonical)
+    projections = [canonical.in_proj_qkv, canonical.in_proj_z, canonical.in_proj_b]
+    merged = torch.cat([m.weight for m in [*projections, canonical.in_proj_a]])
+    ours = PreparedGatedDeltaNet(canonical, merged)
     h = Harness()
     x = torch.randn(
         1, PROMPT + STEPS, CONFIG.hidden_size, generator=torch.Generator().manual_seed(1)
@@ -260,11 +263,16 @@ def test_grouped_experts_match_the_eager_loop(reference: Qwen4ExpForCausalLM) ->
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_decode_experts_match_the_eager_loop(reference: Qwen4ExpForCausalLM) -> None:
-    # A decode step's few tokens go through flare::routed_experts, a prefill chunk's
-    # through grouped_mm: both equal the canonical block's eager loop.
+def test_the_prepared_moe_block_matches_the_eager_loop(reference: Qwen4ExpForCausalLM) -> None:
+    # The shared expert's merged projections, and the routed experts: a decode step's
+    # few tokens through flare::routed_experts, a prefill chunk's through grouped_mm.
+    # Each equals the canonical block with its eager expert loop.
     block = reference.model.layers[2].mlp
     canonical = block.experts
+    shared = block.shared_expert
+    merged = torch.cat(
+        [shared.gate_proj.weight, shared.up_proj.weight, block.shared_expert_gate.weight]
+    )
     gen = torch.Generator().manual_seed(6)
     inputs = {n: torch.randn(1, n, CONFIG.hidden_size, generator=gen) for n in (1, 4, 40)}
     with torch.no_grad():
@@ -273,7 +281,8 @@ def test_decode_experts_match_the_eager_loop(reference: Qwen4ExpForCausalLM) -> 
         canonical.config._experts_implementation = "grouped_mm"
         block.experts = PreparedExperts(canonical)
         try:
-            got = {n: block(x) for n, x in inputs.items()}
+            ours = PreparedMoe(block, merged)
+            got = {n: ours(x) for n, x in inputs.items()}
         finally:
             block.experts = canonical
             canonical.config._experts_implementation = "eager"
