@@ -94,24 +94,25 @@ write_tiny_hybrid(Path(sys.argv[1]))" "$work/tiny-hybrid" || exit 1
     shift
     geometry=${GEOMETRY:-qwen4-exp-h200-e64}
     dir=$work/$geometry
-    [ -f "$dir/config.json" ] || python3 -m ignition.loading.random_weights \
+    # The marker file is written last: a directory without it is incomplete.
+    [ -f "$dir/random-weights.json" ] || python3 -m ignition.loading.random_weights \
       --geometry "$geometry" --out "$dir" > /dev/null || exit 1
-    export CORE=$work/$geometry-serve-core PYTHON_JSON=$work/$geometry-python.json
+    export SERVE_CORE=$work/$geometry-serve-core SERVE_PYTHON_JSON=$work/$geometry-python.json
     prepare=(--max-concurrency 4 --context-limit 40960 --compile-scope layer
       --prefill-chunk-size 512 "$@")
     if [ "$part" = serve-prepare ]; then
-      STAGE=prepare bash bench/serve_check.sh "$out" "$dir" "$flare" -- "${prepare[@]}" \
+      SERVE_STAGE=prepare bash bench/serve_check.sh "$out" "$dir" "$flare" -- "${prepare[@]}" \
         || status=1
       exit $status
     fi
     bash bench/serve_check.sh "$out" "$dir" "$flare" -- "${prepare[@]}" || status=1
     python3 -m bench.suite --url http://127.0.0.1:18080/v1 \
-      --launch "$flare run $CORE --port 18080" --engine flare --workloads agent tools \
+      --launch "$flare run $SERVE_CORE --port 18080" --engine flare --workloads agent tools \
       --agent-tokens 32768 --tokenizer "$dir" --geometry "$dir/config.json" \
       --measure-bandwidth --out "$out/suite-flare.json" 2>&1 | tee "$out/suite-flare.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     for capacity in 1 4; do
-      "$flare" replay "$CORE" --bench-decode $capacity --steps 256 \
+      "$flare" replay "$SERVE_CORE" --bench-decode $capacity --steps 256 \
         --json "$out/bench-decode-c$capacity.json" > "$out/bench-decode-c$capacity.log" 2>&1 \
         || status=1
     done

@@ -13,9 +13,10 @@
 #   bench/serve_check.sh OUT_DIR MODEL FLARE_BIN [-- PREPARE_ARGS...]
 #
 # For models whose two preparations and the serving outlast one call, the work splits
-# in two: with CORE (a directory) and PYTHON_JSON (a file) set, the harness's answers
-# and the core are made there unless they exist, and STAGE=prepare stops after that;
-# a later call with the same CORE and PYTHON_JSON (the machine still up) serves.
+# in two: with SERVE_CORE (a directory) and SERVE_PYTHON_JSON (a file) set, the
+# harness's answers and the core are made there unless they exist, and
+# SERVE_STAGE=prepare stops after that; a later call with the same two (the machine
+# still up) serves. Without them both are made afresh in OUT_DIR and a temporary folder.
 #
 # Needs flare_heliopause and the openai client importable.
 set -uo pipefail
@@ -32,18 +33,18 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 . bench/flare_run.sh
 prompts=bench/prompts/agent50.jsonl
 sampling=(--temperature 0.7 --top-k 40 --top-p 0.9 --min-p 0 --seed 1000 --max-new-tokens 64)
-python=${PYTHON_JSON:-$out/python.json}
-if [ ! -f "$python" ]; then
+python=${SERVE_PYTHON_JSON:-$out/python.json}
+if [ -z "${SERVE_PYTHON_JSON:-}" ] || [ ! -f "$python" ]; then
   python3 -m ignition.cli replay "$model" --prompts "$prompts" "${sampling[@]}" \
     --out "$python" "$@" > "$out/python.log" 2>&1 || { tail -20 "$out/python.log"; exit 1; }
 fi
-core=${CORE:-$(mktemp -d)/core}
-if [ ! -f "$core/manifest.pb" ]; then
+core=${SERVE_CORE:-$(mktemp -d)/core}
+if [ -z "${SERVE_CORE:-}" ] || [ ! -f "$core/manifest.pb" ]; then
   rm -rf "$core"
   python3 -m ignition.cli prepare "$model" --out "$core" "$@" > "$out/export.log" 2>&1 \
     || { tail -20 "$out/export.log"; exit 1; }
 fi
-[ "${STAGE:-}" = prepare ] && exit 0
+[ "${SERVE_STAGE:-}" = prepare ] && exit 0
 # serve NAME [flare options]: starts flare, sets $pid and $url.
 serve() {
   local name=$1

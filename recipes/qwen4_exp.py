@@ -20,13 +20,16 @@ context that the decoder layer passes as ``past_key_values``:
 - ``ple`` becomes ``PreparedPle``: the canonical n-gram hash, projections, gate and
   norms over the row's two-token history and dilated convolution history.
 
-Two more are replaced for speed, measured on the H200 (``bench/results/issue22/``):
+Three more are replaced for speed, measured on the H200 (``bench/results/issue22/``):
 
 - ``mlp`` becomes ``PreparedMoe``, the canonical block's forward with the shared
   expert's gate, up and sigmoid-gate projections as one GEMM; GDN's four input
   projections are one GEMM too (``MERGED``: each canonical weight is a row view of
   the merged one, so loading is unchanged). At the H200 geometry a step ran about
   1,060 small cuBLAS launches at 1.5 TB/s;
+- each layer's ``attn_hyper_connection`` and ``mlp_hyper_connection`` become
+  ``PreparedGatedResidual``, the canonical forward with its input-mix and injection
+  projections (both of the normed streams) as one GEMM;
 - ``mlp.experts`` becomes ``PreparedExperts``: a prefill chunk's routed experts run
   Transformers' ``grouped_mm`` implementation (no host synchronization), a decode
   step's few tokens one matrix-vector product per token and slot
@@ -78,9 +81,9 @@ SELECTORS = "selectors"
 KV = "kv"
 # Projections of one input that preparation stores as one weight (the members' rows in
 # order, each member's parameter a view of its rows), so a step runs one GEMM where the
-# canonical module runs several: GDN's four input projections, and the shared
-# expert's gate and up with its sigmoid gate. Keyed by the merged weight's name within
-# its layer.
+# canonical module runs several: GDN's four input projections, the shared expert's
+# gate and up with its sigmoid gate, and each hyperconnection's input-mix and
+# injection projections. Keyed by the merged weight's name within its layer.
 MERGED = {
     "linear_attn.in_proj": (
         "linear_attn.in_proj_qkv",
@@ -93,6 +96,13 @@ MERGED = {
         "mlp.shared_expert.up_proj",
         "mlp.shared_expert_gate",
     ),
+    **{
+        f"{site}_hyper_connection.mix_in": (
+            f"{site}_hyper_connection.input_mix_weight_down",
+            f"{site}_hyper_connection.block_inject_weight",
+        )
+        for site in ("attn", "mlp")
+    },
 }
 # The PLE n-gram hash's persistent buffers, which Transformers computes from the
 # config (and saves); preparation computes them the same way.
@@ -497,6 +507,29 @@ class PreparedMoe(nn.Module):
         return (routed + torch.sigmoid(shared_gate) * shared).reshape(shape)
 
 
+class PreparedGatedResidual(nn.Module):
+    """A decoder layer's canonical hyperconnection (the mix into the block's input
+    and the injection weights) with its two projections of the normed streams as
+    one GEMM."""
+
+    def __init__(self, module: nn.Module, mix_in: torch.Tensor) -> None:
+        """``mix_in``: the merged projections (``MERGED``), whose row views are the
+        canonical ``input_mix_weight_down`` and ``block_inject_weight`` weights."""
+        super().__init__()
+        self.canonical = module
+        self.mix_in = nn.Parameter(mix_in, requires_grad=False)
+
+    def forward(self, hyper_input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        m = self.canonical
+        streams = (m.hc_count, m.hidden_size)
+        normed = m.hc_norm(hyper_input)
+        rank = m.input_mix_weight_down.out_features
+        down, inject = F.linear(normed, self.mix_in).split([rank, m.hc_count], dim=-1)
+        mix = torch.sigmoid(m.input_mix_weight_up(F.silu(down / m.hc_count)))
+        mixed = (mix.unflatten(-1, streams) * normed.unflatten(-1, streams)).mean(dim=-2)
+        return mixed, hyper_input, 2 * torch.sigmoid(inject / m.hc_count)
+
+
 class PreparedExperts(nn.Module):
     """The canonical routed experts; up to ``FUSED_MAX_TOKENS`` tokens (a decode
     step's) through ``flare::routed_experts`` instead, which rounds as the canonical
@@ -655,7 +688,8 @@ class HybridModel:
                 if not all(name in parameters for name in names):
                     continue
                 rows = [parameters[name].shape[0] for name in names]
-                whole = torch.empty(sum(rows), config.hidden_size, dtype=dtype, device=device)
+                columns = parameters[names[0]].shape[1]
+                whole = torch.empty(sum(rows), columns, dtype=dtype, device=device)
                 views.update(zip(names, whole.split(rows), strict=True))
                 self.merged[i][merged] = whole
                 self.weights[f"model.layers.{i}.{merged}.weight"] = whole
@@ -707,6 +741,10 @@ class HybridModel:
                 layer.ple = PreparedPle(layer.ple)
             layer.mlp.experts = PreparedExperts(layer.mlp.experts)
             layer.mlp = PreparedMoe(layer.mlp, self.merged[i]["mlp.shared_in"])
+            for site in ("attn", "mlp"):
+                name = f"{site}_hyper_connection"
+                mix_in = self.merged[i][f"{name}.mix_in"]
+                setattr(layer, name, PreparedGatedResidual(getattr(layer, name), mix_in))
         self.entries = [g.layer_entries(i) for i in range(g.layers)]
         # Interleaved mRoPE takes three position rows, equal for text.
         self.rotary = place_rotary(

@@ -39,6 +39,7 @@ from recipes.qwen4_exp import (
     HybridGeometry,
     PreparedExperts,
     PreparedGatedDeltaNet,
+    PreparedGatedResidual,
     PreparedMoe,
     PreparedPle,
     PreparedSparseAttention,
@@ -288,6 +289,27 @@ def test_the_prepared_moe_block_matches_the_eager_loop(reference: Qwen4ExpForCau
             canonical.config._experts_implementation = "eager"
     for n in inputs:
         torch.testing.assert_close(got[n], want[n], rtol=1e-5, atol=1e-6)
+
+
+def test_the_prepared_hyperconnection_matches_transformers(
+    reference: Qwen4ExpForCausalLM,
+) -> None:
+    # Its input-mix and injection projections as one GEMM: the same three outputs.
+    for canonical in (
+        reference.model.layers[1].attn_hyper_connection,
+        reference.model.layers[3].mlp_hyper_connection,
+    ):
+        merged = torch.cat(
+            [canonical.input_mix_weight_down.weight, canonical.block_inject_weight.weight]
+        )
+        streams = CONFIG.hc_count * CONFIG.hidden_size
+        x = torch.randn(1, 5, streams, generator=torch.Generator().manual_seed(8))
+        with torch.no_grad():
+            want = canonical(x)
+            got = PreparedGatedResidual(canonical, merged)(x)
+        assert len(got) == len(want) == 3
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
 
 
 def _options(dtype: torch.dtype) -> PrepareOptions:

@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from transformers.integrations.moe import grouped_mm_experts_forward
 
 from ignition.components import triton_experts
@@ -94,3 +96,36 @@ def test_a_token_is_computed_alike_at_every_batch_size(run: Callable, device: st
 def test_the_operator_passes_opcheck() -> None:
     x, gate_up, down, index, weights = _operands(2, torch.float32, "cpu")
     torch.library.opcheck(routed_experts, (x, gate_up, down, index, weights))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_nan_propagates_as_in_the_reference(device: str) -> None:
+    # The kernels round to bf16 by the bits; NaN must stay NaN (its bits would carry
+    # into the sign or the exponent and read as zero or infinity).
+    x, gate_up, down, index, weights = _operands(2, torch.bfloat16, device, seed=9)
+    x[1, 3] = float("nan")
+    want = routed_experts_ref(x, gate_up, down, index, weights)
+    got = triton_experts.triton_routed_experts(x, gate_up, down, index, weights)
+    assert want[1].isnan().all() and got[1].isnan().all()
+    assert torch.equal(got[0], want[0])
+
+
+@triton.jit
+def _round_kernel(x_ptr, out_ptr, N: tl.constexpr):
+    offsets = tl.arange(0, N)
+    tl.store(out_ptr + offsets, triton_experts._round(tl.load(x_ptr + offsets), True))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_rounding_by_the_bits_is_torchs(device: str) -> None:
+    # Ties to even, both signs, infinities, and NaN of every payload: the GPU's own
+    # NaN is 0x7FFFFFFF, whose rounding carry would make it -0.0 without its guard.
+    values = torch.randn(64, generator=torch.Generator().manual_seed(10)) * 1e3
+    values[:4] = torch.tensor([float("inf"), -float("inf"), 1 + 2**-8, 1 + 3 * 2**-8])
+    nans = torch.tensor([0x7FFFFFFF, -1, 0x7F800001, 0x7FC00000], dtype=torch.int32)
+    values[4:8] = nans.view(torch.float32)
+    out = torch.empty_like(values, device=device)
+    _round_kernel[(1,)](values.to(device), out, N=64)
+    want = values.to(torch.bfloat16).float()
+    assert out.isnan().cpu().equal(want.isnan())
+    assert torch.equal(out.cpu()[~want.isnan()], want[~want.isnan()])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -45,9 +46,14 @@ def test_pieces_smaller_than_a_tensor_write_the_same_bytes(tmp_path: Path) -> No
     write_tensors(tmp_path / "whole", tensors)
     write_tensors(tmp_path / "pieces", tensors, chunk_bytes=3)
     assert (tmp_path / "pieces").read_bytes() == (tmp_path / "whole").read_bytes()
-    # The header is padded to 8 bytes, as safetensors writes it.
-    length = int.from_bytes((tmp_path / "whole").read_bytes()[:8], "little")
+    # The header is padded to 8 bytes, and each tensor starts aligned to its element
+    # size (a u8 tensor of 13 bytes comes after the wider ones), as safetensors writes.
+    data = (tmp_path / "whole").read_bytes()
+    length = int.from_bytes(data[:8], "little")
     assert length % 8 == 0
+    entries = json.loads(data[8 : 8 + length])
+    for name, tensor in tensors.items():
+        assert entries[name]["data_offsets"][0] % tensor.element_size() == 0, name
 
 
 def test_a_dtype_without_a_safetensors_name_is_refused(tmp_path: Path) -> None:

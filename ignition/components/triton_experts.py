@@ -14,8 +14,8 @@ or two rows: at the hybrid's H200 geometry about 1.7 TB/s at one token. Here:
 
 Rounding follows Transformers' ``grouped_mm`` path step by step (to the operands'
 dtype after each of its operations: the projections, silu, the product, the
-weighting; fp32 for the sum over slots), so only the order of each dot product's
-additions differs. A token's
+weighting; fp32 for the sum over slots) and silu is computed as PyTorch computes it,
+so only the order of each dot product's additions differs. A token's
 result depends on its own routing alone: bitwise the same at every batch size.
 Pairs that share an expert read it once each (at 4 tokens, 40 reads for about 35
 distinct experts of 128), which is why preparation uses these only for few tokens.
@@ -26,6 +26,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
+
+from ignition.components.triton_attention import _INTERPRETED
 
 # Output columns per program, and the reduction step.
 BLOCK_N = 16
@@ -40,8 +43,21 @@ def _round(x, BF16: tl.constexpr):
     if BF16:
         bits = x.to(tl.uint32, bitcast=True)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        x = bits.to(tl.float32, bitcast=True)
+        # NaN stays NaN (its bits would carry into the sign or the exponent).
+        x = tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
     return x
+
+
+@triton.jit
+def _silu(x, ACCURATE: tl.constexpr):
+    """``x / (1 + exp(-x))`` as PyTorch's silu computes it in fp32: libdevice's exp
+    and a rounded division on the GPU (``tl.exp`` and ``/`` compile to approximate
+    instructions); the interpreter's are NumPy's, exact already."""
+    if ACCURATE:
+        out = tl.math.div_rn(x, 1.0 + libdevice.exp(-x))
+    else:
+        out = x / (1.0 + tl.exp(-x))
+    return out
 
 
 @triton.jit
@@ -60,6 +76,7 @@ def _gate_up_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BF16: tl.constexpr,
+    ACCURATE: tl.constexpr,
 ):
     pair = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -80,7 +97,7 @@ def _gate_up_kernel(
         gate += tl.sum(g * x[None, :], axis=1)
         up += tl.sum(u * x[None, :], axis=1)
     gate = _round(gate, BF16)
-    act = _round(gate / (1.0 + tl.exp(-gate)), BF16)
+    act = _round(_silu(gate, ACCURATE), BF16)
     product = _round(act * _round(up, BF16), BF16)
     tl.store(out_ptr + pair * stride_ot + cols, product.to(out_ptr.dtype.element_ty), mask=keep)
 
@@ -159,6 +176,7 @@ def triton_routed_experts(
         BLOCK_N=BLOCK_N,
         BLOCK_K=BLOCK_K,
         BF16=x.dtype == torch.bfloat16,
+        ACCURATE=not _INTERPRETED,
         num_warps=4,
     )
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)

@@ -6,7 +6,9 @@ before writing a byte. ``write_tensors`` takes tensors on any device, computes t
 header from their dtypes and shapes alone, and copies each tensor's bytes to the host
 in pieces of at most ``chunk_bytes`` while it writes them: host memory stays one
 piece. The file is an ordinary safetensors file (tensors in name order, the header
-padded with spaces to 8 bytes), which ``safetensors`` and Helios read as any other.
+padded with spaces to 8 bytes, the tensors ordered by element size, largest first, then
+by name, as safetensors orders them: each starts aligned to its element size), which
+``safetensors`` and Helios read as any other.
 """
 
 from __future__ import annotations
@@ -38,11 +40,16 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return math.prod(tensor.shape) * tensor.element_size()
 
 
+def _order(tensors: Mapping[str, torch.Tensor]) -> list[str]:
+    """Largest elements first, then by name: every tensor starts aligned."""
+    return sorted(tensors, key=lambda name: (-tensors[name].element_size(), name))
+
+
 def header(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> bytes:
-    """The length-prefixed JSON header of ``tensors`` laid out in name order."""
+    """The length-prefixed JSON header of ``tensors`` in ``_order``."""
     entries: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
     offset = 0
-    for name in sorted(tensors):
+    for name in _order(tensors):
         tensor = tensors[name]
         if tensor.dtype not in _DTYPES:
             raise ValueError(f"tensor {name}: dtype {tensor.dtype} has no safetensors name")
@@ -70,7 +77,7 @@ def write_tensors(
         raise ValueError("chunk_bytes must be positive")
     with open(path, "wb") as file:
         file.write(header(tensors, {"format": "pt", **(metadata or {})}))
-        for name in sorted(tensors):
+        for name in _order(tensors):
             tensor = tensors[name]
             if tensor.numel() == 0:
                 continue
