@@ -24,7 +24,8 @@ Three more are replaced for speed, measured on the H200 (``bench/results/issue22
 
 - ``mlp`` becomes ``PreparedMoe``, the canonical block's forward with the shared
   expert's gate, up and sigmoid-gate projections as one GEMM; GDN's four input
-  projections are one GEMM too (``MERGED``: each canonical weight is a row view of
+  projections, and QSA's query, key, value and indexer projections, are one GEMM each
+  too (``MERGED``: each canonical weight is a row view of
   the merged one, so loading is unchanged). At the H200 geometry a step ran about
   1,060 small cuBLAS launches at 1.5 TB/s;
 - each layer's ``attn_hyper_connection`` and ``mlp_hyper_connection`` become
@@ -81,15 +82,22 @@ SELECTORS = "selectors"
 KV = "kv"
 # Projections of one input that preparation stores as one weight (the members' rows in
 # order, each member's parameter a view of its rows), so a step runs one GEMM where the
-# canonical module runs several: GDN's four input projections, the shared expert's
-# gate and up with its sigmoid gate, and each hyperconnection's input-mix and
-# injection projections. Keyed by the merged weight's name within its layer.
+# canonical module runs several: GDN's four input projections, QSA's query, key and
+# value projections with its indexer's, the shared expert's gate and up with its
+# sigmoid gate, and each hyperconnection's input-mix and injection projections. Keyed
+# by the merged weight's name within its layer.
 MERGED = {
     "linear_attn.in_proj": (
         "linear_attn.in_proj_qkv",
         "linear_attn.in_proj_z",
         "linear_attn.in_proj_b",
         "linear_attn.in_proj_a",
+    ),
+    "self_attn.in_proj": (
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.indexer.index_qk_proj",
     ),
     "mlp.shared_in": (
         "mlp.shared_expert.gate_proj",
@@ -404,10 +412,14 @@ class PreparedSparseAttention(nn.Module):
     """The canonical QSA module (gated attention with its indexer) over paged K/V,
     selector pages and the continuation row's ring."""
 
-    def __init__(self, module: nn.Module, geometry: HybridGeometry) -> None:
+    def __init__(self, module: nn.Module, geometry: HybridGeometry, in_proj: torch.Tensor) -> None:
+        """``in_proj``: the merged input projections (``MERGED``), whose row views
+        are the canonical ``q_proj``, ``k_proj``, ``v_proj`` and indexer
+        ``index_qk_proj`` weights."""
         super().__init__()
         self.canonical = module
         self.geometry = geometry
+        self.in_proj = nn.Parameter(in_proj, requires_grad=False)
         self.selection = selector.SelectorGeometry(geometry.ratio, geometry.budget, PAGE_SIZE)
         # Resolved here, not in the forward (Dynamo would trace through the cache).
         self.apply_rotary = canonical().apply_rotary_pos_emb
@@ -434,7 +446,10 @@ class PreparedSparseAttention(nn.Module):
         tables = ctx.page_tables
         # The indexer: raw keys into blocks and the ring, then the selection.
         ix = m.indexer
-        qk = ix.index_qk_proj(x)
+        heads = [m.q_proj, m.k_proj, m.v_proj, ix.index_qk_proj]
+        q_all, k_all, v_all, qk = F.linear(x, self.in_proj).split(
+            [h.out_features for h in heads], dim=-1
+        )
         iq, raw = torch.split(qk, [g.index_heads * g.index_dim, g.index_dim], dim=-1)
         iq = self._rope(ix.q_layernorm(iq.reshape(tokens, g.index_heads, g.index_dim)), cos, sin)
         ring = ctx.read("qsa_ring")
@@ -468,11 +483,11 @@ class PreparedSparseAttention(nn.Module):
         )
         blocks = selector.select_blocks(scores, positions, valid, self.selection)
         # Gated attention over the selected tokens of the pages it writes first.
-        query, gate = torch.chunk(m.q_proj(x).view(tokens, g.heads, 2 * g.head_dim), 2, dim=-1)
+        query, gate = torch.chunk(q_all.view(tokens, g.heads, 2 * g.head_dim), 2, dim=-1)
         gate = gate.reshape(tokens, -1)
         query = m.q_norm(query)
-        key = m.k_norm(m.k_proj(x).view(tokens, g.kv_heads, g.head_dim))
-        value = m.v_proj(x).view(tokens, g.kv_heads, g.head_dim)
+        key = m.k_norm(k_all.reshape(tokens, g.kv_heads, g.head_dim))
+        value = v_all.reshape(tokens, g.kv_heads, g.head_dim)
         query, key = self.apply_rotary(query, key, cos, sin, unsqueeze_dim=1)
         write_kv(ctx.kv, 0, ctx.step.rows, key, value)
         kv = ctx.kv[0]
@@ -736,7 +751,8 @@ class HybridModel:
                 in_proj = self.merged[i]["linear_attn.in_proj"]
                 layer.linear_attn = PreparedGatedDeltaNet(layer.linear_attn, in_proj)
             else:
-                layer.self_attn = PreparedSparseAttention(layer.self_attn, g)
+                in_proj = self.merged[i]["self_attn.in_proj"]
+                layer.self_attn = PreparedSparseAttention(layer.self_attn, g, in_proj)
             if i in g.ple_layers:
                 layer.ple = PreparedPle(layer.ple)
             layer.mlp.experts = PreparedExperts(layer.mlp.experts)

@@ -181,7 +181,9 @@ def test_sparse_attention_and_its_selection_match_transformers(
 ) -> None:
     masks = _recording(monkeypatch)
     canonical = reference.model.layers[3].self_attn
-    ours = PreparedSparseAttention(canonical, GEOMETRY)
+    projections = [canonical.q_proj, canonical.k_proj, canonical.v_proj]
+    merged = torch.cat([m.weight for m in [*projections, canonical.indexer.index_qk_proj]])
+    ours = PreparedSparseAttention(canonical, GEOMETRY, merged)
     h = Harness()
     x = torch.randn(
         1, PROMPT + STEPS, CONFIG.hidden_size, generator=torch.Generator().manual_seed(2)
