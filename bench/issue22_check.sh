@@ -7,7 +7,9 @@
 #       grouped experts captured (and compiled) against Transformers in bf16, split,
 #       snapshot and restore through graphs (tests/test_qwen4_exp.py), the QSA
 #       kernels against their references at serving shapes (tests/test_selector_kernels.py)
-#       and the decode experts' kernels against theirs (tests/test_routed_experts.py).
+#       and the decode experts' kernels against theirs (tests/test_routed_experts.py);
+#       then those kernels timed against grouped_mm at the H200 expert geometry, each
+#       block choice (bench/experts_bench.py).
 #   bench/issue22_check.sh tiny OUT FLARE
 #       the tiny hybrid checkpoint exported as a runtime core and `flare replay --check`
 #       (Rust replay bitwise against the Python replay of the same graphs).
@@ -66,6 +68,9 @@ case $part in
     python3 -m pytest -m gpu tests/test_qwen4_exp.py tests/test_selector_kernels.py \
       tests/test_routed_experts.py -q \
       -p no:cacheprovider -rs 2>&1 | tee "$out/pytest-gpu.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    python3 bench/experts_bench.py --tokens 1 4 --out "$out/experts-bench.json" 2>&1 \
+      | tee "$out/experts-bench.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     ;;
   tiny)

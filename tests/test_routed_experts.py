@@ -18,27 +18,13 @@ import triton
 import triton.language as tl
 from transformers.integrations.moe import grouped_mm_experts_forward
 
+from bench.experts_bench import GroupedMmExperts
 from ignition.components import triton_experts
 from ignition.components.experts import routed_experts, routed_experts_ref
 
 LOCAL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DEVICES = [LOCAL_DEVICE, pytest.param("cuda", marks=pytest.mark.gpu, id="gpu")]
 EXPERTS, HIDDEN, INTER, K = 8, 96, 40, 3  # columns and reductions not multiples of a block
-
-
-class _Experts(torch.nn.Module):
-    """What ``grouped_mm_experts_forward`` reads of Transformers' experts module."""
-
-    def __init__(self, gate_up: torch.Tensor, down: torch.Tensor) -> None:
-        super().__init__()
-        self.gate_up_proj, self.down_proj = gate_up, down
-        self.num_experts = gate_up.shape[0]
-        self.has_gate, self.has_bias, self.is_transposed = True, False, False
-        self.act_fn = torch.nn.functional.silu
-
-    def _apply_gate(self, gate_up: torch.Tensor) -> torch.Tensor:
-        gate, up = gate_up.chunk(2, dim=-1)
-        return self.act_fn(gate) * up
 
 
 def _operands(tokens: int, dtype: torch.dtype, device: str, seed: int = 0):
@@ -55,7 +41,7 @@ def _operands(tokens: int, dtype: torch.dtype, device: str, seed: int = 0):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_the_reference_matches_transformers_grouped_experts(dtype: torch.dtype) -> None:
     x, gate_up, down, index, weights = _operands(5, dtype, "cpu")
-    want = grouped_mm_experts_forward(_Experts(gate_up, down), x, index, weights)
+    want = grouped_mm_experts_forward(GroupedMmExperts(gate_up, down), x, index, weights)
     got = routed_experts_ref(x, gate_up, down, index, weights)
     if dtype == torch.float32:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
