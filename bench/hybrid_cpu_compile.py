@@ -2,7 +2,7 @@
 teacher-forced logits of both compared: the compiled forwards (custom operators,
 in-place writes, their fakes) compute what the eager ones do.
 
-    python bench/hybrid_cpu_compile.py --out RESULT.json
+    python bench/hybrid_cpu_compile.py --out RESULT.json [--compile-scope forward|layer]
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from checkpoints import write_tiny_hybrid  # noqa: E402
 
+from ignition.preparation.compile_flags import COMPILE_SCOPES  # noqa: E402
 from ignition.preparation.prepared import PrepareOptions, prepare  # noqa: E402
 from ignition.replay.teacher_forcing import compare_logits, teacher_forced_logits  # noqa: E402
 
@@ -29,6 +30,7 @@ from ignition.replay.teacher_forcing import compare_logits, teacher_forced_logit
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--compile-scope", choices=COMPILE_SCOPES, default="forward")
     args = parser.parse_args()
     options = PrepareOptions(
         max_concurrency=2,
@@ -36,6 +38,7 @@ def main() -> None:
         context_limit=256,
         snapshot_rows=2,
         compile=True,
+        compile_scope=args.compile_scope,
         capture=False,
         device="cpu",
         dtype=torch.float32,
@@ -51,6 +54,7 @@ def main() -> None:
         a = teacher_forced_logits(compiled, tokens, 130, chunk=64)
         b = teacher_forced_logits(eager, tokens, 130, chunk=64)
     result = {
+        "compile_scope": args.compile_scope,
         "prepare_compiled_s": compile_s,
         "positions": a.shape[0],
         "max_abs_difference": float((a - b).abs().max()),
