@@ -52,6 +52,8 @@ def test_manifest_round_trips_with_every_semantic_bound(prepared: PreparedModel)
     assert list(core.contract.prefill_capacities) == [128, 256]
     kinds = {(g.kind, g.capacity) for g in core.graphs}
     assert (pb.GRAPH_KIND_DECODE, 4) in kinds and (pb.GRAPH_KIND_RESTORE, 1) in kinds
+    # A dense model's state is its K/V pages alone (the hybrid's test: rows).
+    assert core.contract.continuation == pb.CONTINUATION_STATE_POSITIONAL_KV
 
 
 def test_buffers_fit_the_window_without_overlap(prepared: PreparedModel) -> None:

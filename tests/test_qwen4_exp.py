@@ -531,6 +531,8 @@ def test_the_hybrid_core_declares_its_state_and_helios_accepts_it(
     } | {"snapshot.paged.selectors"}
     kv = prepared.storage.cache.kv
     assert core.contract.bytes_per_page == kv[:, :, 0].numel() * kv.element_size()
+    # Its state at a consumed count exists only at the live end.
+    assert core.contract.continuation == pb.CONTINUATION_STATE_CONTINUATION_ROWS
     assert core.identity.recipe == "qwen4_exp"
     # Admission values that are not zero travel as initial contents.
     assert "rows.qsa_tags" in initial and "rows.ple_tokens" in initial
@@ -547,6 +549,7 @@ def test_the_hybrid_core_declares_its_state_and_helios_accepts_it(
     ).stdout
     assert "recipe                qwen4_exp" in shown
     assert "snapshot_rows           10 x" in shown
+    assert "continuation          CONTINUATION_STATE_CONTINUATION_ROWS" in shown
 
 
 def _teacher_forced_split(

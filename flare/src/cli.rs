@@ -473,6 +473,11 @@ impl fmt::Display for Inspection<'_> {
             c.kv_pages, c.bytes_per_page
         )?;
         writeln!(f, "  snapshot_rows         {}", c.snapshot_rows)?;
+        writeln!(
+            f,
+            "  continuation          {}",
+            c.continuation.as_str_name()
+        )?;
         writeln!(f, "  vocab_size            {}", c.vocab_size)?;
         writeln!(f, "  bindings              {}", c.bindings)?;
         writeln!(

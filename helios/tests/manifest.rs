@@ -6,8 +6,8 @@
 use std::path::Path;
 
 use helios::core::proto::{
-    node::Op, Binding, Buffer, BufferRole, Core, Edge, FloatRange, GraphKind, KernelNode, Node,
-    Region, RegionKind, Semantic,
+    node::Op, Binding, Buffer, BufferRole, ContinuationState, Core, Edge, FloatRange, GraphKind,
+    KernelNode, Node, Region, RegionKind, Semantic,
 };
 use helios::core::sample::{
     tiny_core, SAMPLE_DECODE, SAMPLE_IMAGE, SAMPLE_PREFILL, SAMPLE_QUALIFIED,
@@ -1235,4 +1235,33 @@ fn overlapping_windows_and_invalid_peer_bundles_are_rejected() {
         matches!(&err, CoreError::InRank { rank: 1, source } if matches!(**source, CoreError::Missing { field: "window" })),
         "{err}"
     );
+}
+
+#[test]
+fn the_continuation_state_is_read_as_declared_and_unspecified_as_rows() {
+    let declared = |value: ContinuationState| {
+        mutated(|core| contract(core).continuation = value as i32)
+            .unwrap()
+            .continuation()
+    };
+    assert_eq!(
+        declared(ContinuationState::PositionalKv),
+        ContinuationState::PositionalKv
+    );
+    assert_eq!(
+        declared(ContinuationState::ContinuationRows),
+        ContinuationState::ContinuationRows
+    );
+    // An older core declares nothing: only its live end is known to be exact.
+    assert_eq!(
+        declared(ContinuationState::Unspecified),
+        ContinuationState::ContinuationRows
+    );
+    assert!(matches!(
+        mutated_err(|core| contract(core).continuation = 7),
+        CoreError::UnknownEnum {
+            field: "contract.continuation",
+            value: 7
+        }
+    ));
 }

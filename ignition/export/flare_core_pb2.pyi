@@ -89,6 +89,12 @@ class AdmitFloatField(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ADMIT_FLOAT_PRESENCE_PENALTY: _ClassVar[AdmitFloatField]
     ADMIT_FLOAT_FREQUENCY_PENALTY: _ClassVar[AdmitFloatField]
 
+class ContinuationState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CONTINUATION_STATE_UNSPECIFIED: _ClassVar[ContinuationState]
+    CONTINUATION_STATE_POSITIONAL_KV: _ClassVar[ContinuationState]
+    CONTINUATION_STATE_CONTINUATION_ROWS: _ClassVar[ContinuationState]
+
 class ToolParser(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TOOL_PARSER_UNSPECIFIED: _ClassVar[ToolParser]
@@ -164,6 +170,9 @@ ADMIT_FLOAT_MIN_P: AdmitFloatField
 ADMIT_FLOAT_REPETITION_PENALTY: AdmitFloatField
 ADMIT_FLOAT_PRESENCE_PENALTY: AdmitFloatField
 ADMIT_FLOAT_FREQUENCY_PENALTY: AdmitFloatField
+CONTINUATION_STATE_UNSPECIFIED: ContinuationState
+CONTINUATION_STATE_POSITIONAL_KV: ContinuationState
+CONTINUATION_STATE_CONTINUATION_ROWS: ContinuationState
 TOOL_PARSER_UNSPECIFIED: ToolParser
 TOOL_PARSER_NONE: ToolParser
 TOOL_PARSER_JSON_IN_TAGS: ToolParser
@@ -410,7 +419,7 @@ class Binding(_message.Message):
     def __init__(self, semantic: _Optional[_Union[Semantic, str]] = ..., buffer: _Optional[str] = ...) -> None: ...
 
 class PreparedContract(_message.Message):
-    __slots__ = ("page_size", "max_concurrency", "context_limit", "prefill_chunk_size", "decode_capacities", "prefill_capacities", "kv_pages", "bytes_per_page", "snapshot_rows", "vocab_size", "bindings", "completion_fields", "kv_page_axis")
+    __slots__ = ("page_size", "max_concurrency", "context_limit", "prefill_chunk_size", "decode_capacities", "prefill_capacities", "kv_pages", "bytes_per_page", "snapshot_rows", "vocab_size", "bindings", "completion_fields", "kv_page_axis", "continuation")
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LIMIT_FIELD_NUMBER: _ClassVar[int]
@@ -424,6 +433,7 @@ class PreparedContract(_message.Message):
     BINDINGS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_FIELDS_FIELD_NUMBER: _ClassVar[int]
     KV_PAGE_AXIS_FIELD_NUMBER: _ClassVar[int]
+    CONTINUATION_FIELD_NUMBER: _ClassVar[int]
     page_size: int
     max_concurrency: int
     context_limit: int
@@ -437,7 +447,8 @@ class PreparedContract(_message.Message):
     bindings: _containers.RepeatedCompositeFieldContainer[Binding]
     completion_fields: _containers.RepeatedScalarFieldContainer[str]
     kv_page_axis: int
-    def __init__(self, page_size: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., context_limit: _Optional[int] = ..., prefill_chunk_size: _Optional[int] = ..., decode_capacities: _Optional[_Iterable[int]] = ..., prefill_capacities: _Optional[_Iterable[int]] = ..., kv_pages: _Optional[int] = ..., bytes_per_page: _Optional[int] = ..., snapshot_rows: _Optional[int] = ..., vocab_size: _Optional[int] = ..., bindings: _Optional[_Iterable[_Union[Binding, _Mapping]]] = ..., completion_fields: _Optional[_Iterable[str]] = ..., kv_page_axis: _Optional[int] = ...) -> None: ...
+    continuation: ContinuationState
+    def __init__(self, page_size: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., context_limit: _Optional[int] = ..., prefill_chunk_size: _Optional[int] = ..., decode_capacities: _Optional[_Iterable[int]] = ..., prefill_capacities: _Optional[_Iterable[int]] = ..., kv_pages: _Optional[int] = ..., bytes_per_page: _Optional[int] = ..., snapshot_rows: _Optional[int] = ..., vocab_size: _Optional[int] = ..., bindings: _Optional[_Iterable[_Union[Binding, _Mapping]]] = ..., completion_fields: _Optional[_Iterable[str]] = ..., kv_page_axis: _Optional[int] = ..., continuation: _Optional[_Union[ContinuationState, str]] = ...) -> None: ...
 
 class FloatRange(_message.Message):
     __slots__ = ("min", "max")

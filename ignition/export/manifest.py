@@ -165,7 +165,17 @@ def contract_message(prepared: PreparedModel) -> pb.PreparedContract:
             if prepared.token_masks or b not in _MASK_BUFFERS
         ],
         completion_fields=list(COMPLETION_FIELDS),
+        continuation=continuation_state(prepared),
     )
+
+
+def continuation_state(prepared: PreparedModel) -> int:
+    """``POSITIONAL_KV`` when the recipe's storage is K/V pages alone (no further
+    paged tensor, no continuation row), else ``CONTINUATION_ROWS``."""
+    storage = prepared.storage
+    if storage.cache.extra or storage.rows.fields:
+        return pb.CONTINUATION_STATE_CONTINUATION_ROWS
+    return pb.CONTINUATION_STATE_POSITIONAL_KV
 
 
 def sampling_message(defaults: SamplingDefaults) -> pb.SamplingDefaults:

@@ -32,8 +32,8 @@ pub use summary::{
 pub use validate::{all_semantics, required_semantics, OPTIONAL_SEMANTICS};
 
 use proto::{
-    Buffer, Core, Frontend, Graph, GraphKind, Identity, KernelImage, PreparedContract,
-    Qualification, SamplingDefaults, Semantic, Window,
+    Buffer, ContinuationState, Core, Frontend, Graph, GraphKind, Identity, KernelImage,
+    PreparedContract, Qualification, SamplingDefaults, Semantic, Window,
 };
 
 /// The execution ABI this engine implements. Cores exported for any ABI up to
@@ -189,6 +189,17 @@ impl ValidCore {
     /// How the graphs may be driven.
     pub fn contract(&self) -> &PreparedContract {
         &self.contract
+    }
+
+    /// What a request's state holds besides its sampling parameters: K/V pages
+    /// alone ([`ContinuationState::PositionalKv`]), or further state that exists
+    /// only at the live end (`ContinuationRows`, also what an older core that does
+    /// not declare it gets).
+    pub fn continuation(&self) -> ContinuationState {
+        match ContinuationState::try_from(self.contract.continuation) {
+            Ok(ContinuationState::PositionalKv) => ContinuationState::PositionalKv,
+            _ => ContinuationState::ContinuationRows,
+        }
     }
 
     /// Tokenizer, chat template, stop tokens, sampling defaults and parsers.

@@ -8,10 +8,11 @@
 //! tests): no default build of the library carries it.
 
 use super::proto::{
-    node::Op, Binding, Buffer, BufferDigest, BufferRole, BufferWrite, Core, DType, Dim3, Edge,
-    EmptyNode, FloatRange, Frontend, Graph, GraphKind, Identity, KernelImage, KernelNode,
-    NamedToken, Node, PreparedContract, Qualification, QualificationStep, RankBundle, RankLayout,
-    ReasoningParser, Region, RegionKind, SamplingDefaults, Semantic, ToolParser, Window,
+    node::Op, Binding, Buffer, BufferDigest, BufferRole, BufferWrite, ContinuationState, Core,
+    DType, Dim3, Edge, EmptyNode, FloatRange, Frontend, Graph, GraphKind, Identity, KernelImage,
+    KernelNode, NamedToken, Node, PreparedContract, Qualification, QualificationStep, RankBundle,
+    RankLayout, ReasoningParser, Region, RegionKind, SamplingDefaults, Semantic, ToolParser,
+    Window,
 };
 use super::{all_semantics, ENGINE_ABI};
 
@@ -289,6 +290,8 @@ pub fn tiny_core() -> Core {
             bindings,
             completion_fields: ["slot", "token", "finished"].map(str::to_owned).to_vec(),
             kv_page_axis: Some(0),
+            // K/V pages alone, as a dense core's.
+            continuation: ContinuationState::PositionalKv as i32,
         }),
         frontend: Some(Frontend {
             tokenizer_json: r#"{"version":"1.0","model":{"type":"WordLevel"}}"#.to_owned(),

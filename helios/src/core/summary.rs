@@ -3,7 +3,8 @@
 use std::collections::BTreeMap;
 
 use super::proto::{
-    BufferRole, GraphKind, Identity, ReasoningParser, RegionKind, SamplingDefaults, ToolParser,
+    BufferRole, ContinuationState, GraphKind, Identity, ReasoningParser, RegionKind,
+    SamplingDefaults, ToolParser,
 };
 use super::ValidCore;
 
@@ -102,6 +103,8 @@ pub struct ContractSummary {
     pub bindings: usize,
     /// Column names of a completion record.
     pub completion_fields: Vec<String>,
+    /// What a request's state holds ([`ValidCore::continuation`]).
+    pub continuation: ContinuationState,
 }
 
 /// The frontend, without the tokenizer and chat template texts.
@@ -203,6 +206,7 @@ impl CoreSummary {
                 vocab_size: contract.vocab_size,
                 bindings: contract.bindings.len(),
                 completion_fields: contract.completion_fields.clone(),
+                continuation: core.continuation(),
             },
             frontend: FrontendSummary {
                 tokenizer_json_bytes: frontend.tokenizer_json.len(),

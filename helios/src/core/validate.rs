@@ -7,9 +7,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::error::CoreError;
 use super::proto::{
-    node::Op, Binding, Buffer, BufferRole, DType, Dim3, FloatRange, Frontend, Graph, GraphKind,
-    KernelImage, KernelNode, MemcpyNode, MemsetNode, PreparedContract, Qualification,
-    ReasoningParser, Region, RegionKind, Semantic, ToolParser, Window,
+    node::Op, Binding, Buffer, BufferRole, ContinuationState, DType, Dim3, FloatRange, Frontend,
+    Graph, GraphKind, KernelImage, KernelNode, MemcpyNode, MemsetNode, PreparedContract,
+    Qualification, ReasoningParser, Region, RegionKind, Semantic, ToolParser, Window,
 };
 use super::ENGINE_ABI;
 
@@ -421,6 +421,13 @@ pub(crate) fn check_contract(
     if contract.completion_fields.is_empty() {
         return Err(CoreError::Missing {
             field: "contract.completion_fields",
+        });
+    }
+    // Unspecified (older cores) is allowed and read as continuation rows.
+    if ContinuationState::try_from(contract.continuation).is_err() {
+        return Err(CoreError::UnknownEnum {
+            field: "contract.continuation",
+            value: contract.continuation,
         });
     }
     Ok(())
