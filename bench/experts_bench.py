@@ -1,13 +1,13 @@
 """The decode experts' kernels against Transformers' ``grouped_mm`` path, on the GPU.
 
-At the hybrid's H200 expert geometry (128 experts of 640, hidden 2560, top-10) with
-random routing, for each token count: the median and p99 of ``--iters`` CUDA-graph
-replays of each implementation (one graph per implementation and shape, so launch
-overhead is what serving sees), the bytes of expert weights the step must read (the
-distinct experts its routing selects) over that time, and the bandwidth probed in the
-same run. The Triton kernels run at every ``--blocks`` pair of output-column blocks
-(gate/up, down), so the fastest can be chosen; each result is checked against the
-reference first.
+At the hybrid's H200 expert geometry (128 experts of 640, hidden 2560, top-10), for
+each token count: the median per call over ``--iters`` replays of a CUDA graph of
+calls with ``ROUTINGS`` different random routings (``bench.cuda_timing``: launches
+as serving makes them, and consecutive calls read other experts, as layers do), the
+bytes of expert weights a call must read (the distinct experts of its routing, on
+average) over that time, and the bandwidth probed in the same run. The Triton kernels
+run at every ``--blocks`` pair of output-column blocks (gate/up, down), so the
+fastest can be chosen; each records its relative L2 against the reference.
 
     PYTHONPATH=. python bench/experts_bench.py --tokens 1 4 --out experts.json [--blocks 16,8 32,16]
 """
@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from bench.cuda_timing import median_graph_ms
 from bench.suite.bandwidth import measure_read_bandwidth
 from ignition.components import triton_experts
 from ignition.components.experts import routed_experts_ref
@@ -45,35 +46,25 @@ class GroupedMmExperts(torch.nn.Module):
         return self.act_fn(gate) * up
 
 
-def _graph_times(fn: Any, iters: int) -> list[float]:
-    """Microseconds of each of ``iters`` replays of ``fn`` captured as a CUDA graph."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(5):
-        graph.replay()
-    marks = [(torch.cuda.Event(True), torch.cuda.Event(True)) for _ in range(iters)]
-    for begin, end in marks:
-        begin.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    return [begin.elapsed_time(end) * 1e3 for begin, end in marks]
+ROUTINGS = 8
 
 
-def _summary(times: list[float], nbytes: int) -> dict[str, float]:
-    ordered = sorted(times)
-    median = statistics.median(times)
-    return {
-        "median_us": median,
-        "p99_us": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
-        "bandwidth_bytes_per_s": nbytes / (median * 1e-6),
-    }
+def _routings(tokens: int, experts: int, k: int, device: str, gen: torch.Generator) -> list[Any]:
+    """``ROUTINGS`` random routings (index, renormalized bf16 weights) of ``tokens``:
+    consecutive calls of a graph read other experts, as consecutive layers do."""
+    out = []
+    for _ in range(ROUTINGS):
+        scores = torch.rand(tokens, experts, generator=gen, device=device)
+        weights, index = torch.softmax(scores, -1).topk(k, dim=-1)
+        out.append((index, (weights / weights.sum(-1, keepdim=True)).bfloat16()))
+    return out
+
+
+def _timed(run: Any, routings: list[Any], nbytes: float, iters: int) -> dict[str, float]:
+    """``run(index, weights)`` over ``routings`` in one graph: median per call."""
+    calls = [functools.partial(run, index, weights) for index, weights in routings]
+    us = median_graph_ms(calls, launches=iters) * 1e3
+    return {"median_us": us, "bandwidth_bytes_per_s": nbytes / (us * 1e-6)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,25 +95,22 @@ def main(argv: list[str] | None = None) -> int:
     }
     for tokens in args.tokens:
         x = torch.randn(tokens, h, generator=gen, device=device).bfloat16()
-        scores = torch.rand(tokens, e, generator=gen, device=device)
-        weights, index = torch.softmax(scores, -1).topk(k, dim=-1)
-        weights = (weights / weights.sum(-1, keepdim=True)).bfloat16()
-        nbytes = int(index.unique().numel()) * expert_bytes
+        routings = _routings(tokens, e, k, device, gen)
+        distinct = statistics.mean(int(index.unique().numel()) for index, _ in routings)
+        nbytes = distinct * expert_bytes
+        row: dict[str, Any] = {"distinct_experts": distinct, "bytes": nbytes}
+        grouped = functools.partial(grouped_mm_experts_forward, canonical, x)
+        row["grouped_mm"] = _timed(grouped, routings, nbytes, args.iters)
+        index, weights = routings[0]
         want = routed_experts_ref(x, gate_up, down, index, weights)
-        row: dict[str, Any] = {"distinct_experts": int(index.unique().numel()), "bytes": nbytes}
-        operands = (x, index, weights)
-        grouped = functools.partial(grouped_mm_experts_forward, canonical, *operands)
-        row["grouped_mm"] = _summary(_graph_times(grouped, args.iters), nbytes)
-        fused = functools.partial(
-            triton_experts.triton_routed_experts, x, gate_up, down, index, weights
-        )
         for blocks in args.blocks:
             gate_up_n, down_n = (int(v) for v in blocks.split(","))
             triton_experts.GATE_UP_BLOCK_N, triton_experts.DOWN_BLOCK_N = gate_up_n, down_n
-            got = fused()
+            got = triton_experts.triton_routed_experts(x, gate_up, down, index, weights)
             error = float((got.float() - want.float()).norm() / want.float().norm())
-            times = _graph_times(fused, args.iters)
-            row[f"triton_{gate_up_n}_{down_n}"] = {**_summary(times, nbytes), "relative_l2": error}
+            run = functools.partial(triton_experts.triton_routed_experts, x, gate_up, down)
+            fused = _timed(run, routings, nbytes, args.iters)
+            row[f"triton_{gate_up_n}_{down_n}"] = {**fused, "relative_l2": error}
         results["tokens"][str(tokens)] = row
         best = min(
             (key for key in row if key.startswith("triton_")), key=lambda n: row[n]["median_us"]
