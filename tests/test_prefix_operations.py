@@ -113,3 +113,75 @@ def test_restore_then_resume_on_cpu(tmp_path: Path) -> None:
 def test_restore_then_resume_through_graphs(tmp_path: Path) -> None:
     path = write_tiny(tmp_path / "qwen3", "qwen3", hidden=256, head_dim=64)
     check_restore_then_resume(_prepare(path, "cuda"))
+
+
+def test_an_interior_endpoint_checkpoints_through_the_existing_graphs(tmp_path: Path) -> None:
+    # Issue 23's message checkpoints without extra chunks, on a core whose
+    # continuation is K/V pages alone: a chunk runs past endpoint E; admitting the
+    # slot at E, snapshotting and admitting it back at the chunk's end checkpoints E
+    # with the graphs the contract has. The prompt goes on exactly as if nothing had
+    # happened (the chunk was not the last: nothing was sampled yet), and a request
+    # extending E from that checkpoint continues as one that stopped at E does.
+    prepared = _prepare(write_tiny(tmp_path / "llama", "llama"), "cpu")
+    state, staging = prepared.storage.state, prepared.storage.staging
+    endpoint, chunk = 100, 128
+    gen = torch.Generator().manual_seed(5)
+    tokens = torch.randint(3, 512, (PROMPT,), generator=gen).tolist()
+    suffix = torch.randint(3, 512, (40,), generator=gen).tolist()
+
+    def prompt_end(slot: int, folded: bool) -> tuple[torch.Tensor, int]:
+        state.page_table[slot, :3] = torch.tensor([4, 5, 6], dtype=torch.int32)
+        _admit(prepared, slot, tokens)
+        pack_chunk(staging, slot, tokens[:chunk], False)
+        prepared.execute(GraphKey(GraphKind.PREFILL, 128))
+        if folded:
+            _admit(prepared, slot, tokens, consumed=endpoint)
+            staging.maint_slot.fill_(slot)
+            staging.maint_row.fill_(0)
+            prepared.execute(GraphKey(GraphKind.SNAPSHOT, 1))
+            _admit(prepared, slot, tokens, consumed=chunk)
+        pack_chunk(staging, slot, tokens[chunk:], True)
+        prepared.execute(GraphKey(GraphKind.PREFILL, 128))
+        return staging.logits[0].clone(), int(state.pending[slot])
+
+    prepared.reset()
+    plain = prompt_end(1, folded=False)
+    prepared.reset()
+    folded = prompt_end(1, folded=True)
+    assert torch.equal(folded[0], plain[0]) and folded[1] == plain[1]
+    snapshots = prepared.storage.snapshots
+    assert int(snapshots.consumed[0]) == endpoint
+    # The row holds E's tail page: positions 64 .. E of page 5, copied exactly.
+    kv = prepared.storage.cache.kv
+    assert torch.equal(snapshots.kv[0, :, :, : endpoint - 64], kv[:, :, 5, : endpoint - 64])
+
+    extended = tokens[:endpoint] + suffix
+
+    def extend_from_checkpoint() -> torch.Tensor:
+        # Slot 2 shares full page 4, owns private tail page 9 and a page for what
+        # the suffix adds past position 128.
+        state.page_table[2, :3] = torch.tensor([4, 9, 13], dtype=torch.int32)
+        _admit(prepared, 2, extended, consumed=endpoint)
+        staging.maint_slot.fill_(2)
+        staging.maint_row.fill_(0)
+        staging.maint_expect.fill_(endpoint)
+        prepared.execute(GraphKey(GraphKind.RESTORE, 1))
+        assert int(staging.maint_status[0]) == 1
+        pack_chunk(staging, 2, suffix, True)
+        prepared.execute(GraphKey(GraphKind.PREFILL, 128))
+        return staging.logits[0].clone()
+
+    def stop_at_the_endpoint() -> torch.Tensor:
+        state.page_table[3, :3] = torch.tensor([10, 11, 12], dtype=torch.int32)
+        _admit(prepared, 3, extended)
+        pack_chunk(staging, 3, extended[:endpoint], False)
+        prepared.execute(GraphKey(GraphKind.PREFILL, 128))
+        pack_chunk(staging, 3, suffix, True)
+        prepared.execute(GraphKey(GraphKind.PREFILL, 128))
+        return staging.logits[0].clone()
+
+    from_checkpoint, stopped = extend_from_checkpoint(), stop_at_the_endpoint()
+    # The checkpoint's K/V came from a 128-token chunk, the stop's from a 100-token
+    # one: fp32 rounding apart, not bitwise.
+    torch.testing.assert_close(from_checkpoint, stopped, rtol=0, atol=1e-5)
+    assert from_checkpoint.argmax() == stopped.argmax()
