@@ -32,7 +32,7 @@ def load(geometry_dir: Path, device: str = "cuda") -> Any:
     from transformers import AutoModelForCausalLM
 
     from ignition.loading.random_weights import RandomWeightsCheckpoint
-    from recipes.qwen4_exp import canonical, checkpoint_views
+    from recipes.qwen4_exp import checkpoint_views, place_ngram_constants
 
     source = RandomWeightsCheckpoint(geometry_dir)
     config = source.config()
@@ -49,17 +49,8 @@ def load(geometry_dir: Path, device: str = "cuda") -> Any:
     model.model.rotary_emb = type(rotary)(config=config, device=device)
     for layer in model.model.layers:
         ple = getattr(getattr(layer, "ple", None), "ple_embedding", None)
-        if ple is None:
-            continue
-        ple.layer_multipliers = (
-            canonical()
-            ._build_layer_multipliers(
-                ple.unigram_vocab_size, ple.ngram_size, ple.ple_layer_index, ple.seed
-            )
-            .to(device)
-        )
-        ple.ngram_heads_vocab_sizes = torch.tensor(ple.head_vocab_sizes, device=device)
-        ple.ngram_heads_offsets = torch.tensor(ple.head_offsets, device=device)
+        if ple is not None:
+            place_ngram_constants(ple, device)
     return model.eval()
 
 

@@ -642,6 +642,25 @@ def ngram_embeddings(
     return module.ngram_embedding(ngram_ids(module, tokens, history)).flatten(-2)
 
 
+def place_ngram_constants(ple: nn.Module, device: torch.device | str) -> dict[str, torch.Tensor]:
+    """Computes a canonical n-gram embedding module's hash constants
+    (``NGRAM_CONSTANTS``) from its configuration on ``device``, as its constructor
+    does, sets them on it and returns them by name (a model built on the meta device
+    has none)."""
+    ple.layer_multipliers = (
+        canonical()
+        ._build_layer_multipliers(
+            ple.unigram_vocab_size, ple.ngram_size, ple.ple_layer_index, ple.seed
+        )
+        .to(device)
+    )
+    ple.ngram_heads_vocab_sizes = torch.tensor(
+        ple.head_vocab_sizes, dtype=torch.long, device=device
+    )
+    ple.ngram_heads_offsets = torch.tensor(ple.head_offsets, dtype=torch.long, device=device)
+    return {name: getattr(ple, name) for name in NGRAM_CONSTANTS}
+
+
 def checkpoint_views(
     name: str, tensor: torch.Tensor, config: PretrainedConfig
 ) -> list[tuple[str, torch.Tensor]]:
@@ -728,24 +747,10 @@ class HybridModel:
         # from the configuration, never loaded.
         for layer_index in g.ple_layers:
             ple = model.model.layers[layer_index].ple.ple_embedding
-            ple.layer_multipliers = (
-                canonical()
-                ._build_layer_multipliers(
-                    ple.unigram_vocab_size, ple.ngram_size, ple.ple_layer_index, ple.seed
-                )
-                .to(device)
-            )
-            ple.ngram_heads_vocab_sizes = torch.tensor(
-                ple.head_vocab_sizes, dtype=torch.long, device=device
-            )
-            ple.ngram_heads_offsets = torch.tensor(
-                ple.head_offsets, dtype=torch.long, device=device
-            )
             # The derived tables are read-only tensors the forwards read.
             prefix = f"model.layers.{layer_index}.ple.ple_embedding"
-            self.weights[f"{prefix}.layer_multipliers"] = ple.layer_multipliers
-            self.weights[f"{prefix}.ngram_heads_vocab_sizes"] = ple.ngram_heads_vocab_sizes
-            self.weights[f"{prefix}.ngram_heads_offsets"] = ple.ngram_heads_offsets
+            for name, table in place_ngram_constants(ple, device).items():
+                self.weights[f"{prefix}.{name}"] = table
         for i, layer in enumerate(model.model.layers):
             if i in g.linear_layers:
                 in_proj = self.merged[i]["linear_attn.in_proj"]
