@@ -30,11 +30,13 @@ from triton.language.extra import libdevice
 
 from ignition.components.triton_attention import _INTERPRETED
 
-# Output columns per program, and the reduction step. At one token of the H200
-# geometry (top-10 of 640-wide experts, hidden 2560) the gate/up grid is 10 x 40
-# programs and the down grid 1 x 320: a few per SM on 132 SMs (to be tuned from the
-# kernel timeline).
-GATE_UP_BLOCK_N = 16
+# Output columns per program, and the reduction step. Measured on the H200 at its
+# expert geometry (top-10 of 640-wide experts, hidden 2560; bench/experts_bench.py,
+# results under bench/results/issue22/2026-12-03-h200-kernels): 8 and 8 was the
+# fastest of the four choices at 1 and 4 tokens (63.7 and 125.6 us a layer, against
+# grouped_mm's 112.1 and 211.6 us). At one token the gate/up grid is 10 x 80
+# programs and the down grid 1 x 320.
+GATE_UP_BLOCK_N = 8
 DOWN_BLOCK_N = 8
 BLOCK_K = 256
 
