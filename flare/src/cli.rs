@@ -73,9 +73,10 @@ pub enum Command {
         no_prefix_cache: bool,
         /// Offer the prefix cache the endpoints of at most the last N
         /// messages of a chat (default: as many as one request may capture;
-        /// 0: only the prompt's and the answer's ends). Each offered message
-        /// endpoint ends a prefill chunk: fewer trade branch points for
-        /// fewer prefill launches.
+        /// 0: only the prompt's and the answer's ends). On a core whose
+        /// request state is positional K/V alone they are captured after
+        /// the chunk that holds them; otherwise each ends a prefill chunk,
+        /// and fewer trade branch points for fewer prefill launches.
         #[arg(long, value_name = "N")]
         message_checkpoints: Option<usize>,
     },

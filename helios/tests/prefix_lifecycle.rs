@@ -298,6 +298,7 @@ fn publications_that_break_the_rules_are_rejected_with_everything_back() {
         reservation,
         parent: r.pin.take(),
         endpoint: 200,
+        extension_only: false,
         pages: r.pages[1..2].to_vec(),
     };
     let mut reject = |publication: Publication, chain: &PrefixChain, error: PrefixError| {

@@ -37,7 +37,7 @@ fn long_prompts_prefill_in_bounded_chunks_at_captured_capacities() {
         })
         .collect();
     let shape: Vec<(usize, u32, bool)> = (chunks.iter())
-        .map(|c| (c.tokens.len(), c.capacity, c.ends_prompt))
+        .map(|c| (c.tokens.len(), c.capacity, c.samples))
         .collect();
     assert_eq!(shape, [(64, 64, false), (64, 64, false), (22, 32, true)]);
     let prefilled: Vec<u32> = chunks.iter().flat_map(|c| c.tokens.clone()).collect();

@@ -16,7 +16,8 @@ use helios::scheduler::{
     Scheduler,
 };
 use scheduler_support::{
-    assert_clean, dense_row, prompt, reference, reference_for, run, spec, Setup,
+    agent_turns, assert_clean, count, dense_row, prefilled, prompt, reference, reference_for, run,
+    serve_checked, spec, Setup, AGENT_HEADER,
 };
 
 /// The default setup with `page_size`-token pages, room for long prompts,
@@ -47,39 +48,9 @@ fn serve(
     (id, scheduler.executor().log()[before..].to_vec())
 }
 
-fn count(launches: &[Launch], kind: OperationKind) -> usize {
-    (launches.iter())
-        .filter(|launch| launch.operation.kind() == kind)
-        .count()
-}
-
-/// Prompt tokens the launches prefilled.
-fn prefilled(launches: &[Launch]) -> usize {
-    (launches.iter())
-        .map(|launch| match &launch.operation {
-            Operation::PrefillChunk(chunk) => chunk.tokens.len(),
-            _ => 0,
-        })
-        .sum()
-}
-
 fn with_seed(mut request: RequestSpec, seed: u64) -> RequestSpec {
     request.seed = seed;
     request
-}
-
-/// Runs one request alone and checks its output is the reference.
-fn serve_checked(
-    setup: &Setup,
-    scheduler: &mut Scheduler<TestExecutor>,
-    request: &RequestSpec,
-) -> Vec<Launch> {
-    let before = scheduler.executor().log().len();
-    let id = scheduler.submit(request.clone()).unwrap();
-    let transcript = run(scheduler);
-    let log = transcript.get(id);
-    assert_eq!(log.tokens, reference(setup, request).tokens);
-    scheduler.executor().log()[before..].to_vec()
 }
 
 #[test]
@@ -455,46 +426,6 @@ fn agent_setup(rows: u32) -> Setup {
     .with_cache(rows, dense_row())
 }
 
-const AGENT_HEADER: [u32; 3] = [7, 8, 9];
-
-/// An agent's conversation as the HTTP layer submits it for the benchmark's
-/// trace: each turn's prompt is the previous one (its generation header
-/// included: ChatML renders the assistant's tool call right after it), a
-/// fixed tool call that replaces the model's answer, its result, and the
-/// header again; the message endpoints are the ends of the last few
-/// messages. The terminal captures are never extended. Returns each turn's
-/// prompt and the tokens it prefilled.
-fn agent_turns(
-    setup: &Setup,
-    scheduler: &mut Scheduler<TestExecutor>,
-    turns: u64,
-) -> (Vec<Vec<u32>>, Vec<usize>) {
-    let mut history: Vec<u32> = prompt(200, 1);
-    let mut ends: Vec<u32> = vec![40, 200];
-    let (mut prompts, mut prefills) = (Vec::new(), Vec::new());
-    for turn in 0..turns {
-        let mut tokens = history.clone();
-        tokens.extend(AGENT_HEADER);
-        let recent: Vec<u32> = ends.iter().rev().take(4).rev().copied().collect();
-        let request = RequestSpec {
-            prompt: tokens.clone(),
-            message_endpoints: recent,
-            ..spec(1, 16, turn)
-        };
-        let launches = serve_checked(setup, scheduler, &request);
-        prefills.push(prefilled(&launches));
-        prompts.push(tokens.clone());
-        // The model's answer is not part of the trace: a fixed tool call
-        // and its result follow the prompt.
-        history = tokens;
-        history.extend(prompt(20, 1000 + turn));
-        ends.push(history.len() as u32);
-        history.extend(prompt(150 + (turn as usize * 37) % 200, 2000 + turn));
-        ends.push(history.len() as u32);
-    }
-    (prompts, prefills)
-}
-
 /// Over many turns, with the pool under snapshot pressure, every turn of the
 /// agent trace must prefill only what it appended and the header.
 #[test]
@@ -502,7 +433,8 @@ fn an_agent_trace_prefills_only_each_turns_new_messages() {
     for rows in [16, 8] {
         let setup = agent_setup(rows);
         let mut scheduler = setup.scheduler();
-        let (_, turn_prefills) = agent_turns(&setup, &mut scheduler, 30);
+        let (_, launched) = agent_turns(&setup, &mut scheduler, 30);
+        let turn_prefills: Vec<usize> = launched.iter().map(|l| prefilled(l)).collect();
         for (turn, &prefilled) in turn_prefills.iter().enumerate().skip(1) {
             let appended = 20 + 150 + ((turn - 1) * 37) % 200;
             assert!(

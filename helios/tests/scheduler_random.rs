@@ -2,9 +2,11 @@
 //! cancellations, stop tokens and completion delays. Every request ends
 //! exactly once with the fake model's reference continuation (or a prefix
 //! of it when cancelled), no page or slot is used twice or leaked, and with
-//! `max_bypass` 0 admission is strictly FIFO. Half the workloads run with
-//! the prefix cache over a random snapshot-row pool, on prompts that branch
-//! from a few shared conversations at random message endpoints: outputs
+//! `max_bypass` 0 admission is strictly FIFO. Two thirds of the workloads
+//! run with the prefix cache over a random snapshot-row pool (half of them
+//! on a positional-KV core, capturing message endpoints inside chunks), on
+//! prompts that branch from a few shared conversations at random message
+//! endpoints: outputs
 //! stay the references, and the checkpoint store's invariants hold with no
 //! pin, use or reservation left. `SCHEDULER_SEEDS=N` runs N workloads
 //! instead of 40 (about 2,000 requests).
@@ -80,10 +82,12 @@ fn random_setup(rng: &mut Rng, requests: &[RequestSpec]) -> (Setup, u32) {
         },
         snapshot_rows: 0,
     };
-    let setup = if rng.chance(50) {
-        setup.with_cache(choose(rng, &[1, 2, 4, 8, 32]), dense_row())
-    } else {
-        setup
+    let rows = choose(rng, &[1, 2, 4, 8, 32]);
+    let setup = match rng.below(3) {
+        0 => setup.with_cache(rows, dense_row()),
+        // Message endpoints captured inside chunks.
+        1 => setup.with_positional_kv_cache(rows, dense_row()),
+        _ => setup,
     };
     (setup, choose(rng, &[0, 1, 2, 5]))
 }

@@ -450,7 +450,7 @@ impl StagingLayout {
                 self.put(packed, Semantic::ChunkTokens, "chunk", tokens)?;
                 let len = one(len_u32(chunk.tokens.len()));
                 self.put(packed, Semantic::ChunkLen, "chunk length", len)?;
-                let sample = one(u32::from(chunk.ends_prompt));
+                let sample = one(u32::from(chunk.samples));
                 self.put(packed, Semantic::ChunkSample, "chunk sample", sample)?;
                 self.put_masks(packed, std::slice::from_ref(&chunk.mask), 1)?;
                 (GraphKind::Prefill, chunk.capacity)

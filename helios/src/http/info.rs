@@ -286,6 +286,16 @@ fn cache_samples(metrics: &Metrics) -> Vec<Sample> {
             c.duplicate_publications,
         ),
         counter(
+            "flare_prefix_extension_only_total",
+            "Checkpoints published for extension only (captured inside a chunk)",
+            c.extension_only,
+        ),
+        counter(
+            "flare_prefix_upgraded_total",
+            "Extension-only checkpoints made resumable by an exact capture",
+            c.upgraded_checkpoints,
+        ),
+        counter(
             "flare_prefix_evicted_total",
             "Checkpoints evicted with their pages",
             c.evicted,

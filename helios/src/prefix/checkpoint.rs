@@ -18,6 +18,10 @@ pub(super) struct Checkpoint {
     /// The complete pages past the parent's, in logical order.
     pub(super) segment: Vec<Page>,
     pub(super) row: SnapshotRow,
+    /// Whether its row holds only what extending it needs: the hidden vector
+    /// in it belongs to a later position, so no request resumes sampling
+    /// from it ([`super::Publication::extension_only`]).
+    pub(super) extension_only: bool,
     /// Logical references: requests restoring, branching or extending it.
     pub(super) pins: u32,
     /// Outstanding GPU operations reading its row or pages.
@@ -44,6 +48,7 @@ impl Checkpoint {
             children: self.children.clone(),
             segment: self.segment.clone(),
             row: self.row,
+            extension_only: self.extension_only,
             pins: self.pins,
             uses: self.uses,
             last_use: self.last_use,
@@ -66,6 +71,8 @@ pub struct CheckpointInfo {
     pub segment: Vec<Page>,
     /// Its continuation row.
     pub row: SnapshotRow,
+    /// Whether it serves extensions only (never a whole-prompt resume).
+    pub extension_only: bool,
     /// Logical references.
     pub pins: u32,
     /// Outstanding GPU uses.

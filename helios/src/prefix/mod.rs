@@ -59,8 +59,10 @@
 //! (`Frontend::encode_chat_with_recent_marks`), admission restores the
 //! longest cached prefix under a pin held until retirement (the pin covers
 //! every launch that reads the chain, so no [`GpuUse`] is needed there),
-//! prefill stops at the selected endpoints to snapshot them, and finished
-//! or preempted requests capture their consumed prefix. The root salt is
+//! prefill stops at the selected endpoints to snapshot them (on a
+//! positional-KV core, message endpoints are snapshotted after the chunk
+//! that holds them and published for extension only), and finished or
+//! preempted requests capture their consumed prefix. The root salt is
 //! the core's identity (recipe, checkpoint, configuration and tokenizer
 //! fingerprints), and pool rows are the core's snapshot-row indices.
 //! Positioned conditioning (images) and draft (MTP) boundary pages, which

@@ -12,6 +12,14 @@
 //! checkpoint it restored from or last published), and the request's pin
 //! moves to the new checkpoint: its chain keeps the parent's pages alive
 //! structurally, and thinning may later fold the parent into it.
+//!
+//! A checkpoint published for extension only (an interior endpoint captured
+//! after a chunk that ran past it, on a core whose continuation is
+//! positional KV alone) holds exact pages and tail but the hidden vector of
+//! a later position: lookup never offers it to a request whose whole history
+//! it covers (`store.rs`). An exact capture of the same endpoint that
+//! arrives while nothing holds it replaces its row, so it becomes
+//! resumable.
 
 use crate::scheduler::Page;
 
@@ -31,6 +39,10 @@ pub struct Publication {
     pub parent: Option<Pin>,
     /// The consumed count the snapshot froze.
     pub endpoint: u32,
+    /// Whether the row holds the endpoint's pages and tail but not its
+    /// hidden vector (the live state had run past it): the checkpoint is
+    /// published for extension only.
+    pub extension_only: bool,
     /// The request's private pages completed past the parent's, in logical
     /// order: `endpoint / page - parent_tokens / page` of them. Its partial
     /// tail page stays private (the row holds a copy).
@@ -44,7 +56,9 @@ pub enum Published {
     /// parent pin was handed back).
     New(Pin),
     /// The endpoint was already cached: the reservation went back to the
-    /// pool and the request keeps its parent pin and its private pages.
+    /// pool (or, for an exact capture of an unheld extension-only
+    /// checkpoint, became its row while the old row went back) and the
+    /// request keeps its parent pin and its private pages.
     Duplicate {
         /// The checkpoint already at the endpoint.
         existing: CheckpointId,
@@ -78,13 +92,22 @@ impl CheckpointStore {
                 reservation,
                 parent,
                 pages,
+                extension_only,
                 ..
             } = publication;
-            self.rows.unreserve(reservation.row);
-            self.checkpoints
-                .get_mut(&existing)
-                .expect("indexed")
-                .last_use = now;
+            let node = self.checkpoints.get_mut(&existing).expect("indexed");
+            node.last_use = now;
+            if node.extension_only && !extension_only && !node.held() {
+                // Nothing reads the old row (no pin, no GPU use): the exact
+                // one takes its place.
+                let old = std::mem::replace(&mut node.row, reservation.row);
+                node.extension_only = false;
+                self.rows.adopt(reservation.row);
+                self.rows.release(old);
+                self.metrics.upgraded_checkpoints += 1;
+            } else {
+                self.rows.unreserve(reservation.row);
+            }
             self.metrics.duplicate_publications += 1;
             return Ok(Published::Duplicate {
                 existing,
@@ -99,6 +122,7 @@ impl CheckpointStore {
             reservation,
             parent,
             pages,
+            extension_only,
             ..
         } = publication;
         let id = CheckpointId(self.next_id);
@@ -114,6 +138,7 @@ impl CheckpointStore {
                 children: Vec::new(),
                 segment: pages,
                 row: reservation.row,
+                extension_only,
                 pins: 1,
                 uses: 0,
                 last_use: now,
@@ -126,6 +151,7 @@ impl CheckpointStore {
             self.unpin(parent);
         }
         self.metrics.published += 1;
+        self.metrics.extension_only += u64::from(extension_only);
         Ok(Published::New(Pin { id }))
     }
 

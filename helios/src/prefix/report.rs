@@ -21,6 +21,12 @@ pub struct PrefixMetrics {
     pub published: u64,
     /// Publications of an endpoint already cached (reservation released).
     pub duplicate_publications: u64,
+    /// Checkpoints published for extension only (an interior endpoint
+    /// captured after the chunk that ran past it).
+    pub extension_only: u64,
+    /// Of the duplicates, exact captures that replaced an unheld
+    /// extension-only checkpoint's row, making it resumable.
+    pub upgraded_checkpoints: u64,
     /// Leaves evicted with their pages.
     pub evicted: u64,
     /// Ancestors removed by thinning, their pages moved to their child.

@@ -130,12 +130,16 @@ impl CheckpointStore {
     }
 
     /// The longest cached prefix of `chain` of at most `limit` tokens, with
-    /// no side effect (admission planning).
+    /// no side effect (admission planning). A hit of exactly `limit` tokens
+    /// resumes sampling from the row's hidden vector, so an extension-only
+    /// checkpoint counts only below the limit.
     pub fn lookup(&self, chain: &PrefixChain, limit: u32) -> Option<Hit> {
         chain
             .longest_cached(limit, |anchor| {
                 (self.by_anchor.get(anchor).into_iter().flatten())
-                    .map(|id| (self.checkpoints[id].key, *id))
+                    .map(|id| (&self.checkpoints[id], *id))
+                    .filter(|(node, _)| !node.extension_only || node.tokens() < limit)
+                    .map(|(node, id)| (node.key, id))
             })
             .map(|(key, checkpoint)| Hit { checkpoint, key })
     }

@@ -34,6 +34,18 @@
 //! - a cancelled or failed request captures nothing and publishes nothing
 //!   in flight: its late records are not validated, so its device state is
 //!   not known to be the endpoint's;
+//! - on a core whose continuation is positional KV alone (the contract's
+//!   `continuation`), message endpoints do not end chunks: the K/V rows
+//!   before an endpoint are final once the chunk holding them completes.
+//!   After that chunk, for each selected endpoint inside it, an admit sets
+//!   the slot's consumed count back to the endpoint and the snapshot graph
+//!   copies its partial page; an admit back to the chunk's end follows. The
+//!   row's hidden vector belongs to the chunk's end, so the checkpoint is
+//!   published for extension only and never resumed from (a chat prompt
+//!   always continues past a message). When the chunk ends the prompt it
+//!   does not sample; the resume graph samples from its hidden vector after
+//!   the admit back. The prompt end and the terminal boundary stay exact.
+//!   Cores with recurrent or selector state stop at every endpoint;
 //! - a capture whose endpoint is already cached, or not past the request's
 //!   pinned checkpoint, is skipped before any row is taken;
 //! - prefill chunks end at the selected endpoints, so a request's chunk
@@ -44,9 +56,9 @@
 use std::collections::VecDeque;
 
 use crate::prefix::{
-    capture_budget, select_captures, CaptureRequest, CheckpointStore, Eviction, Hit, PageGeometry,
-    Pin, PrefixChain, PrefixMetrics, Publication, Published, RestorePlan, RowLayout,
-    SnapshotReservation, StoreConfig,
+    capture_budget, select_captures, CaptureRequest, CheckpointInfo, CheckpointStore, Eviction,
+    Hit, PageGeometry, Pin, PrefixChain, PrefixMetrics, Publication, Published, RestorePlan,
+    RowLayout, SnapshotReservation, StoreConfig,
 };
 
 use super::engine::{Row, Scheduler};
@@ -55,7 +67,7 @@ use super::executor::{Executor, Operation, Restore, Resume, Snapshot};
 use super::geometry::Geometry;
 use super::ids::RequestId;
 use super::request::{len32, Exit, Phase, Placed, Placement};
-use crate::core::proto::BufferRole;
+use crate::core::proto::{BufferRole, ContinuationState};
 use crate::core::ValidCore;
 
 /// Prefix checkpoints as the core declares them.
@@ -70,14 +82,21 @@ pub struct PrefixConfig {
     /// (model, tokenizer, token layout): it salts every chain's root, so
     /// checkpoints of another core never match.
     pub salt: Vec<u8>,
+    /// Whether a request's continuation state is positional KV alone, so
+    /// message endpoints are captured after the chunk that holds them
+    /// instead of ending chunks.
+    pub positional_kv: bool,
 }
 
 impl PrefixConfig {
     /// The cache a validated core declares: its contract's snapshot rows,
     /// one row part per snapshot-row buffer (named after it, its bytes
     /// divided by the rows), salted with the core's identity (recipe,
-    /// checkpoint, configuration and tokenizer fingerprints).
+    /// checkpoint, configuration and tokenizer fingerprints), capturing
+    /// message endpoints inside chunks when its continuation is positional
+    /// KV.
     pub fn from_core(core: &ValidCore) -> Result<Self, GeometryError> {
+        let positional_kv = core.continuation() == ContinuationState::PositionalKv;
         let rows = core.contract().snapshot_rows;
         let invalid = |reason| GeometryError {
             field: "snapshot_rows",
@@ -100,6 +119,7 @@ impl PrefixConfig {
                 snapshot_rows: 0,
                 layout,
                 salt,
+                positional_kv,
             });
         }
         let parts: Vec<(String, u64)> = (core.buffers().iter())
@@ -121,6 +141,7 @@ impl PrefixConfig {
             snapshot_rows: rows,
             layout,
             salt,
+            positional_kv,
         })
     }
 }
@@ -131,6 +152,7 @@ pub(super) struct Cache {
     pub(super) store: CheckpointStore,
     salt: Vec<u8>,
     budget: u32,
+    positional_kv: bool,
 }
 
 impl Cache {
@@ -156,6 +178,7 @@ impl Cache {
             store,
             salt: config.salt.clone(),
             budget: capture_budget(config.snapshot_rows, geometry.max_concurrency()),
+            positional_kv: config.positional_kv,
         }))
     }
 
@@ -193,12 +216,15 @@ pub(super) struct PlacementPrefix {
     pub(super) restore: Option<RestorePlan>,
     /// A whole-history hit: the resume graph samples the first token.
     pub(super) resume: bool,
-    /// Prefill endpoints still to capture, ascending.
+    /// Prefill endpoints still to capture where a chunk ends, ascending.
     pub(super) stops: VecDeque<u32>,
+    /// Message endpoints still to capture after the chunk that holds them
+    /// (a positional-KV core), ascending.
+    pub(super) folds: VecDeque<u32>,
     /// Whether the terminal consumed prefix is still to capture.
     pub(super) terminal: bool,
-    /// The snapshot in flight.
-    pub(super) capture: Option<Capture>,
+    /// The snapshots in flight, in submission order.
+    pub(super) captures: VecDeque<Capture>,
 }
 
 /// A snapshot submitted and not yet published.
@@ -206,6 +232,9 @@ pub(super) struct PlacementPrefix {
 pub(super) struct Capture {
     reservation: SnapshotReservation,
     endpoint: u32,
+    /// Taken after the live state ran past the endpoint (admitted back to
+    /// it): published for extension only.
+    extension_only: bool,
 }
 
 /// What a maintenance launch was submitted for.
@@ -295,7 +324,14 @@ impl<E: Executor> Scheduler<E> {
             message_endpoints: &messages,
         });
         let prefix = &mut placement.prefix;
-        prefix.stops = plan.prefill_stops(placement.history).into();
+        if cache.positional_kv {
+            prefix.folds = plan.messages.iter().copied().collect();
+            prefix.stops = (plan.prompt.then_some(placement.history))
+                .into_iter()
+                .collect();
+        } else {
+            prefix.stops = plan.prefill_stops(placement.history).into();
+        }
         prefix.terminal = plan.terminal;
         if let (Some((pin, _)), Some(plan)) = (reuse, restore) {
             placement.submitted_consumed = plan.consumed;
@@ -364,7 +400,94 @@ impl<E: Executor> Scheduler<E> {
             return Ok(0);
         }
         prefix.stops.pop_front();
-        self.capture(id, end)
+        self.capture(id, end, false)
+    }
+
+    /// The message endpoints to capture after a chunk `start..end`: those
+    /// inside it, ascending (a positional-KV core; none otherwise).
+    pub(super) fn folds_in(&self, id: RequestId, start: u32, end: u32) -> Vec<u32> {
+        let prefix = &self.placed[&id].placement.prefix;
+        (prefix.folds.iter().copied())
+            .take_while(|&e| e <= end)
+            .filter(|&e| e > start)
+            .collect()
+    }
+
+    /// After a chunk ending at `end` (its record not yet retrieved), the
+    /// captures of the message endpoints inside it: per endpoint an admit
+    /// back to it and a snapshot (extension only), then the admit back to
+    /// `end`; an endpoint at `end` itself is captured exactly. Returns the
+    /// launches submitted.
+    pub(super) fn capture_folds(
+        &mut self,
+        id: RequestId,
+        end: u32,
+    ) -> Result<usize, ExecutionError> {
+        let mut submitted = 0;
+        let mut moved = false;
+        loop {
+            let prefix = &mut self.placement_mut(id).expect("placed").prefix;
+            let Some(endpoint) = prefix.folds.front().copied().filter(|&e| e <= end) else {
+                break;
+            };
+            prefix.folds.pop_front();
+            if endpoint == end {
+                if moved {
+                    self.launch(
+                        Operation::Admit(self.admit_at(id, end)),
+                        Vec::new(),
+                        vec![id],
+                        None,
+                    )?;
+                    submitted += 1;
+                    moved = false;
+                }
+                submitted += self.capture(id, end, false)?;
+                continue;
+            }
+            if self.cached(id, endpoint) {
+                continue;
+            }
+            let Some(grant) = self.reserve_row() else {
+                // No row: neither this endpoint nor a later one is captured.
+                self.placement_mut(id)
+                    .expect("placed")
+                    .prefix
+                    .folds
+                    .retain(|&e| e > end);
+                break;
+            };
+            self.launch(
+                Operation::Admit(self.admit_at(id, endpoint)),
+                Vec::new(),
+                vec![id],
+                None,
+            )?;
+            moved = true;
+            submitted += 1 + self.submit_snapshot(id, grant, endpoint, true)?;
+        }
+        if moved {
+            self.launch(
+                Operation::Admit(self.admit_at(id, end)),
+                Vec::new(),
+                vec![id],
+                None,
+            )?;
+            submitted += 1;
+        }
+        Ok(submitted)
+    }
+
+    /// Whether the endpoint of `id`'s history at `endpoint` is already
+    /// cached (its capture would be a duplicate).
+    fn cached(&mut self, id: RequestId, endpoint: u32) -> bool {
+        let request = &mut self.placed.get_mut(&id).expect("placed").request;
+        let key = request
+            .chain_to(endpoint)
+            .endpoint_key(endpoint)
+            .expect("within the chain");
+        let cache = self.cache.as_ref().expect("a capture needs the cache");
+        cache.store.find(&key).is_some()
     }
 
     /// Whether a placement that ended still has its terminal capture to
@@ -393,26 +516,56 @@ impl<E: Executor> Scheduler<E> {
         }
         let chain = request.chain_to(endpoint);
         let key = chain.endpoint_key(endpoint).expect("within the chain");
-        if cache.store.find(&key).is_some() {
+        // An exact capture may still make an extension-only checkpoint
+        // resumable.
+        let exact = |info: CheckpointInfo| !info.extension_only;
+        if (cache.store.find(&key))
+            .and_then(|found| cache.store.checkpoint(found))
+            .is_some_and(exact)
+        {
             return Ok(false);
         }
-        Ok(self.capture(id, endpoint)? == 1)
+        Ok(self.capture(id, endpoint, false)? == 1)
     }
 
-    /// Reserves a row and submits the snapshot of `id`'s state at
-    /// `endpoint`; 0 launches when no row can be had.
-    fn capture(&mut self, id: RequestId, endpoint: u32) -> Result<usize, ExecutionError> {
+    /// Reserves a row, evicting or thinning under snapshot pressure; `None`
+    /// when none can be had.
+    fn reserve_row(&mut self) -> Option<SnapshotReservation> {
         let cache = self.cache.as_mut().expect("a capture needs the cache");
-        let Ok(grant) = cache.store.reserve_snapshot() else {
+        let grant = cache.store.reserve_snapshot().ok()?;
+        self.free_evicted(grant.eviction);
+        Some(grant.reservation)
+    }
+
+    /// Reserves a row and submits the snapshot of `id`'s live state, at
+    /// `endpoint`; 0 launches when no row can be had.
+    fn capture(
+        &mut self,
+        id: RequestId,
+        endpoint: u32,
+        extension_only: bool,
+    ) -> Result<usize, ExecutionError> {
+        let Some(reservation) = self.reserve_row() else {
             return Ok(0);
         };
-        self.free_evicted(grant.eviction);
-        let row = grant.reservation.row();
+        self.submit_snapshot(id, reservation, endpoint, extension_only)
+    }
+
+    /// Submits the snapshot of `id`'s live state, at `endpoint`, into the
+    /// reserved row.
+    fn submit_snapshot(
+        &mut self,
+        id: RequestId,
+        reservation: SnapshotReservation,
+        endpoint: u32,
+        extension_only: bool,
+    ) -> Result<usize, ExecutionError> {
+        let row = reservation.row();
         let placement = self.placement_mut(id).expect("placed");
-        debug_assert!(placement.prefix.capture.is_none(), "one capture at a time");
-        placement.prefix.capture = Some(Capture {
-            reservation: grant.reservation,
+        placement.prefix.captures.push_back(Capture {
+            reservation,
             endpoint,
+            extension_only,
         });
         let snapshot = Snapshot {
             slot: placement.lease.slot(),
@@ -439,7 +592,7 @@ impl<E: Executor> Scheduler<E> {
             }
             Maintenance::Snapshot(id) => {
                 let capture = (self.placement_mut(id))
-                    .and_then(|placement| placement.prefix.capture.take())
+                    .and_then(|placement| placement.prefix.captures.pop_front())
                     .expect("a snapshot in flight has its capture");
                 if status != Some(1) {
                     self.release_capture(capture);
@@ -457,8 +610,9 @@ impl<E: Executor> Scheduler<E> {
     }
 
     /// Publishes a completed capture when the request's confirmed progress
-    /// is the captured endpoint (a cancelled or failed request's records
-    /// are not trusted, so its capture is dropped).
+    /// is the captured endpoint, or for an extension-only capture has
+    /// passed it (the chunk holding it completed); a cancelled or failed
+    /// request's records are not trusted, so its capture is dropped.
     fn publish(&mut self, id: RequestId, capture: Capture) {
         let page_size = self.geometry.page_size();
         let Placed { request, placement } = self.placed.get_mut(&id).expect("placed");
@@ -467,7 +621,13 @@ impl<E: Executor> Scheduler<E> {
             None | Some(Exit::Finished | Exit::Preempted)
         );
         let cache = self.cache.as_mut().expect("captured in the cache");
-        if !trusted || placement.confirmed.consumed != capture.endpoint {
+        let confirmed = placement.confirmed.consumed;
+        let reached = if capture.extension_only {
+            confirmed > capture.endpoint
+        } else {
+            confirmed == capture.endpoint
+        };
+        if !trusted || !reached {
             cache.store.release_reservation(capture.reservation);
             return;
         }
@@ -483,6 +643,7 @@ impl<E: Executor> Scheduler<E> {
             reservation: capture.reservation,
             parent: placement.prefix.pin.take(),
             endpoint: capture.endpoint,
+            extension_only: capture.extension_only,
             pages,
         };
         match cache.store.publish(chain, publication) {
@@ -511,7 +672,7 @@ impl<E: Executor> Scheduler<E> {
             if let Some(pin) = prefix.pin {
                 cache.store.unpin(pin);
             }
-            if let Some(capture) = prefix.capture {
+            for capture in prefix.captures {
                 cache.store.release_reservation(capture.reservation);
             }
         }

@@ -86,11 +86,12 @@ pub(super) struct InFlight {
 pub(super) enum Row {
     /// A decode row padded with the null slot.
     Padding,
-    /// A prefill chunk of `len` tokens, sampling when it ends the prompt.
+    /// A prefill chunk of `len` tokens, sampling when it ends the prompt
+    /// (and no capture inside it follows: a resume samples then).
     Chunk {
         id: RequestId,
         len: u32,
-        ends_prompt: bool,
+        samples: bool,
     },
     /// A decode row.
     Decode { id: RequestId },

@@ -10,7 +10,7 @@
 
 use super::error::ExecutionError;
 use super::ids::{Page, Slot};
-use crate::prefix::SnapshotRow;
+use crate::prefix::{SnapshotRow, MAX_CAPTURES_PER_REQUEST};
 
 /// Sampling parameters the admit operation writes into a slot.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -80,8 +80,9 @@ pub struct PrefillChunk {
     pub capacity: u32,
     /// The next prompt tokens, consumed at positions `consumed..`.
     pub tokens: Vec<u32>,
-    /// The chunk ends the prompt, so the graph samples the first output.
-    pub ends_prompt: bool,
+    /// The graph samples the first output: the chunk ends the prompt and no
+    /// capture inside it follows (after one, a resume samples instead).
+    pub samples: bool,
     /// The sampled token's mask (packed, bit set = allowed) when the
     /// request is constrained.
     pub mask: Option<Vec<u32>>,
@@ -299,8 +300,11 @@ pub struct Completion {
 
 /// The most launches the scheduler has in flight at once: one prefill
 /// iteration's admit, restore, chunk (or resume) and snapshot, then a decode
-/// step, with the previous decode step still running.
-pub const MAX_IN_FLIGHT: usize = 6;
+/// step, with the previous decode step still running; on a positional-KV
+/// core also an admit and a snapshot per message endpoint captured inside
+/// the chunk, the admit back to its end and the resume that samples after
+/// them.
+pub const MAX_IN_FLIGHT: usize = 6 + 2 * MAX_CAPTURES_PER_REQUEST as usize + 2;
 
 /// Runs launches over the prepared graphs.
 ///
@@ -311,8 +315,9 @@ pub const MAX_IN_FLIGHT: usize = 6;
 /// Completions are retrieved in submission order, each exactly once; the
 /// storage a launch reads or writes (staging inputs, completion records)
 /// stays owned by the executor until then. A prefill iteration with prefix
-/// checkpoints submits at most admit, restore, a chunk or resume, and a
-/// snapshot before its decode step: [`MAX_IN_FLIGHT`] launches.
+/// checkpoints submits at most admit, restore, a chunk or resume, the
+/// captures inside the chunk and a snapshot before its decode step:
+/// [`MAX_IN_FLIGHT`] launches.
 pub trait Executor {
     /// Enqueues `launch` after every earlier launch.
     fn submit(&mut self, launch: &Launch) -> Result<Ticket, ExecutionError>;

@@ -25,8 +25,9 @@
 //!   boundaries, and a slot or page is reused only once no launch in flight
 //!   references it (`retire.rs`);
 //! - with a snapshot-row pool, admission restores the longest cached exact
-//!   prefix, prefill stops at the selected endpoints to snapshot them, and
-//!   finished or preempted requests capture their terminal prefix
+//!   prefix, prefill stops at the selected endpoints to snapshot them (a
+//!   positional-KV core snapshots message endpoints after the chunk holding
+//!   them), and finished or preempted requests capture their terminal prefix
 //!   (`checkpoints.rs`).
 //!
 //! `test_executor` is a deterministic CPU executor for tests, compiled only

@@ -9,7 +9,9 @@
 //!   oldest live placement with prompt work left is the one planned;
 //! - a chunk ends at the first selected checkpoint endpoint after its start
 //!   (so that endpoint can be snapshotted), at the prompt's end, or after
-//!   the largest prefill capacity, whichever comes first;
+//!   the largest prefill capacity, whichever comes first; on a positional-KV
+//!   core message endpoints are not among them (they are captured after
+//!   the chunk that holds them, `checkpoints.rs`);
 //! - a whole-history prefix hit has no chunk: its resume samples instead;
 //! - decode candidates are the decoding placements with budget left, oldest
 //!   admission first (growth may still stall or preempt some of them).

@@ -4,7 +4,7 @@
 
 use super::engine::{Row, Scheduler};
 use super::error::ExecutionError;
-use super::executor::{Admit, Decode, Executor, Operation, PrefillChunk};
+use super::executor::{Admit, Decode, Executor, Operation, PrefillChunk, Resume};
 use super::growth::Growth;
 use super::ids::{RequestId, Slot};
 use super::plan::{plan_decode, plan_prefill, ChunkPlan, PrefillPlan};
@@ -40,21 +40,30 @@ impl<E: Executor> Scheduler<E> {
         plan_prefill(&self.geometry, &self.placed, &self.by_admission)
     }
 
+    /// The admit of `id`'s current placement with `consumed` tokens already
+    /// in its slot: a restored prefix, or (for a capture inside a chunk) the
+    /// endpoint to snapshot and then the chunk's end again.
+    pub(super) fn admit_at(&self, id: RequestId, consumed: u32) -> Admit {
+        let Placed { request, placement } = &self.placed[&id];
+        Admit {
+            slot: placement.lease.slot(),
+            prompt: request.history(0, placement.history),
+            max_new_tokens: placement.budget,
+            sampling: request.spec.sampling,
+            seed: readmission_seed(request.spec.seed, request.output.len() as u64),
+            consumed,
+        }
+    }
+
     /// Submits a prefill plan: the admit launch, the restore (and resume),
-    /// then the chunk; returns the launches submitted.
+    /// then the chunk and the captures after it (a chunk ending the prompt
+    /// with a capture inside it samples through a resume after them);
+    /// returns the launches submitted.
     pub(super) fn submit_prefill(&mut self, plan: PrefillPlan) -> Result<usize, ExecutionError> {
         let id = plan.id;
         let mut submitted = 0;
         if plan.admit {
-            let Placed { request, placement } = &self.placed[&id];
-            let admit = Admit {
-                slot: placement.lease.slot(),
-                prompt: request.history(0, placement.history),
-                max_new_tokens: placement.budget,
-                sampling: request.spec.sampling,
-                seed: readmission_seed(request.spec.seed, request.output.len() as u64),
-                consumed: placement.submitted_consumed,
-            };
+            let admit = self.admit_at(id, self.placement(id).submitted_consumed);
             let placement = self.placement_mut(id).expect("placed");
             placement.phase = if placement.prefix.restore.is_some() {
                 Phase::Restoring
@@ -78,6 +87,10 @@ impl<E: Executor> Scheduler<E> {
             return Ok(submitted);
         };
         let len = end - start;
+        // A capture inside the chunk admits the slot back to its endpoint: a
+        // chunk ending the prompt then samples through a resume afterwards.
+        let folds = self.folds_in(id, start, end);
+        let samples = ends_prompt && folds.iter().all(|&e| e == end);
         let placement = self.placement(id);
         let slot = placement.lease.slot();
         let tokens = self.placed[&id].request.history(start, end);
@@ -90,25 +103,27 @@ impl<E: Executor> Scheduler<E> {
         if ends_prompt {
             placement.phase = Phase::Decoding;
         }
-        let mask = if ends_prompt {
-            self.next_mask(id)
-        } else {
-            None
-        };
+        let mask = if samples { self.next_mask(id) } else { None };
         let chunk = PrefillChunk {
             slot,
             capacity,
             tokens,
-            ends_prompt,
+            samples,
             mask,
         };
-        let row = Row::Chunk {
-            id,
-            len,
-            ends_prompt,
-        };
+        let row = Row::Chunk { id, len, samples };
         self.launch(Operation::PrefillChunk(chunk), vec![row], vec![id], None)?;
         submitted += 1;
+        if !folds.is_empty() {
+            submitted += self.capture_folds(id, end)?;
+        }
+        if ends_prompt && !samples {
+            let mask = self.next_mask(id);
+            let resume = Resume { slot, mask };
+            let row = Row::Resume { id };
+            self.launch(Operation::Resume(resume), vec![row], vec![id], None)?;
+            submitted += 1;
+        }
         submitted += self.capture_at_stop(id, end)?;
         Ok(submitted)
     }

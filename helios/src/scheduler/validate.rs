@@ -96,11 +96,9 @@ impl Check<'_> {
         self.slot(expectation.slot)?;
         let confirmed = expectation.confirmed;
         match row {
-            Row::Chunk {
-                len, ends_prompt, ..
-            } => {
+            Row::Chunk { len, samples, .. } => {
                 let consumed = confirmed.consumed + len;
-                if ends_prompt {
+                if samples {
                     self.sampled(consumed, expectation)
                 } else {
                     self.unchanged(Confirmed {
@@ -346,14 +344,14 @@ mod tests {
         let middle = Row::Chunk {
             id: ID,
             len: 32,
-            ends_prompt: false,
+            samples: false,
         };
         let outcome = check(middle, record(-1, 0, 32, 0, 0), expectation(0, 0, 0));
         assert_eq!(outcome, Ok(Outcome::Prefilled { consumed: 32 }));
         let last = Row::Chunk {
             id: ID,
             len: 8,
-            ends_prompt: true,
+            samples: true,
         };
         let outcome = check(last, record(9, 1, 40, 0, 1), expectation(32, 0, 0));
         assert!(matches!(outcome, Ok(Outcome::Sampled { token: 9, .. })));

@@ -393,6 +393,7 @@ impl Harness {
             reservation,
             parent: request.pin.take(),
             endpoint,
+            extension_only: false,
             pages: request.pages[request.shared..complete].to_vec(),
         };
         match self.store.publish(&request.chain, publication).unwrap() {

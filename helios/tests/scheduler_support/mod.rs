@@ -8,8 +8,8 @@ use helios::scheduler::test_executor::{
     FakeModel, Reference, RequestLog, TestExecutor, Transcript, Violation,
 };
 use helios::scheduler::{
-    Geometry, Metrics, PrefixConfig, RequestId, RequestSpec, SamplingParams, Scheduler,
-    SchedulerConfig,
+    Geometry, Launch, Metrics, Operation, OperationKind, PrefixConfig, RequestId, RequestSpec,
+    SamplingParams, Scheduler, SchedulerConfig,
 };
 
 /// The stop token of every test geometry.
@@ -82,8 +82,18 @@ impl Setup {
             snapshot_rows: rows,
             layout,
             salt: b"test-core".to_vec(),
+            positional_kv: false,
         });
         self
+    }
+
+    /// This setup with the prefix cache of [`Self::with_cache`] on a core
+    /// whose continuation is positional KV alone: message endpoints are
+    /// captured after the chunk that holds them.
+    pub fn with_positional_kv_cache(self, rows: u32, layout: RowLayout) -> Self {
+        let mut setup = self.with_cache(rows, layout);
+        setup.config.prefix.as_mut().expect("a cache").positional_kv = true;
+        setup
     }
 
     pub fn scheduler(&self) -> Scheduler<TestExecutor> {
@@ -194,3 +204,74 @@ pub fn assert_clean(scheduler: &Scheduler<TestExecutor>) {
 #[path = "../rng/mod.rs"]
 mod rng;
 pub use rng::Rng;
+
+/// Launches of `kind`.
+pub fn count(launches: &[Launch], kind: OperationKind) -> usize {
+    (launches.iter())
+        .filter(|launch| launch.operation.kind() == kind)
+        .count()
+}
+
+/// Prompt tokens the launches prefilled.
+pub fn prefilled(launches: &[Launch]) -> usize {
+    (launches.iter())
+        .map(|launch| match &launch.operation {
+            Operation::PrefillChunk(chunk) => chunk.tokens.len(),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// Runs one request alone and checks its output is the reference.
+pub fn serve_checked(
+    setup: &Setup,
+    scheduler: &mut Scheduler<TestExecutor>,
+    request: &RequestSpec,
+) -> Vec<Launch> {
+    let before = scheduler.executor().log().len();
+    let id = scheduler.submit(request.clone()).unwrap();
+    let transcript = run(scheduler);
+    let log = transcript.get(id);
+    assert_eq!(log.tokens, reference(setup, request).tokens);
+    scheduler.executor().log()[before..].to_vec()
+}
+
+/// The generation header of the agent trace's turns.
+pub const AGENT_HEADER: [u32; 3] = [7, 8, 9];
+
+/// An agent's conversation as the HTTP layer submits it for the benchmark's
+/// trace: each turn's prompt is the previous one (its generation header
+/// included: ChatML renders the assistant's tool call right after it), a
+/// fixed tool call that replaces the model's answer, its result, and the
+/// header again; the message endpoints are the ends of the last few
+/// messages. The terminal captures are never extended. Returns each turn's
+/// prompt and the launches it caused.
+pub fn agent_turns(
+    setup: &Setup,
+    scheduler: &mut Scheduler<TestExecutor>,
+    turns: u64,
+) -> (Vec<Vec<u32>>, Vec<Vec<Launch>>) {
+    let mut history: Vec<u32> = prompt(200, 1);
+    let mut ends: Vec<u32> = vec![40, 200];
+    let (mut prompts, mut launched) = (Vec::new(), Vec::new());
+    for turn in 0..turns {
+        let mut tokens = history.clone();
+        tokens.extend(AGENT_HEADER);
+        let recent: Vec<u32> = ends.iter().rev().take(4).rev().copied().collect();
+        let request = RequestSpec {
+            prompt: tokens.clone(),
+            message_endpoints: recent,
+            ..spec(1, 16, turn)
+        };
+        launched.push(serve_checked(setup, scheduler, &request));
+        prompts.push(tokens.clone());
+        // The model's answer is not part of the trace: a fixed tool call
+        // and its result follow the prompt.
+        history = tokens;
+        history.extend(prompt(20, 1000 + turn));
+        ends.push(history.len() as u32);
+        history.extend(prompt(150 + (turn as usize * 37) % 200, 2000 + turn));
+        ends.push(history.len() as u32);
+    }
+    (prompts, launched)
+}

@@ -145,7 +145,7 @@ fn a_constrained_chunk_and_resume_mask_row_zero() {
                 slot: Slot(1),
                 capacity: 128,
                 tokens: vec![4, 5],
-                ends_prompt: true,
+                samples: true,
                 mask: Some(mask(3)),
             }),
             1,
@@ -155,7 +155,7 @@ fn a_constrained_chunk_and_resume_mask_row_zero() {
                 slot: Slot(1),
                 capacity: 128,
                 tokens: vec![4, 5],
-                ends_prompt: false,
+                samples: false,
                 mask: None,
             }),
             0,
@@ -269,7 +269,7 @@ fn a_chunk_and_a_resume_select_their_graphs() {
         slot: Slot(1),
         capacity: 256,
         tokens: vec![4; 130],
-        ends_prompt: true,
+        samples: true,
         mask: None,
     }));
     let packed = staging.pack(&chunk).unwrap();
@@ -347,7 +347,7 @@ fn launches_that_do_not_fit_are_refused() {
         slot: Slot(1),
         capacity: 256,
         tokens: vec![4; 257],
-        ends_prompt: false,
+        samples: false,
         mask: None,
     }));
     assert!(matches!(
@@ -385,7 +385,7 @@ fn launches_that_do_not_fit_are_refused() {
         slot: Slot(1),
         capacity: 128,
         tokens: vec![u32::MAX],
-        ends_prompt: false,
+        samples: false,
         mask: None,
     }));
     assert!(matches!(

@@ -34,9 +34,30 @@ struct SlotState {
     seed: u64,
     counter: u64,
     histogram: u64,
-    /// The consumed count whose final hidden vector the slot holds (what
-    /// the resume graph samples from); `None` after an admit.
-    hidden_at: Option<u32>,
+    /// The admitted history's fingerprint: an admission of the same history
+    /// (a request admitted back at another consumed count) keeps the
+    /// slot's hidden vector meaningful.
+    prompt_key: u64,
+    /// The final hidden vector the slot holds (what the resume graph samples
+    /// from): the consumed count it belongs to and the fingerprint of the
+    /// history it was computed from. An admit keeps it, as the graphs do.
+    hidden: Option<(u32, u64)>,
+}
+
+impl SlotState {
+    /// The consumed count whose hidden vector the slot holds, when it was
+    /// computed from the admitted history.
+    fn hidden_at(&self) -> Option<u32> {
+        (self.hidden).and_then(|(at, key)| (key == self.prompt_key).then_some(at))
+    }
+}
+
+/// A fingerprint of an admitted history.
+fn fingerprint(tokens: &[u32]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    tokens.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// One snapshot row: the consumed count, the partial tail page's cells and
@@ -221,7 +242,14 @@ impl Run<'_> {
             self.flag(Violation::SlotOutOfRange { launch, slot });
             return;
         }
-        if self.busy.slots.contains(&slot) {
+        let state = &self.device.slots[slot.0 as usize];
+        // Admitting the same request back at another consumed count (a
+        // capture inside a chunk) may follow its own launches: the stream
+        // runs them first.
+        let same_request = state.epoch > 0
+            && (state.prompt_key, state.seed, state.max_new)
+                == (fingerprint(&admit.prompt), admit.seed, admit.max_new_tokens);
+        if self.busy.slots.contains(&slot) && !same_request {
             self.flag(Violation::SlotInFlight { launch, slot });
         }
         self.touched.slots.insert(slot);
@@ -235,6 +263,8 @@ impl Run<'_> {
             seed: admit.seed,
             counter: 0,
             histogram: History::of(&admit.prompt).histogram(),
+            prompt_key: fingerprint(&admit.prompt),
+            hidden: state.hidden,
             ..SlotState::default()
         };
     }
@@ -258,7 +288,7 @@ impl Run<'_> {
         let start = consumed as usize;
         let expected = state.prompt.get(start..start + len);
         let ends = start + len == state.prompt.len();
-        if expected != Some(chunk.tokens.as_slice()) || ends != chunk.ends_prompt {
+        if expected != Some(chunk.tokens.as_slice()) || (chunk.samples && !ends) {
             self.flag(Violation::ChunkTokens { launch, slot });
         }
         for (position, &token) in (consumed..).zip(&chunk.tokens) {
@@ -266,8 +296,8 @@ impl Run<'_> {
         }
         let state = &mut self.device.slots[slot.0 as usize];
         state.consumed += u32::try_from(len).expect("chunk fits");
-        state.hidden_at = Some(state.consumed);
-        let sampled = chunk.ends_prompt && len > 0;
+        state.hidden = Some((state.consumed, state.prompt_key));
+        let sampled = chunk.samples && len > 0;
         let token = sampled.then(|| self.sample(slot, chunk.mask.as_deref()));
         self.record(slot, token)
     }
@@ -309,7 +339,7 @@ impl Run<'_> {
             self.write(slot, position, pending);
             let state = &mut self.device.slots[slot.0 as usize];
             state.consumed += 1;
-            state.hidden_at = Some(state.consumed);
+            state.hidden = Some((state.consumed, state.prompt_key));
             let token = self.sample(slot, mask);
             records.push(self.record(slot, Some(token)));
         }
@@ -320,7 +350,7 @@ impl Run<'_> {
         let active = self.live(slot) && self.device.slots[slot.0 as usize].done == done::RUNNING;
         if active {
             let state = &self.device.slots[slot.0 as usize];
-            if state.hidden_at != Some(state.consumed) {
+            if state.hidden_at() != Some(state.consumed) {
                 let launch = self.launch;
                 self.flag(Violation::StaleHidden { launch, slot });
             }
@@ -360,7 +390,7 @@ impl Run<'_> {
             return 0;
         }
         let state = &self.device.slots[slot.0 as usize];
-        let (consumed, hidden_at) = (state.consumed, state.hidden_at);
+        let (consumed, hidden_at) = (state.consumed, state.hidden_at());
         let tail = match self.tail(slot, consumed) {
             Some((page, start)) => {
                 let cells = &self.device.cells[page.0 as usize];
@@ -397,7 +427,7 @@ impl Run<'_> {
         }
         let state = &mut self.device.slots[slot.0 as usize];
         state.consumed = row.consumed;
-        state.hidden_at = row.hidden_at;
+        state.hidden = row.hidden_at.map(|at| (at, state.prompt_key));
         1
     }
 

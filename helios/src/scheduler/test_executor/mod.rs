@@ -375,7 +375,7 @@ mod tests {
             slot: Slot(slot),
             capacity: 8,
             tokens: tokens.to_vec(),
-            ends_prompt: true,
+            samples: true,
             mask: None,
         })
     }
@@ -475,29 +475,42 @@ mod tests {
     }
 
     #[test]
-    fn a_resume_without_a_restore_is_flagged() {
-        let mut executor = executor();
-        let prompt = [5, 6, 7];
-        executor
-            .submit(&launch(vec![map(1, &[1])], admit(1, &prompt)))
-            .unwrap();
-        executor.submit(&launch(vec![], chunk(1, &prompt))).unwrap();
-        // Readmit with the prompt "already in the pages" but nothing restored.
-        let Operation::Admit(mut readmit) = admit(1, &prompt) else {
-            unreachable!()
+    fn a_resume_needs_the_hidden_vector_of_the_admitted_history() {
+        // An admit leaves the slot's hidden vector alone, as the graphs do:
+        // admitted back with the same history at the count it holds, the
+        // slot resumes; another request's history finds it stale.
+        let run = |readmitted: &[u32]| {
+            let mut executor = executor();
+            let prompt = [5, 6, 7];
+            executor
+                .submit(&launch(vec![map(1, &[1])], admit(1, &prompt)))
+                .unwrap();
+            let Operation::PrefillChunk(mut prefill) = chunk(1, &prompt) else {
+                unreachable!()
+            };
+            prefill.samples = false;
+            executor
+                .submit(&launch(vec![], Operation::PrefillChunk(prefill)))
+                .unwrap();
+            let Operation::Admit(mut readmit) = admit(1, readmitted) else {
+                unreachable!()
+            };
+            readmit.consumed = 3;
+            executor.wait(Ticket(0)).unwrap();
+            executor.wait(Ticket(1)).unwrap();
+            executor
+                .submit(&launch(vec![], Operation::Admit(readmit)))
+                .unwrap();
+            let resume = Operation::Resume(Resume {
+                slot: Slot(1),
+                mask: None,
+            });
+            executor.submit(&launch(vec![], resume)).unwrap();
+            executor.violations().to_vec()
         };
-        readmit.consumed = 3;
-        executor.wait(Ticket(0)).unwrap();
-        executor.wait(Ticket(1)).unwrap();
-        executor
-            .submit(&launch(vec![], Operation::Admit(readmit)))
-            .unwrap();
-        let resume = Operation::Resume(Resume {
-            slot: Slot(1),
-            mask: None,
-        });
-        executor.submit(&launch(vec![], resume)).unwrap();
-        assert!(executor.violations().contains(&Violation::StaleHidden {
+        assert_eq!(run(&[5, 6, 7]), []);
+        // The pages "already hold" the other prompt, but nothing restored it.
+        assert!(run(&[5, 6, 8]).contains(&Violation::StaleHidden {
             launch: 3,
             slot: Slot(1)
         }));

@@ -29,7 +29,8 @@ pub enum Violation {
         /// The slot.
         slot: Slot,
     },
-    /// A slot was admitted again while an unfinished launch references it.
+    /// A slot was admitted again while an unfinished launch references it,
+    /// other than by the same request (same history, seed and budget).
     SlotInFlight {
         /// The launch.
         launch: u64,
@@ -103,8 +104,8 @@ pub enum Violation {
         /// The launch.
         launch: u64,
     },
-    /// A chunk's tokens are not the admitted prompt's next tokens, or its
-    /// `ends_prompt` flag is wrong.
+    /// A chunk's tokens are not the admitted prompt's next tokens, or it
+    /// samples before the prompt's end.
     ChunkTokens {
         /// The launch.
         launch: u64,
