@@ -213,6 +213,84 @@ print("RESULT " + json.dumps({"served": served, "python": python,
 """
 
 
+_MESSAGES_SCENARIO = r"""
+import json, re, sys, urllib.request
+from pathlib import Path
+from checkpoints import write_tiny
+from ignition.preparation.prepared import PrepareOptions
+from ignition.replay.harness import Harness, Request
+from ignition.replay.packing import SamplingParams
+from ignition.serving import ServerConfig, prepare_model, start_server
+
+tmp = Path(sys.argv[1])
+checkpoint = write_tiny(tmp / "ckpt", "qwen3", hidden=256, head_dim=64)
+options = PrepareOptions(max_concurrency=4, prefill_chunk_size=256, context_limit=512,
+                         kv_pages=96, snapshot_rows=32, compile=False)
+servable = prepare_model(checkpoint, options)
+continuation_state = servable.prepared.contract.continuation
+sampling = dict(temperature=0.9, top_k=30, top_p=0.95, min_p=0.0)
+handle = start_server(servable, ServerConfig(port=0, model="tiny"))
+base = f"http://{handle.address}"
+
+def words(seed, n):
+    return " ".join(f"w{(seed * 31 + 7 * j) % 500}" for j in range(n))
+
+def chat(messages, seed):
+    body = dict(model="tiny", messages=messages, max_tokens=10, seed=seed, **sampling)
+    request = urllib.request.Request(f"{base}/v1/chat/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        answer = json.load(response)
+    usage = answer["usage"]
+    return (answer["choices"][0]["message"]["content"], usage["prompt_tokens"],
+            usage["prompt_tokens_details"]["cached_tokens"])
+
+def counter(name):
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
+
+# Five messages in fewer tokens than one prefill chunk: the core's state is K/V alone,
+# so its message endpoints are captured after that one chunk, which does not sample;
+# the resume graph samples instead.
+conversation = [dict(role="system", content=words(1, 30)),
+                dict(role="user", content=words(2, 25)),
+                dict(role="assistant", content=words(3, 20)),
+                dict(role="user", content=words(4, 35)),
+                dict(role="assistant", content=words(5, 15)),
+                dict(role="user", content=words(6, 20))]
+first = chat(conversation, 10)
+extension_only = counter("flare_prefix_extension_only_total")
+# The same conversation with another seed resumes from the exact prompt checkpoint.
+again = chat(conversation, 11)
+# A branch after the fourth message restores an interior checkpoint and prefills the
+# rest.
+branch = chat(conversation[:4] + [dict(role="user", content=words(9, 12))], 12)
+handle.close()
+
+prepared = servable.prepared
+prepared.reset()
+tokenizer = prepared.tokenizer
+
+def ids(messages, **kwargs):
+    encoded = tokenizer.apply_chat_template(messages, tokenize=True, **kwargs)
+    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+prompt = ids(conversation, add_generation_prompt=True)
+# The fourth message's end: every message's rendering ends with a newline after
+# <|im_end|>, and the next starts with <|im_start|>, so the cut is exact.
+interior = len(ids(conversation[:4]))
+params = SamplingParams(**sampling)
+results = Harness(prepared).run([Request(0, prompt, 10, params, 10),
+                                 Request(1, prompt, 10, params, 11)])
+python = [tokenizer.decode(r.tokens, skip_special_tokens=True) for r in results]
+print("RESULT " + json.dumps({
+    "continuation": int(continuation_state), "prompt_tokens": len(prompt),
+    "interior": interior, "first": first, "again": again, "branch": branch,
+    "python": python, "extension_only": extension_only}))
+"""
+
+
 def _run_scenario(scenario: str, tmp_path: Path) -> dict:
     env = dict(os.environ)
     paths = [str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH")]
@@ -279,3 +357,29 @@ def test_shutdown_while_snapshots_are_in_flight_drains_and_leaves_state_clean(
     # same graphs and buffers after a reset, answers every request identically.
     assert result["running_at_close"] >= 2, result
     assert [tuple(x) for x in result["served"]] == [tuple(x) for x in result["python"]], result
+
+
+@pytest.mark.gpu
+def test_message_checkpoints_inside_a_chunk_answer_as_the_harness(tmp_path: Path) -> None:
+    # Issue 23's message checkpoints without extra chunks, through Helios's scheduler
+    # and executor on the GPU: a dense core declares its state positional K/V, so a
+    # chat's message endpoints are snapshotted after the one chunk holding them
+    # (admitted back to each endpoint, then forward), and the resume graph samples.
+    from ignition.export import flare_core_pb2 as pb
+
+    result = _run_scenario(_MESSAGES_SCENARIO, tmp_path)
+    assert result["continuation"] == pb.POSITIONAL_KV, result
+    n = result["prompt_tokens"]
+    text, prompt_tokens, cached = result["first"]
+    assert (prompt_tokens, cached) == (n, 0), result
+    assert result["extension_only"] >= 3, result
+    # Sampled by the resume graph from the chunk's hidden vector: the harness's answer,
+    # which sampled at the end of its one chunk.
+    # (The word-level decoder's spacing at the edges aside.)
+    assert text.strip() == result["python"][0].strip() and text, result
+    text, _, cached = result["again"]
+    assert cached == n and text.strip() == result["python"][1].strip(), result
+    # The branch restores the checkpoint at the fourth message's end (captured inside
+    # the chunk), never more than the history it shares.
+    _, branch_tokens, cached = result["branch"]
+    assert cached == result["interior"] and cached < branch_tokens, result
