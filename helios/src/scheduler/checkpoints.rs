@@ -416,66 +416,47 @@ impl<E: Executor> Scheduler<E> {
     /// After a chunk ending at `end` (its record not yet retrieved), the
     /// captures of the message endpoints inside it: per endpoint an admit
     /// back to it and a snapshot (extension only), then the admit back to
-    /// `end`; an endpoint at `end` itself is captured exactly. Returns the
-    /// launches submitted.
+    /// `end`; an endpoint at `end` itself is captured exactly. An endpoint
+    /// already cached is skipped; when no row can be had, the rest of the
+    /// chunk's endpoints are. Returns the launches submitted.
     pub(super) fn capture_folds(
         &mut self,
         id: RequestId,
         end: u32,
     ) -> Result<usize, ExecutionError> {
         let mut submitted = 0;
+        // Whether the slot's consumed count was set back from `end`.
         let mut moved = false;
-        loop {
-            let prefix = &mut self.placement_mut(id).expect("placed").prefix;
-            let Some(endpoint) = prefix.folds.front().copied().filter(|&e| e <= end) else {
-                break;
-            };
-            prefix.folds.pop_front();
+        let folds = self.folds_in(id, 0, end);
+        let prefix = &mut self.placement_mut(id).expect("placed").prefix;
+        prefix.folds.drain(..folds.len());
+        for endpoint in folds {
             if endpoint == end {
-                if moved {
-                    self.launch(
-                        Operation::Admit(self.admit_at(id, end)),
-                        Vec::new(),
-                        vec![id],
-                        None,
-                    )?;
-                    submitted += 1;
-                    moved = false;
+                if std::mem::take(&mut moved) {
+                    submitted += self.admit_back(id, end)?;
                 }
                 submitted += self.capture(id, end, false)?;
-                continue;
+            } else if !self.cached(id, endpoint) {
+                let Some(grant) = self.reserve_row() else {
+                    break;
+                };
+                submitted += self.admit_back(id, endpoint)?;
+                submitted += self.submit_snapshot(id, grant, endpoint, true)?;
+                moved = true;
             }
-            if self.cached(id, endpoint) {
-                continue;
-            }
-            let Some(grant) = self.reserve_row() else {
-                // No row: neither this endpoint nor a later one is captured.
-                self.placement_mut(id)
-                    .expect("placed")
-                    .prefix
-                    .folds
-                    .retain(|&e| e > end);
-                break;
-            };
-            self.launch(
-                Operation::Admit(self.admit_at(id, endpoint)),
-                Vec::new(),
-                vec![id],
-                None,
-            )?;
-            moved = true;
-            submitted += 1 + self.submit_snapshot(id, grant, endpoint, true)?;
         }
         if moved {
-            self.launch(
-                Operation::Admit(self.admit_at(id, end)),
-                Vec::new(),
-                vec![id],
-                None,
-            )?;
-            submitted += 1;
+            submitted += self.admit_back(id, end)?;
         }
         Ok(submitted)
+    }
+
+    /// Admits `id` again with `consumed` tokens in its slot (a capture
+    /// inside a chunk); one launch.
+    fn admit_back(&mut self, id: RequestId, consumed: u32) -> Result<usize, ExecutionError> {
+        let admit = Operation::Admit(self.admit_at(id, consumed));
+        self.launch(admit, Vec::new(), vec![id], None)?;
+        Ok(1)
     }
 
     /// Whether the endpoint of `id`'s history at `endpoint` is already
