@@ -221,13 +221,14 @@ from ignition.preparation.prepared import PrepareOptions
 from ignition.replay.harness import Harness, Request
 from ignition.replay.packing import SamplingParams
 from ignition.serving import ServerConfig, prepare_model, start_server
+from ignition.export.manifest import continuation_state
 
 tmp = Path(sys.argv[1])
 checkpoint = write_tiny(tmp / "ckpt", "qwen3", hidden=256, head_dim=64)
 options = PrepareOptions(max_concurrency=4, prefill_chunk_size=256, context_limit=512,
                          kv_pages=96, snapshot_rows=32, compile=False)
 servable = prepare_model(checkpoint, options)
-continuation_state = servable.prepared.contract.continuation
+continuation = continuation_state(servable.prepared)
 sampling = dict(temperature=0.9, top_k=30, top_p=0.95, min_p=0.0)
 handle = start_server(servable, ServerConfig(port=0, model="tiny"))
 base = f"http://{handle.address}"
@@ -285,7 +286,7 @@ results = Harness(prepared).run([Request(0, prompt, 10, params, 10),
                                  Request(1, prompt, 10, params, 11)])
 python = [tokenizer.decode(r.tokens, skip_special_tokens=True) for r in results]
 print("RESULT " + json.dumps({
-    "continuation": int(continuation_state), "prompt_tokens": len(prompt),
+    "continuation": continuation, "prompt_tokens": len(prompt),
     "interior": interior, "first": first, "again": again, "branch": branch,
     "python": python, "extension_only": extension_only}))
 """
@@ -368,7 +369,7 @@ def test_message_checkpoints_inside_a_chunk_answer_as_the_harness(tmp_path: Path
     from ignition.export import flare_core_pb2 as pb
 
     result = _run_scenario(_MESSAGES_SCENARIO, tmp_path)
-    assert result["continuation"] == pb.POSITIONAL_KV, result
+    assert result["continuation"] == pb.CONTINUATION_STATE_POSITIONAL_KV, result
     n = result["prompt_tokens"]
     text, prompt_tokens, cached = result["first"]
     assert (prompt_tokens, cached) == (n, 0), result
