@@ -6,10 +6,11 @@ calls with ``ROUTINGS`` different random routings (``bench.cuda_timing``: launch
 as serving makes them, and consecutive calls read other experts, as layers do), the
 bytes of expert weights a call must read (the distinct experts of its routing, on
 average) over that time, and the bandwidth probed in the same run. The Triton kernels
-run at every ``--blocks`` pair of output-column blocks (gate/up, down), so the
-fastest can be chosen; each records its relative L2 against the reference.
+run at every ``--blocks`` pair of output-column blocks (gate/up, down; ``,slots``
+runs the down projection one program per slot and sums the slots in a second kernel),
+so the fastest can be chosen; each records its relative L2 against the reference.
 
-    PYTHONPATH=. python bench/experts_bench.py --tokens 1 4 --out experts.json [--blocks 16,8 32,16]
+    PYTHONPATH=. python bench/experts_bench.py --tokens 1 4 --out e.json [--blocks 8,8 8,16,slots]
 """
 
 from __future__ import annotations
@@ -77,7 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inter", type=int, default=640)
     parser.add_argument("--top-k", type=int, default=10)
     parser.add_argument("--iters", type=int, default=200)
-    parser.add_argument("--blocks", nargs="+", default=["16,8", "32,16", "8,8", "16,16"])
+    parser.add_argument(
+        "--blocks",
+        nargs="+",
+        default=["8,8", "16,16", "8,8,slots", "8,16,slots", "8,32,slots"],
+        help="GATE_UP,DOWN output-column blocks, ',slots' for the down projection by slot",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     device = "cuda"
@@ -104,13 +110,16 @@ def main(argv: list[str] | None = None) -> int:
         index, weights = routings[0]
         want = routed_experts_ref(x, gate_up, down, index, weights)
         for blocks in args.blocks:
-            gate_up_n, down_n = (int(v) for v in blocks.split(","))
-            triton_experts.GATE_UP_BLOCK_N, triton_experts.DOWN_BLOCK_N = gate_up_n, down_n
+            gate_up_n, down_n, *by_slot = blocks.split(",")
+            triton_experts.GATE_UP_BLOCK_N = int(gate_up_n)
+            triton_experts.DOWN_BLOCK_N = int(down_n)
+            triton_experts.DOWN_BY_SLOT = by_slot == ["slots"]
             got = triton_experts.triton_routed_experts(x, gate_up, down, index, weights)
             error = float((got.float() - want.float()).norm() / want.float().norm())
             run = functools.partial(triton_experts.triton_routed_experts, x, gate_up, down)
             fused = _timed(run, routings, nbytes, args.iters)
-            row[f"triton_{gate_up_n}_{down_n}"] = {**fused, "relative_l2": error}
+            name = "_".join(["triton", gate_up_n, down_n, *by_slot])
+            row[name] = {**fused, "relative_l2": error}
         results["tokens"][str(tokens)] = row
         best = min(
             (key for key in row if key.startswith("triton_")), key=lambda n: row[n]["median_us"]

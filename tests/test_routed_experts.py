@@ -79,6 +79,21 @@ def test_a_token_is_computed_alike_at_every_batch_size(run: Callable, device: st
     assert torch.equal(flipped.flip(0), batch)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_down_projection_by_slot_equals_the_fused_one_bitwise(
+    dtype: torch.dtype, device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One program per (pair, column block) and a second kernel summing the slots in
+    # order add the same rounded values as the fused kernel: the same bits.
+    x, gate_up, down, index, weights = _operands(4, dtype, device, seed=11)
+    fused = triton_experts.triton_routed_experts(x, gate_up, down, index, weights)
+    monkeypatch.setattr(triton_experts, "DOWN_BY_SLOT", True)
+    monkeypatch.setattr(triton_experts, "SUM_BLOCK", 32)  # HIDDEN is not a multiple
+    by_slot = triton_experts.triton_routed_experts(x, gate_up, down, index, weights)
+    assert torch.equal(by_slot, fused)
+
+
 def test_the_operator_passes_opcheck() -> None:
     x, gate_up, down, index, weights = _operands(2, torch.float32, "cpu")
     torch.library.opcheck(routed_experts, (x, gate_up, down, index, weights))

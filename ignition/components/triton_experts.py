@@ -10,7 +10,11 @@ or two rows: at the hybrid's H200 geometry about 1.7 TB/s at one token. Here:
   ``silu(gate) * up`` of the block;
 - ``_down_kernel``: program (token, column block) runs the down projection of each of
   the token's ``k`` slots for the block, scales it by the slot's routing weight and
-  sums the slots in order.
+  sums the slots in order;
+- or, with ``DOWN_BY_SLOT``, ``_down_slot_kernel``: program (pair, column block)
+  writes one slot's weighted down projection, ``k`` times the programs for one
+  token, and ``_slot_sum_kernel`` sums each token's slots in the same order: the same
+  values (each weighted slot is rounded before the sum either way), for a launch more.
 
 Rounding follows Transformers' ``grouped_mm`` path step by step (to the operands'
 dtype after each of its operations: the projections, silu, the product, the
@@ -39,6 +43,12 @@ from ignition.components.triton_attention import _INTERPRETED
 GATE_UP_BLOCK_N = 8
 DOWN_BLOCK_N = 8
 BLOCK_K = 256
+# Whether the down projection runs one program per (pair, column block) and sums the
+# slots in a second kernel: at one token the fused kernel's 320 programs each walk
+# ten experts one after another (36.5 us a layer on the H200, 0.9 TB/s). To be chosen
+# by bench/experts_bench.py's measurement; off until it is.
+DOWN_BY_SLOT = False
+SUM_BLOCK = 256
 
 
 @triton.jit
@@ -147,6 +157,62 @@ def _down_kernel(
     tl.store(out_ptr + token * stride_ot + cols, total.to(out_ptr.dtype.element_ty), mask=keep)
 
 
+@triton.jit
+def _down_slot_kernel(
+    h_ptr,
+    w_ptr,
+    index_ptr,
+    weight_ptr,
+    out_ptr,
+    stride_hp,
+    stride_we,
+    stride_wn,
+    stride_op,
+    HIDDEN: tl.constexpr,
+    INTER: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BF16: tl.constexpr,
+):
+    pair = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    keep = cols < HIDDEN
+    expert = tl.load(index_ptr + pair).to(tl.int64)
+    scale = tl.load(weight_ptr + pair).to(tl.float32)
+    rows = w_ptr + expert * stride_we + cols[:, None] * stride_wn
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k0 in range(0, INTER, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        kmask = ks < INTER
+        h = tl.load(h_ptr + pair * stride_hp + ks, mask=kmask, other=0.0).to(tl.float32)
+        w = tl.load(rows + ks[None, :], mask=keep[:, None] & kmask[None, :], other=0.0)
+        acc += tl.sum(w.to(tl.float32) * h[None, :], axis=1)
+    weighted = _round(_round(acc, BF16) * scale, BF16)
+    tl.store(out_ptr + pair * stride_op + cols, weighted, mask=keep)
+
+
+@triton.jit
+def _slot_sum_kernel(
+    in_ptr,
+    out_ptr,
+    stride_ip,
+    stride_ot,
+    K_SLOTS: tl.constexpr,
+    HIDDEN: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BF16: tl.constexpr,
+):
+    token = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    keep = cols < HIDDEN
+    total = tl.zeros((BLOCK,), dtype=tl.float32)
+    for slot in range(K_SLOTS):
+        pair = token * K_SLOTS + slot
+        total += tl.load(in_ptr + pair * stride_ip + cols, mask=keep, other=0.0)
+    total = _round(total, BF16)
+    tl.store(out_ptr + token * stride_ot + cols, total.to(out_ptr.dtype.element_ty), mask=keep)
+
+
 def triton_routed_experts(
     x: torch.Tensor,
     gate_up: torch.Tensor,
@@ -186,6 +252,39 @@ def triton_routed_experts(
         num_warps=4,
     )
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
+    down_k = min(BLOCK_K, triton.next_power_of_2(inter))
+    if DOWN_BY_SLOT:
+        # fp32, so the sum adds exactly the values the fused kernel adds.
+        weighted = torch.empty(tokens * slots, hidden, dtype=torch.float32, device=x.device)
+        _down_slot_kernel[(tokens * slots, triton.cdiv(hidden, DOWN_BLOCK_N))](
+            products,
+            down,
+            index,
+            weights,
+            weighted,
+            products.stride(0),
+            down.stride(0),
+            down.stride(1),
+            weighted.stride(0),
+            HIDDEN=hidden,
+            INTER=inter,
+            BLOCK_N=DOWN_BLOCK_N,
+            BLOCK_K=down_k,
+            BF16=x.dtype == torch.bfloat16,
+            num_warps=4,
+        )
+        _slot_sum_kernel[(tokens, triton.cdiv(hidden, SUM_BLOCK))](
+            weighted,
+            out,
+            weighted.stride(0),
+            out.stride(0),
+            K_SLOTS=slots,
+            HIDDEN=hidden,
+            BLOCK=SUM_BLOCK,
+            BF16=x.dtype == torch.bfloat16,
+            num_warps=4,
+        )
+        return out
     _down_kernel[(tokens, triton.cdiv(hidden, DOWN_BLOCK_N))](
         products,
         down,
@@ -200,7 +299,7 @@ def triton_routed_experts(
         HIDDEN=hidden,
         INTER=inter,
         BLOCK_N=DOWN_BLOCK_N,
-        BLOCK_K=min(BLOCK_K, triton.next_power_of_2(inter)),
+        BLOCK_K=down_k,
         BF16=x.dtype == torch.bfloat16,
         num_warps=4,
     )
