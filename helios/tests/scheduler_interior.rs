@@ -139,24 +139,25 @@ fn an_extension_only_checkpoint_is_extended_but_never_resumed_from() {
     assert_eq!(count(&launches, OperationKind::Restore), 1);
 
     // A prompt that is exactly the second message would resume from a
-    // hidden vector of token 120: it restores the first message instead,
-    // and its exact prompt capture makes the checkpoint at 70 resumable.
+    // hidden vector of token 120: it restores the first message instead.
+    // Its exact prompt capture is a duplicate: its row's tail over the
+    // checkpoint's pages would mix two requests' computations.
     let exact = RequestSpec {
         prompt: first.prompt[..70].to_vec(),
         ..spec(1, 4, 7)
     };
-    let launches = serve_checked(&setup, &mut scheduler, &exact);
-    assert_eq!(prefilled(&launches), 40);
-    assert_eq!(count(&launches, OperationKind::Restore), 1);
-    assert!(checkpoints(&scheduler).contains(&(70, false)));
-    let counters = scheduler.metrics().cache.unwrap().counters;
-    assert_eq!(counters.upgraded_checkpoints, 1);
-
-    // Now the same prompt resumes without prefill.
-    let again = RequestSpec { seed: 8, ..exact };
-    let launches = serve_checked(&setup, &mut scheduler, &again);
-    assert_eq!(prefilled(&launches), 0);
-    assert_eq!(count(&launches, OperationKind::Resume), 1);
+    let duplicates = |scheduler: &Scheduler<TestExecutor>| {
+        (scheduler.metrics().cache.unwrap().counters).duplicate_publications
+    };
+    let before = duplicates(&scheduler);
+    for request in [exact.clone(), RequestSpec { seed: 8, ..exact }] {
+        let launches = serve_checked(&setup, &mut scheduler, &request);
+        assert_eq!(prefilled(&launches), 40);
+        assert_eq!(count(&launches, OperationKind::Restore), 1);
+        assert_eq!(count(&launches, OperationKind::Resume), 0);
+    }
+    assert!(duplicates(&scheduler) > before);
+    assert!(checkpoints(&scheduler).contains(&(70, true)));
     // The executor saw no resume from a stale hidden vector.
     assert_clean(&scheduler);
 }

@@ -291,11 +291,6 @@ fn cache_samples(metrics: &Metrics) -> Vec<Sample> {
             c.extension_only,
         ),
         counter(
-            "flare_prefix_upgraded_total",
-            "Extension-only checkpoints made resumable by an exact capture",
-            c.upgraded_checkpoints,
-        ),
-        counter(
             "flare_prefix_evicted_total",
             "Checkpoints evicted with their pages",
             c.evicted,

@@ -17,9 +17,10 @@
 //! after a chunk that ran past it, on a core whose continuation is
 //! positional KV alone) holds exact pages and tail but the hidden vector of
 //! a later position: lookup never offers it to a request whose whole history
-//! it covers (`store.rs`). An exact capture of the same endpoint that
-//! arrives while nothing holds it replaces its row, so it becomes
-//! resumable.
+//! it covers (`store.rs`). An exact capture of the same endpoint is a
+//! duplicate like any other: its row holds another request's tail over the
+//! checkpoint's pages, whose low bits may differ (another chunk partition),
+//! so swapping rows would restore a state no request computed.
 
 use crate::scheduler::Page;
 
@@ -56,9 +57,7 @@ pub enum Published {
     /// parent pin was handed back).
     New(Pin),
     /// The endpoint was already cached: the reservation went back to the
-    /// pool (or, for an exact capture of an unheld extension-only
-    /// checkpoint, became its row while the old row went back) and the
-    /// request keeps its parent pin and its private pages.
+    /// pool and the request keeps its parent pin and its private pages.
     Duplicate {
         /// The checkpoint already at the endpoint.
         existing: CheckpointId,
@@ -92,22 +91,13 @@ impl CheckpointStore {
                 reservation,
                 parent,
                 pages,
-                extension_only,
                 ..
             } = publication;
-            let node = self.checkpoints.get_mut(&existing).expect("indexed");
-            node.last_use = now;
-            if node.extension_only && !extension_only && !node.held() {
-                // Nothing reads the old row (no pin, no GPU use): the exact
-                // one takes its place.
-                let old = std::mem::replace(&mut node.row, reservation.row);
-                node.extension_only = false;
-                self.rows.adopt(reservation.row);
-                self.rows.release(old);
-                self.metrics.upgraded_checkpoints += 1;
-            } else {
-                self.rows.unreserve(reservation.row);
-            }
+            self.rows.unreserve(reservation.row);
+            self.checkpoints
+                .get_mut(&existing)
+                .expect("indexed")
+                .last_use = now;
             self.metrics.duplicate_publications += 1;
             return Ok(Published::Duplicate {
                 existing,

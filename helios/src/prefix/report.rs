@@ -24,9 +24,6 @@ pub struct PrefixMetrics {
     /// Checkpoints published for extension only (an interior endpoint
     /// captured after the chunk that ran past it).
     pub extension_only: u64,
-    /// Of the duplicates, exact captures that replaced an unheld
-    /// extension-only checkpoint's row, making it resumable.
-    pub upgraded_checkpoints: u64,
     /// Leaves evicted with their pages.
     pub evicted: u64,
     /// Ancestors removed by thinning, their pages moved to their child.

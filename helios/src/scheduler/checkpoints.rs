@@ -56,9 +56,9 @@
 use std::collections::VecDeque;
 
 use crate::prefix::{
-    capture_budget, select_captures, CaptureRequest, CheckpointInfo, CheckpointStore, Eviction,
-    Hit, PageGeometry, Pin, PrefixChain, PrefixMetrics, Publication, Published, RestorePlan,
-    RowLayout, SnapshotReservation, StoreConfig,
+    capture_budget, select_captures, CaptureRequest, CheckpointStore, Eviction, Hit, PageGeometry,
+    Pin, PrefixChain, PrefixMetrics, Publication, Published, RestorePlan, RowLayout,
+    SnapshotReservation, StoreConfig,
 };
 
 use super::engine::{Row, Scheduler};
@@ -431,12 +431,15 @@ impl<E: Executor> Scheduler<E> {
         let prefix = &mut self.placement_mut(id).expect("placed").prefix;
         prefix.folds.drain(..folds.len());
         for endpoint in folds {
+            if self.cached(id, endpoint) {
+                continue;
+            }
             if endpoint == end {
                 if std::mem::take(&mut moved) {
                     submitted += self.admit_back(id, end)?;
                 }
                 submitted += self.capture(id, end, false)?;
-            } else if !self.cached(id, endpoint) {
+            } else {
                 let Some(grant) = self.reserve_row() else {
                     break;
                 };
@@ -497,13 +500,7 @@ impl<E: Executor> Scheduler<E> {
         }
         let chain = request.chain_to(endpoint);
         let key = chain.endpoint_key(endpoint).expect("within the chain");
-        // An exact capture may still make an extension-only checkpoint
-        // resumable.
-        let exact = |info: CheckpointInfo| !info.extension_only;
-        if (cache.store.find(&key))
-            .and_then(|found| cache.store.checkpoint(found))
-            .is_some_and(exact)
-        {
+        if cache.store.find(&key).is_some() {
             return Ok(false);
         }
         Ok(self.capture(id, endpoint, false)? == 1)

@@ -29,8 +29,9 @@ impl<E: Executor> Scheduler<E> {
     }
 
     /// Waits until fewer than `decode_depth` launches are in flight, so a
-    /// decode step may join them: at most two launches that write completion
-    /// records are ever in flight (a prefill iteration's admit writes none).
+    /// decode step may join them (a prefill iteration drains first, then may
+    /// submit a chunk, a resume and a decode step, each writing records into
+    /// its own ring slot).
     ///
     /// While a constrained request decodes, the depth is one: its next mask
     /// needs the token its last launch samples.

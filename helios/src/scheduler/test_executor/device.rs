@@ -244,20 +244,27 @@ impl Run<'_> {
         }
         let state = &self.device.slots[slot.0 as usize];
         // Admitting the same request back at another consumed count (a
-        // capture inside a chunk) may follow its own launches: the stream
-        // runs them first.
+        // capture inside a chunk) follows its own launches in flight: the
+        // stream runs them first. It stays the same admission (its epoch and
+        // restored prefix), so the foreign-page check keeps its strength.
         let same_request = state.epoch > 0
             && (state.prompt_key, state.seed, state.max_new)
                 == (fingerprint(&admit.prompt), admit.seed, admit.max_new_tokens);
-        if self.busy.slots.contains(&slot) && !same_request {
+        let busy = self.busy.slots.contains(&slot);
+        if busy && !same_request {
             self.flag(Violation::SlotInFlight { launch, slot });
         }
         self.touched.slots.insert(slot);
         let state = &mut self.device.slots[slot.0 as usize];
+        let (epoch, restored) = if busy && same_request {
+            (state.epoch, state.restored)
+        } else {
+            (state.epoch + 1, admit.consumed)
+        };
         *state = SlotState {
-            epoch: state.epoch + 1,
+            epoch,
             prompt: admit.prompt.clone(),
-            restored: admit.consumed,
+            restored,
             consumed: admit.consumed,
             max_new: admit.max_new_tokens,
             seed: admit.seed,
