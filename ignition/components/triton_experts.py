@@ -119,6 +119,38 @@ def _gate_up_kernel(
 
 
 @triton.jit
+def _weighted_down(
+    h_ptr,
+    w_ptr,
+    index_ptr,
+    weight_ptr,
+    pair,
+    cols,
+    keep,
+    stride_hp,
+    stride_we,
+    stride_wn,
+    INTER: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BF16: tl.constexpr,
+):
+    """One pair's down projection for the column block, rounded, scaled by its routing
+    weight and rounded again, as Transformers' path rounds it."""
+    expert = tl.load(index_ptr + pair).to(tl.int64)
+    scale = tl.load(weight_ptr + pair).to(tl.float32)
+    rows = w_ptr + expert * stride_we + cols[:, None] * stride_wn
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k0 in range(0, INTER, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        kmask = ks < INTER
+        h = tl.load(h_ptr + pair * stride_hp + ks, mask=kmask, other=0.0).to(tl.float32)
+        w = tl.load(rows + ks[None, :], mask=keep[:, None] & kmask[None, :], other=0.0)
+        acc += tl.sum(w.to(tl.float32) * h[None, :], axis=1)
+    return _round(_round(acc, BF16) * scale, BF16)
+
+
+@triton.jit
 def _down_kernel(
     h_ptr,
     w_ptr,
@@ -141,18 +173,22 @@ def _down_kernel(
     keep = cols < HIDDEN
     total = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for slot in range(K_SLOTS):
-        pair = token * K_SLOTS + slot
-        expert = tl.load(index_ptr + pair).to(tl.int64)
-        scale = tl.load(weight_ptr + pair).to(tl.float32)
-        rows = w_ptr + expert * stride_we + cols[:, None] * stride_wn
-        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for k0 in range(0, INTER, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            kmask = ks < INTER
-            h = tl.load(h_ptr + pair * stride_hp + ks, mask=kmask, other=0.0).to(tl.float32)
-            w = tl.load(rows + ks[None, :], mask=keep[:, None] & kmask[None, :], other=0.0)
-            acc += tl.sum(w.to(tl.float32) * h[None, :], axis=1)
-        total += _round(_round(acc, BF16) * scale, BF16)
+        total += _weighted_down(
+            h_ptr,
+            w_ptr,
+            index_ptr,
+            weight_ptr,
+            token * K_SLOTS + slot,
+            cols,
+            keep,
+            stride_hp,
+            stride_we,
+            stride_wn,
+            INTER,
+            BLOCK_N,
+            BLOCK_K,
+            BF16,
+        )
     total = _round(total, BF16)
     tl.store(out_ptr + token * stride_ot + cols, total.to(out_ptr.dtype.element_ty), mask=keep)
 
@@ -177,17 +213,22 @@ def _down_slot_kernel(
     pair = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     keep = cols < HIDDEN
-    expert = tl.load(index_ptr + pair).to(tl.int64)
-    scale = tl.load(weight_ptr + pair).to(tl.float32)
-    rows = w_ptr + expert * stride_we + cols[:, None] * stride_wn
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for k0 in range(0, INTER, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        kmask = ks < INTER
-        h = tl.load(h_ptr + pair * stride_hp + ks, mask=kmask, other=0.0).to(tl.float32)
-        w = tl.load(rows + ks[None, :], mask=keep[:, None] & kmask[None, :], other=0.0)
-        acc += tl.sum(w.to(tl.float32) * h[None, :], axis=1)
-    weighted = _round(_round(acc, BF16) * scale, BF16)
+    weighted = _weighted_down(
+        h_ptr,
+        w_ptr,
+        index_ptr,
+        weight_ptr,
+        pair,
+        cols,
+        keep,
+        stride_hp,
+        stride_we,
+        stride_wn,
+        INTER,
+        BLOCK_N,
+        BLOCK_K,
+        BF16,
+    )
     tl.store(out_ptr + pair * stride_op + cols, weighted, mask=keep)
 
 
