@@ -10,6 +10,8 @@
 #       and the decode experts' kernels against theirs (tests/test_routed_experts.py);
 #       then those kernels timed against grouped_mm at the H200 expert geometry, each
 #       block choice (bench/experts_bench.py).
+#   bench/issue22_check.sh experts OUT
+#       the experts benchmark alone (the last step of `tests`).
 #   bench/issue22_check.sh tiny OUT FLARE
 #       the tiny hybrid checkpoint exported as a runtime core and `flare replay --check`
 #       (Rust replay bitwise against the Python replay of the same graphs).
@@ -38,7 +40,7 @@
 # Needs fla-core 0.6.0 and einops importable, and the flare_heliopause wheel (WHEELS,
 # as bench/suite_gpu.sh installs them).
 set -uo pipefail
-usage="usage: bench/issue22_check.sh tests OUT | tiny OUT FLARE | h200 OUT FLARE [options] | serve-prepare OUT FLARE [options] | serve OUT FLARE [options] | timeline OUT [options]"
+usage="usage: bench/issue22_check.sh tests OUT | experts OUT | tiny OUT FLARE | h200 OUT FLARE [options] | serve-prepare OUT FLARE [options] | serve OUT FLARE [options] | timeline OUT [options]"
 part=${1:?$usage}
 out=${2:?$usage}
 shift 2
@@ -63,15 +65,22 @@ export_and_check() {  # CHECKPOINT CORE FLARE [prepare options...]
   tail -3 "$out/replay-check-$(basename "$core").log"
 }
 
+experts_bench() {
+  python3 bench/experts_bench.py --tokens 1 4 --out "$out/experts-bench.json" 2>&1 \
+    | tee "$out/experts-bench.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ]
+}
+
 case $part in
   tests)
     python3 -m pytest -m gpu tests/test_qwen4_exp.py tests/test_selector_kernels.py \
       tests/test_routed_experts.py -q \
       -p no:cacheprovider -rs 2>&1 | tee "$out/pytest-gpu.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-    python3 bench/experts_bench.py --tokens 1 4 --out "$out/experts-bench.json" 2>&1 \
-      | tee "$out/experts-bench.log"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    experts_bench || status=1
+    ;;
+  experts)
+    experts_bench || status=1
     ;;
   tiny)
     flare=${1:?$usage}

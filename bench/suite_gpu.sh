@@ -37,6 +37,8 @@
 # dependencies and transformers serve's (`bench/baseline_wheels.sh DIR` downloads
 # those where there is a registry). The flare and baselines stages need the SDK (the
 # suite's clients measurement times TTFT through it): without it they stop first.
+# SUITE_ARGS, when set, adds options to every suite run of the model stages (for
+# example --workloads tools agent: only those workloads, in every launch).
 # PREPARE_ARGS, when set, adds
 # options to `ignition prepare` (for example --no-compile, --compile-scope=layer or
 # --decode-fusion=norms: written with `=`, as the floor and the timeline follow
@@ -160,12 +162,14 @@ smol=$work/smollm2
 smol_core=$work/smollm2-core
 # SmolLM2 admits 8K positions: the 32K and 64K rows are skipped by the suite itself,
 # and the agent trace stops before the context limit.
-smol_suite=(--lengths 512 4096 32768 65536 --agent-tokens 7000)
+# shellcheck disable=SC2206 # SUITE_ARGS is a list of options
+smol_suite=(--lengths 512 4096 32768 65536 --agent-tokens 7000 ${SUITE_ARGS:-})
 qwen=$work/qwen3-8b
 qwen_core=$work/qwen3-8b-core
 # The random Qwen3-8B geometry admits 128K positions: the core serves 65,536-token
 # prompts plus their answers (66,560 = 1,040 pages of 64 tokens).
-qwen_suite=(--lengths 512 4096 32768 65536 --agent-tokens 32768)
+# shellcheck disable=SC2206 # SUITE_ARGS is a list of options
+qwen_suite=(--lengths 512 4096 32768 65536 --agent-tokens 32768 ${SUITE_ARGS:-})
 # The 8B compiles layer by layer: one compilation per shape serves its 36 layers
 # (whole forwards outlast a call). A --compile-scope in PREPARE_ARGS, later, wins.
 case $stage in
