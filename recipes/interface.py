@@ -3,7 +3,8 @@
 Preparation, the exporter, the manifest writer and the replay harness never import a
 recipe by name: ``recipes.registry.recipe_for`` picks one by the checkpoint config's
 ``architectures`` (or, for configs that carry none, such as GGUF's, its
-``model_type``), and everything after reads it through ``Recipe``:
+``model_type``; a multimodal checkpoint whose text model a recipe serves is read as
+that text model's checkpoint), and everything after reads it through ``Recipe``:
 
 - ``validate_config`` refuses what the recipe's forwards do not implement, naming
   the field;
@@ -132,6 +133,12 @@ class Recipe(Protocol):
 
     @property
     def architectures(self) -> tuple[str, ...]: ...
+
+    @property
+    def multimodal_architectures(self) -> tuple[str, ...]:
+        """Multimodal checkpoints whose text model the recipe serves, read through
+        ``ignition.loading.text_model`` (their vision tower is not loaded)."""
+        ...
 
     @property
     def model_types(self) -> tuple[str, ...]: ...

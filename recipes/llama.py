@@ -440,6 +440,7 @@ class LlamaRecipe:
 
     name = NAME
     architectures = ARCHITECTURES
+    multimodal_architectures: tuple[str, ...] = ()
     model_types = MODEL_TYPES
     page_size = PAGE_SIZE
 

@@ -76,6 +76,8 @@ from recipes.interface import SamplingDefaults, StateLayout
 
 NAME = "qwen4_exp"
 ARCHITECTURES = ("Qwen4ExpForCausalLM",)
+# Qwen3.8 Flash as published: the text model beside a vision tower.
+MULTIMODAL_ARCHITECTURES = ("Qwen4ExpForConditionalGeneration",)
 MODEL_TYPES = ("qwen4_exp_text",)
 PAGE_SIZE = 64
 SELECTORS = "selectors"
@@ -818,6 +820,7 @@ class Qwen4ExpRecipe:
 
     name = NAME
     architectures = ARCHITECTURES
+    multimodal_architectures = MULTIMODAL_ARCHITECTURES
     model_types = MODEL_TYPES
     page_size = PAGE_SIZE
 

@@ -101,6 +101,27 @@ def write_tiny(
     return path
 
 
+def write_tiny_multimodal_hybrid(
+    path: Path, *, seed: int = 0, tie: bool = False
+) -> torch.nn.Module:
+    """A tiny ``Qwen4ExpForConditionalGeneration`` checkpoint, as Qwen3.8 Flash is
+    published: ``TINY_HYBRID``'s text model beside a small vision tower (tensors
+    ``model.language_model.*``, ``model.visual.*``, ``lm_head.*``). Returns the model."""
+    from transformers.models.qwen4_exp.configuration_qwen4_exp import Qwen4ExpConfig
+    from transformers.models.qwen4_exp.modeling_qwen4_exp import (
+        Qwen4ExpForConditionalGeneration,
+    )
+
+    torch.manual_seed(seed)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
+    config = Qwen4ExpConfig(text_config=TINY_HYBRID, vision_config=vision, tie_word_embeddings=tie)
+    model = Qwen4ExpForConditionalGeneration(config).eval()
+    perturb_zero_initialized(model)
+    model.save_pretrained(path)
+    _tokenizer().save_pretrained(path)
+    return model
+
+
 def perturb_zero_initialized(model: torch.nn.Module, scale: float = 0.2) -> None:
     """Transformers initializes ``qwen4_exp``'s RMSNorm gains (``1 + w``) and PLE
     convolution to zero, which would leave those weights' arithmetic untested: give

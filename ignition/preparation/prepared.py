@@ -39,7 +39,7 @@ from ignition.preparation.steps import (
     prefill_forward,
 )
 from recipes.interface import Recipe, SamplingDefaults, StateLayout, TextModel
-from recipes.registry import recipe_for
+from recipes.registry import served_checkpoint
 
 # Default prefix-checkpoint rows per concurrent request. A request captures at most
 # eight checkpoints (the design's budget cap); the pool keeps four times that per
@@ -231,9 +231,8 @@ class PreparationPlan:
 
 def plan(path: Path, options: PrepareOptions) -> PreparationPlan:
     """Validates the checkpoint at ``path`` against its recipe and plans the catalog."""
-    source = open_checkpoint(path)
+    source, recipe = served_checkpoint(open_checkpoint(path))
     config = source.config()
-    recipe = recipe_for(config)
     recipe.validate_config(config)
     page = recipe.page_size
     max_positions = int(config.max_position_embeddings)
