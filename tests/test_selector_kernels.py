@@ -164,3 +164,29 @@ def test_a_decode_token_attends_alike_at_every_capacity(device: str) -> None:
     assert torch.equal(one[0], four[0]) and torch.equal(four[0], four[4])
     want = selector.selected_attention_ref(q, kv, tables, 1, blocks, positions, RATIO, scale)
     assert _relative_l2(four, want) < 1e-2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_equal_scores_pick_the_earlier_blocks_at_any_table_width(device: str) -> None:
+    # Scores are sums of ReLUs, so blocks often score exactly 0 (-0.0 among them):
+    # the top 3 of one strong block and ties are it and the two earliest tied blocks
+    # (then the open group's block, 12), whether the table reaches 16 blocks or 64
+    # (torch.topk alone answers each width differently), on every row alike.
+    geometry = selector.SelectorGeometry(RATIO, 3 * RATIO, PAGE)
+    positions = torch.full((3,), 12 * RATIO, device=device)  # 12 complete blocks
+    valid = torch.ones(3, dtype=torch.bool, device=device)
+    picks = []
+    for width in (16, 64):
+        scores = torch.zeros(3, width, device=device)
+        scores[:, 0] = -0.0
+        scores[:, 7] = 1.5
+        scores[:, 12:] = float("-inf")
+        picks.append(selector.select_blocks(scores, positions, valid, geometry))
+    want = torch.tensor([[7, 0, 1, 12]] * 3, dtype=torch.int32, device=device)
+    assert torch.equal(picks[0], want) and torch.equal(picks[1], want)
+    # Fewer complete blocks than the budget: the -inf ones are never picked.
+    few = torch.full((1, 16), float("-inf"), device=device)
+    few[0, :2] = 0.0
+    one = torch.tensor([9], device=device)
+    got = selector.select_blocks(few, one, valid[:1], geometry)
+    assert got.tolist() == [[0, 1, -1, 2]]

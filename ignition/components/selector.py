@@ -21,9 +21,10 @@ Everything is batched over rows that each carry a request's tokens ``[rows,
 tokens]``, their first position and valid count: a prefill chunk is one row of
 ``tokens`` = capacity, decode is one token per row. Shapes are fixed; invalid blocks
 and tokens are masked, never branched on. Selection is a fixed-k top-k with -inf
-for incomplete blocks; a -inf pick is not selected. A token's selection is a list of
-blocks (``select_blocks``: the top blocks, then its open group's block), which
-attention reads (``selected_attention``).
+for incomplete blocks; a -inf pick is not selected, and equal scores pick the earlier
+block (Transformers' indexer leaves that choice to its top-k's algorithm). A token's
+selection is a list of blocks (``select_blocks``: the top blocks, then its open
+group's block), which attention reads (``selected_attention``).
 
 Scoring and attention are custom operators, one implementation per device fixed at
 preparation: the torch references here on the CPU (gathers of the whole context,
@@ -155,16 +156,35 @@ def block_scores_ref(
     return torch.where(keep, scores, float("-inf")).contiguous()
 
 
+_LAST_INDEX = (1 << 31) - 1
+
+
+def _ranked(scores: torch.Tensor) -> torch.Tensor:
+    """int64 keys ``[tokens, blocks]`` that order blocks as selection ranks them: by
+    score, and equal scores by the earlier block (a stable descending sort's order);
+    -1 where the score is -inf. Scores are sums of ReLUs, so many blocks can score
+    exactly 0: ``torch.topk`` breaks such ties by its algorithm, which changes with the
+    row's length and the device (the table's width would then change a selection), and
+    Transformers' own choice among them is its CPU top-k's. A non-negative float's bits
+    order as the float (``abs`` makes -0.0 the +0.0 it equals; NaN ranks first, as
+    ``torch.topk`` ranks it)."""
+    bits = scores.abs().view(torch.int32).to(torch.int64)
+    index = torch.arange(scores.shape[-1], device=scores.device)
+    keys = (bits << 32) | (_LAST_INDEX - index)
+    return torch.where(scores != float("-inf"), keys, -1)
+
+
 def select_blocks(
     scores: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, geometry: SelectorGeometry
 ) -> torch.Tensor:
     """int32 ``[tokens, top_blocks + 1]``: the top ``budget / ratio`` complete blocks of
-    each token (-1 where fewer are complete), then its open group's block when the
-    group has tokens (the tail, up to and including the token), else -1."""
+    each token (-1 where fewer are complete; equal scores pick the earlier block), then
+    its open group's block when the group has tokens (the tail, up to and including
+    the token), else -1."""
     r = geometry.ratio
     k = min(geometry.top_blocks, scores.shape[-1])
-    top = scores.topk(k, dim=-1)
-    picked = torch.where(top.values > float("-inf"), top.indices, -1)
+    top = _ranked(scores).topk(k, dim=-1).values
+    picked = torch.where(top >= 0, _LAST_INDEX - (top & _LAST_INDEX), -1)
     complete = torch.div(positions + 1, r, rounding_mode="floor")
     open_group = ((positions + 1) % r != 0) & valid
     tail = torch.where(open_group, complete, -1)
