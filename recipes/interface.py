@@ -12,9 +12,10 @@ that text model's checkpoint), and everything after reads it through ``Recipe``:
   page geometry, the saved hidden vector, the vocabulary), from which preparation
   sizes request state, pages and snapshot rows;
 - ``page_size`` is the KV page (and the catalog's granularity);
-- ``build`` composes the canonical Transformers model with the recipe's replaced
-  modules over execution-layout storage (the pages, whose tensors preparation
-  allocates after the weights, and the continuation rows), and declares where each checkpoint tensor
+- ``build`` composes the canonical Transformers model (on one rank of a
+  tensor-parallel group, its shard) with the recipe's replaced modules over
+  execution-layout storage (the pages, whose tensors preparation allocates after the
+  weights, and the continuation rows), and declares where each checkpoint tensor
   goes (``TextModel.mapping``, GGUF names already translated by the loader);
 - ``sampling_defaults`` are the model card's defaults of a verified checkpoint,
   recognized by content, and the recipe's ranges.
@@ -31,6 +32,7 @@ from transformers import PretrainedConfig
 from ignition.components.continuation import ContinuationRows, RowField
 from ignition.components.kv_cache import AttentionStep, PagedField, PagedKvCache
 from ignition.loading.mapping import WeightMapping
+from ignition.parallel.shard import ONE_RANK, TensorParallel
 from ignition.preparation.compile_flags import DecodeFusion
 
 
@@ -148,8 +150,11 @@ class Recipe(Protocol):
 
     def validate_config(self, config: PretrainedConfig) -> None: ...
 
-    def layout(self, config: PretrainedConfig, dtype: torch.dtype) -> StateLayout:
-        """The storage of ``config`` at the execution ``dtype``."""
+    def layout(
+        self, config: PretrainedConfig, dtype: torch.dtype, parallel: TensorParallel = ONE_RANK
+    ) -> StateLayout:
+        """The storage of ``config`` at the execution ``dtype``, on one rank of
+        ``parallel`` (its KV heads)."""
         ...
 
     def build(
@@ -161,6 +166,10 @@ class Recipe(Protocol):
         device: torch.device,
         positions: int,
         decode_fusion: DecodeFusion,
-    ) -> TextModel: ...
+        parallel: TensorParallel = ONE_RANK,
+    ) -> TextModel:
+        """The model's shard on one rank of ``parallel``; a recipe not sharded for
+        tensor parallelism refuses a group of more than one."""
+        ...
 
     def sampling_defaults(self, fingerprint: str) -> SamplingDefaults: ...

@@ -24,6 +24,14 @@ a fused decode path:
 The text-model forward is replaced by ``forward_tokens`` over packed tokens and
 device positions (no Transformers cache object, no host-side masks).
 
+Tensor parallel (``ignition.parallel``): rank r of n holds heads and KV heads
+``[r, r + 1) * heads / n`` (q, k and v rows; the o projection's columns), the same
+share of the MLP's intermediate rows (gate and up rows; the down projection's
+columns) and of the vocabulary head's rows; embeddings and norms are replicated.
+The o and down projections' partial sums are all-reduced, their bias and the
+residual added by rank 0 alone, and the vocabulary shards' logits gathered. A group
+of one runs the arithmetic of a model without tensor parallelism.
+
 Operators on SM90, chosen by measurement in the GPU check and fixed here:
 - GEMMs: cuBLAS through torch for prefill chunks; for decode-sized row counts
   (at most 16) Flare's fixed-tile Triton projection, so that a request's logits
@@ -50,7 +58,7 @@ Operators on SM90, chosen by measurement in the GPU check and fixed here:
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -65,8 +73,9 @@ from ignition.components.kv_cache import (
     rope_write_kv,
 )
 from ignition.components.linear import ROWS_TILE, RmsNorm, gated_project, project
-from ignition.loading.mapping import WeightMapping
+from ignition.loading.mapping import Shard, WeightMapping
 from ignition.loading.source import CheckpointError
+from ignition.parallel.shard import ONE_RANK, TensorParallel
 from ignition.preparation.compile_flags import DecodeFusion
 from recipes.composition import check_placed, place_rotary, set_parameter
 from recipes.interface import SamplingDefaults, StateLayout
@@ -110,6 +119,16 @@ class Geometry:
     kv_heads: int
     head_dim: int
     intermediate: int
+
+    def local(self, parallel: TensorParallel) -> Geometry:
+        """What one rank of ``parallel`` holds: its heads, KV heads and intermediate
+        rows (the vocabulary stays whole: the logits are gathered)."""
+        return replace(
+            self,
+            heads=parallel.part(self.heads, "attention heads"),
+            kv_heads=parallel.part(self.kv_heads, "KV heads"),
+            intermediate=parallel.part(self.intermediate, "intermediate_size"),
+        )
 
     @staticmethod
     def from_config(config: PretrainedConfig) -> Geometry:
@@ -162,7 +181,9 @@ class PagedAttention(nn.Module):
         qkv: torch.Tensor,
         qkv_bias: torch.Tensor | None,
         geometry: Geometry,
+        parallel: TensorParallel = ONE_RANK,
     ) -> None:
+        """``geometry``: this rank's (``Geometry.local``)."""
         super().__init__()
         self.register_buffer("qkv", qkv, persistent=False)
         self.register_buffer("qkv_bias", qkv_bias, persistent=False)
@@ -179,6 +200,7 @@ class PagedAttention(nn.Module):
             self.norm_eps = float(self.q_norm.variance_epsilon)
         self.scaling = float(canonical.scaling)
         self.geometry = geometry
+        self.parallel = parallel
 
     def forward(
         self,
@@ -193,7 +215,19 @@ class PagedAttention(nn.Module):
         on its own tensors, so one compiled layer serves them all."""
         x = hidden_states[0]
         out = self.attend(project(x, self.qkv, self.qkv_bias), position_embeddings, step, kv)
-        return project(out, self.o_proj.weight, self.o_proj.bias).unsqueeze(0), None
+        return self.output(out).unsqueeze(0), None
+
+    def output(self, out: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``residual + o(out)`` (residual optional) summed over the ranks: each
+        rank's o projection of its heads, the residual added by rank 0."""
+        parallel = self.parallel
+        partial = project(
+            out,
+            self.o_proj.weight,
+            self.o_proj.bias,
+            residual=residual if parallel.leads else None,
+        )
+        return parallel.collectives.all_reduce(partial)
 
     def attend(
         self,
@@ -236,11 +270,18 @@ class PackedMLP(nn.Module):
     stalled its K loop: 46 us against 3 us per SmolLM2 layer, 359 us against about
     35 us per Qwen3-8B layer, on the H200 (``bench/results/issue5/2026-11-30c-two-gpus/``)."""
 
-    def __init__(self, gate_up: torch.Tensor, down_proj: nn.Module, act_fn: nn.Module) -> None:
+    def __init__(
+        self,
+        gate_up: torch.Tensor,
+        down_proj: nn.Module,
+        act_fn: nn.Module,
+        parallel: TensorParallel = ONE_RANK,
+    ) -> None:
         super().__init__()
         self.register_buffer("gate_up", gate_up, persistent=False)
         self.down_proj = down_proj
         self.act_fn = act_fn
+        self.parallel = parallel
 
     def forward(
         self,
@@ -249,10 +290,13 @@ class PackedMLP(nn.Module):
         residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``residual + mlp(norm(x))``, norm and residual optional (fused into the
-        kernels for decode rows)."""
-        down = self.down_proj
+        kernels for decode rows), summed over the ranks: each rank's down projection
+        of its intermediate rows, the residual added by rank 0."""
+        down, parallel = self.down_proj, self.parallel
         act = gated_project(x, self.gate_up, self.act_fn, norm)
-        return project(act, down.weight, down.bias, residual=residual)
+        residual = residual if parallel.leads else None
+        partial = project(act, down.weight, down.bias, residual=residual)
+        return parallel.collectives.all_reduce(partial)
 
 
 def rms_norm(module: nn.Module) -> RmsNorm:
@@ -298,7 +342,7 @@ class DecodeFusedLayer(nn.Module):
         operand, norm = self._normalized(self.input_layernorm, x)
         qkv = project(operand, attn.qkv, attn.qkv_bias, norm=norm)
         out = attn.attend(qkv, position_embeddings, step, kv)
-        h = project(out, attn.o_proj.weight, attn.o_proj.bias, residual=x)
+        h = attn.output(out, residual=x)
         operand, norm = self._normalized(self.post_attention_layernorm, h)
         return self.mlp(operand, norm, residual=h).unsqueeze(0)
 
@@ -340,13 +384,33 @@ class LlamaModel:
         device: torch.device,
         positions: int | None = None,
         decode_fusion: DecodeFusion = "none",
+        parallel: TensorParallel = ONE_RANK,
     ) -> None:
         """``positions``: the rotary table's length (the context limit; by default
         ``max_position_embeddings``); ``decode_fusion``: what decode layers fuse into
-        their projections (``fuse_decode``)."""
+        their projections (``fuse_decode``); ``parallel``: the rank whose shard this
+        model is (the module docs)."""
         validate_config(config)
         self.config = config
-        self.geometry = g = Geometry.from_config(config)
+        whole = Geometry.from_config(config)
+        self.geometry = g = whole.local(parallel)
+        self.parallel = parallel
+        # Where this rank's shards lie in the checkpoint's tensors (none for one rank).
+        heads = parallel.span(whole.heads, "attention heads", unit=g.head_dim)
+        kv_heads = parallel.span(whole.kv_heads, "KV heads", unit=g.head_dim)
+        rows = {
+            "q_proj": heads,
+            "k_proj": kv_heads,
+            "v_proj": kv_heads,
+            "gate_proj": parallel.span(whole.intermediate, "intermediate_size"),
+        }
+        rows["up_proj"] = rows["gate_proj"]
+        vocab = parallel.span(whole.vocab, "vocab_size")
+        columns = {"self_attn.o_proj.weight": heads, "mlp.down_proj.weight": rows["gate_proj"]}
+
+        def shard(span: Shard, dim: int = 0) -> Shard | None:
+            return replace(span, dim=dim) if parallel.sharded else None
+
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
         model.eval()
@@ -369,11 +433,12 @@ class LlamaModel:
                 ("k_proj", q_rows, q_rows + kv_rows),
                 ("v_proj", q_rows + kv_rows, q_rows + 2 * kv_rows),
             ):
-                self.mapping.place(f"{prefix}self_attn.{proj}.weight", qkv[lo:hi])
-                packed.add(f"{prefix}self_attn.{proj}.weight")
+                name = f"{prefix}self_attn.{proj}"
+                self.mapping.place(f"{name}.weight", qkv[lo:hi], shard(rows[proj]))
+                packed.add(f"{name}.weight")
                 if bias is not None:
-                    self.mapping.place(f"{prefix}self_attn.{proj}.bias", bias[lo:hi])
-                    packed.add(f"{prefix}self_attn.{proj}.bias")
+                    self.mapping.place(f"{name}.bias", bias[lo:hi], shard(rows[proj]))
+                    packed.add(f"{name}.bias")
             self.weights[f"{prefix}self_attn.qkv"] = qkv
             if bias is not None:
                 self.weights[f"{prefix}self_attn.qkv_bias"] = bias
@@ -383,20 +448,37 @@ class LlamaModel:
                 ("gate_proj", 0, g.intermediate),
                 ("up_proj", g.intermediate, 2 * g.intermediate),
             ):
-                self.mapping.place(f"{prefix}mlp.{proj}.weight", gate_up[lo:hi])
-                packed.add(f"{prefix}mlp.{proj}.weight")
-            layer.self_attn = PagedAttention(attn, qkv, bias, g)
-            layer.mlp = PackedMLP(gate_up, layer.mlp.down_proj, layer.mlp.act_fn)
+                name = f"{prefix}mlp.{proj}"
+                self.mapping.place(f"{name}.weight", gate_up[lo:hi], shard(rows[proj]))
+                packed.add(f"{name}.weight")
+            layer.self_attn = PagedAttention(attn, qkv, bias, g, parallel)
+            layer.mlp = PackedMLP(gate_up, layer.mlp.down_proj, layer.mlp.act_fn, parallel)
             fuse_decode(layer, decode_fusion)
+            if attn.o_proj.bias is not None and not parallel.leads:
+                # A row-parallel projection's bias is added once, by rank 0.
+                attn.o_proj.bias = None
+                self.mapping.ignore(f"{prefix}self_attn.o_proj.bias", "added by rank 0")
         for name, param in list(model.named_parameters()):
             if name in packed:
                 continue
-            real = torch.empty(param.shape, dtype=dtype, device=device)
+            in_layer = name.split(".", 3)[3] if name.startswith("model.layers.") else None
+            split = None
+            if (span := columns.get(in_layer or "")) is not None:
+                split = shard(span, dim=1)
+            elif name == "lm_head.weight":
+                split = shard(vocab)
+            shape = param.shape if split is None else split.shape(tuple(param.shape))
+            real = torch.empty(shape, dtype=dtype, device=device)
             set_parameter(model, name, real)
-            self.mapping.place(name, real)
+            self.mapping.place(name, real, split)
             self.weights[name] = real
         if config.tie_word_embeddings:
-            model.lm_head.weight = model.model.embed_tokens.weight
+            embeddings = model.model.embed_tokens.weight
+            if parallel.sharded:
+                # This rank's vocabulary rows of the embeddings (replicated whole).
+                set_parameter(model, "lm_head.weight", vocab.of(embeddings.data))
+            else:
+                model.lm_head.weight = embeddings
             self.mapping.ignore(
                 "lm_head.weight", "tied to model.embed_tokens.weight (tie_word_embeddings)"
             )
@@ -431,8 +513,11 @@ class LlamaModel:
         self.model.model.norm.compile(**options)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 vocabulary logits of final hidden vectors."""
-        return project(hidden, self.model.lm_head.weight, self.model.lm_head.bias).float()
+        """Float32 vocabulary logits of final hidden vectors (each rank projects its
+        vocabulary rows; the shards are gathered in rank order)."""
+        head = self.model.lm_head
+        logits = project(hidden, head.weight, head.bias).float()
+        return self.parallel.collectives.all_gather_last(logits)
 
 
 class LlamaRecipe:
@@ -447,8 +532,10 @@ class LlamaRecipe:
     def validate_config(self, config: PretrainedConfig) -> None:
         validate_config(config)
 
-    def layout(self, config: PretrainedConfig, dtype: torch.dtype) -> StateLayout:
-        g = Geometry.from_config(config)
+    def layout(
+        self, config: PretrainedConfig, dtype: torch.dtype, parallel: TensorParallel = ONE_RANK
+    ) -> StateLayout:
+        g = Geometry.from_config(config).local(parallel)
         return StateLayout(
             vocab=g.vocab,
             hidden=g.hidden,
@@ -466,8 +553,9 @@ class LlamaRecipe:
         device: torch.device,
         positions: int,
         decode_fusion: DecodeFusion,
+        parallel: TensorParallel = ONE_RANK,
     ) -> LlamaModel:
-        return LlamaModel(config, cache, dtype, device, positions, decode_fusion)
+        return LlamaModel(config, cache, dtype, device, positions, decode_fusion, parallel)
 
     def sampling_defaults(self, fingerprint: str) -> SamplingDefaults:
         return sampling_defaults(fingerprint)

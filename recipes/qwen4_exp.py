@@ -70,6 +70,7 @@ from ignition.components.kv_cache import AttentionStep, PagedField, PagedKvCache
 from ignition.components.rotary import RotaryTable
 from ignition.loading.mapping import WeightMapping
 from ignition.loading.source import CheckpointError
+from ignition.parallel.shard import ONE_RANK, TensorParallel
 from ignition.preparation.compile_flags import DecodeFusion
 from recipes.composition import check_placed, place_rotary, set_parameter
 from recipes.interface import SamplingDefaults, StateLayout
@@ -815,6 +816,13 @@ class HybridModel:
             layer.compile(**options)
 
 
+def _one_rank(parallel: TensorParallel) -> None:
+    if parallel.sharded:
+        raise CheckpointError(
+            f"the {NAME} recipe is not sharded for tensor parallelism yet: prepare it on one rank"
+        )
+
+
 class Qwen4ExpRecipe:
     """The ``recipes.interface.Recipe`` of the hybrid ``qwen4_exp`` text model."""
 
@@ -827,7 +835,10 @@ class Qwen4ExpRecipe:
     def validate_config(self, config: PretrainedConfig) -> None:
         validate_config(config)
 
-    def layout(self, config: PretrainedConfig, dtype: torch.dtype) -> StateLayout:
+    def layout(
+        self, config: PretrainedConfig, dtype: torch.dtype, parallel: TensorParallel = ONE_RANK
+    ) -> StateLayout:
+        _one_rank(parallel)
         g = HybridGeometry.from_config(config)
         eos = config.eos_token_id
         eos = eos[0] if isinstance(eos, list) else eos
@@ -854,9 +865,11 @@ class Qwen4ExpRecipe:
         device: torch.device,
         positions: int,
         decode_fusion: DecodeFusion,
+        parallel: TensorParallel = ONE_RANK,
     ) -> HybridModel:
         """``decode_fusion`` does not apply: the decoder layer's residuals are
         hyperconnection injections, with no projection epilogue to fuse them into."""
+        _one_rank(parallel)
         return HybridModel(config, cache, rows, dtype, device, positions)
 
     def sampling_defaults(self, fingerprint: str) -> SamplingDefaults:

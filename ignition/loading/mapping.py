@@ -3,8 +3,10 @@
 A recipe declares, for each canonical checkpoint tensor name, the destination view
 it is copied into (often a slice of a packed projection). Loading streams tensors
 one at a time through that table, so the only intermediate is the tensor in flight.
-A checkpoint tensor the table does not place, or a placed tensor the checkpoint
-lacks, fails loading with its name.
+A tensor-parallel rank places its shard of a tensor: a range along one dimension
+(``place(name, target, shard=Shard(dim, start, stop))``). A checkpoint tensor the
+table does not place, or a placed tensor the checkpoint lacks, fails loading with its
+name.
 """
 
 from __future__ import annotations
@@ -17,17 +19,40 @@ import torch
 from ignition.loading.source import CheckpointError, CheckpointSource
 
 
+@dataclass(frozen=True)
+class Shard:
+    """The range ``[start, stop)`` of a checkpoint tensor's dimension ``dim``."""
+
+    dim: int
+    start: int
+    stop: int
+
+    def of(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.narrow(self.dim, self.start, self.stop - self.start)
+
+    def shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        if not 0 <= self.start < self.stop <= shape[self.dim]:
+            raise CheckpointError(
+                f"shard [{self.start}, {self.stop}) of dimension {self.dim} is outside {shape}"
+            )
+        return (*shape[: self.dim], self.stop - self.start, *shape[self.dim + 1 :])
+
+
 @dataclass
 class WeightMapping:
-    """Destination views by canonical tensor name, and names deliberately not loaded."""
+    """Destination views by canonical tensor name (each the whole tensor or its
+    ``shards`` entry), and names deliberately not loaded."""
 
     placements: dict[str, torch.Tensor] = field(default_factory=dict)
     ignored: dict[str, str] = field(default_factory=dict)
+    shards: dict[str, Shard] = field(default_factory=dict)
 
-    def place(self, name: str, target: torch.Tensor) -> None:
+    def place(self, name: str, target: torch.Tensor, shard: Shard | None = None) -> None:
         if name in self.placements:
             raise CheckpointError(f"recipe mapping places {name} twice")
         self.placements[name] = target
+        if shard is not None:
+            self.shards[name] = shard
 
     def ignore(self, name: str, reason: str) -> None:
         self.ignored[name] = reason
@@ -57,6 +82,8 @@ def check_coverage(source: CheckpointSource, mapping: WeightMapping) -> None:
         )
     for name, target in mapping.placements.items():
         shape = stored[name].shape
+        if (shard := mapping.shards.get(name)) is not None:
+            shape = shard.shape(shape)
         if tuple(target.shape) != shape:
             raise CheckpointError(
                 f"tensor {name}: checkpoint shape {list(shape)}, "
@@ -75,6 +102,8 @@ def load_weights(
     with torch.no_grad():
         for name, target in mapping.placements.items():
             tensor = source.load(name)
+            if (shard := mapping.shards.get(name)) is not None:
+                tensor = shard.of(tensor)
             target.copy_(tensor)
             loaded += tensor.numel() * tensor.element_size()
             del tensor

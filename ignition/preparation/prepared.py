@@ -26,6 +26,7 @@ from ignition.components.token_state import MAX_STOP_TOKENS, RequestState, Stagi
 from ignition.loading.mapping import load_weights
 from ignition.loading.open import open_checkpoint
 from ignition.loading.source import CheckpointError, CheckpointSource
+from ignition.parallel.shard import ONE_RANK, TensorParallel
 from ignition.preparation.catalog import Catalog, GraphKey
 from ignition.preparation.compile_flags import DEFAULT_DECODE_FUSION, CompileScope, DecodeFusion
 from ignition.preparation.memory import GIB, MemoryReport, plan_kv_pages
@@ -82,6 +83,10 @@ class PrepareOptions:
     keep_graphs: bool = False
     device: str = "cuda"
     dtype: torch.dtype = torch.bfloat16
+    # This process's rank of a tensor-parallel group (ignition.parallel): the model is
+    # its shard. A group of more than one prepares eagerly (compile and capture off):
+    # its collectives are torch.distributed's, which an exported graph cannot hold.
+    parallel: TensorParallel = ONE_RANK
 
 
 def snapshot_rows(options: PrepareOptions, row_bytes: int = 0) -> int:
@@ -231,6 +236,11 @@ class PreparationPlan:
 
 def plan(path: Path, options: PrepareOptions) -> PreparationPlan:
     """Validates the checkpoint at ``path`` against its recipe and plans the catalog."""
+    if options.parallel.sharded and (options.compile or options.capture):
+        raise CheckpointError(
+            "a tensor-parallel rank prepares with compile and capture off: export-safe "
+            "collectives are not built yet"
+        )
     source, recipe = served_checkpoint(open_checkpoint(path))
     config = source.config()
     recipe.validate_config(config)
@@ -249,7 +259,7 @@ def plan(path: Path, options: PrepareOptions) -> PreparationPlan:
         source=source,
         config=config,
         recipe=recipe,
-        layout=recipe.layout(config, options.dtype),
+        layout=recipe.layout(config, options.dtype, options.parallel),
         context_limit=context_limit,
         catalog=catalog,
         tokenizer=tokenizer,
@@ -285,6 +295,7 @@ def allocate(plan: PreparationPlan, options: PrepareOptions, placement: Placemen
             device,
             plan.context_limit,
             options.decode_fusion,
+            options.parallel,
         )
         with phase("loading weights", len(model.mapping.placements)) as advance:
             load_weights(plan.source, model.mapping, advance)

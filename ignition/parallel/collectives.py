@@ -1,0 +1,67 @@
+"""What a rank's model calls to combine its shard's results with the other ranks'.
+
+``all_reduce`` sums a row-parallel projection's partial results (every rank gets the
+sum); ``all_gather_last`` concatenates each rank's slice of the last dimension in
+rank order (the vocabulary shards' logits). ``SingleRank`` is the identity: a model
+of one rank runs exactly the arithmetic it ran before tensor parallelism existed.
+``GroupCollectives`` calls ``torch.distributed`` on the process group this process
+joined (Gloo on the CPU): the Python reference of a group's arithmetic. It is not
+capturable into an exported graph; export-safe collectives over buffers inside the
+rank windows are not built yet.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+
+class Collectives(Protocol):
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum of every rank's ``x``."""
+        ...
+
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``x`` concatenated along the last dimension, in rank order."""
+        ...
+
+
+class SingleRank:
+    """The collectives of a group of one: each returns its input."""
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+class GroupCollectives:
+    """``torch.distributed``'s collectives over the default process group."""
+
+    def __init__(self, world: int) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "tensor-parallel preparation needs one process per rank in a process group "
+                "(ignition.parallel.launch.spawn_ranks starts them)"
+            )
+        if dist.get_world_size() != world:
+            raise RuntimeError(
+                f"the process group has {dist.get_world_size()} ranks; the shard names {world}"
+            )
+        self._dist = dist
+        self.world = world
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        total = x.clone()
+        self._dist.all_reduce(total)
+        return total
+
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(self.world)]
+        self._dist.all_gather(parts, x)
+        return torch.cat(parts, dim=-1)

@@ -1,0 +1,111 @@
+"""Tensor-parallel preparation of the dense recipe on the CPU (``ignition.parallel``):
+each rank's shards of the checkpoint, one process per rank over Gloo, and the group's
+teacher-forced logits against one rank's (``ignition.parallel.logits_check``)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from checkpoints import TINY_HYBRID, write_tiny
+from transformers.models.qwen4_exp.configuration_qwen4_exp import Qwen4ExpTextConfig
+
+from ignition.components.kv_cache import PagedKvCache
+from ignition.loading.mapping import Shard
+from ignition.loading.open import open_checkpoint
+from ignition.loading.source import CheckpointError
+from ignition.parallel import logits_check
+from ignition.parallel.launch import spawn_ranks
+from ignition.parallel.shard import TensorParallel
+from ignition.preparation.prepared import PrepareOptions, prepare
+from recipes import llama, qwen4_exp
+
+OPTIONS = PrepareOptions(
+    max_concurrency=1,
+    prefill_chunk_size=128,
+    context_limit=192,
+    snapshot_rows=1,
+    compile=False,
+    capture=False,
+    device="cpu",
+    dtype=torch.float32,
+)
+
+
+def _run(path: Path) -> logits_check.Run:
+    tokens = torch.randint(3, 512, (96,), generator=torch.Generator().manual_seed(4)).tolist()
+    return logits_check.Run(path, OPTIONS, tokens, prefill=64, chunk=32)
+
+
+@pytest.mark.parametrize(("family", "tie"), [("qwen3", False), ("llama", True)])
+def test_two_ranks_answer_as_one(tmp_path: Path, family: str, tie: bool) -> None:
+    # Two prefill chunks, then decode steps: chunks run the canonical layers, decode
+    # rows the fused residual path (the residual added by rank 0 alone). Float32:
+    # only the order of additions differs (bfloat16 runs on the GPU: Triton's
+    # interpreter, which runs the kernels here, does not compute bfloat16 kernels
+    # faithfully).
+    path = write_tiny(tmp_path / family, family, tie=tie)
+    report = logits_check.check(_run(path), world=2)
+    assert report["passed"], str(report)
+    assert report["ranks_identical"] is True
+    assert report["positions"] == 33
+    assert float(report["relative_l2"]) < 1e-5, str(report)  # type: ignore[arg-type]
+
+
+def test_a_rank_holds_its_shards(tmp_path: Path) -> None:
+    config = open_checkpoint(write_tiny(tmp_path / "qwen3", "qwen3")).config()
+    meta = torch.device("meta")
+    cache = PagedKvCache(torch.empty(0))
+    model = llama.LlamaModel(config, cache, torch.float32, meta, parallel=TensorParallel(1, 2))
+    # 4 heads and 2 KV heads of 16, intermediate 128, vocabulary 512, hidden 64.
+    shards = model.mapping.shards
+    layer = "model.layers.0."
+    assert shards[f"{layer}self_attn.q_proj.weight"] == Shard(0, 32, 64)
+    assert shards[f"{layer}self_attn.k_proj.weight"] == Shard(0, 16, 32)
+    assert shards[f"{layer}self_attn.v_proj.weight"] == Shard(0, 16, 32)
+    assert shards[f"{layer}self_attn.o_proj.weight"] == Shard(1, 32, 64)
+    assert shards[f"{layer}mlp.gate_proj.weight"] == Shard(0, 64, 128)
+    assert shards[f"{layer}mlp.up_proj.weight"] == Shard(0, 64, 128)
+    assert shards[f"{layer}mlp.down_proj.weight"] == Shard(1, 64, 128)
+    assert shards["lm_head.weight"] == Shard(0, 256, 512)
+    # Embeddings and norms are whole on every rank.
+    assert "model.embed_tokens.weight" not in shards
+    assert f"{layer}input_layernorm.weight" not in shards
+    assert model.weights[f"{layer}self_attn.qkv"].shape == (64, 64)
+    assert model.weights[f"{layer}mlp.gate_up"].shape == (128, 64)
+    assert model.weights[f"{layer}self_attn.o_proj.weight"].shape == (64, 32)
+    layout = llama.RECIPE.layout(config, torch.float32, TensorParallel(1, 2))
+    assert layout.kv_heads == 1 and layout.vocab == 512
+    # One rank: no shards, the model as before tensor parallelism.
+    whole = llama.LlamaModel(config, cache, torch.float32, meta)
+    assert whole.mapping.shards == {}
+    assert set(whole.mapping.placements) == set(model.mapping.placements)
+
+
+def test_what_does_not_divide_or_shard_is_refused(tmp_path: Path) -> None:
+    path = write_tiny(tmp_path / "qwen3", "qwen3")
+    config = open_checkpoint(path).config()
+    with pytest.raises(CheckpointError, match=r"KV heads \(2\) do not divide among 4"):
+        llama.RECIPE.layout(config, torch.float32, TensorParallel(0, 4))
+    # A rank prepares eagerly: torch.distributed's collectives cannot be captured.
+    with pytest.raises(CheckpointError, match="compile and capture off"):
+        prepare(path, replace(OPTIONS, compile=True, parallel=TensorParallel(0, 2)))
+    hybrid = Qwen4ExpTextConfig(**TINY_HYBRID)
+    with pytest.raises(CheckpointError, match="not sharded for tensor parallelism"):
+        qwen4_exp.RECIPE.layout(hybrid, torch.float32, TensorParallel(0, 2))
+
+
+def _rank_one_fails(parallel: TensorParallel) -> None:
+    if parallel.rank == 1:
+        raise ValueError("rank one fails")
+    time.sleep(120)  # rank 0 would run on: the launch stops it
+
+
+def test_a_failing_rank_fails_the_launch_and_stops_the_others() -> None:
+    started = time.monotonic()
+    with pytest.raises(Exception, match="rank one fails"):
+        spawn_ranks(2, _rank_one_fails)
+    assert time.monotonic() - started < 60
