@@ -5,9 +5,10 @@ sum); ``all_gather_last`` concatenates each rank's slice of the last dimension i
 rank order (the vocabulary shards' logits). ``SingleRank`` is the identity: a model
 of one rank runs exactly the arithmetic it ran before tensor parallelism existed.
 ``GroupCollectives`` calls ``torch.distributed`` on the process group this process
-joined (Gloo on the CPU): the Python reference of a group's arithmetic. It is not
-capturable into an exported graph; export-safe collectives over buffers inside the
-rank windows are not built yet.
+joined (Gloo, through host copies of device tensors, so ranks may share one GPU):
+the Python reference of a group's arithmetic. It is not capturable into an exported
+graph; export-safe collectives over buffers inside the rank windows are not built
+yet.
 """
 
 from __future__ import annotations
@@ -56,12 +57,12 @@ class GroupCollectives:
         self.world = world
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        total = x.clone()
+        total = x.detach().to("cpu", copy=True)
         self._dist.all_reduce(total)
-        return total
+        return total.to(x.device)
 
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.contiguous()
-        parts = [torch.empty_like(x) for _ in range(self.world)]
-        self._dist.all_gather(parts, x)
-        return torch.cat(parts, dim=-1)
+        local = x.detach().to("cpu").contiguous()
+        parts = [torch.empty_like(local) for _ in range(self.world)]
+        self._dist.all_gather(parts, local)
+        return torch.cat(parts, dim=-1).to(x.device)

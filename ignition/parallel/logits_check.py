@@ -55,7 +55,7 @@ class Run:
 
 def _logits(run: Run, parallel: TensorParallel) -> torch.Tensor:
     options = replace(run.options, parallel=parallel)
-    if options.device == "cuda":
+    if options.device == "cuda" and torch.cuda.device_count() >= parallel.world:
         options = replace(options, device=f"cuda:{parallel.rank}")
     prepared = prepare(run.checkpoint, options)
     return teacher_forced_logits(prepared, run.tokens, run.prefill, run.chunk)
@@ -98,7 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("checkpoint", type=Path)
     parser.add_argument("--world", type=int, default=2, help="ranks (default 2)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    parser.add_argument("--device", default="cpu", help="cpu, or cuda (rank r on cuda:r)")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu, or cuda: rank r on cuda:r where there are enough GPUs, else every rank "
+        "on the current one",
+    )
     parser.add_argument("--tokens", type=int, default=96, help="sequence length (default 96)")
     parser.add_argument(
         "--prefill", type=int, default=64, help="tokens read by prefill chunks (default 64)"
@@ -110,10 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     vocab = int(source.config().vocab_size)
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(3, vocab, (args.tokens,), generator=generator).tolist()
+    context = -(-(args.tokens + 64) // 64) * 64
     options = PrepareOptions(
         max_concurrency=1,
         prefill_chunk_size=max(128, args.chunk),
-        context_limit=-(-(args.tokens + 64) // 64) * 64,
+        context_limit=context,
+        # The sequence's pages and the null page, not what free memory allows: ranks
+        # may share one GPU.
+        kv_pages=context // 64 + 1,
         snapshot_rows=1,
         compile=False,
         capture=False,
