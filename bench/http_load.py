@@ -38,14 +38,13 @@ MALFORMED = 0.10
 DEADLINE_S = 240.0
 READ_TIMEOUT_S = 120.0
 MAX_THREADS = 64
-# /health at the peak: its 99th percentile under 50 ms, and no probe past a second (a
-# liveness probe's default timeout). One probe of several hundred is a single sample
-# of the machine's scheduling: on two shared cores the worst of a run ranged from 5
-# to 49 ms, and reached 235 ms once in CI, while the 99th percentile stayed under
-# 15 ms.
+# /health at the peak: its 99th percentile (nearest rank: the worst probe of 100 or
+# fewer) under 50 ms, and no probe past a second (a liveness probe's default
+# timeout). One probe of several hundred is a single sample of the machine's
+# scheduling: on two shared cores the worst of a run ranged from 5 to 49 ms, and
+# reached 235 ms once in CI, while the 99th percentile stayed under 15 ms.
 HEALTH_P99_BOUND_S = 0.050
 HEALTH_WORST_BOUND_S = 1.0
-HEALTH_MIN_PROBES = 100
 RAMP_S = 0.5
 MESSAGES = [{"role": "user", "content": "hello there"}]
 
@@ -422,8 +421,8 @@ def run(host: str, port: int, pid: int | None, model: str) -> LoadReport:
 
 def health_problems(peak: list[Probe]) -> list[str]:
     """What the health probes at the peak (sorted by latency) violated."""
-    if len(peak) < HEALTH_MIN_PROBES:
-        return [f"{len(peak)} health probes fell in the peak (need {HEALTH_MIN_PROBES})"]
+    if not peak:
+        return ["no health probe fell in the peak"]
     problems = []
     if bad := [p for p in peak if p.status != "200"]:
         problems.append(f"/health answered {bad[:3]} at the peak")

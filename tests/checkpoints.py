@@ -75,8 +75,11 @@ def write_tiny(
     hidden: int = 64,
     head_dim: int = 16,
     layers: int = 2,
+    attention_bias: bool = False,
 ) -> Path:
-    """A tiny ``llama`` or ``qwen3`` checkpoint with GQA (4 heads, 2 KV heads)."""
+    """A tiny ``llama`` or ``qwen3`` checkpoint with GQA (4 heads, 2 KV heads);
+    ``attention_bias`` gives the attention projections biases, random (Transformers
+    initializes them to zero)."""
     torch.manual_seed(seed)
     common = dict(
         vocab_size=VOCAB,
@@ -89,6 +92,7 @@ def write_tiny(
         eos_token_id=1,
         bos_token_id=2,
         tie_word_embeddings=tie,
+        attention_bias=attention_bias,
     )
     if family == "llama":
         model = LlamaForCausalLM(LlamaConfig(**common))
@@ -96,6 +100,11 @@ def write_tiny(
         model = Qwen3ForCausalLM(Qwen3Config(head_dim=head_dim, **common))
     else:
         raise ValueError(family)
+    if attention_bias:
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("bias"):
+                    param.normal_(0.0, 0.5)
     model.save_pretrained(path)
     _tokenizer().save_pretrained(path)
     return path

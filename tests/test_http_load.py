@@ -35,10 +35,12 @@ def test_health_at_the_peak_is_bounded_at_its_99th_percentile_and_at_a_second() 
     # One probe past a second fails however fast the rest are.
     (worst,) = http_load.health_problems(_peak([2.0] * 399 + [1200.0]))
     assert "took 1200.0 ms" in worst
-    # Too few probes at the peak say nothing of its tail.
-    (few,) = http_load.health_problems(_peak([2.0] * 99))
-    assert "99 health probes" in few
-    (bad,) = http_load.health_problems(_peak([2.0] * 200, status="503"))
+    # Of 100 probes or fewer the 99th percentile is the worst.
+    (few,) = http_load.health_problems(_peak([2.0] * 49 + [60.0]))
+    assert "99th percentile at the peak is 60.0 ms" in few
+    assert http_load.health_problems(_peak([2.0] * 50)) == []
+    assert http_load.health_problems([]) == ["no health probe fell in the peak"]
+    (bad,) = http_load.health_problems(_peak([2.0] * 20, status="503"))
     assert "answered" in bad
 
 

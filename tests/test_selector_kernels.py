@@ -190,3 +190,16 @@ def test_equal_scores_pick_the_earlier_blocks_at_any_table_width(device: str) ->
     one = torch.tensor([9], device=device)
     got = selector.select_blocks(few, one, valid[:1], geometry)
     assert got.tolist() == [[0, 1, -1, 2]]
+
+
+def test_the_selection_ranks_any_float_score_by_its_value() -> None:
+    # Negative and positive scores, a NaN and a -inf: the keys order them as floats
+    # (NaN first, as torch.topk puts it), -inf never picked.
+    geometry = selector.SelectorGeometry(RATIO, 5 * RATIO, PAGE)
+    scores = torch.tensor([[1.0, -2.0, 0.5, float("-inf"), -0.25, float("nan"), 3.0]])
+    positions = torch.tensor([7 * RATIO - 1])  # every block complete, no open group
+    valid = torch.ones(1, dtype=torch.bool)
+    got = selector.select_blocks(scores, positions, valid, geometry)
+    assert got.tolist() == [[5, 6, 0, 2, 4, -1]]
+    with pytest.raises(TypeError, match="float32"):
+        selector.select_blocks(scores.bfloat16(), positions, valid, geometry)

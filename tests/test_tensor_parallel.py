@@ -40,14 +40,17 @@ def _run(path: Path) -> logits_check.Run:
     return logits_check.Run(path, OPTIONS, tokens, prefill=64, chunk=32)
 
 
-@pytest.mark.parametrize(("family", "tie"), [("qwen3", False), ("llama", True)])
-def test_two_ranks_answer_as_one(tmp_path: Path, family: str, tie: bool) -> None:
+@pytest.mark.parametrize(
+    ("family", "tie", "bias"), [("qwen3", False, False), ("llama", True, True)]
+)
+def test_two_ranks_answer_as_one(tmp_path: Path, family: str, tie: bool, bias: bool) -> None:
     # Two prefill chunks, then decode steps: chunks run the canonical layers, decode
     # rows the fused residual path (the residual added by rank 0 alone). Float32:
     # only the order of additions differs (bfloat16 runs on the GPU: Triton's
     # interpreter, which runs the kernels here, does not compute bfloat16 kernels
-    # faithfully).
-    path = write_tiny(tmp_path / family, family, tie=tie)
+    # faithfully). The Llama's attention projections have biases: the o projection's
+    # is added once.
+    path = write_tiny(tmp_path / family, family, tie=tie, attention_bias=bias)
     report = logits_check.check(_run(path), world=2)
     assert report["passed"], str(report)
     assert report["ranks_identical"] is True

@@ -96,6 +96,23 @@ class _TowerOnly:
         return {"model.visual.patch_embed.proj.weight": TensorInfo("x", (1,), torch.float32)}
 
 
+class _WithHeads(_TowerOnly):
+    """A multimodal checkpoint with its text model and a head Flare does not serve."""
+
+    def tensors(self) -> dict[str, TensorInfo]:
+        info = TensorInfo("x", (1,), torch.float32)
+        return {"model.language_model.norm.weight": info, "mtp.fc.weight": info}
+
+
+def test_tensors_neither_text_nor_tower_keep_their_names(tmp_path: Path) -> None:
+    # So the recipe's mapping refuses them as it would in a text checkpoint.
+    path = tmp_path / "multimodal"
+    write_tiny_multimodal_hybrid(path)
+    text = TextModelCheckpoint(_WithHeads(open_checkpoint(path)))  # type: ignore[arg-type]
+    assert set(text.tensors()) == {"model.norm.weight", "mtp.fc.weight"}
+    assert text.left_out == {}
+
+
 def test_a_multimodal_checkpoint_without_its_text_model_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "multimodal"
     write_tiny_multimodal_hybrid(path)

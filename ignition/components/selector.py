@@ -157,21 +157,26 @@ def block_scores_ref(
 
 
 _LAST_INDEX = (1 << 31) - 1
+_UNRANKED = torch.iinfo(torch.int64).min
 
 
 def _ranked(scores: torch.Tensor) -> torch.Tensor:
-    """int64 keys ``[tokens, blocks]`` that order blocks as selection ranks them: by
-    score, and equal scores by the earlier block (a stable descending sort's order);
-    -1 where the score is -inf. Scores are sums of ReLUs, so many blocks can score
-    exactly 0: ``torch.topk`` breaks such ties by its algorithm, which changes with the
-    row's length and the device (the table's width would then change a selection), and
-    Transformers' own choice among them is its CPU top-k's. A non-negative float's bits
-    order as the float (``abs`` makes -0.0 the +0.0 it equals; NaN ranks first, as
+    """int64 keys ``[tokens, blocks]`` of fp32 ``scores`` that order blocks as
+    selection ranks them: by score, and equal scores by the earlier block (a stable
+    descending sort's order); ``_UNRANKED`` where the score is -inf. Scores are sums
+    of ReLUs, so many blocks can score exactly 0: ``torch.topk`` breaks such ties by
+    its algorithm, which changes with the row's length and the device (the table's
+    width would then change a selection), and Transformers' own choice among them is
+    its CPU top-k's. A float's bits, with a negative one's magnitude bits flipped,
+    order as the float (-0.0 is first made the +0.0 it equals; NaN ranks first, as
     ``torch.topk`` ranks it)."""
-    bits = scores.abs().view(torch.int32).to(torch.int64)
+    if scores.dtype != torch.float32:
+        raise TypeError(f"block scores are float32, not {scores.dtype}")
+    bits = torch.where(scores == 0, 0.0, scores).view(torch.int32)
+    ordered = torch.where(bits < 0, bits ^ _LAST_INDEX, bits).to(torch.int64)
     index = torch.arange(scores.shape[-1], device=scores.device)
-    keys = (bits << 32) | (_LAST_INDEX - index)
-    return torch.where(scores != float("-inf"), keys, -1)
+    keys = ordered * (1 << 32) + (_LAST_INDEX - index)
+    return torch.where(scores != float("-inf"), keys, _UNRANKED)
 
 
 def select_blocks(
@@ -184,7 +189,7 @@ def select_blocks(
     r = geometry.ratio
     k = min(geometry.top_blocks, scores.shape[-1])
     top = _ranked(scores).topk(k, dim=-1).values
-    picked = torch.where(top >= 0, _LAST_INDEX - (top & _LAST_INDEX), -1)
+    picked = torch.where(top != _UNRANKED, _LAST_INDEX - (top & _LAST_INDEX), -1)
     complete = torch.div(positions + 1, r, rounding_mode="floor")
     open_group = ((positions + 1) % r != 0) & valid
     tail = torch.where(open_group, complete, -1)

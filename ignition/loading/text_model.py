@@ -6,8 +6,9 @@ tensors are ``model.language_model.*`` (the text model's ``model.*``), ``lm_head
 and the tower's (``model.visual.*``). A recipe that serves the text model of such a
 checkpoint (``Recipe.multimodal_architectures``) reads it through
 ``TextModelCheckpoint``: the text config, the text tensors under their canonical
-names, and every other tensor left out, named in ``left_out`` with the reason.
-Serving images is not built: its tower is never loaded.
+names, and the tower's tensors left out, named in ``left_out``. Any other tensor
+keeps its name, so the recipe's mapping refuses it as it would in a text checkpoint.
+Serving images is not built: the tower is never loaded.
 """
 
 from __future__ import annotations
@@ -22,18 +23,18 @@ from transformers import PretrainedConfig
 from ignition.loading.source import CheckpointError, CheckpointSource, TensorInfo
 
 LANGUAGE_MODEL = "model.language_model."
-HEAD = "lm_head."
-LEFT_OUT = "not the text model (the vision tower is not served)"
+TOWER = "model.visual."
+LEFT_OUT = "the vision tower (not served)"
 
 
 def canonical_name(stored: str) -> str | None:
-    """The text model's name of a stored tensor, or ``None`` when it is not the text
-    model's."""
+    """The text model's name of a stored tensor, ``None`` for the tower's; any other
+    name stays as it is."""
     if stored.startswith(LANGUAGE_MODEL):
         return "model." + stored[len(LANGUAGE_MODEL) :]
-    if stored.startswith(HEAD):
-        return stored
-    return None
+    if stored.startswith(TOWER):
+        return None
+    return stored
 
 
 class TextModelCheckpoint:

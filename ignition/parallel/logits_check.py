@@ -55,8 +55,13 @@ class Run:
 
 def _logits(run: Run, parallel: TensorParallel) -> torch.Tensor:
     options = replace(run.options, parallel=parallel)
-    if options.device == "cuda" and torch.cuda.device_count() >= parallel.world:
-        options = replace(options, device=f"cuda:{parallel.rank}")
+    device = torch.device(options.device)
+    if device.type == "cuda":
+        if device.index is None and torch.cuda.device_count() >= parallel.world:
+            device = torch.device("cuda", parallel.rank)
+        # Triton launches on the current device, whatever its tensors' device.
+        torch.cuda.set_device(device)
+        options = replace(options, device=str(device))
     prepared = prepare(run.checkpoint, options)
     return teacher_forced_logits(prepared, run.tokens, run.prefill, run.chunk)
 
@@ -68,6 +73,8 @@ def _rank_main(parallel: TensorParallel, run: Run, out: Path) -> None:
 def check(run: Run, world: int) -> dict[str, object]:
     """The comparison's report (``passed`` says whether every bound held)."""
     single = _logits(run, TensorParallel())
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()  # the ranks may share this process's GPU
     with tempfile.TemporaryDirectory() as scratch:
         spawn_ranks(world, _rank_main, run, Path(scratch))
         ranks = [torch.load(Path(scratch) / f"rank-{r}.pt") for r in range(world)]
