@@ -18,8 +18,21 @@ from transformers import (
 )
 
 from ignition.loading.synthetic_tokenizers import word_level_tokenizer
+from ignition.preparation.prepared import PrepareOptions
 
 VOCAB = 512
+# Eager preparation on the CPU in float32, for tests of tiny checkpoints (replace
+# what a test needs otherwise).
+CPU_OPTIONS = PrepareOptions(
+    max_concurrency=2,
+    prefill_chunk_size=128,
+    context_limit=256,
+    snapshot_rows=2,
+    compile=False,
+    capture=False,
+    device="cpu",
+    dtype=torch.float32,
+)
 
 # The hybrid model of issue 22 at the tiny geometry its CPU tests use: three Gated
 # DeltaNet layers and one sparse-attention (QSA) layer, 8 experts top-2 with a shared

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoints import TINY_HYBRID, write_tiny
+from checkpoints import CPU_OPTIONS, TINY_HYBRID, write_tiny
 from transformers.models.qwen4_exp.configuration_qwen4_exp import Qwen4ExpTextConfig
 
 from ignition.components.kv_cache import PagedKvCache
@@ -20,19 +20,10 @@ from ignition.loading.source import CheckpointError
 from ignition.parallel import logits_check
 from ignition.parallel.launch import spawn_ranks
 from ignition.parallel.shard import TensorParallel
-from ignition.preparation.prepared import PrepareOptions, prepare
+from ignition.preparation.prepared import prepare
 from recipes import llama, qwen4_exp
 
-OPTIONS = PrepareOptions(
-    max_concurrency=1,
-    prefill_chunk_size=128,
-    context_limit=192,
-    snapshot_rows=1,
-    compile=False,
-    capture=False,
-    device="cpu",
-    dtype=torch.float32,
-)
+OPTIONS = replace(CPU_OPTIONS, max_concurrency=1, context_limit=192, snapshot_rows=1)
 
 
 def _run(path: Path) -> logits_check.Run:

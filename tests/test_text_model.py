@@ -9,27 +9,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoints import write_tiny_multimodal_hybrid
+from checkpoints import CPU_OPTIONS, write_tiny_multimodal_hybrid
 from transformers.models.qwen4_exp.modeling_qwen4_exp import Qwen4ExpForConditionalGeneration
 
 from ignition.loading.open import open_checkpoint
 from ignition.loading.source import CheckpointError, TensorInfo
 from ignition.loading.text_model import LEFT_OUT, TextModelCheckpoint
-from ignition.preparation.prepared import PrepareOptions, prepare
+from ignition.preparation.prepared import prepare
 from ignition.replay.teacher_forcing import compare_logits, teacher_forced_logits
 from recipes import qwen4_exp
 from recipes.registry import served_checkpoint
-
-OPTIONS = PrepareOptions(
-    max_concurrency=2,
-    prefill_chunk_size=64,
-    context_limit=256,
-    snapshot_rows=2,
-    compile=False,
-    capture=False,
-    device="cpu",
-    dtype=torch.float32,
-)
 
 
 @pytest.mark.parametrize("tie", [False, True])
@@ -38,7 +27,7 @@ def test_a_multimodal_checkpoint_serves_its_text_model_as_transformers_does(
 ) -> None:
     path = tmp_path / "multimodal"
     write_tiny_multimodal_hybrid(path, tie=tie)
-    prepared = prepare(path, OPTIONS)
+    prepared = prepare(path, CPU_OPTIONS)
     assert prepared.recipe == qwen4_exp.NAME
     reference = Qwen4ExpForConditionalGeneration.from_pretrained(path, dtype=torch.float32)
     ids = torch.randint(3, 512, (100,), generator=torch.Generator().manual_seed(3))
