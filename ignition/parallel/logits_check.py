@@ -102,9 +102,13 @@ def check(run: Run, world: int) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument(
+        "checkpoint", type=Path, help="a checkpoint directory or .gguf file of a dense model"
+    )
     parser.add_argument("--world", type=int, default=2, help="ranks (default 2)")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument(
+        "--dtype", choices=sorted(DTYPES), default="float32", help="(default float32)"
+    )
     parser.add_argument(
         "--device",
         default="cpu",
