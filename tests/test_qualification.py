@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from checkpoints import write_tiny
+from checkpoints import CPU_OPTIONS, write_tiny
 
 from ignition.export import flare_core_pb2 as pb
 from ignition.export.manifest import contract_message, named_buffers
@@ -24,18 +24,9 @@ from ignition.export.qualification import (
     run_workload,
 )
 from ignition.preparation.catalog import GraphKind
-from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare
+from ignition.preparation.prepared import PreparedModel, prepare
 
-OPTIONS = PrepareOptions(
-    max_concurrency=4,
-    prefill_chunk_size=256,
-    context_limit=512,
-    snapshot_rows=2,
-    compile=False,
-    capture=False,
-    device="cpu",
-    dtype=torch.float32,
-)
+OPTIONS = replace(CPU_OPTIONS, max_concurrency=4, prefill_chunk_size=256, context_limit=512)
 
 
 @pytest.fixture(scope="module")

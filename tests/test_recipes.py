@@ -7,25 +7,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoints import write_tiny, write_tiny_hybrid
+from checkpoints import CPU_OPTIONS, write_tiny, write_tiny_hybrid
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 
 from ignition.loading.source import CheckpointError
-from ignition.preparation.prepared import PrepareOptions, plan, prepare
+from ignition.preparation.prepared import plan, prepare
 from recipes import llama, qwen4_exp
 from recipes.interface import Recipe, StateLayout
 from recipes.registry import RECIPES, recipe_for, recipe_named
 
-CPU = PrepareOptions(
-    max_concurrency=2,
-    prefill_chunk_size=128,
-    context_limit=256,
-    snapshot_rows=2,
-    compile=False,
-    capture=False,
-    device="cpu",
-    dtype=torch.float32,
-)
+CPU = CPU_OPTIONS
 
 
 def test_the_registry_picks_by_architectures_then_model_type() -> None:

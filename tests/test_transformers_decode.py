@@ -3,16 +3,17 @@ prepares (``bench/transformers_decode.py``), on the tiny hybrid config."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
-from checkpoints import TINY_HYBRID
+from checkpoints import CPU_OPTIONS, TINY_HYBRID
 from transformers import AutoModelForCausalLM
 from transformers.models.qwen4_exp.configuration_qwen4_exp import Qwen4ExpTextConfig
 
 from bench.transformers_decode import load
 from ignition.loading.random_weights import write_random_checkpoint
-from ignition.preparation.prepared import PrepareOptions, prepare
+from ignition.preparation.prepared import prepare
 from recipes.qwen4_exp import checkpoint_views
 
 
@@ -20,15 +21,8 @@ def test_the_baseline_holds_the_prepared_weights_and_canonical_buffers(tmp_path:
     config = Qwen4ExpTextConfig(**TINY_HYBRID)
     geometry = write_random_checkpoint(tmp_path / "geometry", config)
     model = load(geometry, device="cpu")
-    options = PrepareOptions(
-        max_concurrency=1,
-        prefill_chunk_size=128,
-        context_limit=512,
-        snapshot_rows=1,
-        compile=False,
-        capture=False,
-        device="cpu",
-        dtype=torch.bfloat16,
+    options = replace(
+        CPU_OPTIONS, max_concurrency=1, context_limit=512, snapshot_rows=1, dtype=torch.bfloat16
     )
     prepared = prepare(geometry, options)
     # Every checkpoint tensor, as each model holds it (the prepared model merges some
