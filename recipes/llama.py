@@ -398,15 +398,16 @@ class LlamaModel:
         # Where this rank's shards lie in the checkpoint's tensors (none for one rank).
         heads = parallel.span(whole.heads, "attention heads", unit=g.head_dim)
         kv_heads = parallel.span(whole.kv_heads, "KV heads", unit=g.head_dim)
+        intermediate = parallel.span(whole.intermediate, "intermediate_size")
+        vocab = parallel.span(whole.vocab, "vocab_size")
         rows = {
             "q_proj": heads,
             "k_proj": kv_heads,
             "v_proj": kv_heads,
-            "gate_proj": parallel.span(whole.intermediate, "intermediate_size"),
+            "gate_proj": intermediate,
+            "up_proj": intermediate,
         }
-        rows["up_proj"] = rows["gate_proj"]
-        vocab = parallel.span(whole.vocab, "vocab_size")
-        columns = {"self_attn.o_proj.weight": heads, "mlp.down_proj.weight": rows["gate_proj"]}
+        columns = {"self_attn.o_proj.weight": heads, "mlp.down_proj.weight": intermediate}
 
         def shard(span: Shard, dim: int = 0) -> Shard | None:
             return replace(span, dim=dim) if parallel.sharded else None
@@ -461,10 +462,9 @@ class LlamaModel:
         for name, param in list(model.named_parameters()):
             if name in packed:
                 continue
-            in_layer = name.split(".", 3)[3] if name.startswith("model.layers.") else None
             split = None
-            if (span := columns.get(in_layer or "")) is not None:
-                split = shard(span, dim=1)
+            if column := next((s for end, s in columns.items() if name.endswith(end)), None):
+                split = shard(column, dim=1)
             elif name == "lm_head.weight":
                 split = shard(vocab)
             shape = param.shape if split is None else split.shape(tuple(param.shape))
