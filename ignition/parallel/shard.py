@@ -40,11 +40,11 @@ class TensorParallel:
             )
         return total // self.world
 
-    def span(self, total: int, what: str, dim: int = 0, unit: int = 1) -> Shard:
+    def span(self, total: int, what: str, unit: int = 1) -> Shard:
         """This rank's range of ``total`` units of ``what`` (each ``unit`` elements
-        long) along dimension ``dim``."""
+        long), along dimension 0 (``dataclasses.replace`` moves it)."""
         share = self.part(total, what)
-        return Shard(dim, self.rank * share * unit, (self.rank + 1) * share * unit)
+        return Shard(0, self.rank * share * unit, (self.rank + 1) * share * unit)
 
 
 ONE_RANK = TensorParallel()
