@@ -104,7 +104,9 @@ pub enum Command {
     /// and every prepared KV page is backed) and then times STEPS replays of
     /// the decode graph of that capacity, each launching it, waiting and
     /// copying the completion records to the host, as the Python replay
-    /// harness does. --isolate runs the qualification sequence with every
+    /// harness does; then, for a core with snapshot rows, it reports a
+    /// checkpoint's cost: a snapshot row's bytes and the snapshot and
+    /// restore graphs' device time per replay. --isolate runs the qualification sequence with every
     /// graph node launched alone and waited for, and names the first node
     /// the device rejects (a kernel fault poisons the process's CUDA
     /// context, so only the first can be seen). Exit status: 0 when every digest matches (or no node faults),

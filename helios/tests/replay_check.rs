@@ -4,7 +4,9 @@
 
 use std::num::NonZeroU32;
 
-use helios::core::proto::{BufferDigest, BufferWrite, Core, QualificationStep, Semantic};
+use helios::core::proto::{
+    BufferDigest, BufferRole, BufferWrite, Core, GraphKind, QualificationStep, Semantic,
+};
 use helios::core::sample::{tiny_core, SAMPLE_WINDOW};
 use helios::core::ValidCore;
 use helios::cuda::CudaError;
@@ -294,11 +296,31 @@ fn the_bench_replays_the_decode_graph_and_copies_the_records() {
         expected.extend([Call::Launch(graph), Call::Synchronize, read.clone()]);
     }
     expected.push(Call::BackToBack(graph, 5));
+    let position = |kind: GraphKind| {
+        (core.graphs().iter())
+            .position(|g| g.kind == kind as i32)
+            .unwrap()
+    };
+    let (snapshot, restore) = (position(GraphKind::Snapshot), position(GraphKind::Restore));
+    expected.extend([Call::BackToBack(snapshot, 5), Call::BackToBack(restore, 5)]);
     assert_eq!(
         device.calls, expected,
-        "no writes, one launch, wait and read per step"
+        "no writes, one launch, wait and read per step, then the checkpoint graphs timed"
     );
     assert_eq!(bench.device_ms_per_replay, 0.25);
+    let checkpoint = bench.checkpoint.expect("the sample core has snapshot rows");
+    let rows = u64::from(core.contract().snapshot_rows);
+    let row_bytes: u64 = (core.buffers().iter())
+        .filter(|b| b.role == BufferRole::SnapshotRows as i32)
+        .map(|b| b.size_bytes / rows)
+        .sum();
+    assert!(row_bytes > 0);
+    assert_eq!(checkpoint.row_bytes, row_bytes);
+    assert_eq!(
+        (checkpoint.snapshot_ms, checkpoint.restore_ms),
+        (0.25, 0.25)
+    );
+    assert_eq!(checkpoint.launches, 5);
     assert!(bench.step.median_ms >= 0.0);
     assert!(bench.submission_gap.is_some());
     assert!(bench.allocation_free);

@@ -1,6 +1,8 @@
 //! The native decode replay bench: one decode graph replayed step after step
 //! with the per-step work of the Python replay harness (launch, wait, copy
-//! the completion records to the host), timed on the host.
+//! the completion records to the host), timed on the host; then what one
+//! checkpoint costs: the snapshot and restore graphs' device time and the
+//! bytes of a snapshot row.
 
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
@@ -9,7 +11,7 @@ use serde::Serialize;
 
 use super::error::ReplayError;
 use super::qualify::ReplayDevice;
-use crate::core::proto::{GraphKind, Semantic};
+use crate::core::proto::{BufferRole, GraphKind, Semantic};
 use crate::core::{CoreError, ValidCore};
 
 /// A distribution of durations in milliseconds.
@@ -77,6 +79,28 @@ pub struct DecodeBench {
     pub free_after: u64,
     /// Whether free memory is unchanged.
     pub allocation_free: bool,
+    /// What one checkpoint costs, timed after the steps; absent for a core
+    /// without snapshot rows.
+    pub checkpoint: Option<CheckpointCost>,
+}
+
+/// What one prefix checkpoint costs on the device: the snapshot graph copies
+/// a slot's continuation state into a snapshot row, the restore graph copies
+/// it back. Each is timed as the decode graph's device time is, `launches`
+/// replays queued back to back, over whatever slot and row the inputs
+/// already name (the qualification's last).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct CheckpointCost {
+    /// Bytes of one snapshot row: every snapshot-row buffer's share of a
+    /// row (K/V tail pages and, for rows-continuation cores, the
+    /// continuation rows).
+    pub row_bytes: u64,
+    /// Replays timed per graph.
+    pub launches: u32,
+    /// Device time of one snapshot replay.
+    pub snapshot_ms: f64,
+    /// Device time of one restore replay.
+    pub restore_ms: f64,
 }
 
 fn ms(duration: Duration) -> f64 {
@@ -129,6 +153,7 @@ pub fn bench_decode<D: ReplayDevice>(
     let total_ms = ms(started.elapsed());
     let free_after = device.free_memory()?;
     let device_ms = device.time_back_to_back(graph, steps.get())?;
+    let checkpoint = checkpoint_cost(core, device, steps.get())?;
     Ok(DecodeBench {
         capacity,
         graph,
@@ -141,7 +166,40 @@ pub fn bench_decode<D: ReplayDevice>(
         free_before,
         free_after,
         allocation_free: free_before == free_after,
+        checkpoint,
     })
+}
+
+/// Times `launches` back-to-back replays of the snapshot graph, then of the
+/// restore graph; `None` when the core has no snapshot rows or lacks either
+/// graph.
+fn checkpoint_cost<D: ReplayDevice>(
+    core: &ValidCore,
+    device: &mut D,
+    launches: u32,
+) -> Result<Option<CheckpointCost>, ReplayError> {
+    let rows = core.contract().snapshot_rows;
+    let position = |kind: GraphKind| (core.graphs().iter()).position(|g| g.kind == kind as i32);
+    let (Some(snapshot), Some(restore)) =
+        (position(GraphKind::Snapshot), position(GraphKind::Restore))
+    else {
+        return Ok(None);
+    };
+    if rows == 0 {
+        return Ok(None);
+    }
+    let row_bytes = (core.buffers().iter())
+        .filter(|b| b.role == BufferRole::SnapshotRows as i32)
+        .map(|b| b.size_bytes / u64::from(rows))
+        .sum();
+    let snapshot_ms = device.time_back_to_back(snapshot, launches)? / f64::from(launches);
+    let restore_ms = device.time_back_to_back(restore, launches)? / f64::from(launches);
+    Ok(Some(CheckpointCost {
+        row_bytes,
+        launches,
+        snapshot_ms,
+        restore_ms,
+    }))
 }
 
 #[cfg(test)]

@@ -35,7 +35,7 @@ mod qualify;
 mod report;
 mod spans;
 
-pub use bench::{bench_decode, DecodeBench, Timing};
+pub use bench::{bench_decode, CheckpointCost, DecodeBench, Timing};
 pub use check::{check_core, isolate_core, CheckOptions};
 pub use core_dir::{image_path, CoreDir, ImageBytes, IMAGES_DIR};
 pub use digest::sha256_hex;
