@@ -18,6 +18,9 @@
 # SERVE_STAGE=prepare stops after that; a later call with the same two (the machine
 # still up) serves. Without them both are made afresh in OUT_DIR and a temporary folder.
 #
+# SERVE_PROMPTS, when set, names another prompts file (a tiny model's short context
+# takes the first prompts of bench/prompts/agent50.jsonl, say).
+#
 # Needs flare_heliopause and the openai client importable.
 set -uo pipefail
 usage="usage: bench/serve_check.sh OUT_DIR MODEL FLARE_BIN [-- PREPARE_ARGS...]"
@@ -31,7 +34,7 @@ out=$(cd "$out" && pwd)
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 . bench/flare_run.sh
-prompts=bench/prompts/agent50.jsonl
+prompts=${SERVE_PROMPTS:-bench/prompts/agent50.jsonl}
 sampling=(--temperature 0.7 --top-k 40 --top-p 0.9 --min-p 0 --seed 1000 --max-new-tokens 64)
 python=${SERVE_PYTHON_JSON:-$out/python.json}
 if [ -z "${SERVE_PYTHON_JSON:-}" ] || [ ! -f "$python" ]; then
