@@ -246,3 +246,142 @@ fn a_pinned_checkpoint_keeps_a_valid_chain_while_its_ancestors_are_thinned() {
         h.drain(vec![r]);
     });
 }
+
+#[test]
+fn a_superseded_leaf_goes_before_any_thinning() {
+    each_geometry(|recipe, page_tokens| {
+        let mut h = Harness::new(recipe, page_tokens, 4, 64);
+        let stream = tokens(800, 1);
+        // A turn's checkpoints: a message endpoint, the prompt end and the
+        // terminal boundary after its reply.
+        let [c100, c400, c415] = publish_chain(&mut h, &stream, &[100, 400, 415])[..] else {
+            unreachable!()
+        };
+        // The next turn renders the reply otherwise: it extends 400, not 415.
+        let mut next = stream[..400].to_vec();
+        next.extend(tokens(200, 2));
+        let mut r = h.admit(&next, 500).unwrap();
+        assert_eq!(r.reused, 400);
+        let Capture::New(c500) = h.capture_at(&mut r, 500) else {
+            panic!("a new endpoint")
+        };
+        h.finish(r);
+        let grant = h.store.reserve_snapshot().unwrap();
+        // c100 could be thinned (a root with one child); the superseded
+        // terminal checkpoint goes first, with its private page when it has one.
+        assert_eq!(grant.eviction.evicted, vec![c415]);
+        assert!(grant.eviction.thinned.is_empty());
+        h.apply(grant.eviction);
+        let first = grant.reservation;
+        assert_eq!(h.store.metrics().superseded, 1);
+        // Then the design's order: 400 (interior, one child now) is thinned.
+        let grant = h.store.reserve_snapshot().unwrap();
+        assert_eq!(grant.eviction.thinned, vec![c400]);
+        h.apply(grant.eviction);
+        h.store.release_reservation(grant.reservation);
+        h.store.release_reservation(first);
+        assert_eq!(hit_tokens(&h, &next, 500), Some(500));
+        assert_eq!(h.store.checkpoint(c500).unwrap().parent, Some(c100));
+        h.check(&[]);
+    });
+}
+
+#[test]
+fn a_branch_tip_published_after_its_sibling_is_not_superseded() {
+    each_geometry(|recipe, page_tokens| {
+        let mut h = Harness::new(recipe, page_tokens, 4, 64);
+        let stream = tokens(800, 3);
+        let [_, c400, c500, _] = publish_chain(&mut h, &stream, &[100, 400, 500, 600])[..] else {
+            unreachable!()
+        };
+        // A fork of 400, published after the main line's 500: its tip is
+        // the fork's latest endpoint, kept while a chain can be thinned.
+        let mut fork = stream[..400].to_vec();
+        fork.extend(tokens(100, 4));
+        let mut r = h.admit(&fork, 450).unwrap();
+        assert_eq!(r.reused, 400);
+        // Four rows are held: the capture thins the main line's interior 500.
+        let Capture::New(tip) = h.capture_at(&mut r, 450) else {
+            panic!("a new endpoint")
+        };
+        h.finish(r);
+        assert_eq!(h.store.checkpoint(tip).unwrap().parent, Some(c400));
+        assert!(h.store.checkpoint(c500).is_none(), "500 was thinned");
+        assert_eq!(h.store.metrics().superseded, 0);
+        h.check(&[]);
+    });
+}
+
+/// One agent turn: the prompt's new message endpoints and its end, each
+/// captured unless restored, then the terminal boundary after `reply`
+/// tokens (its last one pending). Returns the tokens the turn restored.
+fn agent_turn(h: &mut Harness, prompt: &[u32], endpoints: &[u32], reply: &[u32]) -> u32 {
+    let mut stream = prompt.to_vec();
+    stream.extend(reply);
+    let end = prompt.len() as u32;
+    let mut r = h.admit(&stream, end).unwrap();
+    let reused = r.reused;
+    for &e in endpoints.iter().filter(|&&e| e > reused).chain([&end]) {
+        assert!(!matches!(h.capture_at(&mut r, e), Capture::Refused));
+    }
+    let terminal = end + reply.len() as u32 - 1;
+    assert!(!matches!(h.capture_at(&mut r, terminal), Capture::Refused));
+    h.finish(r);
+    reused
+}
+
+#[test]
+fn an_agent_trace_keeps_sparse_coverage_for_a_fork_of_an_early_turn() {
+    // The hybrid at its H200 geometry holds 36 snapshot rows. Each turn
+    // appends a reply rendered otherwise than sampled (its first token
+    // differs) and a tool result; the next turn extends the prompt end, so
+    // every terminal checkpoint is superseded. Before superseded leaves went
+    // first, only the last 18 turns' checkpoints survived and a fork of
+    // turn 48 after 88 turns restored nothing (on the H200 too: 0 of its
+    // 23,286 shared tokens, 2.7 s to first token).
+    for recipe in Recipe::ALL {
+        for page_tokens in [64, 256] {
+            let mut h = Harness::new(recipe, page_tokens, 36, 4096);
+            let mut prompt = tokens(1469, 7);
+            let mut prompts = Vec::new();
+            let mut reply = tokens(16, 3000);
+            for turn in 0..89u64 {
+                let mut endpoints = Vec::new();
+                if turn > 0 {
+                    let mut rendered = reply.clone();
+                    rendered[0] ^= 1;
+                    rendered.push(9);
+                    prompt.extend(&rendered);
+                    endpoints.push(prompt.len() as u32);
+                    prompt.extend(tokens(400, 2000 + turn));
+                    endpoints.push(prompt.len() as u32);
+                    prompt.extend([1, 2, 3]);
+                }
+                reply = tokens(16, 3000 + turn);
+                let restored = agent_turn(&mut h, &prompt, &endpoints, &reply);
+                let previous = prompts.last().map_or(0, |p: &Vec<u32>| p.len() as u32);
+                assert_eq!(restored, previous, "turn {turn} restores the last prompt");
+                prompts.push(prompt.clone());
+            }
+            // A fork of turn 48: its prompt, the reply, another tool result.
+            let shared = prompts[48].len() as u32;
+            let mut fork = prompts[48].clone();
+            fork.extend(tokens(17, 5000));
+            fork.extend(tokens(400, 5001));
+            let hit = hit_tokens(&h, &fork, fork.len() as u32).expect("a restore");
+            assert!(
+                hit <= shared && shared - hit < 2_000,
+                "{recipe:?} at {page_tokens}: restored {hit} of {shared} shared tokens"
+            );
+            // Coverage reaches back to the first turn.
+            let oldest = h
+                .store
+                .ids()
+                .map(|id| h.store.checkpoint(id).unwrap().tokens())
+                .min();
+            assert_eq!(oldest, Some(1469));
+            assert!(h.store.metrics().superseded > 0);
+            h.check(&[]);
+        }
+    }
+}

@@ -296,6 +296,11 @@ fn cache_samples(metrics: &Metrics) -> Vec<Sample> {
             c.evicted,
         ),
         counter(
+            "flare_prefix_superseded_total",
+            "Of the evicted, leaves a later branch from their parent superseded",
+            c.superseded,
+        ),
+        counter(
             "flare_prefix_thinned_total",
             "Checkpoints thinned from a chain",
             c.thinned,

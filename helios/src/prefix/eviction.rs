@@ -13,6 +13,23 @@
 //! thinned, evict the least recently used unpinned leaf, regardless of its
 //! age." A root's interval runs from token 0 to its child.
 //!
+//! Before either, a *superseded* leaf goes (a deliberate reading, for the
+//! coverage the design wants: "this retains sparse history coverage"): a
+//! leaf whose parent has a child published after it, so that the
+//! conversation continued from the parent along another path. An agent's
+//! terminal checkpoint becomes one when the next turn renders the reply
+//! differently from the sampled tokens (a reasoning model's template drops
+//! the reasoning, a tokenizer encodes the text otherwise): the next turn
+//! extends the prompt-end checkpoint, which then has two children and is
+//! never removable, so with the design's order alone the least recently
+//! used leaves go first, each leaves its parent removable as the chain's
+//! root, and the chain is eaten from its oldest end. With rows that hold
+//! recurrent state (36 at the hybrid's H200 geometry) a fork of a turn 40
+//! turns back found nothing to restore (`tests/prefix_eviction.rs`). A
+//! superseded leaf is what a client is least likely to extend: only a
+//! request that repeats the sampled tokens exactly reaches it, and a
+//! regenerated answer supersedes the earlier one.
+//!
 //! Removing an ancestor "transfers its storage without invalidating
 //! descendants: transfer its ordered page segment and last-use fence to that
 //! child, bypass the ancestor in the parent chain, and retire only the
@@ -72,7 +89,11 @@ impl CheckpointStore {
         let mut eviction = Eviction::default();
         if self.rows.free_count() == 0 {
             self.metrics.snapshot_pressure += 1;
-            if let Some(id) = self.thinning_candidate() {
+            if let Some(id) = self.superseded_leaf() {
+                eviction.pages.extend(self.evict_leaf(id));
+                eviction.evicted.push(id);
+                self.metrics.superseded += 1;
+            } else if let Some(id) = self.thinning_candidate() {
                 self.remove_ancestor(id);
                 eviction.thinned.push(id);
             } else if let Some(id) = self.leaf_candidate() {
@@ -137,6 +158,21 @@ impl CheckpointStore {
             })
             .min_by_key(|(order, _)| *order)
             .map(|(_, id)| id)
+    }
+
+    /// The least recently used leaf no pin or GPU use retains whose parent
+    /// has a child published after it (ids grow with publication).
+    fn superseded_leaf(&self) -> Option<CheckpointId> {
+        (self.checkpoints.iter())
+            .filter(|(&id, node)| {
+                node.children.is_empty()
+                    && !node.held()
+                    && node.parent.is_some_and(|parent| {
+                        self.checkpoints[&parent].children.iter().any(|&c| c > id)
+                    })
+            })
+            .min_by_key(|(&id, node)| (node.last_use, id))
+            .map(|(&id, _)| id)
     }
 
     /// The least recently used leaf no pin or GPU use retains.

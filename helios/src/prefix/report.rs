@@ -26,6 +26,10 @@ pub struct PrefixMetrics {
     pub extension_only: u64,
     /// Leaves evicted with their pages.
     pub evicted: u64,
+    /// Of the evicted leaves, those evicted first under snapshot pressure
+    /// because the conversation continued from their parent along another
+    /// path (superseded).
+    pub superseded: u64,
     /// Ancestors removed by thinning, their pages moved to their child.
     pub thinned: u64,
     /// Pages freed by evictions.
