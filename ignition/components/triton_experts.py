@@ -45,9 +45,11 @@ DOWN_BLOCK_N = 8
 BLOCK_K = 256
 # Whether the down projection runs one program per (pair, column block) and sums the
 # slots in a second kernel: at one token the fused kernel's 320 programs each walk
-# ten experts one after another (36.5 us a layer on the H200, 0.9 TB/s). To be chosen
-# by bench/experts_bench.py's measurement; off until it is.
-DOWN_BY_SLOT = False
+# ten experts one after another (36.5 us a layer on the H200, 0.9 TB/s). Measured on
+# the H200 (bench/experts_bench.py, bench/results/issue22/2026-12-03-h200-serve): a
+# layer's experts in 39.4 us against the fused kernel's 63.1 at one token (2.50 TB/s)
+# and 116.1 against 126.1 at four, the same bits.
+DOWN_BY_SLOT = True
 SUM_BLOCK = 256
 
 
@@ -73,6 +75,19 @@ def _silu(x, ACCURATE: tl.constexpr):
         out = tl.math.div_rn(x, 1.0 + libdevice.exp(-x))
     else:
         out = x / (1.0 + tl.exp(-x))
+    return out
+
+
+@triton.jit
+def _mul(a, b, ACCURATE: tl.constexpr):
+    """``a * b`` rounded to fp32 on its own: on the GPU a product that an addition
+    consumes may be contracted into a fused multiply-add, which rounds once where
+    Transformers' path (and a product stored before its sum) rounds twice; the
+    interpreter's NumPy product is rounded already."""
+    if ACCURATE:
+        out = libdevice.mul_rn(a, b)
+    else:
+        out = a * b
     return out
 
 
@@ -134,6 +149,7 @@ def _weighted_down(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BF16: tl.constexpr,
+    ACCURATE: tl.constexpr,
 ):
     """One pair's down projection for the column block, rounded, scaled by its routing
     weight and rounded again, as Transformers' path rounds it."""
@@ -147,7 +163,7 @@ def _weighted_down(
         h = tl.load(h_ptr + pair * stride_hp + ks, mask=kmask, other=0.0).to(tl.float32)
         w = tl.load(rows + ks[None, :], mask=keep[:, None] & kmask[None, :], other=0.0)
         acc += tl.sum(w.to(tl.float32) * h[None, :], axis=1)
-    return _round(_round(acc, BF16) * scale, BF16)
+    return _round(_mul(_round(acc, BF16), scale, ACCURATE), BF16)
 
 
 @triton.jit
@@ -167,6 +183,7 @@ def _down_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BF16: tl.constexpr,
+    ACCURATE: tl.constexpr,
 ):
     token = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -188,6 +205,7 @@ def _down_kernel(
             BLOCK_N,
             BLOCK_K,
             BF16,
+            ACCURATE,
         )
     total = _round(total, BF16)
     tl.store(out_ptr + token * stride_ot + cols, total.to(out_ptr.dtype.element_ty), mask=keep)
@@ -209,6 +227,7 @@ def _down_slot_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BF16: tl.constexpr,
+    ACCURATE: tl.constexpr,
 ):
     pair = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -228,6 +247,7 @@ def _down_slot_kernel(
         BLOCK_N,
         BLOCK_K,
         BF16,
+        ACCURATE,
     )
     tl.store(out_ptr + pair * stride_op + cols, weighted, mask=keep)
 
@@ -312,6 +332,7 @@ def triton_routed_experts(
             BLOCK_N=DOWN_BLOCK_N,
             BLOCK_K=down_k,
             BF16=x.dtype == torch.bfloat16,
+            ACCURATE=not _INTERPRETED,
             num_warps=4,
         )
         _slot_sum_kernel[(tokens, triton.cdiv(hidden, SUM_BLOCK))](
@@ -342,6 +363,7 @@ def triton_routed_experts(
         BLOCK_N=DOWN_BLOCK_N,
         BLOCK_K=down_k,
         BF16=x.dtype == torch.bfloat16,
+        ACCURATE=not _INTERPRETED,
         num_warps=4,
     )
     return out
