@@ -37,6 +37,17 @@ Three more are replaced for speed, measured on the H200 (``bench/results/issue22
   (``flare::routed_experts``: sorting a handful of rows into 64-row grouped-GEMM
   tiles read the experts at 1.7 TB/s).
 
+A request's decode arithmetic does not depend on which requests share its step
+(served at capacity 1 and in a batch of 4, the same request samples the same tokens):
+every projection of a decode step goes through ``invariant_project`` (the fixed-tile
+Triton kernel, or cuBLAS at a fixed row count for projections too narrow for it): the
+merged ones, the router's (``route``, the canonical router's forward) and the
+vocabulary head's explicitly, every other ``nn.Linear`` as a ``ProjectedLinear``
+(``project_linears``); GDN's and PLE's decode convolutions are sums of taps
+(``ignition.components.depthwise_conv``), not cuDNN. On the H200 the served
+50-prompt corpus matched the harness for none of its prompts at concurrency 1 before
+(the harness decodes in batches of up to 4; cuBLAS picks its kernel by row count).
+
 The rotary table is the canonical interleaved-mRoPE module's output with its three
 position rows equal (text only).
 
@@ -65,8 +76,10 @@ from ignition.components.continuation import (
     read_slot_rows,
     write_slot_rows,
 )
+from ignition.components.depthwise_conv import causal_taps
 from ignition.components.experts import FUSED_MAX_TOKENS, routed_experts
 from ignition.components.kv_cache import AttentionStep, PagedField, PagedKvCache, write_kv
+from ignition.components.linear import invariant_project, project_linears
 from ignition.components.rotary import RotaryTable
 from ignition.loading.mapping import WeightMapping
 from ignition.loading.source import CheckpointError
@@ -378,7 +391,7 @@ class PreparedGatedDeltaNet(nn.Module):
         m, ctx = self.canonical, cache_params
         x = hidden_states[0]
         tokens = x.shape[0]
-        mixed, z, b, a = F.linear(x, self.in_proj).split(
+        mixed, z, b, a = invariant_project(x, self.in_proj).split(
             [2 * m.key_dim + m.value_dim, m.value_dim, m.num_v_heads, m.num_v_heads], dim=-1
         )
         z = z.reshape(tokens, -1, m.head_v_dim)
@@ -450,7 +463,7 @@ class PreparedSparseAttention(nn.Module):
         # The indexer: raw keys into blocks and the ring, then the selection.
         ix = m.indexer
         heads = [m.q_proj, m.k_proj, m.v_proj, ix.index_qk_proj]
-        q_all, k_all, v_all, qk = F.linear(x, self.in_proj).split(
+        q_all, k_all, v_all, qk = invariant_project(x, self.in_proj).split(
             [h.out_features for h in heads], dim=-1
         )
         iq, raw = torch.split(qk, [g.index_heads * g.index_dim, g.index_dim], dim=-1)
@@ -501,6 +514,18 @@ class PreparedSparseAttention(nn.Module):
         return m.o_proj(out).unsqueeze(0), None
 
 
+def route(router: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The canonical top-k router's forward (``Qwen4ExpTextTopKRouter``: softmax,
+    top-k, renormalized) with its projection through ``invariant_project``: its
+    routing weights and experts."""
+    logits = invariant_project(x.reshape(-1, router.hidden_dim), router.weight)
+    probs = F.softmax(logits, dtype=torch.float, dim=-1)
+    top, experts = torch.topk(probs, router.top_k, dim=-1)
+    if router.norm_topk_prob:
+        top = top / top.sum(dim=-1, keepdim=True)
+    return top.to(logits.dtype), experts
+
+
 class PreparedMoe(nn.Module):
     """The canonical MoE block (router, routed experts, shared expert and its sigmoid
     gate) with the shared expert's three input projections as one GEMM."""
@@ -518,9 +543,11 @@ class PreparedMoe(nn.Module):
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, shape[-1])
         inter = m.shared_expert.intermediate_size
-        gate, up, shared_gate = F.linear(x, self.shared_in).split([inter, inter, 1], dim=-1)
+        gate, up, shared_gate = invariant_project(x, self.shared_in).split(
+            [inter, inter, 1], dim=-1
+        )
         shared = m.shared_expert.down_proj(m.shared_expert.act_fn(gate) * up)
-        _, routing_weights, selected_experts = m.gate(x)
+        routing_weights, selected_experts = route(m.gate, x)
         routed = m.experts(x, selected_experts, routing_weights)
         return (routed + torch.sigmoid(shared_gate) * shared).reshape(shape)
 
@@ -542,7 +569,7 @@ class PreparedGatedResidual(nn.Module):
         streams = (m.hc_count, m.hidden_size)
         normed = m.hc_norm(hyper_input)
         rank = m.input_mix_weight_down.out_features
-        down, inject = F.linear(normed, self.mix_in).split([rank, m.hc_count], dim=-1)
+        down, inject = invariant_project(normed, self.mix_in).split([rank, m.hc_count], dim=-1)
         mix = torch.sigmoid(m.input_mix_weight_up(F.silu(down / m.hc_count)))
         mixed = (mix.unflatten(-1, streams) * normed.unflatten(-1, streams)).mean(dim=-2)
         return mixed, hyper_input, 2 * torch.sigmoid(inject / m.hc_count)
@@ -605,7 +632,12 @@ class PreparedPle(nn.Module):
         conv_history = ctx.read("ple_conv")  # [rows, channels, history]
         inputs = normed[0].reshape(rows, per_row, -1).transpose(1, 2)
         ext = torch.cat([conv_history, inputs.to(conv_history.dtype)], dim=-1)
-        conv = F.silu(m.conv1d(ext.to(m.conv1d.weight.dtype)))  # [rows, channels, per_row]
+        weight = m.conv1d.weight
+        if ctx.decode:  # a sum of taps: a row's output does not depend on the batch
+            conv = causal_taps(ext.to(weight.dtype), weight.squeeze(1), m.conv1d.dilation[0])
+        else:
+            conv = m.conv1d(ext.to(weight.dtype))
+        conv = F.silu(conv)  # [rows, channels, per_row]
         span = conv_history.shape[-1]
         keep = ctx.n_valid.view(-1, 1) + torch.arange(span, device=ext.device)
         ctx.write("ple_conv", ext.gather(2, keep.unsqueeze(1).expand(-1, ext.shape[1], -1)))
@@ -769,6 +801,10 @@ class HybridModel:
                 name = f"{site}_hyper_connection"
                 mix_in = self.merged[i][f"{name}.mix_in"]
                 setattr(layer, name, PreparedGatedResidual(getattr(layer, name), mix_in))
+        # Every other projection (GDN's and QSA's output projections, the shared
+        # expert's down projection, the hyperconnections' mix-up projections and the
+        # final mixer's, PLE's): batch-invariant for decode rows.
+        project_linears(model)
         self.entries = [g.layer_entries(i) for i in range(g.layers)]
         # Interleaved mRoPE takes three position rows, equal for text.
         self.rotary = place_rotary(
@@ -804,7 +840,7 @@ class HybridModel:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 vocabulary logits of final hidden vectors."""
         head = self.model.lm_head
-        return F.linear(hidden, head.weight, head.bias).float()
+        return invariant_project(hidden, head.weight, head.bias).float()
 
     def compile_layers(self, **options: object) -> None:
         """Regional compilation: each decoder layer as its own compiled region

@@ -74,6 +74,27 @@ TINY_HYBRID = dict(
     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
 )
 
+# The tiny hybrid's layers at widths where cuBLAS takes other kernels for 1, 2 and 4
+# rows (hidden 1024, heads of 128, 16 experts of 256): for the GPU's batch-invariance
+# test.
+WIDE_HYBRID = dict(
+    hidden_size=1024,
+    num_attention_heads=8,
+    head_dim=128,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_num_key_heads=4,
+    linear_num_value_heads=8,
+    moe_intermediate_size=256,
+    shared_expert_intermediate_size=256,
+    num_experts=16,
+    num_experts_per_tok=4,
+    hc_lowrank=32,
+    ple_embed_dim=128,
+    indexer_n_heads=4,
+    indexer_head_dim=64,
+)
+
 
 def _tokenizer() -> PreTrainedTokenizerFast:
     return word_level_tokenizer(VOCAB)
@@ -154,13 +175,14 @@ def perturb_zero_initialized(model: torch.nn.Module, scale: float = 0.2) -> None
                 param.add_(torch.randn_like(param) * scale)
 
 
-def write_tiny_hybrid(path: Path, *, seed: int = 0) -> Path:
-    """A tiny ``qwen4_exp`` text checkpoint (``TINY_HYBRID``) with the test tokenizer."""
+def write_tiny_hybrid(path: Path, *, seed: int = 0, **overrides: object) -> Path:
+    """A tiny ``qwen4_exp`` text checkpoint (``TINY_HYBRID``, with ``overrides``)
+    with the test tokenizer."""
     from transformers.models.qwen4_exp.configuration_qwen4_exp import Qwen4ExpTextConfig
     from transformers.models.qwen4_exp.modeling_qwen4_exp import Qwen4ExpForCausalLM
 
     torch.manual_seed(seed)
-    model = Qwen4ExpForCausalLM(Qwen4ExpTextConfig(**TINY_HYBRID))
+    model = Qwen4ExpForCausalLM(Qwen4ExpTextConfig(**{**TINY_HYBRID, **overrides}))
     perturb_zero_initialized(model)
     model.save_pretrained(path)
     _tokenizer().save_pretrained(path)

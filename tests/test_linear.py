@@ -11,13 +11,19 @@ import pytest
 import torch
 
 from bench.rows_linear_bench import launch
+from ignition.components import linear
 from ignition.components.linear import (
     BLOCK_NS,
     ROWS_TILE,
+    ProjectedLinear,
     RmsNorm,
+    fills_the_device,
     fitted_block_k,
     gated_project,
+    invariant_project,
+    padded_linear,
     project,
+    project_linears,
     tile_shape,
     triton_rows_gated,
     triton_rows_linear,
@@ -316,3 +322,57 @@ def test_rows_linear_replays_in_a_graph() -> None:
         x[:4].copy_(torch.randn(4, 576, generator=torch.Generator().manual_seed(seed)))
         graph.replay()
         assert torch.equal(out, triton_rows_linear(x[:4], w, b))
+
+
+def test_narrow_projections_keep_cublas_at_a_fixed_row_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The hybrid's decode projections at the H200 geometry on 132 SMs: the fixed-tile
+    # kernel for those whose grid gives at least half the SMs a program.
+    monkeypatch.setattr(linear, "_sm_count", lambda device: 132)
+    cpu = torch.device("cpu")
+    wide = [(16480, 2560), (2560, 6144), (11392, 2560), (2560, 640), (10240, 64)]
+    narrow = [(128, 2560), (68, 10240), (1281, 2560)]  # router, mix-in, shared-in
+    assert all(fills_the_device(n, k, cpu) for n, k in wide)
+    assert not any(fills_the_device(n, k, cpu) for n, k in narrow)
+    x = torch.randn(3, 2560, generator=torch.Generator().manual_seed(1))
+    w = torch.randn(128, 2560, generator=torch.Generator().manual_seed(2))
+    # The narrow one runs as one 16-row GEMM whatever the rows.
+    shapes: list[tuple[int, ...]] = []
+    real_linear = torch.nn.functional.linear
+
+    def spy(a: torch.Tensor, *rest: object) -> torch.Tensor:
+        shapes.append(tuple(a.shape))
+        return real_linear(a, *rest)
+
+    monkeypatch.setattr(linear.F, "linear", spy)
+    y = invariant_project(x, w)
+    assert shapes == [(ROWS_TILE, 2560)]
+    torch.testing.assert_close(y, real_linear(x, w), rtol=1e-5, atol=1e-4)
+
+
+def test_padded_linear_computes_the_rows_it_was_given() -> None:
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, 40, generator=gen)
+    w, b = torch.randn(24, 40, generator=gen), torch.randn(24, generator=gen)
+    y = padded_linear(x, w, b)
+    assert y.shape == (2, 3, 24)
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="17 rows exceed"):
+        padded_linear(torch.zeros(17, 40), w)
+
+
+def test_project_linears_swaps_plain_linears_in_place() -> None:
+    torch.manual_seed(4)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    names = [name for name, _ in model.named_parameters()]
+    x = torch.randn(3, 64)
+    want = model(x)
+    assert project_linears(model) == 2
+    assert all(type(m) is ProjectedLinear for m in (model[0], model[2]))
+    assert [name for name, _ in model.named_parameters()] == names
+    assert model[0].in_features == 64
+    # Through the fixed-tile kernel (interpreted here): float32 accumulation in
+    # another order.
+    torch.testing.assert_close(model(x), want, rtol=1e-5, atol=1e-5)
+    assert project_linears(model) == 0

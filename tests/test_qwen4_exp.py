@@ -14,15 +14,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoints import TINY_HYBRID, perturb_zero_initialized, write_tiny_hybrid
+from checkpoints import TINY_HYBRID, WIDE_HYBRID, perturb_zero_initialized, write_tiny_hybrid
 from fake_server import build_flare
 from torch._dynamo.testing import CompileCounter
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, DynamicCache
 from transformers.models.qwen4_exp.configuration_qwen4_exp import Qwen4ExpTextConfig
 from transformers.models.qwen4_exp.modeling_qwen4_exp import Qwen4ExpForCausalLM
 
 from ignition.components.continuation import ContinuationRows
 from ignition.components.kv_cache import AttentionStep, PagedKvCache, slot_mapping
+from ignition.components.linear import ROWS_TILE
 from ignition.components.rotary import RotaryTable
 from ignition.components.selector import token_mask
 from ignition.export import flare_core_pb2 as pb
@@ -791,14 +793,11 @@ def test_the_custom_operators_pass_opcheck() -> None:
 PER_PAGE_TEST = PAGE_SIZE // 4
 
 
-def test_decode_rows_are_independent_of_batch_size_order_and_slot(
-    prepared: PreparedModel,
-) -> None:
-    # Qualification: batch sizes 1-4 with padded capacity, changing slot assignments
-    # and reordered batches. Two requests, restored from their snapshots before every
-    # arrangement, take one teacher-forced decode step; each one's logits agree
-    # across arrangements (not bitwise: the routed experts' grouped GEMMs see other
-    # row counts) and are bitwise equal when an arrangement repeats.
+def _decode_arrangements(prepared: PreparedModel) -> list[dict[str, torch.Tensor]]:
+    """Two requests, restored from their snapshots before every arrangement (batch
+    sizes 1-4 with padded capacity, changing slots, reordered), take one
+    teacher-forced decode step; each arrangement's logits by request, the last
+    arrangement repeating the third."""
     state, staging = prepared.storage.state, prepared.storage.staging
     prompts = {"a": _tokens(100, 20), "b": _tokens(90, 21)}
     nexts = {"a": 17, "b": 33}
@@ -829,20 +828,96 @@ def test_decode_rows_are_independent_of_batch_size_order_and_slot(
             if name is not None
         }
 
-    arrangements = [
+    arrangements: list[tuple[list[str | None], int]] = [
         (["a"], 1),
         (["a", "b"], 2),
         (["b", "a"], 2),
         (["a", None, "b"], 4),
         ([None, "b", None, "a"], 4),
+        (["b", "a"], 2),
     ]
-    results = [step(list(arrangement), capacity) for arrangement, capacity in arrangements]
+    return [step(arrangement, capacity) for arrangement, capacity in arrangements]
+
+
+def test_decode_rows_are_independent_of_batch_size_order_and_slot(
+    prepared: PreparedModel,
+) -> None:
+    # Qualification: each request's logits agree across arrangements (on the CPU
+    # within 1e-6: the interpreted kernels' dot is the host's BLAS, which may round a
+    # row by its place in the tile) and are bitwise equal when an arrangement repeats.
+    results = _decode_arrangements(prepared)
     for name in ("a", "b"):
         seen = [r[name] for r in results if name in r]
         for other in seen[1:]:
             torch.testing.assert_close(other, seen[0], rtol=0, atol=1e-6)
-    again = step(["b", "a"], 2)
-    assert all(torch.equal(again[n], results[2][n]) for n in ("a", "b"))
+    assert all(torch.equal(results[-1][n], results[2][n]) for n in ("a", "b"))
+
+
+# cuBLAS and cuDNN choose their kernels, and so a row's reduction order, by the
+# problem's shape: an op of these whose row count follows the batch breaks batch
+# invariance (Flare's kernels and ops of a fixed row count do not).
+_SHAPE_CHOSEN = {"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.convolution"}
+
+
+class _Recorder(TorchDispatchMode):
+    """The top-level ops a step dispatches (a custom op's own body is not seen)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[str, tuple[int, ...]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = str(func.overloadpacket)
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        self.ops.append((name, tuple(first.shape) if first is not None else ()))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("capacity", [1, 2, 4])
+def test_a_decode_step_has_no_op_whose_kernel_follows_the_batch(
+    prepared: PreparedModel, capacity: int
+) -> None:
+    # The served corpus on the H200 matched the harness for none of its 50 prompts at
+    # concurrency 1 (bench/results/issue22/2026-12-03-h200-serve): every projection ran
+    # cuBLAS at the step's row count. Each must be Flare's (flare::rows_linear) or run
+    # at ROWS_TILE rows (padded_linear), and no convolution may run.
+    prompt = _tokens(70, 30)
+    prepared.reset()
+    _pages(prepared, 1, [1, 2])
+    _admit(prepared, 1, prompt)
+    _prefill(prepared, 1, prompt, 0, len(prompt), last=True)
+    pack_decode(prepared.storage.staging, [1], capacity)
+    with _Recorder() as recorder:
+        prepared.execute(GraphKey(GraphKind.DECODE, capacity))
+    batch_shaped = [
+        (name, shape)
+        for name, shape in recorder.ops
+        if name in _SHAPE_CHOSEN and not (name in {"aten.mm", "aten.addmm"} and _padded(shape))
+    ]
+    assert not batch_shaped, batch_shaped
+    projections = sum(name == "flare.rows_linear" for name, _ in recorder.ops)
+    # Per layer at least the merged input and the output projections; the head.
+    assert projections >= 2 * GEOMETRY.layers + 1, recorder.ops
+
+
+def _padded(shape: tuple[int, ...]) -> bool:
+    return bool(shape) and shape[0] == ROWS_TILE
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scope", [None, "layer"])
+def test_decode_rows_are_bitwise_independent_of_their_batch_on_the_gpu(
+    tmp_path: Path, scope: str | None
+) -> None:
+    # A hybrid wide enough that cuBLAS would take other kernels at 1, 2 and 4 rows,
+    # captured eagerly and compiled as the serving core is (Inductor's reductions too):
+    # each request's logits are the same bits in every arrangement.
+    wide = write_tiny_hybrid(tmp_path / "wide", **WIDE_HYBRID)
+    prepared = prepare(wide, _gpu_options(scope))
+    results = _decode_arrangements(prepared)
+    for name in ("a", "b"):
+        seen = [r[name] for r in results if name in r]
+        assert all(torch.equal(other, seen[0]) for other in seen[1:]), name
 
 
 def test_the_hybrid_qualification_replays_identically(checkpoint: Path) -> None:

@@ -37,6 +37,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ignition.components.depthwise_conv import causal_taps
+
 # The chunked rule's chunk (Transformers' default and fla's).
 CHUNK = 64
 
@@ -77,15 +79,12 @@ def conv_decode(
     x: torch.Tensor, history: torch.Tensor, weight: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row: ``x [rows, channels]``, ``history [rows, channels, kernel -
-    1]``; the outputs ``[rows, channels]`` and every row's next history."""
+    1]``; the outputs ``[rows, channels]`` and every row's next history. The
+    convolution is a sum of taps (``causal_taps``), so a row's output does not depend
+    on how many rows the step has."""
     ext = torch.cat([history, x.unsqueeze(-1).to(history.dtype)], dim=-1)  # [R, C, K]
-    rows, channels, _ = ext.shape
-    out = F.conv1d(
-        ext.reshape(1, rows * channels, -1).to(weight.dtype),
-        weight.repeat(rows, 1).unsqueeze(1),
-        groups=rows * channels,
-    )
-    out = F.silu(out.view(rows, channels)).to(x.dtype)
+    out = causal_taps(ext.to(weight.dtype), weight)[..., 0]
+    out = F.silu(out).to(x.dtype)
     return out, ext[..., 1:]
 
 

@@ -25,6 +25,14 @@ bench of ``bench/results/issue5/2026-11-30e-two-gpus/``), so it is gone. The gat
 variant (``triton_rows_gated``) streams a packed gate/up weight on the same tiles and
 applies SiLU and the product in its epilogue: the decode MLP's first half in one kernel.
 
+Projections too narrow for that kernel to give the GPU enough programs (a router's
+128 output columns are 4 programs of 32) keep cuBLAS, which splits K, at a fixed row
+count instead: ``padded_linear`` pads a decode step's rows to ``ROWS_TILE``, so cuBLAS
+sees one shape, and so one kernel and one reduction order per row, at every batch
+size. ``invariant_project`` chooses between the two by the weight's shape and the
+device, and ``ProjectedLinear`` is an ``nn.Linear`` that projects through it (a recipe
+swaps a canonical module's class: parameters, names and attributes unchanged).
+
 Both kernels can take a decoder layer's RMSNorm (``norm``), and the plain one the
 residual addition in its epilogue (``residual``, rounded as eager rounds it), so a
 decode layer can be four projections with no norm or addition kernels between them
@@ -49,6 +57,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from torch import nn
 from triton.runtime.interpreter import InterpretedFunction
 
 from ignition.components.triton_support import fix_interpreter_loop_bounds
@@ -412,6 +421,13 @@ def _eager_linear(
     return y if residual is None else residual + y
 
 
+def _interprets(x: torch.Tensor) -> bool:
+    """Whether a CPU call runs the kernels under Triton's interpreter (the tests):
+    for float32 operands only, since the interpreter's ``tl.dot`` does not compute
+    bfloat16 (its logits came out near 1e10); other dtypes take the torch reference."""
+    return isinstance(_rows_linear_kernel, InterpretedFunction) and x.dtype == torch.float32
+
+
 # The custom ops take the norm as its gain and epsilon (an op's schema holds tensors
 # and scalars), defaulting to none.
 @torch.library.custom_op("flare::rows_gated", mutates_args=())
@@ -422,7 +438,7 @@ def rows_gated(
     norm_eps: float = 0.0,
 ) -> torch.Tensor:
     """Batch-invariant gated activation of a few rows (torch reference on the CPU)."""
-    if isinstance(_rows_gated_kernel, InterpretedFunction):
+    if _interprets(x):
         return triton_rows_gated(x, gate_up, _norm(norm_weight, norm_eps))
     return _eager_gated(x, gate_up, _norm(norm_weight, norm_eps))
 
@@ -458,7 +474,7 @@ def rows_linear(
 ) -> torch.Tensor:
     """Batch-invariant projection of a few rows (torch reference on the CPU)."""
     norm = _norm(norm_weight, norm_eps)
-    if isinstance(_rows_linear_kernel, InterpretedFunction):
+    if _interprets(x):
         return triton_rows_linear(x, w, b, norm=norm, residual=residual)
     return _eager_linear(x, w, b, norm, residual)
 
@@ -529,3 +545,57 @@ def gated_project(
         return _eager_gated(x, gate_up, norm, act_fn)
     flat = rows_gated(x.reshape(rows, x.shape[-1]), gate_up, *_norm_args(norm))
     return flat.view(*x.shape[:-1], gate_up.shape[0] // 2)
+
+
+def padded_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``F.linear`` of at most ``ROWS_TILE`` rows (over the last dimension), computed
+    at ``ROWS_TILE`` rows (zeros below): cuBLAS picks its kernel by the problem's
+    shape, so one row count gives a row the same reduction order at every batch
+    size."""
+    rows = _rows(x)
+    if rows > ROWS_TILE:
+        raise ValueError(f"{rows} rows exceed the padded row count of {ROWS_TILE}")
+    flat = F.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, ROWS_TILE - rows))
+    return F.linear(flat, weight, bias)[:rows].view(*x.shape[:-1], weight.shape[0])
+
+
+def fills_the_device(n: int, k: int, device: torch.device, itemsize: int = 2) -> bool:
+    """Whether the fixed-tile kernel's grid for an ``n`` x ``k`` weight gives at least
+    half the device's SMs a program (the interpreter's one SM: always)."""
+    sms = _sm_count(device)
+    width, _ = tile_shape(n, k, sms, itemsize)
+    return 2 * triton.cdiv(n, width) >= sms
+
+
+def invariant_project(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``, batch-invariant per row for at most ``ROWS_TILE``
+    rows: the fixed-tile kernel (``project``) where it fills the device, else cuBLAS
+    at ``ROWS_TILE`` rows (``padded_linear``). More rows: cuBLAS as it is."""
+    if _rows(x) > ROWS_TILE:
+        return F.linear(x, weight, bias)
+    n, k = weight.shape
+    if fills_the_device(n, k, x.device, weight.element_size()):
+        return project(x, weight, bias)
+    return padded_linear(x, weight, bias)
+
+
+class ProjectedLinear(nn.Linear):
+    """An ``nn.Linear`` that projects through ``invariant_project``."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return invariant_project(input, self.weight, self.bias)
+
+
+def project_linears(root: nn.Module) -> int:
+    """Makes every plain ``nn.Linear`` under ``root`` a ``ProjectedLinear`` (in place:
+    its parameters, their names and its attributes stay); how many."""
+    count = 0
+    for module in root.modules():
+        if type(module) is nn.Linear:
+            module.__class__ = ProjectedLinear
+            count += 1
+    return count
