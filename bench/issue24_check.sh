@@ -4,7 +4,9 @@
 #   bench/issue24_check.sh tp-logits OUT
 #       a tiny Qwen3 checkpoint's teacher-forced logits from two tensor-parallel
 #       ranks (both on this GPU, over Gloo: ignition.parallel.logits_check) against
-#       one rank's, in bfloat16 and float32, with the GPU kernels.
+#       one rank's, in bfloat16 with the GPU kernels (float32 is checked on the CPU,
+#       in tests/test_tensor_parallel.py: the GPU's attention kernels take 16-bit
+#       floats).
 set -uo pipefail
 usage="usage: bench/issue24_check.sh tp-logits OUT"
 part=${1:?$usage}
@@ -22,12 +24,10 @@ case $part in
   tp-logits)
     python3 -c "import sys; from pathlib import Path; from checkpoints import write_tiny; \
 write_tiny(Path(sys.argv[1]), 'qwen3')" "$work/tiny-qwen3" > /dev/null || exit 1
-    for dtype in bfloat16 float32; do
-      python3 -m ignition.parallel.logits_check "$work/tiny-qwen3" --world 2 --device cuda \
-        --dtype "$dtype" --out "$out/tp-logits-$dtype.json" > "$out/tp-logits-$dtype.log" 2>&1 \
-        || status=1
-      tail -16 "$out/tp-logits-$dtype.log"
-    done
+    python3 -m ignition.parallel.logits_check "$work/tiny-qwen3" --world 2 --device cuda \
+      --dtype bfloat16 --out "$out/tp-logits-bfloat16.json" > "$out/tp-logits-bfloat16.log" 2>&1 \
+      || status=1
+    tail -16 "$out/tp-logits-bfloat16.log"
     ;;
   *)
     echo "$usage" >&2

@@ -49,6 +49,23 @@ def test_two_ranks_answer_as_one(tmp_path: Path, family: str, tie: bool, bias: b
     assert float(report["relative_l2"]) < 1e-5, str(report)  # type: ignore[arg-type]
 
 
+def test_each_rank_runs_on_a_gpu_of_its_own_or_all_on_the_current_one() -> None:
+    # One H200 and two ranks: both on the current GPU (an unindexed "cuda" made
+    # set_device fail in every rank on the GPU machine).
+    assert logits_check.rank_device("cuda", 1, 2, gpus=1, current=0) == torch.device("cuda", 0)
+    assert logits_check.rank_device("cuda", 1, 2, gpus=2, current=0) == torch.device("cuda", 1)
+    assert logits_check.rank_device("cuda:3", 1, 2, gpus=8, current=0) == torch.device("cuda", 3)
+    assert logits_check.rank_device("cpu", 1, 2, gpus=0, current=0) == torch.device("cpu")
+
+
+def test_the_gpu_check_refuses_float32(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The prepared attention kernels take 16-bit floats on the GPU.
+    with pytest.raises(SystemExit) as exit_:
+        logits_check.main([str(tmp_path), "--device", "cuda", "--dtype", "float32"])
+    assert exit_.value.code == 2
+    assert "--dtype float32 runs on the CPU only" in capsys.readouterr().err
+
+
 def test_a_rank_holds_its_shards(tmp_path: Path) -> None:
     config = open_checkpoint(write_tiny(tmp_path / "qwen3", "qwen3")).config()
     meta = torch.device("meta")

@@ -53,12 +53,27 @@ class Run:
     chunk: int
 
 
+def rank_device(device: str, rank: int, world: int, gpus: int, current: int) -> torch.device:
+    """Where rank ``rank`` of ``world`` runs: an unindexed ``cuda`` is ``cuda:rank``
+    when there are ``gpus >= world``, else the ``current`` GPU (the ranks share it);
+    any other device as given."""
+    chosen = torch.device(device)
+    if chosen.type != "cuda" or chosen.index is not None:
+        return chosen
+    return torch.device("cuda", rank if gpus >= world else current)
+
+
 def _logits(run: Run, parallel: TensorParallel) -> torch.Tensor:
     options = replace(run.options, parallel=parallel)
     device = torch.device(options.device)
     if device.type == "cuda":
-        if device.index is None and torch.cuda.device_count() >= parallel.world:
-            device = torch.device("cuda", parallel.rank)
+        device = rank_device(
+            options.device,
+            parallel.rank,
+            parallel.world,
+            torch.cuda.device_count(),
+            torch.cuda.current_device(),
+        )
         # Triton launches on the current device, whatever its tensors' device.
         torch.cuda.set_device(device)
         options = replace(options, device=str(device))
@@ -107,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--world", type=int, default=2, help="ranks (default 2)")
     parser.add_argument(
-        "--dtype", choices=sorted(DTYPES), default="float32", help="(default float32)"
+        "--dtype",
+        choices=sorted(DTYPES),
+        default="float32",
+        help="(default float32; the GPU's attention kernels take bfloat16 only)",
     )
     parser.add_argument(
         "--device",
@@ -122,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk", type=int, default=32, help="prefill chunk (default 32)")
     parser.add_argument("--out", type=Path, help="the report, JSON")
     args = parser.parse_args(argv)
+    if torch.device(args.device).type == "cuda" and args.dtype != "bfloat16":
+        # The prepared attention kernels take 16-bit floats on the GPU.
+        parser.error(f"--dtype {args.dtype} runs on the CPU only; on the GPU use bfloat16")
     source, _ = served_checkpoint(open_checkpoint(args.checkpoint))
     vocab = int(source.config().vocab_size)
     generator = torch.Generator().manual_seed(0)
