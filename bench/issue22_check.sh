@@ -30,7 +30,12 @@
 #       harness's, cancellation, drain, whole-prompt restores answering identically),
 #       the suite's 32K tool-append agent trace (a 40K context) with its fork (cached
 #       plus prefilled tokens and TTFT per turn) and tools workload, and the native
-#       decode step at capacities 1 and 4.
+#       decode step at capacities 1 and 4 (with each checkpoint's snapshot and restore
+#       time). Together they outlast one call at 128 experts: run both detached,
+#         FLARE_START_S=300 GEOMETRY=qwen4-exp-h200 WORK=/dev/shm/flare-issue22 \
+#           bench/detached.sh start DIR 'bash bench/issue22_check.sh serve-prepare \
+#           $DETACHED_OUT FLARE && bash bench/issue22_check.sh serve $DETACHED_OUT FLARE'
+#       then `bench/detached.sh wait DIR SECONDS OUT` in each following call.
 #   bench/issue22_check.sh timeline OUT [kernel_timeline options...]
 #       the same geometry prepared in this process (no core: its 75 GB of weights
 #       outgrow the disk), its decode graphs at capacities 1 and 4 timed against the
@@ -120,9 +125,12 @@ write_tiny_hybrid(Path(sys.argv[1]))" "$work/tiny-hybrid" || exit 1
       exit $status
     fi
     bash bench/serve_check.sh "$out" "$dir" "$flare" -- "${prepare[@]}" || status=1
+    # The suite sizes the trace by its messages' words; the geometry's character-level
+    # tokenizer and the template make 28,672 of them about 39K prompt tokens, within
+    # the 40,960-token context (32,768 ran past it at turn 89).
     python3 -m bench.suite --url http://127.0.0.1:18080/v1 \
       --launch "$flare run $SERVE_CORE --port 18080" --engine flare --workloads agent tools \
-      --agent-tokens 32768 --tokenizer "$dir" --geometry "$dir/config.json" \
+      --agent-tokens 28672 --tokenizer "$dir" --geometry "$dir/config.json" \
       --measure-bandwidth --out "$out/suite-flare.json" 2>&1 | tee "$out/suite-flare.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     for capacity in 1 4; do
