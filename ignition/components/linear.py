@@ -561,6 +561,8 @@ def padded_linear(
     return F.linear(flat, weight, bias)[:rows].view(*x.shape[:-1], weight.shape[0])
 
 
+# A constant of the shapes and the device: Dynamo calls it rather than tracing it.
+@torch._dynamo.assume_constant_result
 def fills_the_device(n: int, k: int, device: torch.device, itemsize: int = 2) -> bool:
     """Whether the fixed-tile kernel's grid for an ``n`` x ``k`` weight gives at least
     half the device's SMs a program (the interpreter's one SM: always)."""
