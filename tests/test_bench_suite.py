@@ -561,16 +561,21 @@ def test_the_suite_cli_measures_a_server_and_the_report_compares_engines(
     assert "flare: long-512: 2 of 2 requests meant to be cold were served" in table
     assert "long-2048 skipped" in table
     # The server's own counters around each measurement: the two measured 512-token
-    # prompts were prepared once each and prefilled in one chunk each (completions
-    # have no message endpoints); each agent turn restored the previous prompt.
+    # prompts were prepared once each and each prefilled in one chunk (completions
+    # have no message endpoints) or, the second, restored the first's whole prompt
+    # when its prompt-end checkpoint was still cached (which checkpoints the two
+    # snapshot rows keep depends on when each capture's copy completes: the full
+    # suite under load once saw one prefill);
+    # each agent turn restored the previous prompt.
     server = results["server_metrics"]
     long_512 = server["long-512"]
     assert long_512["requests"] == 2
     assert long_512["delta"]["flare_prompt_preparation_seconds_count"] == 2
-    assert long_512["delta"]["flare_launches_prefill_total"] == 2
+    prefills = long_512["delta"]["flare_launches_prefill_total"]
+    assert prefills in (1, 2)
     assert long_512["delta"]["flare_launches_admit_total"] == 2
     assert server["agent-1500"]["delta"]["flare_launches_restore_total"] >= len(answered) - 1
-    assert metrics["server-prefill_launches-long-512"] == 1.0
+    assert metrics["server-prefill_launches-long-512"] == prefills / 2
     assert metrics["server-preparation_ms-long-512"] > 0
     # The model thread's time to first token: within the client's, above zero.
     assert long_512["delta"]["flare_time_to_first_token_seconds_count"] == 2
