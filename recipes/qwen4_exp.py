@@ -41,8 +41,8 @@ A request's decode arithmetic does not depend on which requests share its step
 (served at capacity 1 and in a batch of 4, the same request samples the same tokens):
 every projection of a decode step goes through ``invariant_project`` (the fixed-tile
 Triton kernel, or cuBLAS at a fixed row count for projections too narrow for it): the
-merged ones, the router's (``route``, the canonical router's forward) and the
-vocabulary head's explicitly, every other ``nn.Linear`` as a ``ProjectedLinear``
+merged ones and the router's (``route``, the canonical router's forward)
+explicitly, every ``nn.Linear`` (the vocabulary head's too) as a ``ProjectedLinear``
 (``project_linears``); GDN's and PLE's decode convolutions are sums of taps
 (``ignition.components.depthwise_conv``), not cuDNN. On the H200 the served
 50-prompt corpus matched the harness for none of its prompts at concurrency 1 before
@@ -839,8 +839,7 @@ class HybridModel:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 vocabulary logits of final hidden vectors."""
-        head = self.model.lm_head
-        return invariant_project(hidden, head.weight, head.bias).float()
+        return self.model.lm_head(hidden).float()  # a ProjectedLinear
 
     def compile_layers(self, **options: object) -> None:
         """Regional compilation: each decoder layer as its own compiled region

@@ -575,14 +575,13 @@ def invariant_project(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """``F.linear(x, weight, bias)``, batch-invariant per row for at most ``ROWS_TILE``
-    rows: the fixed-tile kernel (``project``) where it fills the device, else cuBLAS
-    at ``ROWS_TILE`` rows (``padded_linear``). More rows: cuBLAS as it is."""
-    if _rows(x) > ROWS_TILE:
-        return F.linear(x, weight, bias)
+    rows: cuBLAS at ``ROWS_TILE`` rows (``padded_linear``) where the fixed-tile kernel
+    would not fill the device, else ``project`` (that kernel; cuBLAS as it is for more
+    rows)."""
     n, k = weight.shape
-    if fills_the_device(n, k, x.device, weight.element_size()):
-        return project(x, weight, bias)
-    return padded_linear(x, weight, bias)
+    if _rows(x) <= ROWS_TILE and not fills_the_device(n, k, x.device, weight.element_size()):
+        return padded_linear(x, weight, bias)
+    return project(x, weight, bias)
 
 
 class ProjectedLinear(nn.Linear):
