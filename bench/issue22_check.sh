@@ -31,7 +31,8 @@
 #       the suite's 32K tool-append agent trace (a 40K context) with its fork (cached
 #       plus prefilled tokens and TTFT per turn) and tools workload, and the native
 #       decode step at capacities 1 and 4 (with each checkpoint's snapshot and restore
-#       time). Together they outlast one call at 128 experts: run both detached,
+#       time), then Transformers' own generate on the same weights at batches 1 and 4
+#       (bench/transformers_decode.py, the baseline in the same run). Together they outlast one call at 128 experts: run both detached,
 #         FLARE_START_S=300 GEOMETRY=qwen4-exp-h200 WORK=/dev/shm/flare-issue22 \
 #           bench/detached.sh start DIR 'bash bench/issue22_check.sh serve-prepare \
 #           $DETACHED_OUT FLARE && bash bench/issue22_check.sh serve $DETACHED_OUT FLARE'
@@ -138,6 +139,9 @@ write_tiny_hybrid(Path(sys.argv[1]))" "$work/tiny-hybrid" || exit 1
         --json "$out/bench-decode-c$capacity.json" > "$out/bench-decode-c$capacity.log" 2>&1 \
         || status=1
     done
+    python3 bench/transformers_decode.py "$dir" --batches 1 4 --new-tokens 16 --repeats 3 \
+      --out "$out/transformers-decode.json" > "$out/transformers-decode.log" 2>&1 || status=1
+    tail -3 "$out/transformers-decode.log"
     ;;
   timeline)
     python3 -m ignition.loading.random_weights --geometry qwen4-exp-h200 \
