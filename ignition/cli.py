@@ -37,7 +37,7 @@ def _add_preparation(parser: argparse.ArgumentParser) -> None:
         "--max-concurrency",
         type=int,
         default=4,
-        help="request slots; decode graphs at 1, 2, 4, ... up to it (default 4)",
+        help="request slots, at most 64; decode graphs at 1, 2, 4, ... up to it (default 4)",
     )
     parser.add_argument(
         "--prefill-chunk-size",

@@ -72,7 +72,7 @@ from ignition.components.kv_cache import (
     prefill_attention,
     rope_write_kv,
 )
-from ignition.components.linear import ROWS_TILE, RmsNorm, gated_project, project
+from ignition.components.linear import INVARIANT_ROWS, RmsNorm, gated_project, project
 from ignition.loading.mapping import Shard, WeightMapping
 from ignition.loading.source import CheckpointError
 from ignition.parallel.shard import ONE_RANK, TensorParallel
@@ -311,7 +311,7 @@ def rms_norm(module: nn.Module) -> RmsNorm:
 
 class DecodeFusedLayer(nn.Module):
     """The canonical decoder layer with its decode rows fused: mixed in ahead of the
-    canonical class (``fuse_decode``), it runs chunks of more than ``ROWS_TILE``
+    canonical class (``fuse_decode``), it runs chunks of more than ``INVARIANT_ROWS``
     tokens through the canonical forward, and up to that many with each residual
     addition in the epilogue of the projection before it (``h + o(attn)``,
     ``h + down(act)``, rounded as eager rounds them) and, with ``fuse_norms``, each
@@ -333,7 +333,7 @@ class DecodeFusedLayer(nn.Module):
         kv: torch.Tensor,
         **kwargs: object,
     ) -> torch.Tensor:
-        if hidden_states.shape[-2] > ROWS_TILE:
+        if hidden_states.shape[-2] > INVARIANT_ROWS:
             return super().forward(  # type: ignore[misc]
                 hidden_states, position_embeddings=position_embeddings, step=step, kv=kv, **kwargs
             )

@@ -4,7 +4,7 @@ its batch (bitwise), under Triton's interpreter here and on the GPU."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -14,6 +14,7 @@ from bench.rows_linear_bench import launch
 from ignition.components import linear
 from ignition.components.linear import (
     BLOCK_NS,
+    INVARIANT_ROWS,
     ROWS_TILE,
     ProjectedLinear,
     RmsNorm,
@@ -21,12 +22,13 @@ from ignition.components.linear import (
     fitted_block_k,
     gated_project,
     invariant_project,
-    padded_linear,
     project,
     project_linears,
+    split_shape,
     tile_shape,
     triton_rows_gated,
     triton_rows_linear,
+    triton_rows_split_linear,
 )
 
 
@@ -181,16 +183,18 @@ def test_gated_project_is_the_canonical_mlp_activation() -> None:
     x, w, _ = _operands("cpu", torch.float32, 2 * 24, 40)
     gate, up = torch.nn.functional.linear(x, w).chunk(2, dim=-1)
     expected = torch.nn.SiLU()(gate) * up
-    for rows in (ROWS_TILE, ROWS_TILE + 1):  # the fused kernel, then cuBLAS
-        many = torch.cat([x, x])[:rows].view(1, rows, -1)
+    copies = INVARIANT_ROWS // ROWS_TILE + 1
+    for rows in (INVARIANT_ROWS, INVARIANT_ROWS + 1):  # the fused kernel, then cuBLAS
+        many = torch.cat([x] * copies)[:rows].view(1, rows, -1)
         got = gated_project(many, w, torch.nn.SiLU())
-        torch.testing.assert_close(got[0], torch.cat([expected, expected])[:rows])
+        torch.testing.assert_close(got[0], torch.cat([expected] * copies)[:rows])
     with pytest.raises(ValueError, match="packed pair"):
         triton_rows_gated(x, w[:-1])
 
 
-def test_project_uses_cublas_beyond_the_tile() -> None:
-    x = torch.randn(2, ROWS_TILE + 1, 8)
+def test_project_uses_cublas_beyond_the_invariant_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = torch.randn(2, INVARIANT_ROWS // 2 + 1, 8)
+    monkeypatch.setattr(linear, "rows_linear", None)  # not called
     w = torch.randn(5, 8)
     assert torch.allclose(project(x, w), torch.nn.functional.linear(x, w))
 
@@ -241,9 +245,10 @@ def test_project_fuses_the_norm_and_residual_only_for_decode_rows() -> None:
     x, w, b = _operands("cpu", torch.float32, 24, 40)
     norm = RmsNorm(torch.rand(40) + 0.5, 1e-5)
     residual = torch.randn(ROWS_TILE, 24)
-    for rows in (ROWS_TILE, ROWS_TILE + 1):  # the fused kernel, then eager
-        many = torch.cat([x, x])[:rows].view(1, rows, -1)
-        extra = torch.cat([residual, residual])[:rows].view(1, rows, -1)
+    copies = INVARIANT_ROWS // ROWS_TILE + 1
+    for rows in (INVARIANT_ROWS, INVARIANT_ROWS + 1):  # the fused kernel, then eager
+        many = torch.cat([x] * copies)[:rows].view(1, rows, -1)
+        extra = torch.cat([residual] * copies)[:rows].view(1, rows, -1)
         got = project(many, w, b, norm=norm, residual=extra)
         expected = extra + torch.nn.functional.linear(norm(many), w, b)
         torch.testing.assert_close(got, expected)
@@ -324,42 +329,93 @@ def test_rows_linear_replays_in_a_graph() -> None:
         assert torch.equal(out, triton_rows_linear(x[:4], w, b))
 
 
-def test_narrow_projections_keep_cublas_at_a_fixed_row_count(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_narrow_projections_split_k_at_any_row_count(monkeypatch: pytest.MonkeyPatch) -> None:
     # The hybrid's decode projections at the H200 geometry on 132 SMs: the fixed-tile
-    # kernel for those whose grid gives at least half the SMs a program.
+    # kernel for those whose grid gives at least half the SMs a program, the K split
+    # for the rest (cuBLAS at 16 padded rows took 8 to 12 us for the 6.6 MB ones,
+    # bench/results/issue22/2026-12-03-h200-invariance).
     monkeypatch.setattr(linear, "_sm_count", lambda device: 132)
     cpu = torch.device("cpu")
     wide = [(16480, 2560), (2560, 6144), (11392, 2560), (2560, 640), (10240, 64)]
-    narrow = [(128, 2560), (68, 10240), (1281, 2560)]  # router, mix-in, shared-in
+    narrow = [(128, 2560), (324, 10240), (1281, 2560)]  # router, mix-in, shared-in
     assert all(fills_the_device(n, k, cpu) for n, k in wide)
     assert not any(fills_the_device(n, k, cpu) for n, k in narrow)
-    x = torch.randn(3, 2560, generator=torch.Generator().manual_seed(1))
-    w = torch.randn(128, 2560, generator=torch.Generator().manual_seed(2))
-    # The narrow one runs as one 16-row GEMM whatever the rows.
-    shapes: list[tuple[int, ...]] = []
+    # Near one program per SM: 11 column tiles x 12 ranges, 41 x 3, 4 x 10.
+    assert split_shape(324, 10240, 132) == (32, 128, 896)
+    assert split_shape(1281, 2560, 132) == (32, 128, 896)
+    assert split_shape(128, 2560, 132) == (32, 128, 256)
+    # At most 32 ranges; a K shorter than two steps in one.
+    assert split_shape(1, 65536, 132) == (32, 128, 2048)
+    assert split_shape(8, 100, 132) == (32, 128, 128)
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(128, 2560, generator=gen) / 50
+    calls: list[tuple[int, ...]] = []
     real_linear = torch.nn.functional.linear
 
     def spy(a: torch.Tensor, *rest: object) -> torch.Tensor:
-        shapes.append(tuple(a.shape))
+        calls.append(tuple(a.shape))
         return real_linear(a, *rest)
 
     monkeypatch.setattr(linear.F, "linear", spy)
-    y = invariant_project(x, w)
-    assert shapes == [(ROWS_TILE, 2560)]
-    torch.testing.assert_close(y, real_linear(x, w), rtol=1e-5, atol=1e-4)
+    for rows in (1, 3, INVARIANT_ROWS):
+        x = torch.randn(rows, 2560, generator=gen)
+        torch.testing.assert_close(invariant_project(x, w), real_linear(x, w))
+    assert not calls  # interpreted: the split kernels, never cuBLAS
+    x = torch.randn(INVARIANT_ROWS + 1, 2560, generator=gen)
+    invariant_project(x, w)
+    assert calls == [(INVARIANT_ROWS + 1, 2560)]
 
 
-def test_padded_linear_computes_the_rows_it_was_given() -> None:
-    gen = torch.Generator().manual_seed(3)
-    x = torch.randn(2, 3, 40, generator=gen)
-    w, b = torch.randn(24, 40, generator=gen), torch.randn(24, generator=gen)
-    y = padded_linear(x, w, b)
-    assert y.shape == (2, 3, 24)
-    torch.testing.assert_close(y, torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="17 rows exceed"):
-        padded_linear(torch.zeros(17, 40), w)
+def _many_rows_agree(run: Callable[[slice], torch.Tensor], rows: int) -> None:
+    """``run`` over all ``rows`` operand rows (several row tiles) against it over
+    smaller batches that start anywhere, in other tiles: the same bits for every row."""
+    full = run(slice(None))
+    for count in (1, 3, ROWS_TILE + 1):
+        for start in (0, 5, ROWS_TILE - 1, rows - count):
+            assert torch.equal(run(slice(start, start + count)), full[start : start + count])
+
+
+def _rows_operands(n: int, k: int, rows: int, device: str, dtype: torch.dtype):  # type: ignore[no-untyped-def]
+    gen = torch.Generator().manual_seed(n + k)
+    x = torch.randn(rows, k, generator=gen).to(device, dtype)
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(device, dtype)
+    b = torch.randn(n, generator=gen).to(device, dtype)
+    return x, w, b
+
+
+# fp32 through fp32 partials: far under 1e-5 for K <= 600.
+@pytest.mark.parametrize("k_split", [128, 256, 640])
+def test_the_k_split_matches_and_is_batch_invariant_interpreted(k_split: int) -> None:
+    x, w, b = _rows_operands(40, 600, 2 * ROWS_TILE + 5, "cpu", torch.float32)
+    reference = torch.nn.functional.linear(x.double(), w.double(), b.double())
+    full = triton_rows_split_linear(x, w, b, k_split=k_split)
+    assert (full.double() - reference).norm() / reference.norm() < 1e-5
+    _many_rows_agree(lambda r: triton_rows_split_linear(x[r], w, b, k_split=k_split), len(x))
+    no_bias = triton_rows_split_linear(x, w, None, k_split=k_split)
+    assert (no_bias.double() - (reference - b.double())).norm() / reference.norm() < 1e-5
+    with pytest.raises(ValueError, match="whole 128-column steps"):
+        triton_rows_split_linear(x, w, b, k_split=k_split + 64)
+    with pytest.raises(ValueError, match="exceed"):
+        triton_rows_split_linear(torch.zeros(INVARIANT_ROWS + 1, 600), w, b)
+
+
+def test_rows_past_one_tile_are_batch_invariant_interpreted() -> None:
+    # A decode step at 32 or 64 requests: the rows in tiles of ROWS_TILE, each row's
+    # bits those of the same request decoded alone or in any other batch.
+    x, w, b = _rows_operands(48, 200, 2 * ROWS_TILE + 5, "cpu", torch.float32)
+    reference = torch.nn.functional.linear(x.double(), w.double(), b.double())
+    full = triton_rows_linear(x, w, b)
+    assert (full.double() - reference).norm() / reference.norm() < 1e-5
+    norm = RmsNorm(torch.rand(200) + 0.5, 1e-5)
+    residual = torch.randn(x.shape[0], 48)
+    gate_up = torch.cat([w, w.flip(0)])
+    _many_rows_agree(lambda r: triton_rows_linear(x[r], w, b), len(x))
+    _many_rows_agree(
+        lambda r: triton_rows_linear(x[r], w, b, norm=norm, residual=residual[r]), len(x)
+    )
+    _many_rows_agree(lambda r: triton_rows_gated(x[r], gate_up, norm), len(x))
+    with pytest.raises(ValueError, match="exceed"):
+        triton_rows_linear(torch.zeros(INVARIANT_ROWS + 1, 200), w, b)
 
 
 def test_project_linears_swaps_plain_linears_in_place() -> None:
@@ -376,3 +432,31 @@ def test_project_linears_swaps_plain_linears_in_place() -> None:
     # another order.
     torch.testing.assert_close(model(x), want, rtol=1e-5, atol=1e-5)
     assert project_linears(model) == 0
+
+
+# bf16 operands, fp32 partials summed in order, one rounding: ~4e-3 relative.
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n", "k"), [(324, 10240), (1281, 2560), (128, 2560)])
+def test_the_k_split_matches_and_is_batch_invariant_on_gpu(n: int, k: int) -> None:
+    x, w, b = _rows_operands(n, k, 2 * ROWS_TILE + 5, "cuda", torch.bfloat16)
+    reference = torch.nn.functional.linear(x.double(), w.double(), b.double())
+    full = triton_rows_split_linear(x, w, b)
+    assert (full.double() - reference).norm() / reference.norm() < 8e-3
+    _many_rows_agree(lambda r: triton_rows_split_linear(x[r], w, b), len(x))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n", "k"), [(960, 576), (4096, 4096)])
+def test_rows_past_one_tile_are_batch_invariant_on_gpu(n: int, k: int) -> None:
+    x, w, b = _rows_operands(n, k, INVARIANT_ROWS, "cuda", torch.bfloat16)
+    norm = RmsNorm((torch.rand(k) + 0.5).to("cuda", torch.bfloat16), 1e-6)
+    residual = torch.randn(len(x), n).to("cuda", torch.bfloat16)
+    reference = torch.nn.functional.linear(x.double(), w.double(), b.double())
+    full = triton_rows_linear(x, w, b)
+    assert (full.double() - reference).norm() / reference.norm() < 8e-3
+    _many_rows_agree(lambda r: triton_rows_linear(x[r], w, b), len(x))
+    _many_rows_agree(
+        lambda r: triton_rows_linear(x[r], w, b, norm=norm, residual=residual[r]), len(x)
+    )
+    gate_up = torch.cat([w, w.flip(0)])
+    _many_rows_agree(lambda r: triton_rows_gated(x[r], gate_up, norm), len(x))

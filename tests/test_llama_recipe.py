@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from checkpoints import write_tiny
+from dispatched import batch_shaped, step_ops
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
@@ -15,8 +16,10 @@ from ignition.components.kv_cache import PagedKvCache
 from ignition.loading.mapping import check_coverage
 from ignition.loading.safetensors_source import SafetensorsCheckpoint
 from ignition.loading.source import CheckpointError
+from ignition.preparation.catalog import GraphKey, GraphKind
 from ignition.preparation.compile_flags import DecodeFusion
 from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare
+from ignition.replay.packing import SamplingParams, pack_admission, pack_chunk, pack_decode
 from ignition.replay.teacher_forcing import compare_logits, teacher_forced_logits
 from recipes import llama
 
@@ -28,9 +31,11 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     return write_tiny(tmp_path_factory.mktemp(request.param), request.param)
 
 
-def _prepare(path: Path, chunk: int = 128, decode_fusion: DecodeFusion = "none") -> PreparedModel:
+def _prepare(
+    path: Path, chunk: int = 128, decode_fusion: DecodeFusion = "none", concurrency: int = 4
+) -> PreparedModel:
     options = PrepareOptions(
-        max_concurrency=4,
+        max_concurrency=concurrency,
         prefill_chunk_size=chunk,
         context_limit=512,
         compile=False,
@@ -123,6 +128,30 @@ def test_fused_decode_layers_match_transformers(checkpoint: Path, fusion: Decode
     result = compare_logits(actual, reference)
     assert result.relative_l2 < FP32_RELATIVE_L2, result
     assert result.top10_overlap == 1.0
+
+
+@pytest.mark.parametrize("fusion", ["none", "norms"])
+def test_a_decode_step_past_one_row_tile_has_no_op_whose_kernel_follows_the_batch(
+    checkpoint: Path, fusion: DecodeFusion
+) -> None:
+    """A core prepared for 32 requests decodes 32 rows through Flare's batch-invariant
+    projections, as it does 16: at 32 they ran cuBLAS, whose kernel follows the row
+    count, so a request's tokens depended on how many others shared its step."""
+    prepared = _prepare(checkpoint, decode_fusion=fusion, concurrency=32)
+    assert 32 in prepared.catalog.decode
+    staging = prepared.storage.staging
+    prepared.storage.state.page_table[1, :2] = torch.tensor([1, 2], dtype=torch.int32)
+    prompt = torch.randint(3, 512, (20,), generator=torch.Generator().manual_seed(2)).tolist()
+    pack_admission(staging, 1, prompt, 100, SamplingParams(temperature=1.0), seed=1)
+    prepared.execute(GraphKey(GraphKind.ADMIT, 1))
+    pack_chunk(staging, 1, prompt, True)
+    prepared.execute(GraphKey(GraphKind.PREFILL, 128))
+    pack_decode(staging, [1], 32)
+    ops = step_ops(prepared, GraphKey(GraphKind.DECODE, 32))
+    assert not batch_shaped(ops), batch_shaped(ops)
+    layers = len(prepared.model.model.model.layers)
+    projections = sum(name.startswith("flare.rows_") for name, _ in ops)
+    assert projections >= 3 * layers + 1, ops  # qkv, o, gate/up (+ down); the head
 
 
 def test_chunked_prefill_matches_single_chunk(checkpoint: Path) -> None:

@@ -15,16 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 from checkpoints import TINY_HYBRID, WIDE_HYBRID, perturb_zero_initialized, write_tiny_hybrid
+from dispatched import batch_shaped, step_ops
 from fake_server import build_flare
 from torch._dynamo.testing import CompileCounter
-from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, DynamicCache
 from transformers.models.qwen4_exp.configuration_qwen4_exp import Qwen4ExpTextConfig
 from transformers.models.qwen4_exp.modeling_qwen4_exp import Qwen4ExpForCausalLM
 
 from ignition.components.continuation import ContinuationRows
 from ignition.components.kv_cache import AttentionStep, PagedKvCache, slot_mapping
-from ignition.components.linear import ROWS_TILE
 from ignition.components.rotary import RotaryTable
 from ignition.components.selector import token_mask
 from ignition.export import flare_core_pb2 as pb
@@ -856,52 +855,34 @@ def test_decode_rows_are_independent_of_batch_size_order_and_slot(
 # cuBLAS and cuDNN choose their kernels, and so a row's reduction order, by the
 # problem's shape: an op of these whose row count follows the batch breaks batch
 # invariance (Flare's kernels and ops of a fixed row count do not).
-_SHAPE_CHOSEN = {"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.convolution"}
+@pytest.fixture(scope="module")
+def prepared_for_32(checkpoint: Path) -> PreparedModel:
+    return prepare(checkpoint, replace(_options(torch.float32), max_concurrency=32))
 
 
-class _Recorder(TorchDispatchMode):
-    """The top-level ops a step dispatches (a custom op's own body is not seen)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[tuple[str, tuple[int, ...]]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        name = str(func.overloadpacket)
-        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
-        self.ops.append((name, tuple(first.shape) if first is not None else ()))
-        return func(*args, **(kwargs or {}))
-
-
-@pytest.mark.parametrize("capacity", [1, 2, 4])
+@pytest.mark.parametrize("capacity", [1, 2, 4, 32])
 def test_a_decode_step_has_no_op_whose_kernel_follows_the_batch(
-    prepared: PreparedModel, capacity: int
+    prepared: PreparedModel, prepared_for_32: PreparedModel, capacity: int
 ) -> None:
     # The served corpus on the H200 matched the harness for none of its 50 prompts at
     # concurrency 1 (bench/results/issue22/2026-12-03-h200-serve): every projection ran
-    # cuBLAS at the step's row count. Each must be Flare's (flare::rows_linear) or run
-    # at ROWS_TILE rows (padded_linear), and no convolution may run.
+    # cuBLAS at the step's row count. Each must be Flare's (flare::rows_linear, or
+    # flare::rows_split_linear for narrow weights), also past one 16-row tile (a
+    # 32-request step ran cuBLAS and the grouped experts), and no convolution may run.
+    model = prepared_for_32 if capacity > 4 else prepared
     prompt = _tokens(70, 30)
-    prepared.reset()
-    _pages(prepared, 1, [1, 2])
-    _admit(prepared, 1, prompt)
-    _prefill(prepared, 1, prompt, 0, len(prompt), last=True)
-    pack_decode(prepared.storage.staging, [1], capacity)
-    with _Recorder() as recorder:
-        prepared.execute(GraphKey(GraphKind.DECODE, capacity))
-    batch_shaped = [
-        (name, shape)
-        for name, shape in recorder.ops
-        if name in _SHAPE_CHOSEN and not (name in {"aten.mm", "aten.addmm"} and _padded(shape))
-    ]
-    assert not batch_shaped, batch_shaped
-    projections = sum(name == "flare.rows_linear" for name, _ in recorder.ops)
-    # Per layer at least the merged input and the output projections; the head.
-    assert projections >= 2 * GEOMETRY.layers + 1, recorder.ops
-
-
-def _padded(shape: tuple[int, ...]) -> bool:
-    return bool(shape) and shape[0] == ROWS_TILE
+    model.reset()
+    _pages(model, 1, [1, 2])
+    _admit(model, 1, prompt)
+    _prefill(model, 1, prompt, 0, len(prompt), last=True)
+    pack_decode(model.storage.staging, [1], capacity)
+    ops = step_ops(model, GraphKey(GraphKind.DECODE, capacity))
+    assert not batch_shaped(ops), batch_shaped(ops)
+    assert not [name for name, _ in ops if "grouped_mm" in name]
+    projections = sum(name.startswith("flare.rows_") for name, _ in ops)
+    # Per layer at least the merged input, the output, the shared expert's and the
+    # router's projections; the head.
+    assert projections >= 4 * GEOMETRY.layers + 1, ops
 
 
 @pytest.mark.gpu

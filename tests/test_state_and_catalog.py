@@ -7,6 +7,7 @@ import torch
 
 from ignition.components import state_transfer
 from ignition.components.kv_cache import PagedKvCache
+from ignition.components.linear import INVARIANT_ROWS
 from ignition.components.state_transfer import SnapshotRows
 from ignition.components.token_state import RequestState, StagingInputs
 from ignition.preparation.catalog import Catalog, CatalogError, GraphKind
@@ -36,6 +37,16 @@ def test_catalog_capacities() -> None:
 def test_catalog_rejects_unsupported_values(concurrency: int, chunk: int, context: int) -> None:
     with pytest.raises(CatalogError):
         Catalog.plan(concurrency, chunk, context, 64)
+
+
+def test_concurrency_options_up_to_the_batch_invariant_rows() -> None:
+    # 8, 16, 32 and 64 concurrent requests decode through the batch-invariant kernels;
+    # more would run cuBLAS, whose kernel follows the row count, and are refused.
+    for concurrency in (8, 16, 32, INVARIANT_ROWS):
+        assert Catalog.plan(concurrency, 128, 1024, 64).decode[-1] == concurrency
+    assert Catalog.plan(32, 128, 1024, 64).decode == (1, 2, 4, 8, 16, 32)
+    with pytest.raises(CatalogError, match="independent of their batch"):
+        Catalog.plan(INVARIANT_ROWS + 1, 128, 1024, 64)
 
 
 def test_catalog_rejects_more_rows_than_the_largest_capacity() -> None:

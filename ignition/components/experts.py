@@ -8,10 +8,12 @@ slot) pair; elsewhere ``routed_experts_ref`` does, rounding at the same points a
 Transformers' ``grouped_mm`` path (bf16 after each projection, the activation, the
 product and the weighting; the slots summed in fp32).
 
-``FUSED_MAX_TOKENS`` bounds where preparation uses it: each pair reads its expert
-once, so pairs that share an expert read it again. At 8 tokens of top-10 over 128
-experts that is 80 reads for about 60 distinct experts; the sorted grouped GEMMs of
-more tokens read each expert once.
+``FUSED_MAX_TOKENS`` bounds where preparation uses it: a decode step at any prepared
+concurrency (``INVARIANT_ROWS``), since each pair's result is independent of the
+batch, which the grouped GEMMs' (cuBLAS's kernel by group size) is not. Each pair
+reads its expert once, so pairs that share an expert read it again: at 8 tokens of
+top-10 over 128 experts that is 80 reads for about 60 distinct experts, at 32 tokens
+320 for about 118. The sorted grouped GEMMs of a prefill chunk read each expert once.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-FUSED_MAX_TOKENS = 8
+from ignition.components.linear import INVARIANT_ROWS
+
+FUSED_MAX_TOKENS = INVARIANT_ROWS
 
 
 def routed_experts_ref(

@@ -3,10 +3,13 @@
 cuBLAS picks its kernel (and so its reduction order) from the problem shape, so the
 same request decoded at capacity 1 and at capacity 4 can round differently, and a
 sampled token can then depend on which requests shared its batch. Projections of at
-most ``ROWS_TILE`` rows therefore use one Triton kernel whose tiling is fixed: every
-row is computed by the same tile shape and K loop whatever the row count, so a row's
-result is bitwise independent of its batch. Larger (prefill) projections use cuBLAS.
-The choice is by static shape, so each captured graph holds one operator per GEMM.
+most ``INVARIANT_ROWS`` rows (a decode step's at any prepared concurrency) therefore
+use Triton kernels whose tiling is fixed: the rows go in tiles of ``ROWS_TILE``, each
+computed by the same tile shape and K loop whatever the row count, so a row's result
+is bitwise independent of its batch. The row tiles of one column tile are neighbouring
+programs, so that the later tiles' reads of a weight tile can hit L2. Larger (prefill)
+projections use cuBLAS. The choice is by static shape, so each captured graph holds
+one operator per GEMM.
 
 The tile (``BLOCK_N`` output columns by ``BLOCK_K`` of the K loop) follows the
 weight's shape and the device, never the row count. Decode reads each weight once,
@@ -21,17 +24,22 @@ where a device copy moved 4.0).
 A row's result is bitwise independent of its batch at every tile; the width changes
 which program computes a column, not its arithmetic. A K split (fp32 partials summed
 in order by a second kernel) was measured against these tiles and never won (the
-bench of ``bench/results/issue5/2026-11-30e-two-gpus/``), so it is gone. The gated
+bench of ``bench/results/issue5/2026-11-30e-two-gpus/``), so weights that fill the
+device are never split. The gated
 variant (``triton_rows_gated``) streams a packed gate/up weight on the same tiles and
 applies SiLU and the product in its epilogue: the decode MLP's first half in one kernel.
 
 Projections too narrow for that kernel to give the GPU enough programs (a router's
-128 output columns are 4 programs of 32) keep cuBLAS, which splits K, at a fixed row
-count instead: ``padded_linear`` pads a decode step's rows to ``ROWS_TILE``, so cuBLAS
-sees one shape, and so one kernel and one reduction order per row, at every batch
-size. ``invariant_project`` chooses between the two by the weight's shape and the
-device, and ``ProjectedLinear`` is an ``nn.Linear`` that projects through it (a recipe
-swaps a canonical module's class: parameters, names and attributes unchanged).
+128 output columns are 4 programs of 32) split K instead (``rows_split_linear``):
+fp32 partials over fixed K ranges, one program per (row tile, column tile, range),
+then their sum in range order, rounded once. The ranges follow the weight's shape and
+the device (``split_shape``), so a row's sums are again the same at every batch size.
+cuBLAS, which splits K for such shapes itself, picks its kernel by the row count, and
+at 16 padded rows it took 8 to 12 us for the hybrid's 6.6 MB mix-in and shared-expert
+weights (``bench/results/issue22/2026-12-03-h200-invariance/``). ``invariant_project``
+chooses between the two by the weight's shape and the device, and ``ProjectedLinear``
+is an ``nn.Linear`` that projects through it (a recipe swaps a canonical module's
+class: parameters, names and attributes unchanged).
 
 Both kernels can take a decoder layer's RMSNorm (``norm``), and the plain one the
 residual addition in its epilogue (``residual``, rounded as eager rounds it), so a
@@ -63,6 +71,9 @@ from triton.runtime.interpreter import InterpretedFunction
 from ignition.components.triton_support import fix_interpreter_loop_bounds
 
 ROWS_TILE = 16
+# The most rows the batch-invariant kernels take, in tiles of ``ROWS_TILE`` (a decode
+# step at the largest prepared concurrency; preparation refuses more).
+INVARIANT_ROWS = 64
 # Output tile widths the kernel runs at (every one gives the same bits); ``tile_shape``
 # picks from the first two.
 BLOCK_NS = (64, 32, 16)
@@ -73,6 +84,12 @@ BLOCK_KS = (512, 256, 128)
 # shared memory an H200 program may take (227 KiB; 64x512 bf16 tiles would need 320).
 STAGES = 4
 PIPELINE_BYTES = 192 << 10
+# The K split of projections too narrow to fill the device (``split_shape``): K
+# steps, the fewest per range, the most ranges; and the sum kernel's block.
+SPLIT_BLOCK_K = 128
+SPLIT_MIN_STEPS = 2
+SPLIT_MAX = 32
+SUM_BLOCK = 1024
 # The interpreter's stand-in for a device's SM count: one, so it runs the widest tile
 # (the fewest programs, each a Python loop there); every width gives the same bits.
 INTERPRETER_SMS = 1
@@ -108,16 +125,16 @@ def _rows_dot(
     stride_xm,
     stride_wn,
     eps,
+    rm,
     rn,
     NORM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """fp32 ``x @ w[rn].T`` for the tile's ``BLOCK_M`` rows; with ``NORM``,
+    """fp32 ``x[rm] @ w[rn].T`` for the tile's ``BLOCK_M`` rows; with ``NORM``,
     ``rms_norm(x) @ w[rn].T`` as ``(x * g) @ w[rn].T`` scaled by each row's inverse
     RMS (gain ``g_ptr``, ``eps``), the statistic gathered in the same K loop."""
-    rm = tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -192,13 +209,13 @@ def _rows_linear_kernel(
     BLOCK_K: tl.constexpr,
 ):
     """``residual + linear(rms_norm(x))``, each part optional (``NORM``: gain
-    ``g_ptr`` and ``eps``; ``RESIDUAL``: ``r_ptr``)."""
-    pid = tl.program_id(0)
-    rm = tl.arange(0, BLOCK_M)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    ``g_ptr`` and ``eps``; ``RESIDUAL``: ``r_ptr``), of row tile ``program_id(0)``
+    and column tile ``program_id(1)``."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = _rows_dot(
-        x_ptr, w_ptr, g_ptr, M, N, K, stride_xm, stride_wn, eps, rn, NORM, BLOCK_M, BLOCK_N,
-        BLOCK_K,
+        x_ptr, w_ptr, g_ptr, M, N, K, stride_xm, stride_wn, eps, rm, rn, NORM, BLOCK_M,
+        BLOCK_N, BLOCK_K,
     )  # fmt: skip
     _store_rows(acc, b_ptr, r_ptr, y_ptr, M, N, stride_rm, stride_ym, rm, rn, HAS_BIAS, RESIDUAL)
 
@@ -224,10 +241,10 @@ def _rows_gated_kernel(
     """``silu(gate) * up`` of columns ``rn`` for the packed weight ``w [2N, K]``
     (gate rows, then up rows): both tiles stream in one K loop, each projection is
     rounded to y's dtype, then the activation, then the product (eager rounding).
-    With ``NORM``, of x's rows normalized (gain ``g_ptr``, ``eps``; as ``_rows_dot``)."""
-    pid = tl.program_id(0)
-    rm = tl.arange(0, BLOCK_M)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    With ``NORM``, of x's rows normalized (gain ``g_ptr``, ``eps``; as ``_rows_dot``).
+    Row tile ``program_id(0)``, column tile ``program_id(1)``."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -258,6 +275,72 @@ def _rows_gated_kernel(
         (act * up.to(dtype).to(tl.float32)).to(dtype),
         mask=(rm[:, None] < M) & (rn[None, :] < N),
     )
+
+
+@triton.jit
+def _rows_split_kernel(
+    x_ptr,
+    w_ptr,
+    p_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    K_SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """fp32 ``x[rm] @ w[rn].T`` over K range ``program_id(2)`` (``K_SPLIT`` columns,
+    the K loop of ``_rows_dot`` over that range) of row tile ``program_id(0)`` and
+    column tile ``program_id(1)``, stored to the partials ``p [splits, M, N]``."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    split = tl.program_id(2)
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K_SPLIT, BLOCK_K):
+        kk = split * K_SPLIT + k0 + rk
+        x = tl.load(
+            x_ptr + rm[:, None] * stride_xm + kk[None, :],
+            mask=(rm[:, None] < M) & (kk[None, :] < K),
+            other=0.0,
+        )
+        w = tl.load(
+            w_ptr + rn[:, None] * stride_wn + kk[None, :],
+            mask=(rn[:, None] < N) & (kk[None, :] < K),
+            other=0.0,
+        )
+        acc = tl.dot(x, tl.trans(w), acc)
+    tl.store(
+        p_ptr + split * M * N + rm[:, None] * N + rn[None, :],
+        acc,
+        mask=(rm[:, None] < M) & (rn[None, :] < N),
+    )
+
+
+@triton.jit
+def _split_sum_kernel(
+    p_ptr,
+    b_ptr,
+    y_ptr,
+    MN,
+    N,
+    SPLITS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """``y = sum of the partials p [SPLITS, M, N] in split order + bias``, rounded
+    once to y's dtype (contiguous ``[M, N]``, ``MN`` elements)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for split in tl.static_range(SPLITS):
+        acc += tl.load(p_ptr + split * MN + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 if isinstance(_rows_linear_kernel, InterpretedFunction):
@@ -318,8 +401,8 @@ class RmsNorm(NamedTuple):
 
 
 def _check_rows(x: torch.Tensor, k: int, norm: RmsNorm | None) -> None:
-    if x.shape[0] > ROWS_TILE:
-        raise ValueError(f"{x.shape[0]} rows exceed the batch-invariant tile of {ROWS_TILE}")
+    if x.shape[0] > INVARIANT_ROWS:
+        raise ValueError(f"{x.shape[0]} rows exceed the batch-invariant kernels' {INVARIANT_ROWS}")
     if x.shape[1] != k:
         raise ValueError(f"x has {x.shape[1]} columns for a weight of {k}")
     if norm is not None and (norm.weight.shape != (k,) or norm.weight.dtype != x.dtype):
@@ -339,7 +422,7 @@ def triton_rows_linear(
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``residual + rms_norm(x) @ w.T + b`` (norm and residual optional; the norm
-    scales the sums, see the module's docstring) for x [rows <= ROWS_TILE, K];
+    scales the sums, see the module's docstring) for x [rows <= INVARIANT_ROWS, K];
     batch-invariant per row.
     ``width`` and ``block_k``: the tile (default ``tile_shape`` of the weight and
     device); ``bench/rows_linear_bench.py`` times others against it."""
@@ -355,7 +438,7 @@ def triton_rows_linear(
     x = x.contiguous()
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     res = y if residual is None else residual.contiguous()
-    _rows_linear_kernel[(triton.cdiv(n, width),)](
+    _rows_linear_kernel[(triton.cdiv(rows, ROWS_TILE), triton.cdiv(n, width))](
         x, w, w if b is None else b, w if norm is None else norm.weight, res, y, rows, n, k,
         x.stride(0), w.stride(0), res.stride(0), y.stride(0), 0.0 if norm is None else norm.eps,
         HAS_BIAS=b is not None, NORM=norm is not None, RESIDUAL=residual is not None,
@@ -368,7 +451,7 @@ def triton_rows_linear(
 def triton_rows_gated(
     x: torch.Tensor, gate_up: torch.Tensor, norm: RmsNorm | None = None
 ) -> torch.Tensor:
-    """``silu(x @ gate.T) * (x @ up.T)`` for x [rows <= ROWS_TILE, K] (normalized by
+    """``silu(x @ gate.T) * (x @ up.T)`` for x [rows <= INVARIANT_ROWS, K] (normalized by
     ``norm`` when given) and the packed ``gate_up [2 * intermediate, K]``,
     in one kernel; batch-invariant per row. The tile is the packed weight's
     (``tile_shape``): each program streams half its width of gate rows and the same
@@ -382,11 +465,63 @@ def triton_rows_gated(
     n = n2 // 2
     x = x.contiguous()
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    _rows_gated_kernel[(triton.cdiv(n, width // 2),)](
+    _rows_gated_kernel[(triton.cdiv(rows, ROWS_TILE), triton.cdiv(n, width // 2))](
         x, gate_up, gate_up if norm is None else norm.weight, y, rows, n, k, x.stride(0),
         gate_up.stride(0), y.stride(0), 0.0 if norm is None else norm.eps,
         NORM=norm is not None, BLOCK_M=ROWS_TILE,
         BLOCK_N=width // 2, BLOCK_K=block_k, num_warps=4, num_stages=STAGES,
+    )  # fmt: skip
+    return y
+
+
+def split_shape(n: int, k: int, sms: int) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, K_SPLIT) of the K-split kernel for an ``n`` x ``k`` weight
+    on ``sms`` SMs: the narrowest tile, and K in ranges of whole ``SPLIT_BLOCK_K``
+    steps (at least ``SPLIT_MIN_STEPS``, at most ``SPLIT_MAX`` ranges) so that the
+    column tiles times the ranges come near one program per SM."""
+    width = TILE_WIDTHS[-1]
+    wanted = max(1, sms // triton.cdiv(n, width))
+    steps = max(SPLIT_MIN_STEPS, triton.cdiv(triton.cdiv(k, wanted), SPLIT_BLOCK_K))
+    steps = max(steps, triton.cdiv(triton.cdiv(k, SPLIT_MAX), SPLIT_BLOCK_K))
+    return width, SPLIT_BLOCK_K, min(steps * SPLIT_BLOCK_K, _round_up(k, SPLIT_BLOCK_K))
+
+
+def _round_up(value: int, step: int) -> int:
+    return triton.cdiv(value, step) * step
+
+
+def triton_rows_split_linear(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    k_split: int | None = None,
+    width: int | None = None,
+) -> torch.Tensor:
+    """``x @ w.T + b`` for x [rows <= INVARIANT_ROWS, K] in two kernels: fp32
+    partials over K ranges of ``k_split`` columns (default ``split_shape``), then
+    their sum in range order with the bias, rounded once; batch-invariant per row.
+    For weights too narrow for ``triton_rows_linear`` to give the device enough
+    programs."""
+    rows = x.shape[0]
+    n, k = w.shape
+    _check_rows(x, k, None)
+    default_width, block_k, default_split = split_shape(n, k, _sm_count(x.device))
+    width = width or default_width
+    k_split = k_split or default_split
+    if k_split % block_k:
+        raise ValueError(f"a K range of {k_split} is not whole {block_k}-column steps")
+    splits = triton.cdiv(k, k_split)
+    x = x.contiguous()
+    partials = torch.empty(splits, rows, n, dtype=torch.float32, device=x.device)
+    _rows_split_kernel[(triton.cdiv(rows, ROWS_TILE), triton.cdiv(n, width), splits)](
+        x, w, partials, rows, n, k, x.stride(0), w.stride(0),
+        K_SPLIT=k_split, BLOCK_M=ROWS_TILE, BLOCK_N=width, BLOCK_K=block_k,
+        num_warps=4, num_stages=STAGES,
+    )  # fmt: skip
+    y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    _split_sum_kernel[(triton.cdiv(rows * n, SUM_BLOCK),)](
+        partials, w if b is None else b, y, rows * n, n,
+        SPLITS=splits, HAS_BIAS=b is not None, BLOCK=SUM_BLOCK,
     )  # fmt: skip
     return y
 
@@ -503,6 +638,29 @@ def _rows_linear_fake(
     return x.new_empty(x.shape[0], w.shape[0])
 
 
+@torch.library.custom_op("flare::rows_split_linear", mutates_args=())
+def rows_split_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """Batch-invariant projection of a few rows by a narrow weight, K split (torch
+    reference on the CPU)."""
+    if _interprets(x):
+        return triton_rows_split_linear(x, w, b)
+    return F.linear(x, w, b)
+
+
+@rows_split_linear.register_kernel("cuda")
+def _rows_split_linear_cuda(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None
+) -> torch.Tensor:
+    return triton_rows_split_linear(x, w, b)
+
+
+@rows_split_linear.register_fake
+def _rows_split_linear_fake(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None
+) -> torch.Tensor:
+    return x.new_empty(x.shape[0], w.shape[0])
+
+
 def _rows(x: torch.Tensor) -> int:
     return x.numel() // x.shape[-1]
 
@@ -517,7 +675,7 @@ def project(
     """``residual + linear(norm(x))`` over the last dimension (norm and residual
     optional), batch-invariant in one kernel when it has few rows."""
     rows = _rows(x)
-    if rows > ROWS_TILE:
+    if rows > INVARIANT_ROWS:
         return _eager_linear(x, weight, bias, norm, residual)
     out_shape = (*x.shape[:-1], weight.shape[0])
     flat = rows_linear(
@@ -541,24 +699,10 @@ def gated_project(
     kernel, whose activation is SiLU (the caller's ``act_fn`` must be); more: cuBLAS,
     then ``act_fn`` and the product."""
     rows = _rows(x)
-    if rows > ROWS_TILE:
+    if rows > INVARIANT_ROWS:
         return _eager_gated(x, gate_up, norm, act_fn)
     flat = rows_gated(x.reshape(rows, x.shape[-1]), gate_up, *_norm_args(norm))
     return flat.view(*x.shape[:-1], gate_up.shape[0] // 2)
-
-
-def padded_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-) -> torch.Tensor:
-    """``F.linear`` of at most ``ROWS_TILE`` rows (over the last dimension), computed
-    at ``ROWS_TILE`` rows (zeros below): cuBLAS picks its kernel by the problem's
-    shape, so one row count gives a row the same reduction order at every batch
-    size."""
-    rows = _rows(x)
-    if rows > ROWS_TILE:
-        raise ValueError(f"{rows} rows exceed the padded row count of {ROWS_TILE}")
-    flat = F.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, ROWS_TILE - rows))
-    return F.linear(flat, weight, bias)[:rows].view(*x.shape[:-1], weight.shape[0])
 
 
 # A constant of the shapes and the device: Dynamo calls it rather than tracing it.
@@ -574,13 +718,15 @@ def fills_the_device(n: int, k: int, device: torch.device, itemsize: int = 2) ->
 def invariant_project(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``, batch-invariant per row for at most ``ROWS_TILE``
-    rows: cuBLAS at ``ROWS_TILE`` rows (``padded_linear``) where the fixed-tile kernel
-    would not fill the device, else ``project`` (that kernel; cuBLAS as it is for more
-    rows)."""
+    """``F.linear(x, weight, bias)``, batch-invariant per row for at most
+    ``INVARIANT_ROWS`` rows: K split (``rows_split_linear``) where the fixed-tile
+    kernel would not fill the device, else ``project`` (that kernel; cuBLAS as it is
+    for more rows)."""
     n, k = weight.shape
-    if _rows(x) <= ROWS_TILE and not fills_the_device(n, k, x.device, weight.element_size()):
-        return padded_linear(x, weight, bias)
+    rows = _rows(x)
+    if rows <= INVARIANT_ROWS and not fills_the_device(n, k, x.device, weight.element_size()):
+        flat = rows_split_linear(x.reshape(rows, k), weight, bias)
+        return flat.view(*x.shape[:-1], n)
     return project(x, weight, bias)
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from ignition.components.linear import INVARIANT_ROWS
+
 
 class CatalogError(ValueError):
     """A requested capacity the catalog cannot provide; the message says which and why."""
@@ -58,6 +60,12 @@ class Catalog:
         256, ... below ``prefill_chunk_size`` plus it (a limit of 64 captures one graph)."""
         if max_concurrency < 1:
             raise CatalogError(f"--max-concurrency must be at least 1, got {max_concurrency}")
+        if max_concurrency > INVARIANT_ROWS:
+            raise CatalogError(
+                f"--max-concurrency {max_concurrency} exceeds {INVARIANT_ROWS}, the most "
+                "decode rows whose results stay independent of their batch; serve more "
+                "requests with a second server"
+            )
         if context_limit < page_size or context_limit % page_size:
             raise CatalogError(
                 f"context limit {context_limit} must be a positive multiple of the "
