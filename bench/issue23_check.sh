@@ -8,11 +8,20 @@
 #       checkpoints captured after the one chunk holding them on a positional-KV
 #       core, sampled by the resume graph) and the maintenance graphs' GPU tests
 #       (tests/test_prefix_operations.py, the interior-endpoint capture included).
+#   bench/issue23_check.sh concurrency OUT MODEL [kernel_timeline options...]
+#       the prepared-concurrency options (OPTIONS, default "4 8 16 32"): MODEL
+#       prepared once per option with --max-concurrency of it (compiled, captured),
+#       each decode step timed at capacity 1 and at the option and attributed by
+#       kernel (bench/kernel_timeline.py, OUT/option-N.json), then the options side by
+#       side (bench/concurrency_report.py, OUT/options.md): capture time, scratch and
+#       graph pool, KV pages, step, tokens per second. Pass --geometry (a
+#       bench/suite/report.py name or config.json) for the roofline; the 8B's four
+#       preparations outlast one call, so run it detached (bench/detached.sh).
 #
 # Needs the flare_heliopause wheel importable (WHEELS, as bench/suite_gpu.sh installs
 # them).
 set -uo pipefail
-usage="usage: bench/issue23_check.sh serving OUT"
+usage="usage: bench/issue23_check.sh serving OUT | concurrency OUT MODEL [options...]"
 part=${1:?$usage}
 out=${2:?$usage}
 shift 2
@@ -28,6 +37,18 @@ case $part in
     python3 -m pytest -m gpu tests/test_serving.py tests/test_prefix_operations.py -q \
       -p no:cacheprovider -rs 2>&1 | tee "$out/pytest-gpu.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    ;;
+  concurrency)
+    model=${1:?$usage}
+    shift
+    results=()
+    for option in ${OPTIONS:-4 8 16 32}; do
+      python3 bench/kernel_timeline.py "$model" --capacities 1 "$option" \
+        --out "$out/option-$option.json" "$@" > "$out/option-$option.log" 2>&1 \
+        && results+=("$out/option-$option.json") || { status=1; tail -5 "$out/option-$option.log"; }
+    done
+    [ ${#results[@]} -gt 0 ] && python3 bench/concurrency_report.py "${results[@]}" \
+      --out "$out/options.md" || status=1
     ;;
   *)
     echo "$usage" >&2

@@ -180,6 +180,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "model": str(args.model),
         "options": compile_options(args),
         "steps": args.steps,
+        # What this preparation cost: its times (load, compile and capture) and bytes.
+        "preparation": {
+            "max_concurrency": catalog.max_concurrency,
+            "decode_capacities": list(catalog.decode),
+            "timings_s": dict(prepared.timings),
+            "memory_bytes": prepared.memory.as_dict(),
+        },
         "capacities": {},
     }
     for capacity in capacities:
@@ -222,6 +229,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         steps_us = _unprofiled_steps_us(prepared, key, args.steps)
         summary["step_us"] = statistics.median(steps_us)
         summary["step_p99_us"] = _p99(steps_us)
+        # Every request samples one token a step.
+        summary["tokens_per_s"] = capacity / (summary["step_us"] * 1e-6)
         if geometry is not None:
             # The mean context of the unprofiled steps.
             context = args.prompt_tokens + args.warmup + args.steps + args.steps // 2

@@ -2,7 +2,7 @@
 projections of SmolLM2-135M and Qwen3-8B, over tile shapes, against cuBLAS and the
 device's copy bandwidth: the data behind the kernel's tile choice.
 
-    python bench/rows_linear_bench.py [--out bench.json]
+    python bench/rows_linear_bench.py [--out bench.json] [--narrow]
 
 For each weight shape and 1 and 4 rows: the time per call inside a CUDA graph, over
 weight copies larger than L2 together (``bench/cuda_timing.py``), per (BLOCK_N,
@@ -11,7 +11,10 @@ GB/s, beside a device-to-device copy of the same bytes; for gate/up, also the fu
 projection with SiLU and the product that serving launches; and the decode layer's
 fused variants (``fused_ms``: qkv and gate/up with the RMSNorm prologue, o and down
 with the residual epilogue), whose difference from the plain kernel is what the
-fusion costs inside the projection. Needs a GPU.
+fusion costs inside the projection. ``--narrow`` times only the K split of weights too
+narrow for the kernel (the hybrid's) against cuBLAS at the same and at 16 padded rows,
+and the kernel past one row tile (32 and 64 rows, Qwen3-8B) against cuBLAS. Needs a
+GPU.
 """
 
 from __future__ import annotations
@@ -31,9 +34,11 @@ from ignition.components.linear import (
     ROWS_TILE,
     RmsNorm,
     _rows_linear_kernel,
+    split_shape,
     tile_shape,
     triton_rows_gated,
     triton_rows_linear,
+    triton_rows_split_linear,
 )
 
 # (model, projection, out features N, in features K)
@@ -63,7 +68,7 @@ def launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, tile: tuple[int, i
     block_n, block_k, stages, warps = tile
     rows, k = x.shape
     n = w.shape[0]
-    return lambda: _rows_linear_kernel[(triton.cdiv(n, block_n),)](
+    return lambda: _rows_linear_kernel[(triton.cdiv(rows, ROWS_TILE), triton.cdiv(n, block_n))](
         x, w, w, w, y, y, rows, n, k, x.stride(0), w.stride(0), y.stride(0), y.stride(0), 0.0,
         HAS_BIAS=False, NORM=False, RESIDUAL=False, BLOCK_M=ROWS_TILE,
         BLOCK_N=block_n, BLOCK_K=block_k,
@@ -76,12 +81,85 @@ def over(weights: list[torch.Tensor], call: Callable[[torch.Tensor], object]) ->
     return median_graph_ms([lambda w=w: call(w) for w in weights])
 
 
+# The hybrid's decode projections too narrow for the fixed-tile kernel (Qwen3.8 Flash
+# at the H200 geometry): each hyperconnection's mix-in, the shared expert's merged
+# input, the router.
+NARROW_SHAPES = [
+    ("qwen4-exp-h200", "mix_in", 324, 10240),
+    ("qwen4-exp-h200", "shared_in", 1281, 2560),
+    ("qwen4-exp-h200", "router", 128, 2560),
+]
+
+
+def narrow_and_many_rows(sms: int) -> list[dict[str, object]]:
+    """The K split (its default ranges and others) against cuBLAS at the same rows and
+    at 16 padded ones, for the narrow shapes at 1 to 32 rows; and the fixed-tile
+    kernel past one row tile (a step of 32 or 64 requests) against cuBLAS, for
+    Qwen3-8B's projections."""
+    device = torch.device("cuda")
+    out: list[dict[str, object]] = []
+    for model, name, n, k in NARROW_SHAPES:
+        w = torch.randn(n, k, device=device, dtype=torch.bfloat16) / k**0.5
+        weights = [w] + [w.clone() for _ in range(cold_copies(w.numel() * w.element_size()) - 1)]
+        _, block_k, default = split_shape(n, k, sms)
+        for rows in (1, 4, 16, 32):
+            x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
+            padded = torch.zeros(max(rows, ROWS_TILE), k, device=device, dtype=torch.bfloat16)
+            splits = {
+                k_split: over(
+                    weights, lambda w, x=x, s=k_split: triton_rows_split_linear(x, w, None, s)
+                )
+                for k_split in sorted(
+                    {default, 2 * block_k, 4 * block_k, 8 * block_k, 16 * block_k}
+                )
+            }
+            cublas = over(weights, lambda w, x=x: F.linear(x, w))
+            cublas_padded = over(weights, lambda w, p=padded: F.linear(p, w))
+            out.append(dict(model=model, projection=name, n=n, k=k, rows=rows,
+                            default_split=default, split_ms=splits, cublas_ms=cublas,
+                            cublas_padded_ms=cublas_padded))  # fmt: skip
+            print(
+                f"{model:14} {name:9} {n:5}x{k:5} rows {rows:2}: split {default} "
+                f"{splits[default] * 1e3:6.1f} us (best {min(splits.values()) * 1e3:6.1f}), "
+                f"cuBLAS {cublas * 1e3:6.1f} us, padded {cublas_padded * 1e3:6.1f} us"
+            )
+    for model, name, n, k in SHAPES:
+        if model != "qwen3-8b" or name == "lm_head":
+            continue
+        w = torch.randn(n, k, device=device, dtype=torch.bfloat16) / k**0.5
+        weights = [w] + [w.clone() for _ in range(cold_copies(w.numel() * w.element_size()) - 1)]
+        for rows in (16, 32, 64):
+            x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
+            kernel = over(weights, lambda w, x=x: triton_rows_linear(x, w, None))
+            cublas = over(weights, lambda w, x=x: F.linear(x, w))
+            out.append(dict(model=model, projection=name, n=n, k=k, rows=rows,
+                            rows_kernel_ms=kernel, cublas_ms=cublas))  # fmt: skip
+            gb = w.numel() * w.element_size() / 1e9
+            print(
+                f"{model:14} {name:9} {n:5}x{k:5} rows {rows:2}: fixed tile {kernel * 1e3:6.1f} us "
+                f"({gb / kernel * 1e3:5.0f} GB/s), cuBLAS {cublas * 1e3:6.1f} us"
+            )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--narrow",
+        action="store_true",
+        help="only the K split at the narrow shapes and the kernel past one row tile",
+    )
     args = parser.parse_args()
     device = torch.device("cuda")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if args.narrow:
+        rows_out = narrow_and_many_rows(sms)
+        if args.out:
+            args.out.write_text(
+                json.dumps({"device": torch.cuda.get_device_name(), "rows": rows_out})
+            )
+        return
     rows_out = []
     for model, name, n, k in SHAPES:
         w = torch.randn(n, k, device=device, dtype=torch.bfloat16)

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from bench.concurrency_report import table as concurrency_table
 from bench.fastest_fusion import fastest
 from bench.fastest_fusion import table as fusion_table
 from bench.kernel_timeline import _p99, markdown, summarize
@@ -106,3 +107,28 @@ def test_the_fastest_fusion_is_chosen_at_one_capacity() -> None:
     with pytest.raises(ValueError, match="capacity 2"):
         fastest(results, capacity=2)
     assert "| residuals | 4 | 300 | 4500.0 | - | - | - |" in fusion_table(results)
+
+
+def _option(option: int, step_c1: float, step: float) -> dict[str, Any]:
+    memory = {"operator_scratch_and_graph_pool": 3 * (1 << 20), "kv_page_count": 100 - option}
+    capacities = {"1": {"step_us": step_c1}, str(option): {"step_us": step, "step_p99_us": step}}
+    capacities[str(option)]["tokens_per_s"] = option / (step * 1e-6)
+    return {
+        "preparation": {
+            "max_concurrency": option,
+            "decode_capacities": [1, 2, 4, 8, 16, 32][: option.bit_length()],
+            "timings_s": {"load_s": 1.5, "compile_capture_s": 10.0 * option},
+            "memory_bytes": memory,
+        },
+        "capacities": capacities,
+    }
+
+
+def test_the_concurrency_options_are_tabled_in_ascending_order() -> None:
+    text = concurrency_table([_option(32, 4400.0, 6000.0), _option(8, 4390.0, 4700.0)])
+    lines = text.splitlines()
+    assert len(lines) == 4
+    # 8 requests a step of 4.7 ms: 1,702 tokens/s; 32 of 6 ms: 5,333.
+    assert lines[2].startswith("| 8 | 4 | 1.5 | 80.0 | 3.0 | 92 | 4,390.0 | 4,700.0 |")
+    assert "| 1,702 | - |" in lines[2]
+    assert lines[3].startswith("| 32 | 6 | 1.5 | 320.0 |") and "| 5,333 | - |" in lines[3]
