@@ -21,22 +21,26 @@
 #       outgrow the GPU machine's disk) exported with --max-concurrency 4, compiled
 #       layer by layer, then `flare replay --check` and the native decode step at
 #       capacities 1 and 4.
-#   bench/issue22_check.sh serve-prepare OUT FLARE [prepare options...]
-#   bench/issue22_check.sh serve OUT FLARE [prepare options...]
-#       bench/serve_check.sh on the GEOMETRY in two calls on one machine (WORK keeps
-#       the core and the harness's answers between them; /dev/shm writes 45 GB far
-#       faster than the disk): first the 50 agent prompts through the Python harness
-#       and the core exported; then `flare run` serving them (outputs against the
-#       harness's, cancellation, drain, whole-prompt restores answering identically),
-#       the suite's 32K tool-append agent trace (a 40K context) with its fork (cached
-#       plus prefilled tokens and TTFT per turn) and tools workload, and the native
-#       decode step at capacities 1 and 4 (with each checkpoint's snapshot and restore
-#       time), then Transformers' own generate on the same weights at batches 1 and 4
-#       (bench/transformers_decode.py, the baseline in the same run). Together they outlast one call at 128 experts: run both detached,
-#         FLARE_START_S=300 GEOMETRY=qwen4-exp-h200 WORK=/dev/shm/flare-issue22 \
-#           bench/detached.sh start DIR 'bash bench/issue22_check.sh serve-prepare \
-#           $DETACHED_OUT FLARE && bash bench/issue22_check.sh serve $DETACHED_OUT FLARE'
-#       then `bench/detached.sh wait DIR SECONDS OUT` in each following call.
+#   bench/issue22_check.sh corpus OUT FLARE [prepare options...]
+#       bench/serve_check.sh's corpus part on the GEOMETRY (SERVE_PARTS=corpus): the core
+#       exported with a 24,576-token context (the longest agent prompt, 20K tokens of
+#       this character-level tokenizer, and its answer) and, in the same process over
+#       the exported graphs, the Python harness's answers to the 50 agent prompts;
+#       `flare run` serving them at concurrency 1, 2 and 4 against those answers,
+#       cancellation and drain. Sized for one call at 128 experts with --no-compile
+#       (the last run's phases add up to about 8 minutes; a compiled export's Inductor
+#       work adds about 2.5 more).
+#   bench/issue22_check.sh trace OUT FLARE [prepare options...]
+#       the GEOMETRY's core exported with a 40,960-token context, then served: the
+#       suite's 32K tool-append agent trace with its fork (cached plus prefilled tokens
+#       and TTFT per turn, the fork's restore) and tools workload; then, while the
+#       call's time lasts (TRACE_BUDGET_S, default 540 s from the start), the whole-
+#       prompt restores of bench/serve_check.sh (SERVE_PARTS=prefix) and the native
+#       decode step at capacities 1 and 4 with each checkpoint's snapshot and restore.
+#   bench/issue22_check.sh transformers OUT
+#       Transformers' own generate on the GEOMETRY's weights at batches 1 and 4
+#       (bench/transformers_decode.py): the baseline for the decode step; run it in the
+#       same call as `timeline`.
 #   bench/issue22_check.sh timeline OUT [kernel_timeline options...]
 #       the same geometry prepared in this process (no core: its 75 GB of weights
 #       outgrow the disk), its decode graphs at capacities 1 and 4 timed against the
@@ -46,7 +50,7 @@
 # Needs fla-core 0.6.0 and einops importable, and the flare_heliopause wheel (WHEELS,
 # as bench/suite_gpu.sh installs them).
 set -uo pipefail
-usage="usage: bench/issue22_check.sh tests OUT | experts OUT | tiny OUT FLARE | h200 OUT FLARE [options] | serve-prepare OUT FLARE [options] | serve OUT FLARE [options] | timeline OUT [options]"
+usage="usage: bench/issue22_check.sh tests OUT | experts OUT | tiny OUT FLARE | h200 OUT FLARE [options] | corpus OUT FLARE [options] | trace OUT FLARE [options] | transformers OUT | timeline OUT [options]"
 part=${1:?$usage}
 out=${2:?$usage}
 shift 2
@@ -109,7 +113,7 @@ write_tiny_hybrid(Path(sys.argv[1]))" "$work/tiny-hybrid" || exit 1
         || status=1
     done
     ;;
-  serve-prepare | serve)
+  corpus | trace)
     flare=${1:?$usage}
     shift
     geometry=${GEOMETRY:-qwen4-exp-h200-e64}
@@ -117,28 +121,49 @@ write_tiny_hybrid(Path(sys.argv[1]))" "$work/tiny-hybrid" || exit 1
     # The marker file is written last: a directory without it is incomplete.
     [ -f "$dir/random-weights.json" ] || python3 -m ignition.loading.random_weights \
       --geometry "$geometry" --out "$dir" > /dev/null || exit 1
-    export SERVE_CORE=$work/$geometry-serve-core SERVE_PYTHON_JSON=$work/$geometry-python.json
-    prepare=(--max-concurrency 4 --context-limit 40960 --compile-scope layer
-      --prefill-chunk-size 512 "$@")
-    if [ "$part" = serve-prepare ]; then
-      SERVE_STAGE=prepare bash bench/serve_check.sh "$out" "$dir" "$flare" -- "${prepare[@]}" \
-        || status=1
+    if [ "$part" = corpus ]; then
+      SERVE_PARTS=corpus bash bench/serve_check.sh "$out" "$dir" "$flare" -- \
+        --max-concurrency 4 --context-limit 24576 --prefill-chunk-size 512 \
+        --snapshot-rows 4 "$@" || status=1
       exit $status
     fi
-    bash bench/serve_check.sh "$out" "$dir" "$flare" -- "${prepare[@]}" || status=1
+    core=$work/$geometry-trace-core
+    rm -rf "$core"
+    python3 -m ignition.cli prepare "$dir" --out "$core" --max-concurrency 4 \
+      --context-limit 40960 --prefill-chunk-size 512 "$@" > "$out/export.log" 2>&1 \
+      || { tail -20 "$out/export.log"; exit 1; }
     # The suite sizes the trace by its messages' words; the geometry's character-level
     # tokenizer and the template make 28,672 of them about 39K prompt tokens, within
     # the 40,960-token context (32,768 ran past it at turn 89).
     python3 -m bench.suite --url http://127.0.0.1:18080/v1 \
-      --launch "$flare run $SERVE_CORE --port 18080" --engine flare --workloads agent tools \
+      --launch "$flare run $core --port 18080" --engine flare --workloads agent tools \
       --agent-tokens 28672 --tokenizer "$dir" --geometry "$dir/config.json" \
       --measure-bandwidth --out "$out/suite-flare.json" 2>&1 | tee "$out/suite-flare.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-    for capacity in 1 4; do
-      "$flare" replay "$SERVE_CORE" --bench-decode $capacity --steps 256 \
-        --json "$out/bench-decode-c$capacity.json" > "$out/bench-decode-c$capacity.log" 2>&1 \
+    budget=${TRACE_BUDGET_S:-540}
+    # Each part below loads the core again (about 40 s at 128 experts).
+    if [ $SECONDS -lt $((budget - 200)) ]; then
+      SERVE_PARTS=prefix SERVE_CORE=$core \
+        timeout $((budget - SECONDS)) bash bench/serve_check.sh "$out" "$dir" "$flare" \
         || status=1
+    else
+      echo "trace: no time left for the whole-prompt restores" | tee -a "$out/skipped.txt"
+    fi
+    for capacity in 1 4; do
+      if [ $SECONDS -lt $((budget - 80)) ]; then
+        timeout $((budget - SECONDS)) "$flare" replay "$core" --bench-decode $capacity \
+          --steps 256 --json "$out/bench-decode-c$capacity.json" \
+          > "$out/bench-decode-c$capacity.log" 2>&1 || status=1
+      else
+        echo "trace: no time left for the decode step at $capacity" | tee -a "$out/skipped.txt"
+      fi
     done
+    ;;
+  transformers)
+    geometry=${GEOMETRY:-qwen4-exp-h200-e64}
+    dir=$work/$geometry
+    [ -f "$dir/random-weights.json" ] || python3 -m ignition.loading.random_weights \
+      --geometry "$geometry" --out "$dir" > /dev/null || exit 1
     python3 bench/transformers_decode.py "$dir" --batches 1 4 --new-tokens 16 --repeats 3 \
       --out "$out/transformers-decode.json" > "$out/transformers-decode.log" 2>&1 || status=1
     tail -3 "$out/transformers-decode.log"

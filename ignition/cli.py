@@ -108,6 +108,8 @@ def _prepare(args: argparse.Namespace, capture: bool) -> PreparedModel:
 def _cmd_prepare(args: argparse.Namespace) -> int:
     if args.out is not None:
         return _cmd_export(args)
+    if args.replay_out is not None:
+        raise CheckpointError("--replay-out answers over exported graphs: it needs --out")
     prepared = _prepare(args, capture=True)
     catalog = prepared.catalog
     print(f"model        {prepared.name} ({prepared.fingerprint[:16]})")
@@ -126,7 +128,18 @@ def _cmd_export(args: argparse.Namespace) -> int:
         raise CheckpointError("--out exports graphs, which needs --device cuda")
     if args.out.exists() and any(args.out.iterdir()):
         raise CheckpointError(f"{args.out} exists and is not empty; choose a new directory")
-    report = export_core(args.model or default_model_path(), _options(args, True), args.out)
+    replay_out: Path | None = args.replay_out
+    after = None
+    if replay_out is not None:
+        # Read now: a bad prompts file must fail before minutes of preparation.
+        prompts = load_prompts(args.prompts, args.prompt or [])
+
+        def after(prepared: PreparedModel) -> None:
+            replay_out.write_text(json.dumps(answer_prompts(prepared, args, prompts), indent=1))
+
+    report = export_core(
+        args.model or default_model_path(), _options(args, True), args.out, after_export=after
+    )
     print(report.to_json())
     return 0
 
@@ -157,8 +170,12 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: dict[str, object])
     return list(tokenizer.encode(str(prompt["text"])))
 
 
-def _cmd_replay(args: argparse.Namespace) -> int:
-    prepared = _prepare(args, capture=not args.eager)
+def answer_prompts(
+    prepared: PreparedModel, args: argparse.Namespace, prompts: list[dict[str, object]]
+) -> dict[str, object]:
+    """The Python harness's answers to ``prompts`` with the request flags of ``args``
+    (``_add_requests``), printed one per line and returned as ``replay --out`` writes
+    them."""
     # The flags are a request's sampling fields (an omitted flag is an omitted field),
     # resolved by the policy Helios applies to the same request.
     sampling = resolve_sampling(
@@ -168,7 +185,6 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         top_p=args.top_p,
         min_p=args.min_p,
     )
-    prompts = load_prompts(args.prompts, args.prompt or [])
     requests = [
         Request(
             i, encode_prompt(prepared.tokenizer, p), args.max_new_tokens, sampling, args.seed + i
@@ -190,12 +206,34 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             }
         )
         print(f"[{result.id}] ({result.finish_reason}, {len(result.tokens)} tokens) {text}")
+    return {"sampling": sampling.__dict__, "results": records}
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    prompts = load_prompts(args.prompts, args.prompt or [])
+    prepared = _prepare(args, capture=not args.eager)
+    answers = answer_prompts(prepared, args, prompts)
     if args.out:
-        args.out.write_text(
-            json.dumps({"sampling": sampling.__dict__, "results": records}, indent=1)
-        )
+        args.out.write_text(json.dumps(answers, indent=1))
     prepared.close()
     return 0
+
+
+def _add_requests(parser: argparse.ArgumentParser) -> None:
+    """The requests the harness answers: prompts, length and sampling fields."""
+    parser.add_argument("--prompt", action="append", help="a user message (repeatable)")
+    parser.add_argument(
+        "--prompts", type=Path, help='JSONL: {"messages": [...]} or {"text": "..."} per line'
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    # Resolved as Helios resolves a request's fields (ignition.replay.sampling_policy):
+    # a value clamps into the core's declared range; without a range, or omitted, the
+    # parameter takes the declared default.
+    parser.add_argument("--temperature", type=float, help="> 0 (default: the core's)")
+    parser.add_argument("--top-k", type=int, help="0 or -1 disables (default: the core's)")
+    parser.add_argument("--top-p", type=float, help="1 disables (default: the core's)")
+    parser.add_argument("--min-p", type=float, help="0 disables (default: the core's)")
+    parser.add_argument("--seed", type=int, default=0, help="request i uses seed + i")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -213,6 +251,14 @@ def build_parser() -> argparse.ArgumentParser:
         "contents, kernel images, qualification sequence) for `flare run` / `flare replay`; "
         "needs flare_heliopause and CUPTI",
     )
+    prep.add_argument(
+        "--replay-out",
+        type=Path,
+        help="with --out: once the core is written, answer the requests below with the "
+        "Python harness over the exported graphs, in this process, and write them as "
+        "`replay --out` does (the same graphs `flare run` serves, prepared once)",
+    )
+    _add_requests(prep.add_argument_group("requests for --replay-out"))
     prep.set_defaults(func=_cmd_prepare)
     replay = sub.add_parser(
         "replay",
@@ -220,19 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
         "from Python with continuous batching (never production serving)",
     )
     _add_preparation(replay)
-    replay.add_argument("--prompt", action="append", help="a user message (repeatable)")
-    replay.add_argument(
-        "--prompts", type=Path, help='JSONL: {"messages": [...]} or {"text": "..."} per line'
-    )
-    replay.add_argument("--max-new-tokens", type=int, default=64)
-    # Resolved as Helios resolves a request's fields (ignition.replay.sampling_policy):
-    # a value clamps into the core's declared range; without a range, or omitted, the
-    # parameter takes the declared default.
-    replay.add_argument("--temperature", type=float, help="> 0 (default: the core's)")
-    replay.add_argument("--top-k", type=int, help="0 or -1 disables (default: the core's)")
-    replay.add_argument("--top-p", type=float, help="1 disables (default: the core's)")
-    replay.add_argument("--min-p", type=float, help="0 disables (default: the core's)")
-    replay.add_argument("--seed", type=int, default=0, help="request i uses seed + i")
+    _add_requests(replay)
     replay.add_argument(
         "--eager", action="store_true", help="run the prepared operations without graphs"
     )

@@ -22,15 +22,23 @@ from ignition.export.core_dir import read_core_dir
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _export(checkpoint: Path, core: Path) -> dict[str, object]:
+PREPARATION = ["--max-concurrency", "4", "--prefill-chunk-size", "256", "--context-limit", "512"]
+PREPARATION += ["--kv-pages", "64", "--snapshot-rows", "2", "--no-compile"]
+REQUESTS = ["--prompt", "Name three rivers.", "--prompt", "Count to five.", "--prompt", "Hi"]
+REQUESTS += ["--max-new-tokens", "24", "--temperature", "0.8", "--top-k", "20", "--seed", "7"]
+
+
+def _ignition(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    args = [sys.executable, "-m", "ignition.cli", "prepare", str(checkpoint), "--out", str(core)]
-    args += ["--max-concurrency", "4", "--prefill-chunk-size", "256", "--context-limit", "512"]
-    args += ["--kv-pages", "64", "--snapshot-rows", "2", "--no-compile"]
-    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=900)
+    command = [sys.executable, "-m", "ignition.cli", *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+
+
+def _export(checkpoint: Path, core: Path, *extra: str) -> dict[str, object]:
+    done = _ignition("prepare", str(checkpoint), "--out", str(core), *PREPARATION, *extra)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    return json.loads(done.stdout[done.stdout.index("{") :])
+    return json.loads(done.stdout[done.stdout.rfind("\n{") + 1 :])
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
@@ -102,3 +110,31 @@ def test_in_process_replay_through_heliopause(exported: Path) -> None:
     assert lines, done.stdout[-3000:]
     matched, total, allocation_free = lines[-1].split()[1:]
     assert int(matched) == int(total) > 0 and allocation_free == "True"
+
+
+@pytest.mark.gpu
+def test_the_exporting_process_answers_as_a_fresh_harness(tmp_path: Path) -> None:
+    """``prepare --out CORE --replay-out`` answers over the exported graphs after
+    resetting them to the core's initial contents: the same tokens as the harness of a
+    separate preparation (``replay``), so serving checks need one preparation."""
+    checkpoint = write_tiny(tmp_path / "ckpt", "llama", hidden=128, head_dim=32)
+    report = _export(
+        checkpoint, tmp_path / "core", "--replay-out", str(tmp_path / "in.json"), *REQUESTS
+    )
+    assert report["timings"]["after_export_s"] > 0
+    done = _ignition(
+        "replay", str(checkpoint), *PREPARATION, *REQUESTS, "--out", str(tmp_path / "own.json")
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    exported = json.loads((tmp_path / "in.json").read_text())
+    fresh = json.loads((tmp_path / "own.json").read_text())
+    assert exported["sampling"] == fresh["sampling"]
+    assert [r["tokens"] for r in exported["results"]] == [r["tokens"] for r in fresh["results"]]
+    assert all(len(r["tokens"]) > 0 for r in exported["results"])
+
+
+def test_replay_answers_need_an_export(tmp_path: Path) -> None:
+    done = _ignition("prepare", "--replay-out", str(tmp_path / "answers.json"), "--device", "cpu")
+    assert done.returncode == 2
+    assert "--replay-out answers over exported graphs: it needs --out" in done.stderr
+    assert not (tmp_path / "answers.json").exists()
