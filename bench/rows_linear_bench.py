@@ -34,6 +34,7 @@ from ignition.components.linear import (
     ROWS_TILE,
     RmsNorm,
     _rows_linear_kernel,
+    row_tiles,
     split_shape,
     tile_shape,
     triton_rows_gated,
@@ -68,9 +69,11 @@ def launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, tile: tuple[int, i
     block_n, block_k, stages, warps = tile
     rows, k = x.shape
     n = w.shape[0]
-    return lambda: _rows_linear_kernel[(triton.cdiv(rows, ROWS_TILE), triton.cdiv(n, block_n))](
+    tiles = row_tiles(rows)
+    grid = (triton.cdiv(rows, tiles * ROWS_TILE), triton.cdiv(n, block_n))
+    return lambda: _rows_linear_kernel[grid](
         x, w, w, w, y, y, rows, n, k, x.stride(0), w.stride(0), y.stride(0), y.stride(0), 0.0,
-        HAS_BIAS=False, NORM=False, RESIDUAL=False, BLOCK_M=ROWS_TILE,
+        HAS_BIAS=False, NORM=False, RESIDUAL=False, ROW_TILES=tiles, BLOCK_M=ROWS_TILE,
         BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
@@ -82,11 +85,13 @@ def over(weights: list[torch.Tensor], call: Callable[[torch.Tensor], object]) ->
 
 
 # The hybrid's decode projections too narrow for the fixed-tile kernel (Qwen3.8 Flash
-# at the H200 geometry): each hyperconnection's mix-in, the shared expert's merged
-# input, the router.
+# at the H200 geometry): each hyperconnection's mix-in, the MoE block's merged input
+# (the shared expert's gate, up and sigmoid gate, and the router), and those two
+# halves as they ran before the merge.
 NARROW_SHAPES = [
     ("qwen4-exp-h200", "mix_in", 324, 10240),
-    ("qwen4-exp-h200", "shared_in", 1281, 2560),
+    ("qwen4-exp-h200", "shared_in", 1409, 2560),
+    ("qwen4-exp-h200", "shared_in-1281", 1281, 2560),
     ("qwen4-exp-h200", "router", 128, 2560),
 ]
 

@@ -15,15 +15,19 @@ from ignition.components import linear
 from ignition.components.linear import (
     BLOCK_NS,
     INVARIANT_ROWS,
+    PIPELINE_BYTES,
     ROWS_TILE,
+    STAGES,
     ProjectedLinear,
     RmsNorm,
     fills_the_device,
     fitted_block_k,
     gated_project,
     invariant_project,
+    pipeline_stages,
     project,
     project_linears,
+    row_tiles,
     split_shape,
     tile_shape,
     triton_rows_gated,
@@ -337,13 +341,14 @@ def test_narrow_projections_split_k_at_any_row_count(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(linear, "_sm_count", lambda device: 132)
     cpu = torch.device("cpu")
     wide = [(16480, 2560), (2560, 6144), (11392, 2560), (2560, 640), (10240, 64)]
-    narrow = [(128, 2560), (324, 10240), (1281, 2560)]  # router, mix-in, shared-in
+    narrow = [(128, 2560), (324, 10240), (1281, 2560), (1409, 2560)]  # and with the router
     assert all(fills_the_device(n, k, cpu) for n, k in wide)
     assert not any(fills_the_device(n, k, cpu) for n, k in narrow)
     # Near one program per SM: 11 column tiles x 12 ranges, 41 x 3, 4 x 10.
     assert split_shape(324, 10240, 132) == (32, 128, 896)
     assert split_shape(1281, 2560, 132) == (32, 128, 896)
     assert split_shape(128, 2560, 132) == (32, 128, 256)
+    assert split_shape(1409, 2560, 132) == (32, 128, 1280)  # 45 x 2
     # At most 32 ranges; a K shorter than two steps in one.
     assert split_shape(1, 65536, 132) == (32, 128, 2048)
     assert split_shape(8, 100, 132) == (32, 128, 128)
@@ -418,6 +423,23 @@ def test_rows_past_one_tile_are_batch_invariant_interpreted() -> None:
         triton_rows_linear(torch.zeros(INVARIANT_ROWS + 1, 200), w, b)
 
 
+def test_one_program_takes_every_row_tile_of_a_decode_step() -> None:
+    # Each weight tile is read once whatever the row count: a step's rows all go to one
+    # program per column tile (at 64 rows in 16-row tiles, four re-reads of every
+    # weight made the Qwen3-8B projections 2x slower than at 16 on the H200).
+    assert [row_tiles(rows) for rows in (1, 16, 17, 32, 33, 64)] == [1, 1, 2, 2, 3, 4]
+    assert row_tiles(INVARIANT_ROWS) * ROWS_TILE == INVARIANT_ROWS
+    # More row tiles shorten the pipeline, never the tile or its K step; within the
+    # shared memory at every serving shape (SmolLM2-135M and Qwen3-8B on 132 SMs).
+    for n, k in [(960, 576), (3072, 576), (49152, 576), (6144, 4096), (24576, 4096)]:
+        width, block_k = tile_shape(n, k, 132)
+        assert pipeline_stages(1, width, block_k, 2) == STAGES
+        for tiles in range(1, row_tiles(INVARIANT_ROWS) + 1):
+            stages = pipeline_stages(tiles, width, block_k, 2)
+            assert 2 <= stages <= STAGES
+            assert stages * (tiles * ROWS_TILE + width) * block_k * 2 <= PIPELINE_BYTES
+
+
 def test_project_linears_swaps_plain_linears_in_place() -> None:
     torch.manual_seed(4)
     model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
@@ -436,7 +458,7 @@ def test_project_linears_swaps_plain_linears_in_place() -> None:
 
 # bf16 operands, fp32 partials summed in order, one rounding: ~4e-3 relative.
 @pytest.mark.gpu
-@pytest.mark.parametrize(("n", "k"), [(324, 10240), (1281, 2560), (128, 2560)])
+@pytest.mark.parametrize(("n", "k"), [(324, 10240), (1409, 2560), (128, 2560)])
 def test_the_k_split_matches_and_is_batch_invariant_on_gpu(n: int, k: int) -> None:
     x, w, b = _rows_operands(n, k, 2 * ROWS_TILE + 5, "cuda", torch.bfloat16)
     reference = torch.nn.functional.linear(x.double(), w.double(), b.double())

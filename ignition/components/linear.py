@@ -6,9 +6,12 @@ sampled token can then depend on which requests shared its batch. Projections of
 most ``INVARIANT_ROWS`` rows (a decode step's at any prepared concurrency) therefore
 use Triton kernels whose tiling is fixed: the rows go in tiles of ``ROWS_TILE``, each
 computed by the same tile shape and K loop whatever the row count, so a row's result
-is bitwise independent of its batch. The row tiles of one column tile are neighbouring
-programs, so that the later tiles' reads of a weight tile can hit L2. Larger (prefill)
-projections use cuBLAS. The choice is by static shape, so each captured graph holds
+is bitwise independent of its batch. One program takes all of a step's row tiles
+(``row_tiles``) and multiplies each weight tile it loads into every one of them by the
+same 16-row dot: the weight is read once at any row count (with a program per row
+tile, 64 rows read it four times, partly from L2, and the Qwen3-8B projections ran
+twice as long as at 16; ``bench/results/issue23/2026-12-04-h200-concurrency/``).
+Larger (prefill) projections use cuBLAS. The choice is by static shape, so each captured graph holds
 one operator per GEMM.
 
 The tile (``BLOCK_N`` output columns by ``BLOCK_K`` of the K loop) follows the
@@ -74,6 +77,8 @@ ROWS_TILE = 16
 # The most rows the batch-invariant kernels take, in tiles of ``ROWS_TILE`` (a decode
 # step at the largest prepared concurrency; preparation refuses more).
 INVARIANT_ROWS = 64
+# Row tiles one program multiplies each weight tile into (``_rows_dot``).
+MAX_ROW_TILES = INVARIANT_ROWS // ROWS_TILE
 # Output tile widths the kernel runs at (every one gives the same bits); ``tile_shape``
 # picks from the first two.
 BLOCK_NS = (64, 32, 16)
@@ -115,6 +120,13 @@ def _inv_rms(squares, K, eps):
 
 
 @triton.jit
+def _x_tile(x_ptr, rm, kk, M, K, stride_xm):
+    """x's ``[BLOCK_M, BLOCK_K]`` tile of rows ``rm`` and columns ``kk`` (zero outside)."""
+    mask = (rm[:, None] < M) & (kk[None, :] < K)
+    return tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
 def _rows_dot(
     x_ptr,
     w_ptr,
@@ -128,31 +140,60 @@ def _rows_dot(
     rm,
     rn,
     NORM: tl.constexpr,
+    ROW_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """fp32 ``x[rm] @ w[rn].T`` for the tile's ``BLOCK_M`` rows; with ``NORM``,
-    ``rms_norm(x) @ w[rn].T`` as ``(x * g) @ w[rn].T`` scaled by each row's inverse
-    RMS (gain ``g_ptr``, ``eps``), the statistic gathered in the same K loop."""
+    """fp32 ``x[rm + t * BLOCK_M] @ w[rn].T`` for the program's ``ROW_TILES`` (1 to 4)
+    row tiles ``t``, four accumulators (those past ``ROW_TILES`` stay zero): each
+    weight tile is loaded once and multiplied into every row tile by the same
+    ``BLOCK_M``-row dot, so a row's arithmetic is that of one tile whatever the row
+    count. With ``NORM``, ``rms_norm(x) @ w[rn].T`` as ``(x * g) @ w[rn].T`` scaled by
+    each row's inverse RMS (gain ``g_ptr``, ``eps``), the statistic gathered in the
+    same K loop."""
     rk = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc3 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    sq0 = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    sq1 = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    sq2 = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    sq3 = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
-        x_mask = (rm[:, None] < M) & (kk[None, :] < K)
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=x_mask, other=0.0)
-        if NORM:
-            x, squares = _gained(x, g_ptr, kk, K, squares)
         w = tl.load(
             w_ptr + rn[:, None] * stride_wn + kk[None, :],
             mask=(rn[:, None] < N) & (kk[None, :] < K),
             other=0.0,
         )
-        acc = tl.dot(x, tl.trans(w), acc)
+        wt = tl.trans(w)
+        x = _x_tile(x_ptr, rm, kk, M, K, stride_xm)
+        if NORM:
+            x, sq0 = _gained(x, g_ptr, kk, K, sq0)
+        acc0 = tl.dot(x, wt, acc0)
+        if ROW_TILES > 1:
+            x = _x_tile(x_ptr, rm + BLOCK_M, kk, M, K, stride_xm)
+            if NORM:
+                x, sq1 = _gained(x, g_ptr, kk, K, sq1)
+            acc1 = tl.dot(x, wt, acc1)
+        if ROW_TILES > 2:
+            x = _x_tile(x_ptr, rm + 2 * BLOCK_M, kk, M, K, stride_xm)
+            if NORM:
+                x, sq2 = _gained(x, g_ptr, kk, K, sq2)
+            acc2 = tl.dot(x, wt, acc2)
+        if ROW_TILES > 3:
+            x = _x_tile(x_ptr, rm + 3 * BLOCK_M, kk, M, K, stride_xm)
+            if NORM:
+                x, sq3 = _gained(x, g_ptr, kk, K, sq3)
+            acc3 = tl.dot(x, wt, acc3)
     if NORM:
-        acc *= _inv_rms(squares, K, eps)[:, None]
-    return acc
+        acc0 *= _inv_rms(sq0, K, eps)[:, None]
+        acc1 *= _inv_rms(sq1, K, eps)[:, None]
+        acc2 *= _inv_rms(sq2, K, eps)[:, None]
+        acc3 *= _inv_rms(sq3, K, eps)[:, None]
+    return acc0, acc1, acc2, acc3
 
 
 @triton.jit
@@ -204,20 +245,55 @@ def _rows_linear_kernel(
     HAS_BIAS: tl.constexpr,
     NORM: tl.constexpr,
     RESIDUAL: tl.constexpr,
+    ROW_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     """``residual + linear(rms_norm(x))``, each part optional (``NORM``: gain
-    ``g_ptr`` and ``eps``; ``RESIDUAL``: ``r_ptr``), of row tile ``program_id(0)``
-    and column tile ``program_id(1)``."""
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    ``g_ptr`` and ``eps``; ``RESIDUAL``: ``r_ptr``), of the ``ROW_TILES`` row tiles
+    of ``program_id(0)`` and column tile ``program_id(1)``."""
+    rm = tl.program_id(0) * ROW_TILES * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = _rows_dot(
-        x_ptr, w_ptr, g_ptr, M, N, K, stride_xm, stride_wn, eps, rm, rn, NORM, BLOCK_M,
-        BLOCK_N, BLOCK_K,
+    acc0, acc1, acc2, acc3 = _rows_dot(
+        x_ptr, w_ptr, g_ptr, M, N, K, stride_xm, stride_wn, eps, rm, rn, NORM, ROW_TILES,
+        BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
-    _store_rows(acc, b_ptr, r_ptr, y_ptr, M, N, stride_rm, stride_ym, rm, rn, HAS_BIAS, RESIDUAL)
+    _store_rows(acc0, b_ptr, r_ptr, y_ptr, M, N, stride_rm, stride_ym, rm, rn, HAS_BIAS, RESIDUAL)
+    if ROW_TILES > 1:
+        _store_rows(
+            acc1, b_ptr, r_ptr, y_ptr, M, N, stride_rm, stride_ym, rm + BLOCK_M, rn, HAS_BIAS,
+            RESIDUAL,
+        )  # fmt: skip
+    if ROW_TILES > 2:
+        _store_rows(
+            acc2, b_ptr, r_ptr, y_ptr, M, N, stride_rm, stride_ym, rm + 2 * BLOCK_M, rn,
+            HAS_BIAS, RESIDUAL,
+        )  # fmt: skip
+    if ROW_TILES > 3:
+        _store_rows(
+            acc3, b_ptr, r_ptr, y_ptr, M, N, stride_rm, stride_ym, rm + 3 * BLOCK_M, rn,
+            HAS_BIAS, RESIDUAL,
+        )  # fmt: skip
+
+
+@triton.jit
+def _store_gated(gate, up, squares, y_ptr, M, N, K, stride_ym, eps, rm, rn, NORM: tl.constexpr):
+    """One row tile's ``silu(gate) * up`` from its fp32 sums (scaled by the rows'
+    inverse RMS with ``NORM``): each projection rounded to y's dtype, then the
+    activation, then the product (eager rounding)."""
+    if NORM:
+        inv = _inv_rms(squares, K, eps)[:, None]
+        gate *= inv
+        up *= inv
+    dtype = y_ptr.dtype.element_ty
+    g = gate.to(dtype).to(tl.float32)
+    act = (g * tl.sigmoid(g)).to(dtype).to(tl.float32)
+    tl.store(
+        y_ptr + rm[:, None] * stride_ym + rn[None, :],
+        (act * up.to(dtype).to(tl.float32)).to(dtype),
+        mask=(rm[:, None] < M) & (rn[None, :] < N),
+    )
 
 
 @triton.jit
@@ -234,47 +310,70 @@ def _rows_gated_kernel(
     stride_ym,
     eps,
     NORM: tl.constexpr,
+    ROW_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     """``silu(gate) * up`` of columns ``rn`` for the packed weight ``w [2N, K]``
-    (gate rows, then up rows): both tiles stream in one K loop, each projection is
-    rounded to y's dtype, then the activation, then the product (eager rounding).
+    (gate rows, then up rows): both tiles stream in one K loop and go into each of the
+    program's ``ROW_TILES`` (1 to 4) row tiles by the same dots (as ``_rows_dot``).
     With ``NORM``, of x's rows normalized (gain ``g_ptr``, ``eps``; as ``_rows_dot``).
-    Row tile ``program_id(0)``, column tile ``program_id(1)``."""
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    Row tiles of ``program_id(0)``, column tile ``program_id(1)``."""
+    rm = tl.program_id(0) * ROW_TILES * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
-    gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    gate0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    gate1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    gate2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    gate3 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up3 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    sq0 = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    sq1 = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    sq2 = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    sq3 = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
-        x = tl.load(
-            x_ptr + rm[:, None] * stride_xm + kk[None, :],
-            mask=(rm[:, None] < M) & (kk[None, :] < K),
-            other=0.0,
-        )
-        if NORM:
-            x, squares = _gained(x, g_ptr, kk, K, squares)
         w_mask = (rn[:, None] < N) & (kk[None, :] < K)
-        w_gate = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=w_mask, other=0.0)
-        w_up = tl.load(w_ptr + (N + rn[:, None]) * stride_wn + kk[None, :], mask=w_mask, other=0.0)
-        gate = tl.dot(x, tl.trans(w_gate), gate)
-        up = tl.dot(x, tl.trans(w_up), up)
-    if NORM:
-        inv = _inv_rms(squares, K, eps)[:, None]
-        gate *= inv
-        up *= inv
-    dtype = y_ptr.dtype.element_ty
-    g = gate.to(dtype).to(tl.float32)
-    act = (g * tl.sigmoid(g)).to(dtype).to(tl.float32)
-    tl.store(
-        y_ptr + rm[:, None] * stride_ym + rn[None, :],
-        (act * up.to(dtype).to(tl.float32)).to(dtype),
-        mask=(rm[:, None] < M) & (rn[None, :] < N),
-    )
+        w_gate = tl.trans(
+            tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=w_mask, other=0.0)
+        )
+        w_up = tl.trans(
+            tl.load(w_ptr + (N + rn[:, None]) * stride_wn + kk[None, :], mask=w_mask, other=0.0)
+        )
+        x = _x_tile(x_ptr, rm, kk, M, K, stride_xm)
+        if NORM:
+            x, sq0 = _gained(x, g_ptr, kk, K, sq0)
+        gate0 = tl.dot(x, w_gate, gate0)
+        up0 = tl.dot(x, w_up, up0)
+        if ROW_TILES > 1:
+            x = _x_tile(x_ptr, rm + BLOCK_M, kk, M, K, stride_xm)
+            if NORM:
+                x, sq1 = _gained(x, g_ptr, kk, K, sq1)
+            gate1 = tl.dot(x, w_gate, gate1)
+            up1 = tl.dot(x, w_up, up1)
+        if ROW_TILES > 2:
+            x = _x_tile(x_ptr, rm + 2 * BLOCK_M, kk, M, K, stride_xm)
+            if NORM:
+                x, sq2 = _gained(x, g_ptr, kk, K, sq2)
+            gate2 = tl.dot(x, w_gate, gate2)
+            up2 = tl.dot(x, w_up, up2)
+        if ROW_TILES > 3:
+            x = _x_tile(x_ptr, rm + 3 * BLOCK_M, kk, M, K, stride_xm)
+            if NORM:
+                x, sq3 = _gained(x, g_ptr, kk, K, sq3)
+            gate3 = tl.dot(x, w_gate, gate3)
+            up3 = tl.dot(x, w_up, up3)
+    _store_gated(gate0, up0, sq0, y_ptr, M, N, K, stride_ym, eps, rm, rn, NORM)
+    if ROW_TILES > 1:
+        _store_gated(gate1, up1, sq1, y_ptr, M, N, K, stride_ym, eps, rm + BLOCK_M, rn, NORM)
+    if ROW_TILES > 2:
+        _store_gated(gate2, up2, sq2, y_ptr, M, N, K, stride_ym, eps, rm + 2 * BLOCK_M, rn, NORM)
+    if ROW_TILES > 3:
+        _store_gated(gate3, up3, sq3, y_ptr, M, N, K, stride_ym, eps, rm + 3 * BLOCK_M, rn, NORM)
 
 
 @triton.jit
@@ -379,6 +478,21 @@ def fitted_block_k(block_k: int, k: int, width: int, itemsize: int) -> int:
     return block_k
 
 
+def row_tiles(rows: int) -> int:
+    """Row tiles per program: all of a step's rows (at most ``INVARIANT_ROWS``), so that
+    each weight tile is read once whatever the row count."""
+    return max(1, min(triton.cdiv(rows, ROWS_TILE), MAX_ROW_TILES))
+
+
+def pipeline_stages(tiles: int, width: int, block_k: int, itemsize: int) -> int:
+    """Loads in flight for ``tiles`` row tiles and a ``width`` x ``block_k`` weight
+    tile: ``STAGES``, fewer where more row tiles would outgrow ``PIPELINE_BYTES``. Only
+    the pipeline's depth follows the row count, never the tile or the K step, so the
+    arithmetic does not."""
+    per_stage = (tiles * ROWS_TILE + width) * block_k * itemsize
+    return max(2, min(STAGES, PIPELINE_BYTES // per_stage))
+
+
 @functools.cache
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
@@ -438,12 +552,13 @@ def triton_rows_linear(
     x = x.contiguous()
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     res = y if residual is None else residual.contiguous()
-    _rows_linear_kernel[(triton.cdiv(rows, ROWS_TILE), triton.cdiv(n, width))](
+    tiles = row_tiles(rows)
+    _rows_linear_kernel[(triton.cdiv(rows, tiles * ROWS_TILE), triton.cdiv(n, width))](
         x, w, w if b is None else b, w if norm is None else norm.weight, res, y, rows, n, k,
         x.stride(0), w.stride(0), res.stride(0), y.stride(0), 0.0 if norm is None else norm.eps,
         HAS_BIAS=b is not None, NORM=norm is not None, RESIDUAL=residual is not None,
-        BLOCK_M=ROWS_TILE, BLOCK_N=width, BLOCK_K=block_k,
-        num_warps=4, num_stages=STAGES,
+        ROW_TILES=tiles, BLOCK_M=ROWS_TILE, BLOCK_N=width, BLOCK_K=block_k,
+        num_warps=4, num_stages=pipeline_stages(tiles, width, block_k, w.element_size()),
     )  # fmt: skip
     return y
 
@@ -465,11 +580,13 @@ def triton_rows_gated(
     n = n2 // 2
     x = x.contiguous()
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    _rows_gated_kernel[(triton.cdiv(rows, ROWS_TILE), triton.cdiv(n, width // 2))](
+    tiles = row_tiles(rows)
+    _rows_gated_kernel[(triton.cdiv(rows, tiles * ROWS_TILE), triton.cdiv(n, width // 2))](
         x, gate_up, gate_up if norm is None else norm.weight, y, rows, n, k, x.stride(0),
         gate_up.stride(0), y.stride(0), 0.0 if norm is None else norm.eps,
-        NORM=norm is not None, BLOCK_M=ROWS_TILE,
-        BLOCK_N=width // 2, BLOCK_K=block_k, num_warps=4, num_stages=STAGES,
+        NORM=norm is not None, ROW_TILES=tiles, BLOCK_M=ROWS_TILE,
+        BLOCK_N=width // 2, BLOCK_K=block_k, num_warps=4,
+        num_stages=pipeline_stages(tiles, width, block_k, gate_up.element_size()),
     )  # fmt: skip
     return y
 
