@@ -40,9 +40,9 @@ Three more are replaced for speed, measured on the H200 (``bench/results/issue22
 A request's decode arithmetic does not depend on which requests share its step
 (served at capacity 1 and in a batch of 4, the same request samples the same tokens):
 every projection of a decode step goes through ``invariant_project`` (the fixed-tile
-Triton kernel, or cuBLAS at a fixed row count for projections too narrow for it): the
-merged ones and the router's (``route``, the canonical router's forward)
-explicitly, every ``nn.Linear`` (the vocabulary head's too) as a ``ProjectedLinear``
+Triton kernel, or the K-split kernel for projections too narrow for it): the merged
+ones explicitly (the router's among them: ``route`` is the canonical router's forward
+from its logits), every ``nn.Linear`` (the vocabulary head's too) as a ``ProjectedLinear``
 (``project_linears``); GDN's and PLE's decode convolutions are sums of taps
 (``ignition.components.depthwise_conv``), not cuDNN. On the H200 the served
 50-prompt corpus matched the harness for none of its prompts at concurrency 1 before
@@ -100,8 +100,11 @@ KV = "kv"
 # order, each member's parameter a view of its rows), so a step runs one GEMM where the
 # canonical module runs several: GDN's four input projections, QSA's query, key and
 # value projections with its indexer's, the shared expert's gate and up with its
-# sigmoid gate, and each hyperconnection's input-mix and injection projections. Keyed
-# by the merged weight's name within its layer.
+# sigmoid gate and the router (all four read the MoE block's input; narrow, they run
+# the K-split kernel, whose two launches were 7 us per projection at one row on the
+# H200, bench/results/issue22/2026-12-04-h200-split/), and each hyperconnection's
+# input-mix and injection projections. Keyed by the merged weight's name within its
+# layer.
 MERGED = {
     "linear_attn.in_proj": (
         "linear_attn.in_proj_qkv",
@@ -119,6 +122,7 @@ MERGED = {
         "mlp.shared_expert.gate_proj",
         "mlp.shared_expert.up_proj",
         "mlp.shared_expert_gate",
+        "mlp.gate",
     ),
     **{
         f"{site}_hyper_connection.mix_in": (
@@ -514,11 +518,10 @@ class PreparedSparseAttention(nn.Module):
         return m.o_proj(out).unsqueeze(0), None
 
 
-def route(router: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def route(router: nn.Module, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The canonical top-k router's forward (``Qwen4ExpTextTopKRouter``: softmax,
-    top-k, renormalized) with its projection through ``invariant_project``: its
-    routing weights and experts."""
-    logits = invariant_project(x.reshape(-1, router.hidden_dim), router.weight)
+    top-k, renormalized) from its projection's ``logits`` (computed with the MoE
+    block's merged input projections): its routing weights and experts."""
     probs = F.softmax(logits, dtype=torch.float, dim=-1)
     top, experts = torch.topk(probs, router.top_k, dim=-1)
     if router.norm_topk_prob:
@@ -528,12 +531,13 @@ def route(router: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 
 class PreparedMoe(nn.Module):
     """The canonical MoE block (router, routed experts, shared expert and its sigmoid
-    gate) with the shared expert's three input projections as one GEMM."""
+    gate) with the shared expert's three input projections and the router's as one
+    GEMM."""
 
     def __init__(self, module: nn.Module, shared_in: torch.Tensor) -> None:
         """``shared_in``: the merged projections (``MERGED``), whose row views are
-        the canonical ``shared_expert.gate_proj``, ``up_proj`` and
-        ``shared_expert_gate`` weights."""
+        the canonical ``shared_expert.gate_proj``, ``up_proj``,
+        ``shared_expert_gate`` and router (``gate``) weights."""
         super().__init__()
         self.canonical = module
         self.shared_in = nn.Parameter(shared_in, requires_grad=False)
@@ -543,11 +547,11 @@ class PreparedMoe(nn.Module):
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, shape[-1])
         inter = m.shared_expert.intermediate_size
-        gate, up, shared_gate = invariant_project(x, self.shared_in).split(
-            [inter, inter, 1], dim=-1
+        gate, up, shared_gate, logits = invariant_project(x, self.shared_in).split(
+            [inter, inter, 1, m.gate.num_experts], dim=-1
         )
         shared = m.shared_expert.down_proj(m.shared_expert.act_fn(gate) * up)
-        routing_weights, selected_experts = route(m.gate, x)
+        routing_weights, selected_experts = route(m.gate, logits)
         routed = m.experts(x, selected_experts, routing_weights)
         return (routed + torch.sigmoid(shared_gate) * shared).reshape(shape)
 

@@ -268,14 +268,19 @@ def test_grouped_experts_match_the_eager_loop(reference: Qwen4ExpForCausalLM) ->
 
 
 def test_the_prepared_moe_block_matches_the_eager_loop(reference: Qwen4ExpForCausalLM) -> None:
-    # The shared expert's merged projections, and the routed experts: a decode step's
-    # few tokens through flare::routed_experts, a prefill chunk's through grouped_mm.
-    # Each equals the canonical block with its eager expert loop.
+    # The shared expert's and the router's merged projections, and the routed experts:
+    # a decode step's few tokens through flare::routed_experts, a prefill chunk's
+    # through grouped_mm. Each equals the canonical block with its eager expert loop.
     block = reference.model.layers[2].mlp
     canonical = block.experts
     shared = block.shared_expert
     merged = torch.cat(
-        [shared.gate_proj.weight, shared.up_proj.weight, block.shared_expert_gate.weight]
+        [
+            shared.gate_proj.weight,
+            shared.up_proj.weight,
+            block.shared_expert_gate.weight,
+            block.gate.weight,
+        ]
     )
     gen = torch.Generator().manual_seed(6)
     inputs = {n: torch.randn(1, n, CONFIG.hidden_size, generator=gen) for n in (1, 4, 40)}
