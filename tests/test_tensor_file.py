@@ -59,3 +59,33 @@ def test_pieces_smaller_than_a_tensor_write_the_same_bytes(tmp_path: Path) -> No
 def test_a_dtype_without_a_safetensors_name_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="complex64"):
         write_tensors(tmp_path / "bad", {"z": torch.zeros(2, dtype=torch.complex64)})
+
+
+@pytest.mark.parametrize("writers", [1, 3])
+def test_pieces_written_by_threads_at_their_offsets_make_the_same_file(
+    tmp_path: Path, writers: int
+) -> None:
+    # Many pieces in flight at once, written out of order by several threads.
+    gen = torch.Generator().manual_seed(1)
+    tensors = {f"t{i}": torch.randn(37 + i, generator=gen) for i in range(12)}
+    tensors.update(_tensors())
+    write_tensors(tmp_path / "one", tensors, chunk_bytes=1 << 20, writers=1)
+    write_tensors(tmp_path / "many", tensors, chunk_bytes=5, writers=writers)
+    assert (tmp_path / "many").read_bytes() == (tmp_path / "one").read_bytes()
+    back = load_file(str(tmp_path / "many"))
+    assert all(torch.equal(back[name], tensor) for name, tensor in tensors.items())
+
+
+def test_a_failed_write_is_raised_and_stops_the_copies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+
+    def failing(fd: int, data: memoryview, offset: int) -> int:
+        calls.append(offset)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("ignition.export.tensor_file.os.pwrite", failing)
+    with pytest.raises(OSError, match="No space left"):
+        write_tensors(tmp_path / "full", _tensors(), chunk_bytes=2, writers=2)
+    assert 0 < len(calls) < 40  # stopped early: the tensors make far more pieces

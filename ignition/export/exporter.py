@@ -269,9 +269,11 @@ def export_core(
             images = {digest: recorded[digest] for digest in sorted(wanted)}
             usage = window.usage()
             core = window_core(prepared, window, device, buffers, graphs, images, qualification)
+            t3 = time.perf_counter()
             with console.status(f"writing {out}"):
                 write_core_dir(out, core, initial, images)
             written = time.perf_counter()
+            report.timings["write_s"] = written - t3
             if after_export is not None:
                 prepared.reset()
                 after_export(prepared)

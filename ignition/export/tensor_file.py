@@ -9,14 +9,22 @@ piece. The file is an ordinary safetensors file (tensors in name order, the head
 padded with spaces to 8 bytes, the tensors ordered by element size, largest first, then
 by name, as safetensors orders them: each starts aligned to its element size), which
 ``safetensors`` and Helios read as any other.
+
+Pieces are written while the next ones are copied: ``WRITERS`` threads each write a
+piece at its offset (``os.pwrite``, which releases the GIL) from one of
+``WRITERS + 1`` staging buffers, pinned when the tensors lie on the GPU so that the
+device copies run at the link's speed. Host memory stays those buffers.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import queue
 import struct
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -34,6 +42,8 @@ _DTYPES = {
     torch.float64: "F64",
 }
 CHUNK_BYTES = 256 << 20
+# Threads writing pieces at their offsets, each from its own staging buffer.
+WRITERS = 4
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
@@ -65,23 +75,77 @@ def header(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> 
     return struct.pack("<Q", len(text)) + text
 
 
+def _pieces(
+    tensors: Mapping[str, torch.Tensor], start: int, chunk_bytes: int
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """(file offset, bytes) of every piece of ``tensors`` in ``_order``, the data
+    starting at ``start``; each piece at most ``chunk_bytes``, on the tensor's device."""
+    offset = start
+    for name in _order(tensors):
+        tensor = tensors[name]
+        if tensor.numel() == 0:
+            continue
+        flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+        for begin in range(0, flat.numel(), chunk_bytes):
+            piece = flat[begin : begin + chunk_bytes]
+            yield offset, piece
+            offset += piece.numel()
+
+
 def write_tensors(
     path: Path,
     tensors: Mapping[str, torch.Tensor],
     metadata: Mapping[str, str] | None = None,
     chunk_bytes: int = CHUNK_BYTES,
+    writers: int = WRITERS,
 ) -> None:
     """Write ``tensors`` (any device, any strides) to the safetensors file ``path``,
-    holding at most ``chunk_bytes`` of them in host memory at a time."""
-    if chunk_bytes <= 0:
-        raise ValueError("chunk_bytes must be positive")
+    holding at most ``writers + 1`` pieces of ``chunk_bytes`` in host memory."""
+    if chunk_bytes <= 0 or writers <= 0:
+        raise ValueError("chunk_bytes and writers must be positive")
+    head = header(tensors, {"format": "pt", **(metadata or {})})
+    largest = max((_nbytes(t) for t in tensors.values()), default=0)
+    size = max(1, min(chunk_bytes, largest))
+    pinned = torch.cuda.is_available() and any(t.is_cuda for t in tensors.values())
+    free: queue.Queue[torch.Tensor] = queue.Queue()
+    for _ in range(writers + 1):
+        free.put(torch.empty(size, dtype=torch.uint8, pin_memory=pinned))
+    filled: queue.Queue[tuple[int, torch.Tensor, int] | None] = queue.Queue()
+    errors: list[BaseException] = []
     with open(path, "wb") as file:
-        file.write(header(tensors, {"format": "pt", **(metadata or {})}))
-        for name in _order(tensors):
-            tensor = tensors[name]
-            if tensor.numel() == 0:
-                continue
-            flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-            for start in range(0, flat.numel(), chunk_bytes):
-                piece = flat[start : start + chunk_bytes].cpu()
-                file.write(memoryview(piece.numpy()))
+        file.write(head)
+        fd = file.fileno()
+
+        def write() -> None:
+            while (job := filled.get()) is not None:
+                offset, staging, length = job
+                try:
+                    if not errors:
+                        view = memoryview(staging.numpy())[:length]
+                        while view:
+                            written = os.pwrite(fd, view, offset)
+                            view = view[written:]
+                            offset += written
+                except BaseException as error:  # re-raised by the caller
+                    errors.append(error)
+                free.put(staging)
+
+        threads = [threading.Thread(target=write, daemon=True) for _ in range(writers)]
+        for thread in threads:
+            thread.start()
+        try:
+            for offset, piece in _pieces(tensors, len(head), chunk_bytes):
+                if errors:
+                    break
+                staging = free.get()
+                # Synchronous from the device: the copy is done when it returns, while
+                # the writer threads write the pieces before it.
+                staging[: piece.numel()].copy_(piece)
+                filled.put((offset, staging, piece.numel()))
+        finally:
+            for _ in threads:
+                filled.put(None)
+            for thread in threads:
+                thread.join()
+        if errors:
+            raise errors[0]
