@@ -37,16 +37,28 @@ for has_norm in (True, False):
     # The rotary products are rounded before their sum, never fused with it into a
     # bfloat16 FMA (fp32 FMAs of the sum of squares are no eager rounding skipped).
     print("rope", has_norm, len(k.asm["cubin"]), len(re.findall(r"fma\\.rn\\.bf16", k.asm["ptx"])))
+
+def mmas(ptx):
+    # Matrix instructions: the 16-row dot's (mma.sync) and the warpgroup's (wgmma).
+    sync = len(re.findall(r"mma\\.sync", ptx))
+    return str(sync) + "/" + str(len(re.findall(r"wgmma", ptx)))
+
 for fused in (True, False):
-    k = compile(_rows_linear_kernel, ["*bf16"] * 6 + ["i32"] * 7 + ["fp32"],
-                dict(HAS_BIAS=False, NORM=fused, RESIDUAL=fused, BLOCK_M=16,
-                     BLOCK_N=32, BLOCK_K=512), num_warps=4, num_stages=4)
-    # The norm's products and the residual's sum are each rounded as eager rounds them.
-    print("linear", fused, len(k.asm["cubin"]), len(re.findall(r"fma\\.rn\\.bf16", k.asm["ptx"])))
-    k = compile(_rows_gated_kernel, ["*bf16"] * 4 + ["i32"] * 6 + ["fp32"],
-                dict(NORM=fused, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128),
-                num_warps=4, num_stages=4)
-    print("gated", fused, len(k.asm["cubin"]), len(re.findall(r"fma\\.rn\\.bf16", k.asm["ptx"])))
+    for tiles in (1, 4):
+        k = compile(_rows_linear_kernel, ["*bf16"] * 6 + ["i32"] * 7 + ["fp32"],
+                    dict(HAS_BIAS=False, NORM=fused, RESIDUAL=fused, ROW_TILES=tiles,
+                         BLOCK_M=16, BLOCK_N=32, BLOCK_K=512), num_warps=4, num_stages=4)
+        # The norm's products and the residual's sum are each rounded as eager rounds
+        # them.
+        ptx = k.asm["ptx"]
+        print("linear", fused, tiles, mmas(ptx), len(k.asm["cubin"]),
+              len(re.findall(r"fma\\.rn\\.bf16", ptx)))
+        k = compile(_rows_gated_kernel, ["*bf16"] * 4 + ["i32"] * 6 + ["fp32"],
+                    dict(NORM=fused, ROW_TILES=tiles, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128),
+                    num_warps=4, num_stages=4)
+        ptx = k.asm["ptx"]
+        print("gated", fused, tiles, mmas(ptx), len(k.asm["cubin"]),
+              len(re.findall(r"fma\\.rn\\.bf16", ptx)))
 
 # The prefill attention kernel at its default tilings for Qwen3-8B's shape, compiled as
 # a launch specializes it (16-byte aligned pointers, strides of one folded in): the
@@ -80,13 +92,28 @@ def test_the_new_kernels_compile_for_sm90() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     found = {tuple(line.split()[:-2]): line.split()[-2:] for line in done.stdout.splitlines()}
+    # The rows kernels' lines: kernel, fused, row tiles, then MMAs, cubin and FMAs.
+    rows = {
+        tuple(parts[:3]): parts[3:]
+        for parts in map(str.split, done.stdout.splitlines())
+        if parts[0] in ("linear", "gated")
+    }
     for has_norm in ("True", "False"):
         cubin, fmas = found[("rope", has_norm)]
         assert int(cubin) > 0 and int(fmas) == 0, done.stdout
     for kernel in ("linear", "gated"):
         for fused in ("True", "False"):
-            cubin, fmas = found[(kernel, fused)]
-            assert int(cubin) > 0 and int(fmas) == 0, done.stdout
+            one = rows[(kernel, fused, "1")]
+            four = rows[(kernel, fused, "4")]
+            for _, cubin, fmas in (one, four):
+                assert int(cubin) > 0 and int(fmas) == 0, done.stdout
+            # Four row tiles run four times the one tile's 16-row MMAs (no warpgroup
+            # MMA, whose reduction order could differ): each row's arithmetic is one
+            # tile's at any row count.
+            sync_one, group_one = map(int, one[0].split("/"))
+            sync_four, group_four = map(int, four[0].split("/"))
+            assert sync_one > 0 and sync_four == 4 * sync_one, done.stdout
+            assert group_one == group_four == 0, done.stdout
     for tokens in ("512", "4096"):
         # Fits the H200's shared memory per block, and streams keys and values
         # asynchronously (the loop is software-pipelined).
