@@ -68,6 +68,80 @@ fn a_complete_core_dir_reads() {
 }
 
 #[test]
+fn pieces_read_by_several_threads_reassemble_every_tensor() {
+    let (core, tensors) = sample();
+    let dir = written("pieces", &core, &tensors, &[IMAGE]);
+    let read = CoreDir::read(&dir).unwrap();
+    let initial = read.initial();
+    for (piece_bytes, readers) in [(7, 3), (1000, 1), (1 << 20, 4)] {
+        let mut rebuilt: Vec<Vec<u8>> = initial
+            .uploads()
+            .iter()
+            .map(|upload| vec![0xAA; upload.len as usize])
+            .collect();
+        let mut seen = 0u64;
+        initial
+            .read_pieces(piece_bytes, readers, |piece, bytes| {
+                let at = initial.uploads().iter().position(|u| u == piece.upload);
+                let start = piece.offset as usize;
+                rebuilt[at.unwrap()][start..start + bytes.len()].copy_from_slice(bytes);
+                assert!(bytes.len() as u64 <= piece_bytes);
+                seen += bytes.len() as u64;
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(seen, initial.bytes(), "every byte once at {piece_bytes}");
+        let mut reader = initial.reader().unwrap();
+        let mut whole = Vec::new();
+        for (upload, bytes) in initial.uploads().iter().zip(&rebuilt) {
+            reader.read(upload, &mut whole).unwrap();
+            assert_eq!(
+                bytes, &whole,
+                "pieces of {piece_bytes} on {readers} threads"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_failed_piece_stops_the_reading_with_its_error() {
+    let (core, tensors) = sample();
+    let dir = written("pieces-fail", &core, &tensors, &[IMAGE]);
+    let read = CoreDir::read(&dir).unwrap();
+    let mut consumed = 0;
+    let err = read
+        .initial()
+        .read_pieces(16, 3, |_, _| {
+            consumed += 1;
+            if consumed == 5 {
+                return Err(ReplayError::NonContiguous {
+                    buffer: "the fifth piece".to_owned(),
+                });
+            }
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(
+        matches!(err, ReplayError::NonContiguous { ref buffer } if buffer == "the fifth piece")
+    );
+    assert_eq!(consumed, 5, "no piece is consumed after the error");
+    // A file cut short after it was checked: the read's own error.
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join(BUFFERS_FILE))
+        .unwrap();
+    file.set_len(64).unwrap();
+    let err = read
+        .initial()
+        .read_pieces(16, 2, |_, _| Ok(()))
+        .unwrap_err();
+    assert!(
+        matches!(err, ReplayError::Io { ref source, .. } if source.kind() == ErrorKind::UnexpectedEof),
+        "{err}"
+    );
+}
+
+#[test]
 fn the_committed_fixture_reads() {
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-core");
     let read = CoreDir::read(&fixture).unwrap();

@@ -1,11 +1,19 @@
 //! Initial buffer contents in `buffers.safetensors`: located and checked
-//! against the manifest from the file's header alone, then read one tensor
-//! at a time while uploading, so a large core is never held in host memory
-//! whole.
+//! against the manifest from the file's header alone, then read in bounded
+//! pieces while uploading, so a large core is never held in host memory
+//! whole. Several threads read pieces at their offsets while the caller
+//! uploads the ones already read (`InitialContents::read_pieces`): one
+//! thread reading then uploading each tensor loaded the hybrid's 72 GB core
+//! in 36 s, 25.5 of them reading from a memory-backed file system.
 
 use std::fs::File;
 use std::io::{ErrorKind, Read, Seek, SeekFrom};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
 
 use safetensors::tensor::Metadata;
 use safetensors::Dtype;
@@ -130,6 +138,128 @@ impl InitialContents {
             file,
             path: self.path.clone(),
         })
+    }
+}
+
+/// One piece of an initial tensor: `len` bytes at `offset` within buffer
+/// `upload.buffer`'s contents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece<'a> {
+    /// The tensor the piece belongs to.
+    pub upload: &'a InitialUpload,
+    /// Offset of the piece within the tensor (and the buffer).
+    pub offset: u64,
+}
+
+/// Pieces of initial contents read at once: at most this many bytes each.
+pub const PIECE_BYTES: u64 = 64 << 20;
+/// Threads reading pieces while the caller consumes them.
+pub const READERS: usize = 4;
+
+/// Wall time the consumer of `read_pieces` spent waiting for pieces and
+/// consuming them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PieceTimes {
+    /// Waiting for the readers.
+    pub waiting: Duration,
+    /// Inside the consumer (uploading).
+    pub consuming: Duration,
+}
+
+impl InitialContents {
+    /// Reads every initial tensor in pieces of at most `piece_bytes` on
+    /// `readers` threads and hands each piece to `consume` on this thread, in
+    /// any order, at most `readers + 1` pieces held at once. The first error
+    /// (a read's or `consume`'s) stops the reading and is returned.
+    pub fn read_pieces<F>(
+        &self,
+        piece_bytes: u64,
+        readers: usize,
+        mut consume: F,
+    ) -> Result<PieceTimes, ReplayError>
+    where
+        F: FnMut(Piece<'_>, &[u8]) -> Result<(), ReplayError>,
+    {
+        let mut times = PieceTimes::default();
+        let piece_bytes = piece_bytes.max(1);
+        let pieces: Vec<Piece<'_>> = (self.uploads.iter())
+            .flat_map(|upload| {
+                (0..upload.len)
+                    .step_by(piece_bytes as usize)
+                    .map(move |offset| Piece { upload, offset })
+            })
+            .collect();
+        if pieces.is_empty() {
+            return Ok(times);
+        }
+        let file = File::open(&self.path).map_err(|source| ReplayError::Io {
+            path: self.path.clone(),
+            source,
+        })?;
+        let readers = readers.clamp(1, pieces.len());
+        let next = AtomicUsize::new(0);
+        let stop = AtomicBool::new(false);
+        let (free_tx, free_rx) = mpsc::channel::<Vec<u8>>();
+        for _ in 0..=readers {
+            free_tx.send(Vec::new()).expect("the receiver lives here");
+        }
+        let free_rx = Mutex::new(free_rx);
+        let (full_tx, full_rx) = mpsc::channel::<Result<(usize, Vec<u8>), ReplayError>>();
+        thread::scope(|scope| {
+            for _ in 0..readers {
+                let full_tx = full_tx.clone();
+                let (file, pieces, next, stop, free_rx) = (&file, &pieces, &next, &stop, &free_rx);
+                let path = &self.path;
+                scope.spawn(move || loop {
+                    let index = next.fetch_add(1, Ordering::Relaxed);
+                    if index >= pieces.len() || stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let Ok(mut bytes) = free_rx.lock().expect("no reader panics").recv() else {
+                        return;
+                    };
+                    let piece = pieces[index];
+                    let len = (piece.upload.len - piece.offset).min(piece_bytes) as usize;
+                    bytes.resize(len, 0);
+                    let read = file
+                        .read_exact_at(&mut bytes, piece.upload.file_offset + piece.offset)
+                        .map(|()| (index, bytes))
+                        .map_err(|source| ReplayError::Io {
+                            path: path.clone(),
+                            source,
+                        });
+                    if full_tx.send(read).is_err() {
+                        return;
+                    }
+                });
+            }
+            drop(full_tx);
+            let mut result = Ok(());
+            for _ in 0..pieces.len() {
+                let waited = Instant::now();
+                let Ok(read) = full_rx.recv() else { break };
+                times.waiting += waited.elapsed();
+                let consumed = Instant::now();
+                let done = read.and_then(|(index, bytes)| {
+                    let done = consume(pieces[index], &bytes);
+                    // The readers may have ended; the buffer is then dropped.
+                    let _ = free_tx.send(bytes);
+                    done
+                });
+                times.consuming += consumed.elapsed();
+                if let Err(error) = done {
+                    result = Err(error);
+                    break;
+                }
+            }
+            // Stop the readers: none takes another piece, and a reader waiting
+            // for a free buffer sees the channel closed.
+            stop.store(true, Ordering::Relaxed);
+            drop(free_tx);
+            drop(full_rx);
+            result
+        })?;
+        Ok(times)
     }
 }
 

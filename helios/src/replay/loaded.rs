@@ -11,7 +11,7 @@ use super::bench::{bench_decode, DecodeBench};
 use super::core_dir::{CoreDir, ImageBytes};
 use super::error::ReplayError;
 use super::identity::check_device;
-use super::initial::InitialContents;
+use super::initial::{InitialContents, PIECE_BYTES, READERS};
 use super::isolate::{isolate, IsolationReport, NodeDevice};
 use super::kv_backing::{plan_kv_from_free, plan_kv_prepared, KvBacking, KvPlan, KvWindow};
 use super::qualify::{qualify, QualificationReport, ReplayDevice};
@@ -161,17 +161,15 @@ fn upload_initial(
     if initial.uploads().is_empty() {
         return Ok(times);
     }
-    let mut reader = initial.reader()?;
-    let mut staging = Vec::new();
-    for upload in initial.uploads() {
-        let started = Instant::now();
-        reader.read(upload, &mut staging)?;
-        times.read += started.elapsed();
-        let buffer = &core.buffers()[upload.buffer];
-        let started = Instant::now();
-        window.write(core.window().base + buffer.offset, &staging)?;
-        times.upload += started.elapsed();
-    }
+    let base = core.window().base;
+    let pieces = initial.read_pieces(PIECE_BYTES, READERS, |piece, bytes| {
+        let buffer = &core.buffers()[piece.upload.buffer];
+        window.write(base + buffer.offset + piece.offset, bytes)?;
+        Ok(())
+    })?;
+    // Reading overlaps the uploads: what counts as reading is the wait for it.
+    times.read = pieces.waiting;
+    times.upload = pieces.consuming;
     Ok(times)
 }
 

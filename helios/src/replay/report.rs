@@ -12,7 +12,8 @@ pub struct LoadReport {
     /// The device the core was loaded on.
     pub device: DeviceInfo,
     /// Reading the core from disk: manifest, kernel images, the initial
-    /// contents' header and every initial tensor.
+    /// contents' header, and the wait for the initial tensors' pieces (read
+    /// by several threads while earlier pieces upload).
     pub read_ms: f64,
     /// Reserving the window, mapping its backed spans and zeroing them.
     pub map_ms: f64,
