@@ -359,6 +359,13 @@ class Probe:
         return cls(float(started), float(latency), status, float(connect), float(wait))
 
 
+def parse_probes(out: str) -> list[Probe]:
+    """The prober's complete lines: it is terminated when the load ends, and its last
+    line may be cut short (a pipe's buffer written out mid-line before the signal)."""
+    complete = out[: out.rfind("\n") + 1]
+    return [Probe.parse(line) for line in complete.splitlines() if line.strip()]
+
+
 def _p99(by_latency: list[Probe]) -> Probe:
     """The 99th-percentile probe (nearest rank) of probes sorted by latency."""
     return by_latency[max(0, -(-99 * len(by_latency) // 100) - 1)]
@@ -392,7 +399,7 @@ def run(host: str, port: int, pid: int | None, model: str) -> LoadReport:
     elapsed = time.monotonic() - started
     probes_out, _ = prober.communicate(timeout=30)
     wall_offset = time.time() - time.monotonic()
-    probes = [Probe.parse(line) for line in probes_out.splitlines() if line.strip()]
+    probes = parse_probes(probes_out)
     peak = sorted(
         (
             probe

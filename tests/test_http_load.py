@@ -44,6 +44,19 @@ def test_health_at_the_peak_is_bounded_at_its_99th_percentile_and_at_a_second() 
     assert "answered" in bad
 
 
+def test_a_probe_line_cut_by_the_probers_end_is_left_out() -> None:
+    # A full-suite run's failure: the prober, terminated when the load ended, had
+    # written its last line up to the wait field.
+    out = "10.5 0.002 200 0.0001 0.0\n11.0 0.003 503 0.0002 0.001\n11.5 0.0009 200 0.0001 "
+    probes = http_load.parse_probes(out)
+    assert [(p.started, p.status, p.prober_wait) for p in probes] == [
+        (10.5, "200", 0.0),
+        (11.0, "503", 0.001),
+    ]
+    assert http_load.parse_probes(out[: out.rfind("\n") + 1]) == probes
+    assert http_load.parse_probes("") == []
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc for the thread count")
 def test_two_thousand_requests_at_concurrency_one_thousand() -> None:
     server = FakeServer(build_fake_server(), "--launch-ms", "1")
