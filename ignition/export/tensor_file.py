@@ -114,7 +114,10 @@ def write_tensors(
     errors: list[BaseException] = []
     with open(path, "wb") as file:
         file.write(head)
-        fd = file.fileno()
+        # The writers' own descriptor: were the joins below interrupted (a second
+        # Ctrl-C), closing ``file`` must not let a late pwrite land in whatever file
+        # reuses its number. It is closed once every writer has ended.
+        fd = os.dup(file.fileno())
 
         def write() -> None:
             while (job := filled.get()) is not None:
@@ -131,9 +134,9 @@ def write_tensors(
                 free.put(staging)
 
         threads = [threading.Thread(target=write, daemon=True) for _ in range(writers)]
-        for thread in threads:
-            thread.start()
         try:
+            for thread in threads:
+                thread.start()
             for offset, piece in _pieces(tensors, len(head), chunk_bytes):
                 if errors:
                     break
@@ -146,6 +149,8 @@ def write_tensors(
             for _ in threads:
                 filled.put(None)
             for thread in threads:
-                thread.join()
+                if thread.ident is not None:
+                    thread.join()
+            os.close(fd)
         if errors:
             raise errors[0]
