@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import LlamaConfig
 
+from bench.suite.report import GEOMETRIES as ROOFLINE_GEOMETRIES
+from bench.suite.report import Geometry
 from ignition.components.kv_cache import PagedKvCache
 from ignition.loading.mapping import check_coverage
 from ignition.loading.open import open_checkpoint
@@ -66,6 +69,12 @@ def test_named_geometries_match_their_models() -> None:
         128256,
     )
     assert GEOMETRIES["qwen3-8b"]().head_dim == 128
+    # The roofline's geometries (bench/suite/report.py) describe the same models, so
+    # a step timed on a geometry directory is held against its own bytes.
+    for name in ("smollm2-135m", "qwen3-8b"):
+        config = GEOMETRIES[name]().to_dict()
+        want = ROOFLINE_GEOMETRIES[name]
+        assert Geometry.from_config(config, want.dtype_bytes) == replace(want, qk_norm=False)
     with pytest.raises(CheckpointError, match="unknown geometry"):
         write_random_checkpoint(Path("unused"), "llama-900b")
 

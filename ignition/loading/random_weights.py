@@ -53,6 +53,26 @@ _BLOCK = 1 << 20
 _MAX_POSITIONS = 131072
 
 
+def _smollm2_135m() -> PretrainedConfig:
+    """SmolLM2-135M's geometry (the embedded default model's GGUF: 30 layers at hidden
+    576, GQA 9/3, vocab 49152, tied embeddings) at its 8192 positions: its decode step
+    measured without carrying the checkpoint."""
+    return LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=True,
+    )
+
+
 def _llama_8b() -> PretrainedConfig:
     """Llama-3-8B's geometry (GQA 32/8, vocab 128256), up to 128K positions."""
     return LlamaConfig(
@@ -146,6 +166,7 @@ def _qwen4_exp_h200(experts: int = 128) -> PretrainedConfig:
 
 
 GEOMETRIES = {
+    "smollm2-135m": _smollm2_135m,
     "llama-8b": _llama_8b,
     "qwen3-8b": _qwen3_8b,
     "qwen4-exp-h200": _qwen4_exp_h200,
