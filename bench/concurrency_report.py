@@ -14,17 +14,19 @@ against the weight-read roofline. Pure: tested on the CPU.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.kernel_timeline import fmt
+
+# Cells with thousands grouped (steps of thousands of microseconds).
+cell = functools.partial(fmt, grouped=True)
+
 MIB = 1 << 20
-
-
-def _fmt(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
 
 
 def row(result: dict[str, Any]) -> dict[str, Any]:
@@ -60,11 +62,11 @@ def table(results: Sequence[dict[str, Any]]) -> str:
     ]
     for r in rows:
         lines.append(
-            f"| {r['option']} | {r['decode_graphs']} | {_fmt(r['load_s'])} | "
-            f"{_fmt(r['compile_capture_s'])} | {_fmt(r['scratch_and_graph_pool_mib'])} | "
-            f"{r['kv_pages']} | {_fmt(r['step_c1_us'])} | {_fmt(r['step_us'])} | "
-            f"{_fmt(r['step_p99_us'])} | {_fmt(r['tokens_per_s'], 0)} | "
-            f"{_fmt(r['step_over_roofline'], 3)} |"
+            f"| {r['option']} | {r['decode_graphs']} | {cell(r['load_s'])} | "
+            f"{cell(r['compile_capture_s'])} | {cell(r['scratch_and_graph_pool_mib'])} | "
+            f"{r['kv_pages']} | {cell(r['step_c1_us'])} | {cell(r['step_us'])} | "
+            f"{cell(r['step_p99_us'])} | {cell(r['tokens_per_s'], 0)} | "
+            f"{cell(r['step_over_roofline'], 3)} |"
         )
     return "\n".join(lines) + "\n"
 

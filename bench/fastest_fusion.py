@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.kernel_timeline import fmt
+
 
 def fastest(results: Sequence[dict[str, Any]], capacity: int = 1) -> str:
     """The decode fusion of the result with the lowest median step at ``capacity``."""
@@ -29,9 +31,6 @@ def fastest(results: Sequence[dict[str, Any]], capacity: int = 1) -> str:
 
 
 def table(results: Sequence[dict[str, Any]]) -> str:
-    def fmt(value: float | None, digits: int = 1) -> str:
-        return "-" if value is None else f"{value:.{digits}f}"
-
     lines = [
         "| decode fusion | capacity | kernels/launch | step (us) | step p99 (us) | "
         "roofline (us) | step/roofline |",

@@ -27,8 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
 from checkpoints import _tokenizer  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import LlamaForCausalLM  # noqa: E402
 
+from ignition.loading.random_weights import GEOMETRIES as RANDOM_GEOMETRIES  # noqa: E402
 from ignition.preparation.prepared import PrepareOptions, prepare  # noqa: E402
 from ignition.replay.harness import (  # noqa: E402
     Harness,
@@ -53,19 +54,7 @@ def main() -> None:
     if args.model is not None:
         run_probe(args, args.model, None)
         return
-    config = LlamaConfig(
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        max_position_embeddings=8192,
-        rope_theta=100000.0,
-        eos_token_id=2,
-        bos_token_id=1,
-        tie_word_embeddings=True,
-    )
+    config = RANDOM_GEOMETRIES["smollm2-135m"]()
     path = args.work / "random-smollm2"
     LlamaForCausalLM(config).save_pretrained(path)
     _tokenizer().save_pretrained(path)

@@ -113,6 +113,13 @@ def summarize(
     }
 
 
+def fmt(value: float | None, digits: int = 1, grouped: bool = False) -> str:
+    """A table cell: ``value`` to ``digits`` places (thousands grouped), or ``-``."""
+    if value is None:
+        return "-"
+    return f"{value:,.{digits}f}" if grouped else f"{value:.{digits}f}"
+
+
 def markdown(results: dict[str, Any]) -> str:
     """The summary of every capacity, then each capacity's top kernels."""
     lines = [
@@ -123,9 +130,6 @@ def markdown(results: dict[str, Any]) -> str:
         "roofline (us) | step/roofline |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-
-    def fmt(value: Any, digits: int = 1) -> str:
-        return "-" if value is None else f"{value:.{digits}f}"
 
     for capacity, row in results["capacities"].items():
         lines.append(
