@@ -120,10 +120,15 @@ def _inv_rms(squares, K, eps):
 
 
 @triton.jit
-def _x_tile(x_ptr, rm, kk, M, K, stride_xm):
-    """x's ``[BLOCK_M, BLOCK_K]`` tile of rows ``rm`` and columns ``kk`` (zero outside)."""
+def _x_tile(x_ptr, g_ptr, rm, kk, M, K, stride_xm, squares, NORM: tl.constexpr):
+    """The dot's operand from x's ``[BLOCK_M, BLOCK_K]`` tile of rows ``rm`` and columns
+    ``kk`` (zero outside), and the rows' running ``squares``: with ``NORM`` the tile
+    times the gain and the squares grown by it (``_gained``), else both as they are."""
     mask = (rm[:, None] < M) & (kk[None, :] < K)
-    return tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=mask, other=0.0)
+    x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=mask, other=0.0)
+    if NORM:
+        x, squares = _gained(x, g_ptr, kk, K, squares)
+    return x, squares
 
 
 @triton.jit
@@ -169,24 +174,16 @@ def _rows_dot(
             other=0.0,
         )
         wt = tl.trans(w)
-        x = _x_tile(x_ptr, rm, kk, M, K, stride_xm)
-        if NORM:
-            x, sq0 = _gained(x, g_ptr, kk, K, sq0)
+        x, sq0 = _x_tile(x_ptr, g_ptr, rm, kk, M, K, stride_xm, sq0, NORM)
         acc0 = tl.dot(x, wt, acc0)
         if ROW_TILES > 1:
-            x = _x_tile(x_ptr, rm + BLOCK_M, kk, M, K, stride_xm)
-            if NORM:
-                x, sq1 = _gained(x, g_ptr, kk, K, sq1)
+            x, sq1 = _x_tile(x_ptr, g_ptr, rm + BLOCK_M, kk, M, K, stride_xm, sq1, NORM)
             acc1 = tl.dot(x, wt, acc1)
         if ROW_TILES > 2:
-            x = _x_tile(x_ptr, rm + 2 * BLOCK_M, kk, M, K, stride_xm)
-            if NORM:
-                x, sq2 = _gained(x, g_ptr, kk, K, sq2)
+            x, sq2 = _x_tile(x_ptr, g_ptr, rm + 2 * BLOCK_M, kk, M, K, stride_xm, sq2, NORM)
             acc2 = tl.dot(x, wt, acc2)
         if ROW_TILES > 3:
-            x = _x_tile(x_ptr, rm + 3 * BLOCK_M, kk, M, K, stride_xm)
-            if NORM:
-                x, sq3 = _gained(x, g_ptr, kk, K, sq3)
+            x, sq3 = _x_tile(x_ptr, g_ptr, rm + 3 * BLOCK_M, kk, M, K, stride_xm, sq3, NORM)
             acc3 = tl.dot(x, wt, acc3)
     if NORM:
         acc0 *= _inv_rms(sq0, K, eps)[:, None]
@@ -344,27 +341,19 @@ def _rows_gated_kernel(
         w_up = tl.trans(
             tl.load(w_ptr + (N + rn[:, None]) * stride_wn + kk[None, :], mask=w_mask, other=0.0)
         )
-        x = _x_tile(x_ptr, rm, kk, M, K, stride_xm)
-        if NORM:
-            x, sq0 = _gained(x, g_ptr, kk, K, sq0)
+        x, sq0 = _x_tile(x_ptr, g_ptr, rm, kk, M, K, stride_xm, sq0, NORM)
         gate0 = tl.dot(x, w_gate, gate0)
         up0 = tl.dot(x, w_up, up0)
         if ROW_TILES > 1:
-            x = _x_tile(x_ptr, rm + BLOCK_M, kk, M, K, stride_xm)
-            if NORM:
-                x, sq1 = _gained(x, g_ptr, kk, K, sq1)
+            x, sq1 = _x_tile(x_ptr, g_ptr, rm + BLOCK_M, kk, M, K, stride_xm, sq1, NORM)
             gate1 = tl.dot(x, w_gate, gate1)
             up1 = tl.dot(x, w_up, up1)
         if ROW_TILES > 2:
-            x = _x_tile(x_ptr, rm + 2 * BLOCK_M, kk, M, K, stride_xm)
-            if NORM:
-                x, sq2 = _gained(x, g_ptr, kk, K, sq2)
+            x, sq2 = _x_tile(x_ptr, g_ptr, rm + 2 * BLOCK_M, kk, M, K, stride_xm, sq2, NORM)
             gate2 = tl.dot(x, w_gate, gate2)
             up2 = tl.dot(x, w_up, up2)
         if ROW_TILES > 3:
-            x = _x_tile(x_ptr, rm + 3 * BLOCK_M, kk, M, K, stride_xm)
-            if NORM:
-                x, sq3 = _gained(x, g_ptr, kk, K, sq3)
+            x, sq3 = _x_tile(x_ptr, g_ptr, rm + 3 * BLOCK_M, kk, M, K, stride_xm, sq3, NORM)
             gate3 = tl.dot(x, w_gate, gate3)
             up3 = tl.dot(x, w_up, up3)
     _store_gated(gate0, up0, sq0, y_ptr, M, N, K, stride_ym, eps, rm, rn, NORM)
