@@ -122,7 +122,11 @@ write_tiny_hybrid(Path(sys.argv[1]))" "$work/tiny-hybrid" || exit 1
     [ -f "$dir/random-weights.json" ] || python3 -m ignition.loading.random_weights \
       --geometry "$geometry" --out "$dir" > /dev/null || exit 1
     if [ "$part" = corpus ]; then
-      SERVE_PARTS=corpus bash bench/serve_check.sh "$out" "$dir" "$flare" -- \
+      # The core goes beside the weights in WORK: the default, a temporary folder on
+      # the GPU machine's 64 GiB disk, cannot hold the 128-expert core's 75 GB.
+      rm -rf "$work/$geometry-corpus-core"
+      SERVE_PARTS=corpus SERVE_CORE=$work/$geometry-corpus-core \
+        bash bench/serve_check.sh "$out" "$dir" "$flare" -- \
         --max-concurrency 4 --context-limit 24576 --prefill-chunk-size 512 \
         --snapshot-rows 4 "$@" || status=1
       exit $status

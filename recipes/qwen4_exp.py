@@ -44,7 +44,9 @@ Triton kernel, or the K-split kernel for projections too narrow for it): the mer
 ones explicitly (the router's among them: ``route`` is the canonical router's forward
 from its logits), every ``nn.Linear`` (the vocabulary head's too) as a ``ProjectedLinear``
 (``project_linears``); GDN's and PLE's decode convolutions are sums of taps
-(``ignition.components.depthwise_conv``), not cuDNN. On the H200 the served
+(``ignition.components.depthwise_conv``), not cuDNN; every RMSNorm's mean square and
+PLE's gate sum are ``flare::row_sum`` (``invariant_norms``), not CUDA reductions that
+pick their strategy by the row count. On the H200 the served
 50-prompt corpus matched the harness for none of its prompts at concurrency 1 before
 (the harness decodes in batches of up to 4; cuBLAS picks its kernel by row count).
 
@@ -68,6 +70,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModelForCausalLM, PretrainedConfig
+from transformers.activations import ACT2FN
 
 from ignition.components import gated_delta, selector
 from ignition.components.continuation import (
@@ -81,6 +84,7 @@ from ignition.components.experts import FUSED_MAX_TOKENS, routed_experts
 from ignition.components.kv_cache import AttentionStep, PagedField, PagedKvCache, write_kv
 from ignition.components.linear import invariant_project, project_linears
 from ignition.components.rotary import RotaryTable
+from ignition.components.row_reduce import last_sum, mean_square
 from ignition.loading.mapping import WeightMapping
 from ignition.loading.source import CheckpointError
 from ignition.parallel.shard import ONE_RANK, TensorParallel
@@ -579,6 +583,64 @@ class PreparedGatedResidual(nn.Module):
         return mixed, hyper_input, 2 * torch.sigmoid(inject / m.hc_count)
 
 
+def _invariant_norm(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``Qwen4ExpTextRMSNorm._norm`` with each row's mean square from
+    ``flare::row_sum``: the same formula, rounded in an order that does not follow
+    the batch."""
+    group = self.group_size
+    if group is not None:
+        x = x.reshape(*x.shape[:-1], -1, group)
+    out = x * torch.rsqrt(mean_square(x) + self.eps)
+    return out.flatten(-2) if group is not None else out
+
+
+def _invariant_gated_norm(
+    self: nn.Module, hidden_states: torch.Tensor, gate: torch.Tensor
+) -> torch.Tensor:
+    """``Qwen4ExpTextRMSNormGated.forward`` (GDN's output norm) with each row's mean
+    square from ``flare::row_sum``."""
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    hidden_states = hidden_states * torch.rsqrt(mean_square(hidden_states) + self.variance_epsilon)
+    hidden_states = self.weight * hidden_states.to(input_dtype)
+    hidden_states = hidden_states * ACT2FN[self.activation](gate.to(torch.float32))
+    return hidden_states.to(input_dtype)
+
+
+@functools.cache
+def _prepared_norm_classes() -> dict[type[nn.Module], type[nn.Module]]:
+    """Each canonical RMSNorm class, and its prepared subclass (its weight, names and
+    the rest of its forward canonical) whose mean squares are ``flare::row_sum``'s."""
+    m = canonical()
+    return {
+        m.Qwen4ExpTextRMSNorm: type(
+            "PreparedRmsNorm", (m.Qwen4ExpTextRMSNorm,), {"_norm": _invariant_norm}
+        ),
+        m.Qwen4ExpTextRMSNormGated: type(
+            "PreparedRmsNormGated",
+            (m.Qwen4ExpTextRMSNormGated,),
+            {"forward": _invariant_gated_norm},
+        ),
+    }
+
+
+def invariant_norms(root: nn.Module) -> int:
+    """Makes every canonical RMSNorm under ``root`` (the hyperconnections', PLE's,
+    GDN's output norm, the query, key and indexer norms) its prepared class, in
+    place; how many. The
+    canonical ``x.pow(2).mean(-1)`` takes its CUDA reduction strategy from the row
+    count: at the H200 geometry one request's mean squares differed in the last bits
+    between capacity-1 and capacity-4 decode steps, and the served corpus sampled
+    other tokens at concurrency 1 than the harness at 4."""
+    prepared = _prepared_norm_classes()
+    count = 0
+    for module in root.modules():
+        if type(module) in prepared:
+            module.__class__ = prepared[type(module)]
+            count += 1
+    return count
+
+
 class PreparedExperts(nn.Module):
     """The canonical routed experts; up to ``FUSED_MAX_TOKENS`` tokens (a decode
     step's) through ``flare::routed_experts`` instead, which rounds as the canonical
@@ -627,7 +689,7 @@ class PreparedPle(nn.Module):
         key = m.norm_key(m.key_proj(embeddings)).unflatten(-1, (m.hc_count, m.hidden_size))
         value = m.value_proj(embeddings)
         query = m.norm_query(hidden_states).unflatten(-1, (m.hc_count, m.hidden_size))
-        gate = (key * query).sum(dim=-1, keepdim=True) / math.sqrt(m.hidden_size)
+        gate = last_sum(key * query) / math.sqrt(m.hidden_size)
         gate = gate.abs().clamp_min(1e-6).sqrt() * gate.sign()
         gated = torch.sigmoid(gate) * value.unsqueeze(-2)
         normed = m.norm_conv(gated.flatten(-2))
@@ -809,6 +871,7 @@ class HybridModel:
         # expert's down projection, the hyperconnections' mix-up projections and the
         # final mixer's, PLE's): batch-invariant for decode rows.
         project_linears(model)
+        invariant_norms(model)
         self.entries = [g.layer_entries(i) for i in range(g.layers)]
         # Interleaved mRoPE takes three position rows, equal for text.
         self.rotary = place_rotary(

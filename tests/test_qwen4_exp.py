@@ -15,13 +15,14 @@ from pathlib import Path
 import pytest
 import torch
 from checkpoints import TINY_HYBRID, WIDE_HYBRID, perturb_zero_initialized, write_tiny_hybrid
-from dispatched import batch_shaped, step_ops
+from dispatched import batch_shaped, step_ops, step_reductions
 from fake_server import build_flare
 from torch._dynamo.testing import CompileCounter
 from transformers import AutoModelForCausalLM, DynamicCache
 from transformers.models.qwen4_exp.configuration_qwen4_exp import Qwen4ExpTextConfig
 from transformers.models.qwen4_exp.modeling_qwen4_exp import Qwen4ExpForCausalLM
 
+from ignition.components import row_reduce
 from ignition.components.continuation import ContinuationRows
 from ignition.components.kv_cache import AttentionStep, PagedKvCache, slot_mapping
 from ignition.components.rotary import RotaryTable
@@ -888,6 +889,43 @@ def test_a_decode_step_has_no_op_whose_kernel_follows_the_batch(
     # Per layer at least the merged input, the output, the shared expert's and the
     # router's projections; the head.
     assert projections >= 4 * GEOMETRY.layers + 1, ops
+
+
+# A sum or mean over at most this many elements is one thread's serial loop whatever
+# the batch; wider ones must be flare::row_sum's.
+SERIAL_REDUCTION = 16
+
+
+@pytest.mark.parametrize("capacity", [1, 4])
+def test_a_decode_step_has_no_wide_reduction_whose_order_follows_the_batch(
+    prepared: PreparedModel, capacity: int
+) -> None:
+    # The served corpus on the H200 at --no-compile matched the harness for 0, 4 and 46
+    # of its 50 prompts at concurrency 1, 2 and 4 (bench/results/issue22/): the
+    # canonical RMSNorms' x.pow(2).mean(-1) over 2,560 per stream took another CUDA
+    # reduction strategy at 4 rows than at 16 (bench/row_divergence_probe.py on the
+    # H200). Every norm's mean square and PLE's gate sum go through flare::row_sum.
+    prompt = _tokens(40, 31)
+    prepared.reset()
+    _pages(prepared, 1, [1, 2])
+    _admit(prepared, 1, prompt)
+    _prefill(prepared, 1, prompt, 0, len(prompt), last=True)
+    pack_decode(prepared.storage.staging, [1], capacity)
+    reductions = step_reductions(prepared, GraphKey(GraphKind.DECODE, capacity))
+    assert reductions, "the step's router renormalizes its top-k weights with a sum"
+    wide = [(name, extent) for name, extent in reductions if extent > SERIAL_REDUCTION]
+    assert not wide, wide
+
+
+def test_row_sum_matches_and_is_batch_invariant_interpreted() -> None:
+    x = torch.randn(9, 2600, generator=torch.Generator().manual_seed(3))
+    sums = row_reduce.row_sum(x)
+    torch.testing.assert_close(sums, x.double().sum(-1).float(), rtol=1e-6, atol=1e-4)
+    for rows in (1, 4, 9):
+        assert torch.equal(row_reduce.row_sum(x[:rows]), sums[:rows])
+    squares = row_reduce.mean_square(x.view(9, 2, 1300).to(torch.bfloat16))
+    reference = x.to(torch.bfloat16).float().view(9, 2, 1300).pow(2).mean(-1, keepdim=True)
+    torch.testing.assert_close(squares, reference, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.gpu
