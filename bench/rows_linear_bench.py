@@ -2,7 +2,7 @@
 projections of SmolLM2-135M and Qwen3-8B, over tile shapes, against cuBLAS and the
 device's copy bandwidth: the data behind the kernel's tile choice.
 
-    python bench/rows_linear_bench.py [--out bench.json] [--narrow]
+    python bench/rows_linear_bench.py [--out bench.json] [--narrow | --many-rows]
 
 For each weight shape and 1 and 4 rows: the time per call inside a CUDA graph, over
 weight copies larger than L2 together (``bench/cuda_timing.py``), per (BLOCK_N,
@@ -13,8 +13,9 @@ fused variants (``fused_ms``: qkv and gate/up with the RMSNorm prologue, o and d
 with the residual epilogue), whose difference from the plain kernel is what the
 fusion costs inside the projection. ``--narrow`` times only the K split of weights too
 narrow for the kernel (the hybrid's) against cuBLAS at the same and at 16 padded rows,
-and the kernel past one row tile (32 and 64 rows, Qwen3-8B) against cuBLAS. Needs a
-GPU.
+and the kernel past one row tile (32 and 64 rows, Qwen3-8B) against cuBLAS;
+``--many-rows`` sweeps that kernel's tiles at 16 to 64 rows and tells which change a
+row's bits. Needs a GPU.
 """
 
 from __future__ import annotations
@@ -147,6 +148,49 @@ def narrow_and_many_rows(sms: int) -> list[dict[str, object]]:
     return out
 
 
+# The tiles swept past one row tile: ptxas (sm_90a) reports the serving tile of the
+# 8B's qkv (32x256, 4 warps) at 64 rows spilling 168 bytes, and none at 8 warps or at
+# K steps of 64; whether the K step and the warps change a row's bits is measured here.
+MANY_ROWS_TILES = list(itertools.product([32, 64, 128], [64, 128, 256], [4], [4, 8]))
+
+
+def tile_sweep_past_one_row_tile() -> list[dict[str, object]]:
+    """Qwen3-8B's projections at 16, 32 and 64 rows over ``MANY_ROWS_TILES``: each
+    tile's time, and whether its output is bitwise the serving tile's at the same rows
+    (a tile that changes no bit may serve those rows) and, for the first 16 rows,
+    bitwise the serving tile's at 16 rows (batch invariance across row counts)."""
+    device = torch.device("cuda")
+    out: list[dict[str, object]] = []
+    for model, name, n, k in SHAPES:
+        if model != "qwen3-8b" or name == "lm_head":
+            continue
+        w = torch.randn(n, k, device=device, dtype=torch.bfloat16) / k**0.5
+        weights = [w] + [w.clone() for _ in range(cold_copies(w.numel() * w.element_size()) - 1)]
+        x_all = torch.randn(64, k, device=device, dtype=torch.bfloat16)
+        first_tile = triton_rows_linear(x_all[:ROWS_TILE], w, None)
+        for rows in (16, 32, 64):
+            x = x_all[:rows].contiguous()
+            serving = triton_rows_linear(x, w, None)
+            serving_ms = over(weights, lambda w, x=x: triton_rows_linear(x, w, None))
+            cublas = over(weights, lambda w, x=x: F.linear(x, w))
+            for tile in MANY_ROWS_TILES:
+                y = torch.empty(rows, n, device=device, dtype=torch.bfloat16)
+                launch(x, w, y, tile)()
+                same = torch.equal(y, serving)
+                same_first = torch.equal(y[:ROWS_TILE], first_tile)
+                ms = over(weights, lambda w, x=x, y=y, t=tile: launch(x, w, y, t)())
+                out.append(dict(model=model, projection=name, n=n, k=k, rows=rows,
+                                tile=tile_name(tile), ms=ms, serving_ms=serving_ms,
+                                cublas_ms=cublas, equal_serving=same,
+                                equal_first_tile=same_first))  # fmt: skip
+                print(
+                    f"{name:8} rows {rows:2} {tile_name(tile):14} {ms * 1e3:6.1f} us "
+                    f"(serving {serving_ms * 1e3:6.1f}, cuBLAS {cublas * 1e3:6.1f}) "
+                    f"same bits as serving: {same}, as 16 rows: {same_first}"
+                )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path)
@@ -155,11 +199,17 @@ def main() -> None:
         action="store_true",
         help="only the K split at the narrow shapes and the kernel past one row tile",
     )
+    parser.add_argument(
+        "--many-rows",
+        action="store_true",
+        help="only the tile sweep past one row tile (Qwen3-8B at 16, 32 and 64 rows), "
+        "with each tile's bits against the serving tile's",
+    )
     args = parser.parse_args()
     device = torch.device("cuda")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    if args.narrow:
-        rows_out = narrow_and_many_rows(sms)
+    if args.narrow or args.many_rows:
+        rows_out = narrow_and_many_rows(sms) if args.narrow else tile_sweep_past_one_row_tile()
         if args.out:
             args.out.write_text(
                 json.dumps({"device": torch.cuda.get_device_name(), "rows": rows_out})
