@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Builds, on a machine with cargo and a package registry, what the GPU machine (no
+# registry, no cargo, Python 3.12) needs beyond its torch, triton and transformers:
+# the stripped release `flare` binary, the stripped flare_heliopause wheel, and the
+# wheels of fla-core 0.6.0 (the hybrid's GDN kernels), einops, gguf, and the openai
+# and anthropic clients with their httpx2 stack (bench/serve_clients.py, the suite).
+# About 25 MB: carry DIR with a device call, then on the GPU machine
+#   python3 -m pip install --no-index --no-deps --target SITE DIR/wheels/*.whl
+#   export PYTHONPATH=SITE:$PWD:$PWD/tests
+# and pass DIR/flare as FLARE.
+#
+#   bench/device_bundle.sh DIR
+set -euo pipefail
+dir=${1:?usage: bench/device_bundle.sh DIR}
+cd "$(dirname "$0")/.."
+mkdir -p "$dir/wheels"
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+  --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+  -d "$dir/wheels" \
+  fla-core==0.6.0 einops gguf openai anthropic anyio distro httpx2 httpcore2 jiter sniffio \
+  pydantic pydantic-core annotated-types typing-inspection typing-extensions h11 idna \
+  certifi truststore docstring-parser opentelemetry-api importlib-metadata zipp
+cargo build --release -p flare
+cp target/release/flare "$dir/flare"
+strip "$dir/flare"
+maturin build --release --strip -m heliopause/Cargo.toml -o "$dir/wheels"
+du -sh "$dir"
