@@ -33,8 +33,9 @@
 #   bench/issue22_check.sh trace OUT FLARE [prepare options...]
 #       the GEOMETRY's core exported with a 40,960-token context, then served: the
 #       suite's 32K tool-append agent trace with its fork (cached plus prefilled tokens
-#       and TTFT per turn, the fork's restore) and tools workload; then, while the
-#       call's time lasts (TRACE_BUDGET_S, default 540 s from the start), the whole-
+#       and TTFT per turn, the fork's restore, and two repeats of earlier turns that
+#       must answer as the first time: restores are bitwise) and tools workload; then,
+#       while the call's time lasts (TRACE_BUDGET_S, default 540 s from the start), the whole-
 #       prompt restores of bench/serve_check.sh (SERVE_PARTS=prefix) and the native
 #       decode step at capacities 1 and 4 with each checkpoint's snapshot and restore.
 #   bench/issue22_check.sh transformers OUT

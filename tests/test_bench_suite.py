@@ -48,6 +48,7 @@ from bench.suite.report import (
     decode_bench_metrics,
     engine_metrics,
     prefilled_tokens,
+    repeat_checks,
     roofline_step_s,
     summary_table,
 )
@@ -185,6 +186,21 @@ def test_agent_trace_grows_to_its_target_and_forks_an_earlier_turn() -> None:
         assert messages[: len(base)] == base
         assert messages[len(base)] != main[at + 1].messages[len(base)]  # type: ignore[index]
         assert request.meta["history_tokens"] > main[at].meta["history_tokens"]
+    # Last, the fork's first turn and the main line's turn after the fork point again,
+    # the very requests: an exact prefix cache answers each as the first time.
+    repeats = [r for r in trace if r.meta["branch"] == "repeat"]
+    assert trace[-2:] == repeats
+    by_name = {r.name: r for r in trace}
+    assert [r.meta["repeat_of"] for r in repeats] == ["agent/fork-0", f"agent/turn-{at + 1}"]
+    for repeat in repeats:
+        first = by_name[repeat.meta["repeat_of"]]
+        assert repeat.name != first.name
+        assert (repeat.messages, repeat.sampling, repeat.tools, repeat.max_tokens) == (
+            first.messages,
+            first.sampling,
+            first.tools,
+            first.max_tokens,
+        )
 
 
 def test_prefix_pairs_share_the_prefix_and_add_the_tail() -> None:
@@ -893,6 +909,30 @@ def test_agent_turns_without_a_ttft_break_the_plotted_line() -> None:
     assert ms[0] == pytest.approx(1.0) and ms[2] == pytest.approx(3.0)
     assert math.isnan(ms[1])
     assert [t for t, _ in agent_turns_of(trace, "fork")] == [1]
+
+
+def test_a_repeat_is_the_same_answer_only_in_text_finish_and_length() -> None:
+    def sample(name: str, text: str, branch: str = "main", **meta: str) -> Sample:
+        return Sample(
+            request=name, workload="agent", text=text, finish_reason="length",
+            output_tokens=len(text.split()), prompt_tokens=900, cached_tokens=899,
+            meta={"branch": branch, **meta},
+        )  # fmt: skip
+
+    trace = [
+        sample("agent/turn-5", "a b c"),
+        sample("agent/fork-0", "d e"),
+        sample("agent/repeat-agent/fork-0", "d e", "repeat", repeat_of="agent/fork-0"),
+        sample("agent/repeat-agent/turn-5", "a b x", "repeat", repeat_of="agent/turn-5"),
+    ]
+    checks = repeat_checks(trace)
+    assert [(c["request"], c["same"]) for c in checks] == [
+        ("agent/fork-0", True),
+        ("agent/turn-5", False),
+    ]
+    assert checks[0]["cached_tokens"] == 899
+    # A repeat whose first answer is missing (it failed) is not checked at all.
+    assert repeat_checks(trace[2:3]) == []
 
 
 def test_server_counters_parse_and_difference_per_request() -> None:

@@ -242,6 +242,30 @@ class Row:
     higher_is_better: bool
 
 
+def repeat_checks(samples: list[Sample]) -> list[dict[str, Any]]:
+    """Each repeated agent request (``meta["repeat_of"]``) against its first answer:
+    the prompt tokens the repeat restored from the cache, and whether its answer is
+    the first one's, text and finish reason alike."""
+    first = {s.request: s for s in samples if s.meta.get("branch") != "repeat"}
+    checks = []
+    for repeat in samples:
+        original = first.get(repeat.meta.get("repeat_of", ""))
+        if repeat.meta.get("branch") != "repeat" or original is None:
+            continue
+        checks.append(
+            {
+                "request": original.request,
+                "prompt_tokens": repeat.prompt_tokens,
+                "cached_tokens": repeat.cached_tokens,
+                "output_tokens": repeat.output_tokens,
+                "same": repeat.text == original.text
+                and repeat.finish_reason == original.finish_reason
+                and repeat.output_tokens == original.output_tokens,
+            }
+        )
+    return checks
+
+
 def samples_of(result: dict[str, Any]) -> dict[str, list[Sample]]:
     """Successful samples by measurement."""
     grouped: dict[str, list[Sample]] = defaultdict(list)
@@ -328,6 +352,12 @@ def engine_metrics(result: dict[str, Any]) -> dict[Row, float]:
                 )
             ttft = _med([s.ttft_s for s in fork])
             put(Row("agent-fork", name, "agent fork TTFT (ms)", False), ttft and ttft * 1e3)
+            repeats = repeat_checks(samples)
+            if repeats:
+                put(
+                    Row("agent-repeat-same", name, "agent repeats answered as the first", True),
+                    sum(check["same"] for check in repeats),
+                )
         elif kind == "tools":
             ttft = _med([s.ttft_s for s in samples])
             put(Row("tools-ttft", name, "tool-use TTFT (ms)", False), ttft and ttft * 1e3)
@@ -525,7 +555,7 @@ def agent_turns(results: Sequence[dict[str, Any]]) -> str:
         main_line = sorted(
             (s for s in trace if s.meta.get("branch") == "main"), key=lambda s: s.meta["turn"]
         )
-        forks = [s for s in trace if s.meta.get("branch") == "fork"]
+        forks = [s for s in trace if s.meta.get("branch") in ("fork", "repeat")]
         if not main_line:
             continue
         lines += [
@@ -556,6 +586,13 @@ def agent_turns(results: Sequence[dict[str, Any]]) -> str:
                 _fmt(ttft),
             ]
             lines.append("| " + " | ".join(cells) + " |")
+        for check in repeat_checks(trace):
+            lines.append(
+                f"\nRepeat of {check['request']}: {check['cached_tokens']} of "
+                f"{check['prompt_tokens']} prompt tokens cached, "
+                f"{'the same answer' if check['same'] else 'ANOTHER ANSWER'} "
+                f"({check['output_tokens']} tokens)."
+            )
     return "\n".join(lines) + ("\n" if lines else "")
 
 

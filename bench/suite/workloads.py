@@ -414,7 +414,10 @@ def agent_trace(
     call and its result (``result_tokens`` tokens, drawn per turn) to the history, until
     the next turn would pass ``target_tokens`` of message text. Then ``fork_turns``
     requests of a branch that forks the main line at ``fork_turn`` (default: the middle
-    turn) with different results: the fork shares the history before it.
+    turn) with different results: the fork shares the history before it. Then two
+    repeats, each the very request (messages and seed) of the fork's first turn and of
+    the main line's turn after the fork point: a server whose prefix cache restores
+    exactly answers each as the first time (``repeat_of`` names the request).
 
     Requests are in the order they are to be sent (main line, then the fork); the
     histories are what the main line's own outputs would not change, so every engine
@@ -480,6 +483,12 @@ def agent_trace(
         branch.extend(added)
         used += tokens
         ask(f"agent/fork-{j}", fork_at + j + 1, "fork", branch, used)
+    by_name = {r.name: r for r in requests}
+    for first in ("agent/fork-0", f"agent/turn-{fork_at + 1}"):
+        if first in by_name:
+            original = by_name[first]
+            meta = {**original.meta, "branch": "repeat", "repeat_of": first}
+            requests.append(replace(original, name=f"agent/repeat-{first}", meta=meta))
     return requests
 
 
