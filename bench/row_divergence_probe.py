@@ -142,7 +142,11 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--experts", type=int, default=16)
     parser.add_argument("--prompt-tokens", type=int, default=48)
-    parser.add_argument("--device", default="cuda", help="cuda, or cpu (interpreted kernels)")
+    parser.add_argument(
+        "--device",
+        default="cuda",
+        help="cuda, or cpu (with TRITON_INTERPRET=1 exported: the kernels interpreted)",
+    )
     args = parser.parse_args()
     config = GEOMETRIES[args.geometry]()
     config.num_hidden_layers = args.layers

@@ -35,6 +35,7 @@ from ignition.components.linear import (
     ROWS_TILE,
     RmsNorm,
     _rows_linear_kernel,
+    pipeline_stages,
     row_tiles,
     split_shape,
     tile_shape,
@@ -148,10 +149,11 @@ def narrow_and_many_rows(sms: int) -> list[dict[str, object]]:
     return out
 
 
-# The tiles swept past one row tile: ptxas (sm_90a) reports the serving tile of the
-# 8B's qkv (32x256, 4 warps) at 64 rows spilling 168 bytes, and none at 8 warps or at
-# K steps of 64; whether the K step and the warps change a row's bits is measured here.
-MANY_ROWS_TILES = list(itertools.product([32, 64, 128], [64, 128, 256], [4], [4, 8]))
+# The tiles swept past one row tile (BLOCK_N, BLOCK_K, num_warps; the pipeline's depth
+# as serving sets it): ptxas (sm_90a) reports the serving tile of the 8B's qkv (32x256,
+# 4 warps) at 64 rows spilling 168 bytes, and none at 8 warps or at K steps of 64;
+# whether the K step and the warps change a row's bits is measured here.
+MANY_ROWS_TILES = list(itertools.product([32, 64, 128], [64, 128, 256], [4, 8]))
 
 
 def tile_sweep_past_one_row_tile() -> list[dict[str, object]]:
@@ -173,9 +175,15 @@ def tile_sweep_past_one_row_tile() -> list[dict[str, object]]:
             serving = triton_rows_linear(x, w, None)
             serving_ms = over(weights, lambda w, x=x: triton_rows_linear(x, w, None))
             cublas = over(weights, lambda w, x=x: F.linear(x, w))
-            for tile in MANY_ROWS_TILES:
+            for block_n, block_k, warps in MANY_ROWS_TILES:
+                stages = pipeline_stages(row_tiles(rows), block_n, block_k, w.element_size())
+                tile = (block_n, block_k, stages, warps)
                 y = torch.empty(rows, n, device=device, dtype=torch.bfloat16)
-                launch(x, w, y, tile)()
+                try:
+                    launch(x, w, y, tile)()
+                except triton.runtime.errors.OutOfResources:
+                    print(f"{name:8} rows {rows:2} {tile_name(tile):14} does not fit")
+                    continue
                 same = torch.equal(y, serving)
                 same_first = torch.equal(y[:ROWS_TILE], first_tile)
                 ms = over(weights, lambda w, x=x, y=y, t=tile: launch(x, w, y, t)())

@@ -80,6 +80,14 @@ for tokens in (512, 4096):
                        target=GPUTarget("cuda", 90, 32),
                        options=dict(num_warps=t.num_warps, num_stages=t.num_stages))
     print("prefill", tokens, k.metadata.shared, len(re.findall(r"cp\\.async", k.asm["ptx"])))
+
+# The row sum of the hybrid's norms: its loop over the row and its tree (a reduction
+# across the warps through shared memory) compile; no atomics, whose order could vary.
+from ignition.components.row_reduce import BLOCK, _row_sum_kernel
+for dtype in ("fp32", "bf16"):
+    k = compile(_row_sum_kernel, ["*" + dtype, "*fp32", "i32", "i32"], dict(BLOCK=BLOCK),
+                num_warps=4)
+    print("row_sum", dtype, len(k.asm["cubin"]), len(re.findall(r"atom\\.", k.asm["ptx"])))
 """
 
 
@@ -114,6 +122,9 @@ def test_the_new_kernels_compile_for_sm90() -> None:
             sync_four, group_four = map(int, four[0].split("/"))
             assert sync_one > 0 and sync_four == 4 * sync_one, done.stdout
             assert group_one == group_four == 0, done.stdout
+    for dtype in ("fp32", "bf16"):
+        cubin, atomics = found[("row_sum", dtype)]
+        assert int(cubin) > 0 and int(atomics) == 0, done.stdout
     for tokens in ("512", "4096"):
         # Fits the H200's shared memory per block, and streams keys and values
         # asynchronously (the loop is software-pipelined).

@@ -22,7 +22,6 @@ from transformers import AutoModelForCausalLM, DynamicCache
 from transformers.models.qwen4_exp.configuration_qwen4_exp import Qwen4ExpTextConfig
 from transformers.models.qwen4_exp.modeling_qwen4_exp import Qwen4ExpForCausalLM
 
-from ignition.components import row_reduce
 from ignition.components.continuation import ContinuationRows
 from ignition.components.kv_cache import AttentionStep, PagedKvCache, slot_mapping
 from ignition.components.rotary import RotaryTable
@@ -915,17 +914,6 @@ def test_a_decode_step_has_no_wide_reduction_whose_order_follows_the_batch(
     assert reductions, "the step's router renormalizes its top-k weights with a sum"
     wide = [(name, extent) for name, extent in reductions if extent > SERIAL_REDUCTION]
     assert not wide, wide
-
-
-def test_row_sum_matches_and_is_batch_invariant_interpreted() -> None:
-    x = torch.randn(9, 2600, generator=torch.Generator().manual_seed(3))
-    sums = row_reduce.row_sum(x)
-    torch.testing.assert_close(sums, x.double().sum(-1).float(), rtol=1e-6, atol=1e-4)
-    for rows in (1, 4, 9):
-        assert torch.equal(row_reduce.row_sum(x[:rows]), sums[:rows])
-    squares = row_reduce.mean_square(x.view(9, 2, 1300).to(torch.bfloat16))
-    reference = x.to(torch.bfloat16).float().view(9, 2, 1300).pow(2).mean(-1, keepdim=True)
-    torch.testing.assert_close(squares, reference, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.gpu
