@@ -865,6 +865,16 @@ def prepared_for_32(checkpoint: Path) -> PreparedModel:
     return prepare(checkpoint, replace(_options(torch.float32), max_concurrency=32))
 
 
+def _one_prompt_to_decode(prepared: PreparedModel, prompt: list[int], capacity: int) -> None:
+    """``prompt`` prefilled into slot 1 (pages 1 and 2) and a decode step of
+    ``capacity`` rows for it staged."""
+    prepared.reset()
+    _pages(prepared, 1, [1, 2])
+    _admit(prepared, 1, prompt)
+    _prefill(prepared, 1, prompt, 0, len(prompt), last=True)
+    pack_decode(prepared.storage.staging, [1], capacity)
+
+
 @pytest.mark.parametrize("capacity", [1, 2, 4, 32])
 def test_a_decode_step_has_no_op_whose_kernel_follows_the_batch(
     prepared: PreparedModel, prepared_for_32: PreparedModel, capacity: int
@@ -875,12 +885,7 @@ def test_a_decode_step_has_no_op_whose_kernel_follows_the_batch(
     # flare::rows_split_linear for narrow weights), also past one 16-row tile (a
     # 32-request step ran cuBLAS and the grouped experts), and no convolution may run.
     model = prepared_for_32 if capacity > 4 else prepared
-    prompt = _tokens(70, 30)
-    model.reset()
-    _pages(model, 1, [1, 2])
-    _admit(model, 1, prompt)
-    _prefill(model, 1, prompt, 0, len(prompt), last=True)
-    pack_decode(model.storage.staging, [1], capacity)
+    _one_prompt_to_decode(model, _tokens(70, 30), capacity)
     ops = step_ops(model, GraphKey(GraphKind.DECODE, capacity))
     assert not batch_shaped(ops), batch_shaped(ops)
     assert not [name for name, _ in ops if "grouped_mm" in name]
@@ -904,12 +909,7 @@ def test_a_decode_step_has_no_wide_reduction_whose_order_follows_the_batch(
     # canonical RMSNorms' x.pow(2).mean(-1) over 2,560 per stream took another CUDA
     # reduction strategy at 4 rows than at 16 (bench/row_divergence_probe.py on the
     # H200). Every norm's mean square and PLE's gate sum go through flare::row_sum.
-    prompt = _tokens(40, 31)
-    prepared.reset()
-    _pages(prepared, 1, [1, 2])
-    _admit(prepared, 1, prompt)
-    _prefill(prepared, 1, prompt, 0, len(prompt), last=True)
-    pack_decode(prepared.storage.staging, [1], capacity)
+    _one_prompt_to_decode(prepared, _tokens(40, 31), capacity)
     reductions = step_reductions(prepared, GraphKey(GraphKind.DECODE, capacity))
     assert reductions, "the step's router renormalizes its top-k weights with a sum"
     wide = [(name, extent) for name, extent in reductions if extent > SERIAL_REDUCTION]
