@@ -85,8 +85,8 @@ for tokens in (512, 4096):
 # across the warps through shared memory) compile; no atomics, whose order could vary.
 from ignition.components.row_reduce import BLOCK, _row_sum_kernel
 for dtype in ("fp32", "bf16"):
-    k = compile(_row_sum_kernel, ["*" + dtype, "*fp32", "i32", "i32"], dict(BLOCK=BLOCK),
-                num_warps=4)
+    k = compile(_row_sum_kernel, ["*" + dtype, "*fp32", "i32", "i32"],
+                dict(SQUARE=dtype == "bf16", BLOCK=BLOCK), num_warps=4)
     print("row_sum", dtype, len(k.asm["cubin"]), len(re.findall(r"atom\\.", k.asm["ptx"])))
 """
 

@@ -18,6 +18,12 @@ def _rows_agree(device: str, dtype: torch.dtype) -> None:
         assert torch.equal(row_reduce.row_sum(x[:rows]), sums[:rows])
     # A row is summed the same wherever it sits in the batch.
     assert torch.equal(row_reduce.row_sum(x.flip(0)), sums.flip(0))
+    # The squares' sum, in the same kernel: the sum of the fp32 squares stored, but
+    # for the roundings a fused multiply-add may save on the GPU.
+    squares = row_reduce.row_sum(x, square=True)
+    torch.testing.assert_close(squares, row_reduce.row_sum(x.float().pow(2)), rtol=1e-6, atol=0)
+    for rows in (1, 4):
+        assert torch.equal(row_reduce.row_sum(x[:rows], square=True), squares[:rows])
 
 
 def test_row_sum_matches_and_is_batch_invariant_interpreted() -> None:

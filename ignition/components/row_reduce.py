@@ -24,13 +24,15 @@ BLOCK = 1024
 
 
 @triton.jit
-def _row_sum_kernel(x_ptr, out_ptr, N, stride, BLOCK: tl.constexpr):
-    """``out[row] = sum(x[row])`` in fp32, ``N`` elements a row."""
+def _row_sum_kernel(x_ptr, out_ptr, N, stride, SQUARE: tl.constexpr, BLOCK: tl.constexpr):
+    """``out[row] = sum(x[row])`` in fp32 (of the fp32 squares with ``SQUARE``), ``N``
+    elements a row."""
     row = tl.program_id(0)
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for n0 in range(0, N, BLOCK):
         offs = n0 + tl.arange(0, BLOCK)
-        acc += tl.load(x_ptr + row * stride + offs, mask=offs < N, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + row * stride + offs, mask=offs < N, other=0.0).to(tl.float32)
+        acc += x * x if SQUARE else x
     tl.store(out_ptr + row, tl.sum(acc, axis=0))
 
 
@@ -38,14 +40,17 @@ if isinstance(_row_sum_kernel, InterpretedFunction):
     fix_interpreter_loop_bounds()
 
 
-def triton_row_sum(x: torch.Tensor) -> torch.Tensor:
-    """``x [rows, n]``'s row sums ``[rows]`` in fp32 (module docs)."""
+def triton_row_sum(x: torch.Tensor, square: bool = False) -> torch.Tensor:
+    """``x [rows, n]``'s row sums ``[rows]`` in fp32, of the fp32 squares with
+    ``square`` (module docs)."""
     rows, n = x.shape
     if x.stride(1) != 1:
         x = x.contiguous()
     out = torch.empty(rows, dtype=torch.float32, device=x.device)
     if rows:
-        _row_sum_kernel[(rows,)](x, out, n, x.stride(0), BLOCK=BLOCK, num_warps=4)
+        _row_sum_kernel[(rows,)](
+            x, out, n, x.stride(0), SQUARE=square, BLOCK=BLOCK, num_warps=4
+        )  # fmt: skip
     return out
 
 
@@ -54,20 +59,22 @@ def _interprets(x: torch.Tensor) -> bool:
 
 
 @torch.library.custom_op("flare::row_sum", mutates_args=())
-def row_sum(x: torch.Tensor) -> torch.Tensor:
-    """Each row's fp32 sum, batch-invariant (the torch reduction on the CPU)."""
+def row_sum(x: torch.Tensor, square: bool = False) -> torch.Tensor:
+    """Each row's fp32 sum (of its fp32 squares with ``square``: one kernel, the squares
+    never stored), batch-invariant (the torch reduction on the CPU)."""
     if _interprets(x):
-        return triton_row_sum(x)
-    return x.sum(-1, dtype=torch.float32)
+        return triton_row_sum(x, square)
+    terms = x.float().pow(2) if square else x
+    return terms.sum(-1, dtype=torch.float32)
 
 
 @row_sum.register_kernel("cuda")
-def _row_sum_cuda(x: torch.Tensor) -> torch.Tensor:
-    return triton_row_sum(x)
+def _row_sum_cuda(x: torch.Tensor, square: bool = False) -> torch.Tensor:
+    return triton_row_sum(x, square)
 
 
 @row_sum.register_fake
-def _row_sum_fake(x: torch.Tensor) -> torch.Tensor:
+def _row_sum_fake(x: torch.Tensor, square: bool = False) -> torch.Tensor:
     return x.new_empty(x.shape[0], dtype=torch.float32)
 
 
@@ -80,5 +87,6 @@ def last_sum(x: torch.Tensor) -> torch.Tensor:
 
 def mean_square(x: torch.Tensor) -> torch.Tensor:
     """``x.float().pow(2).mean(-1, keepdim=True)``, each row's bits independent of
-    the others (``flare::row_sum``)."""
-    return last_sum(x.float().pow(2)) / x.shape[-1]
+    the others (``flare::row_sum`` of the squares)."""
+    n = x.shape[-1]
+    return row_sum(x.reshape(-1, n), square=True).view(*x.shape[:-1], 1) / n
