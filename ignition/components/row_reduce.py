@@ -54,16 +54,13 @@ def triton_row_sum(x: torch.Tensor, square: bool = False) -> torch.Tensor:
     return out
 
 
-def _interprets(x: torch.Tensor) -> bool:
-    return isinstance(_row_sum_kernel, InterpretedFunction) and x.dtype == torch.float32
-
-
 @torch.library.custom_op("flare::row_sum", mutates_args=())
 def row_sum(x: torch.Tensor, square: bool = False) -> torch.Tensor:
     """Each row's fp32 sum (of its fp32 squares with ``square``: one kernel, the squares
-    never stored), batch-invariant (the torch reduction on the CPU)."""
-    if _interprets(x):
-        return triton_row_sum(x, square)
+    never stored), batch-invariant. On the CPU the torch reduction, whose order does
+    not follow the rows there: Triton's interpreter runs one Python program per row,
+    minutes for a model test's prefill chunks (``triton_row_sum`` is tested
+    interpreted on its own)."""
     terms = x.float().pow(2) if square else x
     return terms.sum(-1, dtype=torch.float32)
 
