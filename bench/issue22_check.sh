@@ -38,13 +38,14 @@
 #       while the call's time lasts (TRACE_BUDGET_S, default 540 s from the start), the whole-
 #       prompt restores of bench/serve_check.sh (SERVE_PARTS=prefix) and the native
 #       decode step at capacities 1 and 4 with each checkpoint's snapshot and restore.
-#   bench/issue22_check.sh reexport OUT BEFORE AFTER
+#   bench/issue22_check.sh reexport OUT BEFORE AFTER [prepare options...]
 #       the recipe interface left the llama recipe's cores unchanged: random weights of
 #       SmolLM2-135M's geometry written as an ordinary safetensors checkpoint (no GGUF
 #       to carry), exported by the trees BEFORE and AFTER the interface (made where git
 #       is: `git archive 2aa5a51 ignition recipes | tar x -C BEFORE` and
-#       `git archive 9c28a6b ignition recipes bench/reexport_check.sh bench/core_diff.py
-#       | tar x -C AFTER`), AFTER's twice, through AFTER's bench/reexport_check.sh.
+#       `git archive 9c28a6b ignition recipes | tar x -C AFTER`), AFTER's twice (the
+#       control), through bench/reexport_check.sh. Compiled, the three exports take
+#       about 200, 200 and 80 s on a fresh machine; --no-compile, about a minute each.
 #   bench/issue22_check.sh transformers OUT
 #       Transformers' own generate on the GEOMETRY's weights at batches 1 and 4
 #       (bench/transformers_decode.py): the baseline for the decode step; run it in the
@@ -58,7 +59,7 @@
 # Needs fla-core 0.6.0 and einops importable, and the flare_heliopause wheel (WHEELS,
 # as bench/suite_gpu.sh installs them).
 set -uo pipefail
-usage="usage: bench/issue22_check.sh tests OUT | experts OUT | tiny OUT FLARE | reexport OUT BEFORE AFTER | h200 OUT FLARE [options] | corpus OUT FLARE [options] | trace OUT FLARE [options] | transformers OUT | timeline OUT [options]"
+usage="usage: bench/issue22_check.sh tests OUT | experts OUT | tiny OUT FLARE | reexport OUT BEFORE AFTER [options] | h200 OUT FLARE [options] | corpus OUT FLARE [options] | trace OUT FLARE [options] | transformers OUT | timeline OUT [options]"
 part=${1:?$usage}
 out=${2:?$usage}
 shift 2
@@ -174,10 +175,11 @@ write_tiny_hybrid(Path(sys.argv[1]))" "$work/tiny-hybrid" || exit 1
   reexport)
     before=${1:?$usage}
     after=${2:?$usage}
+    shift 2
     dir=$work/smollm2-135m-safetensors
     [ -f "$dir/model.safetensors.index.json" ] || python3 -m ignition.loading.random_weights \
       --geometry smollm2-135m --out "$dir" --safetensors > /dev/null || exit 1
-    WORK=$work/reexport bash "$after/bench/reexport_check.sh" "$out" "$dir" "$before" \
+    WORK=$work/reexport bash bench/reexport_check.sh "$out" "$dir" "$before" "$after" -- "$@" \
       || status=1
     ;;
   transformers)

@@ -2,47 +2,81 @@
 # Issue 22's re-export check on the GPU machine: the recipe interface leaves the
 # llama recipe's cores unchanged. CHECKPOINT is exported by the tree in BEFORE (an
 # older checkout's Python packages: `git archive REV ignition recipes | tar x -C
-# BEFORE`), then twice by this tree (two exports of one tree, the check's control),
-# each with bench/suite_gpu.sh's SmolLM2 options, and bench/core_diff.py compares
-# them. Results go to OUT; the status is 0 when BEFORE's core equals this tree's.
+# BEFORE`), then twice by AFTER (the same for a later revision; default: this tree's
+# ignition and recipes), each with bench/suite_gpu.sh's SmolLM2 options plus
+# OPTIONS, and bench/core_diff.py compares BEFORE's core with AFTER's, AFTER's
+# second export as the control: two exports of one tree differ in the padding bytes
+# of PyTorch's kernel parameters, which no kernel reads, and core_diff counts a
+# difference as that capture noise only where the control shows it too.
 #
-#   bench/reexport_check.sh OUT CHECKPOINT BEFORE
+# Every export runs from one staging folder (WORK/tree), the trees taking turns in
+# it: compiled kernels carry their source's path in their line info, so two trees at
+# two paths would compile to different images from the same code.
+#
+# Results go to OUT; the status is 0 when BEFORE's core equals AFTER's (but for
+# capture noise).
+#
+#   bench/reexport_check.sh OUT CHECKPOINT BEFORE [AFTER] [-- OPTIONS...]
 #
 # Needs the flare_heliopause wheel (and gguf for a .gguf checkpoint) importable, as
 # bench/suite_gpu.sh installs them (PYTHONPATH).
 set -uo pipefail
-usage="usage: bench/reexport_check.sh OUT CHECKPOINT BEFORE"
+usage="usage: bench/reexport_check.sh OUT CHECKPOINT BEFORE [AFTER] [-- OPTIONS...]"
 out=${1:?$usage}
 checkpoint=${2:?$usage}
 before=${3:?$usage}
+shift 3
+after=
+if [ $# -gt 0 ] && [ "$1" != -- ]; then
+  after=$(cd "$1" && pwd)
+  shift
+fi
+[ $# -gt 0 ] && shift  # --
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 before=$(cd "$before" && pwd)
 checkpoint=$(realpath "$checkpoint")
 cd "$(dirname "$0")/.."
 here=$PWD
+after=${after:-$here}
 site=${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/flare-triton TORCHINDUCTOR_CACHE_DIR=/tmp/flare-inductor
 work=${WORK:-/tmp/flare-reexport}
+stage=$work/tree
 mkdir -p "$work"
 
-# export_core TREE CORE NAME: CHECKPOINT exported by TREE's packages into CORE.
+# export_core TREE NAME [OPTIONS...]: CHECKPOINT exported by TREE's ignition and
+# recipes, staged at WORK/tree, into WORK/NAME.
 export_core() {
-  local tree=$1 core=$2 name=$3
-  rm -rf "$core"
-  (cd "$tree" && PYTHONPATH=$tree${site:+:$site} python3 -m ignition.cli prepare "$checkpoint" \
-    --out "$core" --max-concurrency 4 --context-limit 8192) > "$out/export-$name.log" 2>&1 \
+  local tree=$1 name=$2
+  shift 2
+  rm -rf "$stage" "${work:?}/$name"
+  mkdir -p "$stage"
+  cp -r "$tree/ignition" "$tree/recipes" "$stage/"
+  local start=$SECONDS
+  (cd "$stage" && PYTHONPATH=$stage${site:+:$site} python3 -m ignition.cli prepare \
+    "$checkpoint" --out "$work/$name" --max-concurrency 4 --context-limit 8192 "$@") \
+    > "$out/export-$name.log" 2>&1 \
     || { tail -30 "$out/export-$name.log"; return 1; }
-  tail -3 "$out/export-$name.log"
+  echo "export $name: $((SECONDS - start)) s" | tee -a "$out/times.txt"
 }
 
-export_core "$before" "$work/before" before || exit 1
-export_core "$here" "$work/now" now || exit 1
-export_core "$here" "$work/again" again || exit 1
+export_core "$before" before "$@" || exit 1
+export_core "$after" after "$@" || exit 1
+export_core "$after" control "$@" || exit 1
 status=0
-PYTHONPATH=$here${site:+:$site} python3 bench/core_diff.py "$work/before" "$work/now" \
-  --out "$out/before-now.json" || status=1
-PYTHONPATH=$here${site:+:$site} python3 bench/core_diff.py "$work/now" "$work/again" \
-  --out "$out/now-again.json"
+PYTHONPATH=$here${site:+:$site} python3 bench/core_diff.py "$work/before" "$work/after" \
+  --control "$work/control" --out "$out/before-after.json" 2> "$out/before-after.log" \
+  || status=1
+PYTHONPATH=$here${site:+:$site} python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+c = d.get("control", {})
+print("identical", d["identical"], "| equal but for capture noise",
+      d.get("equal_but_for_capture_noise"), "| parameter bytes differing",
+      c.get("bytes_differing"), "unexplained", c.get("unexplained_count"),
+      "| buffers identical", d["buffers_identical"], "| images only in one",
+      len(d["images_only_in_a"]), len(d["images_only_in_b"]))' "$out/before-after.json" \
+  | tee "$out/summary.txt"
 echo "status $status" | tee "$out/exit.txt"
 exit $status

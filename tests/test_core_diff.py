@@ -44,3 +44,51 @@ def test_two_exports_of_one_checkpoint_are_identical_and_changes_are_named(
     assert not changed["identical"]
     assert changed["buffer_tensors_differing"] == [name], changed
     assert changed["manifest_fields_differing"] == ["contract"], changed
+
+
+def _with_kernel(core_dir: Path, params: bytes) -> None:
+    """``core_dir``'s manifest with one kernel node appended to its first graph: a
+    4-byte and an 8-byte parameter, ``params`` their bytes."""
+    core = pb.Core()
+    core.ParseFromString((core_dir / MANIFEST).read_bytes())
+    kernel = core.graphs[0].nodes.add().kernel
+    kernel.function = "functor_kernel"
+    kernel.params = params
+    kernel.param_offsets.extend([0, 8])
+    kernel.param_sizes.extend([4, 8])
+    (core_dir / MANIFEST).write_bytes(core.SerializeToString())
+
+
+def test_parameter_bytes_that_differ_between_two_exports_of_one_tree_are_capture_noise(
+    tmp_path: Path,
+) -> None:
+    # Byte 0 of the second parameter is an empty functor's slot: it differs between
+    # the two exports of one tree (b, c), so A's difference there is noise; byte 4 of
+    # it (a captured scalar) differs nowhere else, so A's difference there is not.
+    a, b, c = (_fixture(tmp_path / name) for name in "abc")
+    scalar = bytes([0] * 8 + [0x40, 0, 0, 0, 7, 0, 0, 0])
+    _with_kernel(a, bytes([1] * 8) + scalar[8:])
+    _with_kernel(b, bytes([1] * 8) + bytes([0x11]) + scalar[9:])
+    _with_kernel(c, bytes([1] * 8) + bytes([0x22]) + scalar[9:])
+    noise = compare(a, b, control=c)
+    assert not noise["identical"]
+    assert noise["control"]["bytes_differing"] == 1, noise
+    assert noise["equal_but_for_capture_noise"], noise
+    changed = bytearray(bytes([1] * 8) + bytes([0x11]) + scalar[9:])
+    changed[12] = 8
+    _with_kernel(a := _fixture(tmp_path / "a2"), bytes(changed))
+    real = compare(a, b, control=c)
+    assert not real["equal_but_for_capture_noise"], real
+    assert real["control"]["unexplained"] == [
+        {"graph": 0, "node": 1, "function": "functor_kernel", "param": 1, "byte": 4}
+    ], real
+
+
+def test_a_control_of_another_structure_explains_nothing(tmp_path: Path) -> None:
+    a, b, c = (_fixture(tmp_path / name) for name in "abc")
+    for core in (a, b):
+        _with_kernel(core, bytes(16))
+    result = compare(a, b, control=c)
+    assert result["identical"], result
+    assert not result["control"]["control_valid"]
+    assert not result["equal_but_for_capture_noise"]
