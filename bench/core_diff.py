@@ -11,7 +11,9 @@ between any two captures. With ``--control CORE_C``, a second export of B's tree
 a parameter byte of A that differs from B is capture noise when the same byte of the
 same kernel's same parameter also differs somewhere between B and C; the cores are
 equal but for capture noise when everything else is identical (manifest outside the
-graphs, graph structure, every other parameter byte, buffers, images).
+graphs, graph structure, every other parameter byte, buffers, images). A kernel is
+its image and function; bytes outside the parameters' recorded spans (a parameter
+block whose layout the walk could not read) are compared too, as parameter -1.
 
     python bench/core_diff.py CORE_A CORE_B [--control CORE_C] --out F.json
 """
@@ -76,13 +78,15 @@ def graph_differences(a: pb.Core, b: pb.Core, limit: int = 3) -> list[dict[str, 
     return out
 
 
-# A kernel parameter byte: (graph, node, kernel function, parameter index, byte in it).
-ParamByte = tuple[int, int, str, int, int]
+# A kernel parameter byte: (graph, node, kernel image, kernel function, parameter
+# index, byte in it); bytes outside every parameter's span are parameter -1, by their
+# offset in the whole block.
+ParamByte = tuple[int, int, str, str, int, int]
 
 
 def skeleton(core: pb.Core) -> list[tuple[object, ...]]:
     """Each graph without its kernel parameters' values: kind, capacity, edges, and
-    every node as it is but for ``params``."""
+    every node as it is but for ``params``, whose length it keeps."""
     out = []
     for graph in core.graphs:
         nodes = []
@@ -91,10 +95,20 @@ def skeleton(core: pb.Core) -> list[tuple[object, ...]]:
             bare.CopyFrom(node)
             if bare.WhichOneof("op") == "kernel":
                 bare.kernel.ClearField("params")
-            nodes.append(bare.SerializeToString(deterministic=True))
+            nodes.append((bare.SerializeToString(deterministic=True), len(node.kernel.params)))
         edges = [edge.SerializeToString(deterministic=True) for edge in graph.edges]
         out.append((graph.kind, graph.capacity, tuple(nodes), tuple(edges)))
     return out
+
+
+def _byte_places(kernel: pb.KernelNode) -> list[tuple[int, int]]:
+    """(parameter index, byte in it) of each byte of ``kernel.params``."""
+    places = [(-1, i) for i in range(len(kernel.params))]
+    for p, (offset, size) in enumerate(zip(kernel.param_offsets, kernel.param_sizes, strict=True)):
+        for i in range(size):
+            if offset + i < len(places):
+                places[offset + i] = (p, i)
+    return places
 
 
 def param_bytes_differing(a: pb.Core, b: pb.Core) -> list[ParamByte]:
@@ -105,11 +119,10 @@ def param_bytes_differing(a: pb.Core, b: pb.Core) -> list[ParamByte]:
             if m == k or m.WhichOneof("op") != "kernel":
                 continue
             left, right = m.kernel, k.kernel
-            spans = zip(left.param_offsets, left.param_sizes, strict=True)
-            for p, (offset, size) in enumerate(spans):
-                for i in range(size):
-                    if left.params[offset + i] != right.params[offset + i]:
-                        out.append((g, n, left.function, p, i))
+            places = _byte_places(left)
+            for i, (u, v) in enumerate(zip(left.params, right.params, strict=True)):
+                if u != v:
+                    out.append((g, n, left.image_sha256, left.function, *places[i]))
     return out
 
 
@@ -120,9 +133,9 @@ def against_control(a: pb.Core, b: pb.Core, control: pb.Core) -> dict[str, Any]:
         return {"control_valid": False, "skeleton_identical": None, "unexplained": []}
     if skeleton(a) != skeleton(b):
         return {"control_valid": True, "skeleton_identical": False, "unexplained": []}
-    noise = {(f, p, i) for _, _, f, p, i in param_bytes_differing(b, control)}
+    noise = {place[2:] for place in param_bytes_differing(b, control)}
     differing = param_bytes_differing(a, b)
-    unexplained = [d for d in differing if (d[2], d[3], d[4]) not in noise]
+    unexplained = [place for place in differing if place[2:] not in noise]
     return {
         "control_valid": True,
         "skeleton_identical": True,
@@ -131,7 +144,7 @@ def against_control(a: pb.Core, b: pb.Core, control: pb.Core) -> dict[str, Any]:
         "unexplained_count": len(unexplained),
         "unexplained": [
             {"graph": g, "node": n, "function": f, "param": p, "byte": i}
-            for g, n, f, p, i in unexplained[:20]
+            for g, n, _, f, p, i in unexplained[:20]
         ],
     }
 

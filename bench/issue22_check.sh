@@ -65,6 +65,7 @@ out=${2:?$usage}
 shift 2
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+caller=$PWD  # relative tree arguments (reexport) are the caller's
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/flare-triton TORCHINDUCTOR_CACHE_DIR=/tmp/flare-inductor
@@ -173,8 +174,8 @@ write_tiny_hybrid(Path(sys.argv[1]))" "$work/tiny-hybrid" || exit 1
     done
     ;;
   reexport)
-    before=${1:?$usage}
-    after=${2:?$usage}
+    before=$(cd "$caller" && cd "${1:?$usage}" && pwd) || exit 2
+    after=$(cd "$caller" && cd "${2:?$usage}" && pwd) || exit 2
     shift 2
     dir=$work/smollm2-135m-safetensors
     [ -f "$dir/model.safetensors.index.json" ] || python3 -m ignition.loading.random_weights \

@@ -11,7 +11,9 @@
 #
 # Every export runs from one staging folder (WORK/tree), the trees taking turns in
 # it: compiled kernels carry their source's path in their line info, so two trees at
-# two paths would compile to different images from the same code.
+# two paths would compile to different images from the same code. The exports share
+# one compile cache, so AFTER compiles warm where BEFORE's code is the same, and the
+# control warm again.
 #
 # Results go to OUT; the status is 0 when BEFORE's core equals AFTER's (but for
 # capture noise).
@@ -28,10 +30,13 @@ before=${3:?$usage}
 shift 3
 after=
 if [ $# -gt 0 ] && [ "$1" != -- ]; then
-  after=$(cd "$1" && pwd)
+  after=$(cd "$1" && pwd) || { echo "$usage: no tree at $1" >&2; exit 2; }
   shift
 fi
-[ $# -gt 0 ] && shift  # --
+if [ $# -gt 0 ]; then
+  [ "$1" = -- ] || { echo "$usage: options go after --" >&2; exit 2; }
+  shift
+fi
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 before=$(cd "$before" && pwd)
@@ -44,6 +49,7 @@ export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/flare-triton TORCHINDUCTOR_CACHE
 work=${WORK:-/tmp/flare-reexport}
 stage=$work/tree
 mkdir -p "$work"
+rm -f "$out/times.txt"
 
 # export_core TREE NAME [OPTIONS...]: CHECKPOINT exported by TREE's ignition and
 # recipes, staged at WORK/tree, into WORK/NAME.

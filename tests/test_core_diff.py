@@ -92,3 +92,22 @@ def test_a_control_of_another_structure_explains_nothing(tmp_path: Path) -> None
     assert result["identical"], result
     assert not result["control"]["control_valid"]
     assert not result["equal_but_for_capture_noise"]
+
+
+def test_bytes_outside_the_recorded_parameters_are_compared(tmp_path: Path) -> None:
+    # A parameter block without a recorded layout (offsets and sizes empty, as the
+    # walk leaves some library kernels') is still compared, byte by byte.
+    a, b, c = (_fixture(tmp_path / name) for name in "abc")
+    for core in (a, b, c):
+        manifest_path = core / MANIFEST
+        manifest = pb.Core()
+        manifest.ParseFromString(manifest_path.read_bytes())
+        kernel = manifest.graphs[0].nodes.add().kernel
+        kernel.function = "library_kernel"
+        kernel.params = bytes([3] * 8) if core is not a else bytes([3] * 7 + [4])
+        manifest_path.write_bytes(manifest.SerializeToString())
+    result = compare(a, b, control=c)
+    assert not result["equal_but_for_capture_noise"], result
+    assert result["control"]["unexplained"] == [
+        {"graph": 0, "node": 1, "function": "library_kernel", "param": -1, "byte": 7}
+    ], result
