@@ -423,21 +423,54 @@ def test_rows_past_one_tile_are_batch_invariant_interpreted() -> None:
         triton_rows_linear(torch.zeros(INVARIANT_ROWS + 1, 200), w, b)
 
 
+def test_the_interpreter_keeps_one_row_tiles_k_step_interpreted() -> None:
+    # Interpreted, a dot sums its K step apart and adds it to the accumulator, so the
+    # shorter step the GPU takes past one row tile (128 columns to 64 here) would
+    # change a row's bits with the row count; the interpreter keeps one tile's step.
+    x, w, b = _rows_operands(200, 600, 2 * ROWS_TILE + 8, "cpu", torch.float32)
+    assert tile_shape(200, 600, 1, 4, 3, step_fixes_bits=False)[1] < tile_shape(200, 600, 1, 4)[1]
+    _many_rows_agree(lambda r: triton_rows_linear(x[r], w, b), len(x))
+
+
 def test_one_program_takes_every_row_tile_of_a_decode_step() -> None:
     # Each weight tile is read once whatever the row count: a step's rows all go to one
     # program per column tile (at 64 rows in 16-row tiles, four re-reads of every
     # weight made the Qwen3-8B projections 2x slower than at 16 on the H200).
     assert [row_tiles(rows) for rows in (1, 16, 17, 32, 33, 64)] == [1, 1, 2, 2, 3, 4]
     assert row_tiles(INVARIANT_ROWS) * ROWS_TILE == INVARIANT_ROWS
-    # More row tiles shorten the pipeline, never the tile or its K step; within the
-    # shared memory at every serving shape (SmolLM2-135M and Qwen3-8B on 132 SMs).
-    for n, k in [(960, 576), (3072, 576), (49152, 576), (6144, 4096), (24576, 4096)]:
-        width, block_k = tile_shape(n, k, 132)
-        assert pipeline_stages(1, width, block_k, 2) == STAGES
+    # More row tiles shorten the pipeline; every tile's fits the shared memory at
+    # every serving shape (SmolLM2-135M and Qwen3-8B on 132 SMs).
+    shapes = [(960, 576), (3072, 576), (49152, 576), (6144, 4096), (24576, 4096), (4096, 12288)]
+    for n, k in shapes:
+        assert pipeline_stages(1, *tile_shape(n, k, 132), 2) == STAGES
         for tiles in range(1, row_tiles(INVARIANT_ROWS) + 1):
-            stages = pipeline_stages(tiles, width, block_k, 2)
-            assert 2 <= stages <= STAGES
-            assert stages * (tiles * ROWS_TILE + width) * block_k * 2 <= PIPELINE_BYTES
+            for fixed in (False, True):
+                width, block_k = tile_shape(n, k, 132, 2, tiles, fixed)
+                stages = pipeline_stages(tiles, width, block_k, 2)
+                assert 2 <= stages <= STAGES
+                assert stages * (tiles * ROWS_TILE + width) * block_k * 2 <= PIPELINE_BYTES
+
+
+def test_past_one_row_tile_the_tile_fills_its_waves_and_steps_shorter() -> None:
+    # bench/rows_linear_bench.py --many-rows on the H200 (132 SMs), Qwen3-8B at 32 and
+    # 64 rows: qkv's 96 programs of 64 columns fill one wave as well as 192 of 32 fill
+    # two and ran faster; o and down keep 32 columns (64 would leave half the SMs
+    # idle) and step 256 columns, not 512; gate/up steps 64 at three or four tiles.
+    sms = 132
+    assert tile_shape(6144, 4096, sms, 2, 2, False) == (64, 256)
+    assert tile_shape(4096, 4096, sms, 2, 4, False) == (32, 256)
+    assert tile_shape(4096, 12288, sms, 2, 2, False) == (32, 256)
+    assert tile_shape(24576, 4096, sms, 2, 2, False) == (64, 128)
+    assert tile_shape(24576, 4096, sms, 2, 4, False) == (64, 64)
+    # Where the K step fixes the bits (a fused norm's statistic, the interpreter's
+    # dot), one row tile's step stays: only the width may change.
+    for n, k in [(6144, 4096), (4096, 4096), (4096, 12288), (24576, 4096), (960, 576)]:
+        one = tile_shape(n, k, sms)
+        for tiles in (2, 3, 4):
+            assert tile_shape(n, k, sms, 2, tiles, True)[1] == one[1]
+    assert tile_shape(6144, 4096, sms, 2, 4, True) == (64, 256)
+    # One tile: unchanged whatever the flag.
+    assert tile_shape(4096, 4096, sms, 2, 1, False) == (32, 512)
 
 
 def test_project_linears_swaps_plain_linears_in_place() -> None:
@@ -467,8 +500,10 @@ def test_the_k_split_matches_and_is_batch_invariant_on_gpu(n: int, k: int) -> No
     _many_rows_agree(lambda r: triton_rows_split_linear(x[r], w, b), len(x))
 
 
+# (4096, 4096) steps 512 columns at one row tile and 256 past two; (6144, 4096) is 32
+# columns wide at one row tile and 64 past it (``many_rows_tile``).
 @pytest.mark.gpu
-@pytest.mark.parametrize(("n", "k"), [(960, 576), (4096, 4096)])
+@pytest.mark.parametrize(("n", "k"), [(960, 576), (4096, 4096), (6144, 4096)])
 def test_rows_past_one_tile_are_batch_invariant_on_gpu(n: int, k: int) -> None:
     x, w, b = _rows_operands(n, k, INVARIANT_ROWS, "cuda", torch.bfloat16)
     norm = RmsNorm((torch.rand(k) + 0.5).to("cuda", torch.bfloat16), 1e-6)
@@ -482,3 +517,4 @@ def test_rows_past_one_tile_are_batch_invariant_on_gpu(n: int, k: int) -> None:
     )
     gate_up = torch.cat([w, w.flip(0)])
     _many_rows_agree(lambda r: triton_rows_gated(x[r], gate_up, norm), len(x))
+    _many_rows_agree(lambda r: triton_rows_gated(x[r], gate_up), len(x))

@@ -15,7 +15,9 @@ Larger (prefill) projections use cuBLAS. The choice is by static shape, so each 
 one operator per GEMM.
 
 The tile (``BLOCK_N`` output columns by ``BLOCK_K`` of the K loop) follows the
-weight's shape and the device, never the row count. Decode reads each weight once,
+weight's shape and the device, and past one row tile the row tiles a program takes
+(``many_rows_tile``; a kernel taking the norm keeps one tile's K step, see
+``tile_shape``). Decode reads each weight once,
 so the kernel is a weight stream, and its speed is the weight bytes in flight: the
 width is the wider of 64 and 32 columns that still gives every SM a program, and
 when that leaves at most one program per SM (a 4096-column projection: 128 programs
@@ -85,6 +87,12 @@ BLOCK_NS = (64, 32, 16)
 TILE_WIDTHS = BLOCK_NS[:2]
 # K steps by programs per SM: at most one, at most two, more.
 BLOCK_KS = (512, 256, 128)
+# The same past one row tile (a program multiplies each weight tile into two to four
+# row tiles), by row tiles: 2, then 3 or 4. Shorter steps: the Qwen3-8B o and down
+# projections took 27.6 and 80.6 us at 64 rows in 512-column steps and 19.5 and 51.0
+# in 256, gate/up 81.8 in 128 and 56.3 in 64 (``bench/rows_linear_bench.py
+# --many-rows``, H200, ``bench/results/issue23/2026-12-04c-h200-many-rows/``).
+MANY_ROWS_BLOCK_KS = ((256, 256, 128), (256, 256, 64))
 # The K loop's pipeline: STAGES loads in flight of x's and w's tiles, within the
 # shared memory an H200 program may take (227 KiB; 64x512 bf16 tiles would need 320).
 STAGES = 4
@@ -435,18 +443,62 @@ if isinstance(_rows_linear_kernel, InterpretedFunction):
     fix_interpreter_loop_bounds()
 
 
-def tile_shape(n: int, k: int, sms: int, itemsize: int = 2) -> tuple[int, int]:
+def tile_shape(
+    n: int, k: int, sms: int, itemsize: int = 2, tiles: int = 1, step_fixes_bits: bool = True
+) -> tuple[int, int]:
     """(BLOCK_N, BLOCK_K) of an ``n`` x ``k`` weight of ``itemsize``-byte elements on
-    ``sms`` SMs: the widest of ``TILE_WIDTHS`` with at least one program per SM (else
+    ``sms`` SMs for ``tiles`` row tiles a program.
+
+    One row tile: the widest of ``TILE_WIDTHS`` with at least one program per SM (else
     the narrowest), and K steps of ``BLOCK_KS`` by how many programs each SM gets (at
     most one, two, more), short enough for the K loop to fill its pipeline and within
-    the pipeline's shared memory (``fitted_block_k``)."""
+    the pipeline's shared memory (``fitted_block_k``).
+
+    More (``many_rows_tile``): the width whose programs fill their waves best, and
+    shorter K steps unless the K step fixes the kernel's bits (``step_fixes_bits``,
+    then one row tile's step is kept). It does in a kernel taking the norm, whose
+    statistic is summed a step at a time, and in the interpreter, whose dot sums each
+    step apart and adds it to the accumulator; a plain dot on the GPU accumulates its
+    MMAs in K order at any step (``triton_rows_linear``)."""
     width = next((w for w in TILE_WIDTHS if triton.cdiv(n, w) >= sms), TILE_WIDTHS[-1])
-    programs = triton.cdiv(n, width)
-    block_k = (
-        BLOCK_KS[0] if programs <= sms else BLOCK_KS[1] if programs <= 2 * sms else BLOCK_KS[2]
-    )
-    return width, fitted_block_k(block_k, k, width, itemsize)
+    block_k = fitted_block_k(_block_k(BLOCK_KS, triton.cdiv(n, width), sms), k, width, itemsize)
+    if tiles == 1:
+        return width, block_k
+    keep = (width, block_k) if step_fixes_bits else None
+    return many_rows_tile(n, k, sms, itemsize, tiles, keep)
+
+
+def _block_k(steps: tuple[int, int, int], programs: int, sms: int) -> int:
+    """The K step of ``steps`` for at most one, at most two, or more programs per SM."""
+    return steps[0] if programs <= sms else steps[1] if programs <= 2 * sms else steps[2]
+
+
+def many_rows_tile(
+    n: int, k: int, sms: int, itemsize: int, tiles: int, keep_k_of: tuple[int, int] | None
+) -> tuple[int, int]:
+    """The tile for ``tiles`` (2 to 4) row tiles a program: the width of ``TILE_WIDTHS``
+    whose programs fill the most of their waves of ``sms`` (the wider on a tie: the
+    Qwen3-8B qkv's 96 programs of 64 columns took 22.1 us at 64 rows where 192 of 32
+    took 36.6), and K steps of ``MANY_ROWS_BLOCK_KS``; or, with ``keep_k_of`` (one row
+    tile's tile, for a kernel whose bits follow its K step), that K step at the new
+    width where it fits, else that whole tile. Every tile computes the same bits for a
+    plain dot (``bench/rows_linear_bench.py --many-rows`` on the H200)."""
+
+    def filled(width: int) -> tuple[int, int]:  # programs over the waves' slots, as a pair
+        programs = triton.cdiv(n, width)
+        return programs, triton.cdiv(programs, sms) * sms
+
+    width = TILE_WIDTHS[0]
+    for other in TILE_WIDTHS[1:]:
+        (p, slots), (q, other_slots) = filled(width), filled(other)
+        if q * slots > p * other_slots:
+            width = other
+    if keep_k_of is not None:
+        block_k = keep_k_of[1]
+        fits = fitted_block_k(block_k, k, width, itemsize) == block_k
+        return (width, block_k) if fits else keep_k_of
+    steps = MANY_ROWS_BLOCK_KS[0 if tiles == 2 else 1]
+    return width, fitted_block_k(_block_k(steps, triton.cdiv(n, width), sms), k, width, itemsize)
 
 
 def fitted_block_k(block_k: int, k: int, width: int, itemsize: int) -> int:
@@ -455,7 +507,18 @@ def fitted_block_k(block_k: int, k: int, width: int, itemsize: int) -> int:
     pipeline fills (SmolLM2's 576 columns in 512-column steps load one full step and
     one seven-eighths masked: its qkv, o and gate/up projections took 3.8, 3.7 and
     4.5 us so, and 3.5, 3.4 and 4.0 in 128-column steps, on the H200); then halved
-    until the pipeline of ``width``-column tiles fits its shared memory; at least 16."""
+    until the pipeline of ``width``-column tiles fits its shared memory; at least 16.
+    Repeated until nothing changes, so a fitted step fits as it is: one step halved
+    for the shared memory (500 columns: 512, then 256) is no longer one step and
+    halves again for the full steps (128), which a caller refitting it would get."""
+    while True:
+        fitted = _fit_block_k_once(block_k, k, width, itemsize)
+        if fitted == block_k:
+            return block_k
+        block_k = fitted
+
+
+def _fit_block_k_once(block_k: int, k: int, width: int, itemsize: int) -> int:
     single = max(16, triton.next_power_of_2(k))
     if single <= block_k:
         block_k = single
@@ -475,9 +538,8 @@ def row_tiles(rows: int) -> int:
 
 def pipeline_stages(tiles: int, width: int, block_k: int, itemsize: int) -> int:
     """Loads in flight for ``tiles`` row tiles and a ``width`` x ``block_k`` weight
-    tile: ``STAGES``, fewer where more row tiles would outgrow ``PIPELINE_BYTES``. Only
-    the pipeline's depth follows the row count, never the tile or the K step, so the
-    arithmetic does not."""
+    tile: ``STAGES``, fewer where more row tiles would outgrow ``PIPELINE_BYTES``. The
+    depth changes when the loads are issued, not the arithmetic."""
     per_stage = (tiles * ROWS_TILE + width) * block_k * itemsize
     return max(2, min(STAGES, PIPELINE_BYTES // per_stage))
 
@@ -515,6 +577,13 @@ def _check_rows(x: torch.Tensor, k: int, norm: RmsNorm | None) -> None:
         )
 
 
+def _step_fixes_bits(x: torch.Tensor, norm: RmsNorm | None) -> bool:
+    """Whether a rows kernel's K step fixes its bits (``tile_shape``): with the norm,
+    or in Triton's interpreter (CPU tensors, or ``TRITON_INTERPRET=1``)."""
+    interpreted = isinstance(_rows_linear_kernel, InterpretedFunction)
+    return norm is not None or interpreted or x.device.type != "cuda"
+
+
 def triton_rows_linear(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -534,14 +603,16 @@ def triton_rows_linear(
     _check_rows(x, k, norm)
     if residual is not None and residual.shape != (rows, n):
         raise ValueError(f"the residual is {tuple(residual.shape)}, the output {(rows, n)}")
-    default_width, default_k = tile_shape(n, k, _sm_count(x.device), w.element_size())
+    tiles = row_tiles(rows)
+    default_width, default_k = tile_shape(
+        n, k, _sm_count(x.device), w.element_size(), tiles, _step_fixes_bits(x, norm)
+    )
     width = width or default_width
     # A width other than the default keeps the default's K step where it fits.
     block_k = block_k or fitted_block_k(default_k, k, width, w.element_size())
     x = x.contiguous()
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     res = y if residual is None else residual.contiguous()
-    tiles = row_tiles(rows)
     _rows_linear_kernel[(triton.cdiv(rows, tiles * ROWS_TILE), triton.cdiv(n, width))](
         x, w, w if b is None else b, w if norm is None else norm.weight, res, y, rows, n, k,
         x.stride(0), w.stride(0), res.stride(0), y.stride(0), 0.0 if norm is None else norm.eps,
@@ -565,11 +636,13 @@ def triton_rows_gated(
     _check_rows(x, gate_up.shape[1], norm)
     if n2 % 2:
         raise ValueError(f"gate_up {tuple(gate_up.shape)} is not a packed pair over {k} columns")
-    width, block_k = tile_shape(n2, k, _sm_count(x.device), gate_up.element_size())
+    tiles = row_tiles(rows)
+    width, block_k = tile_shape(
+        n2, k, _sm_count(x.device), gate_up.element_size(), tiles, _step_fixes_bits(x, norm)
+    )
     n = n2 // 2
     x = x.contiguous()
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    tiles = row_tiles(rows)
     _rows_gated_kernel[(triton.cdiv(rows, tiles * ROWS_TILE), triton.cdiv(n, width // 2))](
         x, gate_up, gate_up if norm is None else norm.weight, y, rows, n, k, x.stride(0),
         gate_up.stride(0), y.stride(0), 0.0 if norm is None else norm.eps,
