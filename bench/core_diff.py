@@ -3,6 +3,11 @@ manifest (field by field when its bytes differ), every initial buffer tensor, an
 set and contents of the kernel images. A re-export check runs it over cores of one
 checkpoint exported by two trees (bench/reexport_check.sh).
 
+Where the bytes differ, ``qualification_identical`` says whether the two cores'
+recorded qualifications (the digests of every buffer a graph writes, after every
+launch of a serving-like sequence) are the same: equal, the cores computed the same
+bits over that sequence.
+
 Two exports of one tree are not byte-identical on the GPU: a captured kernel node's
 parameters are the bytes the launch passed, and PyTorch's own kernels pass structs
 with padding (an empty functor's slot, an offset calculator's unused dimensions) that
@@ -189,6 +194,11 @@ def compare(a: Path, b: Path, control: Path | None = None) -> dict[str, Any]:
         "manifest_identical": same_manifest,
         "manifest_fields_differing": [] if same_manifest else manifest_fields(core_a, core_b),
         "graph_differences": [] if same_manifest else graph_differences(core_a, core_b),
+        # The recorded Python replay: every buffer a graph writes, digested after
+        # each launch of a serving-like sequence. Equal and non-empty, the two cores
+        # computed the same bits for it, whatever their bytes.
+        "qualification_steps": [len(core_a.qualification.steps), len(core_b.qualification.steps)],
+        "qualification_identical": core_a.qualification == core_b.qualification,
         "buffers_identical": digest(a / BUFFERS) == digest(b / BUFFERS),
         "buffer_tensors_differing": buffer_tensors(a / BUFFERS, b / BUFFERS),
         "images": [len(images_a), len(images_b)],

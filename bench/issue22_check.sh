@@ -43,9 +43,10 @@
 #       SmolLM2-135M's geometry written as an ordinary safetensors checkpoint (no GGUF
 #       to carry), exported by the trees BEFORE and AFTER the interface (made where git
 #       is: `git archive 2aa5a51 ignition recipes | tar x -C BEFORE` and
-#       `git archive 9c28a6b ignition recipes | tar x -C AFTER`), AFTER's twice (the
-#       control), through bench/reexport_check.sh. Compiled, the three exports take
-#       about 200, 200 and 80 s on a fresh machine; --no-compile, about a minute each.
+#       `git archive 9c28a6b ignition recipes | tar x -C AFTER`), BEFORE's first
+#       export only warming the compile cache, AFTER's twice (the control), through
+#       bench/reexport_check.sh. Compiled on a fresh machine the four exports take
+#       about 200 s (cold) and 80 s each (warm); --no-compile, about a minute each.
 #   bench/issue22_check.sh transformers OUT
 #       Transformers' own generate on the GEOMETRY's weights at batches 1 and 4
 #       (bench/transformers_decode.py): the baseline for the decode step; run it in the

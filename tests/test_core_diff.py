@@ -40,6 +40,7 @@ def test_two_exports_of_one_checkpoint_are_identical_and_changes_are_named(
     core.ParseFromString((b / MANIFEST).read_bytes())
     core.contract.kv_pages += 1
     (b / MANIFEST).write_bytes(core.SerializeToString())
+    assert same["qualification_identical"]
     changed = compare(a, b)
     assert not changed["identical"]
     assert changed["buffer_tensors_differing"] == [name], changed
