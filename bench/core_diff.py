@@ -134,9 +134,10 @@ def param_bytes_differing(a: pb.Core, b: pb.Core) -> list[ParamByte]:
 def against_control(a: pb.Core, b: pb.Core, control: pb.Core) -> dict[str, Any]:
     """A's parameter bytes that differ from B's, each explained as capture noise or
     not by B against the control (another export of B's tree); see the docstring."""
-    if skeleton(b) != skeleton(control):
+    shape = skeleton(b)
+    if shape != skeleton(control):
         return {"control_valid": False, "skeleton_identical": None, "unexplained": []}
-    if skeleton(a) != skeleton(b):
+    if skeleton(a) != shape:
         return {"control_valid": True, "skeleton_identical": False, "unexplained": []}
     noise = {place[2:] for place in param_bytes_differing(b, control)}
     differing = param_bytes_differing(a, b)

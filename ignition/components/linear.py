@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from fractions import Fraction
 from typing import NamedTuple
 
 import torch
@@ -484,15 +485,11 @@ def many_rows_tile(
     width where it fits, else that whole tile. Every tile computes the same bits for a
     plain dot (``bench/rows_linear_bench.py --many-rows`` on the H200)."""
 
-    def filled(width: int) -> tuple[int, int]:  # programs over the waves' slots, as a pair
+    def filled(width: int) -> Fraction:  # programs over the slots of their waves
         programs = triton.cdiv(n, width)
-        return programs, triton.cdiv(programs, sms) * sms
+        return Fraction(programs, triton.cdiv(programs, sms) * sms)
 
-    width = TILE_WIDTHS[0]
-    for other in TILE_WIDTHS[1:]:
-        (p, slots), (q, other_slots) = filled(width), filled(other)
-        if q * slots > p * other_slots:
-            width = other
+    width = max(TILE_WIDTHS, key=filled)  # the first, the widest, on a tie
     if keep_k_of is not None:
         block_k = keep_k_of[1]
         fits = fitted_block_k(block_k, k, width, itemsize) == block_k
@@ -577,11 +574,10 @@ def _check_rows(x: torch.Tensor, k: int, norm: RmsNorm | None) -> None:
         )
 
 
-def _step_fixes_bits(x: torch.Tensor, norm: RmsNorm | None) -> bool:
+def _step_fixes_bits(norm: RmsNorm | None) -> bool:
     """Whether a rows kernel's K step fixes its bits (``tile_shape``): with the norm,
-    or in Triton's interpreter (CPU tensors, or ``TRITON_INTERPRET=1``)."""
-    interpreted = isinstance(_rows_linear_kernel, InterpretedFunction)
-    return norm is not None or interpreted or x.device.type != "cuda"
+    or in Triton's interpreter (the only way the kernels run on the CPU)."""
+    return norm is not None or isinstance(_rows_linear_kernel, InterpretedFunction)
 
 
 def triton_rows_linear(
@@ -605,7 +601,7 @@ def triton_rows_linear(
         raise ValueError(f"the residual is {tuple(residual.shape)}, the output {(rows, n)}")
     tiles = row_tiles(rows)
     default_width, default_k = tile_shape(
-        n, k, _sm_count(x.device), w.element_size(), tiles, _step_fixes_bits(x, norm)
+        n, k, _sm_count(x.device), w.element_size(), tiles, _step_fixes_bits(norm)
     )
     width = width or default_width
     # A width other than the default keeps the default's K step where it fits.
@@ -638,7 +634,7 @@ def triton_rows_gated(
         raise ValueError(f"gate_up {tuple(gate_up.shape)} is not a packed pair over {k} columns")
     tiles = row_tiles(rows)
     width, block_k = tile_shape(
-        n2, k, _sm_count(x.device), gate_up.element_size(), tiles, _step_fixes_bits(x, norm)
+        n2, k, _sm_count(x.device), gate_up.element_size(), tiles, _step_fixes_bits(norm)
     )
     n = n2 // 2
     x = x.contiguous()
