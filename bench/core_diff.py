@@ -18,7 +18,10 @@ same kernel's same parameter also differs somewhere between B and C; the cores a
 equal but for capture noise when everything else is identical (manifest outside the
 graphs, graph structure, every other parameter byte, buffers, images). A kernel is
 its image and function; bytes outside the parameters' recorded spans (a parameter
-block whose layout the walk could not read) are compared too, as parameter -1.
+block whose layout the walk could not read) are compared too, as parameter -1. The
+report counts the differing bytes by kernel, and the unexplained ones that lie in a
+parameter the control shows noisy elsewhere (an unset slot of a host struct that the
+two exports happened to fill alike would be one); those are still unexplained.
 
     python bench/core_diff.py CORE_A CORE_B [--control CORE_C] --out F.json
 """
@@ -29,6 +32,7 @@ import argparse
 import hashlib
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +59,17 @@ def manifest_fields(a: pb.Core, b: pb.Core) -> list[str]:
     return differ
 
 
+def _node_name(node: pb.Node) -> str:
+    """A kernel node's function, or any other node's operation."""
+    op = node.WhichOneof("op") or "empty"
+    return node.kernel.function if op == "kernel" else op
+
+
 def graph_differences(a: pb.Core, b: pb.Core, limit: int = 3) -> list[dict[str, Any]]:
     """For each graph that differs: its kind and capacity, how many nodes and edges
-    differ, and the first few differing nodes in text form, so a difference between
-    two exports can be told apart (a kernel, a launch parameter, an address)."""
+    differ, which kernels (by function) the differing nodes launch, and the first few
+    differing nodes in text form, so a difference between two exports can be told
+    apart (a kernel, a launch parameter, an address)."""
     out = []
     for i, (x, y) in enumerate(zip(a.graphs, b.graphs, strict=False)):
         if x == y:
@@ -74,6 +85,9 @@ def graph_differences(a: pb.Core, b: pb.Core, limit: int = 3) -> list[dict[str, 
                 "edges": [len(x.edges), len(y.edges)],
                 "nodes_differing": len(nodes),
                 "edges_differing": edges,
+                "nodes_differing_by_kernel": dict(
+                    Counter(_node_name(x.nodes[j]) for j in nodes).most_common()
+                ),
                 "first_nodes": [
                     {"index": j, "a": str(x.nodes[j])[:1500], "b": str(y.nodes[j])[:1500]}
                     for j in nodes[:limit]
@@ -140,14 +154,32 @@ def against_control(a: pb.Core, b: pb.Core, control: pb.Core) -> dict[str, Any]:
     if skeleton(a) != shape:
         return {"control_valid": True, "skeleton_identical": False, "unexplained": []}
     noise = {place[2:] for place in param_bytes_differing(b, control)}
+    noisy_parameters = {place[:3] for place in noise}
     differing = param_bytes_differing(a, b)
     unexplained = [place for place in differing if place[2:] not in noise]
+    unexplained_places = set(unexplained)
+    kernels: dict[str, Counter[str]] = {}
+    for place in differing:
+        counts = kernels.setdefault(place[3], Counter())
+        counts["bytes"] += 1
+        if place in unexplained_places:
+            counts["unexplained"] += 1
     return {
         "control_valid": True,
         "skeleton_identical": True,
         "noisy_bytes_in_control": len(noise),
         "bytes_differing": len(differing),
         "unexplained_count": len(unexplained),
+        # Weaker than noise, and never counted as it: an unexplained byte in a
+        # parameter (of the same kernel) where the control shows noise at other
+        # bytes, as a host struct's unset slot that two exports happened to fill alike.
+        "unexplained_in_noisy_parameters": sum(
+            1 for place in unexplained if place[2:5] in noisy_parameters
+        ),
+        "bytes_differing_by_kernel": {
+            function: {"bytes": c["bytes"], "unexplained": c["unexplained"]}
+            for function, c in sorted(kernels.items(), key=lambda kv: -kv[1]["bytes"])
+        },
         "unexplained": [
             {"graph": g, "node": n, "function": f, "param": p, "byte": i}
             for g, n, _, f, p, i in unexplained[:20]

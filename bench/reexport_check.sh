@@ -85,7 +85,9 @@ d = json.load(open(sys.argv[1]))
 c = d.get("control", {})
 print("identical", d["identical"], "| equal but for capture noise",
       d.get("equal_but_for_capture_noise"), "| parameter bytes differing",
-      c.get("bytes_differing"), "unexplained", c.get("unexplained_count"),
+      c.get("bytes_differing"), "in", len(c.get("bytes_differing_by_kernel", {})), "kernels",
+      "| unexplained", c.get("unexplained_count"), "of which in noisy parameters",
+      c.get("unexplained_in_noisy_parameters"),
       "| buffers identical", d["buffers_identical"], "| images only in one",
       len(d["images_only_in_a"]), len(d["images_only_in_b"]),
       "| manifest fields differing", [f for f in d["manifest_fields_differing"]

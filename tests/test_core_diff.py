@@ -83,6 +83,19 @@ def test_parameter_bytes_that_differ_between_two_exports_of_one_tree_are_capture
     assert real["control"]["unexplained"] == [
         {"graph": 0, "node": 1, "function": "functor_kernel", "param": 1, "byte": 4}
     ], real
+    # The control shows noise in that parameter (its byte 0), not at that byte: the
+    # byte stays unexplained and is counted as lying in a noisy parameter.
+    assert real["control"]["unexplained_in_noisy_parameters"] == 1, real
+    assert real["control"]["bytes_differing_by_kernel"] == {
+        "functor_kernel": {"bytes": 1, "unexplained": 1}
+    }, real
+    assert real["graph_differences"][0]["nodes_differing_by_kernel"] == {"functor_kernel": 1}
+    # A change in the first parameter, where the control shows no noise, is not.
+    changed[1] = 9
+    _with_kernel(a := _fixture(tmp_path / "a3"), bytes(changed))
+    both = compare(a, b, control=c)["control"]
+    assert both["unexplained_count"] == 2, both
+    assert both["unexplained_in_noisy_parameters"] == 1, both
 
 
 def test_a_control_of_another_structure_explains_nothing(tmp_path: Path) -> None:
