@@ -17,11 +17,23 @@
 #       graph pool, KV pages, step, tokens per second. Pass --geometry (a
 #       bench/suite/report.py name or config.json) for the roofline; the 8B's four
 #       preparations outlast one call, so run it detached (bench/detached.sh).
+#   bench/issue23_check.sh pdl OUT MODEL [kernel_timeline options...]
+#       programmatic dependent launch of the decode projections: its GPU test (the
+#       same bits as a plain launch, eager and captured, and programmatic edges in the
+#       captured graph; tests/test_programmatic_launch.py), then MODEL's decode graphs
+#       timed as prepared and captured again with programmatic launch, over the same
+#       storage, their steps in alternating blocks (bench/kernel_timeline.py
+#       --compare-programmatic-launch; OUT/pdl.json and .md). Pass --geometry for the
+#       roofline.
+#   bench/issue23_check.sh pdl-core OUT CHECKPOINT FLARE [prepare options...]
+#       CHECKPOINT exported with --programmatic-launch (programmatic edges in the
+#       core's graphs), then `flare replay --check` (Helios's rebuilt graphs bitwise
+#       against the Python replay) and the native decode step at capacities 1 and 4.
 #
 # Needs the flare_heliopause wheel importable (WHEELS, as bench/suite_gpu.sh installs
 # them).
 set -uo pipefail
-usage="usage: bench/issue23_check.sh serving OUT | concurrency OUT MODEL [options...]"
+usage="usage: bench/issue23_check.sh serving OUT | concurrency OUT MODEL [options...] | pdl OUT MODEL [options...] | pdl-core OUT CHECKPOINT FLARE [options...]"
 part=${1:?$usage}
 out=${2:?$usage}
 shift 2
@@ -49,6 +61,41 @@ case $part in
     done
     [ ${#results[@]} -gt 0 ] && python3 bench/concurrency_report.py "${results[@]}" \
       --out "$out/options.md" || status=1
+    ;;
+  pdl)
+    model=${1:?$usage}
+    shift
+    python3 -m pytest -m gpu tests/test_programmatic_launch.py -q -p no:cacheprovider -rs 2>&1 \
+      | tee "$out/pytest-gpu.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    python3 bench/kernel_timeline.py "$model" --capacities 1 4 --compare-programmatic-launch \
+      --out "$out/pdl.json" "$@" > "$out/pdl.log" 2>&1 || { status=1; tail -20 "$out/pdl.log"; }
+    grep "^c=" "$out/pdl.log"
+    ;;
+  pdl-core)
+    checkpoint=${1:?$usage}
+    flare=${2:?$usage}
+    shift 2
+    core=${WORK:-/tmp/flare-issue23}/pdl-core
+    rm -rf "$core"
+    mkdir -p "$(dirname "$core")"
+    python3 -m ignition.cli prepare "$checkpoint" --out "$core" --programmatic-launch "$@" \
+      > "$out/prepare.log" 2>&1 || { tail -30 "$out/prepare.log"; exit 1; }
+    python3 -c "import sys; from ignition.export import flare_core_pb2 as pb; \
+from ignition.export.core_dir import MANIFEST; from pathlib import Path; \
+core = pb.Core.FromString((Path(sys.argv[1]) / MANIFEST).read_bytes()); \
+edges = [sum(1 for e in g.edges if e.type) for g in core.graphs]; \
+print('programmatic edges per graph:', edges); sys.exit(0 if sum(edges) else 1)" \
+      "$core" | tee "$out/edges.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { status=1; echo "pdl-core: no programmatic edge in the core"; }
+    "$flare" replay "$core" --check --json "$out/replay-check.json" > "$out/replay-check.log" 2>&1 \
+      || status=1
+    tail -3 "$out/replay-check.log"
+    for capacity in 1 4; do
+      "$flare" replay "$core" --bench-decode $capacity --json "$out/bench-decode-c$capacity.json" \
+        > "$out/bench-decode-c$capacity.log" 2>&1 || status=1
+      grep -A3 "decode bench" "$out/bench-decode-c$capacity.log"
+    done
     ;;
   *)
     echo "$usage" >&2

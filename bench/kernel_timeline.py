@@ -17,7 +17,13 @@ graph launch runs, with the launch's correlation id). Per capacity it reports:
     python bench/kernel_timeline.py MODEL --capacities 1 4 --steps 50 --out timeline.json \\
         [--trace-dir DIR] [--context-limit N] [--prefill-chunk-size N] \\
         [--geometry NAME|config.json] [--no-compile] \\
-        [--compile-scope S] [--[no-]compile-sampling] [--decode-fusion F]
+        [--compile-scope S] [--[no-]compile-sampling] [--decode-fusion F] \\
+        [--[no-]programmatic-launch] [--compare-programmatic-launch]
+
+With ``--compare-programmatic-launch`` the decode graphs are captured a second time
+with the other launch (``ignition.components.programmatic_launch``) over the same
+storage, and both are profiled and timed in this run, their unprofiled steps in
+alternating blocks (``compared`` in the results).
 
 ``summarize`` (the aggregation) is pure and tested on the CPU; the measurement needs
 a GPU.
@@ -26,13 +32,14 @@ a GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import math
 import statistics
 import sys
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +53,22 @@ bandwidth = functools.cache(measure_read_bandwidth)
 
 def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
+
+
+def _busy_us(kernels: Sequence[dict[str, Any]]) -> float:
+    """The time at least one of ``kernels`` (sorted by start) ran: their summed
+    durations when none overlap. Programmatically launched kernels overlap (the next
+    one starts, prefetches and waits under the previous one's tail), and a duration
+    then includes that wait, so only this time, not the sum, compares with a plain
+    launch's."""
+    busy, reach = 0.0, float("-inf")
+    for kernel in kernels:
+        start = float(kernel["ts"])
+        end = start + float(kernel["dur"])
+        if end > reach:
+            busy += end - max(start, reach)
+            reach = end
+    return busy
 
 
 def summarize(
@@ -76,15 +99,23 @@ def summarize(
         kernels = sorted(launches[correlation], key=lambda k: float(k["ts"]))
         if not kernels:
             continue
-        busy = sum(float(k["dur"]) for k in kernels)
+        summed = sum(float(k["dur"]) for k in kernels)
         start = float(kernels[0]["ts"])
         end = max(float(k["ts"]) + float(k["dur"]) for k in kernels)
-        per_launch.append({"kernels": len(kernels), "kernel_us": busy, "span_us": end - start})
+        per_launch.append(
+            {
+                "kernels": len(kernels),
+                "kernel_us": summed,
+                "busy_us": _busy_us(kernels),
+                "span_us": end - start,
+            }
+        )
         for kernel in kernels:
             by_name[str(kernel["name"])].append(float(kernel["dur"]))
     count = len(per_launch)
     kernels = _median([p["kernels"] for p in per_launch])
     kernel_us = _median([p["kernel_us"] for p in per_launch])
+    busy_us = _median([p["busy_us"] for p in per_launch])
     span_us = _median([p["span_us"] for p in per_launch])
     wall = _median(list(wall_us))
     top = sorted(
@@ -104,6 +135,7 @@ def summarize(
         "kernels_per_launch": kernels,
         "kernels_per_layer": None if kernels is None else kernels / layers,
         "kernel_us": kernel_us,
+        "busy_us": busy_us,
         "span_us": span_us,
         "wall_us": wall,
         "kernel_over_span": None if not span_us or kernel_us is None else kernel_us / span_us,
@@ -140,6 +172,34 @@ def markdown(results: dict[str, Any]) -> str:
             f"{fmt(row.get('step_us'))} | {fmt(row.get('step_p99_us'))} | "
             f"{fmt(row.get('roofline_us'))} | {fmt(row.get('step_over_roofline'), 3)} |"
         )
+    compared = results.get("compared")
+    if compared:
+        on = compared["programmatic_launch"]
+        lines += [
+            "",
+            f"## The same decode graphs captured with programmatic launch {'on' if on else 'off'}",
+            "",
+            "Both sets of graphs over the same storage, their unprofiled steps in alternating "
+            "blocks.",
+            "",
+            "Busy time is the time some kernel of the step ran (overlapping kernels counted "
+            "once): under programmatic launch a kernel's duration includes its wait for the "
+            "one before, so summed kernel times do not compare.",
+            "",
+            "| capacity | step, as prepared (us) | step, compared (us) | compared / prepared | "
+            "p99, as prepared | p99, compared | busy, as prepared (us) | busy, compared (us) "
+            "| GPU span, as prepared (us) | GPU span, compared (us) |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for capacity, other in compared["capacities"].items():
+            row = results["capacities"][capacity]
+            ratio = other["step_us"] / row["step_us"] if row.get("step_us") else None
+            lines.append(
+                f"| {capacity} | {fmt(row.get('step_us'))} | {fmt(other.get('step_us'))} | "
+                f"{fmt(ratio, 3)} | {fmt(row.get('step_p99_us'))} | "
+                f"{fmt(other.get('step_p99_us'))} | {fmt(row.get('busy_us'))} | "
+                f"{fmt(other.get('busy_us'))} | {fmt(row['span_us'])} | {fmt(other['span_us'])} |"
+            )
     for capacity, row in results["capacities"].items():
         lines += ["", f"## Capacity {capacity}: kernels by time", ""]
         lines += ["| kernel | per launch | median (us) | total/launch (us) |", "|---|---|---|---|"]
@@ -156,33 +216,59 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from ignition.components.programmatic_launch import (
+        launches_programmatically,
+        programmatic_launch,
+    )
     from ignition.components.token_state import NULL_SLOT
     from ignition.preparation.catalog import GraphKey, GraphKind
-    from ignition.preparation.prepared import PrepareOptions, prepare
+    from ignition.preparation.prepared import PrepareOptions, prepare, recapture
     from ignition.replay.packing import SamplingParams, pack_admission, pack_chunk, pack_decode
 
     capacities = sorted(set(args.capacities))
     geometry = resolve_geometry(args.geometry) if args.geometry else None
+    options = compile_options(args)
     prepared = prepare(
         args.model,
         PrepareOptions(
             max_concurrency=max(capacities),
             prefill_chunk_size=args.prefill_chunk_size,
             context_limit=args.context_limit,
-            **compile_options(args),
+            **options,
         ),
     )
     catalog = prepared.catalog
     state, staging = prepared.storage.state, prepared.storage.staging
     page = catalog.page_size
-    # Each request decodes the warm-up, the profiled steps and the unprofiled ones.
-    generated = args.warmup + 2 * args.steps
+    # The decode graphs as prepared, and with --compare-programmatic-launch the same
+    # graphs captured again with the other launch (None: as prepared).
+    variants: dict[str, dict[GraphKey, Any] | None] = {"prepared": None}
+    if args.compare_programmatic_launch:
+        with programmatic_launch(True):
+            able = launches_programmatically(torch.device("cuda"))
+        if not able:
+            raise SystemExit(
+                "--compare-programmatic-launch needs a GPU of compute capability 9.0 or "
+                "later (Hopper): this one launches every kernel plainly"
+            )
+        decode = (GraphKey(GraphKind.DECODE, catalog.decode_capacity(c)) for c in capacities)
+        keys = list(dict.fromkeys(decode))
+        variants["compared"] = recapture(
+            prepared, keys, programmatic=not options["programmatic_launch"]
+        )
+    # Unprofiled steps come in alternating blocks of --steps, the order reversed in the
+    # second round (as prepared, compared, compared, as prepared), so that a slow phase
+    # of the machine and the growing context fall on both variants alike.
+    rounds = 2 if len(variants) > 1 else 1
+    # Each request decodes, per variant, the warm-up, the profiled steps and the
+    # unprofiled ones.
+    generated = len(variants) * (args.warmup + (1 + rounds) * args.steps)
     pages_each = (args.prompt_tokens + generated + page) // page + 1
     layers = int(prepared.model.geometry.layers)
     sampling = SamplingParams(temperature=1.0, top_k=20, top_p=0.95)
     results: dict[str, Any] = {
         "model": str(args.model),
-        "options": compile_options(args),
+        "options": options,
         "steps": args.steps,
         # What this preparation cost: its times (load, compile and capture) and bytes.
         "preparation": {
@@ -193,6 +279,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         },
         "capacities": {},
     }
+    if len(variants) > 1:
+        results["compared"] = {
+            "programmatic_launch": not options["programmatic_launch"],
+            "capacities": {},
+        }
     for capacity in capacities:
         prepared.reset()
         graph_capacity = catalog.decode_capacity(capacity)
@@ -210,54 +301,91 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         assert NULL_SLOT not in slots
         pack_decode(staging, slots, graph_capacity)
         key = GraphKey(GraphKind.DECODE, graph_capacity)
-        for _ in range(args.warmup):
-            prepared.execute(key)
-        torch.cuda.synchronize()
-        marks = [
-            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            for _ in range(args.steps)
-        ]
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for begin, end in marks:
-                begin.record()
-                prepared.execute(key)
-                end.record()
-            torch.cuda.synchronize()
-        wall_us = [begin.elapsed_time(end) * 1e3 for begin, end in marks]
-        trace = Path(args.trace_dir or "/tmp") / f"decode-c{capacity}.trace.json"
-        trace.parent.mkdir(parents=True, exist_ok=True)
-        prof.export_chrome_trace(str(trace))
-        events = json.loads(trace.read_text())["traceEvents"]
-        summary = summarize(events, layers=layers, wall_us=wall_us)
-        summary["graph_capacity"] = graph_capacity
-        steps_us = _unprofiled_steps_us(prepared, key, args.steps)
-        summary["step_us"] = statistics.median(steps_us)
-        summary["step_p99_us"] = _p99(steps_us)
-        # Every request samples one token a step.
-        summary["tokens_per_s"] = capacity / (summary["step_us"] * 1e-6)
-        if geometry is not None:
-            # The mean context of the unprofiled steps.
-            context = args.prompt_tokens + args.warmup + args.steps + args.steps // 2
-            roofline = roofline_step_s(geometry, bandwidth(), capacity, context) * 1e6
-            summary["roofline_us"] = roofline
-            summary["step_over_roofline"] = summary["step_us"] / roofline
-        results["capacities"][str(capacity)] = summary
-        print(
-            f"c={capacity}: {summary['kernels_per_launch']} kernels, "
-            f"kernel {summary['kernel_us']} us, span {summary['span_us']} us, "
-            f"wall {summary['wall_us']} us, unprofiled step {summary['step_us']:.1f} us"
-            + (
-                f" ({summary['step_over_roofline']:.3f}x the roofline)"
-                if geometry is not None
-                else ""
-            ),
-            file=sys.stderr,
-        )
+        context = args.prompt_tokens  # the requests' length before the next step
+        summaries: dict[str, dict[str, Any]] = {}
+        for name, graphs in variants.items():
+            with _graphs(prepared, key, graphs):
+                for _ in range(args.warmup):
+                    prepared.execute(key)
+                torch.cuda.synchronize()
+                marks = [
+                    (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                    for _ in range(args.steps)
+                ]
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    for begin, end in marks:
+                        begin.record()
+                        prepared.execute(key)
+                        end.record()
+                    torch.cuda.synchronize()
+            context += args.warmup + args.steps
+            wall_us = [begin.elapsed_time(end) * 1e3 for begin, end in marks]
+            suffix = "" if name == "prepared" else f".{name}"
+            trace = Path(args.trace_dir or "/tmp") / f"decode-c{capacity}{suffix}.trace.json"
+            trace.parent.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(trace))
+            events = json.loads(trace.read_text())["traceEvents"]
+            summaries[name] = summarize(events, layers=layers, wall_us=wall_us)
+            summaries[name]["graph_capacity"] = graph_capacity
+        steps_us: dict[str, list[float]] = {name: [] for name in variants}
+        contexts: list[float] = []
+        for round_ in range(rounds):
+            order = list(variants.items())
+            for name, graphs in order if round_ % 2 == 0 else order[::-1]:
+                with _graphs(prepared, key, graphs):
+                    steps_us[name] += _unprofiled_steps_us(prepared, key, args.steps)
+                contexts.append(context + (args.steps - 1) / 2)
+                context += args.steps
+        for name, summary in summaries.items():
+            summary["step_us"] = statistics.median(steps_us[name])
+            summary["step_p99_us"] = _p99(steps_us[name])
+            # Every request samples one token a step.
+            summary["tokens_per_s"] = capacity / (summary["step_us"] * 1e-6)
+            if geometry is not None:
+                # The mean context of the unprofiled steps (of both variants: they
+                # alternate, so their means differ by a block).
+                roofline = (
+                    roofline_step_s(geometry, bandwidth(), capacity, statistics.mean(contexts))
+                    * 1e6
+                )
+                summary["roofline_us"] = roofline
+                summary["step_over_roofline"] = summary["step_us"] / roofline
+        results["capacities"][str(capacity)] = summaries["prepared"]
+        if "compared" in summaries:
+            results["compared"]["capacities"][str(capacity)] = summaries["compared"]
+        for name, summary in summaries.items():
+            print(
+                f"c={capacity}{'' if name == 'prepared' else ' (' + name + ')'}: "
+                f"{summary['kernels_per_launch']} kernels, "
+                f"kernel {summary['kernel_us']} us, span {summary['span_us']} us, "
+                f"wall {summary['wall_us']} us, unprofiled step {summary['step_us']:.1f} us"
+                + (
+                    f" ({summary['step_over_roofline']:.3f}x the roofline)"
+                    if geometry is not None
+                    else ""
+                ),
+                file=sys.stderr,
+            )
     results["layers"] = layers
     if geometry is not None:
         results["geometry"] = args.geometry
         results["bandwidth_bytes_per_s"] = bandwidth()
     return results
+
+
+@contextlib.contextmanager
+def _graphs(prepared: Any, key: Any, graphs: dict[Any, Any] | None) -> Iterator[None]:
+    """Within the block, ``prepared`` replays ``graphs[key]`` for ``key`` (None: its
+    own graph)."""
+    if graphs is None:
+        yield
+        return
+    own = prepared.graphs[key]
+    prepared.graphs[key] = graphs[key]
+    try:
+        yield
+    finally:
+        prepared.graphs[key] = own
 
 
 def _unprofiled_steps_us(prepared: Any, key: Any, steps: int) -> list[float]:
@@ -302,6 +430,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "config.json): the step against the roofline, at bandwidth measured here",
     )
     add_compile_options(parser)
+    parser.add_argument(
+        "--compare-programmatic-launch",
+        action="store_true",
+        help="also capture the decode graphs with the other launch (--programmatic-launch "
+        "or not) over the same storage and time both, alternating, in this run",
+    )
     parser.add_argument("--trace-dir", type=Path, help="keep the Chrome traces here")
     parser.add_argument("--out", type=Path, required=True, help="results JSON (and .md)")
     args = parser.parse_args(argv)

@@ -210,8 +210,11 @@ as_prepared() {
       floor:--no-compile-sampling) echo --no-replay-compile-sampling ;;
       floor:--compile-scope=*) echo "--replay-compile-scope=${flag#--compile-scope=}" ;;
       floor:--decode-fusion=*) echo "--replay-decode-fusion=${flag#--decode-fusion=}" ;;
+      floor:--programmatic-launch) echo --replay-programmatic-launch ;;
+      floor:--no-programmatic-launch) echo --no-replay-programmatic-launch ;;
       timeline:--no-compile | timeline:--compile-sampling | timeline:--no-compile-sampling | \
-        timeline:--compile-scope=* | timeline:--decode-fusion=*)
+        timeline:--compile-scope=* | timeline:--decode-fusion=* | timeline:--programmatic-launch | \
+        timeline:--no-programmatic-launch)
         echo "$flag" ;;
     esac
   done

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from bench.concurrency_report import table as concurrency_table
 from bench.fastest_fusion import fastest
 from bench.fastest_fusion import table as fusion_table
-from bench.kernel_timeline import _p99, markdown, summarize
+from bench.kernel_timeline import _graphs, _p99, markdown, summarize
 
 
 def _launch(correlation: int, start: float, kernels: list[tuple[str, float, float]]) -> list:
@@ -73,6 +74,47 @@ def test_kernels_group_by_their_graph_launch() -> None:
     table = markdown({"model": "m", "capacities": {"1": summary}})
     assert "| 0.489 | 41.0 | 44.5 | 32.8 | 1.250 |" in table
     assert "| `gemm` | 2.0 | 10.00 | 21.33 |" in table
+
+
+def test_the_compared_launch_is_tabled_beside_the_prepared_one() -> None:
+    prepared = {"kernels_per_launch": 3, "kernel_us": 22.0, "busy_us": 22.0, "span_us": 25.0}
+    prepared.update(step_us=40.0, step_p99_us=44.0)
+    compared = {"kernels_per_launch": 3, "kernel_us": 23.0, "busy_us": 19.0, "span_us": 21.0}
+    compared.update(step_us=36.0, step_p99_us=37.5)
+    results = {
+        "model": "m",
+        "capacities": {"1": {**prepared, "kernels_per_layer": 1.5, "top_kernels": []}},
+        "compared": {"programmatic_launch": True, "capacities": {"1": compared}},
+    }
+    for row in results["capacities"].values():
+        row.update(wall_us=45.0, kernel_over_span=0.88, kernel_over_wall=0.49)
+    table = markdown(results)
+    assert "captured with programmatic launch on" in table
+    assert "| 1 | 40.0 | 36.0 | 0.900 | 44.0 | 37.5 | 22.0 | 19.0 | 25.0 | 21.0 |" in table
+
+
+def test_a_compared_graph_stands_in_for_the_prepared_one_within_the_block() -> None:
+    prepared = SimpleNamespace(graphs={"decode": "own", "prefill": "own prefill"})
+    with _graphs(prepared, "decode", {"decode": "other"}):
+        assert prepared.graphs == {"decode": "other", "prefill": "own prefill"}
+    assert prepared.graphs["decode"] == "own"
+    with pytest.raises(RuntimeError), _graphs(prepared, "decode", {"decode": "other"}):
+        raise RuntimeError("replay failed")
+    assert prepared.graphs["decode"] == "own"
+    with _graphs(prepared, "decode", None):
+        assert prepared.graphs["decode"] == "own"
+
+
+def test_overlapping_kernels_count_once_in_the_busy_time() -> None:
+    # Programmatic launch: the second kernel starts (and waits) under the first's tail.
+    events = _launch(10, 100.0, [("gemm", 5, 10), ("gemm2", 12, 10), ("norm", 25, 2)])
+    summary = summarize(events, layers=1)
+    assert summary["kernel_us"] == 22  # summed: the wait counted twice
+    assert summary["busy_us"] == 19  # [105, 122) and [125, 127)
+    assert summary["span_us"] == 22
+    # Without overlap the busy time is the sum.
+    plain = summarize(_launch(10, 100.0, [("gemm", 5, 10), ("norm", 16, 2)]), layers=1)
+    assert plain["busy_us"] == plain["kernel_us"] == 12
 
 
 def test_an_empty_trace_reports_nothing_measured() -> None:

@@ -40,10 +40,12 @@ def prepare_floor(
     compile_sampling: bool | None = None,
     compile_scope: CompileScope = "forward",
     decode_fusion: DecodeFusion = DEFAULT_DECODE_FUSION,
+    programmatic_launch: bool = False,
 ) -> PreparedModel:
     """``model`` prepared as ``ignition replay`` prepares it (bf16, compiled unless
     not ``compile``, in regions of ``compile_scope``, the sampler as ``compile_sampling``
-    says, decode layers fused as ``decode_fusion`` says, captured on CUDA), or
+    says, decode layers fused as ``decode_fusion`` says, the row projections launched
+    programmatically as ``programmatic_launch`` says, captured on CUDA), or
     ``eager``: float32 on the CPU, no graphs (for tests)."""
     if eager:
         options = PrepareOptions(
@@ -63,6 +65,7 @@ def prepare_floor(
             compile_sampling=compile_sampling,
             compile_scope=compile_scope,
             decode_fusion=decode_fusion,
+            programmatic_launch=programmatic_launch,
         )
     return prepare(model, options)
 

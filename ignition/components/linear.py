@@ -74,6 +74,12 @@ import triton.language as tl
 from torch import nn
 from triton.runtime.interpreter import InterpretedFunction
 
+from ignition.components.programmatic_launch import (
+    await_producer,
+    launch_kwargs,
+    prefetch_bytes,
+    prefetch_rows,
+)
 from ignition.components.triton_support import fix_interpreter_loop_bounds
 
 ROWS_TILE = 16
@@ -233,6 +239,15 @@ def _store_rows(
 
 
 @triton.jit
+def _prefetch_weight_rows(w_ptr, rn, N, stride_wn, ROW_PREFETCH: tl.constexpr):
+    """The first ``ROW_PREFETCH`` bytes of weight rows ``rn`` (those past ``N`` clamped
+    to the last) into L2; nothing when 0."""
+    if ROW_PREFETCH > 0:
+        rows = tl.minimum(rn, N - 1)
+        prefetch_rows(w_ptr + rows * stride_wn, tl.full(rn.shape, ROW_PREFETCH, tl.int32))
+
+
+@triton.jit
 def _rows_linear_kernel(
     x_ptr,
     w_ptr,
@@ -255,12 +270,19 @@ def _rows_linear_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
+    ROW_PREFETCH: tl.constexpr = 0,
 ):
     """``residual + linear(rms_norm(x))``, each part optional (``NORM``: gain
     ``g_ptr`` and ``eps``; ``RESIDUAL``: ``r_ptr``), of the ``ROW_TILES`` row tiles
-    of ``program_id(0)`` and column tile ``program_id(1)``."""
+    of ``program_id(0)`` and column tile ``program_id(1)``. With ``PDL``, launched
+    programmatically: the weight rows' first ``ROW_PREFETCH`` bytes to L2, then the
+    wait (``programmatic_launch``)."""
     rm = tl.program_id(0) * ROW_TILES * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if PDL:
+        _prefetch_weight_rows(w_ptr, rn, N, stride_wn, ROW_PREFETCH)
+        await_producer()
     acc0, acc1, acc2, acc3 = _rows_dot(
         x_ptr, w_ptr, g_ptr, M, N, K, stride_xm, stride_wn, eps, rm, rn, NORM, ROW_TILES,
         BLOCK_M, BLOCK_N, BLOCK_K,
@@ -320,14 +342,21 @@ def _rows_gated_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
+    ROW_PREFETCH: tl.constexpr = 0,
 ):
     """``silu(gate) * up`` of columns ``rn`` for the packed weight ``w [2N, K]``
     (gate rows, then up rows): both tiles stream in one K loop and go into each of the
     program's ``ROW_TILES`` (1 to 4) row tiles by the same dots (as ``_rows_dot``).
     With ``NORM``, of x's rows normalized (gain ``g_ptr``, ``eps``; as ``_rows_dot``).
-    Row tiles of ``program_id(0)``, column tile ``program_id(1)``."""
+    Row tiles of ``program_id(0)``, column tile ``program_id(1)``. ``PDL`` and
+    ``ROW_PREFETCH`` as ``_rows_linear_kernel``'s, for the gate and the up rows."""
     rm = tl.program_id(0) * ROW_TILES * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if PDL:
+        _prefetch_weight_rows(w_ptr, rn, N, stride_wn, ROW_PREFETCH)
+        _prefetch_weight_rows(w_ptr + N * stride_wn, rn, N, stride_wn, ROW_PREFETCH)
+        await_producer()
     rk = tl.arange(0, BLOCK_K)
     gate0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     gate1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -388,13 +417,29 @@ def _rows_split_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
+    ROW_PREFETCH: tl.constexpr = 0,
 ):
     """fp32 ``x[rm] @ w[rn].T`` over K range ``program_id(2)`` (``K_SPLIT`` columns,
     the K loop of ``_rows_dot`` over that range) of row tile ``program_id(0)`` and
-    column tile ``program_id(1)``, stored to the partials ``p [splits, M, N]``."""
+    column tile ``program_id(1)``, stored to the partials ``p [splits, M, N]``. With
+    ``PDL``, launched programmatically: the range's first ``ROW_PREFETCH`` bytes of
+    each weight row (at most what is left of the row) to L2, by the first row tile's
+    programs, then the wait."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(2)
+    if PDL:
+        # The row tiles' programs read the same weight range: the first one prefetches.
+        if ROW_PREFETCH > 0 and tl.program_id(0) == 0:
+            left = (K - split * K_SPLIT) * (w_ptr.dtype.element_ty.primitive_bitwidth // 8)
+            nbytes = tl.minimum(left, ROW_PREFETCH) // 16 * 16
+            rows = tl.minimum(rn, N - 1)
+            prefetch_rows(
+                w_ptr + rows * stride_wn + split * K_SPLIT,
+                tl.full(rn.shape, 0, tl.int32) + nbytes,
+            )
+        await_producer()
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K_SPLIT, BLOCK_K):
@@ -574,10 +619,27 @@ def _check_rows(x: torch.Tensor, k: int, norm: RmsNorm | None) -> None:
         )
 
 
+def _interpreted() -> bool:
+    """Whether the rows kernels run under Triton's interpreter (the CPU tests)."""
+    return isinstance(_rows_linear_kernel, InterpretedFunction)
+
+
 def _step_fixes_bits(norm: RmsNorm | None) -> bool:
     """Whether a rows kernel's K step fixes its bits (``tile_shape``): with the norm,
     or in Triton's interpreter (the only way the kernels run on the CPU)."""
-    return norm is not None or isinstance(_rows_linear_kernel, InterpretedFunction)
+    return norm is not None or _interpreted()
+
+
+def _programmatic(w: torch.Tensor, rows: int, row_bytes: int) -> dict[str, object]:
+    """A weight-streaming kernel's launch options and ``PDL``/``ROW_PREFETCH``: a plain
+    launch, or a programmatic one prefetching ``prefetch_bytes`` of each of ``rows``
+    weight rows (or row ranges) of ``row_bytes`` (``programmatic_launch``)."""
+    if _interpreted():
+        return {}  # the interpreter runs no PTX
+    options: dict[str, object] = dict(launch_kwargs(w.device))
+    if options:
+        options.update(PDL=True, ROW_PREFETCH=prefetch_bytes(w, rows, row_bytes))
+    return options
 
 
 def triton_rows_linear(
@@ -615,6 +677,7 @@ def triton_rows_linear(
         HAS_BIAS=b is not None, NORM=norm is not None, RESIDUAL=residual is not None,
         ROW_TILES=tiles, BLOCK_M=ROWS_TILE, BLOCK_N=width, BLOCK_K=block_k,
         num_warps=4, num_stages=pipeline_stages(tiles, width, block_k, w.element_size()),
+        **_programmatic(w, n, k * w.element_size()),
     )  # fmt: skip
     return y
 
@@ -645,6 +708,7 @@ def triton_rows_gated(
         NORM=norm is not None, ROW_TILES=tiles, BLOCK_M=ROWS_TILE,
         BLOCK_N=width // 2, BLOCK_K=block_k, num_warps=4,
         num_stages=pipeline_stages(tiles, width, block_k, gate_up.element_size()),
+        **_programmatic(gate_up, n2, k * gate_up.element_size()),
     )  # fmt: skip
     return y
 
@@ -692,6 +756,7 @@ def triton_rows_split_linear(
         x, w, partials, rows, n, k, x.stride(0), w.stride(0),
         K_SPLIT=k_split, BLOCK_M=ROWS_TILE, BLOCK_N=width, BLOCK_K=block_k,
         num_warps=4, num_stages=STAGES,
+        **_programmatic(w, n * splits, k_split * w.element_size()),
     )  # fmt: skip
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     _split_sum_kernel[(triton.cdiv(rows * n, SUM_BLOCK),)](

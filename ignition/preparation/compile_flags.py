@@ -21,7 +21,8 @@ DEFAULT_DECODE_FUSION: DecodeFusion = "residuals"
 
 def add_compile_options(parser: argparse.ArgumentParser, prefix: str = "") -> None:
     """``--{prefix}no-compile``, ``--{prefix}compile-scope``,
-    ``--[no-]{prefix}compile-sampling`` and ``--{prefix}decode-fusion``."""
+    ``--[no-]{prefix}compile-sampling``, ``--{prefix}decode-fusion`` and
+    ``--[no-]{prefix}programmatic-launch``."""
     parser.add_argument(
         f"--{prefix}no-compile", action="store_true", help="skip torch.compile of the forwards"
     )
@@ -48,6 +49,15 @@ def add_compile_options(parser: argparse.ArgumentParser, prefix: str = "") -> No
         "layer, compiled), the residual additions (default: the fastest measured), or "
         "those and the RMSNorms (measured slower)",
     )
+    parser.add_argument(
+        f"--{prefix}programmatic-launch",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="launch the batch-invariant row projections (every decode projection) "
+        "programmatically (SM90 and later): each prefetches its first weight bytes and "
+        "starts while the kernel before it ends; the same bits (default: off, until "
+        "measured faster)",
+    )
 
 
 def compile_options(args: argparse.Namespace, prefix: str = "") -> dict[str, Any]:
@@ -58,4 +68,5 @@ def compile_options(args: argparse.Namespace, prefix: str = "") -> dict[str, Any
         "compile_scope": getattr(args, f"{name}compile_scope"),
         "compile_sampling": getattr(args, f"{name}compile_sampling"),
         "decode_fusion": getattr(args, f"{name}decode_fusion"),
+        "programmatic_launch": getattr(args, f"{name}programmatic_launch"),
     }

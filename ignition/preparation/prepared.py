@@ -21,6 +21,7 @@ from transformers import AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBas
 
 from ignition.components.continuation import ContinuationRows
 from ignition.components.kv_cache import PagedKvCache
+from ignition.components.programmatic_launch import programmatic_launch
 from ignition.components.state_transfer import SnapshotRows
 from ignition.components.token_state import MAX_STOP_TOKENS, RequestState, StagingInputs
 from ignition.loading.mapping import load_weights
@@ -75,6 +76,11 @@ class PrepareOptions:
     # What decode layers fuse into their projections (``compile_flags.DecodeFusion``):
     # the residual additions by default, the fastest measured.
     decode_fusion: DecodeFusion = DEFAULT_DECODE_FUSION
+    # The batch-invariant row projections (every decode projection) launch
+    # programmatically in the warm-up and
+    # capture (``ignition.components.programmatic_launch``): programmatic edges in
+    # the graphs, the same bits.
+    programmatic_launch: bool = False
     # Sampling graphs take a token mask per row (constrained decoding); False
     # exports graphs as before masks existed, to measure what the input costs.
     token_masks: bool = True
@@ -207,6 +213,20 @@ def _capture(
             torch.cuda.synchronize()
             graphs[key] = graph
             advance(1, str(key))
+    return graphs
+
+
+def recapture(
+    prepared: PreparedModel, keys: list[GraphKey], *, programmatic: bool
+) -> dict[GraphKey, torch.cuda.CUDAGraph]:
+    """``keys`` captured again over the same storage into a pool of their own, the
+    weight-streaming kernels launched programmatically or not
+    (``PrepareOptions.programmatic_launch``): the other side of an A/B measurement
+    (``bench/kernel_timeline.py --compare-programmatic-launch``). The storage is reset
+    after, as preparation leaves it."""
+    with programmatic_launch(programmatic):
+        graphs = _capture(prepared.steps, keys, torch.cuda.graph_pool_handle(), False)
+    prepared.reset()
     return graphs
 
 
@@ -421,10 +441,11 @@ def capture(prepared: PreparedModel, options: PrepareOptions, placement: Placeme
     if device.type == "cuda":
         torch.cuda.synchronize()
         reserved_before = torch.cuda.memory_reserved(device)
-        if options.capture:
-            prepared.graphs = _capture(steps, keys, placement.graph_pool(), options.keep_graphs)
-        else:
-            _warm_up(steps, keys)
+        with programmatic_launch(options.programmatic_launch):
+            if options.capture:
+                prepared.graphs = _capture(steps, keys, placement.graph_pool(), options.keep_graphs)
+            else:
+                _warm_up(steps, keys)
         torch.cuda.synchronize()
         memory.operator_scratch_and_graph_pool = (
             torch.cuda.memory_reserved(device) - reserved_before

@@ -1,0 +1,144 @@
+"""Programmatic dependent launch of the weight-streaming decode kernels: when it is on,
+how much each kernel prefetches, and on the GPU the same bits as a plain launch with
+programmatic edges in the captured graph (the kernels' PTX order is checked without a
+GPU in tests/test_kernel_compile.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ignition.components import linear, programmatic_launch
+from ignition.components.programmatic_launch import (
+    BULK_UNIT,
+    PREFETCH_BYTES,
+    launch_kwargs,
+    launches_programmatically,
+    prefetch_bytes,
+)
+
+CUDA = torch.device("cuda")
+
+
+def _capability(monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int]) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+
+
+def test_it_is_off_unless_preparation_turns_it_on_for_a_device_that_can(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _capability(monkeypatch, (9, 0))
+    assert launch_kwargs(CUDA) == {}
+    with programmatic_launch.programmatic_launch():
+        assert launch_kwargs(CUDA) == {"launch_pdl": True}
+        # The CPU (Triton's interpreter there) never launches programmatically.
+        assert launch_kwargs(torch.device("cpu")) == {}
+        with programmatic_launch.programmatic_launch(False):
+            assert not launches_programmatically(CUDA)
+        assert launches_programmatically(CUDA)
+    assert launch_kwargs(CUDA) == {}
+    _capability(monkeypatch, (8, 9))  # before grid dependency control
+    with programmatic_launch.programmatic_launch():
+        assert launch_kwargs(CUDA) == {}
+
+
+def test_the_setting_is_restored_when_the_block_raises() -> None:
+    with pytest.raises(RuntimeError), programmatic_launch.programmatic_launch():
+        raise RuntimeError("capture failed")
+    assert not programmatic_launch._enabled
+
+
+def test_a_kernel_prefetches_its_share_of_the_budget_in_whole_units_within_each_row() -> None:
+    w = torch.empty(6144, 4096, dtype=torch.bfloat16)  # the 8B's qkv: 8 MiB over 6,144 rows
+    share = prefetch_bytes(w, 6144, 4096 * 2)
+    assert share == PREFETCH_BYTES // 6144 // BULK_UNIT * BULK_UNIT == 1360
+    assert share * 6144 <= PREFETCH_BYTES
+    # A small weight is prefetched whole: SmolLM2's 576 x 576 rows.
+    small = torch.empty(576, 576, dtype=torch.bfloat16)
+    assert prefetch_bytes(small, 576, 576 * 2) == 576 * 2
+    # Row ranges of the K split: at most one range.
+    assert prefetch_bytes(small, 2 * 576, 256 * 2) == 256 * 2
+    # So many rows that the share is under one unit: one unit each.
+    assert prefetch_bytes(torch.empty(4, 64), 10**7, 256) == BULK_UNIT
+
+
+def test_rows_that_do_not_start_and_end_on_whole_units_are_not_prefetched() -> None:
+    w = torch.empty(64, 520, dtype=torch.bfloat16)
+    assert prefetch_bytes(w, 64, 1024) > 0
+    # One element in: every row starts 2 bytes past a unit.
+    assert prefetch_bytes(w[:, 1:513], 64, 1024) == 0
+    # Rows of 1,030 bytes: row 1 starts 6 bytes past a unit.
+    assert prefetch_bytes(torch.empty(64, 515, dtype=torch.bfloat16), 64, 1030) == 0
+    # Strided columns.
+    assert prefetch_bytes(w.t(), 520, 128) == 0
+
+
+def test_the_kernels_options_follow_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = torch.empty(6144, 4096, dtype=torch.bfloat16)
+    assert linear._programmatic(w, 6144, 8192) == {}
+    monkeypatch.setattr(linear, "launch_kwargs", lambda device: {"launch_pdl": True})
+    # Triton's interpreter (these tests) runs no PTX: a plain launch whatever the setting.
+    monkeypatch.setattr(linear, "_interpreted", lambda: True)
+    assert linear._programmatic(w, 6144, 8192) == {}
+    monkeypatch.setattr(linear, "_interpreted", lambda: False)
+    assert linear._programmatic(w, 6144, 8192) == {
+        "launch_pdl": True,
+        "PDL": True,
+        "ROW_PREFETCH": 1360,
+    }
+
+
+# ----------------------------------------------------------------------------- GPU
+
+
+def _programmatic_edges(graph: torch.cuda.CUDAGraph) -> tuple[int, int]:
+    """(programmatic edges, all edges) of a graph captured with ``keep_graph``."""
+    from ignition.export.graph_walk import _driver, _graph_edges, _graph_nodes
+
+    cu = _driver("test")
+    raw = cu.CUgraph(int(graph.raw_cuda_graph()))
+    nodes = _graph_nodes(cu, raw, "test")
+    edges = _graph_edges(cu, raw, {int(node): i for i, node in enumerate(nodes)}, "test")
+    return sum(1 for edge in edges if edge.type != 0), len(edges)
+
+
+@pytest.mark.gpu
+def test_programmatic_launch_computes_the_same_bits_and_captures_programmatic_edges_on_gpu() -> (
+    None
+):
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to("cuda", torch.bfloat16)
+
+    x, w, b = rand(20, 4096), rand(6144, 4096) / 64, rand(6144)
+    gate_up, narrow = rand(2 * 4096, 4096) / 64, rand(128, 4096) / 64
+    norm = linear.RmsNorm(rand(4096).abs() + 0.5, 1e-6)
+    residual = rand(20, 6144)
+
+    def step() -> list[torch.Tensor]:
+        h = linear.triton_rows_linear(x, w, b, norm=norm, residual=residual)
+        g = linear.triton_rows_gated(h[:, :4096].contiguous(), gate_up, norm)
+        return [h, g, linear.triton_rows_split_linear(g, narrow, None)]
+
+    plain = step()
+    with programmatic_launch.programmatic_launch():
+        eager = step()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            step()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph(keep_graph=True)
+        with torch.cuda.graph(graph):
+            captured = step()
+    torch.cuda.synchronize()
+    programmatic, edges = _programmatic_edges(graph)
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, e, c in zip(plain, eager, captured, strict=True):
+        assert torch.equal(a, e)
+        assert torch.equal(a, c)
+    # Three kernels after a kernel each (gated after linear, split after gated, the
+    # split's sum after the split: that one launches plainly).
+    assert programmatic >= 2, (programmatic, edges)
