@@ -39,13 +39,8 @@ case $part in
     flare=${1:?$usage}
     core=${2:?$usage}
     model=$(basename "$core")
-    "$flare" replay "$core" --check --json "$out/replay-check.json" > "$out/replay-check.log" 2>&1 \
-      || status=1
-    tail -3 "$out/replay-check.log"
-    for capacity in 1 4; do
-      "$flare" replay "$core" --bench-decode $capacity --json "$out/bench-decode-c$capacity.json" \
-        > "$out/bench-decode-c$capacity.log" 2>&1 || status=1
-    done
+    . bench/replay_check.sh
+    replay_check "$flare" "$core" "$out" || status=1
     . bench/flare_run.sh
     flare_run "$flare" "$core" "$out/flare.log" || exit 1
     python3 bench/constrained_session.py --url "$url" --model "$model" \

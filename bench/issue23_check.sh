@@ -88,14 +88,8 @@ edges = [sum(1 for e in g.edges if e.type) for g in core.graphs]; \
 print('programmatic edges per graph:', edges); sys.exit(0 if sum(edges) else 1)" \
       "$core" | tee "$out/edges.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || { status=1; echo "pdl-core: no programmatic edge in the core"; }
-    "$flare" replay "$core" --check --json "$out/replay-check.json" > "$out/replay-check.log" 2>&1 \
-      || status=1
-    tail -3 "$out/replay-check.log"
-    for capacity in 1 4; do
-      "$flare" replay "$core" --bench-decode $capacity --json "$out/bench-decode-c$capacity.json" \
-        > "$out/bench-decode-c$capacity.log" 2>&1 || status=1
-      grep -A3 "decode bench" "$out/bench-decode-c$capacity.log"
-    done
+    . bench/replay_check.sh
+    replay_check "$flare" "$core" "$out" || status=1
     ;;
   *)
     echo "$usage" >&2
