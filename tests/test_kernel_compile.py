@@ -93,6 +93,16 @@ k = compile(_rows_linear_kernel, ["*bf16"] * 6 + ["i32"] * 7 + ["fp32"],
                  BLOCK_K=256), num_warps=4, num_stages=4)
 print("pdl linear off", *programmatic_order(k.asm["ptx"]), k.metadata.launch_pdl, 0)
 
+# The decode attention's merge lets the o projection launch at its start when kernels
+# launch programmatically, and has no grid dependency control otherwise.
+from ignition.components.triton_attention import _decode_combine_kernel
+for trigger in (True, False):
+    k = compile(_decode_combine_kernel, ["*fp32", "*fp32", "*fp32", "*bf16"] + ["i32"] * 10,
+                dict(HEAD_DIM=128, NUM_SPLITS=8, BLOCK_S=8, LAUNCH_DEPENDENTS=trigger),
+                num_warps=4)
+    print("combine", trigger, len(re.findall(r"griddepcontrol\\.launch_dependents", k.asm["ptx"])),
+          len(re.findall(r"griddepcontrol\\.wait", k.asm["ptx"])))
+
 # The prefill attention kernel at its default tilings for Qwen3-8B's shape, compiled as
 # a launch specializes it (16-byte aligned pointers, strides of one folded in): the
 # shared memory each needs, against the SM's 227 KiB (a tiling past it compiles but
@@ -158,6 +168,10 @@ def test_the_new_kernels_compile_for_sm90() -> None:
     for dtype in ("fp32", "bf16"):
         cubin, atomics = found[("row_sum", dtype)]
         assert int(cubin) > 0 and int(atomics) == 0, done.stdout
+    # The merge's trigger, and no wait: it reads what the kernel before it wrote, and
+    # launches plainly (a stream-ordered launch needs none).
+    assert found[("combine", "True")] == ["1", "0"], done.stdout
+    assert found[("combine", "False")] == ["0", "0"], done.stdout
     pdl = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("pdl ")]
     assert len(pdl) == 7, done.stdout
     for kernel, *fields, launch_pdl, _ in pdl:

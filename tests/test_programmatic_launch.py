@@ -16,6 +16,7 @@ from ignition.components.programmatic_launch import (
     launches_programmatically,
     prefetch_bytes,
 )
+from ignition.components.triton_attention import triton_paged_decode_attention
 
 CUDA = torch.device("cuda")
 
@@ -115,11 +116,21 @@ def test_programmatic_launch_computes_the_same_bits_and_captures_programmatic_ed
     gate_up, narrow = rand(2 * 4096, 4096) / 64, rand(128, 4096) / 64
     norm = linear.RmsNorm(rand(4096).abs() + 0.5, 1e-6)
     residual = rand(20, 6144)
+    # Decode attention over 20 rows of 300 cached tokens in 64-token pages, then the
+    # o projection: the attention's merge lets the projection launch at its start.
+    kv = rand(2, 20 * 5, 64, 8, 128)
+    table = torch.arange(20 * 5, dtype=torch.int32, device="cuda").view(20, 5)
+    lengths = torch.full((20,), 300, dtype=torch.int32, device="cuda")
+    o = rand(4096, 4096) / 64
 
     def step() -> list[torch.Tensor]:
         h = linear.triton_rows_linear(x, w, b, norm=norm, residual=residual)
         g = linear.triton_rows_gated(h[:, :4096].contiguous(), gate_up, norm)
-        return [h, g, linear.triton_rows_split_linear(g, narrow, None)]
+        a = triton_paged_decode_attention(
+            h[:, :4096].reshape(20, 32, 128).contiguous(), kv, table, lengths, 128**-0.5
+        )
+        y = linear.triton_rows_linear(a.reshape(20, 4096), o, None, residual=x)
+        return [h, g, linear.triton_rows_split_linear(g, narrow, None), a, y]
 
     plain = step()
     with programmatic_launch.programmatic_launch():
@@ -139,6 +150,7 @@ def test_programmatic_launch_computes_the_same_bits_and_captures_programmatic_ed
     for a, e, c in zip(plain, eager, captured, strict=True):
         assert torch.equal(a, e)
         assert torch.equal(a, c)
-    # Three kernels after a kernel each (gated after linear, split after gated, the
-    # split's sum after the split: that one launches plainly).
-    assert programmatic >= 2, (programmatic, edges)
+    # Programmatic: the gated kernel after the copy of h, the split after the gated,
+    # the o projection after the attention's merge (the split's sum, the attention's
+    # kernels and the copies launch plainly).
+    assert programmatic >= 3, (programmatic, edges)

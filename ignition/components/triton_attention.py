@@ -30,8 +30,10 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 from triton.runtime.interpreter import InterpretedFunction
 
+from ignition.components.programmatic_launch import launches_programmatically
 from ignition.components.triton_support import fix_interpreter_loop_bounds
 
 LOG2E = 1.4426950408889634
@@ -191,8 +193,14 @@ def _decode_combine_kernel(
     HEAD_DIM: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    LAUNCH_DEPENDENTS: tl.constexpr = False,
 ):
-    """One (row, query head): merge the NUM_SPLITS partial softmaxes."""
+    """One (row, query head): merge the NUM_SPLITS partial softmaxes. With
+    ``LAUNCH_DEPENDENTS``, first let a programmatically launched kernel after it (the
+    o projection, ``programmatic_launch``) launch, so that it prefetches its weight
+    while this merge runs; it still waits for the merge before reading."""
+    if LAUNCH_DEPENDENTS:
+        gdc_launch_dependents()
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -528,6 +536,14 @@ def _prefill_combine_kernel(
 
 # triton.jit decides at decoration time whether kernels run compiled or interpreted.
 _INTERPRETED = isinstance(_decode_split_kernel, InterpretedFunction)
+
+
+def combine_launches_dependents(device: torch.device) -> bool:
+    """Whether ``_decode_combine_kernel`` lets the kernel after it launch at its start
+    (``LAUNCH_DEPENDENTS``): where kernels launch programmatically, on the GPU."""
+    return not _INTERPRETED and launches_programmatically(device)
+
+
 if _INTERPRETED:
     fix_interpreter_loop_bounds()
 
@@ -646,6 +662,7 @@ def triton_paged_decode_attention(
         HEAD_DIM=head_dim,
         NUM_SPLITS=num_splits,
         BLOCK_S=triton.next_power_of_2(num_splits),
+        LAUNCH_DEPENDENTS=combine_launches_dependents(q.device),
         num_warps=4,
     )
     return out
