@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
 
 from ignition.components import linear, programmatic_launch
 from ignition.components.programmatic_launch import (
@@ -22,7 +23,10 @@ CUDA = torch.device("cuda")
 
 
 def _capability(monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int]) -> None:
+    """A GPU of ``capability`` running compiled kernels (these tests run Triton's
+    interpreter)."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(triton.knobs.runtime, "interpret", False)
 
 
 def test_it_is_off_unless_preparation_turns_it_on_for_a_device_that_can(
@@ -39,6 +43,11 @@ def test_it_is_off_unless_preparation_turns_it_on_for_a_device_that_can(
         assert launches_programmatically(CUDA)
     assert launch_kwargs(CUDA) == {}
     _capability(monkeypatch, (8, 9))  # before grid dependency control
+    with programmatic_launch.programmatic_launch():
+        assert launch_kwargs(CUDA) == {}
+    # Triton's interpreter runs no PTX: a plain launch whatever the setting.
+    _capability(monkeypatch, (9, 0))
+    monkeypatch.setattr(triton.knobs.runtime, "interpret", True)
     with programmatic_launch.programmatic_launch():
         assert launch_kwargs(CUDA) == {}
 
@@ -77,11 +86,10 @@ def test_rows_that_do_not_start_and_end_on_whole_units_are_not_prefetched() -> N
 def test_the_kernels_options_follow_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     w = torch.empty(6144, 4096, dtype=torch.bfloat16)
     assert linear._programmatic(w, 6144, 8192) == {}
+    # On the CPU (the interpreter) too when on: a plain launch.
+    with programmatic_launch.programmatic_launch():
+        assert linear._programmatic(w, 6144, 8192) == {}
     monkeypatch.setattr(linear, "launch_kwargs", lambda device: {"launch_pdl": True})
-    # Triton's interpreter (these tests) runs no PTX: a plain launch whatever the setting.
-    monkeypatch.setattr(linear, "_interpreted", lambda: True)
-    assert linear._programmatic(w, 6144, 8192) == {}
-    monkeypatch.setattr(linear, "_interpreted", lambda: False)
     assert linear._programmatic(w, 6144, 8192) == {
         "launch_pdl": True,
         "PDL": True,

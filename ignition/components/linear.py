@@ -619,23 +619,16 @@ def _check_rows(x: torch.Tensor, k: int, norm: RmsNorm | None) -> None:
         )
 
 
-def _interpreted() -> bool:
-    """Whether the rows kernels run under Triton's interpreter (the CPU tests)."""
-    return isinstance(_rows_linear_kernel, InterpretedFunction)
-
-
 def _step_fixes_bits(norm: RmsNorm | None) -> bool:
     """Whether a rows kernel's K step fixes its bits (``tile_shape``): with the norm,
     or in Triton's interpreter (the only way the kernels run on the CPU)."""
-    return norm is not None or _interpreted()
+    return norm is not None or isinstance(_rows_linear_kernel, InterpretedFunction)
 
 
 def _programmatic(w: torch.Tensor, rows: int, row_bytes: int) -> dict[str, object]:
     """A weight-streaming kernel's launch options and ``PDL``/``ROW_PREFETCH``: a plain
     launch, or a programmatic one prefetching ``prefetch_bytes`` of each of ``rows``
     weight rows (or row ranges) of ``row_bytes`` (``programmatic_launch``)."""
-    if _interpreted():
-        return {}  # the interpreter runs no PTX
     options: dict[str, object] = dict(launch_kwargs(w.device))
     if options:
         options.update(PDL=True, ROW_PREFETCH=prefetch_bytes(w, rows, row_bytes))

@@ -19,7 +19,7 @@ predecessor before it could end.
 Preparation turns it on (``PrepareOptions.programmatic_launch``) for the warm-up and
 capture; the kernels then take it from ``launch_kwargs`` and ``prefetch_bytes``. Off,
 or off the GPU, or before SM90, they launch as before; so they do under Triton's
-interpreter, which runs no PTX (``linear._programmatic``). The kernels are the
+interpreter, which runs no PTX (``launches_programmatically``). The kernels are the
 batch-invariant row projections (at most ``INVARIANT_ROWS`` rows: every decode
 projection, and a prefill or admit graph's logits projection of its last rows).
 """
@@ -59,9 +59,11 @@ def programmatic_launch(enabled: bool = True) -> Iterator[None]:
 
 
 def launches_programmatically(device: torch.device) -> bool:
-    """Whether a kernel launched now on ``device`` launches programmatically."""
+    """Whether a kernel launched now on ``device`` launches programmatically: never
+    under Triton's interpreter, which runs no PTX."""
     return (
         _enabled
+        and not triton.knobs.runtime.interpret
         and device.type == "cuda"
         and torch.cuda.get_device_capability(device) >= MIN_CAPABILITY
     )

@@ -538,12 +538,6 @@ def _prefill_combine_kernel(
 _INTERPRETED = isinstance(_decode_split_kernel, InterpretedFunction)
 
 
-def combine_launches_dependents(device: torch.device) -> bool:
-    """Whether ``_decode_combine_kernel`` lets the kernel after it launch at its start
-    (``LAUNCH_DEPENDENTS``): where kernels launch programmatically, on the GPU."""
-    return not _INTERPRETED and launches_programmatically(device)
-
-
 if _INTERPRETED:
     fix_interpreter_loop_bounds()
 
@@ -662,7 +656,7 @@ def triton_paged_decode_attention(
         HEAD_DIM=head_dim,
         NUM_SPLITS=num_splits,
         BLOCK_S=triton.next_power_of_2(num_splits),
-        LAUNCH_DEPENDENTS=combine_launches_dependents(q.device),
+        LAUNCH_DEPENDENTS=launches_programmatically(q.device),
         num_warps=4,
     )
     return out

@@ -29,13 +29,13 @@ import torch
 import triton
 import triton.language as tl
 
+from ignition.components.programmatic_launch import launches_programmatically
 from ignition.components.triton_attention import (
     _INTERPRETED,
     _MIN_DOT,
     LOG2E,
     _decode_combine_kernel,
     _split_partials,
-    combine_launches_dependents,
 )
 
 # Blocks per step of the attention loop: 16 blocks of 4 tokens make a 64-key tile.
@@ -384,7 +384,7 @@ def triton_selected_attention(
         HEAD_DIM=head_dim,
         NUM_SPLITS=splits,
         BLOCK_S=triton.next_power_of_2(splits),
-        LAUNCH_DEPENDENTS=combine_launches_dependents(q.device),
+        LAUNCH_DEPENDENTS=launches_programmatically(q.device),
         num_warps=4,
     )
     return out

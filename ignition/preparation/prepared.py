@@ -77,9 +77,9 @@ class PrepareOptions:
     # the residual additions by default, the fastest measured.
     decode_fusion: DecodeFusion = DEFAULT_DECODE_FUSION
     # The batch-invariant row projections (every decode projection) launch
-    # programmatically in the warm-up and
-    # capture (``ignition.components.programmatic_launch``): programmatic edges in
-    # the graphs, the same bits.
+    # programmatically in the warm-up and capture
+    # (``ignition.components.programmatic_launch``): programmatic edges in the graphs,
+    # the same bits.
     programmatic_launch: bool = False
     # Sampling graphs take a token mask per row (constrained decoding); False
     # exports graphs as before masks existed, to measure what the input costs.
