@@ -18,12 +18,15 @@ graph launch runs, with the launch's correlation id). Per capacity it reports:
         [--trace-dir DIR] [--context-limit N] [--prefill-chunk-size N] \\
         [--geometry NAME|config.json] [--no-compile] \\
         [--compile-scope S] [--[no-]compile-sampling] [--decode-fusion F] \\
-        [--[no-]programmatic-launch] [--compare-programmatic-launch]
+        [--[no-]programmatic-launch] [--compare-programmatic-launch] \\
+        [--compare-prefetch-bytes N [N ...]]
 
 With ``--compare-programmatic-launch`` the decode graphs are captured a second time
 with the other launch (``ignition.components.programmatic_launch``) over the same
-storage, and both are profiled and timed in this run, their unprofiled steps in
-alternating blocks (``compared`` in the results).
+storage; with ``--compare-prefetch-bytes N...`` once more for each ``N``, launched
+programmatically with ``N`` bytes of weight prefetch per kernel (0: none). Every
+variant is profiled and timed in this run, their unprofiled steps in alternating
+blocks (``compared`` in the results, by variant).
 
 ``summarize`` (the aggregation) is pure and tested on the CPU; the measurement needs
 a GPU.
@@ -172,15 +175,16 @@ def markdown(results: dict[str, Any]) -> str:
             f"{fmt(row.get('step_us'))} | {fmt(row.get('step_p99_us'))} | "
             f"{fmt(row.get('roofline_us'))} | {fmt(row.get('step_over_roofline'), 3)} |"
         )
-    compared = results.get("compared")
-    if compared:
-        on = compared["programmatic_launch"]
+    for variant in results.get("compared", {}).values():
+        launch = "on" if variant["programmatic_launch"] else "off"
+        if variant["programmatic_launch"]:
+            launch += f", {variant['prefetch_bytes']} bytes of weight prefetch per kernel"
         lines += [
             "",
-            f"## The same decode graphs captured with programmatic launch {'on' if on else 'off'}",
+            f"## The same decode graphs captured with programmatic launch {launch}",
             "",
-            "Both sets of graphs over the same storage, their unprofiled steps in alternating "
-            "blocks.",
+            "Every set of graphs over the same storage, their unprofiled steps in "
+            "alternating blocks.",
             "",
             "Busy time is the time some kernel of the step ran (overlapping kernels counted "
             "once): under programmatic launch a kernel's duration includes its wait for the "
@@ -191,7 +195,7 @@ def markdown(results: dict[str, Any]) -> str:
             "| GPU span, as prepared (us) | GPU span, compared (us) |",
             "|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for capacity, other in compared["capacities"].items():
+        for capacity, other in variant["capacities"].items():
             row = results["capacities"][capacity]
             ratio = other["step_us"] / row["step_us"] if row.get("step_us") else None
             lines.append(
@@ -217,6 +221,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
     from ignition.components.programmatic_launch import (
+        PREFETCH_BYTES,
         launches_programmatically,
         programmatic_launch,
     )
@@ -240,25 +245,36 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     catalog = prepared.catalog
     state, staging = prepared.storage.state, prepared.storage.staging
     page = catalog.page_size
-    # The decode graphs as prepared, and with --compare-programmatic-launch the same
-    # graphs captured again with the other launch (None: as prepared).
+    # The decode graphs as prepared (None), and the same graphs captured again per
+    # compared launch: the other one (--compare-programmatic-launch), and programmatic
+    # with each --compare-prefetch-bytes budget.
+    launches = compared_launches(
+        options["programmatic_launch"],
+        args.compare_programmatic_launch,
+        args.compare_prefetch_bytes,
+        PREFETCH_BYTES,
+    )
     variants: dict[str, dict[GraphKey, Any] | None] = {"prepared": None}
-    if args.compare_programmatic_launch:
+    if launches:
         with programmatic_launch(True):
             able = launches_programmatically(torch.device("cuda"))
         if not able:
             raise SystemExit(
-                "--compare-programmatic-launch needs a GPU of compute capability 9.0 or "
-                "later (Hopper): this one launches every kernel plainly"
+                "comparing launches needs a GPU of compute capability 9.0 or later "
+                "(Hopper): this one launches every kernel plainly"
             )
         decode = (GraphKey(GraphKind.DECODE, catalog.decode_capacity(c)) for c in capacities)
         keys = list(dict.fromkeys(decode))
-        variants["compared"] = recapture(
-            prepared, keys, programmatic=not options["programmatic_launch"]
-        )
+        for name, launch in launches.items():
+            variants[name] = recapture(
+                prepared,
+                keys,
+                programmatic=launch["programmatic_launch"],
+                prefetch=launch["prefetch_bytes"],
+            )
     # Unprofiled steps come in alternating blocks of --steps, the order reversed in the
-    # second round (as prepared, compared, compared, as prepared), so that a slow phase
-    # of the machine and the growing context fall on both variants alike.
+    # second round (as prepared, compared..., ...compared, as prepared), so that a slow
+    # phase of the machine and the growing context fall on every variant alike.
     rounds = 2 if len(variants) > 1 else 1
     # Each request decodes, per variant, the warm-up, the profiled steps and the
     # unprofiled ones.
@@ -279,10 +295,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         },
         "capacities": {},
     }
-    if len(variants) > 1:
+    if launches:
         results["compared"] = {
-            "programmatic_launch": not options["programmatic_launch"],
-            "capacities": {},
+            name: {**launch, "capacities": {}} for name, launch in launches.items()
         }
     for capacity in capacities:
         prepared.reset()
@@ -351,8 +366,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 summary["roofline_us"] = roofline
                 summary["step_over_roofline"] = summary["step_us"] / roofline
         results["capacities"][str(capacity)] = summaries["prepared"]
-        if "compared" in summaries:
-            results["compared"]["capacities"][str(capacity)] = summaries["compared"]
+        for name in launches:
+            results["compared"][name]["capacities"][str(capacity)] = summaries[name]
         for name, summary in summaries.items():
             print(
                 f"c={capacity}{'' if name == 'prepared' else ' (' + name + ')'}: "
@@ -371,6 +386,27 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         results["geometry"] = args.geometry
         results["bandwidth_bytes_per_s"] = bandwidth()
     return results
+
+
+def compared_launches(
+    programmatic: bool, flip: bool, prefetch_budgets: Sequence[int], default_prefetch: int
+) -> dict[str, dict[str, Any]]:
+    """The launches to capture the decode graphs with beside the prepared one
+    (``programmatic``, prefetching ``default_prefetch``), by variant name: the other
+    launch when ``flip``, and a programmatic one per prefetch budget (bytes per
+    kernel). One the same as the prepared launch or as another is left out."""
+    prepared = (programmatic, default_prefetch if programmatic else 0)
+    wanted = [(not programmatic, default_prefetch)] if flip else []
+    wanted += [(True, budget) for budget in prefetch_budgets]
+    launches: dict[str, dict[str, Any]] = {}
+    seen = {prepared}
+    for on, budget in wanted:
+        if (on, budget if on else 0) in seen:
+            continue
+        seen.add((on, budget if on else 0))
+        name = f"programmatic-prefetch-{budget}" if on else "plain"
+        launches[name] = {"programmatic_launch": on, "prefetch_bytes": budget if on else 0}
+    return launches
 
 
 @contextlib.contextmanager
@@ -435,6 +471,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="also capture the decode graphs with the other launch (--programmatic-launch "
         "or not) over the same storage and time both, alternating, in this run",
+    )
+    parser.add_argument(
+        "--compare-prefetch-bytes",
+        type=int,
+        nargs="+",
+        default=[],
+        metavar="N",
+        help="also capture the decode graphs launched programmatically with N bytes of "
+        "weight prefetch per kernel (0: none), one variant per N, timed alike",
     )
     parser.add_argument("--trace-dir", type=Path, help="keep the Chrome traces here")
     parser.add_argument("--out", type=Path, required=True, help="results JSON (and .md)")

@@ -72,6 +72,16 @@ def test_a_kernel_prefetches_its_share_of_the_budget_in_whole_units_within_each_
     assert prefetch_bytes(torch.empty(4, 64), 10**7, 256) == BULK_UNIT
 
 
+def test_the_block_sets_the_prefetch_budget_and_zero_prefetches_nothing() -> None:
+    w = torch.empty(6144, 4096, dtype=torch.bfloat16)
+    with programmatic_launch.programmatic_launch(prefetch=1 << 20):
+        assert prefetch_bytes(w, 6144, 4096 * 2) == (1 << 20) // 6144 // BULK_UNIT * BULK_UNIT
+        with programmatic_launch.programmatic_launch(prefetch=0):
+            assert prefetch_bytes(w, 6144, 4096 * 2) == 0
+        assert prefetch_bytes(w, 6144, 4096 * 2) == 160
+    assert prefetch_bytes(w, 6144, 4096 * 2) == 1360
+
+
 def test_rows_that_do_not_start_and_end_on_whole_units_are_not_prefetched() -> None:
     w = torch.empty(64, 520, dtype=torch.bfloat16)
     assert prefetch_bytes(w, 64, 1024) > 0
@@ -94,7 +104,15 @@ def test_the_kernels_options_follow_the_setting(monkeypatch: pytest.MonkeyPatch)
         "launch_pdl": True,
         "PDL": True,
         "ROW_PREFETCH": 1360,
+        "WEIGHT_EVICT": "evict_first",
     }
+    # Without a prefetch the weights stream as a plain launch's.
+    with programmatic_launch.programmatic_launch(prefetch=0):
+        assert linear._programmatic(w, 6144, 8192) == {
+            "launch_pdl": True,
+            "PDL": True,
+            "ROW_PREFETCH": 0,
+        }
 
 
 # ----------------------------------------------------------------------------- GPU

@@ -164,6 +164,7 @@ def _rows_dot(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    WEIGHT_EVICT: tl.constexpr = "",
 ):
     """fp32 ``x[rm + t * BLOCK_M] @ w[rn].T`` for the program's ``ROW_TILES`` (1 to 4)
     row tiles ``t``, four accumulators (those past ``ROW_TILES`` stay zero): each
@@ -171,7 +172,7 @@ def _rows_dot(
     ``BLOCK_M``-row dot, so a row's arithmetic is that of one tile whatever the row
     count. With ``NORM``, ``rms_norm(x) @ w[rn].T`` as ``(x * g) @ w[rn].T`` scaled by
     each row's inverse RMS (gain ``g_ptr``, ``eps``), the statistic gathered in the
-    same K loop."""
+    same K loop. The weight loads take L2 eviction policy ``WEIGHT_EVICT``."""
     rk = tl.arange(0, BLOCK_K)
     acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -187,6 +188,7 @@ def _rows_dot(
             w_ptr + rn[:, None] * stride_wn + kk[None, :],
             mask=(rn[:, None] < N) & (kk[None, :] < K),
             other=0.0,
+            eviction_policy=WEIGHT_EVICT,
         )
         wt = tl.trans(w)
         x, sq0 = _x_tile(x_ptr, g_ptr, rm, kk, M, K, stride_xm, sq0, NORM)
@@ -272,12 +274,14 @@ def _rows_linear_kernel(
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr = False,
     ROW_PREFETCH: tl.constexpr = 0,
+    WEIGHT_EVICT: tl.constexpr = "",
 ):
     """``residual + linear(rms_norm(x))``, each part optional (``NORM``: gain
     ``g_ptr`` and ``eps``; ``RESIDUAL``: ``r_ptr``), of the ``ROW_TILES`` row tiles
     of ``program_id(0)`` and column tile ``program_id(1)``. With ``PDL``, launched
     programmatically: the weight rows' first ``ROW_PREFETCH`` bytes to L2, then the
-    wait (``programmatic_launch``)."""
+    wait (``programmatic_launch``). The weight loads take L2 eviction policy
+    ``WEIGHT_EVICT`` (``_programmatic``)."""
     rm = tl.program_id(0) * ROW_TILES * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     if PDL:
@@ -285,7 +289,7 @@ def _rows_linear_kernel(
         await_producer()
     acc0, acc1, acc2, acc3 = _rows_dot(
         x_ptr, w_ptr, g_ptr, M, N, K, stride_xm, stride_wn, eps, rm, rn, NORM, ROW_TILES,
-        BLOCK_M, BLOCK_N, BLOCK_K,
+        BLOCK_M, BLOCK_N, BLOCK_K, WEIGHT_EVICT,
     )  # fmt: skip
     _store_rows(acc0, b_ptr, r_ptr, y_ptr, M, N, stride_rm, stride_ym, rm, rn, HAS_BIAS, RESIDUAL)
     if ROW_TILES > 1:
@@ -344,13 +348,15 @@ def _rows_gated_kernel(
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr = False,
     ROW_PREFETCH: tl.constexpr = 0,
+    WEIGHT_EVICT: tl.constexpr = "",
 ):
     """``silu(gate) * up`` of columns ``rn`` for the packed weight ``w [2N, K]``
     (gate rows, then up rows): both tiles stream in one K loop and go into each of the
     program's ``ROW_TILES`` (1 to 4) row tiles by the same dots (as ``_rows_dot``).
     With ``NORM``, of x's rows normalized (gain ``g_ptr``, ``eps``; as ``_rows_dot``).
-    Row tiles of ``program_id(0)``, column tile ``program_id(1)``. ``PDL`` and
-    ``ROW_PREFETCH`` as ``_rows_linear_kernel``'s, for the gate and the up rows."""
+    Row tiles of ``program_id(0)``, column tile ``program_id(1)``. ``PDL``,
+    ``ROW_PREFETCH`` and ``WEIGHT_EVICT`` as ``_rows_linear_kernel``'s, for the gate and
+    the up rows."""
     rm = tl.program_id(0) * ROW_TILES * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     if PDL:
@@ -374,10 +380,20 @@ def _rows_gated_kernel(
         kk = k0 + rk
         w_mask = (rn[:, None] < N) & (kk[None, :] < K)
         w_gate = tl.trans(
-            tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=w_mask, other=0.0)
+            tl.load(
+                w_ptr + rn[:, None] * stride_wn + kk[None, :],
+                mask=w_mask,
+                other=0.0,
+                eviction_policy=WEIGHT_EVICT,
+            )
         )
         w_up = tl.trans(
-            tl.load(w_ptr + (N + rn[:, None]) * stride_wn + kk[None, :], mask=w_mask, other=0.0)
+            tl.load(
+                w_ptr + (N + rn[:, None]) * stride_wn + kk[None, :],
+                mask=w_mask,
+                other=0.0,
+                eviction_policy=WEIGHT_EVICT,
+            )
         )
         x, sq0 = _x_tile(x_ptr, g_ptr, rm, kk, M, K, stride_xm, sq0, NORM)
         gate0 = tl.dot(x, w_gate, gate0)
@@ -419,13 +435,15 @@ def _rows_split_kernel(
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr = False,
     ROW_PREFETCH: tl.constexpr = 0,
+    WEIGHT_EVICT: tl.constexpr = "",
 ):
     """fp32 ``x[rm] @ w[rn].T`` over K range ``program_id(2)`` (``K_SPLIT`` columns,
     the K loop of ``_rows_dot`` over that range) of row tile ``program_id(0)`` and
     column tile ``program_id(1)``, stored to the partials ``p [splits, M, N]``. With
     ``PDL``, launched programmatically: the range's first ``ROW_PREFETCH`` bytes of
     each weight row (at most what is left of the row) to L2, by the first row tile's
-    programs, then the wait."""
+    programs, then the wait. The weight loads take L2 eviction policy
+    ``WEIGHT_EVICT``."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(2)
@@ -453,6 +471,7 @@ def _rows_split_kernel(
             w_ptr + rn[:, None] * stride_wn + kk[None, :],
             mask=(rn[:, None] < N) & (kk[None, :] < K),
             other=0.0,
+            eviction_policy=WEIGHT_EVICT,
         )
         acc = tl.dot(x, tl.trans(w), acc)
     tl.store(
@@ -626,12 +645,18 @@ def _step_fixes_bits(norm: RmsNorm | None) -> bool:
 
 
 def _programmatic(w: torch.Tensor, rows: int, row_bytes: int) -> dict[str, object]:
-    """A weight-streaming kernel's launch options and ``PDL``/``ROW_PREFETCH``: a plain
-    launch, or a programmatic one prefetching ``prefetch_bytes`` of each of ``rows``
-    weight rows (or row ranges) of ``row_bytes`` (``programmatic_launch``)."""
+    """A weight-streaming kernel's launch options and ``PDL``/``ROW_PREFETCH``/
+    ``WEIGHT_EVICT``: a plain launch, or a programmatic one prefetching
+    ``prefetch_bytes`` of each of ``rows`` weight rows (or row ranges) of ``row_bytes``
+    (``programmatic_launch``). A kernel that prefetches streams its weights
+    ``evict_first``: the next kernel's prefetch, issued while this one runs, must
+    outlast this kernel's stream through L2."""
     options: dict[str, object] = dict(launch_kwargs(w.device))
     if options:
-        options.update(PDL=True, ROW_PREFETCH=prefetch_bytes(w, rows, row_bytes))
+        prefetch = prefetch_bytes(w, rows, row_bytes)
+        options.update(PDL=True, ROW_PREFETCH=prefetch)
+        if prefetch:
+            options.update(WEIGHT_EVICT="evict_first")
     return options
 
 

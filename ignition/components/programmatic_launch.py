@@ -44,18 +44,21 @@ BULK_UNIT = 16
 MIN_CAPABILITY = (9, 0)
 
 _enabled = False
+_budget = PREFETCH_BYTES
 
 
 @contextmanager
-def programmatic_launch(enabled: bool = True) -> Iterator[None]:
+def programmatic_launch(enabled: bool = True, prefetch: int = PREFETCH_BYTES) -> Iterator[None]:
     """Within the block, the weight-streaming kernels launch programmatically on
-    devices that can (``launch_kwargs``)."""
-    global _enabled
-    before, _enabled = _enabled, enabled
+    devices that can (``launch_kwargs``), each prefetching ``prefetch`` bytes of its
+    weight rows in all (``prefetch_bytes``; 0: none, the launch alone)."""
+    global _enabled, _budget
+    before = _enabled, _budget
+    _enabled, _budget = enabled, prefetch
     try:
         yield
     finally:
-        _enabled = before
+        _enabled, _budget = before
 
 
 def launches_programmatically(device: torch.device) -> bool:
@@ -77,17 +80,18 @@ def launch_kwargs(device: torch.device) -> dict[str, bool]:
 
 def prefetch_bytes(w: torch.Tensor, rows: int, row_bytes: int) -> int:
     """The bytes to prefetch from the start of each of ``rows`` weight rows of
-    ``row_bytes`` (``w``'s rows, or ranges of them) so that together they come to
-    ``PREFETCH_BYTES``: whole bulk units, at most the row; 0 where the rows do not
-    start and end on units (nothing is prefetched then; the launch is still
+    ``row_bytes`` (``w``'s rows, or ranges of them) so that together they come to the
+    block's prefetch budget (``PREFETCH_BYTES`` unless ``programmatic_launch`` says
+    otherwise): whole bulk units, at most the row; 0 where the budget is 0 or the rows
+    do not start and end on units (nothing is prefetched then; the launch is still
     programmatic), so no prefetch reads past a row."""
     itemsize = w.element_size()
     whole_units = (w.stride(0) * itemsize) % BULK_UNIT == 0 and (
         w.shape[-1] * itemsize
     ) % BULK_UNIT == 0
-    if w.data_ptr() % BULK_UNIT or not whole_units or w.stride(-1) != 1:
+    if not _budget or w.data_ptr() % BULK_UNIT or not whole_units or w.stride(-1) != 1:
         return 0
-    share = min(row_bytes, max(BULK_UNIT, PREFETCH_BYTES // max(rows, 1)))
+    share = min(row_bytes, max(BULK_UNIT, _budget // max(rows, 1)))
     return share // BULK_UNIT * BULK_UNIT
 
 

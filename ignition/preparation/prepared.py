@@ -21,7 +21,7 @@ from transformers import AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBas
 
 from ignition.components.continuation import ContinuationRows
 from ignition.components.kv_cache import PagedKvCache
-from ignition.components.programmatic_launch import programmatic_launch
+from ignition.components.programmatic_launch import PREFETCH_BYTES, programmatic_launch
 from ignition.components.state_transfer import SnapshotRows
 from ignition.components.token_state import MAX_STOP_TOKENS, RequestState, StagingInputs
 from ignition.loading.mapping import load_weights
@@ -217,14 +217,19 @@ def _capture(
 
 
 def recapture(
-    prepared: PreparedModel, keys: list[GraphKey], *, programmatic: bool
+    prepared: PreparedModel,
+    keys: list[GraphKey],
+    *,
+    programmatic: bool,
+    prefetch: int = PREFETCH_BYTES,
 ) -> dict[GraphKey, torch.cuda.CUDAGraph]:
     """``keys`` captured again over the same storage into a pool of their own, the
     weight-streaming kernels launched programmatically or not
-    (``PrepareOptions.programmatic_launch``): the other side of an A/B measurement
-    (``bench/kernel_timeline.py --compare-programmatic-launch``). The storage is reset
-    after, as preparation leaves it."""
-    with programmatic_launch(programmatic):
+    (``PrepareOptions.programmatic_launch``), prefetching ``prefetch`` bytes each when
+    they are: the other side of an A/B measurement (``bench/kernel_timeline.py
+    --compare-programmatic-launch``). The storage is reset after, as preparation leaves
+    it."""
+    with programmatic_launch(programmatic, prefetch):
         graphs = _capture(prepared.steps, keys, torch.cuda.graph_pool_handle(), False)
     prepared.reset()
     return graphs
