@@ -21,14 +21,15 @@
 #       programmatic dependent launch of the decode projections: its GPU test (the
 #       same bits as a plain launch, eager and captured, and programmatic edges in the
 #       captured graph; tests/test_programmatic_launch.py), then MODEL's decode graphs
-#       timed as prepared and captured again with programmatic launch, over the same
-#       storage, their steps in alternating blocks (bench/kernel_timeline.py
-#       --compare-programmatic-launch; OUT/pdl.json and .md). Pass --geometry for the
-#       roofline.
+#       timed as prepared (programmatic, the default) and captured again with the other
+#       launch, over the same storage, their steps in alternating blocks
+#       (bench/kernel_timeline.py --compare-programmatic-launch; OUT/pdl.json and .md).
+#       Pass --geometry for the roofline.
 #   bench/issue23_check.sh pdl-core OUT CHECKPOINT FLARE [prepare options...]
-#       CHECKPOINT exported with --programmatic-launch (programmatic edges in the
-#       core's graphs), then `flare replay --check` (Helios's rebuilt graphs bitwise
-#       against the Python replay) and the native decode step at capacities 1 and 4.
+#       CHECKPOINT exported with the defaults, programmatic launch on (programmatic
+#       edges in the core's graphs), then `flare replay --check` (Helios's rebuilt
+#       graphs bitwise against the Python replay) and the native decode step at
+#       capacities 1 and 4.
 #
 # Needs the flare_heliopause wheel importable (WHEELS, as bench/suite_gpu.sh installs
 # them).
@@ -79,7 +80,7 @@ case $part in
     core=${WORK:-/tmp/flare-issue23}/pdl-core
     rm -rf "$core"
     mkdir -p "$(dirname "$core")"
-    python3 -m ignition.cli prepare "$checkpoint" --out "$core" --programmatic-launch "$@" \
+    python3 -m ignition.cli prepare "$checkpoint" --out "$core" "$@" \
       > "$out/prepare.log" 2>&1 || { tail -30 "$out/prepare.log"; exit 1; }
     python3 -c "import sys; from ignition.export import flare_core_pb2 as pb; \
 from ignition.export.core_dir import MANIFEST; from pathlib import Path; \

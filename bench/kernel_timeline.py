@@ -18,15 +18,13 @@ graph launch runs, with the launch's correlation id). Per capacity it reports:
         [--trace-dir DIR] [--context-limit N] [--prefill-chunk-size N] \\
         [--geometry NAME|config.json] [--no-compile] \\
         [--compile-scope S] [--[no-]compile-sampling] [--decode-fusion F] \\
-        [--[no-]programmatic-launch] [--compare-programmatic-launch] \\
-        [--compare-prefetch-bytes N [N ...]]
+        [--[no-]programmatic-launch] [--compare-programmatic-launch]
 
 With ``--compare-programmatic-launch`` the decode graphs are captured a second time
 with the other launch (``ignition.components.programmatic_launch``) over the same
-storage; with ``--compare-prefetch-bytes N...`` once more for each ``N``, launched
-programmatically with ``N`` bytes of weight prefetch per kernel (0: none). Every
-variant is profiled and timed in this run, their unprofiled steps in alternating
-blocks (``compared`` in the results, by variant).
+storage, and both are profiled and timed in this run, their unprofiled steps in
+alternating blocks (``compared`` in the results, by variant: ``programmatic`` or
+``plain``).
 
 ``summarize`` (the aggregation) is pure and tested on the CPU; the measurement needs
 a GPU.
@@ -61,7 +59,7 @@ def _median(values: Sequence[float]) -> float | None:
 def _busy_us(kernels: Sequence[dict[str, Any]]) -> float:
     """The time at least one of ``kernels`` (sorted by start) ran: their summed
     durations when none overlap. Programmatically launched kernels overlap (the next
-    one starts, prefetches and waits under the previous one's tail), and a duration
+    one starts and waits under the previous one's tail), and a duration
     then includes that wait, so only this time, not the sum, compares with a plain
     launch's."""
     busy, reach = 0.0, float("-inf")
@@ -177,13 +175,11 @@ def markdown(results: dict[str, Any]) -> str:
         )
     for variant in results.get("compared", {}).values():
         launch = "on" if variant["programmatic_launch"] else "off"
-        if variant["programmatic_launch"]:
-            launch += f", {variant['prefetch_bytes']} bytes of weight prefetch per kernel"
         lines += [
             "",
             f"## The same decode graphs captured with programmatic launch {launch}",
             "",
-            "Every set of graphs over the same storage, their unprofiled steps in "
+            "Both sets of graphs over the same storage, their unprofiled steps in "
             "alternating blocks.",
             "",
             "Busy time is the time some kernel of the step ran (overlapping kernels counted "
@@ -221,7 +217,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
     from ignition.components.programmatic_launch import (
-        PREFETCH_BYTES,
         launches_programmatically,
         programmatic_launch,
     )
@@ -245,14 +240,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     catalog = prepared.catalog
     state, staging = prepared.storage.state, prepared.storage.staging
     page = catalog.page_size
-    # The decode graphs as prepared (None), and the same graphs captured again per
-    # compared launch: the other one (--compare-programmatic-launch), and programmatic
-    # with each --compare-prefetch-bytes budget.
-    launches = compared_launches(
-        options["programmatic_launch"],
-        args.compare_programmatic_launch,
-        args.compare_prefetch_bytes,
-        PREFETCH_BYTES,
+    # The decode graphs as prepared (None), and with --compare-programmatic-launch the
+    # same graphs captured again with the other launch.
+    other = not options["programmatic_launch"]
+    launches = (
+        {"programmatic" if other else "plain": {"programmatic_launch": other}}
+        if args.compare_programmatic_launch
+        else {}
     )
     variants: dict[str, dict[GraphKey, Any] | None] = {"prepared": None}
     if launches:
@@ -266,15 +260,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         decode = (GraphKey(GraphKind.DECODE, catalog.decode_capacity(c)) for c in capacities)
         keys = list(dict.fromkeys(decode))
         for name, launch in launches.items():
-            variants[name] = recapture(
-                prepared,
-                keys,
-                programmatic=launch["programmatic_launch"],
-                prefetch=launch["prefetch_bytes"],
-            )
+            variants[name] = recapture(prepared, keys, programmatic=launch["programmatic_launch"])
     # Unprofiled steps come in alternating blocks of --steps, the order reversed in the
-    # second round (as prepared, compared..., ...compared, as prepared), so that a slow
-    # phase of the machine and the growing context fall on every variant alike.
+    # second round (as prepared, compared, compared, as prepared), so that a slow
+    # phase of the machine and the growing context fall on both variants alike.
     rounds = 2 if len(variants) > 1 else 1
     # Each request decodes, per variant, the warm-up, the profiled steps and the
     # unprofiled ones.
@@ -388,27 +377,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def compared_launches(
-    programmatic: bool, flip: bool, prefetch_budgets: Sequence[int], default_prefetch: int
-) -> dict[str, dict[str, Any]]:
-    """The launches to capture the decode graphs with beside the prepared one
-    (``programmatic``, prefetching ``default_prefetch``), by variant name: the other
-    launch when ``flip``, and a programmatic one per prefetch budget (bytes per
-    kernel). One the same as the prepared launch or as another is left out."""
-    prepared = (programmatic, default_prefetch if programmatic else 0)
-    wanted = [(not programmatic, default_prefetch)] if flip else []
-    wanted += [(True, budget) for budget in prefetch_budgets]
-    launches: dict[str, dict[str, Any]] = {}
-    seen = {prepared}
-    for on, budget in wanted:
-        if (on, budget if on else 0) in seen:
-            continue
-        seen.add((on, budget if on else 0))
-        name = f"programmatic-prefetch-{budget}" if on else "plain"
-        launches[name] = {"programmatic_launch": on, "prefetch_bytes": budget if on else 0}
-    return launches
-
-
 @contextlib.contextmanager
 def _graphs(prepared: Any, key: Any, graphs: dict[Any, Any] | None) -> Iterator[None]:
     """Within the block, ``prepared`` replays ``graphs[key]`` for ``key`` (None: its
@@ -471,15 +439,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="also capture the decode graphs with the other launch (--programmatic-launch "
         "or not) over the same storage and time both, alternating, in this run",
-    )
-    parser.add_argument(
-        "--compare-prefetch-bytes",
-        type=int,
-        nargs="+",
-        default=[],
-        metavar="N",
-        help="also capture the decode graphs launched programmatically with N bytes of "
-        "weight prefetch per kernel (0: none), one variant per N, timed alike",
     )
     parser.add_argument("--trace-dir", type=Path, help="keep the Chrome traces here")
     parser.add_argument("--out", type=Path, required=True, help="results JSON (and .md)")

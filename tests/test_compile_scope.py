@@ -86,21 +86,21 @@ def test_every_preparing_command_spells_the_compile_options_alike() -> None:
     add_compile_options(parser, "replay-")
     args = parser.parse_args(
         ["--no-compile", "--compile-sampling", "--replay-compile-scope", "layer",
-         "--replay-decode-fusion=norms", "--replay-programmatic-launch"]
+         "--replay-decode-fusion=norms", "--no-replay-programmatic-launch"]
     )  # fmt: skip
     assert compile_options(args) == {
         "compile": False,
         "compile_scope": "forward",
         "compile_sampling": True,
         "decode_fusion": "residuals",
-        "programmatic_launch": False,
+        "programmatic_launch": True,
     }
     assert compile_options(args, "replay-") == {
         "compile": True,
         "compile_scope": "layer",
         "compile_sampling": None,
         "decode_fusion": "norms",
-        "programmatic_launch": True,
+        "programmatic_launch": False,
     }
     with pytest.raises(SystemExit):  # a fusion that does not exist
         parser.parse_args(["--decode-fusion=all"])

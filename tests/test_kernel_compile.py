@@ -60,38 +60,32 @@ for fused in (True, False):
         print("gated", fused, tiles, mmas(ptx), len(k.asm["cubin"]),
               len(re.findall(r"fma\\.rn\\.bf16", ptx)))
 
-# Programmatic launch: the weight rows' L2 prefetch, then the wait for the kernel
-# before, then the signal to the kernel after, and only then any other global access
-# (loads, asynchronous copies, stores, atomics), by PTX line.
+# Programmatic launch: the wait for the kernel before, then the signal to the kernel
+# after, and only then any other global access (loads, asynchronous copies, stores,
+# atomics), by PTX line.
 from ignition.components.linear import _rows_split_kernel
 
 def programmatic_order(ptx):
     lines = ptx.splitlines()
     def first(pattern):
         return next((i for i, line in enumerate(lines) if re.search(pattern, line)), -1)
-    return [len(re.findall(r"cp\\.async\\.bulk\\.prefetch\\.L2", ptx)),
-            first(r"cp\\.async\\.bulk\\.prefetch\\.L2"), first(r"griddepcontrol\\.wait"),
-            first(r"griddepcontrol\\.launch_dependents"),
-            first(r"ld\\.global|cp\\.async\\.(ca|cg|bulk\\.tensor)|st\\.global|atom\\.|red\\.")]
+    return [first(r"griddepcontrol\\.wait"), first(r"griddepcontrol\\.launch_dependents"),
+            first(r"ld\\.global|cp\\.async\\.(ca|cg|bulk)|st\\.global|atom\\.|red\\.")]
 
-for prefetch in (256, 0):
+for pdl in (True, False):
     k = compile(_rows_linear_kernel, ["*bf16"] * 6 + ["i32"] * 7 + ["fp32"],
                 dict(HAS_BIAS=True, NORM=True, RESIDUAL=True, ROW_TILES=2, BLOCK_M=16,
-                     BLOCK_N=32, BLOCK_K=256, PDL=True, ROW_PREFETCH=prefetch),
-                num_warps=4, num_stages=4, launch_pdl=True)
-    print("pdl linear", prefetch, *programmatic_order(k.asm["ptx"]), k.metadata.launch_pdl, 0)
+                     BLOCK_N=32, BLOCK_K=256, PDL=pdl), num_warps=4, num_stages=4,
+                launch_pdl=pdl)
+    print("pdl linear", pdl, *programmatic_order(k.asm["ptx"]), k.metadata.launch_pdl)
     k = compile(_rows_gated_kernel, ["*bf16"] * 4 + ["i32"] * 6 + ["fp32"],
-                dict(NORM=False, ROW_TILES=1, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, PDL=True,
-                     ROW_PREFETCH=prefetch), num_warps=4, num_stages=4, launch_pdl=True)
-    print("pdl gated", prefetch, *programmatic_order(k.asm["ptx"]), k.metadata.launch_pdl, 0)
+                dict(NORM=False, ROW_TILES=1, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, PDL=pdl),
+                num_warps=4, num_stages=4, launch_pdl=pdl)
+    print("pdl gated", pdl, *programmatic_order(k.asm["ptx"]), k.metadata.launch_pdl)
     k = compile(_rows_split_kernel, ["*bf16", "*bf16", "*fp32"] + ["i32"] * 5,
-                dict(K_SPLIT=256, BLOCK_M=16, BLOCK_N=16, BLOCK_K=128, PDL=True,
-                     ROW_PREFETCH=prefetch), num_warps=4, num_stages=4, launch_pdl=True)
-    print("pdl split", prefetch, *programmatic_order(k.asm["ptx"]), k.metadata.launch_pdl, 0)
-k = compile(_rows_linear_kernel, ["*bf16"] * 6 + ["i32"] * 7 + ["fp32"],
-            dict(HAS_BIAS=True, NORM=True, RESIDUAL=True, ROW_TILES=2, BLOCK_M=16, BLOCK_N=32,
-                 BLOCK_K=256), num_warps=4, num_stages=4)
-print("pdl linear off", *programmatic_order(k.asm["ptx"]), k.metadata.launch_pdl, 0)
+                dict(K_SPLIT=256, BLOCK_M=16, BLOCK_N=16, BLOCK_K=128, PDL=pdl),
+                num_warps=4, num_stages=4, launch_pdl=pdl)
+    print("pdl split", pdl, *programmatic_order(k.asm["ptx"]), k.metadata.launch_pdl)
 
 # The decode attention's merge lets the o projection launch at its start when kernels
 # launch programmatically, and has no grid dependency control otherwise.
@@ -173,21 +167,15 @@ def test_the_new_kernels_compile_for_sm90() -> None:
     assert found[("combine", "True")] == ["1", "0"], done.stdout
     assert found[("combine", "False")] == ["0", "0"], done.stdout
     pdl = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("pdl ")]
-    assert len(pdl) == 7, done.stdout
-    for kernel, *fields, launch_pdl, _ in pdl:
-        if fields[0] == "off":
-            # Without it, no grid dependency control at all (a plain launch).
-            assert fields[1:5] == ["0", "-1", "-1", "-1"] and launch_pdl == "False", fields
-            continue
-        prefetch, prefetches, at_prefetch, at_wait, at_signal, at_access = map(int, fields)
-        assert launch_pdl == "True", (kernel, fields)
-        assert 0 <= at_wait < at_signal < at_access, (kernel, fields)
-        if prefetch:
-            # The gated kernel prefetches its gate rows and its up rows.
-            assert prefetches == (2 if kernel == "gated" else 1), (kernel, fields)
-            assert 0 <= at_prefetch < at_wait, (kernel, fields)
+    assert len(pdl) == 6, done.stdout
+    for kernel, on, *at, launch_pdl in pdl:
+        at_wait, at_signal, at_access = map(int, at)
+        assert launch_pdl == on, (kernel, on, at)
+        if on == "True":
+            assert 0 <= at_wait < at_signal < at_access, (kernel, at)
         else:
-            assert prefetches == 0, (kernel, fields)
+            # Without it, no grid dependency control at all (a plain launch).
+            assert at_wait == at_signal == -1 and at_access >= 0, (kernel, at)
     for tokens in ("512", "4096"):
         # Fits the H200's shared memory per block, and streams keys and values
         # asynchronously (the loop is software-pipelined).

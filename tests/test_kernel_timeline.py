@@ -10,7 +10,7 @@ import pytest
 from bench.concurrency_report import table as concurrency_table
 from bench.fastest_fusion import fastest
 from bench.fastest_fusion import table as fusion_table
-from bench.kernel_timeline import _graphs, _p99, compared_launches, markdown, summarize
+from bench.kernel_timeline import _graphs, _p99, markdown, summarize
 
 
 def _launch(correlation: int, start: float, kernels: list[tuple[str, float, float]]) -> list:
@@ -84,40 +84,13 @@ def test_the_compared_launch_is_tabled_beside_the_prepared_one() -> None:
     results = {
         "model": "m",
         "capacities": {"1": {**prepared, "kernels_per_layer": 1.5, "top_kernels": []}},
-        "compared": {
-            "programmatic-prefetch-8": {
-                "programmatic_launch": True,
-                "prefetch_bytes": 8,
-                "capacities": {"1": compared},
-            },
-            "plain": {"programmatic_launch": False, "prefetch_bytes": 0, "capacities": {}},
-        },
+        "compared": {"programmatic": {"programmatic_launch": True, "capacities": {"1": compared}}},
     }
     for row in results["capacities"].values():
         row.update(wall_us=45.0, kernel_over_span=0.88, kernel_over_wall=0.49)
     table = markdown(results)
-    assert "captured with programmatic launch on, 8 bytes of weight prefetch" in table
-    assert "captured with programmatic launch off" in table
+    assert "captured with programmatic launch on" in table
     assert "| 1 | 40.0 | 36.0 | 0.900 | 44.0 | 37.5 | 22.0 | 19.0 | 25.0 | 21.0 |" in table
-
-
-def test_each_compared_launch_differs_from_the_prepared_one_and_the_others() -> None:
-    plain = {"programmatic_launch": False, "prefetch_bytes": 0}
-    assert compared_launches(False, False, [], 64) == {}
-    assert compared_launches(False, True, [], 64) == {
-        "programmatic-prefetch-64": {"programmatic_launch": True, "prefetch_bytes": 64}
-    }
-    assert compared_launches(True, True, [], 64) == {"plain": plain}
-    # Prepared programmatic with the default budget: that budget again is left out.
-    assert compared_launches(True, True, [0, 64, 32, 0], 64) == {
-        "plain": plain,
-        "programmatic-prefetch-0": {"programmatic_launch": True, "prefetch_bytes": 0},
-        "programmatic-prefetch-32": {"programmatic_launch": True, "prefetch_bytes": 32},
-    }
-    assert list(compared_launches(False, True, [0, 64], 64)) == [
-        "programmatic-prefetch-64",
-        "programmatic-prefetch-0",
-    ]
 
 
 def test_a_compared_graph_stands_in_for_the_prepared_one_within_the_block() -> None:

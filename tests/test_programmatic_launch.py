@@ -1,6 +1,6 @@
 """Programmatic dependent launch of the weight-streaming decode kernels: when it is on,
-how much each kernel prefetches, and on the GPU the same bits as a plain launch with
-programmatic edges in the captured graph (the kernels' PTX order is checked without a
+and on the GPU the same bits as a plain launch with programmatic edges in the captured
+graph (the kernels' PTX order is checked without a
 GPU in tests/test_kernel_compile.py)."""
 
 from __future__ import annotations
@@ -10,13 +10,7 @@ import torch
 import triton
 
 from ignition.components import linear, programmatic_launch
-from ignition.components.programmatic_launch import (
-    BULK_UNIT,
-    PREFETCH_BYTES,
-    launch_kwargs,
-    launches_programmatically,
-    prefetch_bytes,
-)
+from ignition.components.programmatic_launch import launch_kwargs, launches_programmatically
 from ignition.components.triton_attention import triton_paged_decode_attention
 
 CUDA = torch.device("cuda")
@@ -58,61 +52,13 @@ def test_the_setting_is_restored_when_the_block_raises() -> None:
     assert not programmatic_launch._enabled
 
 
-def test_a_kernel_prefetches_its_share_of_the_budget_in_whole_units_within_each_row() -> None:
-    w = torch.empty(6144, 4096, dtype=torch.bfloat16)  # the 8B's qkv: 8 MiB over 6,144 rows
-    share = prefetch_bytes(w, 6144, 4096 * 2)
-    assert share == PREFETCH_BYTES // 6144 // BULK_UNIT * BULK_UNIT == 1360
-    assert share * 6144 <= PREFETCH_BYTES
-    # A small weight is prefetched whole: SmolLM2's 576 x 576 rows.
-    small = torch.empty(576, 576, dtype=torch.bfloat16)
-    assert prefetch_bytes(small, 576, 576 * 2) == 576 * 2
-    # Row ranges of the K split: at most one range.
-    assert prefetch_bytes(small, 2 * 576, 256 * 2) == 256 * 2
-    # So many rows that the share is under one unit: one unit each.
-    assert prefetch_bytes(torch.empty(4, 64), 10**7, 256) == BULK_UNIT
-
-
-def test_the_block_sets_the_prefetch_budget_and_zero_prefetches_nothing() -> None:
-    w = torch.empty(6144, 4096, dtype=torch.bfloat16)
-    with programmatic_launch.programmatic_launch(prefetch=1 << 20):
-        assert prefetch_bytes(w, 6144, 4096 * 2) == (1 << 20) // 6144 // BULK_UNIT * BULK_UNIT
-        with programmatic_launch.programmatic_launch(prefetch=0):
-            assert prefetch_bytes(w, 6144, 4096 * 2) == 0
-        assert prefetch_bytes(w, 6144, 4096 * 2) == 160
-    assert prefetch_bytes(w, 6144, 4096 * 2) == 1360
-
-
-def test_rows_that_do_not_start_and_end_on_whole_units_are_not_prefetched() -> None:
-    w = torch.empty(64, 520, dtype=torch.bfloat16)
-    assert prefetch_bytes(w, 64, 1024) > 0
-    # One element in: every row starts 2 bytes past a unit.
-    assert prefetch_bytes(w[:, 1:513], 64, 1024) == 0
-    # Rows of 1,030 bytes: row 1 starts 6 bytes past a unit.
-    assert prefetch_bytes(torch.empty(64, 515, dtype=torch.bfloat16), 64, 1030) == 0
-    # Strided columns.
-    assert prefetch_bytes(w.t(), 520, 128) == 0
-
-
 def test_the_kernels_options_follow_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    w = torch.empty(6144, 4096, dtype=torch.bfloat16)
-    assert linear._programmatic(w, 6144, 8192) == {}
+    assert linear._programmatic(CUDA) == {}
     # On the CPU (the interpreter) too when on: a plain launch.
     with programmatic_launch.programmatic_launch():
-        assert linear._programmatic(w, 6144, 8192) == {}
+        assert linear._programmatic(CUDA) == {}
     monkeypatch.setattr(linear, "launch_kwargs", lambda device: {"launch_pdl": True})
-    assert linear._programmatic(w, 6144, 8192) == {
-        "launch_pdl": True,
-        "PDL": True,
-        "ROW_PREFETCH": 1360,
-        "WEIGHT_EVICT": "evict_first",
-    }
-    # Without a prefetch the weights stream as a plain launch's.
-    with programmatic_launch.programmatic_launch(prefetch=0):
-        assert linear._programmatic(w, 6144, 8192) == {
-            "launch_pdl": True,
-            "PDL": True,
-            "ROW_PREFETCH": 0,
-        }
+    assert linear._programmatic(CUDA) == {"launch_pdl": True, "PDL": True}
 
 
 # ----------------------------------------------------------------------------- GPU

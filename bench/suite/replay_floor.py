@@ -40,7 +40,7 @@ def prepare_floor(
     compile_sampling: bool | None = None,
     compile_scope: CompileScope = "forward",
     decode_fusion: DecodeFusion = DEFAULT_DECODE_FUSION,
-    programmatic_launch: bool = False,
+    programmatic_launch: bool = True,
 ) -> PreparedModel:
     """``model`` prepared as ``ignition replay`` prepares it (bf16, compiled unless
     not ``compile``, in regions of ``compile_scope``, the sampler as ``compile_sampling``

@@ -74,12 +74,7 @@ import triton.language as tl
 from torch import nn
 from triton.runtime.interpreter import InterpretedFunction
 
-from ignition.components.programmatic_launch import (
-    await_producer,
-    launch_kwargs,
-    prefetch_bytes,
-    prefetch_rows,
-)
+from ignition.components.programmatic_launch import await_producer, launch_kwargs
 from ignition.components.triton_support import fix_interpreter_loop_bounds
 
 ROWS_TILE = 16
@@ -164,7 +159,6 @@ def _rows_dot(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    WEIGHT_EVICT: tl.constexpr = "",
 ):
     """fp32 ``x[rm + t * BLOCK_M] @ w[rn].T`` for the program's ``ROW_TILES`` (1 to 4)
     row tiles ``t``, four accumulators (those past ``ROW_TILES`` stay zero): each
@@ -172,7 +166,7 @@ def _rows_dot(
     ``BLOCK_M``-row dot, so a row's arithmetic is that of one tile whatever the row
     count. With ``NORM``, ``rms_norm(x) @ w[rn].T`` as ``(x * g) @ w[rn].T`` scaled by
     each row's inverse RMS (gain ``g_ptr``, ``eps``), the statistic gathered in the
-    same K loop. The weight loads take L2 eviction policy ``WEIGHT_EVICT``."""
+    same K loop."""
     rk = tl.arange(0, BLOCK_K)
     acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -188,7 +182,6 @@ def _rows_dot(
             w_ptr + rn[:, None] * stride_wn + kk[None, :],
             mask=(rn[:, None] < N) & (kk[None, :] < K),
             other=0.0,
-            eviction_policy=WEIGHT_EVICT,
         )
         wt = tl.trans(w)
         x, sq0 = _x_tile(x_ptr, g_ptr, rm, kk, M, K, stride_xm, sq0, NORM)
@@ -241,15 +234,6 @@ def _store_rows(
 
 
 @triton.jit
-def _prefetch_weight_rows(w_ptr, rn, N, stride_wn, ROW_PREFETCH: tl.constexpr):
-    """The first ``ROW_PREFETCH`` bytes of weight rows ``rn`` (those past ``N`` clamped
-    to the last) into L2; nothing when 0."""
-    if ROW_PREFETCH > 0:
-        rows = tl.minimum(rn, N - 1)
-        prefetch_rows(w_ptr + rows * stride_wn, tl.full(rn.shape, ROW_PREFETCH, tl.int32))
-
-
-@triton.jit
 def _rows_linear_kernel(
     x_ptr,
     w_ptr,
@@ -273,23 +257,18 @@ def _rows_linear_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr = False,
-    ROW_PREFETCH: tl.constexpr = 0,
-    WEIGHT_EVICT: tl.constexpr = "",
 ):
     """``residual + linear(rms_norm(x))``, each part optional (``NORM``: gain
     ``g_ptr`` and ``eps``; ``RESIDUAL``: ``r_ptr``), of the ``ROW_TILES`` row tiles
     of ``program_id(0)`` and column tile ``program_id(1)``. With ``PDL``, launched
-    programmatically: the weight rows' first ``ROW_PREFETCH`` bytes to L2, then the
-    wait (``programmatic_launch``). The weight loads take L2 eviction policy
-    ``WEIGHT_EVICT`` (``_programmatic``)."""
+    programmatically: the wait before anything else (``programmatic_launch``)."""
     rm = tl.program_id(0) * ROW_TILES * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     if PDL:
-        _prefetch_weight_rows(w_ptr, rn, N, stride_wn, ROW_PREFETCH)
         await_producer()
     acc0, acc1, acc2, acc3 = _rows_dot(
         x_ptr, w_ptr, g_ptr, M, N, K, stride_xm, stride_wn, eps, rm, rn, NORM, ROW_TILES,
-        BLOCK_M, BLOCK_N, BLOCK_K, WEIGHT_EVICT,
+        BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
     _store_rows(acc0, b_ptr, r_ptr, y_ptr, M, N, stride_rm, stride_ym, rm, rn, HAS_BIAS, RESIDUAL)
     if ROW_TILES > 1:
@@ -347,21 +326,16 @@ def _rows_gated_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr = False,
-    ROW_PREFETCH: tl.constexpr = 0,
-    WEIGHT_EVICT: tl.constexpr = "",
 ):
     """``silu(gate) * up`` of columns ``rn`` for the packed weight ``w [2N, K]``
     (gate rows, then up rows): both tiles stream in one K loop and go into each of the
     program's ``ROW_TILES`` (1 to 4) row tiles by the same dots (as ``_rows_dot``).
     With ``NORM``, of x's rows normalized (gain ``g_ptr``, ``eps``; as ``_rows_dot``).
-    Row tiles of ``program_id(0)``, column tile ``program_id(1)``. ``PDL``,
-    ``ROW_PREFETCH`` and ``WEIGHT_EVICT`` as ``_rows_linear_kernel``'s, for the gate and
-    the up rows."""
+    Row tiles of ``program_id(0)``, column tile ``program_id(1)``. ``PDL`` as
+    ``_rows_linear_kernel``'s."""
     rm = tl.program_id(0) * ROW_TILES * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     if PDL:
-        _prefetch_weight_rows(w_ptr, rn, N, stride_wn, ROW_PREFETCH)
-        _prefetch_weight_rows(w_ptr + N * stride_wn, rn, N, stride_wn, ROW_PREFETCH)
         await_producer()
     rk = tl.arange(0, BLOCK_K)
     gate0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -380,20 +354,10 @@ def _rows_gated_kernel(
         kk = k0 + rk
         w_mask = (rn[:, None] < N) & (kk[None, :] < K)
         w_gate = tl.trans(
-            tl.load(
-                w_ptr + rn[:, None] * stride_wn + kk[None, :],
-                mask=w_mask,
-                other=0.0,
-                eviction_policy=WEIGHT_EVICT,
-            )
+            tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=w_mask, other=0.0)
         )
         w_up = tl.trans(
-            tl.load(
-                w_ptr + (N + rn[:, None]) * stride_wn + kk[None, :],
-                mask=w_mask,
-                other=0.0,
-                eviction_policy=WEIGHT_EVICT,
-            )
+            tl.load(w_ptr + (N + rn[:, None]) * stride_wn + kk[None, :], mask=w_mask, other=0.0)
         )
         x, sq0 = _x_tile(x_ptr, g_ptr, rm, kk, M, K, stride_xm, sq0, NORM)
         gate0 = tl.dot(x, w_gate, gate0)
@@ -434,29 +398,15 @@ def _rows_split_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr = False,
-    ROW_PREFETCH: tl.constexpr = 0,
-    WEIGHT_EVICT: tl.constexpr = "",
 ):
     """fp32 ``x[rm] @ w[rn].T`` over K range ``program_id(2)`` (``K_SPLIT`` columns,
     the K loop of ``_rows_dot`` over that range) of row tile ``program_id(0)`` and
     column tile ``program_id(1)``, stored to the partials ``p [splits, M, N]``. With
-    ``PDL``, launched programmatically: the range's first ``ROW_PREFETCH`` bytes of
-    each weight row (at most what is left of the row) to L2, by the first row tile's
-    programs, then the wait. The weight loads take L2 eviction policy
-    ``WEIGHT_EVICT``."""
+    ``PDL``, launched programmatically: the wait before anything else."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(2)
     if PDL:
-        # The row tiles' programs read the same weight range: the first one prefetches.
-        if ROW_PREFETCH > 0 and tl.program_id(0) == 0:
-            left = (K - split * K_SPLIT) * (w_ptr.dtype.element_ty.primitive_bitwidth // 8)
-            nbytes = tl.minimum(left, ROW_PREFETCH) // 16 * 16
-            rows = tl.minimum(rn, N - 1)
-            prefetch_rows(
-                w_ptr + rows * stride_wn + split * K_SPLIT,
-                tl.full(rn.shape, 0, tl.int32) + nbytes,
-            )
         await_producer()
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -471,7 +421,6 @@ def _rows_split_kernel(
             w_ptr + rn[:, None] * stride_wn + kk[None, :],
             mask=(rn[:, None] < N) & (kk[None, :] < K),
             other=0.0,
-            eviction_policy=WEIGHT_EVICT,
         )
         acc = tl.dot(x, tl.trans(w), acc)
     tl.store(
@@ -644,19 +593,12 @@ def _step_fixes_bits(norm: RmsNorm | None) -> bool:
     return norm is not None or isinstance(_rows_linear_kernel, InterpretedFunction)
 
 
-def _programmatic(w: torch.Tensor, rows: int, row_bytes: int) -> dict[str, object]:
-    """A weight-streaming kernel's launch options and ``PDL``/``ROW_PREFETCH``/
-    ``WEIGHT_EVICT``: a plain launch, or a programmatic one prefetching
-    ``prefetch_bytes`` of each of ``rows`` weight rows (or row ranges) of ``row_bytes``
-    (``programmatic_launch``). A kernel that prefetches streams its weights
-    ``evict_first``: the next kernel's prefetch, issued while this one runs, must
-    outlast this kernel's stream through L2."""
-    options: dict[str, object] = dict(launch_kwargs(w.device))
+def _programmatic(device: torch.device) -> dict[str, object]:
+    """A weight-streaming kernel's launch options and ``PDL``: a plain launch, or a
+    programmatic one (``programmatic_launch``)."""
+    options: dict[str, object] = dict(launch_kwargs(device))
     if options:
-        prefetch = prefetch_bytes(w, rows, row_bytes)
-        options.update(PDL=True, ROW_PREFETCH=prefetch)
-        if prefetch:
-            options.update(WEIGHT_EVICT="evict_first")
+        options.update(PDL=True)
     return options
 
 
@@ -695,7 +637,7 @@ def triton_rows_linear(
         HAS_BIAS=b is not None, NORM=norm is not None, RESIDUAL=residual is not None,
         ROW_TILES=tiles, BLOCK_M=ROWS_TILE, BLOCK_N=width, BLOCK_K=block_k,
         num_warps=4, num_stages=pipeline_stages(tiles, width, block_k, w.element_size()),
-        **_programmatic(w, n, k * w.element_size()),
+        **_programmatic(w.device),
     )  # fmt: skip
     return y
 
@@ -726,7 +668,7 @@ def triton_rows_gated(
         NORM=norm is not None, ROW_TILES=tiles, BLOCK_M=ROWS_TILE,
         BLOCK_N=width // 2, BLOCK_K=block_k, num_warps=4,
         num_stages=pipeline_stages(tiles, width, block_k, gate_up.element_size()),
-        **_programmatic(gate_up, n2, k * gate_up.element_size()),
+        **_programmatic(gate_up.device),
     )  # fmt: skip
     return y
 
@@ -774,7 +716,7 @@ def triton_rows_split_linear(
         x, w, partials, rows, n, k, x.stride(0), w.stride(0),
         K_SPLIT=k_split, BLOCK_M=ROWS_TILE, BLOCK_N=width, BLOCK_K=block_k,
         num_warps=4, num_stages=STAGES,
-        **_programmatic(w, n * splits, k_split * w.element_size()),
+        **_programmatic(w.device),
     )  # fmt: skip
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     _split_sum_kernel[(triton.cdiv(rows * n, SUM_BLOCK),)](

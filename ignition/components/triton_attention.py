@@ -197,8 +197,8 @@ def _decode_combine_kernel(
 ):
     """One (row, query head): merge the NUM_SPLITS partial softmaxes. With
     ``LAUNCH_DEPENDENTS``, first let a programmatically launched kernel after it (the
-    o projection, ``programmatic_launch``) launch, so that it prefetches its weight
-    while this merge runs; it still waits for the merge before reading."""
+    o projection, ``programmatic_launch``) launch, so that its launch hides under this
+    merge; it still waits for the merge before reading."""
     if LAUNCH_DEPENDENTS:
         gdc_launch_dependents()
     b = tl.program_id(0)

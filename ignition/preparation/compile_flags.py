@@ -52,11 +52,11 @@ def add_compile_options(parser: argparse.ArgumentParser, prefix: str = "") -> No
     parser.add_argument(
         f"--{prefix}programmatic-launch",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=True,
         help="launch the batch-invariant row projections (every decode projection) "
-        "programmatically (SM90 and later): each prefetches its first weight bytes and "
-        "starts while the kernel before it ends; the same bits (default: off, until "
-        "measured faster)",
+        "programmatically where the GPU can (SM90 and later): each may launch while the "
+        "kernel before it ends and waits for it before reading; the same bits (default: "
+        "on, measured faster)",
     )
 
 
