@@ -10,6 +10,9 @@ graph launch runs, with the launch's correlation id). Per capacity it reports:
   last kernel end) and against the wall time between CUDA events around the launch:
   the gaps between them are launch latency inside the graph and host time outside;
 - the kernels by total time (name, count per launch, median duration);
+- the gaps between kernels by the kernels around them (the kernel before, the one
+  after; count per launch, median, total), which add up to the span less the busy
+  time;
 - the step time without the profiler (median and p99 of ``--steps`` more replays) and,
   with ``--geometry``, that step against the roofline: the bytes the step reads (see
   ``bench/suite/report.py``) over the read bandwidth measured here, in this process.
@@ -72,12 +75,31 @@ def _busy_us(kernels: Sequence[dict[str, Any]]) -> float:
     return busy
 
 
+def _gaps(kernels: Sequence[dict[str, Any]]) -> list[tuple[str, str, float]]:
+    """The idle stretches between ``kernels`` (sorted by start), each as (the kernel
+    whose end began it, the kernel whose start ended it, its length in us): together
+    the span less the busy time. A kernel that starts under another's tail (a
+    programmatic launch) leaves no gap."""
+    gaps = []
+    reach, last = float("inf"), ""
+    for kernel in kernels:
+        start = float(kernel["ts"])
+        end = start + float(kernel["dur"])
+        if start > reach:
+            gaps.append((last, str(kernel["name"]), start - reach))
+        if reach == float("inf") or end > reach:
+            reach, last = end, str(kernel["name"])
+    return gaps
+
+
 def summarize(
     events: Iterable[dict[str, Any]], *, layers: int, wall_us: Sequence[float] = ()
 ) -> dict[str, Any]:
     """Aggregates a Chrome trace's events (``ph: X``, times in microseconds) of graph
     launches. Kernels (``cat: kernel``) belong to the ``cudaGraphLaunch`` runtime event
-    whose ``args.correlation`` they carry; launches with no kernel are dropped."""
+    whose ``args.correlation`` they carry; launches with no kernel are dropped. The
+    gaps between a launch's kernels are attributed to the kernels around them
+    (``top_gaps``: the kernel before, the kernel after)."""
     events = list(events)
     launches: dict[int, list[dict[str, Any]]] = {}
     for event in events:
@@ -96,6 +118,7 @@ def summarize(
                 group.append(event)
     per_launch = []
     by_name: dict[str, list[float]] = defaultdict(list)
+    by_pair: dict[tuple[str, str], list[float]] = defaultdict(list)
     for correlation in sorted(launches):
         kernels = sorted(launches[correlation], key=lambda k: float(k["ts"]))
         if not kernels:
@@ -113,6 +136,8 @@ def summarize(
         )
         for kernel in kernels:
             by_name[str(kernel["name"])].append(float(kernel["dur"]))
+        for before, after, gap in _gaps(kernels):
+            by_pair[(before, after)].append(gap)
     count = len(per_launch)
     kernels = _median([p["kernels"] for p in per_launch])
     kernel_us = _median([p["kernel_us"] for p in per_launch])
@@ -131,6 +156,19 @@ def summarize(
         ),
         key=lambda row: -row["total_us_per_launch"],
     )
+    gaps = sorted(
+        (
+            {
+                "before": before,
+                "after": after,
+                "per_launch": len(lengths) / count,
+                "median_us": statistics.median(lengths),
+                "total_us_per_launch": sum(lengths) / count,
+            }
+            for (before, after), lengths in by_pair.items()
+        ),
+        key=lambda row: -row["total_us_per_launch"],
+    )
     return {
         "launches": count,
         "kernels_per_launch": kernels,
@@ -142,6 +180,9 @@ def summarize(
         "kernel_over_span": None if not span_us or kernel_us is None else kernel_us / span_us,
         "kernel_over_wall": None if not wall or kernel_us is None else kernel_us / wall,
         "top_kernels": top[:25],
+        # The mean gap time a launch, of every pair (the top pairs' sum is less).
+        "gap_us_per_launch": sum(row["total_us_per_launch"] for row in gaps) if count else None,
+        "top_gaps": gaps[:15],
         "per_launch": per_launch,
     }
 
@@ -209,6 +250,25 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| `{name}` | {kernel['per_launch']:.1f} | {kernel['median_us']:.2f} | "
                 f"{kernel['total_us_per_launch']:.2f} |"
             )
+        if row.get("top_gaps"):
+            lines += [
+                "",
+                f"## Capacity {capacity}: gaps between kernels, by the kernels around them",
+                "",
+                f"{fmt(row.get('gap_us_per_launch'))} us of gaps a launch (the mean; the "
+                "span less the busy time).",
+                "",
+                "| kernel before the gap | kernel after it | per launch | median (us) | "
+                "total/launch (us) |",
+                "|---|---|---|---|---|",
+            ]
+            for gap in row["top_gaps"]:
+                before = gap["before"].replace("|", "/")[:60]
+                after = gap["after"].replace("|", "/")[:60]
+                lines.append(
+                    f"| `{before}` | `{after}` | {gap['per_launch']:.1f} | "
+                    f"{gap['median_us']:.2f} | {gap['total_us_per_launch']:.2f} |"
+                )
     return "\n".join(lines) + "\n"
 
 

@@ -117,6 +117,30 @@ def test_overlapping_kernels_count_once_in_the_busy_time() -> None:
     assert plain["busy_us"] == plain["kernel_us"] == 12
 
 
+def test_gaps_are_attributed_to_the_kernels_around_them_and_sum_to_span_less_busy() -> None:
+    # Launch 1: norm -> gemm 3 us; "pdl" starts under gemm's tail and leaves no gap;
+    # gemm2 -> norm 1 us (gemm2 ends last, so the gap follows it, not gemm or pdl);
+    # norm -> norm 2 us.
+    first = [("norm", 0, 2), ("gemm", 5, 10), ("pdl", 12, 1), ("gemm2", 13, 5)]
+    first += [("norm", 19, 2), ("norm", 23, 1)]
+    second = [("norm", 0, 2), ("gemm", 4, 10), ("norm", 15, 2)]
+    summary = summarize([*_launch(10, 100.0, first), *_launch(20, 200.0, second)], layers=1)
+    gaps = {(g["before"], g["after"]): g for g in summary["top_gaps"]}
+    assert set(gaps) == {("norm", "gemm"), ("gemm2", "norm"), ("norm", "norm"), ("gemm", "norm")}
+    assert gaps[("norm", "gemm")]["per_launch"] == 1  # 3 us and 2 us
+    assert gaps[("norm", "gemm")]["total_us_per_launch"] == 2.5
+    assert gaps[("gemm2", "norm")]["total_us_per_launch"] == 0.5  # 1 us, in one launch
+    assert gaps[("norm", "norm")]["median_us"] == 2
+    assert summary["top_gaps"][0]["before"] == "norm"  # the largest total first
+    # Per launch, the gaps are the span less the busy time.
+    for launch, expected in zip(summary["per_launch"], (3 + 1 + 2, 2 + 1), strict=True):
+        assert launch["span_us"] - launch["busy_us"] == expected
+    assert summary["gap_us_per_launch"] == (6 + 3) / 2
+    table = markdown({"model": "m", "capacities": {"1": {**summary, "kernels_per_layer": 1}}})
+    assert "4.5 us of gaps a launch" in table
+    assert "| `norm` | `gemm` | 1.0 | 2.50 | 2.50 |" in table
+
+
 def test_an_empty_trace_reports_nothing_measured() -> None:
     summary = summarize([], layers=4)
     assert summary["launches"] == 0 and summary["kernels_per_launch"] is None
