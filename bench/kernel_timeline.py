@@ -180,8 +180,8 @@ def summarize(
         "kernel_over_span": None if not span_us or kernel_us is None else kernel_us / span_us,
         "kernel_over_wall": None if not wall or kernel_us is None else kernel_us / wall,
         "top_kernels": top[:25],
-        # The mean gap time a launch, of every pair (the top pairs' sum is less).
-        "gap_us_per_launch": sum(row["total_us_per_launch"] for row in gaps) if count else None,
+        # Gap time a launch (the median, as span and busy; the pairs' totals are means).
+        "gap_us": _median([p["span_us"] - p["busy_us"] for p in per_launch]),
         "top_gaps": gaps[:15],
         "per_launch": per_launch,
     }
@@ -229,8 +229,9 @@ def markdown(results: dict[str, Any]) -> str:
             "",
             "| capacity | step, as prepared (us) | step, compared (us) | compared / prepared | "
             "p99, as prepared | p99, compared | busy, as prepared (us) | busy, compared (us) "
-            "| GPU span, as prepared (us) | GPU span, compared (us) |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| GPU span, as prepared (us) | GPU span, compared (us) | gaps, as prepared (us) "
+            "| gaps, compared (us) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for capacity, other in variant["capacities"].items():
             row = results["capacities"][capacity]
@@ -239,7 +240,8 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {capacity} | {fmt(row.get('step_us'))} | {fmt(other.get('step_us'))} | "
                 f"{fmt(ratio, 3)} | {fmt(row.get('step_p99_us'))} | "
                 f"{fmt(other.get('step_p99_us'))} | {fmt(row.get('busy_us'))} | "
-                f"{fmt(other.get('busy_us'))} | {fmt(row['span_us'])} | {fmt(other['span_us'])} |"
+                f"{fmt(other.get('busy_us'))} | {fmt(row['span_us'])} | {fmt(other['span_us'])} | "
+                f"{fmt(row.get('gap_us'))} | {fmt(other.get('gap_us'))} |"
             )
     for capacity, row in results["capacities"].items():
         lines += ["", f"## Capacity {capacity}: kernels by time", ""]
@@ -250,26 +252,37 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| `{name}` | {kernel['per_launch']:.1f} | {kernel['median_us']:.2f} | "
                 f"{kernel['total_us_per_launch']:.2f} |"
             )
-        if row.get("top_gaps"):
-            lines += [
-                "",
-                f"## Capacity {capacity}: gaps between kernels, by the kernels around them",
-                "",
-                f"{fmt(row.get('gap_us_per_launch'))} us of gaps a launch (the mean; the "
-                "span less the busy time).",
-                "",
-                "| kernel before the gap | kernel after it | per launch | median (us) | "
-                "total/launch (us) |",
-                "|---|---|---|---|---|",
-            ]
-            for gap in row["top_gaps"]:
-                before = gap["before"].replace("|", "/")[:60]
-                after = gap["after"].replace("|", "/")[:60]
-                lines.append(
-                    f"| `{before}` | `{after}` | {gap['per_launch']:.1f} | "
-                    f"{gap['median_us']:.2f} | {gap['total_us_per_launch']:.2f} |"
-                )
+        lines += _gap_lines(f"Capacity {capacity}", row)
+        for name, variant in results.get("compared", {}).items():
+            other = variant["capacities"].get(capacity)
+            if other is not None:
+                lines += _gap_lines(f"Capacity {capacity}, {name}", other)
     return "\n".join(lines) + "\n"
+
+
+def _gap_lines(title: str, row: dict[str, Any]) -> list[str]:
+    """The gap table of one capacity's summary ``row``: none where it has no gaps."""
+    if not row.get("top_gaps"):
+        return []
+    lines = [
+        "",
+        f"## {title}: gaps between kernels, by the kernels around them",
+        "",
+        f"{fmt(row.get('gap_us'))} us of gaps a launch (the median of the span less the busy "
+        "time; the totals below are means per launch).",
+        "",
+        "| kernel before the gap | kernel after it | per launch | median (us) | "
+        "total/launch (us) |",
+        "|---|---|---|---|---|",
+    ]
+    for gap in row["top_gaps"]:
+        before = gap["before"].replace("|", "/")[:60]
+        after = gap["after"].replace("|", "/")[:60]
+        lines.append(
+            f"| `{before}` | `{after}` | {gap['per_launch']:.1f} | {gap['median_us']:.2f} | "
+            f"{gap['total_us_per_launch']:.2f} |"
+        )
+    return lines
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:

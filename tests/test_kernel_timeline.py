@@ -78,9 +78,11 @@ def test_kernels_group_by_their_graph_launch() -> None:
 
 def test_the_compared_launch_is_tabled_beside_the_prepared_one() -> None:
     prepared = {"kernels_per_launch": 3, "kernel_us": 22.0, "busy_us": 22.0, "span_us": 25.0}
-    prepared.update(step_us=40.0, step_p99_us=44.0)
+    prepared.update(step_us=40.0, step_p99_us=44.0, gap_us=3.0)
     compared = {"kernels_per_launch": 3, "kernel_us": 23.0, "busy_us": 19.0, "span_us": 21.0}
-    compared.update(step_us=36.0, step_p99_us=37.5)
+    compared.update(step_us=36.0, step_p99_us=37.5, gap_us=2.0)
+    gap = {"before": "norm", "after": "gemm", "per_launch": 1, "median_us": 2}
+    compared["top_gaps"] = [{**gap, "total_us_per_launch": 2}]
     results = {
         "model": "m",
         "capacities": {"1": {**prepared, "kernels_per_layer": 1.5, "top_kernels": []}},
@@ -90,7 +92,12 @@ def test_the_compared_launch_is_tabled_beside_the_prepared_one() -> None:
         row.update(wall_us=45.0, kernel_over_span=0.88, kernel_over_wall=0.49)
     table = markdown(results)
     assert "captured with programmatic launch on" in table
-    assert "| 1 | 40.0 | 36.0 | 0.900 | 44.0 | 37.5 | 22.0 | 19.0 | 25.0 | 21.0 |" in table
+    row = "| 1 | 40.0 | 36.0 | 0.900 | 44.0 | 37.5 | 22.0 | 19.0 | 25.0 | 21.0 | 3.0 | 2.0 |"
+    assert row in table
+    # The compared launch's gaps are tabled too (the prepared one here has none).
+    assert "## Capacity 1, programmatic: gaps between kernels" in table
+    assert "## Capacity 1: gaps" not in table
+    assert "| `norm` | `gemm` | 1.0 | 2.00 | 2.00 |" in table
 
 
 def test_a_compared_graph_stands_in_for_the_prepared_one_within_the_block() -> None:
@@ -135,8 +142,9 @@ def test_gaps_are_attributed_to_the_kernels_around_them_and_sum_to_span_less_bus
     # Per launch, the gaps are the span less the busy time.
     for launch, expected in zip(summary["per_launch"], (3 + 1 + 2, 2 + 1), strict=True):
         assert launch["span_us"] - launch["busy_us"] == expected
-    assert summary["gap_us_per_launch"] == (6 + 3) / 2
+    assert summary["gap_us"] == (6 + 3) / 2  # the median of two launches
     table = markdown({"model": "m", "capacities": {"1": {**summary, "kernels_per_layer": 1}}})
+    assert "## Capacity 1: gaps between kernels" in table
     assert "4.5 us of gaps a launch" in table
     assert "| `norm` | `gemm` | 1.0 | 2.50 | 2.50 |" in table
 

@@ -53,10 +53,11 @@ def test_the_setting_is_restored_when_the_block_raises() -> None:
 
 
 def test_the_kernels_options_follow_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Off: a plain launch on any device.
     assert linear._programmatic(CUDA) == {}
-    # On the CPU (the interpreter) too when on: a plain launch.
+    # On, off the GPU: a plain launch.
     with programmatic_launch.programmatic_launch():
-        assert linear._programmatic(CUDA) == {}
+        assert linear._programmatic(torch.device("cpu")) == {}
     monkeypatch.setattr(linear, "launch_kwargs", lambda device: {"launch_pdl": True})
     assert linear._programmatic(CUDA) == {"launch_pdl": True, "PDL": True}
 
