@@ -59,22 +59,6 @@ def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _busy_us(kernels: Sequence[dict[str, Any]]) -> float:
-    """The time at least one of ``kernels`` (sorted by start) ran: their summed
-    durations when none overlap. Programmatically launched kernels overlap (the next
-    one starts and waits under the previous one's tail), and a duration
-    then includes that wait, so only this time, not the sum, compares with a plain
-    launch's."""
-    busy, reach = 0.0, float("-inf")
-    for kernel in kernels:
-        start = float(kernel["ts"])
-        end = start + float(kernel["dur"])
-        if end > reach:
-            busy += end - max(start, reach)
-            reach = end
-    return busy
-
-
 def _gaps(kernels: Sequence[dict[str, Any]]) -> list[tuple[str, str, float]]:
     """The idle stretches between ``kernels`` (sorted by start), each as (the kernel
     whose end began it, the kernel whose start ended it, its length in us): together
@@ -126,17 +110,22 @@ def summarize(
         summed = sum(float(k["dur"]) for k in kernels)
         start = float(kernels[0]["ts"])
         end = max(float(k["ts"]) + float(k["dur"]) for k in kernels)
+        gaps = _gaps(kernels)
         per_launch.append(
             {
                 "kernels": len(kernels),
                 "kernel_us": summed,
-                "busy_us": _busy_us(kernels),
+                # The time some kernel ran, overlapping kernels counted once: a
+                # programmatically launched kernel starts and waits under the previous
+                # one's tail, its duration including that wait, so only this time, not
+                # the sum, compares with a plain launch's.
+                "busy_us": end - start - sum(gap for _, _, gap in gaps),
                 "span_us": end - start,
             }
         )
         for kernel in kernels:
             by_name[str(kernel["name"])].append(float(kernel["dur"]))
-        for before, after, gap in _gaps(kernels):
+        for before, after, gap in gaps:
             by_pair[(before, after)].append(gap)
     count = len(per_launch)
     kernels = _median([p["kernels"] for p in per_launch])
@@ -156,7 +145,7 @@ def summarize(
         ),
         key=lambda row: -row["total_us_per_launch"],
     )
-    gaps = sorted(
+    top_gaps = sorted(
         (
             {
                 "before": before,
@@ -182,7 +171,7 @@ def summarize(
         "top_kernels": top[:25],
         # Gap time a launch (the median, as span and busy; the pairs' totals are means).
         "gap_us": _median([p["span_us"] - p["busy_us"] for p in per_launch]),
-        "top_gaps": gaps[:15],
+        "top_gaps": top_gaps[:15],
         "per_launch": per_launch,
     }
 

@@ -536,8 +536,6 @@ def _prefill_combine_kernel(
 
 # triton.jit decides at decoration time whether kernels run compiled or interpreted.
 _INTERPRETED = isinstance(_decode_split_kernel, InterpretedFunction)
-
-
 if _INTERPRETED:
     fix_interpreter_loop_bounds()
 
