@@ -25,6 +25,14 @@
 #       launch, over the same storage, their steps in alternating blocks
 #       (bench/kernel_timeline.py --compare-programmatic-launch; OUT/pdl.json and .md).
 #       Pass --geometry for the roofline.
+#   bench/issue23_check.sh fusion OUT MODEL [kernel_timeline options...]
+#       the decode fusions' kernels on the GPU (tests/test_linear.py: the norm's
+#       statistic from partial squares with the gain folded into the weight, the
+#       residual epilogue's partial squares, bitwise at every batch and every tile;
+#       tests/test_programmatic_launch.py), then MODEL's decode step under each fusion
+#       of FUSIONS (default "norms residuals"), one timeline process each, in turn
+#       (bench/kernel_timeline.py --decode-fusion F; OUT/F.json and .md), each with
+#       the bandwidth probed in its run. Pass --geometry for the roofline.
 #   bench/issue23_check.sh pdl-core OUT CHECKPOINT FLARE [prepare options...]
 #       CHECKPOINT exported with the defaults, programmatic launch on (programmatic
 #       edges in the core's graphs), then `flare replay --check` (Helios's rebuilt
@@ -34,7 +42,7 @@
 # Needs the flare_heliopause wheel importable (WHEELS, as bench/suite_gpu.sh installs
 # them).
 set -uo pipefail
-usage="usage: bench/issue23_check.sh serving OUT | concurrency OUT MODEL [options...] | pdl OUT MODEL [options...] | pdl-core OUT CHECKPOINT FLARE [options...]"
+usage="usage: bench/issue23_check.sh serving OUT | concurrency OUT MODEL [options...] | pdl OUT MODEL [options...] | fusion OUT MODEL [options...] | pdl-core OUT CHECKPOINT FLARE [options...]"
 part=${1:?$usage}
 out=${2:?$usage}
 shift 2
@@ -72,6 +80,19 @@ case $part in
     python3 bench/kernel_timeline.py "$model" --capacities 1 4 --compare-programmatic-launch \
       --out "$out/pdl.json" "$@" > "$out/pdl.log" 2>&1 || { status=1; tail -20 "$out/pdl.log"; }
     grep "^c=" "$out/pdl.log"
+    ;;
+  fusion)
+    model=${1:?$usage}
+    shift
+    python3 -m pytest -m gpu tests/test_linear.py tests/test_programmatic_launch.py -q \
+      -p no:cacheprovider -rs 2>&1 | tee "$out/pytest-gpu.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    for fusion in ${FUSIONS:-norms residuals}; do
+      python3 bench/kernel_timeline.py "$model" --capacities 1 4 --decode-fusion "$fusion" \
+        --out "$out/$fusion.json" "$@" > "$out/$fusion.log" 2>&1 \
+        || { status=1; tail -20 "$out/$fusion.log"; }
+      grep "^c=" "$out/$fusion.log"
+    done
     ;;
   pdl-core)
     checkpoint=${1:?$usage}

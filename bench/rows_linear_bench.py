@@ -9,8 +9,9 @@ weight copies larger than L2 together (``bench/cuda_timing.py``), per (BLOCK_N,
 BLOCK_K, num_stages, num_warps), F.linear's, and the weight bytes over the time as
 GB/s, beside a device-to-device copy of the same bytes; for gate/up, also the fused
 projection with SiLU and the product that serving launches; and the decode layer's
-fused variants (``fused_ms``: qkv and gate/up with the RMSNorm prologue, o and down
-with the residual epilogue), whose difference from the plain kernel is what the
+fused variants (``fused_ms``: qkv and gate/up scaled by the RMSNorm's statistic from
+the rows' partial squares, o and down with the residual epilogue that also writes
+the result's partial squares), whose difference from the plain kernel is what the
 fusion costs inside the projection. ``--narrow`` times only the K split of weights too
 narrow for the kernel (the hybrid's) against cuBLAS at the same and at 16 padded rows,
 and the kernel past one row tile (32 and 64 rows, Qwen3-8B) against cuBLAS;
@@ -33,7 +34,8 @@ import triton
 from bench.cuda_timing import cold_copies, median_graph_ms
 from ignition.components.linear import (
     ROWS_TILE,
-    RmsNorm,
+    SQUARE_GROUP,
+    RowStatistic,
     _rows_linear_kernel,
     pipeline_stages,
     row_tiles,
@@ -74,8 +76,9 @@ def launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, tile: tuple[int, i
     tiles = row_tiles(rows)
     grid = (triton.cdiv(rows, tiles * ROWS_TILE), triton.cdiv(n, block_n))
     return lambda: _rows_linear_kernel[grid](
-        x, w, w, w, y, y, rows, n, k, x.stride(0), w.stride(0), y.stride(0), y.stride(0), 0.0,
-        HAS_BIAS=False, NORM=False, RESIDUAL=False, ROW_TILES=tiles, BLOCK_M=ROWS_TILE,
+        x, w, w, y, y, y, y, rows, n, k, x.stride(0), w.stride(0), y.stride(0), y.stride(0),
+        y.stride(0), y.stride(0), 0.0, HAS_BIAS=False, NORM=False, RESIDUAL=False,
+        SQUARES=False, ROW_TILES=tiles, BLOCK_M=ROWS_TILE,
         BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
@@ -246,10 +249,13 @@ def main() -> None:
                     continue  # the tile's pipeline does not fit in shared memory
             cublas = median_graph_ms([lambda x=x, w=w: F.linear(x, w) for w in weights])
             gated = None  # the serving MLP's fused kernel: both projections and SiLU
-            # The decode layer's variant: the norm in qkv's and gate/up's prologue, the
-            # residual in o's and down's epilogue.
-            norm = RmsNorm(torch.rand(k, device=device, dtype=torch.bfloat16) + 0.5, 1e-6)
+            # The decode layer's variant: qkv and gate/up scaled by the norm's statistic
+            # (x's partial squares), o and down with the residual and their result's
+            # partial squares in the epilogue.
+            squares = torch.rand(rows, k // SQUARE_GROUP, device=device) + 0.5
+            norm = RowStatistic(squares, 1e-6)
             residual = torch.randn(rows, n, device=device, dtype=torch.bfloat16)
+            out_squares = torch.empty(rows, n // SQUARE_GROUP, device=device)
             fused = None
             if name == "gate_up":
                 gated = over(weights, lambda w, x=x: triton_rows_gated(x, w))
@@ -258,7 +264,10 @@ def main() -> None:
                 fused = over(weights, lambda w, x=x, g=norm: triton_rows_linear(x, w, None, norm=g))
             elif name in ("o", "down"):
                 fused = over(
-                    weights, lambda w, x=x, r=residual: triton_rows_linear(x, w, None, residual=r)
+                    weights,
+                    lambda w, x=x, r=residual, q=out_squares: triton_rows_linear(
+                        x, w, None, residual=r, squares=q
+                    ),
                 )
             best = min(tiles, key=lambda t: tiles[t])
             current = tile_name((*tile_shape(n, k, sms), 4, 4))  # what serving launches

@@ -15,10 +15,15 @@ a fused decode path:
 - with ``decode_fusion`` other than "none", the decoder layer keeps its canonical
   forward for prefill chunks and runs decode rows through ``DecodeFusedLayer``,
   which puts each residual addition in the epilogue of the projection before it
-  and, with "norms", each RMSNorm in the K loop of the projection that reads it.
+  and, with "norms", each RMSNorm but the first layer's into the projections around
+  it: the projection that writes the row leaves its partial squares, the one that
+  reads it scales its sums by the row's inverse RMS, and the norm's gain is folded
+  into that projection's weight when the weights are loaded (the norm modules then
+  hold ones, for prefill's canonical forward too; ``ignition.components.linear``).
   Preparation's default is "residuals", the fastest measured: Qwen3-8B's decode
   step in one process, unprofiled, 4.59 ms at capacity 1 against 4.65 unfused and
-  7.05 with the norms in the K loop (``bench/results/issue5/2026-11-30g-two-gpus/``).
+  7.05 with the norms in the K loop as they were then, gain and squares in every
+  step (``bench/results/issue5/2026-11-30g-two-gpus/``).
   This constructor's own default is "none", the canonical composition.
 
 The text-model forward is replaced by ``forward_tokens`` over packed tokens and
@@ -72,7 +77,15 @@ from ignition.components.kv_cache import (
     prefill_attention,
     rope_write_kv,
 )
-from ignition.components.linear import INVARIANT_ROWS, RmsNorm, gated_project, project
+from ignition.components.linear import (
+    INVARIANT_ROWS,
+    SQUARE_GROUP,
+    RowStatistic,
+    fold_gain,
+    gated_project,
+    project,
+    project_squares,
+)
 from ignition.loading.mapping import Shard, WeightMapping
 from ignition.loading.source import CheckpointError
 from ignition.parallel.shard import ONE_RANK, TensorParallel
@@ -229,6 +242,14 @@ class PagedAttention(nn.Module):
         )
         return parallel.collectives.all_reduce(partial)
 
+    def output_squares(
+        self, out: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``residual + o(out)`` of decode rows and its partial squares (one rank:
+        a rank's partial sum has no squares of the whole row)."""
+        assert not self.parallel.sharded
+        return project_squares(out, self.o_proj.weight, self.o_proj.bias, residual=residual)
+
     def attend(
         self,
         qkv: torch.Tensor,
@@ -283,30 +304,37 @@ class PackedMLP(nn.Module):
         self.act_fn = act_fn
         self.parallel = parallel
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        norm: RmsNorm | None = None,
-        residual: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """``residual + mlp(norm(x))``, norm and residual optional (fused into the
-        kernels for decode rows), summed over the ranks: each rank's down projection
-        of its intermediate rows, the residual added by rank 0."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``residual + mlp(x)``, the residual optional (fused into the down
+        projection's kernel for decode rows), summed over the ranks: each rank's down
+        projection of its intermediate rows, the residual added by rank 0."""
         down, parallel = self.down_proj, self.parallel
-        act = gated_project(x, self.gate_up, self.act_fn, norm)
+        act = gated_project(x, self.gate_up, self.act_fn)
         residual = residual if parallel.leads else None
         partial = project(act, down.weight, down.bias, residual=residual)
         return parallel.collectives.all_reduce(partial)
 
+    def squares(
+        self, x: torch.Tensor, norm: RowStatistic, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``residual + mlp(rms_norm(x))`` of decode rows (``norm``: x's statistic,
+        its gain folded into ``gate_up``) and the result's partial squares (one
+        rank)."""
+        assert not self.parallel.sharded
+        act = gated_project(x, self.gate_up, self.act_fn, norm)
+        down = self.down_proj
+        return project_squares(act, down.weight, down.bias, residual=residual)
 
-def rms_norm(module: nn.Module) -> RmsNorm:
+
+def rms_norm(module: nn.Module) -> tuple[torch.Tensor, float]:
     """The gain and epsilon of a canonical RMSNorm module (``weight``,
-    ``variance_epsilon``: Llama's and Qwen3's, whose arithmetic ``RmsNorm`` is)."""
+    ``variance_epsilon``: Llama's and Qwen3's: the fp32 statistic, the normalized
+    vector rounded to the input's dtype, times the gain)."""
     weight = getattr(module, "weight", None)
     eps = getattr(module, "variance_epsilon", None)
     if not isinstance(weight, torch.Tensor) or not isinstance(eps, float):
         raise CheckpointError(f"{type(module).__name__} is not an RMSNorm with a gain")
-    return RmsNorm(weight, eps)
+    return weight, eps
 
 
 class DecodeFusedLayer(nn.Module):
@@ -314,10 +342,16 @@ class DecodeFusedLayer(nn.Module):
     canonical class (``fuse_decode``), it runs chunks of more than ``INVARIANT_ROWS``
     tokens through the canonical forward, and up to that many with each residual
     addition in the epilogue of the projection before it (``h + o(attn)``,
-    ``h + down(act)``, rounded as eager rounds them) and, with ``fuse_norms``, each
-    RMSNorm in the K loop of the projection that reads it (``qkv(input_norm(h))``,
-    ``gated(post_norm(h))``; ``ignition.components.linear`` says how its rounding
-    differs from eager's). Whichever is not fused runs as the canonical module."""
+    ``h + down(act)``, rounded as eager rounds them).
+
+    With ``fuse_norms``, the norms too (``ignition.components.linear`` says how the
+    rounding differs from eager's): the o and down projections also leave their
+    rows' partial squares, and the gate/up projection and the next layer's qkv
+    projection scale their sums by the statistic (``RowStatistic``), the gains being
+    folded into their weights (``fold_norm_gains``). Such a layer takes the squares
+    of its input (``squares``, from the layer before; the first layer's input, the
+    embeddings, has none and goes through its norm module) and returns its output's
+    beside the hidden states. Whatever is not fused runs as the canonical module."""
 
     self_attn: PagedAttention
     mlp: PackedMLP
@@ -331,29 +365,28 @@ class DecodeFusedLayer(nn.Module):
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         step: AttentionStep,
         kv: torch.Tensor,
+        squares: torch.Tensor | None = None,
         **kwargs: object,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if hidden_states.shape[-2] > INVARIANT_ROWS:
             return super().forward(  # type: ignore[misc]
                 hidden_states, position_embeddings=position_embeddings, step=step, kv=kv, **kwargs
             )
-        attn = self.self_attn
+        attn, mlp = self.self_attn, self.mlp
         x = hidden_states[0]
-        operand, norm = self._normalized(self.input_layernorm, x)
-        qkv = project(operand, attn.qkv, attn.qkv_bias, norm=norm)
+        if squares is None:
+            qkv = project(self.input_layernorm(x), attn.qkv, attn.qkv_bias)
+        else:
+            norm = RowStatistic(squares, rms_norm(self.input_layernorm)[1])
+            qkv = project(x, attn.qkv, attn.qkv_bias, norm=norm)
         out = attn.attend(qkv, position_embeddings, step, kv)
-        h = attn.output(out, residual=x)
-        operand, norm = self._normalized(self.post_attention_layernorm, h)
-        return self.mlp(operand, norm, residual=h).unsqueeze(0)
-
-    def _normalized(
-        self, module: nn.Module, x: torch.Tensor
-    ) -> tuple[torch.Tensor, RmsNorm | None]:
-        """The next projection's operand and the norm it applies: ``x`` and the norm
-        when norms are fused, else the norm module's output and none."""
-        if self.fuse_norms:
-            return x, rms_norm(module)
-        return module(x), None
+        if not self.fuse_norms:
+            h = attn.output(out, residual=x)
+            return mlp(self.post_attention_layernorm(h), residual=h).unsqueeze(0)
+        h, h_squares = attn.output_squares(out, residual=x)
+        norm = RowStatistic(h_squares, rms_norm(self.post_attention_layernorm)[1])
+        h, h_squares = mlp.squares(h, norm, residual=h)
+        return h.unsqueeze(0), h_squares
 
 
 @functools.cache
@@ -364,13 +397,30 @@ def _decode_fused(canonical: type[nn.Module]) -> type[nn.Module]:
 def fuse_decode(layer: nn.Module, fusion: DecodeFusion) -> None:
     """Gives a canonical decoder layer (its attention and MLP already replaced) the
     decode path of ``DecodeFusedLayer`` that ``fusion`` names ("none" leaves it
-    canonical); its modules, parameters and names stay."""
+    canonical); its modules, parameters and names stay. With "norms" the norms' gains
+    must be folded into the projections once loaded (``fold_norm_gains``)."""
     if fusion == "none":
         return
     rms_norm(layer.input_layernorm)
     rms_norm(layer.post_attention_layernorm)
     layer.__class__ = _decode_fused(type(layer))
     layer.fuse_norms = fusion == "norms"
+
+
+def fold_norm_gains(layer: nn.Module) -> None:
+    """Folds a loaded decoder layer's norm gains into the projections that read the
+    normalized rows (``fold_gain``: the input norm's into qkv, the post-attention
+    norm's into gate/up) and makes the gains ones, so the canonical norm modules
+    (prefill's) and the fused decode rows (``DecodeFusedLayer``) both compute
+    ``linear(x * inv_rms, weight * gain)``."""
+    for norm, weight in (
+        (layer.input_layernorm, layer.self_attn.qkv),
+        (layer.post_attention_layernorm, layer.mlp.gate_up),
+    ):
+        gain, _ = rms_norm(norm)
+        fold_gain(weight, gain)
+        with torch.no_grad():
+            gain.fill_(1.0)
 
 
 class LlamaModel:
@@ -391,6 +441,18 @@ class LlamaModel:
         their projections (``fuse_decode``); ``parallel``: the rank whose shard this
         model is (the module docs)."""
         validate_config(config)
+        if decode_fusion == "norms" and parallel.sharded:
+            raise ValueError(
+                'decode fusion "norms" takes each norm\'s statistic from the projection '
+                "that wrote its rows, and a tensor-parallel rank's o and down projections "
+                'write partial sums; prepare with "residuals"'
+            )
+        if decode_fusion == "norms" and config.hidden_size % SQUARE_GROUP:
+            raise ValueError(
+                f'decode fusion "norms" sums squares in groups of {SQUARE_GROUP} columns; '
+                f"hidden_size {config.hidden_size} is not a multiple (prepare with "
+                '"residuals")'
+            )
         self.config = config
         whole = Geometry.from_config(config)
         self.geometry = g = whole.local(parallel)
@@ -482,6 +544,14 @@ class LlamaModel:
             self.mapping.ignore(
                 "lm_head.weight", "tied to model.embed_tokens.weight (tie_word_embeddings)"
             )
+        if decode_fusion == "norms":
+            layers = list(model.model.layers)
+
+            def fold_gains() -> None:
+                for layer in layers:
+                    fold_norm_gains(layer)
+
+            self.mapping.finish(fold_gains)
         self.rotary = place_rotary(model, config, self.weights, positions, dtype, device)
         check_placed(model, device)
         self.model = model
@@ -498,8 +568,13 @@ class LlamaModel:
         h = text.embed_tokens(tokens).unsqueeze(0)
         embeddings = self.rotary.lookup(positions)
         kv = self.cache.kv
+        # Decode rows through layers that fuse their norms: each layer's output's
+        # partial squares, for the next layer's norm (``DecodeFusedLayer``).
+        squares: dict[str, torch.Tensor] = {}
         for i, layer in enumerate(text.layers):
-            h = layer(h, position_embeddings=embeddings, step=step, kv=kv[i : i + 1])
+            h = layer(h, position_embeddings=embeddings, step=step, kv=kv[i : i + 1], **squares)
+            if isinstance(h, tuple):
+                h, squares["squares"] = h
         return text.norm(h)[0]
 
     def compile_layers(self, **options: object) -> None:

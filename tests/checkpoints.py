@@ -110,10 +110,12 @@ def write_tiny(
     head_dim: int = 16,
     layers: int = 2,
     attention_bias: bool = False,
+    norm_gains: bool = False,
 ) -> Path:
     """A tiny ``llama`` or ``qwen3`` checkpoint with GQA (4 heads, 2 KV heads);
     ``attention_bias`` gives the attention projections biases, random (Transformers
-    initializes them to zero)."""
+    initializes them to zero); ``norm_gains`` gives the RMSNorms random gains in [0.5,
+    1.5) (Transformers initializes them to one)."""
     torch.manual_seed(seed)
     common = dict(
         vocab_size=VOCAB,
@@ -134,11 +136,12 @@ def write_tiny(
         model = Qwen3ForCausalLM(Qwen3Config(head_dim=head_dim, **common))
     else:
         raise ValueError(family)
-    if attention_bias:
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if name.endswith("bias"):
-                    param.normal_(0.0, 0.5)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if attention_bias and name.endswith("bias"):
+                param.normal_(0.0, 0.5)
+            if norm_gains and "norm" in name:
+                param.uniform_(0.5, 1.5)
     model.save_pretrained(path)
     _tokenizer().save_pretrained(path)
     return path

@@ -43,19 +43,21 @@ def mmas(ptx):
     sync = len(re.findall(r"mma\\.sync", ptx))
     return str(sync) + "/" + str(len(re.findall(r"wgmma", ptx)))
 
+LINEAR = ["*bf16"] * 3 + ["*fp32", "*bf16", "*bf16", "*fp32"] + ["i32"] * 9 + ["fp32"]
+GATED = ["*bf16", "*bf16", "*fp32", "*bf16"] + ["i32"] * 7 + ["fp32"]
 for fused in (True, False):
     for tiles in (1, 4):
-        k = compile(_rows_linear_kernel, ["*bf16"] * 6 + ["i32"] * 7 + ["fp32"],
-                    dict(HAS_BIAS=False, NORM=fused, RESIDUAL=fused, ROW_TILES=tiles,
-                         BLOCK_M=16, BLOCK_N=32, BLOCK_K=512), num_warps=4, num_stages=4)
-        # The norm's products and the residual's sum are each rounded as eager rounds
-        # them.
+        k = compile(_rows_linear_kernel, LINEAR,
+                    dict(HAS_BIAS=False, NORM=fused, RESIDUAL=fused, SQUARES=fused,
+                         ROW_TILES=tiles, BLOCK_M=16, BLOCK_N=32, BLOCK_K=512, GROUPS=256),
+                    num_warps=4, num_stages=4)
+        # The residual's sum is rounded as eager rounds it.
         ptx = k.asm["ptx"]
         print("linear", fused, tiles, mmas(ptx), len(k.asm["cubin"]),
               len(re.findall(r"fma\\.rn\\.bf16", ptx)))
-        k = compile(_rows_gated_kernel, ["*bf16"] * 4 + ["i32"] * 6 + ["fp32"],
-                    dict(NORM=fused, ROW_TILES=tiles, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128),
-                    num_warps=4, num_stages=4)
+        k = compile(_rows_gated_kernel, GATED,
+                    dict(NORM=fused, ROW_TILES=tiles, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128,
+                         GROUPS=256), num_warps=4, num_stages=4)
         ptx = k.asm["ptx"]
         print("gated", fused, tiles, mmas(ptx), len(k.asm["cubin"]),
               len(re.findall(r"fma\\.rn\\.bf16", ptx)))
@@ -73,14 +75,14 @@ def programmatic_order(ptx):
             first(r"ld\\.global|cp\\.async\\.(ca|cg|bulk)|st\\.global|atom\\.|red\\.")]
 
 for pdl in (True, False):
-    k = compile(_rows_linear_kernel, ["*bf16"] * 6 + ["i32"] * 7 + ["fp32"],
-                dict(HAS_BIAS=True, NORM=True, RESIDUAL=True, ROW_TILES=2, BLOCK_M=16,
-                     BLOCK_N=32, BLOCK_K=256, PDL=pdl), num_warps=4, num_stages=4,
-                launch_pdl=pdl)
+    k = compile(_rows_linear_kernel, LINEAR,
+                dict(HAS_BIAS=True, NORM=True, RESIDUAL=True, SQUARES=True, ROW_TILES=2,
+                     BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, GROUPS=256, PDL=pdl), num_warps=4,
+                num_stages=4, launch_pdl=pdl)
     print("pdl linear", pdl, *programmatic_order(k.asm["ptx"]), k.metadata.launch_pdl)
-    k = compile(_rows_gated_kernel, ["*bf16"] * 4 + ["i32"] * 6 + ["fp32"],
-                dict(NORM=False, ROW_TILES=1, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, PDL=pdl),
-                num_warps=4, num_stages=4, launch_pdl=pdl)
+    k = compile(_rows_gated_kernel, GATED,
+                dict(NORM=True, ROW_TILES=1, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, GROUPS=256,
+                     PDL=pdl), num_warps=4, num_stages=4, launch_pdl=pdl)
     print("pdl gated", pdl, *programmatic_order(k.asm["ptx"]), k.metadata.launch_pdl)
     k = compile(_rows_split_kernel, ["*bf16", "*bf16", "*fp32"] + ["i32"] * 5,
                 dict(K_SPLIT=256, BLOCK_M=16, BLOCK_N=16, BLOCK_K=128, PDL=pdl),

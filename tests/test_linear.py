@@ -17,16 +17,20 @@ from ignition.components.linear import (
     INVARIANT_ROWS,
     PIPELINE_BYTES,
     ROWS_TILE,
+    SQUARE_GROUP,
     STAGES,
     ProjectedLinear,
-    RmsNorm,
+    RowStatistic,
     fills_the_device,
     fitted_block_k,
+    fold_gain,
     gated_project,
+    group_squares,
     invariant_project,
     pipeline_stages,
     project,
     project_linears,
+    project_squares,
     row_tiles,
     split_shape,
     tile_shape,
@@ -203,31 +207,61 @@ def test_project_uses_cublas_beyond_the_invariant_rows(monkeypatch: pytest.Monke
     assert torch.allclose(project(x, w), torch.nn.functional.linear(x, w))
 
 
+def _eager_norm(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama's and Qwen3's RMSNorm: the fp32 statistic, the normalized vector rounded
+    to x's dtype, times the gain."""
+    f = x.float()
+    return gain * (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
 def _check_fused(device: str, dtype: torch.dtype, n: int, k: int, tolerance: float) -> None:
-    """The norm prologue and the residual epilogue against eager's composition on the
-    same operands (``residual + linear(rms_norm(x))``, and the gated projection of the
-    normalized rows), and each row's result independent of its batch, bitwise."""
+    """The decode layer's fusions against eager's composition on the same operands:
+    the norm's statistic from the rows' partial squares, its gain folded into the
+    weight (``residual + linear(rms_norm(x))``, and the gated projection of the
+    normalized rows); the residual epilogue and the partial squares it leaves. Each
+    row's result, squares included, independent of its batch, bitwise."""
     x, w, b = _operands(device, dtype, n, k)
     gen = torch.Generator().manual_seed(k)
-    norm = RmsNorm((1 + torch.randn(k, generator=gen) / 4).to(device, dtype), 1e-6)
+    gain = (1 + torch.randn(k, generator=gen) / 4).to(device, dtype)
     x = x * torch.linspace(0.1, 10, ROWS_TILE, dtype=dtype, device=device)[:, None]
     residual = torch.randn(ROWS_TILE, n, generator=gen).to(device, dtype)
     gate_up = torch.cat([w, w.flip(0)])
+    folded, folded_gate_up = w.clone(), gate_up.clone()
+    fold_gain(folded, gain)
+    fold_gain(folded_gate_up, gain)
+    squares = group_squares(x)  # x's partial squares (the producer's, in torch's order)
+
+    def norm(rows: slice) -> RowStatistic:
+        return RowStatistic(squares[rows], 1e-6)
+
+    def with_squares(rows: slice) -> torch.Tensor:
+        out = torch.empty(len(x[rows]), n // SQUARE_GROUP, device=device)
+        triton_rows_linear(x[rows], w, b, residual=residual[rows], squares=out)
+        return out
+
     linear = torch.nn.functional.linear
+    normalized = _eager_norm(x, gain, 1e-6)
     cases = (
         (
-            lambda rows: triton_rows_linear(x[rows], w, b, norm=norm, residual=residual[rows]),
-            residual + linear(norm(x), w, b),
+            lambda rows: triton_rows_linear(
+                x[rows], folded, b, norm=norm(rows), residual=residual[rows]
+            ),
+            residual + linear(normalized, w, b),
         ),
-        (lambda rows: triton_rows_linear(x[rows], w, b, norm=norm), linear(norm(x), w, b)),
+        (
+            lambda rows: triton_rows_linear(x[rows], folded, b, norm=norm(rows)),
+            linear(normalized, w, b),
+        ),
         (
             lambda rows: triton_rows_linear(x[rows], w, None, residual=residual[rows]),
             residual + linear(x, w),
         ),
         (
-            lambda rows: triton_rows_gated(x[rows], gate_up, norm),
-            torch.nn.functional.silu(linear(norm(x), w)) * linear(norm(x), w.flip(0)),
+            lambda rows: triton_rows_gated(x[rows], folded_gate_up, norm(rows)),
+            torch.nn.functional.silu(linear(normalized, w)) * linear(normalized, w.flip(0)),
         ),
+        # The squares of the rounded result, summed in another order: fp32 ulps.
+        (with_squares, group_squares(triton_rows_linear(x, w, b, residual=residual))),
     )
     for run, reference in cases:
         full = run(slice(None))
@@ -239,27 +273,68 @@ def _check_fused(device: str, dtype: torch.dtype, n: int, k: int, tolerance: flo
                 assert torch.equal(part, full[start : start + rows])
 
 
-# fp32: the norm scales the sums instead of the operand; a few ulps from eager.
-@pytest.mark.parametrize(("n", "k"), [(64, 128), (40, 200)])
-def test_norm_prologue_and_residual_epilogue_interpreted(n: int, k: int) -> None:
+# fp32: the norm scales the sums instead of the operand and the gain is folded into
+# the weight; a few ulps from eager.
+@pytest.mark.parametrize(("n", "k"), [(64, 128), (48, 208)])
+def test_norm_statistic_and_residual_epilogue_interpreted(n: int, k: int) -> None:
     _check_fused("cpu", torch.float32, n, k, 1e-5)
 
 
+def test_partial_squares_follow_no_tile_interpreted() -> None:
+    # The producer's tile follows the row count (``many_rows_tile``); its partial
+    # squares, each 16 columns summed by one spelled-out tree, must not.
+    x, w, b = _rows_operands(64, 96, 5, "cpu", torch.float32)
+    sums = []
+    for width in BLOCK_NS:
+        out = torch.empty(5, 64 // SQUARE_GROUP)
+        triton_rows_linear(x, w, b, width=width, squares=out)
+        sums.append(out)
+    assert all(torch.equal(s, sums[0]) for s in sums)
+    torch.testing.assert_close(sums[0], group_squares(triton_rows_linear(x, w, b)))
+
+
+# The compiled tile's layout follows its width; the squares' tree must not.
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n", "k"), [(576, 576), (4096, 12288)])
+def test_partial_squares_follow_no_tile_on_gpu(n: int, k: int) -> None:
+    x, w, b = _rows_operands(n, k, 2 * ROWS_TILE + 3, "cuda", torch.bfloat16)
+    residual = torch.randn(len(x), n).to("cuda", torch.bfloat16)
+    sums = []
+    for width in BLOCK_NS:
+        out = torch.empty(len(x), n // SQUARE_GROUP, device="cuda")
+        triton_rows_linear(x, w, b, width=width, residual=residual, squares=out)
+        sums.append(out)
+    assert all(torch.equal(s, sums[0]) for s in sums)
+    y = triton_rows_linear(x, w, b, residual=residual)
+    torch.testing.assert_close(sums[0], group_squares(y), rtol=1e-5, atol=0)
+
+
 def test_project_fuses_the_norm_and_residual_only_for_decode_rows() -> None:
-    x, w, b = _operands("cpu", torch.float32, 24, 40)
-    norm = RmsNorm(torch.rand(40) + 0.5, 1e-5)
-    residual = torch.randn(ROWS_TILE, 24)
+    x, w, b = _operands("cpu", torch.float32, 32, 48)
+    gain = torch.rand(48) + 0.5
+    folded = w.clone()
+    fold_gain(folded, gain)
+    residual = torch.randn(ROWS_TILE, 32)
     copies = INVARIANT_ROWS // ROWS_TILE + 1
     for rows in (INVARIANT_ROWS, INVARIANT_ROWS + 1):  # the fused kernel, then eager
         many = torch.cat([x] * copies)[:rows].view(1, rows, -1)
         extra = torch.cat([residual] * copies)[:rows].view(1, rows, -1)
-        got = project(many, w, b, norm=norm, residual=extra)
-        expected = extra + torch.nn.functional.linear(norm(many), w, b)
+        norm = RowStatistic(group_squares(many[0]), 1e-5)
+        got = project(many, folded, b, norm=norm, residual=extra)
+        expected = extra + torch.nn.functional.linear(_eager_norm(many, gain, 1e-5), w, b)
         torch.testing.assert_close(got, expected)
-    with pytest.raises(ValueError, match="gain"):
-        triton_rows_linear(x, w, b, norm=RmsNorm(torch.ones(39), 1e-5))
+    y, squares = project_squares(x, w, b, residual=residual)
+    torch.testing.assert_close(squares, group_squares(y))
+    with pytest.raises(ValueError, match="squares"):
+        triton_rows_linear(x, w, b, norm=RowStatistic(torch.ones(ROWS_TILE, 2), 1e-5))
+    with pytest.raises(ValueError, match="squares"):
+        triton_rows_linear(x, w, b, squares=torch.empty(ROWS_TILE, 3))
     with pytest.raises(ValueError, match="residual"):
         triton_rows_linear(x, w, b, residual=residual[:, :23])
+    with pytest.raises(ValueError, match="at most"):
+        project_squares(torch.zeros(1, INVARIANT_ROWS + 1, 48), w)
+    with pytest.raises(ValueError, match="fold"):
+        fold_gain(folded, gain[:-1])
 
 
 # bf16 operands, fp32 accumulation, one bf16 rounding of the output: ~4e-3 relative.
@@ -276,11 +351,12 @@ def test_rows_gated_on_gpu(n: int, k: int) -> None:
     _check_gated("cuda", torch.bfloat16, n, k, 8e-3)
 
 
-# bf16: the fused norm rounds its operand once (x times the gain) where eager rounds
-# twice, and scales the fp32 sums; about one operand rounding from eager's result.
+# bf16: the fused norm rounds the weight times the gain once where eager rounds the
+# normalized x and its product with the gain, and scales the fp32 sums; about one
+# operand rounding from eager's result.
 @pytest.mark.gpu
 @pytest.mark.parametrize(("n", "k"), [(576, 576), (4096, 4096)])
-def test_norm_prologue_and_residual_epilogue_on_gpu(n: int, k: int) -> None:
+def test_norm_statistic_and_residual_epilogue_on_gpu(n: int, k: int) -> None:
     _check_fused("cuda", torch.bfloat16, n, k, 8e-3)
 
 
@@ -407,20 +483,38 @@ def test_the_k_split_matches_and_is_batch_invariant_interpreted(k_split: int) ->
 def test_rows_past_one_tile_are_batch_invariant_interpreted() -> None:
     # A decode step at 32 or 64 requests: the rows in tiles of ROWS_TILE, each row's
     # bits those of the same request decoded alone or in any other batch.
-    x, w, b = _rows_operands(48, 200, 2 * ROWS_TILE + 5, "cpu", torch.float32)
+    x, w, b = _rows_operands(48, 208, 2 * ROWS_TILE + 5, "cpu", torch.float32)
     reference = torch.nn.functional.linear(x.double(), w.double(), b.double())
     full = triton_rows_linear(x, w, b)
     assert (full.double() - reference).norm() / reference.norm() < 1e-5
-    norm = RmsNorm(torch.rand(200) + 0.5, 1e-5)
-    residual = torch.randn(x.shape[0], 48)
+    _fused_rows_agree(x, w, b, 1e-5)
+    with pytest.raises(ValueError, match="exceed"):
+        triton_rows_linear(torch.zeros(INVARIANT_ROWS + 1, 208), w, b)
+
+
+def _fused_rows_agree(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) -> None:
+    """The decode layer's fused kernels (the norm's statistic, the residual and the
+    partial squares it leaves) give every row the same bits at every batch."""
+    squares = group_squares(x)
+    residual = torch.randn(len(x), w.shape[0]).to(x.device, x.dtype)
     gate_up = torch.cat([w, w.flip(0)])
+
+    def with_squares(rows: slice) -> torch.Tensor:
+        out = torch.empty(len(x[rows]), w.shape[0] // SQUARE_GROUP, device=x.device)
+        triton_rows_linear(x[rows], w, b, residual=residual[rows], squares=out)
+        return out
+
     _many_rows_agree(lambda r: triton_rows_linear(x[r], w, b), len(x))
     _many_rows_agree(
-        lambda r: triton_rows_linear(x[r], w, b, norm=norm, residual=residual[r]), len(x)
+        lambda r: triton_rows_linear(
+            x[r], w, b, norm=RowStatistic(squares[r], eps), residual=residual[r]
+        ),
+        len(x),
     )
-    _many_rows_agree(lambda r: triton_rows_gated(x[r], gate_up, norm), len(x))
-    with pytest.raises(ValueError, match="exceed"):
-        triton_rows_linear(torch.zeros(INVARIANT_ROWS + 1, 200), w, b)
+    _many_rows_agree(with_squares, len(x))
+    _many_rows_agree(
+        lambda r: triton_rows_gated(x[r], gate_up, RowStatistic(squares[r], eps)), len(x)
+    )
 
 
 def test_the_interpreter_keeps_one_row_tiles_k_step_interpreted() -> None:
@@ -506,15 +600,9 @@ def test_the_k_split_matches_and_is_batch_invariant_on_gpu(n: int, k: int) -> No
 @pytest.mark.parametrize(("n", "k"), [(960, 576), (4096, 4096), (6144, 4096)])
 def test_rows_past_one_tile_are_batch_invariant_on_gpu(n: int, k: int) -> None:
     x, w, b = _rows_operands(n, k, INVARIANT_ROWS, "cuda", torch.bfloat16)
-    norm = RmsNorm((torch.rand(k) + 0.5).to("cuda", torch.bfloat16), 1e-6)
-    residual = torch.randn(len(x), n).to("cuda", torch.bfloat16)
     reference = torch.nn.functional.linear(x.double(), w.double(), b.double())
     full = triton_rows_linear(x, w, b)
     assert (full.double() - reference).norm() / reference.norm() < 8e-3
-    _many_rows_agree(lambda r: triton_rows_linear(x[r], w, b), len(x))
-    _many_rows_agree(
-        lambda r: triton_rows_linear(x[r], w, b, norm=norm, residual=residual[r]), len(x)
-    )
+    _fused_rows_agree(x, w, b, 1e-6)
     gate_up = torch.cat([w, w.flip(0)])
-    _many_rows_agree(lambda r: triton_rows_gated(x[r], gate_up, norm), len(x))
     _many_rows_agree(lambda r: triton_rows_gated(x[r], gate_up), len(x))

@@ -16,6 +16,7 @@ from ignition.components.kv_cache import PagedKvCache
 from ignition.loading.mapping import check_coverage
 from ignition.loading.safetensors_source import SafetensorsCheckpoint
 from ignition.loading.source import CheckpointError
+from ignition.parallel.shard import TensorParallel
 from ignition.preparation.catalog import GraphKey, GraphKind
 from ignition.preparation.compile_flags import DecodeFusion
 from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare
@@ -115,10 +116,17 @@ def test_teacher_forced_logits_match_transformers(checkpoint: Path, prompt: int)
     assert result.top10_overlap == 1.0
 
 
+@pytest.fixture(scope="module", params=FAMILIES)
+def gained(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny checkpoint whose RMSNorms have gains other than one."""
+    return write_tiny(tmp_path_factory.mktemp(request.param), request.param, norm_gains=True)
+
+
 @pytest.mark.parametrize("fusion", ["residuals", "norms"])
-def test_fused_decode_layers_match_transformers(checkpoint: Path, fusion: DecodeFusion) -> None:
+def test_fused_decode_layers_match_transformers(gained: Path, fusion: DecodeFusion) -> None:
     """Decode steps through the fused layers (residuals, then norms too, in the
     projections' kernels), across a page boundary, against a full Transformers forward."""
+    checkpoint = gained
     prompt = 60
     tokens = torch.randint(3, 512, (prompt + 40,), generator=torch.Generator().manual_seed(5))
     actual = teacher_forced_logits(
@@ -128,6 +136,40 @@ def test_fused_decode_layers_match_transformers(checkpoint: Path, fusion: Decode
     result = compare_logits(actual, reference)
     assert result.relative_l2 < FP32_RELATIVE_L2, result
     assert result.top10_overlap == 1.0
+
+
+def test_the_norms_fusion_folds_each_gain_into_the_projection_reading_it(gained: Path) -> None:
+    """Loaded for "norms", each layer's qkv and gate/up weights hold the checkpoint's
+    rows times the gain of the norm before them, and the norms hold ones (prefill's
+    canonical norm modules then multiply by one)."""
+    tensors = load_file(gained / "model.safetensors")
+    layers = _prepare(gained, decode_fusion="norms").model.model.model.layers
+    for i, layer in enumerate(layers):
+        prefix = f"model.layers.{i}."
+        for norm, projection, packed in (
+            ("input_layernorm", "self_attn.q_proj", layer.self_attn.qkv),
+            ("post_attention_layernorm", "mlp.gate_proj", layer.mlp.gate_up),
+        ):
+            gain = tensors[f"{prefix}{norm}.weight"]
+            assert not torch.equal(gain, torch.ones_like(gain))
+            rows = tensors[f"{prefix}{projection}.weight"]
+            assert torch.equal(packed[: len(rows)], rows * gain)
+            assert torch.equal(getattr(layer, norm).weight, torch.ones_like(gain))
+
+
+def test_the_norms_fusion_is_refused_where_it_cannot_hold(gained: Path) -> None:
+    config = SafetensorsCheckpoint(gained).config()
+    meta = torch.device("meta")
+    with pytest.raises(ValueError, match="tensor-parallel"):
+        llama.LlamaModel(
+            config, PagedKvCache(torch.empty(0)), torch.float32, meta, decode_fusion="norms",
+            parallel=TensorParallel(0, 2),
+        )  # fmt: skip
+    config.hidden_size = 72
+    with pytest.raises(ValueError, match="groups of 16"):
+        llama.LlamaModel(
+            config, PagedKvCache(torch.empty(0)), torch.float32, meta, decode_fusion="norms"
+        )
 
 
 @pytest.mark.parametrize("fusion", ["none", "norms"])

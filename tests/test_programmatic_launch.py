@@ -87,7 +87,7 @@ def test_programmatic_launch_computes_the_same_bits_and_captures_programmatic_ed
 
     x, w, b = rand(20, 4096), rand(6144, 4096) / 64, rand(6144)
     gate_up, narrow = rand(2 * 4096, 4096) / 64, rand(128, 4096) / 64
-    norm = linear.RmsNorm(rand(4096).abs() + 0.5, 1e-6)
+    norm = linear.RowStatistic(linear.group_squares(x), 1e-6)
     residual = rand(20, 6144)
     # Decode attention over 20 rows of 300 cached tokens in 64-token pages, then the
     # o projection: the attention's merge lets the projection launch at its start.
@@ -97,13 +97,15 @@ def test_programmatic_launch_computes_the_same_bits_and_captures_programmatic_ed
     o = rand(4096, 4096) / 64
 
     def step() -> list[torch.Tensor]:
-        h = linear.triton_rows_linear(x, w, b, norm=norm, residual=residual)
-        g = linear.triton_rows_gated(h[:, :4096].contiguous(), gate_up, norm)
+        squares = torch.empty(20, 6144 // linear.SQUARE_GROUP, device="cuda")
+        h = linear.triton_rows_linear(x, w, b, norm=norm, residual=residual, squares=squares)
+        h_norm = linear.RowStatistic(squares[:, : 4096 // linear.SQUARE_GROUP], 1e-6)
+        g = linear.triton_rows_gated(h[:, :4096].contiguous(), gate_up, h_norm)
         a = triton_paged_decode_attention(
             h[:, :4096].reshape(20, 32, 128).contiguous(), kv, table, lengths, 128**-0.5
         )
         y = linear.triton_rows_linear(a.reshape(20, 4096), o, None, residual=x)
-        return [h, g, linear.triton_rows_split_linear(g, narrow, None), a, y]
+        return [h, squares, g, linear.triton_rows_split_linear(g, narrow, None), a, y]
 
     plain = step()
     with programmatic_launch.programmatic_launch():

@@ -16,8 +16,7 @@ one operator per GEMM.
 
 The tile (``BLOCK_N`` output columns by ``BLOCK_K`` of the K loop) follows the
 weight's shape and the device, and past one row tile the row tiles a program takes
-(``many_rows_tile``; a kernel taking the norm keeps one tile's K step, see
-``tile_shape``). Decode reads each weight once,
+(``many_rows_tile``). Decode reads each weight once,
 so the kernel is a weight stream, and its speed is the weight bytes in flight: the
 width is the wider of 64 and 32 columns that still gives every SM a program, and
 when that leaves at most one program per SM (a 4096-column projection: 128 programs
@@ -50,14 +49,22 @@ Both kernels can take a decoder layer's RMSNorm (``norm``), and the plain one th
 residual addition in its epilogue (``residual``, rounded as eager rounds it), so a
 decode layer can be four projections with no norm or addition kernels between them
 (``recipes.llama.DecodeFusedLayer``). The norm's statistic is a reduction over the
-whole row, which no program has before its K loop ends: computing it first, row by
+whole row, which no program has before its K loop ends. Computing it first, row by
 row, cost 2.6 us a row in the Qwen3-8B qkv projection (16.4 us plain, 19.3 with one
-row, 27.1 with four; ``bench/results/issue5/2026-11-30f-two-gpus/``). So the kernels
-gather each row's squares in the K loop they already run, feed the dot ``x * gain``
-rounded to x's dtype, and scale the fp32 sums by the inverse RMS at the end: eager
-rounds ``x * inv_rms`` and then the gain product, so the two differ by about one
-rounding of the operand, within the projection's own tolerance, and a row's result
-still never depends on its batch.
+row, 27.1 with four; ``bench/results/issue5/2026-11-30f-two-gpus/``); gathering the
+squares and applying the gain in the K loop made the loop body 329 instructions a
+step against 126 (each warp squares and scales its replicated copy of x's tile) and
+the qkv and gate/up kernels 1.8x slower (``bench/results/issue23/2026-12-04e-h200-
+programmatic-launch/``). So the statistic comes from the projection that produced the
+row (``squares``): its epilogue writes, beside each output tile, the fp32 sums of the
+rounded outputs' squares over fixed groups of ``SQUARE_GROUP`` columns, each summed by
+the same pairwise tree whatever the tile (``RowStatistic``). The projection that
+reads the row sums its groups, and its K loop is the plain one: the norm's gain is
+folded into its weight at preparation (``fold_gain``), so the dot's operand is x as
+loaded and the fp32 sums are scaled by the row's inverse RMS at the end. Eager rounds
+``x * inv_rms``, then the gain product, where this rounds ``w * gain`` once: about one
+operand rounding from eager's result, within the projection's own tolerance, and a
+row's result never depends on its batch.
 """
 
 from __future__ import annotations
@@ -105,56 +112,68 @@ SPLIT_BLOCK_K = 128
 SPLIT_MIN_STEPS = 2
 SPLIT_MAX = 32
 SUM_BLOCK = 1024
+# The columns of one partial sum of squares a projection leaves for the RMSNorm of
+# the row it wrote (``_group_squares``): every tile width is a multiple.
+SQUARE_GROUP = 16
 # The interpreter's stand-in for a device's SM count: one, so it runs the widest tile
 # (the fewest programs, each a Python loop there); every width gives the same bits.
 INTERPRETER_SMS = 1
 
 
 @triton.jit
-def _gained(x, g_ptr, kk, K, squares):
-    """One K step of the fused RMSNorm: x's tile times the gain ``g``, rounded to x's
-    dtype (the dot's operand), and ``squares`` [BLOCK_M] plus the tile's row sums of
-    x's squares (fp32). Summed per step, not kept as a tile until the loop ends: a
-    [BLOCK_M, BLOCK_K] fp32 accumulator made the Qwen3-8B qkv and gate/up kernels
-    spill (ptxas, SM90)."""
-    g = tl.load(g_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-    f = x.to(tl.float32)
-    return (f * g[None, :]).to(x.dtype), squares + tl.sum(f * f, axis=1)
+def _pair_sums(q, ROWS: tl.constexpr, WIDTH: tl.constexpr):
+    """``[ROWS, WIDTH // 2]``: the sums of ``q [ROWS, WIDTH]``'s adjacent column pairs."""
+    first, second = tl.split(tl.reshape(q, (ROWS, WIDTH // 2, 2)))
+    return first + second
 
 
 @triton.jit
-def _inv_rms(squares, K, eps):
-    """``[BLOCK_M]`` fp32 ``1 / sqrt(mean(x**2) + eps)`` from the rows' sums of
-    squares; each row's own, so its statistic never depends on its batch."""
-    return 1.0 / tl.sqrt(squares / K + eps)
+def _group_squares(out, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``[BLOCK_M, BLOCK_N // SQUARE_GROUP]`` fp32: the sums of ``out``'s squares over
+    each group of 16 columns (``SQUARE_GROUP``), by the same pairwise tree of fp32
+    additions whatever the tile's width or layout (a reduction's order follows the
+    layout the compiler picks; these additions are each spelled out)."""
+    groups: tl.constexpr = BLOCK_M * BLOCK_N // 16
+    f = out.to(tl.float32)
+    q = tl.reshape(f * f, (groups, 16))
+    q = _pair_sums(q, groups, 16)
+    q = _pair_sums(q, groups, 8)
+    q = _pair_sums(q, groups, 4)
+    q = _pair_sums(q, groups, 2)
+    return tl.reshape(q, (BLOCK_M, BLOCK_N // 16))
 
 
 @triton.jit
-def _x_tile(x_ptr, g_ptr, rm, kk, M, K, stride_xm, squares, NORM: tl.constexpr):
-    """The dot's operand from x's ``[BLOCK_M, BLOCK_K]`` tile of rows ``rm`` and columns
-    ``kk`` (zero outside), and the rows' running ``squares``: with ``NORM`` the tile
-    times the gain and the squares grown by it (``_gained``), else both as they are."""
+def _inv_rms(s_ptr, rm, M, K, stride_sm, eps, GROUPS: tl.constexpr):
+    """``[BLOCK_M]`` fp32 ``1 / sqrt(mean(x**2) + eps)`` of rows ``rm`` from their
+    partial sums of squares (``K // SQUARE_GROUP`` a row at ``s_ptr``, ``GROUPS`` the
+    power of two that holds them): each row's own, summed by a reduction whose order
+    follows the ``[BLOCK_M, GROUPS]`` tile alone (one shape for every row count and
+    every reader of K columns), so its statistic never depends on its batch."""
+    rg = tl.arange(0, GROUPS)
+    mask = (rm[:, None] < M) & (rg[None, :] < K // 16)
+    squares = tl.load(s_ptr + rm[:, None] * stride_sm + rg[None, :], mask=mask, other=0.0)
+    return 1.0 / tl.sqrt(tl.sum(squares, axis=1) / K + eps)
+
+
+@triton.jit
+def _x_tile(x_ptr, rm, kk, M, K, stride_xm):
+    """x's ``[BLOCK_M, BLOCK_K]`` tile of rows ``rm`` and columns ``kk`` (zero outside)."""
     mask = (rm[:, None] < M) & (kk[None, :] < K)
-    x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=mask, other=0.0)
-    if NORM:
-        x, squares = _gained(x, g_ptr, kk, K, squares)
-    return x, squares
+    return tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
 def _rows_dot(
     x_ptr,
     w_ptr,
-    g_ptr,
     M,
     N,
     K,
     stride_xm,
     stride_wn,
-    eps,
     rm,
     rn,
-    NORM: tl.constexpr,
     ROW_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -164,18 +183,12 @@ def _rows_dot(
     row tiles ``t``, four accumulators (those past ``ROW_TILES`` stay zero): each
     weight tile is loaded once and multiplied into every row tile by the same
     ``BLOCK_M``-row dot, so a row's arithmetic is that of one tile whatever the row
-    count. With ``NORM``, ``rms_norm(x) @ w[rn].T`` as ``(x * g) @ w[rn].T`` scaled by
-    each row's inverse RMS (gain ``g_ptr``, ``eps``), the statistic gathered in the
-    same K loop."""
+    count."""
     rk = tl.arange(0, BLOCK_K)
     acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc3 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    sq0 = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    sq1 = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    sq2 = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    sq3 = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         w = tl.load(
@@ -184,22 +197,13 @@ def _rows_dot(
             other=0.0,
         )
         wt = tl.trans(w)
-        x, sq0 = _x_tile(x_ptr, g_ptr, rm, kk, M, K, stride_xm, sq0, NORM)
-        acc0 = tl.dot(x, wt, acc0)
+        acc0 = tl.dot(_x_tile(x_ptr, rm, kk, M, K, stride_xm), wt, acc0)
         if ROW_TILES > 1:
-            x, sq1 = _x_tile(x_ptr, g_ptr, rm + BLOCK_M, kk, M, K, stride_xm, sq1, NORM)
-            acc1 = tl.dot(x, wt, acc1)
+            acc1 = tl.dot(_x_tile(x_ptr, rm + BLOCK_M, kk, M, K, stride_xm), wt, acc1)
         if ROW_TILES > 2:
-            x, sq2 = _x_tile(x_ptr, g_ptr, rm + 2 * BLOCK_M, kk, M, K, stride_xm, sq2, NORM)
-            acc2 = tl.dot(x, wt, acc2)
+            acc2 = tl.dot(_x_tile(x_ptr, rm + 2 * BLOCK_M, kk, M, K, stride_xm), wt, acc2)
         if ROW_TILES > 3:
-            x, sq3 = _x_tile(x_ptr, g_ptr, rm + 3 * BLOCK_M, kk, M, K, stride_xm, sq3, NORM)
-            acc3 = tl.dot(x, wt, acc3)
-    if NORM:
-        acc0 *= _inv_rms(sq0, K, eps)[:, None]
-        acc1 *= _inv_rms(sq1, K, eps)[:, None]
-        acc2 *= _inv_rms(sq2, K, eps)[:, None]
-        acc3 *= _inv_rms(sq3, K, eps)[:, None]
+            acc3 = tl.dot(_x_tile(x_ptr, rm + 3 * BLOCK_M, kk, M, K, stride_xm), wt, acc3)
     return acc0, acc1, acc2, acc3
 
 
@@ -207,22 +211,37 @@ def _rows_dot(
 def _store_rows(
     acc,
     b_ptr,
+    s_ptr,
     r_ptr,
     y_ptr,
+    q_ptr,
     M,
     N,
+    K,
+    stride_sm,
     stride_rm,
     stride_ym,
+    stride_qm,
+    eps,
     rm,
     rn,
     HAS_BIAS: tl.constexpr,
+    NORM: tl.constexpr,
     RESIDUAL: tl.constexpr,
+    SQUARES: tl.constexpr,
+    GROUPS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
-    """The output tile: fp32 ``acc`` plus the bias, rounded once to y's dtype; with
-    ``RESIDUAL``, then added to the residual's tile and rounded again (eager's
-    ``residual + linear(x)``)."""
+    """The output tile of rows ``rm``: fp32 ``acc`` (scaled by each row's inverse RMS
+    with ``NORM``, from x's partial squares at ``s_ptr``) plus the bias, rounded once
+    to y's dtype; with ``RESIDUAL``, then added to the residual's tile and rounded
+    again (eager's ``residual + linear(x)``); with ``SQUARES``, the output's partial
+    squares stored beside it (``_group_squares``, to ``q_ptr``)."""
     dtype = y_ptr.dtype.element_ty
     mask = (rm[:, None] < M) & (rn[None, :] < N)
+    if NORM:
+        acc *= _inv_rms(s_ptr, rm, M, K, stride_sm, eps, GROUPS)[:, None]
     if HAS_BIAS:
         bias = tl.load(b_ptr + rn, mask=rn < N, other=0.0)
         acc += bias.to(tl.float32)[None, :]
@@ -231,6 +250,13 @@ def _store_rows(
         residual = tl.load(r_ptr + rm[:, None] * stride_rm + rn[None, :], mask=mask, other=0.0)
         out = (residual.to(tl.float32) + out.to(tl.float32)).to(dtype)
     tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], out, mask=mask)
+    if SQUARES:
+        rq = tl.program_id(1) * (BLOCK_N // 16) + tl.arange(0, BLOCK_N // 16)
+        tl.store(
+            q_ptr + rm[:, None] * stride_qm + rq[None, :],
+            _group_squares(out, BLOCK_M, BLOCK_N),
+            mask=(rm[:, None] < M) & (rq[None, :] < N // 16),
+        )
 
 
 @triton.jit
@@ -238,63 +264,79 @@ def _rows_linear_kernel(
     x_ptr,
     w_ptr,
     b_ptr,
-    g_ptr,
+    s_ptr,
     r_ptr,
     y_ptr,
+    q_ptr,
     M,
     N,
     K,
     stride_xm,
     stride_wn,
+    stride_sm,
     stride_rm,
     stride_ym,
+    stride_qm,
     eps,
     HAS_BIAS: tl.constexpr,
     NORM: tl.constexpr,
     RESIDUAL: tl.constexpr,
+    SQUARES: tl.constexpr,
     ROW_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    GROUPS: tl.constexpr = 1,
     PDL: tl.constexpr = False,
 ):
-    """``residual + linear(rms_norm(x))``, each part optional (``NORM``: gain
-    ``g_ptr`` and ``eps``; ``RESIDUAL``: ``r_ptr``), of the ``ROW_TILES`` row tiles
-    of ``program_id(0)`` and column tile ``program_id(1)``. With ``PDL``, launched
-    programmatically: the wait before anything else (``programmatic_launch``)."""
+    """``residual + linear(rms_norm(x))``, each part optional (``NORM``: x's partial
+    squares ``s_ptr`` and ``eps``, the gain folded into w; ``RESIDUAL``: ``r_ptr``),
+    and with ``SQUARES`` the result's partial squares (``q_ptr``), of the
+    ``ROW_TILES`` row tiles of ``program_id(0)`` and column tile ``program_id(1)``.
+    With ``PDL``, launched programmatically: the wait before anything else
+    (``programmatic_launch``)."""
     rm = tl.program_id(0) * ROW_TILES * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     if PDL:
         await_producer()
     acc0, acc1, acc2, acc3 = _rows_dot(
-        x_ptr, w_ptr, g_ptr, M, N, K, stride_xm, stride_wn, eps, rm, rn, NORM, ROW_TILES,
-        BLOCK_M, BLOCK_N, BLOCK_K,
+        x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, rm, rn, ROW_TILES, BLOCK_M, BLOCK_N,
+        BLOCK_K,
     )  # fmt: skip
-    _store_rows(acc0, b_ptr, r_ptr, y_ptr, M, N, stride_rm, stride_ym, rm, rn, HAS_BIAS, RESIDUAL)
+    _store_rows(
+        acc0, b_ptr, s_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm, stride_ym,
+        stride_qm, eps, rm, rn, HAS_BIAS, NORM, RESIDUAL, SQUARES, GROUPS, BLOCK_M, BLOCK_N,
+    )  # fmt: skip
     if ROW_TILES > 1:
         _store_rows(
-            acc1, b_ptr, r_ptr, y_ptr, M, N, stride_rm, stride_ym, rm + BLOCK_M, rn, HAS_BIAS,
-            RESIDUAL,
+            acc1, b_ptr, s_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm,
+            stride_ym, stride_qm, eps, rm + BLOCK_M, rn, HAS_BIAS, NORM, RESIDUAL, SQUARES,
+            GROUPS, BLOCK_M, BLOCK_N,
         )  # fmt: skip
     if ROW_TILES > 2:
         _store_rows(
-            acc2, b_ptr, r_ptr, y_ptr, M, N, stride_rm, stride_ym, rm + 2 * BLOCK_M, rn,
-            HAS_BIAS, RESIDUAL,
+            acc2, b_ptr, s_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm,
+            stride_ym, stride_qm, eps, rm + 2 * BLOCK_M, rn, HAS_BIAS, NORM, RESIDUAL,
+            SQUARES, GROUPS, BLOCK_M, BLOCK_N,
         )  # fmt: skip
     if ROW_TILES > 3:
         _store_rows(
-            acc3, b_ptr, r_ptr, y_ptr, M, N, stride_rm, stride_ym, rm + 3 * BLOCK_M, rn,
-            HAS_BIAS, RESIDUAL,
+            acc3, b_ptr, s_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm,
+            stride_ym, stride_qm, eps, rm + 3 * BLOCK_M, rn, HAS_BIAS, NORM, RESIDUAL,
+            SQUARES, GROUPS, BLOCK_M, BLOCK_N,
         )  # fmt: skip
 
 
 @triton.jit
-def _store_gated(gate, up, squares, y_ptr, M, N, K, stride_ym, eps, rm, rn, NORM: tl.constexpr):
+def _store_gated(
+    gate, up, s_ptr, y_ptr, M, N, K, stride_sm, stride_ym, eps, rm, rn, NORM: tl.constexpr,
+    GROUPS: tl.constexpr,
+):  # fmt: skip
     """One row tile's ``silu(gate) * up`` from its fp32 sums (scaled by the rows'
-    inverse RMS with ``NORM``): each projection rounded to y's dtype, then the
-    activation, then the product (eager rounding)."""
+    inverse RMS with ``NORM``, as ``_store_rows``): each projection rounded to y's
+    dtype, then the activation, then the product (eager rounding)."""
     if NORM:
-        inv = _inv_rms(squares, K, eps)[:, None]
+        inv = _inv_rms(s_ptr, rm, M, K, stride_sm, eps, GROUPS)[:, None]
         gate *= inv
         up *= inv
     dtype = y_ptr.dtype.element_ty
@@ -311,13 +353,14 @@ def _store_gated(gate, up, squares, y_ptr, M, N, K, stride_ym, eps, rm, rn, NORM
 def _rows_gated_kernel(
     x_ptr,
     w_ptr,
-    g_ptr,
+    s_ptr,
     y_ptr,
     M,
     N,
     K,
     stride_xm,
     stride_wn,
+    stride_sm,
     stride_ym,
     eps,
     NORM: tl.constexpr,
@@ -325,14 +368,15 @@ def _rows_gated_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    GROUPS: tl.constexpr = 1,
     PDL: tl.constexpr = False,
 ):
     """``silu(gate) * up`` of columns ``rn`` for the packed weight ``w [2N, K]``
     (gate rows, then up rows): both tiles stream in one K loop and go into each of the
     program's ``ROW_TILES`` (1 to 4) row tiles by the same dots (as ``_rows_dot``).
-    With ``NORM``, of x's rows normalized (gain ``g_ptr``, ``eps``; as ``_rows_dot``).
-    Row tiles of ``program_id(0)``, column tile ``program_id(1)``. ``PDL`` as
-    ``_rows_linear_kernel``'s."""
+    With ``NORM``, of x's rows normalized (partial squares ``s_ptr``, ``eps``, the gain
+    folded into w; as ``_rows_linear_kernel``). Row tiles of ``program_id(0)``, column
+    tile ``program_id(1)``. ``PDL`` as ``_rows_linear_kernel``'s."""
     rm = tl.program_id(0) * ROW_TILES * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     if PDL:
@@ -346,10 +390,6 @@ def _rows_gated_kernel(
     up1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up3 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    sq0 = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    sq1 = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    sq2 = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    sq3 = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         w_mask = (rn[:, None] < N) & (kk[None, :] < K)
@@ -359,28 +399,37 @@ def _rows_gated_kernel(
         w_up = tl.trans(
             tl.load(w_ptr + (N + rn[:, None]) * stride_wn + kk[None, :], mask=w_mask, other=0.0)
         )
-        x, sq0 = _x_tile(x_ptr, g_ptr, rm, kk, M, K, stride_xm, sq0, NORM)
+        x = _x_tile(x_ptr, rm, kk, M, K, stride_xm)
         gate0 = tl.dot(x, w_gate, gate0)
         up0 = tl.dot(x, w_up, up0)
         if ROW_TILES > 1:
-            x, sq1 = _x_tile(x_ptr, g_ptr, rm + BLOCK_M, kk, M, K, stride_xm, sq1, NORM)
+            x = _x_tile(x_ptr, rm + BLOCK_M, kk, M, K, stride_xm)
             gate1 = tl.dot(x, w_gate, gate1)
             up1 = tl.dot(x, w_up, up1)
         if ROW_TILES > 2:
-            x, sq2 = _x_tile(x_ptr, g_ptr, rm + 2 * BLOCK_M, kk, M, K, stride_xm, sq2, NORM)
+            x = _x_tile(x_ptr, rm + 2 * BLOCK_M, kk, M, K, stride_xm)
             gate2 = tl.dot(x, w_gate, gate2)
             up2 = tl.dot(x, w_up, up2)
         if ROW_TILES > 3:
-            x, sq3 = _x_tile(x_ptr, g_ptr, rm + 3 * BLOCK_M, kk, M, K, stride_xm, sq3, NORM)
+            x = _x_tile(x_ptr, rm + 3 * BLOCK_M, kk, M, K, stride_xm)
             gate3 = tl.dot(x, w_gate, gate3)
             up3 = tl.dot(x, w_up, up3)
-    _store_gated(gate0, up0, sq0, y_ptr, M, N, K, stride_ym, eps, rm, rn, NORM)
+    _store_gated(gate0, up0, s_ptr, y_ptr, M, N, K, stride_sm, stride_ym, eps, rm, rn, NORM, GROUPS)
     if ROW_TILES > 1:
-        _store_gated(gate1, up1, sq1, y_ptr, M, N, K, stride_ym, eps, rm + BLOCK_M, rn, NORM)
+        _store_gated(
+            gate1, up1, s_ptr, y_ptr, M, N, K, stride_sm, stride_ym, eps, rm + BLOCK_M, rn,
+            NORM, GROUPS,
+        )  # fmt: skip
     if ROW_TILES > 2:
-        _store_gated(gate2, up2, sq2, y_ptr, M, N, K, stride_ym, eps, rm + 2 * BLOCK_M, rn, NORM)
+        _store_gated(
+            gate2, up2, s_ptr, y_ptr, M, N, K, stride_sm, stride_ym, eps, rm + 2 * BLOCK_M,
+            rn, NORM, GROUPS,
+        )  # fmt: skip
     if ROW_TILES > 3:
-        _store_gated(gate3, up3, sq3, y_ptr, M, N, K, stride_ym, eps, rm + 3 * BLOCK_M, rn, NORM)
+        _store_gated(
+            gate3, up3, s_ptr, y_ptr, M, N, K, stride_sm, stride_ym, eps, rm + 3 * BLOCK_M,
+            rn, NORM, GROUPS,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -470,10 +519,10 @@ def tile_shape(
 
     More (``many_rows_tile``): the width whose programs fill their waves best, and
     shorter K steps unless the K step fixes the kernel's bits (``step_fixes_bits``,
-    then one row tile's step is kept). It does in a kernel taking the norm, whose
-    statistic is summed a step at a time, and in the interpreter, whose dot sums each
-    step apart and adds it to the accumulator; a plain dot on the GPU accumulates its
-    MMAs in K order at any step (``triton_rows_linear``)."""
+    then one row tile's step is kept). It does in the interpreter, whose dot sums
+    each step apart and adds it to the accumulator; a dot on the GPU accumulates its
+    MMAs in K order at any step, and the norm's statistic and partial squares follow
+    no tile (``triton_rows_linear``)."""
     width = next((w for w in TILE_WIDTHS if triton.cdiv(n, w) >= sms), TILE_WIDTHS[-1])
     block_k = fitted_block_k(_block_k(BLOCK_KS, triton.cdiv(n, width), sms), k, width, itemsize)
     if tiles == 1:
@@ -561,36 +610,66 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-class RmsNorm(NamedTuple):
-    """A canonical RMSNorm (Llama's, Qwen3's): the fp32 statistic, the normalized
-    vector rounded to the input's dtype, times the gain ``weight``. Calling it runs
-    that arithmetic eagerly (the reference of the kernels' fused norm)."""
+class RowStatistic(NamedTuple):
+    """A decoder layer's RMSNorm of a few rows as the kernels take it: the rows' fp32
+    partial sums of squares (``squares [rows, K // SQUARE_GROUP]``, as the projection
+    that wrote the rows leaves them: ``project_squares``) and the norm's epsilon. The
+    gain is in the reading projection's weight (``fold_gain``)."""
 
-    weight: torch.Tensor
+    squares: torch.Tensor
     eps: float
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        f = x.float()
-        normalized = f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normalized.to(x.dtype)
+    def inv_rms(self, k: int) -> torch.Tensor:
+        """``[rows]`` fp32 ``1 / sqrt(mean(x**2) + eps)`` of rows of ``k`` columns (the
+        torch reference of the kernels' statistic; their sum's order is their own)."""
+        return torch.rsqrt(self.squares.sum(-1) / k + self.eps)
 
 
-def _check_rows(x: torch.Tensor, k: int, norm: RmsNorm | None) -> None:
+def group_squares(y: torch.Tensor) -> torch.Tensor:
+    """``[rows, N // SQUARE_GROUP]`` fp32 sums of ``y``'s squares over each group of
+    ``SQUARE_GROUP`` columns (the torch reference of ``_group_squares``)."""
+    f = y.float()
+    return (f * f).view(y.shape[0], -1, SQUARE_GROUP).sum(-1)
+
+
+def fold_gain(weight: torch.Tensor, gain: torch.Tensor) -> None:
+    """Folds an RMSNorm's gain into the projection that reads the normalized rows:
+    ``weight[:, k] *= gain[k]`` in place, rounded to the weight's dtype once (then
+    ``linear(x * inv_rms, weight)`` is ``linear(rms_norm(x), weight before)`` within
+    that rounding)."""
+    if gain.shape != (weight.shape[1],):
+        raise ValueError(
+            f"a gain of {tuple(gain.shape)} does not fold into a weight of {tuple(weight.shape)}"
+        )
+    with torch.no_grad():
+        weight.mul_(gain.to(weight.dtype)[None, :])
+
+
+def _groups(k: int) -> int:
+    """The kernels' ``GROUPS``: the power of two that holds a row's partial squares."""
+    return triton.next_power_of_2(max(1, k // SQUARE_GROUP))
+
+
+def _check_rows(x: torch.Tensor, k: int, norm: RowStatistic | None) -> None:
     if x.shape[0] > INVARIANT_ROWS:
         raise ValueError(f"{x.shape[0]} rows exceed the batch-invariant kernels' {INVARIANT_ROWS}")
     if x.shape[1] != k:
         raise ValueError(f"x has {x.shape[1]} columns for a weight of {k}")
-    if norm is not None and (norm.weight.shape != (k,) or norm.weight.dtype != x.dtype):
-        raise ValueError(
-            f"the norm's gain is {norm.weight.dtype} {tuple(norm.weight.shape)}; "
-            f"x is {x.dtype} with {k} columns"
-        )
+    if norm is not None:
+        expected = (x.shape[0], k // SQUARE_GROUP)
+        squares = norm.squares
+        if k % SQUARE_GROUP or squares.shape != expected or squares.dtype != torch.float32:
+            raise ValueError(
+                f"the norm's squares are {norm.squares.dtype} {tuple(norm.squares.shape)}; "
+                f"{x.shape[0]} rows of {k} columns take float32 {expected}"
+            )
 
 
-def _step_fixes_bits(norm: RmsNorm | None) -> bool:
-    """Whether a rows kernel's K step fixes its bits (``tile_shape``): with the norm,
-    or in Triton's interpreter (the only way the kernels run on the CPU)."""
-    return norm is not None or isinstance(_rows_linear_kernel, InterpretedFunction)
+def _step_fixes_bits() -> bool:
+    """Whether a rows kernel's K step fixes its bits (``tile_shape``): in Triton's
+    interpreter (the only way the kernels run on the CPU), whose dot sums each step
+    apart."""
+    return isinstance(_rows_linear_kernel, InterpretedFunction)
 
 
 def _programmatic(device: torch.device) -> dict[str, object]:
@@ -608,12 +687,14 @@ def triton_rows_linear(
     b: torch.Tensor | None,
     width: int | None = None,
     block_k: int | None = None,
-    norm: RmsNorm | None = None,
+    norm: RowStatistic | None = None,
     residual: torch.Tensor | None = None,
+    squares: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``residual + rms_norm(x) @ w.T + b`` (norm and residual optional; the norm
     scales the sums, see the module's docstring) for x [rows <= INVARIANT_ROWS, K];
-    batch-invariant per row.
+    batch-invariant per row. ``squares``: where to write the result's partial squares
+    (``[rows, N // SQUARE_GROUP]`` float32), for the norm of the next projection.
     ``width`` and ``block_k``: the tile (default ``tile_shape`` of the weight and
     device); ``bench/rows_linear_bench.py`` times others against it."""
     rows = x.shape[0]
@@ -621,9 +702,17 @@ def triton_rows_linear(
     _check_rows(x, k, norm)
     if residual is not None and residual.shape != (rows, n):
         raise ValueError(f"the residual is {tuple(residual.shape)}, the output {(rows, n)}")
+    wanted = (rows, n // SQUARE_GROUP)
+    if squares is not None and (
+        n % SQUARE_GROUP or squares.shape != wanted or not squares.is_contiguous()
+    ):
+        raise ValueError(
+            f"partial squares of {tuple(squares.shape)} for {rows} rows of {n} columns "
+            f"(contiguous [rows, N // {SQUARE_GROUP}], N a multiple of {SQUARE_GROUP})"
+        )
     tiles = row_tiles(rows)
     default_width, default_k = tile_shape(
-        n, k, _sm_count(x.device), w.element_size(), tiles, _step_fixes_bits(norm)
+        n, k, _sm_count(x.device), w.element_size(), tiles, _step_fixes_bits()
     )
     width = width or default_width
     # A width other than the default keeps the default's K step where it fits.
@@ -631,19 +720,23 @@ def triton_rows_linear(
     x = x.contiguous()
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     res = y if residual is None else residual.contiguous()
+    stats = y if norm is None else norm.squares.contiguous()
+    out = y if squares is None else squares
     _rows_linear_kernel[(triton.cdiv(rows, tiles * ROWS_TILE), triton.cdiv(n, width))](
-        x, w, w if b is None else b, w if norm is None else norm.weight, res, y, rows, n, k,
-        x.stride(0), w.stride(0), res.stride(0), y.stride(0), 0.0 if norm is None else norm.eps,
+        x, w, w if b is None else b, stats, res, y, out, rows, n, k,
+        x.stride(0), w.stride(0), stats.stride(0), res.stride(0), y.stride(0), out.stride(0),
+        0.0 if norm is None else norm.eps,
         HAS_BIAS=b is not None, NORM=norm is not None, RESIDUAL=residual is not None,
-        ROW_TILES=tiles, BLOCK_M=ROWS_TILE, BLOCK_N=width, BLOCK_K=block_k,
-        num_warps=4, num_stages=pipeline_stages(tiles, width, block_k, w.element_size()),
+        SQUARES=squares is not None, ROW_TILES=tiles, BLOCK_M=ROWS_TILE, BLOCK_N=width,
+        BLOCK_K=block_k, GROUPS=_groups(k), num_warps=4,
+        num_stages=pipeline_stages(tiles, width, block_k, w.element_size()),
         **_programmatic(w.device),
     )  # fmt: skip
     return y
 
 
 def triton_rows_gated(
-    x: torch.Tensor, gate_up: torch.Tensor, norm: RmsNorm | None = None
+    x: torch.Tensor, gate_up: torch.Tensor, norm: RowStatistic | None = None
 ) -> torch.Tensor:
     """``silu(x @ gate.T) * (x @ up.T)`` for x [rows <= INVARIANT_ROWS, K] (normalized by
     ``norm`` when given) and the packed ``gate_up [2 * intermediate, K]``,
@@ -657,16 +750,17 @@ def triton_rows_gated(
         raise ValueError(f"gate_up {tuple(gate_up.shape)} is not a packed pair over {k} columns")
     tiles = row_tiles(rows)
     width, block_k = tile_shape(
-        n2, k, _sm_count(x.device), gate_up.element_size(), tiles, _step_fixes_bits(norm)
+        n2, k, _sm_count(x.device), gate_up.element_size(), tiles, _step_fixes_bits()
     )
     n = n2 // 2
     x = x.contiguous()
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    stats = y if norm is None else norm.squares.contiguous()
     _rows_gated_kernel[(triton.cdiv(rows, tiles * ROWS_TILE), triton.cdiv(n, width // 2))](
-        x, gate_up, gate_up if norm is None else norm.weight, y, rows, n, k, x.stride(0),
-        gate_up.stride(0), y.stride(0), 0.0 if norm is None else norm.eps,
+        x, gate_up, stats, y, rows, n, k, x.stride(0), gate_up.stride(0), stats.stride(0),
+        y.stride(0), 0.0 if norm is None else norm.eps,
         NORM=norm is not None, ROW_TILES=tiles, BLOCK_M=ROWS_TILE,
-        BLOCK_N=width // 2, BLOCK_K=block_k, num_warps=4,
+        BLOCK_N=width // 2, BLOCK_K=block_k, GROUPS=_groups(k), num_warps=4,
         num_stages=pipeline_stages(tiles, width, block_k, gate_up.element_size()),
         **_programmatic(gate_up.device),
     )  # fmt: skip
@@ -726,22 +820,30 @@ def triton_rows_split_linear(
     return y
 
 
-def _norm(weight: torch.Tensor | None, eps: float) -> RmsNorm | None:
-    return None if weight is None else RmsNorm(weight, eps)
+def _norm(squares: torch.Tensor | None, eps: float) -> RowStatistic | None:
+    return None if squares is None else RowStatistic(squares, eps)
 
 
-def _norm_args(norm: RmsNorm | None) -> tuple[torch.Tensor | None, float]:
-    """The custom ops' spelling of ``norm``: its gain and epsilon, or none."""
-    return (None, 0.0) if norm is None else (norm.weight, norm.eps)
+def _norm_args(norm: RowStatistic | None) -> tuple[torch.Tensor | None, float]:
+    """The custom ops' spelling of ``norm``: its partial squares and epsilon, or none."""
+    return (None, 0.0) if norm is None else (norm.squares, norm.eps)
+
+
+def _eager_project(x: torch.Tensor, w: torch.Tensor, norm: RowStatistic | None) -> torch.Tensor:
+    """``x @ w.T`` rounded to x's dtype, or with ``norm`` the fp32 sums scaled by the
+    rows' inverse RMS (the kernels' arithmetic; bias and rounding are the caller's)."""
+    if norm is None:
+        return F.linear(x, w)
+    return F.linear(x.float(), w.float()) * norm.inv_rms(x.shape[-1])[:, None]
 
 
 def _eager_gated(
     x: torch.Tensor,
     gate_up: torch.Tensor,
-    norm: RmsNorm | None,
+    norm: RowStatistic | None,
     act_fn: Callable[[torch.Tensor], torch.Tensor] = F.silu,
 ) -> torch.Tensor:
-    gate, up = F.linear(x if norm is None else norm(x), gate_up).chunk(2, dim=-1)
+    gate, up = _eager_project(x, gate_up, norm).to(x.dtype).chunk(2, dim=-1)
     return act_fn(gate) * up
 
 
@@ -749,10 +851,14 @@ def _eager_linear(
     x: torch.Tensor,
     w: torch.Tensor,
     b: torch.Tensor | None,
-    norm: RmsNorm | None,
+    norm: RowStatistic | None,
     residual: torch.Tensor | None,
 ) -> torch.Tensor:
-    y = F.linear(x if norm is None else norm(x), w, b)
+    if norm is None:
+        y = F.linear(x, w, b)
+    else:
+        y = _eager_project(x, w, norm)
+        y = (y if b is None else y + b.float()).to(x.dtype)
     return y if residual is None else residual + y
 
 
@@ -763,36 +869,36 @@ def _interprets(x: torch.Tensor) -> bool:
     return isinstance(_rows_linear_kernel, InterpretedFunction) and x.dtype == torch.float32
 
 
-# The custom ops take the norm as its gain and epsilon (an op's schema holds tensors
-# and scalars), defaulting to none.
+# The custom ops take the norm as its partial squares and epsilon (an op's schema
+# holds tensors and scalars), defaulting to none.
 @torch.library.custom_op("flare::rows_gated", mutates_args=())
 def rows_gated(
     x: torch.Tensor,
     gate_up: torch.Tensor,
-    norm_weight: torch.Tensor | None = None,
+    norm_squares: torch.Tensor | None = None,
     norm_eps: float = 0.0,
 ) -> torch.Tensor:
     """Batch-invariant gated activation of a few rows (torch reference on the CPU)."""
     if _interprets(x):
-        return triton_rows_gated(x, gate_up, _norm(norm_weight, norm_eps))
-    return _eager_gated(x, gate_up, _norm(norm_weight, norm_eps))
+        return triton_rows_gated(x, gate_up, _norm(norm_squares, norm_eps))
+    return _eager_gated(x, gate_up, _norm(norm_squares, norm_eps))
 
 
 @rows_gated.register_kernel("cuda")
 def _rows_gated_cuda(
     x: torch.Tensor,
     gate_up: torch.Tensor,
-    norm_weight: torch.Tensor | None = None,
+    norm_squares: torch.Tensor | None = None,
     norm_eps: float = 0.0,
 ) -> torch.Tensor:
-    return triton_rows_gated(x, gate_up, _norm(norm_weight, norm_eps))
+    return triton_rows_gated(x, gate_up, _norm(norm_squares, norm_eps))
 
 
 @rows_gated.register_fake
 def _rows_gated_fake(
     x: torch.Tensor,
     gate_up: torch.Tensor,
-    norm_weight: torch.Tensor | None = None,
+    norm_squares: torch.Tensor | None = None,
     norm_eps: float = 0.0,
 ) -> torch.Tensor:
     return x.new_empty(x.shape[0], gate_up.shape[0] // 2)
@@ -803,12 +909,12 @@ def rows_linear(
     x: torch.Tensor,
     w: torch.Tensor,
     b: torch.Tensor | None,
-    norm_weight: torch.Tensor | None = None,
+    norm_squares: torch.Tensor | None = None,
     norm_eps: float = 0.0,
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Batch-invariant projection of a few rows (torch reference on the CPU)."""
-    norm = _norm(norm_weight, norm_eps)
+    norm = _norm(norm_squares, norm_eps)
     if _interprets(x):
         return triton_rows_linear(x, w, b, norm=norm, residual=residual)
     return _eager_linear(x, w, b, norm, residual)
@@ -819,11 +925,11 @@ def _rows_linear_cuda(
     x: torch.Tensor,
     w: torch.Tensor,
     b: torch.Tensor | None,
-    norm_weight: torch.Tensor | None = None,
+    norm_squares: torch.Tensor | None = None,
     norm_eps: float = 0.0,
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    return triton_rows_linear(x, w, b, norm=_norm(norm_weight, norm_eps), residual=residual)
+    return triton_rows_linear(x, w, b, norm=_norm(norm_squares, norm_eps), residual=residual)
 
 
 @rows_linear.register_fake
@@ -831,11 +937,67 @@ def _rows_linear_fake(
     x: torch.Tensor,
     w: torch.Tensor,
     b: torch.Tensor | None,
-    norm_weight: torch.Tensor | None = None,
+    norm_squares: torch.Tensor | None = None,
     norm_eps: float = 0.0,
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     return x.new_empty(x.shape[0], w.shape[0])
+
+
+def _rows_linear_squares(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    norm: RowStatistic | None,
+    residual: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    rows, n = x.shape[0], w.shape[0]
+    squares = torch.empty(rows, n // SQUARE_GROUP, dtype=torch.float32, device=x.device)
+    y = triton_rows_linear(x, w, b, norm=norm, residual=residual, squares=squares)
+    return y, squares
+
+
+@torch.library.custom_op("flare::rows_linear_squares", mutates_args=())
+def rows_linear_squares(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    norm_squares: torch.Tensor | None = None,
+    norm_eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows_linear`` and its result's partial squares (``group_squares``), for the
+    norm of the projection that reads it (torch reference on the CPU)."""
+    norm = _norm(norm_squares, norm_eps)
+    if _interprets(x):
+        return _rows_linear_squares(x, w, b, norm, residual)
+    y = _eager_linear(x, w, b, norm, residual)
+    return y, group_squares(y)
+
+
+@rows_linear_squares.register_kernel("cuda")
+def _rows_linear_squares_cuda(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    norm_squares: torch.Tensor | None = None,
+    norm_eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _rows_linear_squares(x, w, b, _norm(norm_squares, norm_eps), residual)
+
+
+@rows_linear_squares.register_fake
+def _rows_linear_squares_fake(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    norm_squares: torch.Tensor | None = None,
+    norm_eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    rows, n = x.shape[0], w.shape[0]
+    return x.new_empty(rows, n), x.new_empty(rows, n // SQUARE_GROUP, dtype=torch.float32)
 
 
 @torch.library.custom_op("flare::rows_split_linear", mutates_args=())
@@ -869,7 +1031,7 @@ def project(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
-    norm: RmsNorm | None = None,
+    norm: RowStatistic | None = None,
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``residual + linear(norm(x))`` over the last dimension (norm and residual
@@ -888,11 +1050,29 @@ def project(
     return flat.view(out_shape)
 
 
+def project_squares(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    norm: RowStatistic | None = None,
+    residual: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``project`` of at most ``INVARIANT_ROWS`` rows ``x [rows, K]`` and the result's
+    partial squares ``[rows, N // SQUARE_GROUP]`` (float32), from the same kernel: the
+    statistic of the RMSNorm that reads the result (``RowStatistic``)."""
+    if x.dim() != 2 or x.shape[0] > INVARIANT_ROWS:
+        raise ValueError(
+            f"partial squares come from the batch-invariant kernel: at most "
+            f"{INVARIANT_ROWS} rows [rows, K], not {tuple(x.shape)}"
+        )
+    return rows_linear_squares(x, weight, bias, *_norm_args(norm), residual)
+
+
 def gated_project(
     x: torch.Tensor,
     gate_up: torch.Tensor,
     act_fn: Callable[[torch.Tensor], torch.Tensor],
-    norm: RmsNorm | None = None,
+    norm: RowStatistic | None = None,
 ) -> torch.Tensor:
     """``act_fn(gate) * up`` of the packed ``gate_up`` projection over the last
     dimension, of ``norm(x)`` when a norm is given. Few rows: one batch-invariant

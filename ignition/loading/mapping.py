@@ -6,7 +6,8 @@ one at a time through that table, so the only intermediate is the tensor in flig
 A tensor-parallel rank places its shard of a tensor: a range along one dimension
 (``place(name, target, shard=Shard(dim, start, stop))``). A checkpoint tensor the
 table does not place, or a placed tensor the checkpoint lacks, fails loading with its
-name.
+name. A recipe may also fold loaded tensors into each other once every tensor is in
+(``finish``: an RMSNorm's gain into the projection that reads it).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class WeightMapping:
     placements: dict[str, torch.Tensor] = field(default_factory=dict)
     ignored: dict[str, str] = field(default_factory=dict)
     shards: dict[str, Shard] = field(default_factory=dict)
+    # Run in order once every placed tensor is loaded (``finish``).
+    finishers: list[Callable[[], None]] = field(default_factory=list)
 
     def place(self, name: str, target: torch.Tensor, shard: Shard | None = None) -> None:
         if name in self.placements:
@@ -56,6 +59,10 @@ class WeightMapping:
 
     def ignore(self, name: str, reason: str) -> None:
         self.ignored[name] = reason
+
+    def finish(self, step: Callable[[], None]) -> None:
+        """Runs ``step`` after loading, when every placed tensor holds its values."""
+        self.finishers.append(step)
 
 
 @dataclass(frozen=True)
@@ -109,4 +116,6 @@ def load_weights(
             del tensor
             if advance is not None:
                 advance(1)
+        for step in mapping.finishers:
+            step()
     return LoadReport(len(mapping.placements), loaded, dict(mapping.ignored))

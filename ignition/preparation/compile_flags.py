@@ -12,7 +12,8 @@ CompileScope = Literal["forward", "layer"]
 COMPILE_SCOPES: tuple[str, ...] = get_args(CompileScope)
 # What a decode layer fuses into its projections' kernels: nothing (the canonical
 # forward, compiled), the residual additions (epilogues of o and down), or those and
-# the RMSNorms (qkv's and gate/up's K loops).
+# the RMSNorms (the statistic from the o and down epilogues' partial squares, the
+# gain folded into qkv's and gate/up's weights).
 DecodeFusion = Literal["none", "residuals", "norms"]
 DECODE_FUSIONS: tuple[str, ...] = get_args(DecodeFusion)
 # Preparation's default: the fastest measured (bench/results/issue5/, seventh run).
@@ -47,7 +48,8 @@ def add_compile_options(parser: argparse.ArgumentParser, prefix: str = "") -> No
         default=DEFAULT_DECODE_FUSION,
         help="what decode layers fuse into their projections' kernels: none (the canonical "
         "layer, compiled), the residual additions (default: the fastest measured), or "
-        "those and the RMSNorms (measured slower)",
+        "those and the RMSNorms (each norm's gain folded into the weight that reads it, "
+        "its statistic from the projection that wrote the rows; not measured yet)",
     )
     parser.add_argument(
         f"--{prefix}programmatic-launch",
