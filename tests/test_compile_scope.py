@@ -5,6 +5,7 @@ Inductor, tiny Qwen3 checkpoints."""
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,10 +13,17 @@ import pytest
 import torch
 from checkpoints import write_tiny
 from torch._dynamo.utils import counters
+from torch._inductor.utils import run_and_get_code
 
 from ignition.preparation.catalog import GraphKey, GraphKind
 from ignition.preparation.compile_flags import add_compile_options, compile_options
-from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare
+from ignition.preparation.prepared import (
+    PreparedModel,
+    PrepareOptions,
+    configure_compilation,
+    operator_schemas_digest,
+    prepare,
+)
 from ignition.replay.harness import Harness, Request, SamplingParams
 from ignition.replay.packing import pack_admission, pack_chunk
 
@@ -145,3 +153,51 @@ def test_layer_compiled_graphs_match_the_eager_graphs_on_gpu(
         mine, reference = _prefill_logits(compiled, prompt), _prefill_logits(eager, prompt)
         error = (mine - reference).norm() / reference.norm()
         assert error < 2**-5, (length, float(error))
+
+
+def test_a_flare_operator_schema_change_misses_the_compile_caches() -> None:
+    # Inductor keys a cached graph by its operations, not by a custom operator's
+    # schema: after flare::rows_linear's norm argument changed, a graph cached before
+    # called it with the old keyword and preparation failed. The schemas' digest is in
+    # every compile cache key.
+    configure_compilation()
+    before = torch.compiler.config.cache_key_tag
+    assert before.endswith(operator_schemas_digest())
+
+    @torch.library.custom_op("flare::_schema_digest_probe", mutates_args=())
+    def probe(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    configure_compilation()
+    after = torch.compiler.config.cache_key_tag
+    assert after != before and after.endswith(operator_schemas_digest())
+    assert after.count("+flare-") == 1  # replaced, not appended again
+
+
+def _flare_calls(code: str, op: str) -> list[list[str]]:
+    """The arguments of each call to ``flare::op`` in Inductor's generated code (the
+    buffer names; a reinterpreted view's own commas are not split)."""
+    calls = re.findall(rf"torch\.ops\.flare\.{op}\.default\((.*)\)\n", code)
+    return [re.sub(r"reinterpret_tensor\(.*?\), \d+\)", "view", call).split(", ") for call in calls]
+
+
+def test_a_steps_tables_are_computed_once_for_every_layer(
+    checkpoints: dict[int, Path],
+) -> None:
+    # Inductor copies a pointwise input into each extern operator that takes it: the
+    # 8B's decode graphs computed the sequence lengths 36 times a step, the cache rows
+    # and rotary rows 28. Every layer now reads one buffer of each, at capacity 1 too
+    # (one element, whose stride order Inductor does not force).
+    torch._dynamo.reset()
+    prepared = prepare(checkpoints[3], replace(_options(compile=True), compile_scope="forward"))
+    for capacity in (2, 1):
+        _, code = run_and_get_code(
+            lambda c=capacity: prepared.execute(GraphKey(GraphKind.DECODE, c))
+        )
+        source = "\n".join(code)
+        ropes = _flare_calls(source, "rope_write_kv")
+        assert len(ropes) == 3, source
+        for argument in (6, 7, 8):  # the cos, sin and rows arguments
+            assert len({call[argument] for call in ropes}) == 1, ropes
+        attention = _flare_calls(source, "decode_attention")
+        assert len(attention) == 3 and len({call[4] for call in attention}) == 1, attention

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch._inductor.inductor_prims  # registers prims.inductor_force_stride_order
 
 from ignition.components import attention
 from ignition.components.triton_kv_write import triton_rope_write_kv
@@ -104,6 +105,25 @@ class PagedKvCache:
         return sum(t.numel() * t.element_size() for t in self.extra.values())
 
 
+def computed_once(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as it is, computed into a buffer of its own under Inductor. A step's
+    small tables that every layer reads (the decode rows' sequence lengths and cache
+    rows, the rotary rows) are pointwise results, and Inductor computes a pointwise
+    result that an extern operator (a Flare kernel) takes into a copy for each such
+    operator: Qwen3-8B's decode graphs launched the sequence lengths' kernel 36
+    times a step and the rows' and rotary rows' 28 (about 100 us of kernels and the
+    gaps between them). Forcing the stride order of its own strides makes Inductor
+    compute it into one buffer that every layer reads; eagerly it is a no-op. Inductor
+    forces no stride order on a tensor of one element (a decode graph's lengths and
+    rows at capacity 1), so such a tensor is computed twice over into a buffer of
+    two, and read as that buffer's first element."""
+    if tensor.numel() != 1:
+        return torch.ops.prims.inductor_force_stride_order(tensor, tensor.stride())
+    flat = tensor.reshape(1)
+    twice = torch.ops.prims.inductor_force_stride_order(torch.cat([flat, flat]), (1,))
+    return twice[:1].view(tensor.shape)
+
+
 def slot_mapping(
     page_table_rows: torch.Tensor, positions: torch.Tensor, live: torch.Tensor, page_size: int
 ) -> torch.Tensor:
@@ -113,7 +133,7 @@ def slot_mapping(
     logical = (positions // page_size).unsqueeze(1)
     page = page_table_rows.gather(1, logical).squeeze(1).to(torch.int64)
     page = torch.where(live, page, NULL_PAGE)
-    return page * page_size + positions % page_size
+    return computed_once(page * page_size + positions % page_size)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ignition.components.kv_cache import computed_once
+
 # Rows per eager evaluation while building the table: bounds the fp32 intermediates.
 _BUILD_CHUNK = 8192
 
@@ -57,4 +59,4 @@ class RotaryTable:
         padding tokens of a chunk near the context limit have them) read its last row;
         their outputs are never used."""
         index = positions.clamp(max=self.positions - 1)
-        return self.cos[index], self.sin[index]
+        return computed_once(self.cos[index]), computed_once(self.sin[index])

@@ -11,6 +11,7 @@ captured into one graph pool, largest first; state reset).
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -403,6 +404,23 @@ def configure_compilation() -> None:
     torch._inductor.config.emulate_precision_casts = True
     torch._dynamo.config.recompile_limit = 256
     torch._dynamo.config.accumulated_recompile_limit = 4096
+    # Inductor's caches key a graph by its operations, not by a custom operator's
+    # schema, so a graph cached before a Flare operator's schema changed calls it
+    # with arguments it no longer has (preparation failed so, with "Unknown keyword
+    # argument 'norm_weight' for operator 'flare::rows_linear'", once its norm
+    # became partial squares). The schemas' digest in the key misses those entries.
+    tag = torch.compiler.config.cache_key_tag.split("+flare-")[0]
+    torch.compiler.config.cache_key_tag = f"{tag}+flare-{operator_schemas_digest()}"
+
+
+def _flare_schemas() -> list[torch._C.FunctionSchema]:
+    return [s for s in torch._C._jit_get_all_schemas() if s.name.startswith("flare::")]
+
+
+def operator_schemas_digest() -> str:
+    """A digest of every registered ``flare::`` operator's schema."""
+    schemas = sorted(str(schema) for schema in _flare_schemas())
+    return hashlib.sha256("\n".join(schemas).encode()).hexdigest()[:16]
 
 
 def compile_steps(

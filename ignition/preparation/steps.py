@@ -16,7 +16,7 @@ import torch
 
 from ignition.components import sampling, state_transfer
 from ignition.components.continuation import ContinuationRows
-from ignition.components.kv_cache import AttentionStep, PagedKvCache, slot_mapping
+from ignition.components.kv_cache import AttentionStep, PagedKvCache, computed_once, slot_mapping
 from ignition.components.state_transfer import SnapshotRows
 from ignition.components.token_state import NULL_SLOT, RUNNING, RequestState, StagingInputs
 from ignition.preparation.catalog import Catalog, GraphKey, GraphKind
@@ -83,7 +83,7 @@ def decode_forward(model: TextModel, page_size: int) -> ForwardFn:
         slots: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         rows = slot_mapping(page_tables, positions, active, page_size)
-        seq_lens = torch.where(active, positions + 1, 0).to(torch.int32)
+        seq_lens = computed_once(torch.where(active, positions + 1, 0).to(torch.int32))
         step = AttentionStep(rows, page_tables, seq_lens, None, None, slots)
         hidden = model.forward_tokens(tokens, positions, step)
         return hidden, model.logits(hidden)
