@@ -33,6 +33,12 @@
 #       of FUSIONS (default "norms residuals"), one timeline process each, in turn
 #       (bench/kernel_timeline.py --decode-fusion F; OUT/F.json and .md), each with
 #       the bandwidth probed in its run. Pass --geometry for the roofline.
+#   bench/issue23_check.sh trees OUT BEFORE MODEL [kernel_timeline options...]
+#       MODEL's decode step as the tree BEFORE prepares it (made where git is, e.g.
+#       `git archive 5f4f455 ignition recipes bench tests | tar x -C BEFORE`) and as
+#       this one does, one timeline process each, in turn (OUT/before.json and
+#       OUT/after.json, .md beside them), each with the bandwidth probed in its run:
+#       what a set of changes without a switch of its own gained. Pass --geometry.
 #   bench/issue23_check.sh pdl-core OUT CHECKPOINT FLARE [prepare options...]
 #       CHECKPOINT exported with the defaults, programmatic launch on (programmatic
 #       edges in the core's graphs), then `flare replay --check` (Helios's rebuilt
@@ -42,12 +48,14 @@
 # Needs the flare_heliopause wheel importable (WHEELS, as bench/suite_gpu.sh installs
 # them).
 set -uo pipefail
-usage="usage: bench/issue23_check.sh serving OUT | concurrency OUT MODEL [options...] | pdl OUT MODEL [options...] | fusion OUT MODEL [options...] | pdl-core OUT CHECKPOINT FLARE [options...]"
+usage="usage: bench/issue23_check.sh serving OUT | concurrency OUT MODEL [options...] | pdl OUT MODEL [options...] | fusion OUT MODEL [options...] | trees OUT BEFORE MODEL [options...] | pdl-core OUT CHECKPOINT FLARE [options...]"
 part=${1:?$usage}
 out=${2:?$usage}
 shift 2
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+caller=$PWD  # a relative tree argument (trees) is the caller's
+incoming=${PYTHONPATH:-}  # the wheels' path, without either tree
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/flare-triton TORCHINDUCTOR_CACHE_DIR=/tmp/flare-inductor
@@ -92,6 +100,20 @@ case $part in
         --out "$out/$fusion.json" "$@" > "$out/$fusion.log" 2>&1 \
         || { status=1; tail -20 "$out/$fusion.log"; }
       grep "^c=" "$out/$fusion.log"
+    done
+    ;;
+  trees)
+    before=$(cd "$caller" && cd "${1:?$usage}" && pwd)
+    model=${2:?$usage}
+    shift 2
+    for side in before after; do
+      tree=$PWD
+      [ "$side" = before ] && tree=$before
+      (cd "$tree" && PYTHONPATH=$tree:$tree/tests${incoming:+:$incoming} python3 \
+        bench/kernel_timeline.py "$model" --capacities 1 4 --out "$out/$side.json" "$@") \
+        > "$out/$side.log" 2>&1 || { status=1; tail -20 "$out/$side.log"; }
+      echo "$side:"
+      grep "^c=" "$out/$side.log"
     done
     ;;
   pdl-core)

@@ -15,6 +15,7 @@ from checkpoints import write_tiny
 from torch._dynamo.utils import counters
 from torch._inductor.utils import run_and_get_code
 
+from ignition.preparation import prepared as prepared_module
 from ignition.preparation.catalog import GraphKey, GraphKind
 from ignition.preparation.compile_flags import add_compile_options, compile_options
 from ignition.preparation.prepared import (
@@ -155,7 +156,9 @@ def test_layer_compiled_graphs_match_the_eager_graphs_on_gpu(
         assert error < 2**-5, (length, float(error))
 
 
-def test_a_flare_operator_schema_change_misses_the_compile_caches() -> None:
+def test_a_flare_operator_schema_change_misses_the_compile_caches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # Inductor keys a cached graph by its operations, not by a custom operator's
     # schema: after flare::rows_linear's norm argument changed, a graph cached before
     # called it with the old keyword and preparation failed. The schemas' digest is in
@@ -163,15 +166,16 @@ def test_a_flare_operator_schema_change_misses_the_compile_caches() -> None:
     configure_compilation()
     before = torch.compiler.config.cache_key_tag
     assert before.endswith(operator_schemas_digest())
-
-    @torch.library.custom_op("flare::_schema_digest_probe", mutates_args=())
-    def probe(x: torch.Tensor) -> torch.Tensor:
-        return x.clone()
-
+    schemas = prepared_module._flare_schemas()
+    changed = "flare::rows_linear(Tensor x, Tensor w, Tensor? b, Tensor? norm_weight=None)"
+    monkeypatch.setattr(prepared_module, "_flare_schemas", lambda: [*schemas[1:], changed])
     configure_compilation()
     after = torch.compiler.config.cache_key_tag
     assert after != before and after.endswith(operator_schemas_digest())
     assert after.count("+flare-") == 1  # replaced, not appended again
+    monkeypatch.undo()
+    configure_compilation()
+    assert torch.compiler.config.cache_key_tag == before
 
 
 def _flare_calls(code: str, op: str) -> list[list[str]]:
@@ -201,3 +205,6 @@ def test_a_steps_tables_are_computed_once_for_every_layer(
             assert len({call[argument] for call in ropes}) == 1, ropes
         attention = _flare_calls(source, "decode_attention")
         assert len(attention) == 3 and len({call[4] for call in attention}) == 1, attention
+        # One buffer of merge counts for the step, which every layer's attention takes
+        # in place (no copy a layer).
+        assert len({call[6] for call in attention}) == 1, attention

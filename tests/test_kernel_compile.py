@@ -89,15 +89,34 @@ for pdl in (True, False):
                 num_warps=4, num_stages=4, launch_pdl=pdl)
     print("pdl split", pdl, *programmatic_order(k.asm["ptx"]), k.metadata.launch_pdl)
 
-# The decode attention's merge lets the o projection launch at its start when kernels
-# launch programmatically, and has no grid dependency control otherwise.
-from ignition.components.triton_attention import _decode_combine_kernel
-for trigger in (True, False):
+# The kernels of a decode layer between its projections, launched programmatically
+# too: the rotary/KV write, decode attention's split and its merge (which lets the o
+# projection launch at its start).
+from ignition.components.triton_attention import _decode_combine_kernel, _decode_split_kernel
+for pdl in (True, False):
+    k = compile(_rope_write_kv_kernel,
+                ["*bf16"] * 5 + ["*i64"] + ["*bf16"] * 3 + ["fp32", "i32", "i32"],
+                dict(HEADS=32, KV_HEADS=8, HEAD_DIM=128, BLOCK=64, PAGE_SIZE=64,
+                     HAS_NORM=True, PDL=pdl), num_warps=1, launch_pdl=pdl)
+    print("pdl rope", pdl, *programmatic_order(k.asm["ptx"]), k.metadata.launch_pdl)
+    k = compile(_decode_split_kernel,
+                ["*bf16", "*bf16", "*i32", "*i32", "*fp32", "*fp32", "*fp32", "*i32", "*bf16",
+                 "fp32"] + ["i32"] * 20,
+                dict(GROUP=4, BLOCK_H=16, HEAD_DIM=128, PAGE_SIZE=64, NUM_SPLITS=16,
+                     UPCAST=False, MERGE=True, BLOCK_S=16, PDL=pdl), num_warps=4,
+                num_stages=2, launch_pdl=pdl)
+    print("pdl attention", pdl, *programmatic_order(k.asm["ptx"]), k.metadata.launch_pdl)
+    # The merge by the split's last program: its count is one release-acquire atomic
+    # at GPU scope, the partials read through L2 (.cg), the count set back by an
+    # exchange.
+    ptx = k.asm["ptx"]
+    print("merge", pdl, len(re.findall(r"atom\\.global\\.gpu\\.acq_rel\\.add", ptx)),
+          int(bool(re.search(r"ld\\.global\\.cg", ptx))),
+          len(re.findall(r"atom\\.global\\.gpu\\.relaxed\\.exch", ptx)))
     k = compile(_decode_combine_kernel, ["*fp32", "*fp32", "*fp32", "*bf16"] + ["i32"] * 10,
-                dict(HEAD_DIM=128, NUM_SPLITS=8, BLOCK_S=8, LAUNCH_DEPENDENTS=trigger),
-                num_warps=4)
-    print("combine", trigger, len(re.findall(r"griddepcontrol\\.launch_dependents", k.asm["ptx"])),
-          len(re.findall(r"griddepcontrol\\.wait", k.asm["ptx"])))
+                dict(HEAD_DIM=128, NUM_SPLITS=8, BLOCK_S=8, PDL=pdl), num_warps=4,
+                launch_pdl=pdl)
+    print("pdl merge", pdl, *programmatic_order(k.asm["ptx"]), k.metadata.launch_pdl)
 
 # The prefill attention kernel at its default tilings for Qwen3-8B's shape, compiled as
 # a launch specializes it (16-byte aligned pointers, strides of one folded in): the
@@ -164,12 +183,11 @@ def test_the_new_kernels_compile_for_sm90() -> None:
     for dtype in ("fp32", "bf16"):
         cubin, atomics = found[("row_sum", dtype)]
         assert int(cubin) > 0 and int(atomics) == 0, done.stdout
-    # The merge's trigger, and no wait: it reads what the kernel before it wrote, and
-    # launches plainly (a stream-ordered launch needs none).
-    assert found[("combine", "True")] == ["1", "0"], done.stdout
-    assert found[("combine", "False")] == ["0", "0"], done.stdout
+    merges = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("merge ")]
+    # Either launch: one counting atomic, the partials through L2, one reset.
+    assert merges == [["True", "1", "1", "1"], ["False", "1", "1", "1"]], done.stdout
     pdl = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("pdl ")]
-    assert len(pdl) == 6, done.stdout
+    assert len(pdl) == 12, done.stdout
     for kernel, on, *at, launch_pdl in pdl:
         at_wait, at_signal, at_access = map(int, at)
         assert launch_pdl == on, (kernel, on, at)

@@ -146,14 +146,15 @@ def test_the_norms_fusion_folds_each_gain_into_the_projection_reading_it(gained:
     layers = _prepare(gained, decode_fusion="norms").model.model.model.layers
     for i, layer in enumerate(layers):
         prefix = f"model.layers.{i}."
-        for norm, projection, packed in (
-            ("input_layernorm", "self_attn.q_proj", layer.self_attn.qkv),
-            ("post_attention_layernorm", "mlp.gate_proj", layer.mlp.gate_up),
+        for norm, projections, packed in (
+            ("input_layernorm", ("q_proj", "k_proj", "v_proj"), layer.self_attn.qkv),
+            ("post_attention_layernorm", ("gate_proj", "up_proj"), layer.mlp.gate_up),
         ):
             gain = tensors[f"{prefix}{norm}.weight"]
             assert not torch.equal(gain, torch.ones_like(gain))
-            rows = tensors[f"{prefix}{projection}.weight"]
-            assert torch.equal(packed[: len(rows)], rows * gain)
+            parent = "self_attn" if norm == "input_layernorm" else "mlp"
+            rows = torch.cat([tensors[f"{prefix}{parent}.{p}.weight"] for p in projections])
+            assert torch.equal(packed, rows * gain)
             assert torch.equal(getattr(layer, norm).weight, torch.ones_like(gain))
 
 

@@ -12,6 +12,7 @@ import triton
 from ignition.components import linear, programmatic_launch
 from ignition.components.programmatic_launch import launch_kwargs, launches_programmatically
 from ignition.components.triton_attention import triton_paged_decode_attention
+from ignition.components.triton_kv_write import triton_rope_write_kv
 
 CUDA = torch.device("cuda")
 
@@ -54,12 +55,12 @@ def test_the_setting_is_restored_when_the_block_raises() -> None:
 
 def test_the_kernels_options_follow_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     # Off: a plain launch on any device.
-    assert linear._programmatic(CUDA) == {}
+    assert programmatic_launch.kernel_options(CUDA) == {}
     # On, off the GPU: a plain launch.
     with programmatic_launch.programmatic_launch():
-        assert linear._programmatic(torch.device("cpu")) == {}
-    monkeypatch.setattr(linear, "launch_kwargs", lambda device: {"launch_pdl": True})
-    assert linear._programmatic(CUDA) == {"launch_pdl": True, "PDL": True}
+        assert programmatic_launch.kernel_options(torch.device("cpu")) == {}
+    monkeypatch.setattr(programmatic_launch, "launch_kwargs", lambda device: {"launch_pdl": True})
+    assert programmatic_launch.kernel_options(CUDA) == {"launch_pdl": True, "PDL": True}
 
 
 # ----------------------------------------------------------------------------- GPU
@@ -96,16 +97,23 @@ def test_programmatic_launch_computes_the_same_bits_and_captures_programmatic_ed
     lengths = torch.full((20,), 300, dtype=torch.int32, device="cuda")
     o = rand(4096, 4096) / 64
 
+    # The rotary/KV write of h as a packed projection (32 query and 8 kv heads of 128)
+    # at position 299 of each row (page 4, offset 43), with Qwen3's q/k norms.
+    cos, sin = rand(20, 128), rand(20, 128)
+    q_norm, k_norm = rand(128).abs() + 0.5, rand(128).abs() + 0.5
+    rows = table[:, 4].long() * 64 + 43
+    counts = torch.zeros(20 * 8, dtype=torch.int32, device="cuda")  # the one-kernel merge
+
     def step() -> list[torch.Tensor]:
         squares = torch.empty(20, 6144 // linear.SQUARE_GROUP, device="cuda")
         h = linear.triton_rows_linear(x, w, b, norm=norm, residual=residual, squares=squares)
         h_norm = linear.RowStatistic(squares[:, : 4096 // linear.SQUARE_GROUP], 1e-6)
         g = linear.triton_rows_gated(h[:, :4096].contiguous(), gate_up, h_norm)
-        a = triton_paged_decode_attention(
-            h[:, :4096].reshape(20, 32, 128).contiguous(), kv, table, lengths, 128**-0.5
-        )
+        narrowed = linear.triton_rows_split_linear(g, narrow, None)
+        q = triton_rope_write_kv(kv, h, q_norm, k_norm, 1e-6, cos, sin, rows, 32)
+        a = triton_paged_decode_attention(q, kv, table, lengths, 128**-0.5, counts=counts)
         y = linear.triton_rows_linear(a.reshape(20, 4096), o, None, residual=x)
-        return [h, squares, g, linear.triton_rows_split_linear(g, narrow, None), a, y]
+        return [h, squares, g, narrowed, q, kv.clone(), a, y]
 
     plain = step()
     with programmatic_launch.programmatic_launch():
@@ -126,6 +134,8 @@ def test_programmatic_launch_computes_the_same_bits_and_captures_programmatic_ed
         assert torch.equal(a, e)
         assert torch.equal(a, c)
     # Programmatic: the gated kernel after the copy of h, the split after the gated,
-    # the o projection after the attention's merge (the split's sum, the attention's
-    # kernels and the copies launch plainly).
-    assert programmatic >= 3, (programmatic, edges)
+    # the rotary/KV write after the split's sum, the attention (merged by its last
+    # programs) after it, the o projection after the attention (the split's sum and
+    # the copies launch plainly).
+    assert programmatic >= 5, (programmatic, edges)
+    assert not counts.any()

@@ -81,7 +81,7 @@ import triton.language as tl
 from torch import nn
 from triton.runtime.interpreter import InterpretedFunction
 
-from ignition.components.programmatic_launch import await_producer, launch_kwargs
+from ignition.components.programmatic_launch import await_producer, kernel_options
 from ignition.components.triton_support import fix_interpreter_loop_bounds
 
 ROWS_TILE = 16
@@ -132,7 +132,10 @@ def _group_squares(out, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """``[BLOCK_M, BLOCK_N // SQUARE_GROUP]`` fp32: the sums of ``out``'s squares over
     each group of 16 columns (``SQUARE_GROUP``), by the same pairwise tree of fp32
     additions whatever the tile's width or layout (a reduction's order follows the
-    layout the compiler picks; these additions are each spelled out)."""
+    layout the compiler picks; these additions are each spelled out). A kernel that
+    writes squares is compiled without floating-point contraction
+    (``triton_rows_linear``): LLVM fused the first level into ``fma(a, a, b * b)``,
+    which would hold only while every tile width compiled alike."""
     groups: tl.constexpr = BLOCK_M * BLOCK_N // 16
     f = out.to(tl.float32)
     q = tl.reshape(f * f, (groups, 16))
@@ -672,15 +675,6 @@ def _step_fixes_bits() -> bool:
     return isinstance(_rows_linear_kernel, InterpretedFunction)
 
 
-def _programmatic(device: torch.device) -> dict[str, object]:
-    """A weight-streaming kernel's launch options and ``PDL``: a plain launch, or a
-    programmatic one (``programmatic_launch``)."""
-    options: dict[str, object] = dict(launch_kwargs(device))
-    if options:
-        options.update(PDL=True)
-    return options
-
-
 def triton_rows_linear(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -730,7 +724,7 @@ def triton_rows_linear(
         SQUARES=squares is not None, ROW_TILES=tiles, BLOCK_M=ROWS_TILE, BLOCK_N=width,
         BLOCK_K=block_k, GROUPS=_groups(k), num_warps=4,
         num_stages=pipeline_stages(tiles, width, block_k, w.element_size()),
-        **_programmatic(w.device),
+        enable_fp_fusion=squares is None, **kernel_options(w.device),
     )  # fmt: skip
     return y
 
@@ -762,7 +756,7 @@ def triton_rows_gated(
         NORM=norm is not None, ROW_TILES=tiles, BLOCK_M=ROWS_TILE,
         BLOCK_N=width // 2, BLOCK_K=block_k, GROUPS=_groups(k), num_warps=4,
         num_stages=pipeline_stages(tiles, width, block_k, gate_up.element_size()),
-        **_programmatic(gate_up.device),
+        **kernel_options(gate_up.device),
     )  # fmt: skip
     return y
 
@@ -810,7 +804,7 @@ def triton_rows_split_linear(
         x, w, partials, rows, n, k, x.stride(0), w.stride(0),
         K_SPLIT=k_split, BLOCK_M=ROWS_TILE, BLOCK_N=width, BLOCK_K=block_k,
         num_warps=4, num_stages=STAGES,
-        **_programmatic(w.device),
+        **kernel_options(w.device),
     )  # fmt: skip
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     _split_sum_kernel[(triton.cdiv(rows * n, SUM_BLOCK),)](

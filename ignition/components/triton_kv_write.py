@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ignition.components.programmatic_launch import await_producer, kernel_options
+
 
 @triton.jit
 def _rounded(x, dtype: tl.constexpr):
@@ -97,7 +99,13 @@ def _rope_write_kv_kernel(
     BLOCK: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     HAS_NORM: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    """Token ``program_id(0)``'s head ``program_id(1)`` (the module's docs). With
+    ``PDL``, launched programmatically: the wait before anything else
+    (``programmatic_launch``)."""
+    if PDL:
+        await_producer()
     t = tl.program_id(0)
     h = tl.program_id(1)
     half: tl.constexpr = HEAD_DIM // 2
@@ -167,6 +175,6 @@ def triton_rope_write_kv(
         q, layer_kv[0], layer_kv[1], eps, qkv.stride(0), cos.stride(0),
         HEADS=heads, KV_HEADS=kv_heads, HEAD_DIM=head_dim,
         BLOCK=triton.next_power_of_2(head_dim // 2), PAGE_SIZE=page_size, HAS_NORM=has_norm,
-        num_warps=1,
+        num_warps=1, **kernel_options(qkv.device),
     )  # fmt: skip
     return q

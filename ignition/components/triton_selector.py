@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ignition.components.programmatic_launch import launches_programmatically
+from ignition.components.programmatic_launch import kernel_options
 from ignition.components.triton_attention import (
     _INTERPRETED,
     _MIN_DOT,
@@ -384,7 +384,7 @@ def triton_selected_attention(
         HEAD_DIM=head_dim,
         NUM_SPLITS=splits,
         BLOCK_S=triton.next_power_of_2(splits),
-        LAUNCH_DEPENDENTS=launches_programmatically(q.device),
         num_warps=4,
+        **kernel_options(q.device),
     )
     return out
