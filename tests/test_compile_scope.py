@@ -15,6 +15,7 @@ from checkpoints import write_tiny
 from torch._dynamo.utils import counters
 from torch._inductor.utils import run_and_get_code
 
+from ignition.components.kv_cache import computed_once
 from ignition.preparation import prepared as prepared_module
 from ignition.preparation.catalog import GraphKey, GraphKind
 from ignition.preparation.compile_flags import add_compile_options, compile_options
@@ -208,3 +209,10 @@ def test_a_steps_tables_are_computed_once_for_every_layer(
         # One buffer of merge counts for the step, which every layer's attention takes
         # in place (no copy a layer).
         assert len({call[6] for call in attention}) == 1, attention
+
+
+def test_a_steps_tables_add_no_kernel_run_eagerly() -> None:
+    # Without compilation (--no-compile) the tables are the tensors themselves: no
+    # doubled copy of a one-element table, no kernel added to a step.
+    lengths, rows = torch.tensor([7], dtype=torch.int32), torch.arange(6)
+    assert computed_once(lengths) is lengths and computed_once(rows) is rows

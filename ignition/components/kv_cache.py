@@ -126,10 +126,13 @@ def computed_once(tensor: torch.Tensor) -> torch.Tensor:
     operator: Qwen3-8B's decode graphs launched the sequence lengths' kernel 36
     times a step and the rows' and rotary rows' 28 (about 100 us of kernels and the
     gaps between them). Forcing the stride order of its own strides makes Inductor
-    compute it into one buffer that every layer reads; eagerly it is a no-op. Inductor
-    forces no stride order on a tensor of one element (a decode graph's lengths and
-    rows at capacity 1), so such a tensor is computed twice over into a buffer of
-    two, and read as that buffer's first element."""
+    compute it into one buffer that every layer reads. Inductor forces no stride order
+    on a tensor of one element (a decode graph's lengths and rows at capacity 1), so
+    such a tensor is computed twice over into a buffer of two, and read as that
+    buffer's first element. Run eagerly (``--no-compile``) it is the tensor itself,
+    with no kernel added to the step."""
+    if not torch.compiler.is_compiling():
+        return tensor
     if tensor.numel() != 1:
         return torch.ops.prims.inductor_force_stride_order(tensor, tensor.stride())
     flat = tensor.reshape(1)
