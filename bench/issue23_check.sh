@@ -33,6 +33,15 @@
 #       of FUSIONS (default "norms residuals"), one timeline process each, in turn
 #       (bench/kernel_timeline.py --decode-fusion F; OUT/F.json and .md), each with
 #       the bandwidth probed in its run. Pass --geometry for the roofline.
+#   bench/issue23_check.sh early OUT MODEL [kernel_timeline options...]
+#       early weights (each decode projection loads its last K step's weight tile
+#       before it waits for the kernel before): the GPU tests (the same bits as
+#       without, eager and captured; tests/test_linear.py -k early_weights,
+#       tests/test_programmatic_launch.py), then MODEL's decode graphs timed as
+#       prepared (programmatic launch, late weights) and captured again with early
+#       weights over the same storage, their steps in alternating blocks
+#       (bench/kernel_timeline.py --compare-early-weights; OUT/early.json and .md).
+#       Pass --geometry for the roofline.
 #   bench/issue23_check.sh trees OUT BEFORE MODEL [kernel_timeline options...]
 #       MODEL's decode step as the tree BEFORE prepares it (made where git is, e.g.
 #       `git archive 5f4f455 ignition recipes bench tests | tar x -C BEFORE`) and as
@@ -48,7 +57,7 @@
 # Needs the flare_heliopause wheel importable (WHEELS, as bench/suite_gpu.sh installs
 # them).
 set -uo pipefail
-usage="usage: bench/issue23_check.sh serving OUT | concurrency OUT MODEL [options...] | pdl OUT MODEL [options...] | fusion OUT MODEL [options...] | trees OUT BEFORE MODEL [options...] | pdl-core OUT CHECKPOINT FLARE [options...]"
+usage="usage: bench/issue23_check.sh serving OUT | concurrency OUT MODEL [options...] | pdl OUT MODEL [options...] | early OUT MODEL [options...] | fusion OUT MODEL [options...] | trees OUT BEFORE MODEL [options...] | pdl-core OUT CHECKPOINT FLARE [options...]"
 part=${1:?$usage}
 out=${2:?$usage}
 shift 2
@@ -88,6 +97,16 @@ case $part in
     python3 bench/kernel_timeline.py "$model" --capacities 1 4 --compare-programmatic-launch \
       --out "$out/pdl.json" "$@" > "$out/pdl.log" 2>&1 || { status=1; tail -20 "$out/pdl.log"; }
     grep "^c=" "$out/pdl.log"
+    ;;
+  early)
+    model=${1:?$usage}
+    shift
+    python3 -m pytest -m gpu tests/test_linear.py tests/test_programmatic_launch.py -q \
+      -k "early_weights or programmatic" -p no:cacheprovider -rs 2>&1 | tee "$out/pytest-gpu.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    python3 bench/kernel_timeline.py "$model" --capacities 1 4 --compare-early-weights \
+      --out "$out/early.json" "$@" > "$out/early.log" 2>&1 || { status=1; tail -20 "$out/early.log"; }
+    grep "^c=" "$out/early.log"
     ;;
   fusion)
     model=${1:?$usage}

@@ -21,13 +21,16 @@ graph launch runs, with the launch's correlation id). Per capacity it reports:
         [--trace-dir DIR] [--context-limit N] [--prefill-chunk-size N] \\
         [--geometry NAME|config.json] [--no-compile] \\
         [--compile-scope S] [--[no-]compile-sampling] [--decode-fusion F] \\
-        [--[no-]programmatic-launch] [--compare-programmatic-launch]
+        [--[no-]programmatic-launch] [--[no-]early-weights] \\
+        [--compare-programmatic-launch] [--compare-early-weights]
 
 With ``--compare-programmatic-launch`` the decode graphs are captured a second time
 with the other launch (``ignition.components.programmatic_launch``) over the same
 storage, and both are profiled and timed in this run, their unprofiled steps in
 alternating blocks (``compared`` in the results, by variant: ``programmatic`` or
-``plain``).
+``plain``). ``--compare-early-weights`` does the same for a programmatic launch with
+the other choice of early weights (variant ``early weights`` or ``late weights``);
+both may be given.
 
 ``summarize`` (the aggregation) is pure and tested on the CPU; the measurement needs
 a GPU.
@@ -205,6 +208,8 @@ def markdown(results: dict[str, Any]) -> str:
         )
     for variant in results.get("compared", {}).values():
         launch = "on" if variant["programmatic_launch"] else "off"
+        if variant["programmatic_launch"]:
+            launch += ", early weights " + ("on" if variant.get("early_weights") else "off")
         lines += [
             "",
             f"## The same decode graphs captured with programmatic launch {launch}",
@@ -302,14 +307,21 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     catalog = prepared.catalog
     state, staging = prepared.storage.state, prepared.storage.staging
     page = catalog.page_size
-    # The decode graphs as prepared (None), and with --compare-programmatic-launch the
-    # same graphs captured again with the other launch.
-    other = not options["programmatic_launch"]
-    launches = (
-        {"programmatic" if other else "plain": {"programmatic_launch": other}}
-        if args.compare_programmatic_launch
-        else {}
-    )
+    # The decode graphs as prepared (None), and with --compare-programmatic-launch or
+    # --compare-early-weights the same graphs captured again with the other launch.
+    launches: dict[str, dict[str, bool]] = {}
+    if args.compare_programmatic_launch:
+        other = not options["programmatic_launch"]
+        launches["programmatic" if other else "plain"] = {
+            "programmatic_launch": other,
+            "early_weights": options["early_weights"],
+        }
+    if args.compare_early_weights:
+        other = not (options["early_weights"] and options["programmatic_launch"])
+        launches["early weights" if other else "late weights"] = {
+            "programmatic_launch": True,
+            "early_weights": other,
+        }
     variants: dict[str, dict[GraphKey, Any] | None] = {"prepared": None}
     if launches:
         with programmatic_launch(True):
@@ -322,7 +334,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         decode = (GraphKey(GraphKind.DECODE, catalog.decode_capacity(c)) for c in capacities)
         keys = list(dict.fromkeys(decode))
         for name, launch in launches.items():
-            variants[name] = recapture(prepared, keys, programmatic=launch["programmatic_launch"])
+            variants[name] = recapture(
+                prepared,
+                keys,
+                programmatic=launch["programmatic_launch"],
+                early_weights=launch["early_weights"],
+            )
     # Unprofiled steps come in alternating blocks of --steps, the order reversed in the
     # second round (as prepared, compared, compared, as prepared), so that a slow
     # phase of the machine and the growing context fall on both variants alike.
@@ -501,6 +518,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="also capture the decode graphs with the other launch (--programmatic-launch "
         "or not) over the same storage and time both, alternating, in this run",
+    )
+    parser.add_argument(
+        "--compare-early-weights",
+        action="store_true",
+        help="also capture the decode graphs launched programmatically with the other "
+        "choice of --early-weights over the same storage and time both, alternating, in "
+        "this run",
     )
     parser.add_argument("--trace-dir", type=Path, help="keep the Chrome traces here")
     parser.add_argument("--out", type=Path, required=True, help="results JSON (and .md)")

@@ -662,6 +662,7 @@ def test_the_replay_floor_prepares_with_every_option_the_suite_parses(
             "o.json",
             "--replay-decode-fusion=norms",
             "--replay-compile-scope=layer",
+            "--replay-early-weights",
         ]
     )
     seen: list[PrepareOptions] = []
@@ -675,6 +676,7 @@ def test_the_replay_floor_prepares_with_every_option_the_suite_parses(
     )
     (options,) = seen
     assert options.decode_fusion == "norms" and options.compile_scope == "layer"
+    assert options.early_weights
 
 
 # ---------------------------------------------------------------- report

@@ -96,7 +96,8 @@ def test_every_preparing_command_spells_the_compile_options_alike() -> None:
     add_compile_options(parser, "replay-")
     args = parser.parse_args(
         ["--no-compile", "--compile-sampling", "--replay-compile-scope", "layer",
-         "--replay-decode-fusion=norms", "--no-replay-programmatic-launch"]
+         "--replay-decode-fusion=norms", "--no-replay-programmatic-launch",
+         "--early-weights"]
     )  # fmt: skip
     assert compile_options(args) == {
         "compile": False,
@@ -104,6 +105,7 @@ def test_every_preparing_command_spells_the_compile_options_alike() -> None:
         "compile_sampling": True,
         "decode_fusion": "residuals",
         "programmatic_launch": True,
+        "early_weights": True,
     }
     assert compile_options(args, "replay-") == {
         "compile": True,
@@ -111,6 +113,7 @@ def test_every_preparing_command_spells_the_compile_options_alike() -> None:
         "compile_sampling": None,
         "decode_fusion": "norms",
         "programmatic_launch": False,
+        "early_weights": False,
     }
     with pytest.raises(SystemExit):  # a fusion that does not exist
         parser.parse_args(["--decode-fusion=all"])

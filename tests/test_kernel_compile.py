@@ -89,6 +89,42 @@ for pdl in (True, False):
                 num_warps=4, num_stages=4, launch_pdl=pdl)
     print("pdl split", pdl, *programmatic_order(k.asm["ptx"]), k.metadata.launch_pdl)
 
+# Early weights: the last K step's weight tile in 16-byte loads before the wait (as a
+# launch specializes the kernel: pointers and sizes divisible by 16), nothing else
+# before it; after the signal the K loop's pipeline (asynchronous copies) starts at
+# once. By PTX line: loads before the wait, other accesses before it, the wait, the
+# signal, the first copy, and the tile's 16-byte vectors a thread loads.
+def early_order(ptx):
+    lines = ptx.splitlines()
+    def at(pattern):
+        return [i for i, line in enumerate(lines) if re.search(pattern, line)]
+    wait = at(r"griddepcontrol\\.wait")[0]
+    loads = [i for i in at(r"ld\\.global") if i < wait]
+    wide = [i for i in at(r"ld\\.global\\.v4\\.b32") if i < wait]
+    others = [i for i in at(r"cp\\.async|st\\.global|atom\\.global|red\\.global") if i < wait]
+    signal = at(r"griddepcontrol\\.launch_dependents")[0]
+    copy = at(r"cp\\.async\\.cg")[0]
+    return [len(wide), len(loads) - len(wide) + len(others), wait, signal, copy]
+
+def specialized(fn, types, constexprs, **options):
+    names = fn.arg_names
+    signature = dict(zip(names, types + ["constexpr"] * (len(names) - len(types))))
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names[:len(types)])
+             if types[i] != "fp32" and name != "M"}
+    return triton.compile(ASTSource(fn, signature, constexprs=constexprs, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32), options=options)
+
+for tiles, width, block_k in ((1, 32, 512), (4, 32, 256)):
+    k = specialized(_rows_linear_kernel, LINEAR,
+                    dict(HAS_BIAS=True, NORM=True, RESIDUAL=True, SQUARES=True, ROW_TILES=tiles,
+                         BLOCK_M=16, BLOCK_N=width, BLOCK_K=block_k, GROUPS=256, PDL=True,
+                         EARLY_WEIGHTS=True), num_warps=4, num_stages=4, launch_pdl=True)
+    print("early linear", tiles, *early_order(k.asm["ptx"]), width * block_k * 2 // 16 // 128)
+k = specialized(_rows_gated_kernel, GATED,
+                dict(NORM=True, ROW_TILES=1, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, GROUPS=256,
+                     PDL=True, EARLY_WEIGHTS=True), num_warps=4, num_stages=4, launch_pdl=True)
+print("early gated", 1, *early_order(k.asm["ptx"]), 2 * 32 * 128 * 2 // 16 // 128)
+
 # The kernels of a decode layer between its projections, launched programmatically
 # too: the rotary/KV write, decode attention's split and its merge (which lets the o
 # projection launch at its start).
@@ -196,6 +232,13 @@ def test_the_new_kernels_compile_for_sm90() -> None:
         else:
             # Without it, no grid dependency control at all (a plain launch).
             assert at_wait == at_signal == -1 and at_access >= 0, (kernel, at)
+    early = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("early ")]
+    assert len(early) == 3, done.stdout
+    for kernel, tiles, wide, other, wait, signal, copy, vectors in early:
+        # Only the last step's weight tile, whole, before the wait; the loop's copies
+        # right after the signal.
+        assert int(wide) == int(vectors) > 0 and int(other) == 0, (kernel, tiles, done.stdout)
+        assert int(wait) < int(signal) < int(copy), (kernel, tiles, done.stdout)
     for tokens in ("512", "4096"):
         # Fits the H200's shared memory per block, and streams keys and values
         # asynchronously (the loop is software-pipelined).

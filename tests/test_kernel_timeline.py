@@ -91,13 +91,20 @@ def test_the_compared_launch_is_tabled_beside_the_prepared_one() -> None:
     for row in results["capacities"].values():
         row.update(wall_us=45.0, kernel_over_span=0.88, kernel_over_wall=0.49)
     table = markdown(results)
-    assert "captured with programmatic launch on" in table
+    assert "captured with programmatic launch on, early weights off" in table
     row = "| 1 | 40.0 | 36.0 | 0.900 | 44.0 | 37.5 | 22.0 | 19.0 | 25.0 | 21.0 | 3.0 | 2.0 |"
     assert row in table
     # The compared launch's gaps are tabled too (the prepared one here has none).
     assert "## Capacity 1, programmatic: gaps between kernels" in table
     assert "## Capacity 1: gaps" not in table
     assert "| `norm` | `gemm` | 1.0 | 2.00 | 2.00 |" in table
+    # Early weights, compared beside a plain launch.
+    early = {"programmatic_launch": True, "early_weights": True, "capacities": {"1": compared}}
+    plain = {"programmatic_launch": False, "capacities": {"1": compared}}
+    table = markdown({**results, "compared": {"early weights": early, "plain": plain}})
+    assert "captured with programmatic launch on, early weights on" in table
+    assert "captured with programmatic launch off\n" in table
+    assert "## Capacity 1, early weights: gaps between kernels" in table
 
 
 def test_a_compared_graph_stands_in_for_the_prepared_one_within_the_block() -> None:

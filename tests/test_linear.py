@@ -606,3 +606,87 @@ def test_rows_past_one_tile_are_batch_invariant_on_gpu(n: int, k: int) -> None:
     _fused_rows_agree(x, w, b, 1e-6)
     gate_up = torch.cat([w, w.flip(0)])
     _many_rows_agree(lambda r: triton_rows_gated(x[r], gate_up), len(x))
+
+
+# ---------------------------------------------------------------- early weights
+
+
+def _early_weights_agree(
+    device: str, dtype: torch.dtype, n: int, k: int, launch: Callable[[bool], object]
+) -> None:
+    """Each row projection (plain; with norm, residual and squares; gated) gives the
+    same bits with early weights as without, at one and at several row tiles:
+    ``launch(early)`` is the context a run takes."""
+    x, w, b = _rows_operands(n, k, 2 * ROWS_TILE + 3, device, dtype)
+    residual = torch.randn(x.shape[0], n, generator=torch.Generator().manual_seed(1))
+    residual = residual.to(device, dtype)
+    # The projections that read y (n columns) normalized by its partial squares.
+    _, w_y, _ = _rows_operands(n, n, 1, device, dtype)
+    gate_up = torch.cat([w_y, w_y.flip(0)])
+
+    def run(rows: int) -> list[torch.Tensor]:
+        squares = torch.empty(rows, n // SQUARE_GROUP, device=device)
+        y = triton_rows_linear(x[:rows], w, b, residual=residual[:rows], squares=squares)
+        norm = RowStatistic(squares, 1e-6)
+        return [
+            triton_rows_linear(x[:rows], w, b),
+            y,
+            squares,
+            triton_rows_linear(y, w_y, None, norm=norm),
+            triton_rows_gated(y, gate_up, norm),
+        ]
+
+    for rows in (1, ROWS_TILE + 1, x.shape[0]):
+        with launch(False):  # type: ignore[attr-defined]
+            late = run(rows)
+        with launch(True):  # type: ignore[attr-defined]
+            early = run(rows)
+        for a, e in zip(late, early, strict=True):
+            assert torch.equal(a, e)
+
+
+def _interpreted_launch(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], object]:
+    """The kernels' options under the interpreter as a programmatic launch sets them
+    on the GPU (there is no launch to ask for: the interpreter runs every kernel after
+    the one before)."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def launch(early: bool) -> Iterator[None]:
+        def options(device: torch.device, streams_weights: bool = False) -> dict[str, bool]:
+            return {"PDL": True, "EARLY_WEIGHTS": early and streams_weights}
+
+        with monkeypatch.context() as patch:
+            patch.setattr(linear, "kernel_options", options)
+            yield
+
+    return launch
+
+
+# K a whole number of steps, one step and a masked last step, and K under one step.
+@pytest.mark.parametrize(("n", "k"), [(64, 256), (48, 208), (32, 48)])
+def test_early_weights_compute_the_same_bits_interpreted(
+    monkeypatch: pytest.MonkeyPatch, n: int, k: int
+) -> None:
+    _early_weights_agree("cpu", torch.float32, n, k, _interpreted_launch(monkeypatch))
+
+
+def test_early_weights_take_the_last_k_step_interpreted(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The last step's tile is the one loaded early: a weight whose last columns are
+    # loaded twice (or not at all) would show in the result.
+    x, w, b = _rows_operands(32, 700, 3, "cpu", torch.float32)
+    reference = torch.nn.functional.linear(x.double(), w.double(), b.double())
+    with _interpreted_launch(monkeypatch)(True):  # type: ignore[attr-defined]
+        for block_k in (128, 256, 512):
+            y = triton_rows_linear(x, w, b, block_k=block_k)
+            torch.testing.assert_close(y.double(), reference, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n", "k"), [(576, 576), (4096, 4096), (4096, 12288)])
+def test_early_weights_compute_the_same_bits_on_gpu(n: int, k: int) -> None:
+    from ignition.components.programmatic_launch import programmatic_launch
+
+    _early_weights_agree(
+        "cuda", torch.bfloat16, n, k, lambda early: programmatic_launch(True, early)
+    )

@@ -48,9 +48,10 @@ def test_it_is_off_unless_preparation_turns_it_on_for_a_device_that_can(
 
 
 def test_the_setting_is_restored_when_the_block_raises() -> None:
-    with pytest.raises(RuntimeError), programmatic_launch.programmatic_launch():
+    with pytest.raises(RuntimeError), programmatic_launch.programmatic_launch(True, True):
         raise RuntimeError("capture failed")
     assert not programmatic_launch._enabled
+    assert not programmatic_launch._early_weights
 
 
 def test_the_kernels_options_follow_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -61,6 +62,22 @@ def test_the_kernels_options_follow_the_setting(monkeypatch: pytest.MonkeyPatch)
         assert programmatic_launch.kernel_options(torch.device("cpu")) == {}
     monkeypatch.setattr(programmatic_launch, "launch_kwargs", lambda device: {"launch_pdl": True})
     assert programmatic_launch.kernel_options(CUDA) == {"launch_pdl": True, "PDL": True}
+    # Early weights: for the row projections alone, and only when asked for.
+    assert programmatic_launch.kernel_options(CUDA, streams_weights=True) == {
+        "launch_pdl": True,
+        "PDL": True,
+    }
+    with programmatic_launch.programmatic_launch(True, early_weights=True):
+        assert programmatic_launch.kernel_options(CUDA) == {"launch_pdl": True, "PDL": True}
+        assert programmatic_launch.kernel_options(CUDA, streams_weights=True) == {
+            "launch_pdl": True,
+            "PDL": True,
+            "EARLY_WEIGHTS": True,
+        }
+    # A plain launch has no early weights: nothing to load them before.
+    monkeypatch.setattr(programmatic_launch, "launch_kwargs", lambda device: {})
+    with programmatic_launch.programmatic_launch(True, early_weights=True):
+        assert programmatic_launch.kernel_options(CUDA, streams_weights=True) == {}
 
 
 # ----------------------------------------------------------------------------- GPU
@@ -116,26 +133,29 @@ def test_programmatic_launch_computes_the_same_bits_and_captures_programmatic_ed
         return [h, squares, g, narrowed, q, kv.clone(), a, y]
 
     plain = step()
-    with programmatic_launch.programmatic_launch():
-        eager = step()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            step()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph(keep_graph=True)
-        with torch.cuda.graph(graph):
-            captured = step()
-    torch.cuda.synchronize()
-    programmatic, edges = _programmatic_edges(graph)
-    graph.replay()
-    torch.cuda.synchronize()
-    for a, e, c in zip(plain, eager, captured, strict=True):
-        assert torch.equal(a, e)
-        assert torch.equal(a, c)
-    # Programmatic: the gated kernel after the copy of h, the split after the gated,
-    # the rotary/KV write after the split's sum, the attention (merged by its last
-    # programs) after it, the o projection after the attention (the split's sum and
-    # the copies launch plainly).
-    assert programmatic >= 5, (programmatic, edges)
-    assert not counts.any()
+    # Launched programmatically, then with early weights too: each eager, then
+    # captured and replayed.
+    for early in (False, True):
+        with programmatic_launch.programmatic_launch(True, early):
+            eager = step()
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                step()
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph(keep_graph=True)
+            with torch.cuda.graph(graph):
+                captured = step()
+        torch.cuda.synchronize()
+        programmatic, edges = _programmatic_edges(graph)
+        graph.replay()
+        torch.cuda.synchronize()
+        for a, e, c in zip(plain, eager, captured, strict=True):
+            assert torch.equal(a, e), early
+            assert torch.equal(a, c), early
+        # Programmatic: the gated kernel after the copy of h, the split after the
+        # gated, the rotary/KV write after the split's sum, the attention (merged by
+        # its last programs) after it, the o projection after the attention (the
+        # split's sum and the copies launch plainly).
+        assert programmatic >= 5, (programmatic, edges)
+        assert not counts.any()

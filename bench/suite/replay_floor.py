@@ -41,11 +41,13 @@ def prepare_floor(
     compile_scope: CompileScope = "forward",
     decode_fusion: DecodeFusion = DEFAULT_DECODE_FUSION,
     programmatic_launch: bool = True,
+    early_weights: bool = False,
 ) -> PreparedModel:
     """``model`` prepared as ``ignition replay`` prepares it (bf16, compiled unless
     not ``compile``, in regions of ``compile_scope``, the sampler as ``compile_sampling``
     says, decode layers fused as ``decode_fusion`` says, the row projections launched
-    programmatically as ``programmatic_launch`` says, captured on CUDA), or
+    programmatically as ``programmatic_launch`` says, with ``early_weights`` or not,
+    captured on CUDA), or
     ``eager``: float32 on the CPU, no graphs (for tests)."""
     if eager:
         options = PrepareOptions(
@@ -66,6 +68,7 @@ def prepare_floor(
             compile_scope=compile_scope,
             decode_fusion=decode_fusion,
             programmatic_launch=programmatic_launch,
+            early_weights=early_weights,
         )
     return prepare(model, options)
 

@@ -167,6 +167,31 @@ def _x_tile(x_ptr, rm, kk, M, K, stride_xm):
 
 
 @triton.jit
+def _w_tile(w_ptr, rn, kk, N, K, stride_wn):
+    """w's ``[BLOCK_N, BLOCK_K]`` tile of rows ``rn`` and columns ``kk`` (zero outside)."""
+    mask = (rn[:, None] < N) & (kk[None, :] < K)
+    return tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _rows_step(
+    x_ptr, w, rm, kk, M, K, stride_xm, acc0, acc1, acc2, acc3, ROW_TILES: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    """One K step of ``_rows_dot``: the weight tile ``w`` (columns ``kk``) into each of
+    the ``ROW_TILES`` row tiles' accumulators by the same ``BLOCK_M``-row dot."""
+    wt = tl.trans(w)
+    acc0 = tl.dot(_x_tile(x_ptr, rm, kk, M, K, stride_xm), wt, acc0)
+    if ROW_TILES > 1:
+        acc1 = tl.dot(_x_tile(x_ptr, rm + BLOCK_M, kk, M, K, stride_xm), wt, acc1)
+    if ROW_TILES > 2:
+        acc2 = tl.dot(_x_tile(x_ptr, rm + 2 * BLOCK_M, kk, M, K, stride_xm), wt, acc2)
+    if ROW_TILES > 3:
+        acc3 = tl.dot(_x_tile(x_ptr, rm + 3 * BLOCK_M, kk, M, K, stride_xm), wt, acc3)
+    return acc0, acc1, acc2, acc3
+
+
+@triton.jit
 def _rows_dot(
     x_ptr,
     w_ptr,
@@ -181,32 +206,41 @@ def _rows_dot(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
+    EARLY_WEIGHTS: tl.constexpr = False,
 ):
     """fp32 ``x[rm + t * BLOCK_M] @ w[rn].T`` for the program's ``ROW_TILES`` (1 to 4)
     row tiles ``t``, four accumulators (those past ``ROW_TILES`` stay zero): each
     weight tile is loaded once and multiplied into every row tile by the same
     ``BLOCK_M``-row dot, so a row's arithmetic is that of one tile whatever the row
-    count."""
+    count. With ``PDL``, the wait for the kernel before comes first; with
+    ``EARLY_WEIGHTS`` too, the weight tile of the last K step is loaded before it
+    (``programmatic_launch``: no kernel of a step writes a weight) and held through
+    the loop over the others, which the wait lets start at once. The steps are the
+    same, in K order, so the bits are too."""
     rk = tl.arange(0, BLOCK_K)
     acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc3 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    end = K
+    if EARLY_WEIGHTS:
+        end = tl.cdiv(K, BLOCK_K) * BLOCK_K - BLOCK_K
+        last = _w_tile(w_ptr, rn, end + rk, N, K, stride_wn)
+        await_producer()
+    elif PDL:
+        await_producer()
+    for k0 in range(0, end, BLOCK_K):
         kk = k0 + rk
-        w = tl.load(
-            w_ptr + rn[:, None] * stride_wn + kk[None, :],
-            mask=(rn[:, None] < N) & (kk[None, :] < K),
-            other=0.0,
-        )
-        wt = tl.trans(w)
-        acc0 = tl.dot(_x_tile(x_ptr, rm, kk, M, K, stride_xm), wt, acc0)
-        if ROW_TILES > 1:
-            acc1 = tl.dot(_x_tile(x_ptr, rm + BLOCK_M, kk, M, K, stride_xm), wt, acc1)
-        if ROW_TILES > 2:
-            acc2 = tl.dot(_x_tile(x_ptr, rm + 2 * BLOCK_M, kk, M, K, stride_xm), wt, acc2)
-        if ROW_TILES > 3:
-            acc3 = tl.dot(_x_tile(x_ptr, rm + 3 * BLOCK_M, kk, M, K, stride_xm), wt, acc3)
+        acc0, acc1, acc2, acc3 = _rows_step(
+            x_ptr, _w_tile(w_ptr, rn, kk, N, K, stride_wn), rm, kk, M, K, stride_xm, acc0,
+            acc1, acc2, acc3, ROW_TILES, BLOCK_M,
+        )  # fmt: skip
+    if EARLY_WEIGHTS:
+        acc0, acc1, acc2, acc3 = _rows_step(
+            x_ptr, last, rm, end + rk, M, K, stride_xm, acc0, acc1, acc2, acc3, ROW_TILES,
+            BLOCK_M,
+        )  # fmt: skip
     return acc0, acc1, acc2, acc3
 
 
@@ -291,20 +325,20 @@ def _rows_linear_kernel(
     BLOCK_K: tl.constexpr,
     GROUPS: tl.constexpr = 1,
     PDL: tl.constexpr = False,
+    EARLY_WEIGHTS: tl.constexpr = False,
 ):
     """``residual + linear(rms_norm(x))``, each part optional (``NORM``: x's partial
     squares ``s_ptr`` and ``eps``, the gain folded into w; ``RESIDUAL``: ``r_ptr``),
     and with ``SQUARES`` the result's partial squares (``q_ptr``), of the
     ``ROW_TILES`` row tiles of ``program_id(0)`` and column tile ``program_id(1)``.
-    With ``PDL``, launched programmatically: the wait before anything else
-    (``programmatic_launch``)."""
+    With ``PDL``, launched programmatically: the wait before anything else, or with
+    ``EARLY_WEIGHTS`` before anything but the last K step's weight tile
+    (``_rows_dot``)."""
     rm = tl.program_id(0) * ROW_TILES * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    if PDL:
-        await_producer()
     acc0, acc1, acc2, acc3 = _rows_dot(
         x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, rm, rn, ROW_TILES, BLOCK_M, BLOCK_N,
-        BLOCK_K,
+        BLOCK_K, PDL, EARLY_WEIGHTS,
     )  # fmt: skip
     _store_rows(
         acc0, b_ptr, s_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm, stride_ym,
@@ -353,6 +387,33 @@ def _store_gated(
 
 
 @triton.jit
+def _gated_step(
+    x_ptr, w_gate, w_up, rm, kk, M, K, stride_xm, gate0, gate1, gate2, gate3, up0, up1, up2,
+    up3, ROW_TILES: tl.constexpr, BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    """One K step of ``_rows_gated_kernel``: the gate and up tiles (columns ``kk``) into
+    each of the ``ROW_TILES`` row tiles' sums by the same dots (as ``_rows_step``)."""
+    w_gate = tl.trans(w_gate)
+    w_up = tl.trans(w_up)
+    x = _x_tile(x_ptr, rm, kk, M, K, stride_xm)
+    gate0 = tl.dot(x, w_gate, gate0)
+    up0 = tl.dot(x, w_up, up0)
+    if ROW_TILES > 1:
+        x = _x_tile(x_ptr, rm + BLOCK_M, kk, M, K, stride_xm)
+        gate1 = tl.dot(x, w_gate, gate1)
+        up1 = tl.dot(x, w_up, up1)
+    if ROW_TILES > 2:
+        x = _x_tile(x_ptr, rm + 2 * BLOCK_M, kk, M, K, stride_xm)
+        gate2 = tl.dot(x, w_gate, gate2)
+        up2 = tl.dot(x, w_up, up2)
+    if ROW_TILES > 3:
+        x = _x_tile(x_ptr, rm + 3 * BLOCK_M, kk, M, K, stride_xm)
+        gate3 = tl.dot(x, w_gate, gate3)
+        up3 = tl.dot(x, w_up, up3)
+    return gate0, gate1, gate2, gate3, up0, up1, up2, up3
+
+
+@triton.jit
 def _rows_gated_kernel(
     x_ptr,
     w_ptr,
@@ -373,18 +434,18 @@ def _rows_gated_kernel(
     BLOCK_K: tl.constexpr,
     GROUPS: tl.constexpr = 1,
     PDL: tl.constexpr = False,
+    EARLY_WEIGHTS: tl.constexpr = False,
 ):
     """``silu(gate) * up`` of columns ``rn`` for the packed weight ``w [2N, K]``
     (gate rows, then up rows): both tiles stream in one K loop and go into each of the
     program's ``ROW_TILES`` (1 to 4) row tiles by the same dots (as ``_rows_dot``).
     With ``NORM``, of x's rows normalized (partial squares ``s_ptr``, ``eps``, the gain
     folded into w; as ``_rows_linear_kernel``). Row tiles of ``program_id(0)``, column
-    tile ``program_id(1)``. ``PDL`` as ``_rows_linear_kernel``'s."""
+    tile ``program_id(1)``. ``PDL`` and ``EARLY_WEIGHTS`` as ``_rows_dot``'s."""
     rm = tl.program_id(0) * ROW_TILES * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    if PDL:
-        await_producer()
     rk = tl.arange(0, BLOCK_K)
+    up_ptr = w_ptr + N * stride_wn
     gate0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     gate1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     gate2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -393,30 +454,26 @@ def _rows_gated_kernel(
     up1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up3 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    end = K
+    if EARLY_WEIGHTS:
+        end = tl.cdiv(K, BLOCK_K) * BLOCK_K - BLOCK_K
+        last_gate = _w_tile(w_ptr, rn, end + rk, N, K, stride_wn)
+        last_up = _w_tile(up_ptr, rn, end + rk, N, K, stride_wn)
+        await_producer()
+    elif PDL:
+        await_producer()
+    for k0 in range(0, end, BLOCK_K):
         kk = k0 + rk
-        w_mask = (rn[:, None] < N) & (kk[None, :] < K)
-        w_gate = tl.trans(
-            tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=w_mask, other=0.0)
-        )
-        w_up = tl.trans(
-            tl.load(w_ptr + (N + rn[:, None]) * stride_wn + kk[None, :], mask=w_mask, other=0.0)
-        )
-        x = _x_tile(x_ptr, rm, kk, M, K, stride_xm)
-        gate0 = tl.dot(x, w_gate, gate0)
-        up0 = tl.dot(x, w_up, up0)
-        if ROW_TILES > 1:
-            x = _x_tile(x_ptr, rm + BLOCK_M, kk, M, K, stride_xm)
-            gate1 = tl.dot(x, w_gate, gate1)
-            up1 = tl.dot(x, w_up, up1)
-        if ROW_TILES > 2:
-            x = _x_tile(x_ptr, rm + 2 * BLOCK_M, kk, M, K, stride_xm)
-            gate2 = tl.dot(x, w_gate, gate2)
-            up2 = tl.dot(x, w_up, up2)
-        if ROW_TILES > 3:
-            x = _x_tile(x_ptr, rm + 3 * BLOCK_M, kk, M, K, stride_xm)
-            gate3 = tl.dot(x, w_gate, gate3)
-            up3 = tl.dot(x, w_up, up3)
+        gate0, gate1, gate2, gate3, up0, up1, up2, up3 = _gated_step(
+            x_ptr, _w_tile(w_ptr, rn, kk, N, K, stride_wn),
+            _w_tile(up_ptr, rn, kk, N, K, stride_wn), rm, kk, M, K, stride_xm, gate0, gate1,
+            gate2, gate3, up0, up1, up2, up3, ROW_TILES, BLOCK_M,
+        )  # fmt: skip
+    if EARLY_WEIGHTS:
+        gate0, gate1, gate2, gate3, up0, up1, up2, up3 = _gated_step(
+            x_ptr, last_gate, last_up, rm, end + rk, M, K, stride_xm, gate0, gate1, gate2, gate3,
+            up0, up1, up2, up3, ROW_TILES, BLOCK_M,
+        )  # fmt: skip
     _store_gated(gate0, up0, s_ptr, y_ptr, M, N, K, stride_sm, stride_ym, eps, rm, rn, NORM, GROUPS)
     if ROW_TILES > 1:
         _store_gated(
@@ -724,7 +781,7 @@ def triton_rows_linear(
         SQUARES=squares is not None, ROW_TILES=tiles, BLOCK_M=ROWS_TILE, BLOCK_N=width,
         BLOCK_K=block_k, GROUPS=_groups(k), num_warps=4,
         num_stages=pipeline_stages(tiles, width, block_k, w.element_size()),
-        enable_fp_fusion=squares is None, **kernel_options(w.device),
+        enable_fp_fusion=squares is None, **kernel_options(w.device, streams_weights=True),
     )  # fmt: skip
     return y
 
@@ -756,7 +813,7 @@ def triton_rows_gated(
         NORM=norm is not None, ROW_TILES=tiles, BLOCK_M=ROWS_TILE,
         BLOCK_N=width // 2, BLOCK_K=block_k, GROUPS=_groups(k), num_warps=4,
         num_stages=pipeline_stages(tiles, width, block_k, gate_up.element_size()),
-        **kernel_options(gate_up.device),
+        **kernel_options(gate_up.device, streams_weights=True),
     )  # fmt: skip
     return y
 

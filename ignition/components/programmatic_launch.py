@@ -16,10 +16,19 @@ launch computes, bit for bit. Waiting before any write also orders the kernel af
 every kernel before it: the kernel before waited for its own predecessor before it
 could end.
 
-Nothing is read before the wait. An L2 prefetch of the weight rows' first bytes there
-was measured on the H200 (``bench/results/issue23/2026-12-04e-h200-programmatic-
-launch``): at 2 and 8 MiB a kernel it cost the 8B's decode step what reading those
-bytes again costs, streamed ``evict_first`` or not, so it went.
+By default nothing is read before the wait. An L2 prefetch of the weight rows' first
+bytes there was measured on the H200 (``bench/results/issue23/2026-12-04e-h200-
+programmatic-launch``): at 2 and 8 MiB a kernel it cost the 8B's decode step what
+reading those bytes again costs, streamed ``evict_first`` or not, so it went.
+
+With early weights (``PrepareOptions.early_weights``), a row projection loads the weight
+tile of its last K step before the wait, into registers, and holds it through the K
+loop over the others (``linear._rows_dot``): no kernel of a step writes a weight, so
+the tile is the same whenever it is read. Its bytes stream while the kernel before
+ends, are read once, and the wait lets the loop's own pipeline start at once. The
+steps are the same and in K order, so are the bits. (Loading the first step's tile
+early instead would serialize: Triton issues the loop's pipeline only after that step's
+dot, which waits for x; the SM90 SASS of both is in ``tests/test_kernel_compile.py``.)
 
 Preparation turns it on (``PrepareOptions.programmatic_launch``, the default) for the
 warm-up and capture; the kernels then take it from ``kernel_options``. Off, or off the
@@ -40,24 +49,29 @@ from contextlib import contextmanager
 
 import torch
 import triton
+import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.runtime.interpreter import InterpretedFunction
 
 # The first compute capability with grid dependency control.
 MIN_CAPABILITY = (9, 0)
 
 _enabled = False
+_early_weights = False
 
 
 @contextmanager
-def programmatic_launch(enabled: bool = True) -> Iterator[None]:
+def programmatic_launch(enabled: bool = True, early_weights: bool = False) -> Iterator[None]:
     """Within the block, the weight-streaming kernels launch programmatically on
-    devices that can (``launch_kwargs``)."""
-    global _enabled
-    before, _enabled = _enabled, enabled
+    devices that can (``launch_kwargs``), the row projections with ``early_weights``
+    loading their last weight tile before the wait (``kernel_options``)."""
+    global _enabled, _early_weights
+    before = _enabled, _early_weights
+    _enabled, _early_weights = enabled, early_weights
     try:
         yield
     finally:
-        _enabled = before
+        _enabled, _early_weights = before
 
 
 def launches_programmatically(device: torch.device) -> bool:
@@ -77,19 +91,38 @@ def launch_kwargs(device: torch.device) -> dict[str, bool]:
     return {"launch_pdl": True} if launches_programmatically(device) else {}
 
 
-def kernel_options(device: torch.device) -> dict[str, bool]:
+def kernel_options(device: torch.device, streams_weights: bool = False) -> dict[str, bool]:
     """A kernel's launch options and its ``PDL`` constexpr on ``device``: Triton's
     ``launch_pdl`` and ``PDL`` (the kernel calls ``await_producer`` first) when it
     launches programmatically, else none (a plain launch, ``PDL`` at its default,
-    off)."""
+    off). A row projection (``streams_weights``) also gets ``EARLY_WEIGHTS`` when the
+    block asked for early weights: its last weight tile is loaded before the wait."""
     options = launch_kwargs(device)
-    return {**options, "PDL": True} if options else {}
+    if not options:
+        return {}
+    early = {"EARLY_WEIGHTS": True} if streams_weights and _early_weights else {}
+    return {**options, "PDL": True, **early}
 
 
 @triton.jit
-def await_producer():
+def _await_producer():
     """A programmatically launched kernel's wait for the kernel before it (ended, its
     writes visible after), then the signal that the kernel after may launch. Before
-    it, a kernel reads and writes nothing."""
+    it, a kernel reads nothing but weights and writes nothing."""
     gdc_wait()
     gdc_launch_dependents()
+
+
+@triton.jit
+def _ran_before():
+    """Under Triton's interpreter, which runs each kernel after the one before it has
+    ended (and cannot run the PTX of a wait): nothing to wait for. (The interpreter
+    runs a function only where it sees ``triton.language``.)"""
+    tl.static_assert(True)
+
+
+# The wait a kernel launched programmatically calls (``_await_producer``); under the
+# interpreter, none, so that the tests run the kernels' early-weights order there.
+await_producer = (
+    _ran_before if isinstance(_await_producer, InterpretedFunction) else _await_producer
+)

@@ -22,8 +22,8 @@ DEFAULT_DECODE_FUSION: DecodeFusion = "residuals"
 
 def add_compile_options(parser: argparse.ArgumentParser, prefix: str = "") -> None:
     """``--{prefix}no-compile``, ``--{prefix}compile-scope``,
-    ``--[no-]{prefix}compile-sampling``, ``--{prefix}decode-fusion`` and
-    ``--[no-]{prefix}programmatic-launch``."""
+    ``--[no-]{prefix}compile-sampling``, ``--{prefix}decode-fusion``,
+    ``--[no-]{prefix}programmatic-launch`` and ``--[no-]{prefix}early-weights``."""
     parser.add_argument(
         f"--{prefix}no-compile", action="store_true", help="skip torch.compile of the forwards"
     )
@@ -61,6 +61,15 @@ def add_compile_options(parser: argparse.ArgumentParser, prefix: str = "") -> No
         "before reading; the same bits (default: on; measured faster when it covered the "
         "projections alone)",
     )
+    parser.add_argument(
+        f"--{prefix}early-weights",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="with programmatic launch, each decode projection loads the weight tile of its "
+        "last K step before it waits for the kernel before (no kernel of a step writes a "
+        "weight), so those bytes stream while that kernel ends; the same bits (default: "
+        "off, not measured yet)",
+    )
 
 
 def compile_options(args: argparse.Namespace, prefix: str = "") -> dict[str, Any]:
@@ -72,4 +81,5 @@ def compile_options(args: argparse.Namespace, prefix: str = "") -> dict[str, Any
         "compile_sampling": getattr(args, f"{name}compile_sampling"),
         "decode_fusion": getattr(args, f"{name}decode_fusion"),
         "programmatic_launch": getattr(args, f"{name}programmatic_launch"),
+        "early_weights": getattr(args, f"{name}early_weights"),
     }

@@ -83,6 +83,11 @@ class PrepareOptions:
     # ``ignition.components.programmatic_launch``): programmatic edges in the graphs,
     # the same bits, a decode step 0.5 to 1.4% shorter on the H200.
     programmatic_launch: bool = True
+    # With programmatic launch, each row projection loads its last K step's weight
+    # tile before it waits for the kernel before (no kernel of a step writes a
+    # weight): those bytes stream under that kernel's tail. The same bits. Off until
+    # measured (``bench/kernel_timeline.py --compare-early-weights``).
+    early_weights: bool = False
     # Sampling graphs take a token mask per row (constrained decoding); False
     # exports graphs as before masks existed, to measure what the input costs.
     token_masks: bool = True
@@ -219,14 +224,19 @@ def _capture(
 
 
 def recapture(
-    prepared: PreparedModel, keys: list[GraphKey], *, programmatic: bool
+    prepared: PreparedModel,
+    keys: list[GraphKey],
+    *,
+    programmatic: bool,
+    early_weights: bool = False,
 ) -> dict[GraphKey, torch.cuda.CUDAGraph]:
     """``keys`` captured again over the same storage into a pool of their own, the
-    weight-streaming kernels launched programmatically or not
-    (``PrepareOptions.programmatic_launch``): the other side of an A/B measurement
-    (``bench/kernel_timeline.py --compare-programmatic-launch``). The storage is reset
-    after, as preparation leaves it."""
-    with programmatic_launch(programmatic):
+    weight-streaming kernels launched programmatically or not, with early weights or
+    not (``PrepareOptions.programmatic_launch`` and ``early_weights``): the other side
+    of an A/B measurement (``bench/kernel_timeline.py --compare-programmatic-launch``,
+    ``--compare-early-weights``). The storage is reset after, as preparation leaves
+    it."""
+    with programmatic_launch(programmatic, early_weights):
         graphs = _capture(prepared.steps, keys, torch.cuda.graph_pool_handle(), False)
     prepared.reset()
     return graphs
@@ -460,7 +470,7 @@ def capture(prepared: PreparedModel, options: PrepareOptions, placement: Placeme
     if device.type == "cuda":
         torch.cuda.synchronize()
         reserved_before = torch.cuda.memory_reserved(device)
-        with programmatic_launch(options.programmatic_launch):
+        with programmatic_launch(options.programmatic_launch, options.early_weights):
             if options.capture:
                 prepared.graphs = _capture(steps, keys, placement.graph_pool(), options.keep_graphs)
             else:
