@@ -48,6 +48,8 @@
 #       this one does, one timeline process each, in turn (OUT/before.json and
 #       OUT/after.json, .md beside them), each with the bandwidth probed in its run:
 #       what a set of changes without a switch of its own gained. Pass --geometry.
+#       AFTER_OPTIONS: more kernel_timeline options for this tree's side alone (one
+#       the tree before lacks, e.g. --compare-early-weights).
 #   bench/issue23_check.sh pdl-core OUT CHECKPOINT FLARE [prepare options...]
 #       CHECKPOINT exported with the defaults, programmatic launch on (programmatic
 #       edges in the core's graphs), then `flare replay --check` (Helios's rebuilt
@@ -128,8 +130,11 @@ case $part in
     for side in before after; do
       tree=$PWD
       [ "$side" = before ] && tree=$before
+      extra=()
+      [ "$side" = after ] && read -ra extra <<< "${AFTER_OPTIONS:-}"
       (cd "$tree" && PYTHONPATH=$tree:$tree/tests${incoming:+:$incoming} python3 \
-        bench/kernel_timeline.py "$model" --capacities 1 4 --out "$out/$side.json" "$@") \
+        bench/kernel_timeline.py "$model" --capacities 1 4 --out "$out/$side.json" "$@" \
+        "${extra[@]}") \
         > "$out/$side.log" 2>&1 || { status=1; tail -20 "$out/$side.log"; }
       echo "$side:"
       grep "^c=" "$out/$side.log"

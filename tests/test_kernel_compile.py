@@ -23,10 +23,15 @@ from triton.compiler import ASTSource
 from ignition.components.linear import _rows_gated_kernel, _rows_linear_kernel
 from ignition.components.triton_kv_write import _rope_write_kv_kernel
 
+def defaults(fn, constexprs):
+    # A launch takes a constexpr's default where it is not given; ASTSource does not.
+    given = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}
+    return {**given, **constexprs}
+
 def compile(fn, types, constexprs, **options):
     names = fn.arg_names
     signature = dict(zip(names, types + ["constexpr"] * (len(names) - len(types))))
-    return triton.compile(ASTSource(fn, signature, constexprs=constexprs),
+    return triton.compile(ASTSource(fn, signature, constexprs=defaults(fn, constexprs)),
                           target=GPUTarget("cuda", 90, 32), options=options)
 
 for has_norm in (True, False):
@@ -111,19 +116,23 @@ def specialized(fn, types, constexprs, **options):
     signature = dict(zip(names, types + ["constexpr"] * (len(names) - len(types))))
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names[:len(types)])
              if types[i] != "fp32" and name != "M"}
-    return triton.compile(ASTSource(fn, signature, constexprs=constexprs, attrs=attrs),
+    return triton.compile(ASTSource(fn, signature, constexprs=defaults(fn, constexprs),
+                                    attrs=attrs),
                           target=GPUTarget("cuda", 90, 32), options=options)
 
-for tiles, width, block_k in ((1, 32, 512), (4, 32, 256)):
+# The 8B's o projection (one 32x512 step early), its qkv at four row tiles (two
+# 32x256), SmolLM2's (four 32x128 of its five); the gated kernel's two steps of two.
+for tiles, width, block_k, steps in ((1, 32, 512, 1), (4, 32, 256, 2), (1, 32, 128, 4)):
     k = specialized(_rows_linear_kernel, LINEAR,
                     dict(HAS_BIAS=True, NORM=True, RESIDUAL=True, SQUARES=True, ROW_TILES=tiles,
                          BLOCK_M=16, BLOCK_N=width, BLOCK_K=block_k, GROUPS=256, PDL=True,
-                         EARLY_WEIGHTS=True), num_warps=4, num_stages=4, launch_pdl=True)
-    print("early linear", tiles, *early_order(k.asm["ptx"]), width * block_k * 2 // 16 // 128)
+                         EARLY_WEIGHTS=steps), num_warps=4, num_stages=4, launch_pdl=True)
+    print("early linear", tiles, steps, *early_order(k.asm["ptx"]),
+          steps * width * block_k * 2 // 16 // 128)
 k = specialized(_rows_gated_kernel, GATED,
                 dict(NORM=True, ROW_TILES=1, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, GROUPS=256,
-                     PDL=True, EARLY_WEIGHTS=True), num_warps=4, num_stages=4, launch_pdl=True)
-print("early gated", 1, *early_order(k.asm["ptx"]), 2 * 32 * 128 * 2 // 16 // 128)
+                     PDL=True, EARLY_WEIGHTS=2), num_warps=4, num_stages=4, launch_pdl=True)
+print("early gated", 1, 2, *early_order(k.asm["ptx"]), 2 * 2 * 32 * 128 * 2 // 16 // 128)
 
 # The kernels of a decode layer between its projections, launched programmatically
 # too: the rotary/KV write, decode attention's split and its merge (which lets the o
@@ -233,9 +242,9 @@ def test_the_new_kernels_compile_for_sm90() -> None:
             # Without it, no grid dependency control at all (a plain launch).
             assert at_wait == at_signal == -1 and at_access >= 0, (kernel, at)
     early = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("early ")]
-    assert len(early) == 3, done.stdout
-    for kernel, tiles, wide, other, wait, signal, copy, vectors in early:
-        # Only the last step's weight tile, whole, before the wait; the loop's copies
+    assert len(early) == 4, done.stdout
+    for kernel, tiles, _, wide, other, wait, signal, copy, vectors in early:
+        # Only the last steps' weight tiles, whole, before the wait; the loop's copies
         # right after the signal.
         assert int(wide) == int(vectors) > 0 and int(other) == 0, (kernel, tiles, done.stdout)
         assert int(wait) < int(signal) < int(copy), (kernel, tiles, done.stdout)

@@ -653,8 +653,8 @@ def _interpreted_launch(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], obj
 
     @contextmanager
     def launch(early: bool) -> Iterator[None]:
-        def options(device: torch.device, streams_weights: bool = False) -> dict[str, bool]:
-            return {"PDL": True, "EARLY_WEIGHTS": early and streams_weights}
+        def options(device: torch.device, early_steps: int = 0) -> dict[str, bool | int]:
+            return {"PDL": True, "EARLY_WEIGHTS": early_steps if early else 0}
 
         with monkeypatch.context() as patch:
             patch.setattr(linear, "kernel_options", options)
@@ -671,15 +671,48 @@ def test_early_weights_compute_the_same_bits_interpreted(
     _early_weights_agree("cpu", torch.float32, n, k, _interpreted_launch(monkeypatch))
 
 
-def test_early_weights_take_the_last_k_step_interpreted(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The last step's tile is the one loaded early: a weight whose last columns are
-    # loaded twice (or not at all) would show in the result.
+def test_early_weights_take_the_last_k_steps_interpreted(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The last steps' tiles are the ones loaded early: a weight whose columns are
+    # loaded twice (or not at all) would show in the result. 700 columns are 6, 3 and
+    # 2 steps of 128, 256 and 512; every count of early steps the kernels take.
     x, w, b = _rows_operands(32, 700, 3, "cpu", torch.float32)
     reference = torch.nn.functional.linear(x.double(), w.double(), b.double())
-    with _interpreted_launch(monkeypatch)(True):  # type: ignore[attr-defined]
-        for block_k in (128, 256, 512):
-            y = triton_rows_linear(x, w, b, block_k=block_k)
+    gate_up = torch.cat([w, w.flip(0)])
+    gated = torch.nn.functional.silu(x @ w.T) * (x @ w.flip(0).T)
+    for steps in range(1, linear.EARLY_STEPS + 1):
+        # That many, or as many as there are (linear.early_steps' bounds).
+        def forced(k: int, block_k: int, size: int, most: int, steps: int = steps) -> int:
+            return min(steps, most, -(-k // block_k))
+
+        monkeypatch.setattr(linear, "early_steps", forced)
+        launch = _interpreted_launch(monkeypatch)
+        with launch(False):  # type: ignore[attr-defined]
+            late = [triton_rows_linear(x, w, b, block_k=bk) for bk in (128, 256, 512)]
+            late.append(triton_rows_gated(x, gate_up))
+        with launch(True):  # type: ignore[attr-defined]
+            early = [triton_rows_linear(x, w, b, block_k=bk) for bk in (128, 256, 512)]
+            early.append(triton_rows_gated(x, gate_up))
+        for y in early[:-1]:
             torch.testing.assert_close(y.double(), reference, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(early[-1], gated, rtol=1e-5, atol=1e-5)
+        for a, e in zip(late, early, strict=True):
+            assert torch.equal(a, e), steps
+
+
+def test_early_steps_fill_the_registers_they_may_hold() -> None:
+    # Qwen3-8B on the H200 (tile_shape's tiles): o and down one 32x512 step, qkv two
+    # 32x256, the vocabulary head two 64x128, gate/up two steps of two 32x128 tiles.
+    assert linear.early_steps(4096, 512, 32 * 512 * 2, linear.EARLY_STEPS) == 1
+    assert linear.early_steps(12288, 512, 32 * 512 * 2, linear.EARLY_STEPS) == 1
+    assert linear.early_steps(4096, 256, 32 * 256 * 2, linear.EARLY_STEPS) == 2
+    assert linear.early_steps(4096, 128, 64 * 128 * 2, linear.EARLY_STEPS) == 2
+    assert linear.early_steps(4096, 128, 64 * 128 * 2, linear.EARLY_GATED_STEPS) == 2
+    # SmolLM2: 576 columns in five 128-column steps, four early; the gated kernel two.
+    assert linear.early_steps(576, 128, 32 * 128 * 2, linear.EARLY_STEPS) == 4
+    assert linear.early_steps(576, 128, 32 * 128 * 2, linear.EARLY_GATED_STEPS) == 2
+    # Never more than the loop's steps, never none.
+    assert linear.early_steps(48, 64, 16 * 64 * 2, linear.EARLY_STEPS) == 1
+    assert linear.early_steps(4096, 1024, 64 * 1024 * 2, linear.EARLY_STEPS) == 1
 
 
 @pytest.mark.gpu

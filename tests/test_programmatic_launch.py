@@ -62,22 +62,23 @@ def test_the_kernels_options_follow_the_setting(monkeypatch: pytest.MonkeyPatch)
         assert programmatic_launch.kernel_options(torch.device("cpu")) == {}
     monkeypatch.setattr(programmatic_launch, "launch_kwargs", lambda device: {"launch_pdl": True})
     assert programmatic_launch.kernel_options(CUDA) == {"launch_pdl": True, "PDL": True}
-    # Early weights: for the row projections alone, and only when asked for.
-    assert programmatic_launch.kernel_options(CUDA, streams_weights=True) == {
+    # Early weights: for the row projections alone (which pass their early steps),
+    # and only when asked for.
+    assert programmatic_launch.kernel_options(CUDA, early_steps=2) == {
         "launch_pdl": True,
         "PDL": True,
     }
     with programmatic_launch.programmatic_launch(True, early_weights=True):
         assert programmatic_launch.kernel_options(CUDA) == {"launch_pdl": True, "PDL": True}
-        assert programmatic_launch.kernel_options(CUDA, streams_weights=True) == {
+        assert programmatic_launch.kernel_options(CUDA, early_steps=2) == {
             "launch_pdl": True,
             "PDL": True,
-            "EARLY_WEIGHTS": True,
+            "EARLY_WEIGHTS": 2,
         }
     # A plain launch has no early weights: nothing to load them before.
     monkeypatch.setattr(programmatic_launch, "launch_kwargs", lambda device: {})
     with programmatic_launch.programmatic_launch(True, early_weights=True):
-        assert programmatic_launch.kernel_options(CUDA, streams_weights=True) == {}
+        assert programmatic_launch.kernel_options(CUDA, early_steps=2) == {}
 
 
 # ----------------------------------------------------------------------------- GPU

@@ -115,6 +115,12 @@ SUM_BLOCK = 1024
 # The columns of one partial sum of squares a projection leaves for the RMSNorm of
 # the row it wrote (``_group_squares``): every tile width is a multiple.
 SQUARE_GROUP = 16
+# Early weights (``programmatic_launch``): the bytes of early weight tiles a thread
+# may hold through the K loop (64 registers), and the most K steps a program loads
+# early, of the plain and the gated kernel (each of whose steps is two tiles).
+EARLY_BYTES = 256
+EARLY_STEPS = 4
+EARLY_GATED_STEPS = 2
 # The interpreter's stand-in for a device's SM count: one, so it runs the widest tile
 # (the fewest programs, each a Python loop there); every width gives the same bits.
 INTERPRETER_SMS = 1
@@ -207,26 +213,32 @@ def _rows_dot(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr = False,
-    EARLY_WEIGHTS: tl.constexpr = False,
+    EARLY_WEIGHTS: tl.constexpr = 0,
 ):
     """fp32 ``x[rm + t * BLOCK_M] @ w[rn].T`` for the program's ``ROW_TILES`` (1 to 4)
     row tiles ``t``, four accumulators (those past ``ROW_TILES`` stay zero): each
     weight tile is loaded once and multiplied into every row tile by the same
     ``BLOCK_M``-row dot, so a row's arithmetic is that of one tile whatever the row
     count. With ``PDL``, the wait for the kernel before comes first; with
-    ``EARLY_WEIGHTS`` too, the weight tile of the last K step is loaded before it
-    (``programmatic_launch``: no kernel of a step writes a weight) and held through
-    the loop over the others, which the wait lets start at once. The steps are the
-    same, in K order, so the bits are too."""
+    ``EARLY_WEIGHTS`` (1 to 4, at most the K steps) too, the weight tiles of the last
+    that many K steps are loaded before it (``programmatic_launch``: no kernel of a
+    step writes a weight) and held through the loop over the others, which the wait
+    lets start at once. The steps are the same, in K order, so the bits are too."""
     rk = tl.arange(0, BLOCK_K)
     acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc3 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     end = K
-    if EARLY_WEIGHTS:
-        end = tl.cdiv(K, BLOCK_K) * BLOCK_K - BLOCK_K
-        last = _w_tile(w_ptr, rn, end + rk, N, K, stride_wn)
+    if EARLY_WEIGHTS > 0:
+        end = (tl.cdiv(K, BLOCK_K) - EARLY_WEIGHTS) * BLOCK_K
+        early0 = _w_tile(w_ptr, rn, end + rk, N, K, stride_wn)
+        if EARLY_WEIGHTS > 1:
+            early1 = _w_tile(w_ptr, rn, end + BLOCK_K + rk, N, K, stride_wn)
+        if EARLY_WEIGHTS > 2:
+            early2 = _w_tile(w_ptr, rn, end + 2 * BLOCK_K + rk, N, K, stride_wn)
+        if EARLY_WEIGHTS > 3:
+            early3 = _w_tile(w_ptr, rn, end + 3 * BLOCK_K + rk, N, K, stride_wn)
         await_producer()
     elif PDL:
         await_producer()
@@ -236,10 +248,25 @@ def _rows_dot(
             x_ptr, _w_tile(w_ptr, rn, kk, N, K, stride_wn), rm, kk, M, K, stride_xm, acc0,
             acc1, acc2, acc3, ROW_TILES, BLOCK_M,
         )  # fmt: skip
-    if EARLY_WEIGHTS:
+    if EARLY_WEIGHTS > 0:
         acc0, acc1, acc2, acc3 = _rows_step(
-            x_ptr, last, rm, end + rk, M, K, stride_xm, acc0, acc1, acc2, acc3, ROW_TILES,
+            x_ptr, early0, rm, end + rk, M, K, stride_xm, acc0, acc1, acc2, acc3, ROW_TILES,
             BLOCK_M,
+        )  # fmt: skip
+    if EARLY_WEIGHTS > 1:
+        acc0, acc1, acc2, acc3 = _rows_step(
+            x_ptr, early1, rm, end + BLOCK_K + rk, M, K, stride_xm, acc0, acc1, acc2, acc3,
+            ROW_TILES, BLOCK_M,
+        )  # fmt: skip
+    if EARLY_WEIGHTS > 2:
+        acc0, acc1, acc2, acc3 = _rows_step(
+            x_ptr, early2, rm, end + 2 * BLOCK_K + rk, M, K, stride_xm, acc0, acc1, acc2,
+            acc3, ROW_TILES, BLOCK_M,
+        )  # fmt: skip
+    if EARLY_WEIGHTS > 3:
+        acc0, acc1, acc2, acc3 = _rows_step(
+            x_ptr, early3, rm, end + 3 * BLOCK_K + rk, M, K, stride_xm, acc0, acc1, acc2,
+            acc3, ROW_TILES, BLOCK_M,
         )  # fmt: skip
     return acc0, acc1, acc2, acc3
 
@@ -325,14 +352,14 @@ def _rows_linear_kernel(
     BLOCK_K: tl.constexpr,
     GROUPS: tl.constexpr = 1,
     PDL: tl.constexpr = False,
-    EARLY_WEIGHTS: tl.constexpr = False,
+    EARLY_WEIGHTS: tl.constexpr = 0,
 ):
     """``residual + linear(rms_norm(x))``, each part optional (``NORM``: x's partial
     squares ``s_ptr`` and ``eps``, the gain folded into w; ``RESIDUAL``: ``r_ptr``),
     and with ``SQUARES`` the result's partial squares (``q_ptr``), of the
     ``ROW_TILES`` row tiles of ``program_id(0)`` and column tile ``program_id(1)``.
     With ``PDL``, launched programmatically: the wait before anything else, or with
-    ``EARLY_WEIGHTS`` before anything but the last K step's weight tile
+    ``EARLY_WEIGHTS`` before anything but the last K steps' weight tiles
     (``_rows_dot``)."""
     rm = tl.program_id(0) * ROW_TILES * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -434,14 +461,15 @@ def _rows_gated_kernel(
     BLOCK_K: tl.constexpr,
     GROUPS: tl.constexpr = 1,
     PDL: tl.constexpr = False,
-    EARLY_WEIGHTS: tl.constexpr = False,
+    EARLY_WEIGHTS: tl.constexpr = 0,
 ):
     """``silu(gate) * up`` of columns ``rn`` for the packed weight ``w [2N, K]``
     (gate rows, then up rows): both tiles stream in one K loop and go into each of the
     program's ``ROW_TILES`` (1 to 4) row tiles by the same dots (as ``_rows_dot``).
     With ``NORM``, of x's rows normalized (partial squares ``s_ptr``, ``eps``, the gain
     folded into w; as ``_rows_linear_kernel``). Row tiles of ``program_id(0)``, column
-    tile ``program_id(1)``. ``PDL`` and ``EARLY_WEIGHTS`` as ``_rows_dot``'s."""
+    tile ``program_id(1)``. ``PDL`` and ``EARLY_WEIGHTS`` (1 or 2 here) as
+    ``_rows_dot``'s."""
     rm = tl.program_id(0) * ROW_TILES * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -454,11 +482,15 @@ def _rows_gated_kernel(
     up1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up3 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    tl.static_assert(EARLY_WEIGHTS <= 2)
     end = K
-    if EARLY_WEIGHTS:
-        end = tl.cdiv(K, BLOCK_K) * BLOCK_K - BLOCK_K
-        last_gate = _w_tile(w_ptr, rn, end + rk, N, K, stride_wn)
-        last_up = _w_tile(up_ptr, rn, end + rk, N, K, stride_wn)
+    if EARLY_WEIGHTS > 0:
+        end = (tl.cdiv(K, BLOCK_K) - EARLY_WEIGHTS) * BLOCK_K
+        early_gate0 = _w_tile(w_ptr, rn, end + rk, N, K, stride_wn)
+        early_up0 = _w_tile(up_ptr, rn, end + rk, N, K, stride_wn)
+        if EARLY_WEIGHTS > 1:
+            early_gate1 = _w_tile(w_ptr, rn, end + BLOCK_K + rk, N, K, stride_wn)
+            early_up1 = _w_tile(up_ptr, rn, end + BLOCK_K + rk, N, K, stride_wn)
         await_producer()
     elif PDL:
         await_producer()
@@ -469,10 +501,15 @@ def _rows_gated_kernel(
             _w_tile(up_ptr, rn, kk, N, K, stride_wn), rm, kk, M, K, stride_xm, gate0, gate1,
             gate2, gate3, up0, up1, up2, up3, ROW_TILES, BLOCK_M,
         )  # fmt: skip
-    if EARLY_WEIGHTS:
+    if EARLY_WEIGHTS > 0:
         gate0, gate1, gate2, gate3, up0, up1, up2, up3 = _gated_step(
-            x_ptr, last_gate, last_up, rm, end + rk, M, K, stride_xm, gate0, gate1, gate2, gate3,
-            up0, up1, up2, up3, ROW_TILES, BLOCK_M,
+            x_ptr, early_gate0, early_up0, rm, end + rk, M, K, stride_xm, gate0, gate1, gate2,
+            gate3, up0, up1, up2, up3, ROW_TILES, BLOCK_M,
+        )  # fmt: skip
+    if EARLY_WEIGHTS > 1:
+        gate0, gate1, gate2, gate3, up0, up1, up2, up3 = _gated_step(
+            x_ptr, early_gate1, early_up1, rm, end + BLOCK_K + rk, M, K, stride_xm, gate0,
+            gate1, gate2, gate3, up0, up1, up2, up3, ROW_TILES, BLOCK_M,
         )  # fmt: skip
     _store_gated(gate0, up0, s_ptr, y_ptr, M, N, K, stride_sm, stride_ym, eps, rm, rn, NORM, GROUPS)
     if ROW_TILES > 1:
@@ -649,6 +686,16 @@ def _fit_block_k_once(block_k: int, k: int, width: int, itemsize: int) -> int:
     return block_k
 
 
+def early_steps(k: int, block_k: int, step_bytes: int, most: int, num_warps: int = 4) -> int:
+    """How many of a K loop's last steps load their weight tiles before the wait under
+    early weights (``_rows_dot``): as many as ``EARLY_BYTES`` a thread holds
+    (``step_bytes`` a step, over the program's threads), at least one, at most
+    ``most`` and the loop's steps. SmolLM2's 576-column projections in 128-column
+    steps load four of five early; the Qwen3-8B down projection one of 24."""
+    per_thread = max(1, step_bytes // (32 * num_warps))
+    return max(1, min(most, triton.cdiv(k, block_k), EARLY_BYTES // per_thread))
+
+
 def row_tiles(rows: int) -> int:
     """Row tiles per program: all of a step's rows (at most ``INVARIANT_ROWS``), so that
     each weight tile is read once whatever the row count."""
@@ -781,7 +828,11 @@ def triton_rows_linear(
         SQUARES=squares is not None, ROW_TILES=tiles, BLOCK_M=ROWS_TILE, BLOCK_N=width,
         BLOCK_K=block_k, GROUPS=_groups(k), num_warps=4,
         num_stages=pipeline_stages(tiles, width, block_k, w.element_size()),
-        enable_fp_fusion=squares is None, **kernel_options(w.device, streams_weights=True),
+        enable_fp_fusion=squares is None,
+        **kernel_options(
+            w.device,
+            early_steps(k, block_k, width * block_k * w.element_size(), EARLY_STEPS),
+        ),
     )  # fmt: skip
     return y
 
@@ -813,7 +864,10 @@ def triton_rows_gated(
         NORM=norm is not None, ROW_TILES=tiles, BLOCK_M=ROWS_TILE,
         BLOCK_N=width // 2, BLOCK_K=block_k, GROUPS=_groups(k), num_warps=4,
         num_stages=pipeline_stages(tiles, width, block_k, gate_up.element_size()),
-        **kernel_options(gate_up.device, streams_weights=True),
+        **kernel_options(
+            gate_up.device,
+            early_steps(k, block_k, width * block_k * gate_up.element_size(), EARLY_GATED_STEPS),
+        ),
     )  # fmt: skip
     return y
 

@@ -22,11 +22,13 @@ programmatic-launch``): at 2 and 8 MiB a kernel it cost the 8B's decode step wha
 reading those bytes again costs, streamed ``evict_first`` or not, so it went.
 
 With early weights (``PrepareOptions.early_weights``), a row projection loads the weight
-tile of its last K step before the wait, into registers, and holds it through the K
-loop over the others (``linear._rows_dot``): no kernel of a step writes a weight, so
-the tile is the same whenever it is read. Its bytes stream while the kernel before
-ends, are read once, and the wait lets the loop's own pipeline start at once. The
-steps are the same and in K order, so are the bits. (Loading the first step's tile
+tiles of its last K steps before the wait, into registers (as many as 64 registers a
+thread hold, at most four steps: ``linear.early_steps``), and holds them through the
+K loop over the others (``linear._rows_dot``): no kernel of a step writes a weight, so
+a tile is the same whenever it is read. Their bytes stream while the kernel before
+ends, are read once, and the wait lets the loop's own pipeline start at once; a small
+model's projection of a few steps has most of its weights in flight before the wait.
+The steps are the same and in K order, so are the bits. (Loading the first step's tile
 early instead would serialize: Triton issues the loop's pipeline only after that step's
 dot, which waits for x; the SM90 SASS of both is in ``tests/test_kernel_compile.py``.)
 
@@ -91,16 +93,17 @@ def launch_kwargs(device: torch.device) -> dict[str, bool]:
     return {"launch_pdl": True} if launches_programmatically(device) else {}
 
 
-def kernel_options(device: torch.device, streams_weights: bool = False) -> dict[str, bool]:
+def kernel_options(device: torch.device, early_steps: int = 0) -> dict[str, bool | int]:
     """A kernel's launch options and its ``PDL`` constexpr on ``device``: Triton's
     ``launch_pdl`` and ``PDL`` (the kernel calls ``await_producer`` first) when it
     launches programmatically, else none (a plain launch, ``PDL`` at its default,
-    off). A row projection (``streams_weights``) also gets ``EARLY_WEIGHTS`` when the
-    block asked for early weights: its last weight tile is loaded before the wait."""
-    options = launch_kwargs(device)
+    off). A row projection passes the K steps it would load early
+    (``linear.early_steps``); when the block asked for early weights it also gets
+    them as ``EARLY_WEIGHTS``, those steps' weight tiles loaded before the wait."""
+    options: dict[str, bool | int] = {**launch_kwargs(device)}
     if not options:
         return {}
-    early = {"EARLY_WEIGHTS": True} if streams_weights and _early_weights else {}
+    early = {"EARLY_WEIGHTS": early_steps} if early_steps and _early_weights else {}
     return {**options, "PDL": True, **early}
 
 
