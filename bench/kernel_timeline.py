@@ -79,6 +79,28 @@ def _gaps(kernels: Sequence[dict[str, Any]]) -> list[tuple[str, str, float]]:
     return gaps
 
 
+def _exclusive(kernels: Sequence[dict[str, Any]]) -> list[float]:
+    """Each of ``kernels``' (sorted by start) share of the launch's busy time: from its
+    start, or the end of the kernels before it where that is later, to its end (none
+    if they end after it). The shares sum to the busy time, and a programmatically
+    launched kernel's wait under the kernel before is that kernel's, so the shares of
+    one launch compare with another's; the durations do not."""
+    shares = []
+    reach = float("-inf")
+    for kernel in kernels:
+        start = float(kernel["ts"])
+        end = start + float(kernel["dur"])
+        shares.append(max(0.0, end - max(start, reach)))
+        reach = max(reach, end)
+    return shares
+
+
+def _shape(kernel: dict[str, Any]) -> str:
+    """A kernel's grid, as the trace records it (``x,y,z``), or ``-``."""
+    grid = (kernel.get("args") or {}).get("grid")
+    return ",".join(str(g) for g in grid) if isinstance(grid, list) else "-"
+
+
 def summarize(
     events: Iterable[dict[str, Any]], *, layers: int, wall_us: Sequence[float] = ()
 ) -> dict[str, Any]:
@@ -106,6 +128,10 @@ def summarize(
     per_launch = []
     by_name: dict[str, list[float]] = defaultdict(list)
     by_pair: dict[tuple[str, str], list[float]] = defaultdict(list)
+    # (kernel, grid, the kernel before it) -> each launch's exclusive shares: the
+    # decode projections told apart (qkv after the norm, o after attention, down
+    # after the gated kernel, the vocabulary head by its grid).
+    by_site: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     for correlation in sorted(launches):
         kernels = sorted(launches[correlation], key=lambda k: float(k["ts"]))
         if not kernels:
@@ -128,6 +154,11 @@ def summarize(
         )
         for kernel in kernels:
             by_name[str(kernel["name"])].append(float(kernel["dur"]))
+        previous = ""
+        for kernel, share in zip(kernels, _exclusive(kernels), strict=True):
+            name = str(kernel["name"])
+            by_site[(name, _shape(kernel), previous)].append(share)
+            previous = name
         for before, after, gap in gaps:
             by_pair[(before, after)].append(gap)
     count = len(per_launch)
@@ -161,6 +192,20 @@ def summarize(
         ),
         key=lambda row: -row["total_us_per_launch"],
     )
+    sites = sorted(
+        (
+            {
+                "name": name,
+                "grid": grid,
+                "after": after,
+                "per_launch": len(shares) / count,
+                "median_us": statistics.median(shares),
+                "total_us_per_launch": sum(shares) / count,
+            }
+            for (name, grid, after), shares in by_site.items()
+        ),
+        key=lambda row: -row["total_us_per_launch"],
+    )
     return {
         "launches": count,
         "kernels_per_launch": kernels,
@@ -175,6 +220,8 @@ def summarize(
         # Gap time a launch (the median, as span and busy; the pairs' totals are means).
         "gap_us": _median([p["span_us"] - p["busy_us"] for p in per_launch]),
         "top_gaps": top_gaps[:15],
+        # Busy time by kernel, grid and the kernel before (``_exclusive``).
+        "top_sites": sites[:25],
         "per_launch": per_launch,
     }
 
@@ -246,12 +293,40 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| `{name}` | {kernel['per_launch']:.1f} | {kernel['median_us']:.2f} | "
                 f"{kernel['total_us_per_launch']:.2f} |"
             )
+        lines += _site_lines(f"Capacity {capacity}", row)
         lines += _gap_lines(f"Capacity {capacity}", row)
         for name, variant in results.get("compared", {}).items():
             other = variant["capacities"].get(capacity)
             if other is not None:
+                lines += _site_lines(f"Capacity {capacity}, {name}", other)
                 lines += _gap_lines(f"Capacity {capacity}, {name}", other)
     return "\n".join(lines) + "\n"
+
+
+def _site_lines(title: str, row: dict[str, Any]) -> list[str]:
+    """The busy time of ``row``'s kernels by grid and the kernel before them."""
+    sites = row.get("top_sites")
+    if not sites:
+        return []
+    lines = [
+        "",
+        f"## {title}: busy time by kernel, grid and the kernel before",
+        "",
+        "Each kernel's share of the busy time: from its start, or the end of the kernels "
+        "before it where later, to its end (a programmatic launch's wait is the kernel "
+        "before's), so these compare across launches.",
+        "",
+        "| kernel | grid | after | per launch | median (us) | total/launch (us) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for site in sites:
+        name = site["name"].replace("|", "/")[:60]
+        after = site["after"].replace("|", "/")[:60]
+        lines.append(
+            f"| `{name}` | {site['grid']} | `{after}` | {site['per_launch']:.1f} | "
+            f"{site['median_us']:.2f} | {site['total_us_per_launch']:.2f} |"
+        )
+    return lines
 
 
 def _gap_lines(title: str, row: dict[str, Any]) -> list[str]:

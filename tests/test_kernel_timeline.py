@@ -213,3 +213,33 @@ def test_the_concurrency_options_are_tabled_in_ascending_order() -> None:
     assert lines[2].startswith("| 8 | 4 | 1.5 | 80.0 | 3.0 | 92 | 4,390.0 | 4,700.0 |")
     assert "| 1,702 | - |" in lines[2]
     assert lines[3].startswith("| 32 | 6 | 1.5 | 320.0 |") and "| 5,333 | - |" in lines[3]
+
+
+def test_busy_time_is_shared_by_kernel_grid_and_the_kernel_before() -> None:
+    # Two projections of one name: after the norm (grid 1,192) and after attention
+    # (grid 1,128); the second starts under attention's tail (a programmatic launch)
+    # and its wait there is attention's share, not its own.
+    def launch(correlation: int, start: float) -> list:
+        events = _launch(
+            correlation,
+            start,
+            [("norm", 0, 2), ("rows", 3, 10), ("attn", 14, 4), ("rows", 16, 9)],
+        )
+        grids = [[1, 1, 1], [1, 192, 1], [8, 1, 1], [1, 128, 1]]
+        for event, grid in zip(events[1:], grids, strict=True):
+            event["args"]["grid"] = grid
+        return events
+
+    summary = summarize([*launch(1, 100.0), *launch(2, 200.0)], layers=1)
+    sites = {(s["name"], s["grid"], s["after"]): s for s in summary["top_sites"]}
+    assert sites[("rows", "1,192,1", "norm")]["median_us"] == 10.0
+    # The o-like projection ran 16..25 but attention held the GPU until 18.
+    assert sites[("rows", "1,128,1", "attn")]["median_us"] == 7.0
+    assert sites[("attn", "8,1,1", "rows")]["median_us"] == 4.0
+    assert sites[("norm", "1,1,1", "")]["total_us_per_launch"] == 2.0
+    # The shares sum to the busy time (2 + 10 + 4 + 7 = 23 of a 25 us span, 2 of gaps).
+    total = sum(s["total_us_per_launch"] for s in summary["top_sites"])
+    assert total == summary["busy_us"] == 23.0
+    table = markdown({"model": "m", "capacities": {"1": {**summary, "step_us": None}}})
+    assert "## Capacity 1: busy time by kernel, grid and the kernel before" in table
+    assert "| `rows` | 1,128,1 | `attn` | 1.0 | 7.00 | 7.00 |" in table
