@@ -392,7 +392,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "early_weights": options["early_weights"],
         }
     if args.compare_early_weights:
-        other = not (options["early_weights"] and options["programmatic_launch"])
+        if not options["programmatic_launch"]:
+            # The compared graphs would differ in two ways at once.
+            raise SystemExit(
+                "--compare-early-weights compares two programmatic launches: drop "
+                "--no-programmatic-launch (or compare the launches alone)"
+            )
+        other = not options["early_weights"]
         launches["early weights" if other else "late weights"] = {
             "programmatic_launch": True,
             "early_weights": other,

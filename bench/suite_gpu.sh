@@ -212,9 +212,11 @@ as_prepared() {
       floor:--decode-fusion=*) echo "--replay-decode-fusion=${flag#--decode-fusion=}" ;;
       floor:--programmatic-launch) echo --replay-programmatic-launch ;;
       floor:--no-programmatic-launch) echo --no-replay-programmatic-launch ;;
+      floor:--early-weights) echo --replay-early-weights ;;
+      floor:--no-early-weights) echo --no-replay-early-weights ;;
       timeline:--no-compile | timeline:--compile-sampling | timeline:--no-compile-sampling | \
         timeline:--compile-scope=* | timeline:--decode-fusion=* | timeline:--programmatic-launch | \
-        timeline:--no-programmatic-launch)
+        timeline:--no-programmatic-launch | timeline:--early-weights | timeline:--no-early-weights)
         echo "$flag" ;;
     esac
   done

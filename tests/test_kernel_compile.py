@@ -122,17 +122,27 @@ def specialized(fn, types, constexprs, **options):
 
 # The 8B's o projection (one 32x512 step early), its qkv at four row tiles (two
 # 32x256), SmolLM2's (four 32x128 of its five); the gated kernel's two steps of two.
+# Each early step is the loop's step again after it: (1 + steps) times the late
+# kernel's 16-row MMAs, no warpgroup MMA (last, as "late/early" counts).
+def early_and_late(fn, types, constexprs, steps):
+    kernels = [specialized(fn, types, {**constexprs, "EARLY_WEIGHTS": e}, num_warps=4,
+                           num_stages=4, launch_pdl=True) for e in (steps, 0)]
+    early, late = (k.asm["ptx"] for k in kernels)
+    counts = [len(re.findall(r"mma\\.sync", p)) + 1000 * len(re.findall(r"wgmma", p))
+              for p in (late, early)]
+    return early, "/".join(map(str, counts))
+
 for tiles, width, block_k, steps in ((1, 32, 512, 1), (4, 32, 256, 2), (1, 32, 128, 4)):
-    k = specialized(_rows_linear_kernel, LINEAR,
-                    dict(HAS_BIAS=True, NORM=True, RESIDUAL=True, SQUARES=True, ROW_TILES=tiles,
-                         BLOCK_M=16, BLOCK_N=width, BLOCK_K=block_k, GROUPS=256, PDL=True,
-                         EARLY_WEIGHTS=steps), num_warps=4, num_stages=4, launch_pdl=True)
-    print("early linear", tiles, steps, *early_order(k.asm["ptx"]),
-          steps * width * block_k * 2 // 16 // 128)
-k = specialized(_rows_gated_kernel, GATED,
-                dict(NORM=True, ROW_TILES=1, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, GROUPS=256,
-                     PDL=True, EARLY_WEIGHTS=2), num_warps=4, num_stages=4, launch_pdl=True)
-print("early gated", 1, 2, *early_order(k.asm["ptx"]), 2 * 2 * 32 * 128 * 2 // 16 // 128)
+    ptx, mma = early_and_late(_rows_linear_kernel, LINEAR,
+                              dict(HAS_BIAS=True, NORM=True, RESIDUAL=True, SQUARES=True,
+                                   ROW_TILES=tiles, BLOCK_M=16, BLOCK_N=width, BLOCK_K=block_k,
+                                   GROUPS=256, PDL=True), steps)
+    print("early linear", tiles, steps, *early_order(ptx),
+          steps * width * block_k * 2 // 16 // 128, mma)
+ptx, mma = early_and_late(_rows_gated_kernel, GATED,
+                          dict(NORM=True, ROW_TILES=1, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128,
+                               GROUPS=256, PDL=True), 2)
+print("early gated", 1, 2, *early_order(ptx), 2 * 2 * 32 * 128 * 2 // 16 // 128, mma)
 
 # The kernels of a decode layer between its projections, launched programmatically
 # too: the rotary/KV write, decode attention's split and its merge (which lets the o
@@ -243,11 +253,14 @@ def test_the_new_kernels_compile_for_sm90() -> None:
             assert at_wait == at_signal == -1 and at_access >= 0, (kernel, at)
     early = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("early ")]
     assert len(early) == 4, done.stdout
-    for kernel, tiles, _, wide, other, wait, signal, copy, vectors in early:
+    for kernel, tiles, steps, wide, other, wait, signal, copy, vectors, mma in early:
         # Only the last steps' weight tiles, whole, before the wait; the loop's copies
         # right after the signal.
         assert int(wide) == int(vectors) > 0 and int(other) == 0, (kernel, tiles, done.stdout)
         assert int(wait) < int(signal) < int(copy), (kernel, tiles, done.stdout)
+        # The same 16-row MMAs as the loop's, once per early step more.
+        late, early_mma = map(int, mma.split("/"))
+        assert 0 < late < 1000 and early_mma == (1 + int(steps)) * late, (kernel, mma)
     for tokens in ("512", "4096"):
         # Fits the H200's shared memory per block, and streams keys and values
         # asynchronously (the loop is software-pipelined).

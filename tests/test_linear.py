@@ -645,15 +645,20 @@ def _early_weights_agree(
             assert torch.equal(a, e)
 
 
-def _interpreted_launch(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], object]:
+def _interpreted_launch(
+    monkeypatch: pytest.MonkeyPatch, early_runs: list[int] | None = None
+) -> Callable[[bool], object]:
     """The kernels' options under the interpreter as a programmatic launch sets them
     on the GPU (there is no launch to ask for: the interpreter runs every kernel after
-    the one before)."""
+    the one before). ``early_runs`` collects the early steps of each launch that
+    loads some early."""
     from contextlib import contextmanager
 
     @contextmanager
     def launch(early: bool) -> Iterator[None]:
         def options(device: torch.device, early_steps: int = 0) -> dict[str, bool | int]:
+            if early and early_steps and early_runs is not None:
+                early_runs.append(early_steps)
             return {"PDL": True, "EARLY_WEIGHTS": early_steps if early else 0}
 
         with monkeypatch.context() as patch:
@@ -668,24 +673,33 @@ def _interpreted_launch(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], obj
 def test_early_weights_compute_the_same_bits_interpreted(
     monkeypatch: pytest.MonkeyPatch, n: int, k: int
 ) -> None:
-    _early_weights_agree("cpu", torch.float32, n, k, _interpreted_launch(monkeypatch))
+    runs: list[int] = []
+    _early_weights_agree("cpu", torch.float32, n, k, _interpreted_launch(monkeypatch, runs))
+    # The four launches of one row loaded early; those of 17 and 35 rows, past one
+    # row tile, load none (early_steps).
+    assert len(runs) == 4, runs
 
 
 def test_early_weights_take_the_last_k_steps_interpreted(monkeypatch: pytest.MonkeyPatch) -> None:
     # The last steps' tiles are the ones loaded early: a weight whose columns are
     # loaded twice (or not at all) would show in the result. 700 columns are 6, 3 and
     # 2 steps of 128, 256 and 512; every count of early steps the kernels take.
-    x, w, b = _rows_operands(32, 700, 3, "cpu", torch.float32)
+    # Three row tiles: the kernels take early steps at any, early_steps gives none
+    # past one.
+    x, w, b = _rows_operands(32, 700, 2 * ROWS_TILE + 3, "cpu", torch.float32)
     reference = torch.nn.functional.linear(x.double(), w.double(), b.double())
     gate_up = torch.cat([w, w.flip(0)])
     gated = torch.nn.functional.silu(x @ w.T) * (x @ w.flip(0).T)
+    runs: list[int] = []
     for steps in range(1, linear.EARLY_STEPS + 1):
         # That many, or as many as there are (linear.early_steps' bounds).
-        def forced(k: int, block_k: int, size: int, most: int, steps: int = steps) -> int:
+        def forced(
+            k: int, block_k: int, size: int, most: int, tiles: int = 1, steps: int = steps
+        ) -> int:
             return min(steps, most, -(-k // block_k))
 
         monkeypatch.setattr(linear, "early_steps", forced)
-        launch = _interpreted_launch(monkeypatch)
+        launch = _interpreted_launch(monkeypatch, runs)
         with launch(False):  # type: ignore[attr-defined]
             late = [triton_rows_linear(x, w, b, block_k=bk) for bk in (128, 256, 512)]
             late.append(triton_rows_gated(x, gate_up))
@@ -697,6 +711,7 @@ def test_early_weights_take_the_last_k_steps_interpreted(monkeypatch: pytest.Mon
         torch.testing.assert_close(early[-1], gated, rtol=1e-5, atol=1e-5)
         for a, e in zip(late, early, strict=True):
             assert torch.equal(a, e), steps
+    assert sorted(set(runs)) == [1, 2, 3, 4], runs
 
 
 def test_early_steps_fill_the_registers_they_may_hold() -> None:
@@ -710,15 +725,23 @@ def test_early_steps_fill_the_registers_they_may_hold() -> None:
     # SmolLM2: 576 columns in five 128-column steps, four early; the gated kernel two.
     assert linear.early_steps(576, 128, 32 * 128 * 2, linear.EARLY_STEPS) == 4
     assert linear.early_steps(576, 128, 32 * 128 * 2, linear.EARLY_GATED_STEPS) == 2
-    # Never more than the loop's steps, never none.
+    # Never more than the loop's steps, never none at one row tile, none past it.
     assert linear.early_steps(48, 64, 16 * 64 * 2, linear.EARLY_STEPS) == 1
     assert linear.early_steps(4096, 1024, 64 * 1024 * 2, linear.EARLY_STEPS) == 1
+    assert linear.early_steps(576, 128, 32 * 128 * 2, linear.EARLY_STEPS, tiles=2) == 0
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("n", "k"), [(576, 576), (4096, 4096), (4096, 12288)])
 def test_early_weights_compute_the_same_bits_on_gpu(n: int, k: int) -> None:
-    from ignition.components.programmatic_launch import programmatic_launch
+    from ignition.components.programmatic_launch import (
+        launches_programmatically,
+        programmatic_launch,
+    )
+
+    with programmatic_launch():
+        if not launches_programmatically(torch.device("cuda")):
+            pytest.skip("early weights need programmatic launch (SM90 and later)")
 
     _early_weights_agree(
         "cuda", torch.bfloat16, n, k, lambda early: programmatic_launch(True, early)

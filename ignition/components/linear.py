@@ -686,12 +686,19 @@ def _fit_block_k_once(block_k: int, k: int, width: int, itemsize: int) -> int:
     return block_k
 
 
-def early_steps(k: int, block_k: int, step_bytes: int, most: int, num_warps: int = 4) -> int:
+def early_steps(
+    k: int, block_k: int, step_bytes: int, most: int, tiles: int = 1, num_warps: int = 4
+) -> int:
     """How many of a K loop's last steps load their weight tiles before the wait under
     early weights (``_rows_dot``): as many as ``EARLY_BYTES`` a thread holds
     (``step_bytes`` a step, over the program's threads), at least one, at most
     ``most`` and the loop's steps. SmolLM2's 576-column projections in 128-column
-    steps load four of five early; the Qwen3-8B down projection one of 24."""
+    steps load four of five early; the Qwen3-8B down projection one of 24. None past
+    one row tile (``tiles``): there the accumulators already take the registers, and
+    holding even one step spilled (the 8B's qkv at four row tiles: 104 bytes a
+    thread, in SM90's SASS)."""
+    if tiles > 1:
+        return 0
     per_thread = max(1, step_bytes // (32 * num_warps))
     return max(1, min(most, triton.cdiv(k, block_k), EARLY_BYTES // per_thread))
 
@@ -794,7 +801,10 @@ def triton_rows_linear(
     batch-invariant per row. ``squares``: where to write the result's partial squares
     (``[rows, N // SQUARE_GROUP]`` float32), for the norm of the next projection.
     ``width`` and ``block_k``: the tile (default ``tile_shape`` of the weight and
-    device); ``bench/rows_linear_bench.py`` times others against it."""
+    device); ``bench/rows_linear_bench.py`` times others against it. ``w`` is a
+    weight: no kernel of a step writes it, since under early weights
+    (``programmatic_launch``) its last K steps are read before the kernel waits for
+    the one before."""
     rows = x.shape[0]
     n, k = w.shape
     _check_rows(x, k, norm)
@@ -831,7 +841,7 @@ def triton_rows_linear(
         enable_fp_fusion=squares is None,
         **kernel_options(
             w.device,
-            early_steps(k, block_k, width * block_k * w.element_size(), EARLY_STEPS),
+            early_steps(k, block_k, width * block_k * w.element_size(), EARLY_STEPS, tiles),
         ),
     )  # fmt: skip
     return y
@@ -844,7 +854,8 @@ def triton_rows_gated(
     ``norm`` when given) and the packed ``gate_up [2 * intermediate, K]``,
     in one kernel; batch-invariant per row. The tile is the packed weight's
     (``tile_shape``): each program streams half its width of gate rows and the same
-    columns' up rows, so the weight bytes in flight are the unfused projection's."""
+    columns' up rows, so the weight bytes in flight are the unfused projection's.
+    ``gate_up`` is a weight, as ``triton_rows_linear``'s ``w``."""
     rows, k = x.shape
     n2 = gate_up.shape[0]
     _check_rows(x, gate_up.shape[1], norm)
@@ -866,7 +877,9 @@ def triton_rows_gated(
         num_stages=pipeline_stages(tiles, width, block_k, gate_up.element_size()),
         **kernel_options(
             gate_up.device,
-            early_steps(k, block_k, width * block_k * gate_up.element_size(), EARLY_GATED_STEPS),
+            early_steps(
+                k, block_k, width * block_k * gate_up.element_size(), EARLY_GATED_STEPS, tiles
+            ),
         ),
     )  # fmt: skip
     return y

@@ -30,7 +30,9 @@ ends, are read once, and the wait lets the loop's own pipeline start at once; a 
 model's projection of a few steps has most of its weights in flight before the wait.
 The steps are the same and in K order, so are the bits. (Loading the first step's tile
 early instead would serialize: Triton issues the loop's pipeline only after that step's
-dot, which waits for x; the SM90 SASS of both is in ``tests/test_kernel_compile.py``.)
+dot, which waits for x, in SM90's SASS; ``tests/test_kernel_compile.py`` checks the
+PTX order of this one.) Past one row tile (c > 16) no step is loaded early: the
+accumulators take the registers.
 
 Preparation turns it on (``PrepareOptions.programmatic_launch``, the default) for the
 warm-up and capture; the kernels then take it from ``kernel_options``. Off, or off the

@@ -65,10 +65,11 @@ def add_compile_options(parser: argparse.ArgumentParser, prefix: str = "") -> No
         f"--{prefix}early-weights",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="with programmatic launch, each decode projection loads the weight tile of its "
-        "last K step before it waits for the kernel before (no kernel of a step writes a "
-        "weight), so those bytes stream while that kernel ends; the same bits (default: "
-        "off, not measured yet)",
+        help="with programmatic launch, each row projection of at most 16 rows (the decode "
+        "projections but the K split of narrow ones) loads the weight tiles of its last K "
+        "steps (up to four) before it waits for the kernel before (no kernel of a step "
+        "writes a weight), so those bytes stream while that kernel ends; the same bits "
+        "(default: off, not measured yet)",
     )
 
 

@@ -83,10 +83,11 @@ class PrepareOptions:
     # ``ignition.components.programmatic_launch``): programmatic edges in the graphs,
     # the same bits, a decode step 0.5 to 1.4% shorter on the H200.
     programmatic_launch: bool = True
-    # With programmatic launch, each row projection loads its last K step's weight
-    # tile before it waits for the kernel before (no kernel of a step writes a
-    # weight): those bytes stream under that kernel's tail. The same bits. Off until
-    # measured (``bench/kernel_timeline.py --compare-early-weights``).
+    # With programmatic launch, each row projection of one row tile loads its last K
+    # steps' weight tiles before it waits for the kernel before (no kernel of a step
+    # writes a weight; ``linear.early_steps``): those bytes stream under that kernel's
+    # tail. The same bits. Off until measured (``bench/kernel_timeline.py
+    # --compare-early-weights``).
     early_weights: bool = False
     # Sampling graphs take a token mask per row (constrained decoding); False
     # exports graphs as before masks existed, to measure what the input costs.
