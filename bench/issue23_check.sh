@@ -25,6 +25,12 @@
 #       launch, over the same storage, their steps in alternating blocks
 #       (bench/kernel_timeline.py --compare-programmatic-launch; OUT/pdl.json and .md).
 #       Pass --geometry for the roofline.
+#   bench/issue23_check.sh sampler OUT
+#       the sampler's thresholds by radix selection: their GPU tests (against the
+#       sorted rows' at the served vocabularies, bitwise repeats;
+#       tests/test_sampling_thresholds.py, tests/test_sampling.py,
+#       tests/test_cumulative.py), then the compiled sampler captured with them and
+#       with a sort's (bench/sampler_bench.py; OUT/sampler.json).
 #   bench/issue23_check.sh fusion OUT MODEL [kernel_timeline options...]
 #       the decode fusions' kernels on the GPU (tests/test_linear.py: the norm's
 #       statistic from partial squares with the gain folded into the weight, the
@@ -59,7 +65,7 @@
 # Needs the flare_heliopause wheel importable (WHEELS, as bench/suite_gpu.sh installs
 # them).
 set -uo pipefail
-usage="usage: bench/issue23_check.sh serving OUT | concurrency OUT MODEL [options...] | pdl OUT MODEL [options...] | early OUT MODEL [options...] | fusion OUT MODEL [options...] | trees OUT BEFORE MODEL [options...] | pdl-core OUT CHECKPOINT FLARE [options...]"
+usage="usage: bench/issue23_check.sh serving OUT | concurrency OUT MODEL [options...] | pdl OUT MODEL [options...] | early OUT MODEL [options...] | sampler OUT | fusion OUT MODEL [options...] | trees OUT BEFORE MODEL [options...] | pdl-core OUT CHECKPOINT FLARE [options...]"
 part=${1:?$usage}
 out=${2:?$usage}
 shift 2
@@ -109,6 +115,14 @@ case $part in
     python3 bench/kernel_timeline.py "$model" --capacities 1 4 --compare-early-weights \
       --out "$out/early.json" "$@" > "$out/early.log" 2>&1 || { status=1; tail -20 "$out/early.log"; }
     grep "^c=" "$out/early.log"
+    ;;
+  sampler)
+    python3 -m pytest -m gpu tests/test_sampling_thresholds.py tests/test_sampling.py \
+      tests/test_cumulative.py -q -p no:cacheprovider -rs 2>&1 | tee "$out/pytest-gpu.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    python3 bench/sampler_bench.py --out "$out/sampler.json" > "$out/sampler.log" 2>&1 \
+      || { status=1; tail -20 "$out/sampler.log"; }
+    cat "$out/sampler.log"
     ;;
   fusion)
     model=${1:?$usage}

@@ -85,9 +85,14 @@ def test_the_compiled_filters_repeat_bitwise_on_gpu(vocab: int) -> None:
     mass on every run of the same inputs (Inductor's split scan did not, so a
     qualification sequence of Qwen3-8B did not reproduce)."""
     torch._dynamo.reset()
-    filters = torch.compile(
-        sampling.filtered_cumulative, backend="inductor", fullgraph=True, dynamic=False
-    )
+
+    def kept_and_cumulative(
+        logits: torch.Tensor, state: RequestState, slots: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        kept = sampling.kept_probabilities(logits, state, slots)
+        return kept, row_cumsum(kept)
+
+    filters = torch.compile(kept_and_cumulative, backend="inductor", fullgraph=True, dynamic=False)
     state = cumulative_state(vocab)
     # Flat logits, like a random-weight model's: the nucleus spans most of the row,
     # so every block's partial sum reaches the kept mass (with peaked ones the

@@ -173,6 +173,26 @@ for pdl in (True, False):
                 launch_pdl=pdl)
     print("pdl merge", pdl, *programmatic_order(k.asm["ptx"]), k.metadata.launch_pdl)
 
+# The sampler's thresholds by radix selection: a pass and the last decision compile,
+# launched programmatically (the wait before any access), with no atomic whose order
+# could change a sum (global or float ones; the histogram's counts are integer
+# atomics in shared memory, whose sum has no order).
+from ignition.components import sampling_thresholds as st
+
+def unordered(ptx):
+    return len(re.findall(r"atom\\.global|red\\.global|atom\\.[a-z.]*f32", ptx))
+
+from ignition.components.sampling_thresholds import BINS, CHUNK, PASSES
+k = compile(st._pass_kernel, ["*fp32", "*i64", "*fp32", "*i32", "*fp32", "*i32", "*fp32"]
+            + ["i32"] * 5, dict(PROGRAMS=128, BINS=BINS, CHUNK=CHUNK, PDL=True), num_warps=4,
+            launch_pdl=True)
+print("pdl thresholds", True, *programmatic_order(k.asm["ptx"]), k.metadata.launch_pdl)
+print("thresholds pass", len(k.asm["cubin"]), unordered(k.asm["ptx"]))
+k = compile(st._finish_kernel, ["*i64", "*fp32", "*i32", "*fp32", "*i32", "*fp32", "*fp32", "*fp32"]
+            + ["i32"] * 3, dict(PASSES=PASSES, PROGRAMS=128, BINS=BINS, PDL=True), num_warps=1,
+            launch_pdl=True)
+print("thresholds finish", len(k.asm["cubin"]), unordered(k.asm["ptx"]))
+
 # The prefill attention kernel at its default tilings for Qwen3-8B's shape, compiled as
 # a launch specializes it (16-byte aligned pointers, strides of one folded in): the
 # shared memory each needs, against the SM's 227 KiB (a tiling past it compiles but
@@ -235,6 +255,9 @@ def test_the_new_kernels_compile_for_sm90() -> None:
             sync_four, group_four = map(int, four[0].split("/"))
             assert sync_one > 0 and sync_four == 4 * sync_one, done.stdout
             assert group_one == group_four == 0, done.stdout
+    for part in ("pass", "finish"):
+        cubin, atomics = found[("thresholds", part)]
+        assert int(cubin) > 0 and int(atomics) == 0, done.stdout
     for dtype in ("fp32", "bf16"):
         cubin, atomics = found[("row_sum", dtype)]
         assert int(cubin) > 0 and int(atomics) == 0, done.stdout
@@ -242,7 +265,7 @@ def test_the_new_kernels_compile_for_sm90() -> None:
     # Either launch: one counting atomic, the partials through L2, one reset.
     assert merges == [["True", "1", "1", "1"], ["False", "1", "1", "1"]], done.stdout
     pdl = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("pdl ")]
-    assert len(pdl) == 12, done.stdout
+    assert len(pdl) == 13, done.stdout
     for kernel, on, *at, launch_pdl in pdl:
         at_wait, at_signal, at_access = map(int, at)
         assert launch_pdl == on, (kernel, on, at)

@@ -8,9 +8,13 @@ per successful live sample. The generator is plain integer arithmetic on int64
 tensors (16-bit limbs keep every product exact), so it is capture-safe, runs on
 the CPU for tests, and involves no PyTorch generator state.
 
-Filters are applied as probability thresholds over the sorted distribution: a
-filter keeps every token whose probability is at least its threshold, so tokens
-tied at a threshold are never truncated to a fixed count.
+Filters are applied as probability thresholds: a filter keeps every token whose
+probability is at least its threshold, so tokens tied at a threshold are never
+truncated to a fixed count. Top-k's threshold is the k-th largest probability,
+top-p's the largest probability whose tokens at or above it hold ``top_p`` of the
+mass, min-p's that fraction of the largest; none needs the row sorted
+(``ignition.components.sampling_thresholds``). The draw inverts the kept mass's
+running sum in token order.
 
 Token masks (constrained decoding) come first: a masked row's disallowed tokens
 get ``-inf`` logits before penalties, temperature and every filter, so what the
@@ -25,6 +29,7 @@ from collections.abc import Callable
 import torch
 
 from ignition.components.cumulative import row_cumsum
+from ignition.components.sampling_thresholds import sampling_thresholds
 from ignition.components.token_state import (
     FINISHED_LENGTH,
     FINISHED_STOP,
@@ -91,11 +96,10 @@ def apply_mask(logits: torch.Tensor, words: torch.Tensor, masked: torch.Tensor) 
     return torch.where(keep, logits, float("-inf"))
 
 
-def filtered_cumulative(
+def kept_probabilities(
     logits: torch.Tensor, state: RequestState, slots: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per row: token order by probability, the cumulative probability of the tokens
-    every filter keeps (zero mass for removed ones), and how many are kept."""
+) -> torch.Tensor:
+    """Per row: the probabilities every filter keeps, the others zero."""
     counts = state.histogram.index_select(0, slots)
     present = counts > 0
 
@@ -109,26 +113,16 @@ def filtered_cumulative(
     logits = logits - col(state.presence) * present - col(state.frequency) * counts
     # Admission rejects temperature <= 0; the clamp only keeps padded rows finite.
     probs = torch.softmax(logits / col(state.temperature).clamp(min=1e-6), dim=-1)
-    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-    vocab = probs.shape[-1]
-
-    top_k = col(state.top_k).to(torch.int64)
-    k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)
-    threshold_k = sorted_p.gather(1, k - 1)
-    # A scan with one order of additions: Inductor's split scan rounds differently
-    # from run to run (``ignition.components.cumulative``).
-    cumulative = row_cumsum(sorted_p)
-    nucleus_end = (cumulative < col(state.top_p)).sum(dim=-1, keepdim=True).clamp(max=vocab - 1)
-    threshold_p = sorted_p.gather(1, nucleus_end)
-    threshold_min = col(state.min_p) * sorted_p[:, :1]
-    threshold = torch.maximum(torch.maximum(threshold_k, threshold_p), threshold_min)
-    # The probabilities are sorted, so the kept tokens are a prefix and their
-    # cumulative mass is the prefix of ``cumulative``: one scan, over a plain sorted
-    # buffer (Inductor's split scan of a thresholded input fails to generate code).
-    kept_count = (sorted_p >= threshold).sum(dim=-1, keepdim=True)
-    kept_mass = cumulative.gather(1, (kept_count - 1).clamp(min=0))
-    position = torch.arange(vocab, device=logits.device).unsqueeze(0)
-    return order, torch.where(position < kept_count, cumulative, kept_mass), kept_count
+    # Top-k's and top-p's thresholds are values of the row, selected by their bits
+    # (``sampling_thresholds``: no sort); min-p's is a fraction of the largest.
+    threshold_k, threshold_p = sampling_thresholds(
+        probs, state.top_k.index_select(0, slots), state.top_p.index_select(0, slots)
+    )
+    threshold_min = col(state.min_p) * probs.amax(dim=-1, keepdim=True)
+    threshold = torch.maximum(
+        torch.maximum(threshold_k.unsqueeze(1), threshold_p.unsqueeze(1)), threshold_min
+    )
+    return torch.where(probs >= threshold, probs, 0.0)
 
 
 RowMasks = tuple[torch.Tensor, torch.Tensor]
@@ -179,14 +173,18 @@ def sample_padded(
     """``sample_rows``'s arithmetic on its padded rows: one token per row."""
     if masks is not None:
         logits = apply_mask(logits, *masks)
-    order, kept_cumulative, kept_count = filtered_cumulative(logits, state, slots)
+    kept = kept_probabilities(logits, state, slots)
+    # The draw inverts the kept mass's running sum in token order: the token whose
+    # span holds ``uniform`` of it (a removed token spans nothing). A scan with one
+    # order of additions: Inductor's split scan rounds differently from run to run
+    # (``ignition.components.cumulative``).
+    cumulative = row_cumsum(kept)
     uniform = philox_uniform(
         state.seed.index_select(0, slots), state.counter.index_select(0, slots)
     )
-    target = uniform.unsqueeze(1) * kept_cumulative[:, -1:]
-    choice = (kept_cumulative < target).sum(dim=-1, keepdim=True)
-    choice = torch.minimum(choice, kept_count - 1).clamp(min=0)
-    return order.gather(1, choice).squeeze(1)
+    target = uniform.unsqueeze(1) * cumulative[:, -1:]
+    choice = (cumulative < target).sum(dim=-1)
+    return choice.clamp(max=kept.shape[-1] - 1)
 
 
 def commit_samples(

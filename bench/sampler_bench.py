@@ -1,0 +1,114 @@
+"""The compiled sampler with its thresholds by radix selection (as served) against the
+same sampler reading them off a sort of each row (``sorted_thresholds``: the sort,
+scan and gathers the served sampler used before), each captured in a CUDA graph and
+replayed, in alternating blocks, at the served vocabularies and row counts.
+
+    python bench/sampler_bench.py [--vocabs 49152 151936] [--rows 1 4 16] \\
+        [--replays 200] --out sampler.json
+
+Two cases: sampling parameters as agents send them (temperature 0.7, top-k 20, top-p
+0.95, peaked rows), and flat rows (temperature 1, top-k off, top-p 0.95: a nucleus of
+most of the vocabulary). Needs a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+CASES = {
+    # name: (temperature, top_k, top_p, logit scale)
+    "agent": (0.7, 20, 0.95, 4.0),
+    "flat": (1.0, 0, 0.95, 1.0),
+}
+
+
+def _time(graph: Any, replays: int) -> list[float]:
+    import torch
+
+    times = []
+    for _ in range(replays):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end) * 1e3)
+    return times
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from ignition.components import sampling
+    from ignition.components.sampling_thresholds import sampling_thresholds, sorted_thresholds
+    from ignition.components.token_state import RequestState
+
+    results: dict[str, Any] = {"runs": []}
+    for vocab in args.vocabs:
+        for rows in args.rows:
+            for case, (temperature, top_k, top_p, scale) in CASES.items():
+                state = RequestState.allocate(
+                    rows + 1, vocab, 1, 1, torch.float32, torch.device("cuda")
+                )
+                state.temperature.fill_(temperature)
+                state.top_k.fill_(top_k)
+                state.top_p.fill_(top_p)
+                gen = torch.Generator().manual_seed(vocab + rows)
+                logits = (scale * torch.randn(rows, vocab, generator=gen)).cuda()
+                slots = torch.arange(1, rows + 1, device="cuda")
+                graphs, tokens = {}, {}
+                variants = (("radix", sampling_thresholds), ("sort", sorted_thresholds))
+                for name, thresholds in variants:
+                    sampling.sampling_thresholds = thresholds  # type: ignore[assignment]
+                    torch._dynamo.reset()
+                    sample = torch.compile(sampling.sample_padded, fullgraph=True, dynamic=False)
+                    for _ in range(3):
+                        sample(logits, state, slots)
+                    torch.cuda.synchronize()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        tokens[name] = sample(logits, state, slots)
+                    graphs[name] = graph
+                sampling.sampling_thresholds = sampling_thresholds  # type: ignore[assignment]
+                times: dict[str, list[float]] = {name: [] for name in graphs}
+                for block in range(4):
+                    order = list(graphs) if block % 2 == 0 else list(graphs)[::-1]
+                    for name in order:
+                        times[name] += _time(graphs[name], args.replays // 4)
+                run = {
+                    "vocab": vocab,
+                    "rows": rows,
+                    "case": case,
+                    # The same inputs, both thresholds' draws (a sort's nucleus sums
+                    # in another order: a token at the edge may differ).
+                    "same_tokens": bool(torch.equal(tokens["radix"], tokens["sort"])),
+                }
+                for name, values in times.items():
+                    run[f"{name}_median_us"] = statistics.median(values)
+                    run[f"{name}_p99_us"] = sorted(values)[int(0.99 * (len(values) - 1))]
+                run["radix_over_sort"] = run["radix_median_us"] / run["sort_median_us"]
+                results["runs"].append(run)
+                print(json.dumps(run), file=sys.stderr)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vocabs", type=int, nargs="+", default=[49152, 151936])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--replays", type=int, default=200)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    results = measure(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,127 @@
+"""The sampler's thresholds by radix selection: against the sorted row's, under
+Triton's interpreter here and on the GPU, ties kept, and independent of the batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ignition.components.sampling_thresholds import (
+    CHUNK,
+    sampling_thresholds,
+    sorted_thresholds,
+    triton_sampling_thresholds,
+)
+
+
+def _probs(device: str, vocab: int, scales: list[float], seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(len(scales), vocab, generator=gen) * torch.tensor(scales)[:, None]
+    return torch.softmax(logits, dim=-1).to(device)
+
+
+def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The tokens top-p keeps, exactly (float64 sums of the sorted row): all at or
+    above the value where the running sum first reaches ``top_p``; all at 1 (off)."""
+    if top_p >= 1:
+        return torch.ones_like(probs, dtype=torch.bool)
+    sorted_p = torch.sort(probs.double(), descending=True).values
+    cumulative = torch.cumsum(sorted_p, dim=-1)
+    end = int((cumulative < top_p).sum().clamp(max=probs.numel() - 1))
+    return probs >= sorted_p[end].float()
+
+
+def _check(device: str, vocab: int, top_ks: tuple[int, ...], top_ps: tuple[float, ...]) -> None:
+    probs = _probs(device, vocab, [0.3, 1.0, 3.0, 8.0])
+    rows = probs.shape[0]
+    for top_k in top_ks:
+        for top_p in top_ps:
+            ks = torch.full((rows,), top_k, dtype=torch.int64, device=device)
+            ps = torch.full((rows,), top_p, dtype=torch.float32, device=device)
+            threshold_k, threshold_p = triton_sampling_thresholds(probs, ks, ps)
+            reference_k, _ = sorted_thresholds(probs, ks, ps)
+            # The k-th largest value, bit for bit.
+            assert torch.equal(threshold_k, reference_k), (top_k, top_p)
+            for row in range(rows):
+                kept = probs[row] >= threshold_p[row]
+                exact = _nucleus(probs[row], top_p)
+                # Float32 sums in another order than float64's could move the edge
+                # by tokens whose mass is within rounding of it: none in these rows.
+                assert torch.equal(kept, exact), (row, top_k, top_p)
+
+
+# Two and a half chunks, and one partial chunk.
+@pytest.mark.parametrize("vocab", [5 * CHUNK // 2, 64])
+def test_thresholds_match_the_sorted_rows_interpreted(vocab: int) -> None:
+    _check("cpu", vocab, (0, 1, 40, vocab + 5), (0.05, 0.9, 1.0))
+
+
+def test_tokens_tied_at_a_threshold_all_stay_interpreted() -> None:
+    # Six tokens tied at the second-largest value, spread over three chunks; the
+    # rest far below. Top-2 keeps all seven; a nucleus ending inside the tie too.
+    vocab = 3 * CHUNK
+    logits = torch.full((1, vocab), -20.0)
+    tied = [5, 700, CHUNK + 3, CHUNK + 900, 2 * CHUNK + 1, 3 * CHUNK - 1]
+    logits[0, 11] = 2.0
+    logits[0, tied] = 1.0
+    probs = torch.softmax(logits, dim=-1)
+    ks = torch.tensor([2])
+    threshold_k, threshold_p = triton_sampling_thresholds(probs, ks, torch.tensor([0.5]))
+    kept_k = torch.nonzero(probs[0] >= threshold_k[0]).flatten().tolist()
+    assert kept_k == sorted([11, *tied])
+    # The top token holds about 0.31 of the mass: the nucleus of 0.5 ends in the tie.
+    kept_p = torch.nonzero(probs[0] >= threshold_p[0]).flatten().tolist()
+    assert kept_p == sorted([11, *tied])
+
+
+def test_masked_tokens_never_count_toward_top_k_interpreted() -> None:
+    # Three allowed tokens (the rest -inf, probability 0): top-k of 10 reaches into
+    # the zeros, whose threshold 0 keeps every token of any mass; top-p 1 is off.
+    logits = torch.full((2, 300), float("-inf"))
+    logits[:, [3, 30, 299]] = torch.tensor([1.0, 2.0, 0.5])
+    probs = torch.softmax(logits, dim=-1)
+    threshold_k, threshold_p = triton_sampling_thresholds(
+        probs, torch.tensor([10, 2]), torch.tensor([1.0, 1.0])
+    )
+    assert threshold_k[0] == 0 and threshold_p[0] == 0
+    assert torch.nonzero(probs[1] >= threshold_k[1]).flatten().tolist() == [3, 30]
+
+
+def test_a_rows_thresholds_never_depend_on_its_batch_interpreted() -> None:
+    probs = _probs("cpu", 3000, [0.5, 2.0, 1.0, 4.0], seed=3)
+    ks, ps = torch.tensor([0, 20, 5, 0]), torch.tensor([0.9, 0.8, 1.0, 0.3])
+    together = triton_sampling_thresholds(probs, ks, ps)
+    for row in range(4):
+        one = slice(row, row + 1)
+        alone = triton_sampling_thresholds(probs[one], ks[one], ps[one])
+        assert torch.equal(alone[0][0], together[0][row])
+        assert torch.equal(alone[1][0], together[1][row])
+
+
+def test_the_operator_takes_the_sort_on_the_cpu() -> None:
+    probs = _probs("cpu", 500, [1.0, 5.0])
+    ks, ps = torch.tensor([0, 3]), torch.tensor([0.7, 0.95])
+    for got, want in zip(
+        sampling_thresholds(probs, ks, ps), sorted_thresholds(probs, ks, ps), strict=True
+    ):
+        assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="rows"):
+        triton_sampling_thresholds(probs, ks[:1], ps)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vocab", [49152, 151936])
+def test_thresholds_match_the_sorted_rows_on_gpu(vocab: int) -> None:
+    _check("cuda", vocab, (0, 1, 7, 40, vocab, vocab + 5), (0.05, 0.5, 0.9, 0.99, 1.0))
+
+
+@pytest.mark.gpu
+def test_thresholds_repeat_bitwise_on_gpu() -> None:
+    # Flat rows: the nucleus spans most of the row, every program's mass counts.
+    probs = _probs("cuda", 151936, [0.2, 1.0, 1.0, 4.0], seed=5)
+    ks = torch.tensor([0, 0, 50, 20], device="cuda")
+    ps = torch.tensor([0.95, 0.9, 0.95, 1.0], device="cuda")
+    first = triton_sampling_thresholds(probs, ks, ps)
+    for _ in range(50):
+        again = triton_sampling_thresholds(probs, ks, ps)
+        assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
