@@ -183,14 +183,15 @@ def unordered(ptx):
     return len(re.findall(r"atom\\.global|red\\.global|atom\\.[a-z.]*f32", ptx))
 
 from ignition.components.sampling_thresholds import BINS, CHUNK, PASSES
-k = compile(st._pass_kernel, ["*fp32", "*i64", "*fp32", "*i32", "*fp32", "*i32", "*fp32"]
+k = compile(st._pass_kernel, ["*fp32", "*i32", "*fp32", "*i32", "*fp32", "*i32", "*fp32"]
             + ["i32"] * 5, dict(PROGRAMS=128, BINS=BINS, CHUNK=CHUNK, PDL=True), num_warps=4,
             launch_pdl=True)
 print("pdl thresholds", True, *programmatic_order(k.asm["ptx"]), k.metadata.launch_pdl)
 print("thresholds pass", len(k.asm["cubin"]), unordered(k.asm["ptx"]))
-k = compile(st._finish_kernel, ["*i64", "*fp32", "*i32", "*fp32", "*i32", "*fp32", "*fp32", "*fp32"]
+k = compile(st._finish_kernel, ["*i32", "*fp32", "*i32", "*fp32", "*i32", "*fp32", "*fp32", "*fp32"]
             + ["i32"] * 3, dict(PASSES=PASSES, PROGRAMS=128, BINS=BINS, PDL=True), num_warps=1,
             launch_pdl=True)
+print("pdl thresholds-finish", True, *programmatic_order(k.asm["ptx"]), k.metadata.launch_pdl)
 print("thresholds finish", len(k.asm["cubin"]), unordered(k.asm["ptx"]))
 
 # The prefill attention kernel at its default tilings for Qwen3-8B's shape, compiled as
@@ -265,7 +266,7 @@ def test_the_new_kernels_compile_for_sm90() -> None:
     # Either launch: one counting atomic, the partials through L2, one reset.
     assert merges == [["True", "1", "1", "1"], ["False", "1", "1", "1"]], done.stdout
     pdl = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("pdl ")]
-    assert len(pdl) == 13, done.stdout
+    assert len(pdl) == 14, done.stdout
     for kernel, on, *at, launch_pdl in pdl:
         at_wait, at_signal, at_access = map(int, at)
         assert launch_pdl == on, (kernel, on, at)

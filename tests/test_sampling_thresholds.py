@@ -87,6 +87,45 @@ def test_masked_tokens_never_count_toward_top_k_interpreted() -> None:
     assert torch.nonzero(probs[1] >= threshold_k[1]).flatten().tolist() == [3, 30]
 
 
+def test_a_top_p_of_zero_or_less_keeps_the_largest_interpreted() -> None:
+    # As the sorted row's first position: the largest probability (and its ties).
+    probs = _probs("cpu", 700, [2.0, 2.0, 2.0])
+    top_p = torch.tensor([0.0, -0.0, -1.0])
+    _, threshold_p = triton_sampling_thresholds(probs, torch.zeros(3, dtype=torch.int32), top_p)
+    assert torch.equal(threshold_p, probs.amax(dim=-1))
+    _, reference = sorted_thresholds(probs, torch.zeros(3, dtype=torch.int32), top_p)
+    assert torch.equal(reference, probs.amax(dim=-1))
+
+
+def test_the_sampler_draws_the_same_tokens_through_the_kernels_interpreted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The served sampler with its thresholds from the kernels (as on the GPU) and from
+    # the sort (the CPU operator): the same thresholds here, so the same draws.
+    from ignition.components import sampling
+    from ignition.components.token_state import RequestState
+
+    vocab = 3000
+    state = RequestState.allocate(4, vocab, 1, 1, torch.float32, torch.device("cpu"))
+    state.top_k[1:] = torch.tensor([0, 20, 5], dtype=torch.int32)
+    state.top_p[1:] = torch.tensor([0.9, 1.0, 0.5])
+    state.min_p[3] = 0.2
+    logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(7)) * 3
+    slots = torch.tensor([1, 2, 3])
+    drawn = {}
+    for name, thresholds in (("sort", sorted_thresholds), ("radix", triton_sampling_thresholds)):
+        monkeypatch.setattr(sampling, "sampling_thresholds", thresholds)
+        tokens = []
+        for counter in range(6):
+            state.counter.fill_(counter)
+            tokens.append(sampling.sample_rows(logits, state, slots, 4).tolist())
+        drawn[name] = tokens
+    assert drawn["radix"] == drawn["sort"]
+    # Each draw is a kept token: within row 3's top-5.
+    top5 = set(torch.topk(logits[2], 5).indices.tolist())
+    assert all(tokens[2] in top5 for tokens in drawn["radix"])
+
+
 def test_a_rows_thresholds_never_depend_on_its_batch_interpreted() -> None:
     probs = _probs("cpu", 3000, [0.5, 2.0, 1.0, 4.0], seed=3)
     ks, ps = torch.tensor([0, 20, 5, 0]), torch.tensor([0.9, 0.8, 1.0, 0.3])
@@ -116,12 +155,21 @@ def test_thresholds_match_the_sorted_rows_on_gpu(vocab: int) -> None:
 
 
 @pytest.mark.gpu
-def test_thresholds_repeat_bitwise_on_gpu() -> None:
-    # Flat rows: the nucleus spans most of the row, every program's mass counts.
-    probs = _probs("cuda", 151936, [0.2, 1.0, 1.0, 4.0], seed=5)
-    ks = torch.tensor([0, 0, 50, 20], device="cuda")
-    ps = torch.tensor([0.95, 0.9, 0.95, 1.0], device="cuda")
-    first = triton_sampling_thresholds(probs, ks, ps)
-    for _ in range(50):
-        again = triton_sampling_thresholds(probs, ks, ps)
-        assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+def test_thresholds_repeat_bitwise_at_every_row_count_on_gpu() -> None:
+    # Flat rows: the nucleus spans most of the row, every program's mass counts. Run
+    # as served (launched programmatically where the GPU can), alone and batched.
+    from ignition.components.programmatic_launch import programmatic_launch
+
+    rows = 64
+    probs = _probs("cuda", 151936, [0.2, 1.0, 1.0, 4.0] * (rows // 4), seed=5)
+    ks = torch.tensor([0, 0, 50, 20] * (rows // 4), dtype=torch.int32, device="cuda")
+    ps = torch.tensor([0.95, 0.9, 0.95, 1.0] * (rows // 4), device="cuda")
+    with programmatic_launch():
+        first = triton_sampling_thresholds(probs, ks, ps)
+        for _ in range(20):
+            again = triton_sampling_thresholds(probs, ks, ps)
+            assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+        for count in (1, 4, 16):
+            fewer = triton_sampling_thresholds(probs[:count], ks[:count], ps[:count])
+            for a, b in zip(first, fewer, strict=True):
+                assert torch.equal(a[:count], b), count

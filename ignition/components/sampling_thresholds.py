@@ -5,9 +5,9 @@ A filter keeps every token whose probability is at least its threshold
 (``ignition.components.sampling``). Top-k's threshold is the k-th largest
 probability; top-p's is the largest probability ``v`` whose tokens at or above it
 hold at least ``top_p`` of the mass (the nucleus, with every token tied at its edge).
-Both are values of the row, found without ordering it: probabilities are never
-negative, so their float32 bits order as they do, and each threshold is built four
-bits at a time from the top. In pass ``j`` every program histograms the ``BINS``
+Both are found without ordering the row: probabilities are never negative, so their
+float32 bits order as they do, and each threshold is built four bits at a time from
+the top. In pass ``j`` every program histograms the ``BINS``
 values of bits ``28 - 4j`` up of its ``CHUNK`` columns, among the columns whose higher
 bits are the threshold's so far: counts for top-k, masses for top-p. The next pass's
 programs each sum those histograms over the row's programs (one fixed tree) and take
@@ -19,7 +19,13 @@ Qwen3-8B decode step with its gaps, 75 of SmolLM2's, on the H200).
 
 The result never depends on the batch: a row's programs, their histograms and the
 order of every sum follow the vocabulary alone. Masses are float32 sums in a fixed
-order, so a threshold is the one the row's own sums give: the same at every call. A
+order, so a threshold is the one the row's own sums give: the same at every call.
+Top-k's is the k-th largest value exactly (counts are integers). Top-p's sums differ
+from pass to pass in their order: where a later pass finds no digit reaching
+``top_p`` inside the bucket an earlier one chose, it takes the bucket's floor (the
+whole bucket kept), so the threshold may fall between two of the row's values, and
+the nucleus's edge may move by the tokens whose mass is within rounding of it; ties
+are never split. A
 ``top_p`` of 1 or more is off, and one the whole row's rounded mass does not reach
 keeps every token too (threshold 0): which tokens 1.0 kept must not hang on whether
 a row's sum rounds to above or below it.
@@ -87,11 +93,14 @@ def _decide(
 @triton.jit
 def _targets(top_k_ptr, top_p_ptr, row, V):
     """Row ``row``'s k (its top-k, or the vocabulary when off) and mass target (its
-    top-p, or none to reach when off: at 1 or more)."""
+    top-p; none to reach when off, at 1 or more; the least positive float at 0 or
+    less, which the largest probability reaches alone, as the sorted row's first
+    position does)."""
     top_k = tl.load(top_k_ptr + row).to(tl.int32)
     k = tl.where((top_k > 0) & (top_k <= V), top_k, V)
     top_p = tl.load(top_p_ptr + row).to(tl.float32)
-    return k, tl.where(top_p >= 1.0, float("inf"), top_p)
+    top_p = tl.where(top_p >= 1.0, float("inf"), tl.maximum(top_p, 1.1754944e-38))
+    return k, top_p
 
 
 @triton.jit
@@ -171,8 +180,9 @@ def triton_sampling_thresholds(
     device = probs.device
     counts = torch.empty(PASSES, rows, programs, BINS, dtype=torch.int32, device=device)
     masses = torch.empty(PASSES, rows, programs, BINS, dtype=torch.float32, device=device)
-    state = torch.empty(PASSES, rows, 3, dtype=torch.int32, device=device)
-    above = torch.empty(PASSES, rows, dtype=torch.float32, device=device)
+    # The decisions of every digit but the last, which the last launch returns.
+    state = torch.empty(PASSES - 1, rows, 3, dtype=torch.int32, device=device)
+    above = torch.empty(PASSES - 1, rows, dtype=torch.float32, device=device)
     top_k, top_p = top_k.contiguous(), top_p.contiguous()
     fixed = dict(PROGRAMS=triton.next_power_of_2(programs), BINS=BINS)
     for digit in range(PASSES):
