@@ -121,7 +121,7 @@ def specialized(fn, types, constexprs, **options):
                           target=GPUTarget("cuda", 90, 32), options=options)
 
 # The 8B's o projection (one 32x512 step early), its qkv at four row tiles (two
-# 32x256), SmolLM2's (four 32x128 of its five); the gated kernel's two steps of two.
+# 32x256), SmolLM2's (four 32x128 of its five); the gated kernel's steps of two tiles.
 # Each early step is the loop's step again after it: (1 + steps) times the late
 # kernel's 16-row MMAs, no warpgroup MMA (last, as "late/early" counts).
 def early_and_late(fn, types, constexprs, steps):
@@ -139,10 +139,12 @@ for tiles, width, block_k, steps in ((1, 32, 512, 1), (4, 32, 256, 2), (1, 32, 1
                                    GROUPS=256, PDL=True), steps)
     print("early linear", tiles, steps, *early_order(ptx),
           steps * width * block_k * 2 // 16 // 128, mma)
-ptx, mma = early_and_late(_rows_gated_kernel, GATED,
-                          dict(NORM=True, ROW_TILES=1, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128,
-                               GROUPS=256, PDL=True), 2)
-print("early gated", 1, 2, *early_order(ptx), 2 * 2 * 32 * 128 * 2 // 16 // 128, mma)
+for width, steps in ((32, 2), (16, 3)):  # the 8B's gate/up, SmolLM2's
+    ptx, mma = early_and_late(_rows_gated_kernel, GATED,
+                              dict(NORM=True, ROW_TILES=1, BLOCK_M=16, BLOCK_N=width,
+                                   BLOCK_K=128, GROUPS=256, PDL=True), steps)
+    print("early gated", 1, steps, *early_order(ptx), steps * 2 * width * 128 * 2 // 16 // 128,
+          mma)
 
 # The kernels of a decode layer between its projections, launched programmatically
 # too: the rotary/KV write, decode attention's split and its merge (which lets the o
@@ -276,7 +278,7 @@ def test_the_new_kernels_compile_for_sm90() -> None:
             # Without it, no grid dependency control at all (a plain launch).
             assert at_wait == at_signal == -1 and at_access >= 0, (kernel, at)
     early = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("early ")]
-    assert len(early) == 4, done.stdout
+    assert len(early) == 5, done.stdout
     for kernel, tiles, steps, wide, other, wait, signal, copy, vectors, mma in early:
         # Only the last steps' weight tiles, whole, before the wait; the loop's copies
         # right after the signal.

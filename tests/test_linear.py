@@ -716,15 +716,17 @@ def test_early_weights_take_the_last_k_steps_interpreted(monkeypatch: pytest.Mon
 
 def test_early_steps_fill_the_registers_they_may_hold() -> None:
     # Qwen3-8B on the H200 (tile_shape's tiles): o and down one 32x512 step, qkv two
-    # 32x256, the vocabulary head two 64x128, gate/up two steps of two 32x128 tiles.
+    # 32x256, the vocabulary head two 64x128, gate/up two steps of two 32x128 tiles
+    # (the same bytes as the head's).
     assert linear.early_steps(4096, 512, 32 * 512 * 2, linear.EARLY_STEPS) == 1
     assert linear.early_steps(12288, 512, 32 * 512 * 2, linear.EARLY_STEPS) == 1
     assert linear.early_steps(4096, 256, 32 * 256 * 2, linear.EARLY_STEPS) == 2
     assert linear.early_steps(4096, 128, 64 * 128 * 2, linear.EARLY_STEPS) == 2
     assert linear.early_steps(4096, 128, 64 * 128 * 2, linear.EARLY_GATED_STEPS) == 2
-    # SmolLM2: 576 columns in five 128-column steps, four early; the gated kernel two.
+    # SmolLM2: 576 columns in five 128-column steps, four early; its gate/up (two
+    # 16-column tiles a step) three, the gated kernel's most.
     assert linear.early_steps(576, 128, 32 * 128 * 2, linear.EARLY_STEPS) == 4
-    assert linear.early_steps(576, 128, 32 * 128 * 2, linear.EARLY_GATED_STEPS) == 2
+    assert linear.early_steps(576, 128, 2 * 16 * 128 * 2, linear.EARLY_GATED_STEPS) == 3
     # Never more than the loop's steps, never none at one row tile, none past it.
     assert linear.early_steps(48, 64, 16 * 64 * 2, linear.EARLY_STEPS) == 1
     assert linear.early_steps(4096, 1024, 64 * 1024 * 2, linear.EARLY_STEPS) == 1

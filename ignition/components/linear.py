@@ -117,10 +117,11 @@ SUM_BLOCK = 1024
 SQUARE_GROUP = 16
 # Early weights (``programmatic_launch``): the bytes of early weight tiles a thread
 # may hold through the K loop (64 registers), and the most K steps a program loads
-# early, of the plain and the gated kernel (each of whose steps is two tiles).
+# early: a weight tile each, or two for the gated kernel, whose four steps of
+# SmolLM2's 16-column tiles spilled 176 bytes a thread on SM90 (three: none).
 EARLY_BYTES = 256
 EARLY_STEPS = 4
-EARLY_GATED_STEPS = 2
+EARLY_GATED_STEPS = 3
 # The interpreter's stand-in for a device's SM count: one, so it runs the widest tile
 # (the fewest programs, each a Python loop there); every width gives the same bits.
 INTERPRETER_SMS = 1
@@ -468,8 +469,8 @@ def _rows_gated_kernel(
     program's ``ROW_TILES`` (1 to 4) row tiles by the same dots (as ``_rows_dot``).
     With ``NORM``, of x's rows normalized (partial squares ``s_ptr``, ``eps``, the gain
     folded into w; as ``_rows_linear_kernel``). Row tiles of ``program_id(0)``, column
-    tile ``program_id(1)``. ``PDL`` and ``EARLY_WEIGHTS`` (1 or 2 here) as
-    ``_rows_dot``'s."""
+    tile ``program_id(1)``. ``PDL`` and ``EARLY_WEIGHTS`` as ``_rows_dot``'s (each
+    early step two tiles here)."""
     rm = tl.program_id(0) * ROW_TILES * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -482,7 +483,6 @@ def _rows_gated_kernel(
     up1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up3 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    tl.static_assert(EARLY_WEIGHTS <= 2)
     end = K
     if EARLY_WEIGHTS > 0:
         end = (tl.cdiv(K, BLOCK_K) - EARLY_WEIGHTS) * BLOCK_K
@@ -491,6 +491,12 @@ def _rows_gated_kernel(
         if EARLY_WEIGHTS > 1:
             early_gate1 = _w_tile(w_ptr, rn, end + BLOCK_K + rk, N, K, stride_wn)
             early_up1 = _w_tile(up_ptr, rn, end + BLOCK_K + rk, N, K, stride_wn)
+        if EARLY_WEIGHTS > 2:
+            early_gate2 = _w_tile(w_ptr, rn, end + 2 * BLOCK_K + rk, N, K, stride_wn)
+            early_up2 = _w_tile(up_ptr, rn, end + 2 * BLOCK_K + rk, N, K, stride_wn)
+        if EARLY_WEIGHTS > 3:
+            early_gate3 = _w_tile(w_ptr, rn, end + 3 * BLOCK_K + rk, N, K, stride_wn)
+            early_up3 = _w_tile(up_ptr, rn, end + 3 * BLOCK_K + rk, N, K, stride_wn)
         await_producer()
     elif PDL:
         await_producer()
@@ -509,6 +515,16 @@ def _rows_gated_kernel(
     if EARLY_WEIGHTS > 1:
         gate0, gate1, gate2, gate3, up0, up1, up2, up3 = _gated_step(
             x_ptr, early_gate1, early_up1, rm, end + BLOCK_K + rk, M, K, stride_xm, gate0,
+            gate1, gate2, gate3, up0, up1, up2, up3, ROW_TILES, BLOCK_M,
+        )  # fmt: skip
+    if EARLY_WEIGHTS > 2:
+        gate0, gate1, gate2, gate3, up0, up1, up2, up3 = _gated_step(
+            x_ptr, early_gate2, early_up2, rm, end + 2 * BLOCK_K + rk, M, K, stride_xm, gate0,
+            gate1, gate2, gate3, up0, up1, up2, up3, ROW_TILES, BLOCK_M,
+        )  # fmt: skip
+    if EARLY_WEIGHTS > 3:
+        gate0, gate1, gate2, gate3, up0, up1, up2, up3 = _gated_step(
+            x_ptr, early_gate3, early_up3, rm, end + 3 * BLOCK_K + rk, M, K, stride_xm, gate0,
             gate1, gate2, gate3, up0, up1, up2, up3, ROW_TILES, BLOCK_M,
         )  # fmt: skip
     _store_gated(gate0, up0, s_ptr, y_ptr, M, N, K, stride_sm, stride_ym, eps, rm, rn, NORM, GROUPS)
@@ -693,7 +709,8 @@ def early_steps(
     early weights (``_rows_dot``): as many as ``EARLY_BYTES`` a thread holds
     (``step_bytes`` a step, over the program's threads), at least one, at most
     ``most`` and the loop's steps. SmolLM2's 576-column projections in 128-column
-    steps load four of five early; the Qwen3-8B down projection one of 24. None past
+    steps load four of five early (its gate/up three: two 16-column tiles a step);
+    the Qwen3-8B down projection one of 24. None past
     one row tile (``tiles``): there the accumulators already take the registers, and
     holding even one step spilled (the 8B's qkv at four row tiles: 104 bytes a
     thread, in SM90's SASS)."""
