@@ -46,12 +46,20 @@ def median_graph_ms(
     with torch.cuda.graph(graph):
         for call in sequence:
             call()
+    return statistics.median(replay_ms(graph, launches)) / len(sequence)
+
+
+def replay_ms(graph: object, replays: int) -> list[float]:
+    """Milliseconds of each of ``replays`` replays of a captured CUDA ``graph``, each
+    timed between events and waited for before the next."""
+    import torch
+
     times = []
-    for _ in range(launches):
+    for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        graph.replay()
+        graph.replay()  # type: ignore[attr-defined]
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) / len(sequence))
-    return statistics.median(times)
+        times.append(start.elapsed_time(end))
+    return times

@@ -303,55 +303,70 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _attribution(title: str, intro: str, header: list[str], rows: list[list[str]]) -> list[str]:
+    """One attribution table: its heading, the sentence saying what it counts, then
+    ``header`` and ``rows``."""
+    lines = ["", f"## {title}", "", intro, "", "| " + " | ".join(header) + " |"]
+    lines.append("|" + "---|" * len(header))
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _name(kernel: str) -> str:
+    return "`" + kernel.replace("|", "/")[:60] + "`"
+
+
 def _site_lines(title: str, row: dict[str, Any]) -> list[str]:
     """The busy time of ``row``'s kernels by grid and the kernel before them."""
     sites = row.get("top_sites")
     if not sites:
         return []
-    lines = [
-        "",
-        f"## {title}: busy time by kernel, grid and the kernel before",
-        "",
+    return _attribution(
+        f"{title}: busy time by kernel, grid and the kernel before",
         "Each kernel's share of the busy time: from its start, or the end of the kernels "
         "before it where later, to its end (a programmatic launch's wait is the kernel "
         "before's), so these compare across launches.",
-        "",
-        "| kernel | grid | after | per launch | median (us) | total/launch (us) |",
-        "|---|---|---|---|---|---|",
-    ]
-    for site in sites:
-        name = site["name"].replace("|", "/")[:60]
-        after = site["after"].replace("|", "/")[:60]
-        lines.append(
-            f"| `{name}` | {site['grid']} | `{after}` | {site['per_launch']:.1f} | "
-            f"{site['median_us']:.2f} | {site['total_us_per_launch']:.2f} |"
-        )
-    return lines
+        ["kernel", "grid", "after", "per launch", "median (us)", "total/launch (us)"],
+        [
+            [
+                _name(site["name"]),
+                site["grid"],
+                _name(site["after"]),
+                f"{site['per_launch']:.1f}",
+                f"{site['median_us']:.2f}",
+                f"{site['total_us_per_launch']:.2f}",
+            ]
+            for site in sites
+        ],
+    )
 
 
 def _gap_lines(title: str, row: dict[str, Any]) -> list[str]:
     """The gap table of one capacity's summary ``row``: none where it has no gaps."""
     if not row.get("top_gaps"):
         return []
-    lines = [
-        "",
-        f"## {title}: gaps between kernels, by the kernels around them",
-        "",
+    return _attribution(
+        f"{title}: gaps between kernels, by the kernels around them",
         f"{fmt(row.get('gap_us'))} us of gaps a launch (the median of the span less the busy "
         "time; the totals below are means per launch).",
-        "",
-        "| kernel before the gap | kernel after it | per launch | median (us) | "
-        "total/launch (us) |",
-        "|---|---|---|---|---|",
-    ]
-    for gap in row["top_gaps"]:
-        before = gap["before"].replace("|", "/")[:60]
-        after = gap["after"].replace("|", "/")[:60]
-        lines.append(
-            f"| `{before}` | `{after}` | {gap['per_launch']:.1f} | {gap['median_us']:.2f} | "
-            f"{gap['total_us_per_launch']:.2f} |"
-        )
-    return lines
+        [
+            "kernel before the gap",
+            "kernel after it",
+            "per launch",
+            "median (us)",
+            "total/launch (us)",
+        ],
+        [
+            [
+                _name(gap["before"]),
+                _name(gap["after"]),
+                f"{gap['per_launch']:.1f}",
+                f"{gap['median_us']:.2f}",
+                f"{gap['total_us_per_launch']:.2f}",
+            ]
+            for gap in row["top_gaps"]
+        ],
+    )
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:

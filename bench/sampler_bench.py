@@ -27,23 +27,10 @@ CASES = {
 }
 
 
-def _time(graph: Any, replays: int) -> list[float]:
-    import torch
-
-    times = []
-    for _ in range(replays):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end) * 1e3)
-    return times
-
-
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    from bench.cuda_timing import replay_ms
     from ignition.components import sampling
     from ignition.components.programmatic_launch import programmatic_launch
     from ignition.components.sampling_thresholds import sampling_thresholds, sorted_thresholds
@@ -82,7 +69,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 for block in range(4):
                     order = list(graphs) if block % 2 == 0 else list(graphs)[::-1]
                     for name in order:
-                        times[name] += _time(graphs[name], args.replays // 4)
+                        times[name] += [
+                            ms * 1e3 for ms in replay_ms(graphs[name], args.replays // 4)
+                        ]
                 run = {
                     "vocab": vocab,
                     "rows": rows,

@@ -104,6 +104,32 @@ def _targets(top_k_ptr, top_p_ptr, row, V):
 
 
 @triton.jit
+def _row_decisions(
+    top_k_ptr, top_p_ptr, count_ptr, mass_ptr, state_ptr, above_ptr, row, rows, digit,
+    programs, V, PROGRAMS: tl.constexpr, BINS: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """A launch's start for ``row``: the wait (``PDL``), then ``_decide`` through
+    ``digit`` for the row's targets."""
+    if PDL:
+        await_producer()
+    k, top_p = _targets(top_k_ptr, top_p_ptr, row, V)
+    return _decide(
+        count_ptr,
+        mass_ptr,
+        state_ptr,
+        above_ptr,
+        row,
+        rows,
+        digit,
+        programs,
+        k,
+        top_p,
+        PROGRAMS,
+        BINS,
+    )
+
+
+@triton.jit
 def _pass_kernel(
     p_ptr, top_k_ptr, top_p_ptr, count_ptr, mass_ptr, state_ptr, above_ptr, V, stride_p,
     rows, programs, digit, PROGRAMS: tl.constexpr, BINS: tl.constexpr, CHUNK: tl.constexpr,
@@ -115,12 +141,9 @@ def _pass_kernel(
     the thresholds' way: counts on top-k's, masses on top-p's."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
-    if PDL:
-        await_producer()
-    k, top_p = _targets(top_k_ptr, top_p_ptr, row, V)
-    prefix_k, above_k, prefix_p, above_p = _decide(
-        count_ptr, mass_ptr, state_ptr, above_ptr, row, rows, digit - 1, programs, k, top_p,
-        PROGRAMS, BINS,
+    prefix_k, above_k, prefix_p, above_p = _row_decisions(
+        top_k_ptr, top_p_ptr, count_ptr, mass_ptr, state_ptr, above_ptr, row, rows, digit - 1,
+        programs, V, PROGRAMS, BINS, PDL,
     )  # fmt: skip
     if chunk == 0:
         at = ((digit - 1) * rows + row) * 3
@@ -153,12 +176,9 @@ def _finish_kernel(
 ):  # fmt: skip
     """Row ``program_id(0)``'s last decisions: its thresholds, the bits as float32."""
     row = tl.program_id(0)
-    if PDL:
-        await_producer()
-    k, top_p = _targets(top_k_ptr, top_p_ptr, row, V)
-    bits_k, _, bits_p, _ = _decide(
-        count_ptr, mass_ptr, state_ptr, above_ptr, row, rows, PASSES - 1, programs, k, top_p,
-        PROGRAMS, BINS,
+    bits_k, _, bits_p, _ = _row_decisions(
+        top_k_ptr, top_p_ptr, count_ptr, mass_ptr, state_ptr, above_ptr, row, rows, PASSES - 1,
+        programs, V, PROGRAMS, BINS, PDL,
     )  # fmt: skip
     tl.store(out_k_ptr + row, bits_k.to(tl.float32, bitcast=True))
     tl.store(out_p_ptr + row, bits_p.to(tl.float32, bitcast=True))
