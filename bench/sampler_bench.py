@@ -4,7 +4,9 @@ scan and gathers the served sampler used before), each captured in a CUDA graph 
 replayed, in alternating blocks, at the served vocabularies and row counts.
 
     python bench/sampler_bench.py [--vocabs 49152 151936] [--rows 1 4] \\
-        [--replays 200] --out sampler.json
+        [--replays 200] [--chunks 1024 2048 4096] --out sampler.json
+
+Then the thresholds alone at each chunk of columns a program histograms.
 
 Two cases: sampling parameters as agents send them (temperature 0.7, top-k 20, top-p
 0.95, peaked rows), and flat rows (temperature 1, top-k off, top-p 0.95: a nucleus of
@@ -33,7 +35,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from bench.cuda_timing import replay_ms
     from ignition.components import sampling
     from ignition.components.programmatic_launch import programmatic_launch
-    from ignition.components.sampling_thresholds import sampling_thresholds, sorted_thresholds
+    from ignition.components.sampling_thresholds import (
+        sampling_thresholds,
+        sorted_thresholds,
+        triton_sampling_thresholds,
+    )
     from ignition.components.token_state import RequestState
 
     results: dict[str, Any] = {"runs": []}
@@ -91,6 +97,27 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 run["radix_over_sort"] = run["radix_median_us"] / run["sort_median_us"]
                 results["runs"].append(run)
                 print(json.dumps(run), file=sys.stderr)
+    # The thresholds alone at each chunk a program histograms (more programs a row,
+    # or fewer histograms each re-reads), captured as the sampler captures them.
+    results["chunks"] = []
+    for vocab in args.vocabs:
+        for rows in args.rows:
+            gen = torch.Generator().manual_seed(vocab)
+            probs = torch.softmax(torch.randn(rows, vocab, generator=gen), dim=-1).cuda()
+            top_k = torch.full((rows,), 20, dtype=torch.int32, device="cuda")
+            top_p = torch.full((rows,), 0.95, device="cuda")
+            for chunk in args.chunks:
+                for _ in range(2):
+                    triton_sampling_thresholds(probs, top_k, top_p, chunk)
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with programmatic_launch(), torch.cuda.graph(graph):
+                    triton_sampling_thresholds(probs, top_k, top_p, chunk)
+                values = [ms * 1e3 for ms in replay_ms(graph, args.replays)]
+                row = {"vocab": vocab, "rows": rows, "chunk": chunk}
+                row["median_us"] = statistics.median(values)
+                results["chunks"].append(row)
+                print(json.dumps(row), file=sys.stderr)
     return results
 
 
@@ -99,6 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocabs", type=int, nargs="+", default=[49152, 151936])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--replays", type=int, default=200)
+    parser.add_argument(
+        "--chunks",
+        type=int,
+        nargs="+",
+        default=[1024, 2048, 4096],
+        help="columns a thresholds program histograms, each timed alone",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     results = measure(args)

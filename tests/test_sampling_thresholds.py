@@ -146,6 +146,20 @@ def test_the_operator_takes_the_sort_on_the_cpu() -> None:
         assert torch.equal(got, want)
     with pytest.raises(ValueError, match="rows"):
         triton_sampling_thresholds(probs, ks[:1], ps)
+    with pytest.raises(ValueError, match="power of two"):
+        triton_sampling_thresholds(probs, ks, ps, chunk=1000)
+
+
+def test_every_chunk_gives_the_same_thresholds_interpreted() -> None:
+    # A program's chunk changes which program sums which columns, not what top-k
+    # selects; the nucleus here is far from any rounding edge.
+    probs = _probs("cpu", 1500, [1.0, 4.0])
+    ks, ps = torch.tensor([0, 10]), torch.tensor([0.8, 0.9])
+    results = [triton_sampling_thresholds(probs, ks, ps, chunk) for chunk in (256, 1024, 2048)]
+    for other in results[1:]:
+        assert torch.equal(other[0], results[0][0])
+        for row in range(2):
+            assert torch.equal(probs[row] >= other[1][row], probs[row] >= results[0][1][row])
 
 
 @pytest.mark.gpu

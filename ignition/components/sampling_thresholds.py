@@ -185,18 +185,21 @@ def _finish_kernel(
 
 
 def triton_sampling_thresholds(
-    probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+    probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, chunk: int = CHUNK
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's top-k and top-p thresholds (float32 ``[rows]`` each) of ``probs``
     (float32 ``[rows, V]``, each row a distribution), for its ``top_k`` (0 or more than
-    V: off) and ``top_p`` (``[rows]``)."""
+    V: off) and ``top_p`` (``[rows]``). ``chunk``: the columns a program histograms
+    (a power of two; ``bench/sampler_bench.py`` times others against ``CHUNK``)."""
     if probs.dim() != 2 or probs.dtype != torch.float32:
         raise ValueError(f"thresholds take 2-D float32 probabilities, not {probs.dtype}")
     rows, vocab = probs.shape
     if top_k.shape != (rows,) or top_p.shape != (rows,):
         raise ValueError(f"{rows} rows take [rows] top_k and top_p")
     probs = probs.contiguous()
-    programs = triton.cdiv(vocab, CHUNK)
+    if chunk & (chunk - 1) or chunk < 16:
+        raise ValueError(f"a chunk of {chunk} columns is not a power of two of at least 16")
+    programs = triton.cdiv(vocab, chunk)
     device = probs.device
     counts = torch.empty(PASSES, rows, programs, BINS, dtype=torch.int32, device=device)
     masses = torch.empty(PASSES, rows, programs, BINS, dtype=torch.float32, device=device)
@@ -208,7 +211,7 @@ def triton_sampling_thresholds(
     for digit in range(PASSES):
         _pass_kernel[(rows, programs)](
             probs, top_k, top_p, counts, masses, state, above, vocab, probs.stride(0), rows,
-            programs, digit, CHUNK=CHUNK, num_warps=4, **fixed, **kernel_options(device),
+            programs, digit, CHUNK=chunk, num_warps=4, **fixed, **kernel_options(device),
         )  # fmt: skip
     out_k = torch.empty(rows, dtype=torch.float32, device=device)
     out_p = torch.empty(rows, dtype=torch.float32, device=device)
