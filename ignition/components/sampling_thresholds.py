@@ -7,15 +7,15 @@ probability; top-p's is the largest probability ``v`` whose tokens at or above i
 hold at least ``top_p`` of the mass (the nucleus, with every token tied at its edge).
 Both are found without ordering the row: probabilities are never negative, so their
 float32 bits order as they do, and each threshold is built four bits at a time from
-the top. In pass ``j`` every program histograms the ``BINS``
-values of bits ``28 - 4j`` up of its ``CHUNK`` columns, among the columns whose higher
-bits are the threshold's so far: counts for top-k, masses for top-p. The next pass's
-programs each sum those histograms over the row's programs (one fixed tree) and take
-the highest digit at which what lies at or above it still reaches k (or ``top_p``),
-and the first of them records the decision for the pass after. Eight passes and a
-last decision give all 32 bits: nine launches of small programs over every SM, where
-the sort took four radix passes of the whole row plus its fills (about 80 us of a
-Qwen3-8B decode step with its gaps, 75 of SmolLM2's, on the H200).
+the top. In pass ``j`` every program histograms the ``BINS`` values of bits
+``28 - 4j`` up of its ``CHUNK`` columns, among the columns whose higher bits are the
+threshold's so far: counts for top-k, masses for top-p. The next pass's programs each
+sum those histograms over the row's programs (one fixed tree) and take the highest
+digit at which what lies at or above it still reaches k (or ``top_p``), and the first
+of them records the decision for the pass after. Eight passes and a last decision
+give all 32 bits: nine launches of small programs over every SM, where the sort took
+four radix passes of the whole row plus its fills (about 80 us of a Qwen3-8B decode
+step with its gaps, 75 of SmolLM2's, on the H200).
 
 The result never depends on the batch: a row's programs, their histograms and the
 order of every sum follow the vocabulary alone. Masses are float32 sums in a fixed
@@ -25,10 +25,10 @@ from pass to pass in their order: where a later pass finds no digit reaching
 ``top_p`` inside the bucket an earlier one chose, it takes the bucket's floor (the
 whole bucket kept), so the threshold may fall between two of the row's values, and
 the nucleus's edge may move by the tokens whose mass is within rounding of it; ties
-are never split. A
-``top_p`` of 1 or more is off, and one the whole row's rounded mass does not reach
-keeps every token too (threshold 0): which tokens 1.0 kept must not hang on whether
-a row's sum rounds to above or below it.
+are never split. A ``top_p`` of 1 or more is off, and one the row's rounded mass does
+not reach keeps every token too (threshold 0): which tokens 1.0 kept must not hang on
+whether a row's sum rounds above or below it. One of 0 or less keeps the largest
+probability and its ties, as the sorted row's first position does.
 
 On the CPU the operator computes the same thresholds from a sort (the definitions
 above over the sorted row; the CPU tests run the kernels themselves under Triton's
