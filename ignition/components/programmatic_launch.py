@@ -43,7 +43,8 @@ projection, and a prefill or admit graph's logits projection of its last rows), 
 rotary/KV write that follows a layer's qkv projection, and decode attention's split
 and merge (the selector's merge too): with those, every kernel of a decode layer but
 the Inductor ones between them may launch under its predecessor's tail (on the H200
-each such gap was about 0.4 us, and a layer had three).
+each such gap was about 0.4 us, and a layer had three). The sampler's threshold
+passes (``sampling_thresholds``) launch so too: nine in a row.
 """
 
 from __future__ import annotations

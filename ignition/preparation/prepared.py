@@ -78,7 +78,8 @@ class PrepareOptions:
     # the residual additions by default, the fastest measured.
     decode_fusion: DecodeFusion = DEFAULT_DECODE_FUSION
     # The batch-invariant row projections (every decode projection), the rotary/KV
-    # write and decode attention launch programmatically in the warm-up and capture
+    # write, decode attention and the sampler's threshold passes launch
+    # programmatically in the warm-up and capture
     # where the GPU can (SM90 and later;
     # ``ignition.components.programmatic_launch``): programmatic edges in the graphs,
     # the same bits, a decode step 0.5 to 1.4% shorter on the H200.
