@@ -113,7 +113,7 @@ def kept_probabilities(
     logits = logits - col(state.presence) * present - col(state.frequency) * counts
     # Admission rejects temperature <= 0; the clamp only keeps padded rows finite.
     probs = torch.softmax(logits / col(state.temperature).clamp(min=1e-6), dim=-1)
-    # Top-k's and top-p's thresholds are values of the row, selected by their bits
+    # Top-k's and top-p's thresholds are selected by the probabilities' bits
     # (``sampling_thresholds``: no sort); min-p's is a fraction of the largest.
     threshold_k, threshold_p = sampling_thresholds(
         probs, state.top_k.index_select(0, slots), state.top_p.index_select(0, slots)
