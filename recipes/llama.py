@@ -267,10 +267,7 @@ class PagedAttention(nn.Module):
             kv, 0, qkv, q_weight, k_weight, self.norm_eps, cos, sin, step.rows, g.heads
         )
         if step.seq_lens is not None:
-            assert step.merge_counts is not None
-            out = decode_attention(
-                q, kv, 0, step.page_tables, step.seq_lens, self.scaling, step.merge_counts
-            )
+            out = decode_attention(q, kv, 0, step.page_tables, step.seq_lens, self.scaling)
         else:
             assert step.start is not None and step.n_valid is not None
             out = prefill_attention(

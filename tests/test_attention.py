@@ -150,9 +150,7 @@ def check_decode(
 ) -> None:
     """Reference match, exact zeros for padding, no NaN, and batch invariance: each row
     equals, bitwise, the same request run alone (other requests' pages NaN) and the
-    same request at the mirrored index of the reversed batch. Merged by the split's
-    last programs (merge counts given: one kernel), the same bits, the counts left
-    zero for the next layer."""
+    same request at the mirrored index of the reversed batch."""
     reqs = make_requests(geometry, lengths, max_pages=max_pages, seed=seed)
     q_all = decode_q(reqs, seed + 1)
     rows = range(len(lengths))
@@ -178,13 +176,6 @@ def check_decode(
         order = list(reversed(rows))
         mirrored = run_decode(triton_paged_decode_attention, reqs, order, q_all, kv, **kwargs)
         assert torch.equal(mirrored.flip(0), out), "output depends on the row's batch index"
-    counts = torch.zeros(len(lengths) * geometry.num_kv_heads, dtype=torch.int32, device=device)
-    for _ in range(2):  # the second launch finds the counts the first left
-        merged = run_decode(
-            triton_paged_decode_attention, reqs, rows, q_all, kv, counts=counts, **kwargs
-        )
-        assert torch.equal(merged, out), "the one-kernel merge changed the bits"
-        assert not counts.any(), "merge counts left non-zero"
 
 
 @dataclass
@@ -525,29 +516,6 @@ def test_decode_gpu(lengths: list[int]) -> None:
     check_decode(
         SERVING, lengths, max_pages=GPU_MAX_PAGES, seed=sum(lengths) + len(lengths), device="cuda"
     )
-
-
-@pytest.mark.gpu
-def test_the_one_kernel_merge_repeats_exactly_gpu() -> None:
-    # The split's last program reads the others' partials once they counted
-    # themselves: an ordering fault would show as a row now and then differing from
-    # the two-kernel merge, or a count left behind. 300 launches back to back, each
-    # against the two-kernel result, the counts checked after every launch.
-    lengths = [4096, 1, 65, 1000, 0, 63, 4096, 2048]
-    reqs = make_requests(SERVING, lengths, max_pages=GPU_MAX_PAGES, seed=3)
-    q = decode_q(reqs, 4).cuda()
-    rows = range(len(lengths))
-    kv = reqs.kv(rows, "cuda")
-    expected = run_decode(triton_paged_decode_attention, reqs, rows, q, kv)
-    counts = torch.zeros(len(lengths) * SERVING.num_kv_heads, dtype=torch.int32, device="cuda")
-    outs = [
-        run_decode(triton_paged_decode_attention, reqs, rows, q, kv, counts=counts)
-        for _ in range(300)
-    ]
-    assert all(torch.equal(out, expected) for out in outs)
-    assert not counts.any()
-    with pytest.raises(ValueError, match="contiguous"):
-        run_decode(triton_paged_decode_attention, reqs, rows, q, kv, counts=counts[::2])
 
 
 @pytest.mark.gpu

@@ -1,16 +1,23 @@
-"""The device's read bandwidth, the roofline's denominator: the faster of two probes
-over the same ``gib`` GiB of float32, each the median of ``repeats`` timed reads.
+"""The device's read bandwidth, the roofline's denominator: the fastest of three probes
+over ``gib`` GiB, each the median of ``repeats`` timed reads.
 
-- ``torch.sum``: reads every byte once and writes one value.
+- ``torch.sum``: reads every byte of a float32 buffer once and writes one value.
 - ``stream_read``: a Triton kernel whose programs stride over the buffer in blocks
   of vector loads, each keeping one partial sum.
+- ``rows_linear``: Flare's own decode projection (``linear.triton_rows_linear``) of
+  one row through a bfloat16 weight of ``gib`` GiB, 4096 columns wide: what the
+  step's kernels reach.
 
 A roofline slower than what a kernel reaches would flatter every ratio against it.
 On the H200 the ``torch.sum`` probe read 4.23 to 4.40 TB/s in earlier runs, while
 Flare's own vocabulary projection streamed its weight at 4.41 to 4.45 TB/s
-(``bench/results/issue5/``), so the faster probe counts. Both are kept in the results.
-Measured once so far (``2026-11-30g-two-gpus/attention-long-2/``), the streaming probe
-read 4.29 TB/s against ``torch.sum``'s 4.33: neither yet reaches the projection's rate.
+(``bench/results/issue5/``), so the faster probe counts. Measured once
+(``2026-11-30g-two-gpus/attention-long-2/``), the streaming probe read 4.29 TB/s
+against ``torch.sum``'s 4.33. In one session of the 2026-12-05 run
+(``bench/results/issue23/2026-12-05-h200-changes/``) the two probes gave 4.13 to 4.41
+TB/s from one process to the next, while the 8B's vocabulary projection streamed its
+1.245 GB at 4.55 TB/s in the process that probed 4.13: the projection is now a probe
+too. All are kept in the suite's results.
 """
 
 from __future__ import annotations
@@ -68,7 +75,24 @@ def read_bandwidth_probes(gib: float = 4.0, repeats: int = 20) -> dict[str, floa
     values = int(gib * (1 << 30)) // 4
     probes = _probe(torch.ones(values, dtype=torch.float32, device="cuda"), repeats)
     torch.cuda.empty_cache()
+    probes["rows_linear"] = _projection_probe(gib, repeats)
+    torch.cuda.empty_cache()
     return probes
+
+
+# The projection probe's weight width (the 8B's hidden size; its rows fill ``gib``).
+PROJECTION_COLUMNS = 4096
+
+
+def _projection_probe(gib: float, repeats: int) -> float:
+    """Bytes/s of one row's projection through a ``gib`` GiB bfloat16 weight."""
+    from ignition.components.linear import triton_rows_linear
+
+    rows = int(gib * (1 << 30)) // (PROJECTION_COLUMNS * 2)
+    weight = torch.full((rows, PROJECTION_COLUMNS), 2**-12, dtype=torch.bfloat16, device="cuda")
+    x = torch.ones(1, PROJECTION_COLUMNS, dtype=torch.bfloat16, device="cuda")
+    size = weight.numel() * weight.element_size()
+    return size / _median_s(lambda: triton_rows_linear(x, weight, None), repeats)
 
 
 def _probe(data: torch.Tensor, repeats: int) -> dict[str, float]:
@@ -82,5 +106,5 @@ def _probe(data: torch.Tensor, repeats: int) -> dict[str, float]:
 
 
 def measure_read_bandwidth(gib: float = 4.0, repeats: int = 20) -> float:
-    """Device read bandwidth in bytes/s: the faster probe's (``read_bandwidth_probes``)."""
+    """Device read bandwidth in bytes/s: the fastest probe's (``read_bandwidth_probes``)."""
     return max(read_bandwidth_probes(gib, repeats).values())

@@ -40,7 +40,6 @@ def triton_paged_decode_attention(
     scale: float,
     *,
     num_splits: int = DEFAULT_NUM_SPLITS,
-    counts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Split-KV Triton decode attention for one query token per row over that row's cached tokens.
 
@@ -50,15 +49,14 @@ def triton_paged_decode_attention(
     output is zero and none of its pages is read. Returns ``[B, num_heads, head_dim]``.
 
     The Triton path is batch invariant: a row's result depends only on its own q, pages,
-    seq_len and ``num_splits``, bitwise, whatever the batch around it. ``counts``: as
-    ``triton_attention.triton_paged_decode_attention`` takes them (one kernel).
+    seq_len and ``num_splits``, bitwise, whatever the batch around it.
     """
     # Imported lazily: Triton must not be imported before TRITON_INTERPRET is settled,
     # and the references must work where Triton is absent.
     from ignition.components import triton_attention
 
     return triton_attention.triton_paged_decode_attention(
-        q, kv, page_table, seq_lens, scale, num_splits=num_splits, counts=counts
+        q, kv, page_table, seq_lens, scale, num_splits=num_splits
     )
 
 

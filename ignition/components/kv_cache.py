@@ -37,19 +37,6 @@ class AttentionStep:
     # Request slot of each row (decode: int64 [rows]; prefill: [1]), for models with
     # continuation rows (``ignition.components.continuation``).
     slots: torch.Tensor | None = None
-    # Decode: int32 zeros, ``MERGE_COUNTS`` a row, that decode attention counts its
-    # split's programs in and leaves zero (``decode_attention``), one buffer for
-    # every layer of the step.
-    merge_counts: torch.Tensor | None = None
-
-
-# Merge counts a decode row holds: one per kv head, for up to this many.
-MERGE_COUNTS = 256
-
-
-def merge_counts(rows: int, device: torch.device) -> torch.Tensor:
-    """A decode step's merge counts (``AttentionStep.merge_counts``), zero."""
-    return torch.zeros(rows * MERGE_COUNTS, dtype=torch.int32, device=device)
 
 
 @dataclass(frozen=True)
@@ -261,7 +248,7 @@ def _rope_write_kv_fake(
     return qkv.new_empty(qkv.shape[0], heads, head_dim)
 
 
-@torch.library.custom_op("flare::decode_attention", mutates_args=("counts",))
+@torch.library.custom_op("flare::decode_attention", mutates_args=())
 def decode_attention(
     q: torch.Tensor,
     kv: torch.Tensor,
@@ -269,11 +256,8 @@ def decode_attention(
     page_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
-    counts: torch.Tensor,
 ) -> torch.Tensor:
-    """Paged attention of one query token per row; rows with seq_len 0 give zeros.
-    ``counts`` (``merge_counts``): zeros the kernel counts each row's split programs
-    in, so that the last merges them (one kernel instead of two), left zero."""
+    """Paged attention of one query token per row; rows with seq_len 0 give zeros."""
     return attention.paged_decode_attention_ref(q, kv[layer], page_tables, seq_lens, scale)
 
 
@@ -285,11 +269,8 @@ def _decode_attention_cuda(
     page_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
-    counts: torch.Tensor,
 ) -> torch.Tensor:
-    return attention.triton_paged_decode_attention(
-        q, kv[layer], page_tables, seq_lens, scale, counts=counts
-    )
+    return attention.triton_paged_decode_attention(q, kv[layer], page_tables, seq_lens, scale)
 
 
 @decode_attention.register_fake
@@ -300,7 +281,6 @@ def _decode_attention_fake(
     page_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
-    counts: torch.Tensor,
 ) -> torch.Tensor:
     return torch.empty_like(q)
 

@@ -11,11 +11,10 @@ read from device tensors inside the kernels; the launch grid and every constexpr
 only on tensor shapes. Nothing here calls ``.item()`` or allocates a data-dependent shape.
 
 Decode is split-KV ("flash decoding"): ``_decode_split_kernel`` runs each row's pages in
-NUM_SPLITS contiguous ranges and writes fp32 partial softmaxes, and the last of a row's
-kv head's programs to finish merges them (counted in merge counts the caller zeroes
-once a step: a decode layer is one attention kernel), or, without counts,
-``_decode_combine_kernel`` does; both merge by ``_merge_head``, the same bits. On the
-H200 the merge kernel took about 2 us a layer plus the gap before it.
+NUM_SPLITS contiguous ranges and writes fp32 partial softmaxes, ``_decode_combine_kernel``
+merges them. (Merging in the split's last program instead, counted by an atomic, was
+measured on the H200: the split kernel took 8.2 us a layer of the 8B at c=1, against
+3.4 + 2.0 us for the two kernels; ``bench/results/issue23/2026-12-05-h200-changes``.)
 
 Prefill has two paths over the same keys: ``_prefill_kernel``, where one
 program per (token tile, kv head) walks the tile's whole context and normalises in place,
@@ -90,8 +89,6 @@ def _decode_split_kernel(
     part_m_ptr,
     part_l_ptr,
     part_acc_ptr,
-    count_ptr,
-    out_ptr,
     qk_scale,
     stride_qb,
     stride_qh,
@@ -110,27 +107,17 @@ def _decode_split_kernel(
     stride_ah,
     stride_as,
     stride_ad,
-    stride_ob,
-    stride_oh,
-    stride_od,
     GROUP: tl.constexpr,
     BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     UPCAST: tl.constexpr,
-    MERGE: tl.constexpr = False,
-    BLOCK_S: tl.constexpr = 1,
     PDL: tl.constexpr = False,
 ):
     """One (row, kv head, split): all query heads of the kv-head group against a
     contiguous range of that row's pages; writes unnormalised partial results. With
-    ``MERGE``, the last of the row's kv head's programs to finish also merges its
-    group's partials (``_merge_head``; the merge kernel's arithmetic, so the same
-    bits): each program counts itself at ``count_ptr`` once its partials are stored
-    (a release at GPU scope after the program's barrier), the one that counts last
-    (an acquire) reads them all and sets the count back to zero for the next launch.
-    With ``PDL``, launched programmatically: the wait before anything else
+    ``PDL``, launched programmatically: the wait before anything else
     (``programmatic_launch``)."""
     if PDL:
         await_producer()
@@ -193,76 +180,6 @@ def _decode_split_kernel(
         b * stride_ab + heads[:, None] * stride_ah + split * stride_as + offs_d[None, :] * stride_ad
     )
     tl.store(part_acc_ptr + a_off, acc, mask=head_ok[:, None])
-    if MERGE:
-        # Every thread's partials are stored before one thread counts the program.
-        tl.debug_barrier()
-        count = count_ptr + b * tl.num_programs(1) + kvh
-        if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
-            for g in tl.static_range(GROUP):
-                _merge_head(
-                    part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, b, kvh * GROUP + g,
-                    stride_mb, stride_mh, stride_ms, stride_ab, stride_ah, stride_as,
-                    stride_ad, stride_ob, stride_oh, stride_od, HEAD_DIM, NUM_SPLITS,
-                    BLOCK_S, ".cg",
-                )  # fmt: skip
-            tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _merge_head(
-    part_m_ptr,
-    part_l_ptr,
-    part_acc_ptr,
-    out_ptr,
-    b,
-    h,
-    stride_mb,
-    stride_mh,
-    stride_ms,
-    stride_ab,
-    stride_ah,
-    stride_as,
-    stride_ad,
-    stride_ob,
-    stride_oh,
-    stride_od,
-    HEAD_DIM: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    CACHE: tl.constexpr,
-):
-    """Row ``b``'s query head ``h``: the NUM_SPLITS partial softmaxes merged and
-    stored. ``CACHE``: the partials' load cache modifier (".cg" when other programs
-    of the same kernel wrote them)."""
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, HEAD_DIM)
-    s_ok = offs_s < NUM_SPLITS
-
-    m_off = b * stride_mb + h * stride_mh + offs_s * stride_ms
-    m = tl.load(part_m_ptr + m_off, mask=s_ok, other=float("-inf"), cache_modifier=CACHE)
-    l_s = tl.load(part_l_ptr + m_off, mask=s_ok, other=0.0, cache_modifier=CACHE)
-    acc = tl.load(
-        part_acc_ptr
-        + b * stride_ab
-        + h * stride_ah
-        + offs_s[:, None] * stride_as
-        + offs_d[None, :] * stride_ad,
-        mask=s_ok[:, None],
-        other=0.0,
-        cache_modifier=CACHE,
-    )
-    m_max = tl.max(m, 0)
-    # All splits empty (seq_len 0): shift by 0 so every weight is exp2(-inf) = 0.
-    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
-    w = tl.exp2(m - m_max)
-    denom = tl.sum(w * l_s, 0)
-    num = tl.sum(w[:, None] * acc, 0)
-    # denom == 0 only for padding rows, where num is 0 too: the output is exactly 0.
-    out = num / tl.where(denom > 0.0, denom, 1.0)
-    tl.store(
-        out_ptr + b * stride_ob + h * stride_oh + offs_d * stride_od,
-        out.to(out_ptr.dtype.element_ty),
-    )
 
 
 @triton.jit
@@ -292,11 +209,36 @@ def _decode_combine_kernel(
     (``programmatic_launch``)."""
     if PDL:
         await_producer()
-    _merge_head(
-        part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, tl.program_id(0), tl.program_id(1),
-        stride_mb, stride_mh, stride_ms, stride_ab, stride_ah, stride_as, stride_ad,
-        stride_ob, stride_oh, stride_od, HEAD_DIM, NUM_SPLITS, BLOCK_S, "",
-    )  # fmt: skip
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, HEAD_DIM)
+    s_ok = offs_s < NUM_SPLITS
+
+    m_off = b * stride_mb + h * stride_mh + offs_s * stride_ms
+    m = tl.load(part_m_ptr + m_off, mask=s_ok, other=float("-inf"))
+    l_s = tl.load(part_l_ptr + m_off, mask=s_ok, other=0.0)
+    acc = tl.load(
+        part_acc_ptr
+        + b * stride_ab
+        + h * stride_ah
+        + offs_s[:, None] * stride_as
+        + offs_d[None, :] * stride_ad,
+        mask=s_ok[:, None],
+        other=0.0,
+    )
+    m_max = tl.max(m, 0)
+    # All splits empty (seq_len 0): shift by 0 so every weight is exp2(-inf) = 0.
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.exp2(m - m_max)
+    denom = tl.sum(w * l_s, 0)
+    num = tl.sum(w[:, None] * acc, 0)
+    # denom == 0 only for padding rows, where num is 0 too: the output is exactly 0.
+    out = num / tl.where(denom > 0.0, denom, 1.0)
+    tl.store(
+        out_ptr + b * stride_ob + h * stride_oh + offs_d * stride_od,
+        out.to(out_ptr.dtype.element_ty),
+    )
 
 
 @triton.jit
@@ -662,7 +604,6 @@ def triton_paged_decode_attention(
     scale: float,
     *,
     num_splits: int = DEFAULT_NUM_SPLITS,
-    counts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Split-KV ("flash decoding") paged attention for one query token per row.
 
@@ -670,10 +611,6 @@ def triton_paged_decode_attention(
     [B]`` (cached tokens the row attends to, its own included; 0 = padding row, output 0).
     Returns ``[B, num_heads, head_dim]`` in q's dtype. CUDA-graph safe: the grid, the
     scratch shapes and every constexpr depend only on input shapes.
-
-    ``counts``: int32, at least ``B * num_kv_heads`` zeros (left zero), given, the
-    split's last program per (row, kv head) merges (one kernel, ``_decode_split_kernel``'s
-    ``MERGE``), else a second kernel does; the same bits either way.
     """
     num_heads, num_kv_heads, head_dim, page_size = _check_cache(q, kv)
     batch = q.shape[0]
@@ -683,14 +620,6 @@ def triton_paged_decode_attention(
         raise ValueError("page_table and seq_lens must have one entry per row of q")
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
-    if counts is not None:
-        _check_index("counts", counts, 1, q.device)
-        if not counts.is_contiguous():
-            raise ValueError("merge counts must be contiguous")
-        if counts.numel() < batch * num_kv_heads:
-            raise ValueError(
-                f"{counts.numel()} merge counts for {batch} rows of {num_kv_heads} kv heads"
-            )
 
     group = num_heads // num_kv_heads
     block_h = max(_MIN_DOT, triton.next_power_of_2(group))
@@ -708,29 +637,22 @@ def triton_paged_decode_attention(
         part_m,
         part_l,
         part_acc,
-        part_m if counts is None else counts,
-        out,
         scale * LOG2E,
         *q.stride(),
         *kv.stride(),
         *page_table.stride(),
         *part_m.stride(),
         *part_acc.stride(),
-        *out.stride(),
         GROUP=group,
         BLOCK_H=block_h,
         HEAD_DIM=head_dim,
         PAGE_SIZE=page_size,
         NUM_SPLITS=num_splits,
         UPCAST=_INTERPRETED,
-        MERGE=counts is not None,
-        BLOCK_S=block_s,
         num_warps=4,
         num_stages=2,
         **kernel_options(q.device),
     )
-    if counts is not None:
-        return out
     _decode_combine_kernel[(batch, num_heads)](
         part_m,
         part_l,

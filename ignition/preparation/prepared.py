@@ -87,8 +87,8 @@ class PrepareOptions:
     # With programmatic launch, each row projection of one row tile loads its last K
     # steps' weight tiles before it waits for the kernel before (no kernel of a step
     # writes a weight; ``linear.early_steps``): those bytes stream under that kernel's
-    # tail. The same bits. Off until measured (``bench/kernel_timeline.py
-    # --compare-early-weights``).
+    # tail. The same bits. Off: on the H200 the 8B's step took about 3% longer in
+    # three of four cases (``bench/results/issue23/2026-12-05-h200-changes``).
     early_weights: bool = False
     # Sampling graphs take a token mask per row (constrained decoding); False
     # exports graphs as before masks existed, to measure what the input costs.

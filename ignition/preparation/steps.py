@@ -16,13 +16,7 @@ import torch
 
 from ignition.components import sampling, state_transfer
 from ignition.components.continuation import ContinuationRows
-from ignition.components.kv_cache import (
-    AttentionStep,
-    PagedKvCache,
-    computed_once,
-    merge_counts,
-    slot_mapping,
-)
+from ignition.components.kv_cache import AttentionStep, PagedKvCache, computed_once, slot_mapping
 from ignition.components.state_transfer import SnapshotRows
 from ignition.components.token_state import NULL_SLOT, RUNNING, RequestState, StagingInputs
 from ignition.preparation.catalog import Catalog, GraphKey, GraphKind
@@ -90,8 +84,7 @@ def decode_forward(model: TextModel, page_size: int) -> ForwardFn:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         rows = slot_mapping(page_tables, positions, active, page_size)
         seq_lens = computed_once(torch.where(active, positions + 1, 0).to(torch.int32))
-        counts = merge_counts(tokens.shape[0], tokens.device)
-        step = AttentionStep(rows, page_tables, seq_lens, None, None, slots, counts)
+        step = AttentionStep(rows, page_tables, seq_lens, None, None, slots)
         hidden = model.forward_tokens(tokens, positions, step)
         return hidden, model.logits(hidden)
 
