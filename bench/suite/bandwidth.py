@@ -88,7 +88,8 @@ def _projection_probe(gib: float, repeats: int) -> float:
     """Bytes/s of one row's projection through a ``gib`` GiB bfloat16 weight."""
     from ignition.components.linear import triton_rows_linear
 
-    rows = int(gib * (1 << 30)) // (PROJECTION_COLUMNS * 2)
+    # The kernel's offsets are int32: at most 2^31 elements (4 GiB of bfloat16).
+    rows = min(int(gib * (1 << 30)) // (PROJECTION_COLUMNS * 2), (1 << 31) // PROJECTION_COLUMNS)
     weight = torch.full((rows, PROJECTION_COLUMNS), 2**-12, dtype=torch.bfloat16, device="cuda")
     x = torch.ones(1, PROJECTION_COLUMNS, dtype=torch.bfloat16, device="cuda")
     size = weight.numel() * weight.element_size()
