@@ -8,9 +8,10 @@ replayed, in alternating blocks, at the served vocabularies and row counts.
 
 Then the thresholds alone at each chunk of columns a program histograms.
 
-Two cases: sampling parameters as agents send them (temperature 0.7, top-k 20, top-p
-0.95, peaked rows), and flat rows (temperature 1, top-k off, top-p 0.95: a nucleus of
-most of the vocabulary). Needs a GPU.
+Three cases: sampling parameters as agents send them (temperature 0.7, top-k 20,
+top-p 0.95, peaked rows), flat rows (temperature 1, top-k off, top-p 0.95: a nucleus
+of most of the vocabulary), and a request's defaults (temperature 1, neither filter:
+rows the selection skips). Needs a GPU.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ CASES = {
     # name: (temperature, top_k, top_p, logit scale)
     "agent": (0.7, 20, 0.95, 4.0),
     "flat": (1.0, 0, 0.95, 1.0),
+    "defaults": (1.0, 0, 1.0, 1.0),
 }
 
 

@@ -6,8 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ignition.components import sampling_thresholds as radix
 from ignition.components.sampling_thresholds import (
+    BINS,
     CHUNK,
+    PASSES,
     sampling_thresholds,
     sorted_thresholds,
     triton_sampling_thresholds,
@@ -135,6 +138,34 @@ def test_a_rows_thresholds_never_depend_on_its_batch_interpreted() -> None:
         alone = triton_sampling_thresholds(probs[one], ks[one], ps[one])
         assert torch.equal(alone[0][0], together[0][row])
         assert torch.equal(alone[1][0], together[1][row])
+
+
+def test_a_row_that_filters_nothing_keeps_every_token_and_writes_nothing_interpreted() -> None:
+    # Top-k off (0), at the vocabulary or past it, with top-p 1: every token is kept,
+    # both thresholds 0 (the sort's too), and the row's programs write no histogram:
+    # the default request's row, and a padding row, cost each pass only its wait.
+    vocab = 3 * CHUNK
+    probs = _probs("cpu", vocab, [1.0, 2.0, 3.0, 1.5], seed=5)
+    ks = torch.tensor([0, vocab, vocab + 9, 20])
+    ps = torch.tensor([1.0, 1.0, 1.5, 0.9])
+    for got in (triton_sampling_thresholds(probs, ks, ps), sorted_thresholds(probs, ks, ps)):
+        assert got[0][:3].tolist() == [0.0] * 3 and got[1][:3].tolist() == [0.0] * 3
+        assert got[0][3] > 0 and got[1][3] > 0  # the row that filters
+    assert torch.equal(
+        triton_sampling_thresholds(probs, ks, ps)[0], sorted_thresholds(probs, ks, ps)[0]
+    )
+    sentinel = -7
+    counts = torch.full((PASSES, 4, 3, BINS), sentinel, dtype=torch.int32)
+    masses = torch.full((PASSES, 4, 3, BINS), float(sentinel))
+    state = torch.zeros(PASSES - 1, 4, 3, dtype=torch.int32)
+    above = torch.zeros(PASSES - 1, 4)
+    radix._pass_kernel[(4, 3)](
+        probs, ks, ps, counts, masses, state, above, vocab, probs.stride(0), 4, 3, 0,
+        PROGRAMS=4, BINS=BINS, CHUNK=CHUNK,
+    )  # fmt: skip
+    assert (counts[0, :3] == sentinel).all() and (masses[0, :3] == sentinel).all()
+    # The filtering row: its chunks' counts cover the row.
+    assert int(counts[0, 3].sum()) == vocab and (masses[0, 3] >= 0).all()
 
 
 def test_the_operator_takes_the_sort_on_the_cpu() -> None:

@@ -30,6 +30,11 @@ not reach keeps every token too (threshold 0): which tokens 1.0 kept must not ha
 whether a row's sum rounds above or below it. One of 0 or less keeps the largest
 probability and its ties, as the sorted row's first position does.
 
+A row that filters nothing (top-k off or at least the vocabulary, and top-p off: the
+default request's, and a padding row's) keeps every token: its thresholds are 0, and
+its programs read and write nothing past their wait, so a pass costs it only its
+launch. A row with one filter off histograms nothing for it (zeros, which select 0).
+
 On the CPU the operator computes the same thresholds from a sort (the definitions
 above over the sorted row; the CPU tests run the kernels themselves under Triton's
 interpreter).
@@ -104,29 +109,15 @@ def _targets(top_k_ptr, top_p_ptr, row, V):
 
 
 @triton.jit
-def _row_decisions(
-    top_k_ptr, top_p_ptr, count_ptr, mass_ptr, state_ptr, above_ptr, row, rows, digit,
-    programs, V, PROGRAMS: tl.constexpr, BINS: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
-    """A launch's start for ``row``: the wait (``PDL``), then ``_decide`` through
-    ``digit`` for the row's targets."""
+def _row_start(top_k_ptr, top_p_ptr, row, V, PDL: tl.constexpr):
+    """A launch's start for ``row``: the wait (``PDL``), then the row's targets and
+    whether it filters at all (top-k below the vocabulary, or top-p below 1). A row
+    that does not (every token kept: the default request's, and a padding row's)
+    reads and writes nothing; its thresholds are 0."""
     if PDL:
         await_producer()
     k, top_p = _targets(top_k_ptr, top_p_ptr, row, V)
-    return _decide(
-        count_ptr,
-        mass_ptr,
-        state_ptr,
-        above_ptr,
-        row,
-        rows,
-        digit,
-        programs,
-        k,
-        top_p,
-        PROGRAMS,
-        BINS,
-    )
+    return k, top_p, (k < V) | (top_p < float("inf"))
 
 
 @triton.jit
@@ -141,31 +132,40 @@ def _pass_kernel(
     the thresholds' way: counts on top-k's, masses on top-p's."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
-    prefix_k, above_k, prefix_p, above_p = _row_decisions(
-        top_k_ptr, top_p_ptr, count_ptr, mass_ptr, state_ptr, above_ptr, row, rows, digit - 1,
-        programs, V, PROGRAMS, BINS, PDL,
-    )  # fmt: skip
-    if chunk == 0:
-        at = ((digit - 1) * rows + row) * 3
-        recorded = digit > 0
-        tl.store(state_ptr + at, prefix_k, mask=recorded)
-        tl.store(state_ptr + at + 1, above_k, mask=recorded)
-        tl.store(state_ptr + at + 2, prefix_p, mask=recorded)
-        tl.store(above_ptr + (digit - 1) * rows + row, above_p, mask=recorded)
-    cols = chunk * CHUNK + tl.arange(0, CHUNK)
-    inside = cols < V
-    p = tl.load(p_ptr + row * stride_p + cols, mask=inside, other=0.0)
-    bits = p.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    shift = 28 - 4 * digit
-    high = bits >> tl.minimum(shift + 4, 31)
-    values = (bits >> shift) & (BINS - 1)
-    on_k = inside & ((digit == 0) | (high == prefix_k))
-    on_p = inside & ((digit == 0) | (high == prefix_p))
-    at_hist = ((digit * rows + row) * programs + chunk) * BINS
-    tl.store(count_ptr + at_hist + tl.arange(0, BINS), tl.histogram(values, BINS, mask=on_k))
-    # Each bin's mass by its own masked sum: a [CHUNK, BINS] selection spilled on SM90.
-    for bin in tl.static_range(BINS):
-        tl.store(mass_ptr + at_hist + bin, tl.sum(tl.where(on_p & (values == bin), p, 0.0)))
+    k, top_p, filters = _row_start(top_k_ptr, top_p_ptr, row, V, PDL)
+    if filters:
+        prefix_k, above_k, prefix_p, above_p = _decide(
+            count_ptr, mass_ptr, state_ptr, above_ptr, row, rows, digit - 1, programs, k,
+            top_p, PROGRAMS, BINS,
+        )  # fmt: skip
+        if chunk == 0:
+            at = ((digit - 1) * rows + row) * 3
+            recorded = digit > 0
+            tl.store(state_ptr + at, prefix_k, mask=recorded)
+            tl.store(state_ptr + at + 1, above_k, mask=recorded)
+            tl.store(state_ptr + at + 2, prefix_p, mask=recorded)
+            tl.store(above_ptr + (digit - 1) * rows + row, above_p, mask=recorded)
+        cols = chunk * CHUNK + tl.arange(0, CHUNK)
+        inside = cols < V
+        p = tl.load(p_ptr + row * stride_p + cols, mask=inside, other=0.0)
+        bits = p.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+        shift = 28 - 4 * digit
+        high = bits >> tl.minimum(shift + 4, 31)
+        values = (bits >> shift) & (BINS - 1)
+        # A filter that is off histograms nothing: its zeros select digit 0 every
+        # pass, so its threshold is 0 (every token kept).
+        on_k = inside & (k < V) & ((digit == 0) | (high == prefix_k))
+        on_p = inside & ((digit == 0) | (high == prefix_p))
+        at_hist = ((digit * rows + row) * programs + chunk) * BINS
+        bins = tl.arange(0, BINS)
+        tl.store(count_ptr + at_hist + bins, tl.histogram(values, BINS, mask=on_k))
+        if top_p < float("inf"):
+            # Each bin's mass by its own masked sum: a [CHUNK, BINS] selection
+            # spilled on SM90.
+            for bin in tl.static_range(BINS):
+                tl.store(mass_ptr + at_hist + bin, tl.sum(tl.where(on_p & (values == bin), p, 0.0)))
+        else:
+            tl.store(mass_ptr + at_hist + bins, tl.zeros([BINS], tl.float32))
 
 
 @triton.jit
@@ -174,12 +174,17 @@ def _finish_kernel(
     rows, programs, PASSES: tl.constexpr, PROGRAMS: tl.constexpr, BINS: tl.constexpr,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """Row ``program_id(0)``'s last decisions: its thresholds, the bits as float32."""
+    """Row ``program_id(0)``'s last decisions: its thresholds, the bits as float32
+    (0 for a row that filters nothing)."""
     row = tl.program_id(0)
-    bits_k, _, bits_p, _ = _row_decisions(
-        top_k_ptr, top_p_ptr, count_ptr, mass_ptr, state_ptr, above_ptr, row, rows, PASSES - 1,
-        programs, V, PROGRAMS, BINS, PDL,
-    )  # fmt: skip
+    k, top_p, filters = _row_start(top_k_ptr, top_p_ptr, row, V, PDL)
+    bits_k = tl.zeros([], tl.int32)
+    bits_p = tl.zeros([], tl.int32)
+    if filters:
+        bits_k, _, bits_p, _ = _decide(
+            count_ptr, mass_ptr, state_ptr, above_ptr, row, rows, PASSES - 1, programs, k,
+            top_p, PROGRAMS, BINS,
+        )  # fmt: skip
     tl.store(out_k_ptr + row, bits_k.to(tl.float32, bitcast=True))
     tl.store(out_p_ptr + row, bits_p.to(tl.float32, bitcast=True))
 
@@ -226,12 +231,14 @@ def sorted_thresholds(
     probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The same thresholds read off the sorted row (the torch reference): the k-th
-    largest, and the value at the first position whose running sum reaches ``top_p``
-    (0, keeping every token, when none does or top-p is off)."""
+    largest (0 when k is the vocabulary or top-k is off: every token kept), and the
+    value at the first position whose running sum reaches ``top_p`` (0, keeping every
+    token, when none does or top-p is off)."""
     vocab = probs.shape[-1]
     sorted_p = torch.sort(probs, dim=-1, descending=True).values
     k = torch.where((top_k > 0) & (top_k <= vocab), top_k, vocab).to(torch.int64)
     threshold_k = sorted_p.gather(1, (k - 1).unsqueeze(1)).squeeze(1)
+    threshold_k = torch.where(k >= vocab, 0.0, threshold_k)
     cumulative = torch.cumsum(sorted_p, dim=-1)
     end = (cumulative < top_p.unsqueeze(1)).sum(dim=-1)
     threshold_p = sorted_p.gather(1, end.clamp(max=vocab - 1).unsqueeze(1)).squeeze(1)
