@@ -258,6 +258,11 @@ def markdown(results: dict[str, Any]) -> str:
             f"{fmt(row.get('step_us'))} | {fmt(row.get('step_p99_us'))} | "
             f"{fmt(row.get('roofline_us'))} | {fmt(row.get('step_over_roofline'), 3)} |"
         )
+    if results.get("bandwidth_probes"):
+        probes = ", ".join(
+            f"{name} {value / 1e12:.2f}" for name, value in results["bandwidth_probes"].items()
+        )
+        lines += ["", f"Read bandwidth probes (TB/s; the roofline takes the fastest): {probes}."]
     for variant in results.get("compared", {}).values():
         launch = "on" if variant["programmatic_launch"] else "off"
         if variant["programmatic_launch"]:

@@ -105,6 +105,10 @@ def test_the_compared_launch_is_tabled_beside_the_prepared_one() -> None:
     assert "captured with programmatic launch on, early weights on" in table
     assert "captured with programmatic launch off\n" in table
     assert "## Capacity 1, early weights: gaps between kernels" in table
+    # Every bandwidth probe is tabled, in TB/s.
+    probes = {"torch_sum": 4.13e12, "stream_read": 4.02e12, "rows_linear": 4.551e12}
+    table = markdown({**results, "bandwidth_probes": probes})
+    assert "torch_sum 4.13, stream_read 4.02, rows_linear 4.55." in table
 
 
 def test_a_compared_graph_stands_in_for_the_prepared_one_within_the_block() -> None:
