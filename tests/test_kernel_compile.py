@@ -146,6 +146,26 @@ for width, steps in ((32, 2), (16, 3)):  # the 8B's gate/up, SmolLM2's
     print("early gated", 1, steps, *early_order(ptx), steps * 2 * width * 128 * 2 // 16 // 128,
           mma)
 
+# The norm's statistic: the first row tile's partial squares are loaded right after
+# the wait, before the K loop's first copy, and none after its last (loaded after
+# the loop, they added a round trip to every program's tail). By PTX line: global
+# loads before the first copy, after the last.
+def squares_order(ptx):
+    lines = ptx.splitlines()
+    at = lambda pattern: [i for i, line in enumerate(lines) if re.search(pattern, line)]
+    loads, copies = at(r"ld\\.global"), at(r"cp\\.async\\.cg")
+    return [sum(i < copies[0] for i in loads), sum(i > copies[-1] for i in loads)]
+
+k = specialized(_rows_linear_kernel, LINEAR,
+                dict(HAS_BIAS=False, NORM=True, RESIDUAL=False, SQUARES=False, ROW_TILES=1,
+                     BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, GROUPS=256, PDL=True),
+                num_warps=4, num_stages=4, launch_pdl=True)
+print("squares linear", *squares_order(k.asm["ptx"]))
+k = specialized(_rows_gated_kernel, GATED,
+                dict(NORM=True, ROW_TILES=1, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, GROUPS=256,
+                     PDL=True), num_warps=4, num_stages=4, launch_pdl=True)
+print("squares gated", *squares_order(k.asm["ptx"]))
+
 # The kernels of a decode layer between its projections, launched programmatically
 # too: the rotary/KV write, decode attention's split and its merge (which lets the o
 # projection launch at its start).
@@ -276,6 +296,9 @@ def test_the_new_kernels_compile_for_sm90() -> None:
         # The same 16-row MMAs as the loop's, once per early step more.
         late, early_mma = map(int, mma.split("/"))
         assert 0 < late < 1000 and early_mma == (1 + int(steps)) * late, (kernel, mma)
+    for kernel in ("linear", "gated"):
+        # 16 rows of 256 partial squares over 128 threads: 32 loads, all before the loop.
+        assert found[("squares", kernel)] == ["32", "0"], done.stdout
     for tokens in ("512", "4096"):
         # Fits the H200's shared memory per block, and streams keys and values
         # asynchronously (the loop is software-pipelined).

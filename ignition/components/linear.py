@@ -59,7 +59,9 @@ programmatic-launch/``). So the statistic comes from the projection that produce
 row (``squares``): its epilogue writes, beside each output tile, the fp32 sums of the
 rounded outputs' squares over fixed groups of ``SQUARE_GROUP`` columns, each summed by
 the same pairwise tree whatever the tile (``RowStatistic``). The projection that
-reads the row sums its groups, and its K loop is the plain one: the norm's gain is
+reads the row loads its groups right after its wait, under the K loop, and sums them
+after it by a pairwise tree spelled out too (``_inv_rms``); its K loop is the plain
+one: the norm's gain is
 folded into its weight at preparation (``fold_gain``), so the dot's operand is x as
 loaded and the fp32 sums are scaled by the row's inverse RMS at the end. Eager rounds
 ``x * inv_rms``, then the gain product, where this rounds ``w * gain`` once: about one
@@ -127,6 +129,12 @@ EARLY_GATED_STEPS = 3
 INTERPRETER_SMS = 1
 
 
+@triton.constexpr_function
+def _log2(n: int) -> int:
+    """log2 of a power of two, at compile time."""
+    return n.bit_length() - 1
+
+
 @triton.jit
 def _pair_sums(q, ROWS: tl.constexpr, WIDTH: tl.constexpr):
     """``[ROWS, WIDTH // 2]``: the sums of ``q [ROWS, WIDTH]``'s adjacent column pairs."""
@@ -154,16 +162,30 @@ def _group_squares(out, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _inv_rms(s_ptr, rm, M, K, stride_sm, eps, GROUPS: tl.constexpr):
-    """``[BLOCK_M]`` fp32 ``1 / sqrt(mean(x**2) + eps)`` of rows ``rm`` from their
-    partial sums of squares (``K // SQUARE_GROUP`` a row at ``s_ptr``, ``GROUPS`` the
-    power of two that holds them): each row's own, summed by a reduction whose order
-    follows the ``[BLOCK_M, GROUPS]`` tile alone (one shape for every row count and
-    every reader of K columns), so its statistic never depends on its batch."""
+def _row_squares(s_ptr, rm, M, K, stride_sm, GROUPS: tl.constexpr):
+    """``[BLOCK_M, GROUPS]`` fp32: rows ``rm``'s partial sums of squares
+    (``K // SQUARE_GROUP`` a row at ``s_ptr``, ``GROUPS`` the power of two that holds
+    them; zeros past them and past ``M``). A kernel loads them right after its wait
+    (``_rows_dot``), so that their latency hides under the K loop, and reduces them
+    after it (``_inv_rms``): loaded after the loop, they added a round trip to the
+    tail of every program."""
     rg = tl.arange(0, GROUPS)
     mask = (rm[:, None] < M) & (rg[None, :] < K // 16)
-    squares = tl.load(s_ptr + rm[:, None] * stride_sm + rg[None, :], mask=mask, other=0.0)
-    return 1.0 / tl.sqrt(tl.sum(squares, axis=1) / K + eps)
+    return tl.load(s_ptr + rm[:, None] * stride_sm + rg[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _inv_rms(squares, K, eps, BLOCK_M: tl.constexpr, GROUPS: tl.constexpr):
+    """``[BLOCK_M]`` fp32 ``1 / sqrt(mean(x**2) + eps)`` of each row from its partial
+    squares (``_row_squares``), summed by the same pairwise tree of fp32 additions
+    whatever the layout the compiler gives the tile (each level spelled out, as
+    ``_group_squares``'s; a reduction's order follows the layout, which differed
+    between kernels once), so a row's statistic never depends on its batch, its row
+    tile or where the tile was loaded."""
+    q = squares
+    for level in tl.static_range(_log2(GROUPS)):
+        q = _pair_sums(q, BLOCK_M, GROUPS >> level)
+    return 1.0 / tl.sqrt(tl.reshape(q, (BLOCK_M,)) / K + eps)
 
 
 @triton.jit
@@ -209,12 +231,16 @@ def _rows_dot(
     stride_wn,
     rm,
     rn,
+    s_ptr,
+    stride_sm,
     ROW_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr = False,
     EARLY_WEIGHTS: tl.constexpr = 0,
+    NORM: tl.constexpr = False,
+    GROUPS: tl.constexpr = 1,
 ):
     """fp32 ``x[rm + t * BLOCK_M] @ w[rn].T`` for the program's ``ROW_TILES`` (1 to 4)
     row tiles ``t``, four accumulators (those past ``ROW_TILES`` stay zero): each
@@ -224,7 +250,9 @@ def _rows_dot(
     ``EARLY_WEIGHTS`` (1 to 4, at most the K steps) too, the weight tiles of the last
     that many K steps are loaded before it (``programmatic_launch``: no kernel of a
     step writes a weight) and held through the loop over the others, which the wait
-    lets start at once. The steps are the same, in K order, so the bits are too."""
+    lets start at once. The steps are the same, in K order, so the bits are too.
+    With ``NORM``, the first row tile's partial squares (``_row_squares``) are loaded
+    right after the wait and returned with the sums (zeros otherwise)."""
     rk = tl.arange(0, BLOCK_K)
     acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -243,6 +271,9 @@ def _rows_dot(
         await_producer()
     elif PDL:
         await_producer()
+    squares = tl.zeros((BLOCK_M, GROUPS), dtype=tl.float32)
+    if NORM:
+        squares = _row_squares(s_ptr, rm, M, K, stride_sm, GROUPS)
     for k0 in range(0, end, BLOCK_K):
         kk = k0 + rk
         acc0, acc1, acc2, acc3 = _rows_step(
@@ -269,44 +300,40 @@ def _rows_dot(
             x_ptr, early3, rm, end + 3 * BLOCK_K + rk, M, K, stride_xm, acc0, acc1, acc2,
             acc3, ROW_TILES, BLOCK_M,
         )  # fmt: skip
-    return acc0, acc1, acc2, acc3
+    return acc0, acc1, acc2, acc3, squares
 
 
 @triton.jit
 def _store_rows(
     acc,
+    inv,
     b_ptr,
-    s_ptr,
     r_ptr,
     y_ptr,
     q_ptr,
     M,
     N,
-    K,
-    stride_sm,
     stride_rm,
     stride_ym,
     stride_qm,
-    eps,
     rm,
     rn,
     HAS_BIAS: tl.constexpr,
     NORM: tl.constexpr,
     RESIDUAL: tl.constexpr,
     SQUARES: tl.constexpr,
-    GROUPS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     """The output tile of rows ``rm``: fp32 ``acc`` (scaled by each row's inverse RMS
-    with ``NORM``, from x's partial squares at ``s_ptr``) plus the bias, rounded once
+    ``inv`` with ``NORM``, ``_inv_rms``) plus the bias, rounded once
     to y's dtype; with ``RESIDUAL``, then added to the residual's tile and rounded
     again (eager's ``residual + linear(x)``); with ``SQUARES``, the output's partial
     squares stored beside it (``_group_squares``, to ``q_ptr``)."""
     dtype = y_ptr.dtype.element_ty
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     if NORM:
-        acc *= _inv_rms(s_ptr, rm, M, K, stride_sm, eps, GROUPS)[:, None]
+        acc *= inv[:, None]
     if HAS_BIAS:
         bias = tl.load(b_ptr + rn, mask=rn < N, other=0.0)
         acc += bias.to(tl.float32)[None, :]
@@ -322,6 +349,25 @@ def _store_rows(
             _group_squares(out, BLOCK_M, BLOCK_N),
             mask=(rm[:, None] < M) & (rq[None, :] < N // 16),
         )
+
+
+@triton.jit
+def _store_later_rows(
+    acc, s_ptr, b_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm, stride_ym,
+    stride_qm, eps, rm, rn, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
+    RESIDUAL: tl.constexpr, SQUARES: tl.constexpr, GROUPS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """``_store_rows`` of a row tile past the first, its partial squares loaded here
+    (only the first tile's are loaded before the K loop: each tile's would hold
+    GROUPS registers a thread through it)."""
+    inv = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if NORM:
+        inv = _inv_rms(_row_squares(s_ptr, rm, M, K, stride_sm, GROUPS), K, eps, BLOCK_M, GROUPS)
+    _store_rows(
+        acc, inv, b_ptr, r_ptr, y_ptr, q_ptr, M, N, stride_rm, stride_ym, stride_qm, rm, rn,
+        HAS_BIAS, NORM, RESIDUAL, SQUARES, BLOCK_M, BLOCK_N,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -364,44 +410,50 @@ def _rows_linear_kernel(
     (``_rows_dot``)."""
     rm = tl.program_id(0) * ROW_TILES * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc0, acc1, acc2, acc3 = _rows_dot(
-        x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, rm, rn, ROW_TILES, BLOCK_M, BLOCK_N,
-        BLOCK_K, PDL, EARLY_WEIGHTS,
+    acc0, acc1, acc2, acc3, squares = _rows_dot(
+        x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, rm, rn, s_ptr, stride_sm, ROW_TILES,
+        BLOCK_M, BLOCK_N, BLOCK_K, PDL, EARLY_WEIGHTS, NORM, GROUPS,
     )  # fmt: skip
+    inv = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if NORM:
+        inv = _inv_rms(squares, K, eps, BLOCK_M, GROUPS)
     _store_rows(
-        acc0, b_ptr, s_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm, stride_ym,
-        stride_qm, eps, rm, rn, HAS_BIAS, NORM, RESIDUAL, SQUARES, GROUPS, BLOCK_M, BLOCK_N,
+        acc0, inv, b_ptr, r_ptr, y_ptr, q_ptr, M, N, stride_rm, stride_ym, stride_qm, rm, rn,
+        HAS_BIAS, NORM, RESIDUAL, SQUARES, BLOCK_M, BLOCK_N,
     )  # fmt: skip
     if ROW_TILES > 1:
-        _store_rows(
-            acc1, b_ptr, s_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm,
-            stride_ym, stride_qm, eps, rm + BLOCK_M, rn, HAS_BIAS, NORM, RESIDUAL, SQUARES,
-            GROUPS, BLOCK_M, BLOCK_N,
+        _store_later_rows(
+            acc1, s_ptr, b_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm, stride_ym,
+            stride_qm, eps, rm + BLOCK_M, rn, HAS_BIAS, NORM, RESIDUAL, SQUARES, GROUPS,
+            BLOCK_M, BLOCK_N,
         )  # fmt: skip
     if ROW_TILES > 2:
-        _store_rows(
-            acc2, b_ptr, s_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm,
-            stride_ym, stride_qm, eps, rm + 2 * BLOCK_M, rn, HAS_BIAS, NORM, RESIDUAL,
-            SQUARES, GROUPS, BLOCK_M, BLOCK_N,
+        _store_later_rows(
+            acc2, s_ptr, b_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm, stride_ym,
+            stride_qm, eps, rm + 2 * BLOCK_M, rn, HAS_BIAS, NORM, RESIDUAL, SQUARES, GROUPS,
+            BLOCK_M, BLOCK_N,
         )  # fmt: skip
     if ROW_TILES > 3:
-        _store_rows(
-            acc3, b_ptr, s_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm,
-            stride_ym, stride_qm, eps, rm + 3 * BLOCK_M, rn, HAS_BIAS, NORM, RESIDUAL,
-            SQUARES, GROUPS, BLOCK_M, BLOCK_N,
+        _store_later_rows(
+            acc3, s_ptr, b_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm, stride_ym,
+            stride_qm, eps, rm + 3 * BLOCK_M, rn, HAS_BIAS, NORM, RESIDUAL, SQUARES, GROUPS,
+            BLOCK_M, BLOCK_N,
         )  # fmt: skip
 
 
 @triton.jit
 def _store_gated(
-    gate, up, s_ptr, y_ptr, M, N, K, stride_sm, stride_ym, eps, rm, rn, NORM: tl.constexpr,
-    GROUPS: tl.constexpr,
+    gate, up, squares, s_ptr, y_ptr, M, N, K, stride_sm, stride_ym, eps, rm, rn,
+    NORM: tl.constexpr, LOADED: tl.constexpr, GROUPS: tl.constexpr, BLOCK_M: tl.constexpr,
 ):  # fmt: skip
     """One row tile's ``silu(gate) * up`` from its fp32 sums (scaled by the rows'
-    inverse RMS with ``NORM``, as ``_store_rows``): each projection rounded to y's
-    dtype, then the activation, then the product (eager rounding)."""
+    inverse RMS with ``NORM``, as ``_store_rows``; from ``squares`` where ``LOADED``
+    before the K loop, else loaded here): each projection rounded to y's dtype, then
+    the activation, then the product (eager rounding)."""
     if NORM:
-        inv = _inv_rms(s_ptr, rm, M, K, stride_sm, eps, GROUPS)[:, None]
+        if not LOADED:
+            squares = _row_squares(s_ptr, rm, M, K, stride_sm, GROUPS)
+        inv = _inv_rms(squares, K, eps, BLOCK_M, GROUPS)[:, None]
         gate *= inv
         up *= inv
     dtype = y_ptr.dtype.element_ty
@@ -500,6 +552,9 @@ def _rows_gated_kernel(
         await_producer()
     elif PDL:
         await_producer()
+    squares = tl.zeros((BLOCK_M, GROUPS), dtype=tl.float32)
+    if NORM:  # the first row tile's, under the K loop (``_row_squares``)
+        squares = _row_squares(s_ptr, rm, M, K, stride_sm, GROUPS)
     for k0 in range(0, end, BLOCK_K):
         kk = k0 + rk
         gate0, gate1, gate2, gate3, up0, up1, up2, up3 = _gated_step(
@@ -527,21 +582,24 @@ def _rows_gated_kernel(
             x_ptr, early_gate3, early_up3, rm, end + 3 * BLOCK_K + rk, M, K, stride_xm, gate0,
             gate1, gate2, gate3, up0, up1, up2, up3, ROW_TILES, BLOCK_M,
         )  # fmt: skip
-    _store_gated(gate0, up0, s_ptr, y_ptr, M, N, K, stride_sm, stride_ym, eps, rm, rn, NORM, GROUPS)
+    _store_gated(
+        gate0, up0, squares, s_ptr, y_ptr, M, N, K, stride_sm, stride_ym, eps, rm, rn, NORM,
+        True, GROUPS, BLOCK_M,
+    )  # fmt: skip
     if ROW_TILES > 1:
         _store_gated(
-            gate1, up1, s_ptr, y_ptr, M, N, K, stride_sm, stride_ym, eps, rm + BLOCK_M, rn,
-            NORM, GROUPS,
+            gate1, up1, squares, s_ptr, y_ptr, M, N, K, stride_sm, stride_ym, eps,
+            rm + BLOCK_M, rn, NORM, False, GROUPS, BLOCK_M,
         )  # fmt: skip
     if ROW_TILES > 2:
         _store_gated(
-            gate2, up2, s_ptr, y_ptr, M, N, K, stride_sm, stride_ym, eps, rm + 2 * BLOCK_M,
-            rn, NORM, GROUPS,
+            gate2, up2, squares, s_ptr, y_ptr, M, N, K, stride_sm, stride_ym, eps,
+            rm + 2 * BLOCK_M, rn, NORM, False, GROUPS, BLOCK_M,
         )  # fmt: skip
     if ROW_TILES > 3:
         _store_gated(
-            gate3, up3, s_ptr, y_ptr, M, N, K, stride_sm, stride_ym, eps, rm + 3 * BLOCK_M,
-            rn, NORM, GROUPS,
+            gate3, up3, squares, s_ptr, y_ptr, M, N, K, stride_sm, stride_ym, eps,
+            rm + 3 * BLOCK_M, rn, NORM, False, GROUPS, BLOCK_M,
         )  # fmt: skip
 
 
