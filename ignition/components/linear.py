@@ -189,6 +189,19 @@ def _inv_rms(squares, K, eps, BLOCK_M: tl.constexpr, GROUPS: tl.constexpr):
 
 
 @triton.jit
+def _tile_inv_rms(
+    squares, s_ptr, rm, M, K, stride_sm, eps, LOADED: tl.constexpr, BLOCK_M: tl.constexpr,
+    GROUPS: tl.constexpr,
+):  # fmt: skip
+    """``_inv_rms`` of row tile ``rm``: from ``squares`` where ``LOADED`` (the first row
+    tile's, loaded before the K loop), else from its squares loaded here (a later
+    tile's: each would hold GROUPS registers a thread through the loop)."""
+    if not LOADED:
+        squares = _row_squares(s_ptr, rm, M, K, stride_sm, GROUPS)
+    return _inv_rms(squares, K, eps, BLOCK_M, GROUPS)
+
+
+@triton.jit
 def _x_tile(x_ptr, rm, kk, M, K, stride_xm):
     """x's ``[BLOCK_M, BLOCK_K]`` tile of rows ``rm`` and columns ``kk`` (zero outside)."""
     mask = (rm[:, None] < M) & (kk[None, :] < K)
@@ -306,33 +319,41 @@ def _rows_dot(
 @triton.jit
 def _store_rows(
     acc,
-    inv,
+    squares,
     b_ptr,
+    s_ptr,
     r_ptr,
     y_ptr,
     q_ptr,
     M,
     N,
+    K,
+    stride_sm,
     stride_rm,
     stride_ym,
     stride_qm,
+    eps,
     rm,
     rn,
     HAS_BIAS: tl.constexpr,
     NORM: tl.constexpr,
     RESIDUAL: tl.constexpr,
     SQUARES: tl.constexpr,
+    LOADED: tl.constexpr,
+    GROUPS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     """The output tile of rows ``rm``: fp32 ``acc`` (scaled by each row's inverse RMS
-    ``inv`` with ``NORM``, ``_inv_rms``) plus the bias, rounded once
+    with ``NORM``, ``_tile_inv_rms``: from ``squares`` where ``LOADED``) plus the bias,
+    rounded once
     to y's dtype; with ``RESIDUAL``, then added to the residual's tile and rounded
     again (eager's ``residual + linear(x)``); with ``SQUARES``, the output's partial
     squares stored beside it (``_group_squares``, to ``q_ptr``)."""
     dtype = y_ptr.dtype.element_ty
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     if NORM:
+        inv = _tile_inv_rms(squares, s_ptr, rm, M, K, stride_sm, eps, LOADED, BLOCK_M, GROUPS)
         acc *= inv[:, None]
     if HAS_BIAS:
         bias = tl.load(b_ptr + rn, mask=rn < N, other=0.0)
@@ -349,25 +370,6 @@ def _store_rows(
             _group_squares(out, BLOCK_M, BLOCK_N),
             mask=(rm[:, None] < M) & (rq[None, :] < N // 16),
         )
-
-
-@triton.jit
-def _store_later_rows(
-    acc, s_ptr, b_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm, stride_ym,
-    stride_qm, eps, rm, rn, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
-    RESIDUAL: tl.constexpr, SQUARES: tl.constexpr, GROUPS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    """``_store_rows`` of a row tile past the first, its partial squares loaded here
-    (only the first tile's are loaded before the K loop: each tile's would hold
-    GROUPS registers a thread through it)."""
-    inv = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if NORM:
-        inv = _inv_rms(_row_squares(s_ptr, rm, M, K, stride_sm, GROUPS), K, eps, BLOCK_M, GROUPS)
-    _store_rows(
-        acc, inv, b_ptr, r_ptr, y_ptr, q_ptr, M, N, stride_rm, stride_ym, stride_qm, rm, rn,
-        HAS_BIAS, NORM, RESIDUAL, SQUARES, BLOCK_M, BLOCK_N,
-    )  # fmt: skip
 
 
 @triton.jit
@@ -414,30 +416,28 @@ def _rows_linear_kernel(
         x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, rm, rn, s_ptr, stride_sm, ROW_TILES,
         BLOCK_M, BLOCK_N, BLOCK_K, PDL, EARLY_WEIGHTS, NORM, GROUPS,
     )  # fmt: skip
-    inv = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if NORM:
-        inv = _inv_rms(squares, K, eps, BLOCK_M, GROUPS)
     _store_rows(
-        acc0, inv, b_ptr, r_ptr, y_ptr, q_ptr, M, N, stride_rm, stride_ym, stride_qm, rm, rn,
-        HAS_BIAS, NORM, RESIDUAL, SQUARES, BLOCK_M, BLOCK_N,
+        acc0, squares, b_ptr, s_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm,
+        stride_ym, stride_qm, eps, rm, rn, HAS_BIAS, NORM, RESIDUAL, SQUARES, True, GROUPS,
+        BLOCK_M, BLOCK_N,
     )  # fmt: skip
     if ROW_TILES > 1:
-        _store_later_rows(
-            acc1, s_ptr, b_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm, stride_ym,
-            stride_qm, eps, rm + BLOCK_M, rn, HAS_BIAS, NORM, RESIDUAL, SQUARES, GROUPS,
-            BLOCK_M, BLOCK_N,
+        _store_rows(
+            acc1, squares, b_ptr, s_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm,
+            stride_ym, stride_qm, eps, rm + BLOCK_M, rn, HAS_BIAS, NORM, RESIDUAL, SQUARES,
+            False, GROUPS, BLOCK_M, BLOCK_N,
         )  # fmt: skip
     if ROW_TILES > 2:
-        _store_later_rows(
-            acc2, s_ptr, b_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm, stride_ym,
-            stride_qm, eps, rm + 2 * BLOCK_M, rn, HAS_BIAS, NORM, RESIDUAL, SQUARES, GROUPS,
-            BLOCK_M, BLOCK_N,
+        _store_rows(
+            acc2, squares, b_ptr, s_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm,
+            stride_ym, stride_qm, eps, rm + 2 * BLOCK_M, rn, HAS_BIAS, NORM, RESIDUAL, SQUARES,
+            False, GROUPS, BLOCK_M, BLOCK_N,
         )  # fmt: skip
     if ROW_TILES > 3:
-        _store_later_rows(
-            acc3, s_ptr, b_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm, stride_ym,
-            stride_qm, eps, rm + 3 * BLOCK_M, rn, HAS_BIAS, NORM, RESIDUAL, SQUARES, GROUPS,
-            BLOCK_M, BLOCK_N,
+        _store_rows(
+            acc3, squares, b_ptr, s_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm,
+            stride_ym, stride_qm, eps, rm + 3 * BLOCK_M, rn, HAS_BIAS, NORM, RESIDUAL, SQUARES,
+            False, GROUPS, BLOCK_M, BLOCK_N,
         )  # fmt: skip
 
 
@@ -448,14 +448,12 @@ def _store_gated(
 ):  # fmt: skip
     """One row tile's ``silu(gate) * up`` from its fp32 sums (scaled by the rows'
     inverse RMS with ``NORM``, as ``_store_rows``; from ``squares`` where ``LOADED``
-    before the K loop, else loaded here): each projection rounded to y's dtype, then
+    before the K loop, ``_tile_inv_rms``): each projection rounded to y's dtype, then
     the activation, then the product (eager rounding)."""
     if NORM:
-        if not LOADED:
-            squares = _row_squares(s_ptr, rm, M, K, stride_sm, GROUPS)
-        inv = _inv_rms(squares, K, eps, BLOCK_M, GROUPS)[:, None]
-        gate *= inv
-        up *= inv
+        inv = _tile_inv_rms(squares, s_ptr, rm, M, K, stride_sm, eps, LOADED, BLOCK_M, GROUPS)
+        gate *= inv[:, None]
+        up *= inv[:, None]
     dtype = y_ptr.dtype.element_ty
     g = gate.to(dtype).to(tl.float32)
     act = (g * tl.sigmoid(g)).to(dtype).to(tl.float32)
