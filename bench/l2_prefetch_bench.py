@@ -1,0 +1,266 @@
+"""Whether a weight prefetched into L2 while no kernel streams weights is read from
+L2 by the decode projection after it (H200).
+
+A decode step spends time in kernels that read no weights (attention, norms, the
+rotary write, the sampler): the DRAM idles under them. If a kernel there could
+prefetch the next projection's weight into L2, that projection would read it from
+L2. An earlier prefetch (each projection its own weight's first bytes, before its
+wait, while the kernel before streamed its own) cost what reading those bytes again
+costs (``bench/results/issue23/2026-12-04e-h200-programmatic-launch``), which left
+open whether a prefetched line is ever hit. This measures it directly, each case a
+CUDA graph replayed in alternating blocks, its medians and p99 over the replays:
+
+- ``flush``: a write of ``--flush-mib`` that evicts L2;
+- ``flush+warm`` then ``flush+warm+project`` for each way of warming the weight
+  (``none``; ``bulk``: ``cp.async.bulk.prefetch.L2`` of whole rows; ``line``:
+  ``prefetch.global.L2`` of each 128-byte line; ``load``: every byte loaded and
+  summed, the reference for L2-resident), the projection's time being the
+  difference of the two graphs' medians;
+- and ``idle``: a kernel that spins ``--idle-us`` without memory traffic (as
+  attention does for the DRAM) with and without issuing a bulk prefetch of the
+  weight first, followed by the projection: the step time a prefetch under an idle
+  kernel would save.
+
+    python bench/l2_prefetch_bench.py --out OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ignition.components.linear import triton_rows_linear  # noqa: E402
+
+# (name, N, K): Qwen3-8B's o and qkv, SmolLM2-135M's qkv and gate/up.
+SHAPES = (
+    ("8b-o", 4096, 4096),
+    ("8b-qkv", 6144, 4096),
+    ("smol-qkv", 960, 576),
+    ("smol-gate-up", 3072, 576),
+)
+LINE = 128
+
+
+@triton.jit
+def _bulk_prefetch_kernel(w_ptr, nbytes, chunk, BLOCK: tl.constexpr):
+    """Program i prefetches bytes [i * chunk, (i+1) * chunk) of the weight, one bulk
+    prefetch per BLOCK-th of that chunk (16-byte units)."""
+    pid = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    piece = chunk // BLOCK
+    start = pid.to(tl.int64) * chunk + offs.to(tl.int64) * piece
+    size = tl.minimum(piece, tl.maximum(nbytes - start, 0)).to(tl.int32)
+    ok = size > 0
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; } // $0",
+        "=r,l,r",
+        [w_ptr + tl.where(ok, start, 0), tl.where(ok, size, 0)],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+@triton.jit
+def _line_prefetch_kernel(w_ptr, nbytes, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK * 128 + tl.arange(0, BLOCK).to(tl.int64) * 128
+    ok = offs < nbytes
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1]; // $0",
+        "=r,l",
+        [w_ptr + tl.where(ok, offs, 0)],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+@triton.jit
+def _load_kernel(w_ptr, sink_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(w_ptr + offs, mask=offs < n, other=0)
+    tl.store(sink_ptr + pid, tl.sum(x.to(tl.int32), axis=0))
+
+
+@triton.jit
+def _globaltimer(dummy):
+    return tl.inline_asm_elementwise(
+        "mov.u64 $0, %globaltimer; // $1", "=l,l", [dummy], dtype=tl.int64, is_pure=False, pack=1
+    )
+
+
+@triton.jit
+def _idle_kernel(w_ptr, nbytes, chunk, ns, PREFETCH: tl.constexpr, BLOCK: tl.constexpr):
+    """Spins ``ns`` nanoseconds (globaltimer) after, with PREFETCH, a bulk prefetch of
+    its share of the weight."""
+    if PREFETCH:
+        pid = tl.program_id(0)
+        offs = tl.arange(0, BLOCK)
+        piece = chunk // BLOCK
+        start = pid.to(tl.int64) * chunk + offs.to(tl.int64) * piece
+        size = tl.minimum(piece, tl.maximum(nbytes - start, 0)).to(tl.int32)
+        ok = size > 0
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; } // $0",
+            "=r,l,r",
+            [w_ptr + tl.where(ok, start, 0), tl.where(ok, size, 0)],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+    t0 = _globaltimer(ns)
+    t = t0
+    while t - t0 < ns:
+        t = _globaltimer(ns)
+
+
+def _chunk(nbytes: int, programs: int, block: int) -> int:
+    unit = 16 * block
+    return triton.cdiv(triton.cdiv(nbytes, programs), unit) * unit
+
+
+def _capture(fn: Callable[[], None]) -> torch.cuda.CUDAGraph:
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def _time(graphs: dict[str, torch.cuda.CUDAGraph], replays: int, blocks: int) -> dict:
+    times: dict[str, list[float]] = {name: [] for name in graphs}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(blocks):
+        for name, graph in graphs.items():
+            for _ in range(replays):
+                start.record()
+                graph.replay()
+                end.record()
+                end.synchronize()
+                times[name].append(start.elapsed_time(end) * 1000.0)
+    out = {}
+    for name, values in times.items():
+        ordered = sorted(values)
+        out[name] = {
+            "median_us": statistics.median(ordered),
+            "p99_us": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+        }
+    return out
+
+
+def measure(args: argparse.Namespace) -> dict:
+    device = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    flush = torch.empty(args.flush_mib << 20, dtype=torch.uint8, device=device)
+    sink = torch.empty(1 << 20, dtype=torch.int32, device=device)
+    results = []
+    for name, n, k in SHAPES:
+        w = torch.randn(n, k, dtype=torch.bfloat16, device=device) * 0.02
+        x = torch.randn(1, k, dtype=torch.bfloat16, device=device)
+        nbytes = w.numel() * w.element_size()
+        raw = w.view(torch.uint8).view(-1)
+        block = 128
+        chunk = _chunk(nbytes, sms, block)
+
+        def warm_bulk() -> None:
+            _bulk_prefetch_kernel[(sms,)](raw, nbytes, chunk, BLOCK=block)
+
+        def warm_line() -> None:
+            lines = 1024
+            grid = triton.cdiv(nbytes, lines * LINE)
+            _line_prefetch_kernel[(grid,)](raw, nbytes, BLOCK=lines)
+
+        def warm_load() -> None:
+            grid = triton.cdiv(nbytes, 4096)
+            _load_kernel[(grid,)](raw, sink, nbytes, BLOCK=4096)
+
+        warms: dict[str, Callable[[], None]] = {
+            "none": lambda: None,
+            "bulk": warm_bulk,
+            "line": warm_line,
+            "load": warm_load,
+        }
+
+        def project() -> None:
+            triton_rows_linear(x, w, None)
+
+        graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        for warm_name, warm in warms.items():
+            graphs[f"flush+{warm_name}"] = _capture(lambda warm=warm: (flush.zero_(), warm()))
+            graphs[f"flush+{warm_name}+project"] = _capture(
+                lambda warm=warm: (flush.zero_(), warm(), project())
+            )
+        idle_ns = int(args.idle_us * 1000)
+        for prefetch in (False, True):
+            label = "idle-prefetch" if prefetch else "idle"
+            graphs[f"flush+{label}+project"] = _capture(
+                lambda prefetch=prefetch: (
+                    flush.zero_(),
+                    _idle_kernel[(sms,)](
+                        raw, nbytes, chunk, idle_ns, PREFETCH=prefetch, BLOCK=block
+                    ),
+                    project(),
+                )
+            )
+        timed = _time(graphs, args.replays, args.blocks)
+        row: dict = {"shape": name, "n": n, "k": k, "bytes": nbytes, "graphs": timed}
+        for warm_name in warms:
+            row[f"project_us_after_{warm_name}"] = (
+                timed[f"flush+{warm_name}+project"]["median_us"]
+                - timed[f"flush+{warm_name}"]["median_us"]
+            )
+        row["idle_saving_us"] = (
+            timed["flush+idle+project"]["median_us"]
+            - timed["flush+idle-prefetch+project"]["median_us"]
+        )
+        print(
+            f"{name}: project after none {row['project_us_after_none']:.2f} us, "
+            f"bulk {row['project_us_after_bulk']:.2f}, line {row['project_us_after_line']:.2f}, "
+            f"load {row['project_us_after_load']:.2f}; idle {args.idle_us} us then project: "
+            f"{timed['flush+idle+project']['median_us']:.2f} without a prefetch, "
+            f"{timed['flush+idle-prefetch+project']['median_us']:.2f} with",
+            flush=True,
+        )
+        results.append(row)
+    return {
+        "device": torch.cuda.get_device_name(device),
+        "flush_mib": args.flush_mib,
+        "idle_us": args.idle_us,
+        "replays": args.replays,
+        "blocks": args.blocks,
+        "shapes": results,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--flush-mib", type=int, default=256)
+    parser.add_argument("--idle-us", type=float, default=8.0)
+    parser.add_argument("--replays", type=int, default=50)
+    parser.add_argument("--blocks", type=int, default=4)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("l2_prefetch_bench needs a CUDA device", file=sys.stderr)
+        return 2
+    results = measure(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
