@@ -21,7 +21,7 @@ CUDA graph replayed in alternating blocks, its medians and p99 over the replays:
   weight first, followed by the projection: the step time a prefetch under an idle
   kernel would save.
 
-    python bench/l2_prefetch_bench.py --out OUT.json
+    python bench/l2_prefetch_bench.py --out OUT.json   (PYTHONPATH: the repository)
 """
 
 from __future__ import annotations
@@ -37,9 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from ignition.components.linear import triton_rows_linear  # noqa: E402
+from ignition.components.linear import triton_rows_linear
 
 # (name, N, K): Qwen3-8B's o and qkv, SmolLM2-135M's qkv and gate/up.
 SHAPES = (
@@ -51,8 +49,14 @@ SHAPES = (
 LINE = 128
 
 
+# One bulk prefetch of $2 bytes at $1 into L2, skipped for 0 bytes.
+BULK_PREFETCH = tl.constexpr(
+    "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; } // $0"
+)
+
+
 @triton.jit
-def _bulk_prefetch_kernel(w_ptr, nbytes, chunk, BLOCK: tl.constexpr):
+def _bulk_prefetch(w_ptr, nbytes, chunk, BLOCK: tl.constexpr):
     """Program i prefetches bytes [i * chunk, (i+1) * chunk) of the weight, one bulk
     prefetch per BLOCK-th of that chunk (16-byte units)."""
     pid = tl.program_id(0)
@@ -62,13 +66,18 @@ def _bulk_prefetch_kernel(w_ptr, nbytes, chunk, BLOCK: tl.constexpr):
     size = tl.minimum(piece, tl.maximum(nbytes - start, 0)).to(tl.int32)
     ok = size > 0
     tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; } // $0",
+        BULK_PREFETCH,
         "=r,l,r",
         [w_ptr + tl.where(ok, start, 0), tl.where(ok, size, 0)],
         dtype=tl.int32,
         is_pure=False,
         pack=1,
     )
+
+
+@triton.jit
+def _bulk_prefetch_kernel(w_ptr, nbytes, chunk, BLOCK: tl.constexpr):
+    _bulk_prefetch(w_ptr, nbytes, chunk, BLOCK)
 
 
 @triton.jit
@@ -106,20 +115,7 @@ def _idle_kernel(w_ptr, nbytes, chunk, ns, PREFETCH: tl.constexpr, BLOCK: tl.con
     """Spins ``ns`` nanoseconds (globaltimer) after, with PREFETCH, a bulk prefetch of
     its share of the weight."""
     if PREFETCH:
-        pid = tl.program_id(0)
-        offs = tl.arange(0, BLOCK)
-        piece = chunk // BLOCK
-        start = pid.to(tl.int64) * chunk + offs.to(tl.int64) * piece
-        size = tl.minimum(piece, tl.maximum(nbytes - start, 0)).to(tl.int32)
-        ok = size > 0
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; } // $0",
-            "=r,l,r",
-            [w_ptr + tl.where(ok, start, 0), tl.where(ok, size, 0)],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
+        _bulk_prefetch(w_ptr, nbytes, chunk, BLOCK)
     t0 = _globaltimer(ns)
     t = t0
     while t - t0 < ns:
@@ -161,6 +157,52 @@ def _time(graphs: dict[str, torch.cuda.CUDAGraph], replays: int, blocks: int) ->
     return out
 
 
+def _shape_graphs(
+    w: torch.Tensor,
+    x: torch.Tensor,
+    flush: torch.Tensor,
+    sink: torch.Tensor,
+    sms: int,
+    idle_ns: int,
+) -> tuple[dict[str, torch.cuda.CUDAGraph], tuple[str, ...]]:
+    """The graphs of one weight: each warm-up after the flush, alone and followed by
+    the projection, and the idle kernel (with and without a prefetch) then the
+    projection; and the warm-ups' names."""
+    nbytes = w.numel() * w.element_size()
+    raw = w.view(torch.uint8).view(-1)
+    block = 128
+    chunk = _chunk(nbytes, sms, block)
+    lines = 1024
+
+    warms: dict[str, Callable[[], object]] = {
+        "none": lambda: None,
+        "bulk": lambda: _bulk_prefetch_kernel[(sms,)](raw, nbytes, chunk, BLOCK=block),
+        "line": lambda: _line_prefetch_kernel[(triton.cdiv(nbytes, lines * LINE),)](
+            raw, nbytes, BLOCK=lines
+        ),
+        "load": lambda: _load_kernel[(triton.cdiv(nbytes, 4096),)](raw, sink, nbytes, BLOCK=4096),
+    }
+
+    def project() -> None:
+        triton_rows_linear(x, w, None)
+
+    def idle(prefetch: bool) -> None:
+        _idle_kernel[(sms,)](raw, nbytes, chunk, idle_ns, PREFETCH=prefetch, BLOCK=block)
+
+    graphs: dict[str, torch.cuda.CUDAGraph] = {}
+    for name, warm in warms.items():
+        graphs[f"flush+{name}"] = _capture(lambda warm=warm: (flush.zero_(), warm()))
+        graphs[f"flush+{name}+project"] = _capture(
+            lambda warm=warm: (flush.zero_(), warm(), project())
+        )
+    for prefetch in (False, True):
+        label = "idle-prefetch" if prefetch else "idle"
+        graphs[f"flush+{label}+project"] = _capture(
+            lambda prefetch=prefetch: (flush.zero_(), idle(prefetch), project())
+        )
+    return graphs, tuple(warms)
+
+
 def measure(args: argparse.Namespace) -> dict:
     device = torch.device("cuda")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
@@ -170,52 +212,9 @@ def measure(args: argparse.Namespace) -> dict:
     for name, n, k in SHAPES:
         w = torch.randn(n, k, dtype=torch.bfloat16, device=device) * 0.02
         x = torch.randn(1, k, dtype=torch.bfloat16, device=device)
-        nbytes = w.numel() * w.element_size()
-        raw = w.view(torch.uint8).view(-1)
-        block = 128
-        chunk = _chunk(nbytes, sms, block)
-
-        def warm_bulk() -> None:
-            _bulk_prefetch_kernel[(sms,)](raw, nbytes, chunk, BLOCK=block)
-
-        def warm_line() -> None:
-            lines = 1024
-            grid = triton.cdiv(nbytes, lines * LINE)
-            _line_prefetch_kernel[(grid,)](raw, nbytes, BLOCK=lines)
-
-        def warm_load() -> None:
-            grid = triton.cdiv(nbytes, 4096)
-            _load_kernel[(grid,)](raw, sink, nbytes, BLOCK=4096)
-
-        warms: dict[str, Callable[[], None]] = {
-            "none": lambda: None,
-            "bulk": warm_bulk,
-            "line": warm_line,
-            "load": warm_load,
-        }
-
-        def project() -> None:
-            triton_rows_linear(x, w, None)
-
-        graphs: dict[str, torch.cuda.CUDAGraph] = {}
-        for warm_name, warm in warms.items():
-            graphs[f"flush+{warm_name}"] = _capture(lambda warm=warm: (flush.zero_(), warm()))
-            graphs[f"flush+{warm_name}+project"] = _capture(
-                lambda warm=warm: (flush.zero_(), warm(), project())
-            )
-        idle_ns = int(args.idle_us * 1000)
-        for prefetch in (False, True):
-            label = "idle-prefetch" if prefetch else "idle"
-            graphs[f"flush+{label}+project"] = _capture(
-                lambda prefetch=prefetch: (
-                    flush.zero_(),
-                    _idle_kernel[(sms,)](
-                        raw, nbytes, chunk, idle_ns, PREFETCH=prefetch, BLOCK=block
-                    ),
-                    project(),
-                )
-            )
+        graphs, warms = _shape_graphs(w, x, flush, sink, sms, int(args.idle_us * 1000))
         timed = _time(graphs, args.replays, args.blocks)
+        nbytes = w.numel() * w.element_size()
         row: dict = {"shape": name, "n": n, "k": k, "bytes": nbytes, "graphs": timed}
         for warm_name in warms:
             row[f"project_us_after_{warm_name}"] = (
