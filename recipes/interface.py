@@ -101,6 +101,12 @@ class TextModel(Protocol):
     def geometry(self) -> TextGeometry: ...
 
     @property
+    def decode_fusion(self) -> DecodeFusion:
+        """What its decode layers fuse into their projections, "auto" resolved ("none"
+        where the recipe fuses nothing)."""
+        ...
+
+    @property
     def mapping(self) -> WeightMapping:
         """Where each checkpoint tensor is loaded."""
         ...

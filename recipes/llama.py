@@ -20,10 +20,12 @@ a fused decode path:
   reads it scales its sums by the row's inverse RMS, and the norm's gain is folded
   into that projection's weight when the weights are loaded (the norm modules then
   hold ones, for prefill's canonical forward too; ``ignition.components.linear``).
-  Preparation's default is "residuals", the fastest measured: Qwen3-8B's decode
-  step in one process, unprofiled, 4.59 ms at capacity 1 against 4.65 unfused and
-  7.05 with the norms in the K loop as they were then, gain and squares in every
-  step (``bench/results/issue5/2026-11-30g-two-gpus/``).
+  Preparation's default is "auto" (``resolve_fusion``): "norms" where the o and
+  down projections, which write the normalized rows, leave at least half the
+  device's SMs free, else "residuals". On the H200 SmolLM2-135M's (18 programs of
+  132 SMs) decode step is 12% shorter with the norms, and Qwen3-8B's (128 programs)
+  1.4% longer: its qkv projection reads slower after the down projection than after
+  a norm kernel (``bench/results/issue23/2026-12-05b-h200-head/``).
   This constructor's own default is "none", the canonical composition.
 
 The text-model forward is replaced by ``forward_tokens`` over packed tokens and
@@ -81,6 +83,7 @@ from ignition.components.linear import (
     INVARIANT_ROWS,
     SQUARE_GROUP,
     RowStatistic,
+    fills_the_device,
     fold_gain,
     gated_project,
     project,
@@ -398,13 +401,36 @@ def fuse_decode(layer: nn.Module, fusion: DecodeFusion) -> None:
     """Gives a canonical decoder layer (its attention and MLP already replaced) the
     decode path of ``DecodeFusedLayer`` that ``fusion`` names ("none" leaves it
     canonical); its modules, parameters and names stay. With "norms" the norms' gains
-    must be folded into the projections once loaded (``fold_norm_gains``)."""
+    must be folded into the projections once loaded (``fold_norm_gains``); "auto" must
+    be resolved first (``resolve_fusion``)."""
+    if fusion == "auto":
+        raise ValueError('resolve decode fusion "auto" first (resolve_fusion)')
     if fusion == "none":
         return
     rms_norm(layer.input_layernorm)
     rms_norm(layer.post_attention_layernorm)
     layer.__class__ = _decode_fused(type(layer))
     layer.fuse_norms = fusion == "norms"
+
+
+def resolve_fusion(
+    fusion: DecodeFusion,
+    config: PretrainedConfig,
+    device: torch.device,
+    parallel: TensorParallel = ONE_RANK,
+) -> DecodeFusion:
+    """``fusion``, with "auto" resolved by the geometry on ``device``: "norms" where
+    the o and down projections (each writes rows that a norm reads) would each give
+    fewer than half the device's SMs a program (``fills_the_device``), so the
+    projection reading their rows finds SMs free, and the norms can be fused (one
+    rank; the hidden size a multiple of the squares' group); else "residuals"."""
+    if fusion != "auto":
+        return fusion
+    g = Geometry.from_config(config)
+    writers = ((g.hidden, g.heads * g.head_dim), (g.hidden, g.intermediate))
+    small = not any(fills_the_device(n, k, device) for n, k in writers)
+    fusable = not parallel.sharded and g.hidden % SQUARE_GROUP == 0
+    return "norms" if small and fusable else "residuals"
 
 
 def fold_norm_gains(layer: nn.Module) -> None:
@@ -438,9 +464,11 @@ class LlamaModel:
     ) -> None:
         """``positions``: the rotary table's length (the context limit; by default
         ``max_position_embeddings``); ``decode_fusion``: what decode layers fuse into
-        their projections (``fuse_decode``); ``parallel``: the rank whose shard this
-        model is (the module docs)."""
+        their projections (``fuse_decode``; "auto" as ``resolve_fusion`` resolves it,
+        kept in ``decode_fusion``); ``parallel``: the rank whose shard this model is
+        (the module docs)."""
         validate_config(config)
+        self.decode_fusion = decode_fusion = resolve_fusion(decode_fusion, config, device, parallel)
         if decode_fusion == "norms" and parallel.sharded:
             raise ValueError(
                 'decode fusion "norms" takes each norm\'s statistic from the projection '

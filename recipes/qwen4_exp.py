@@ -793,6 +793,9 @@ def checkpoint_views(
 class HybridModel:
     """The prepared hybrid text model: canonical modules over execution storage."""
 
+    # Its decoder layers' residuals are hyperconnection injections: nothing to fuse.
+    decode_fusion: DecodeFusion = "none"
+
     def __init__(
         self,
         config: PretrainedConfig,

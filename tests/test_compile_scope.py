@@ -103,7 +103,7 @@ def test_every_preparing_command_spells_the_compile_options_alike() -> None:
         "compile": False,
         "compile_scope": "forward",
         "compile_sampling": True,
-        "decode_fusion": "residuals",
+        "decode_fusion": "auto",
         "programmatic_launch": True,
         "early_weights": True,
     }

@@ -13,11 +13,13 @@ COMPILE_SCOPES: tuple[str, ...] = get_args(CompileScope)
 # What a decode layer fuses into its projections' kernels: nothing (the canonical
 # forward, compiled), the residual additions (epilogues of o and down), or those and
 # the RMSNorms (the statistic from the o and down epilogues' partial squares, the
-# gain folded into qkv's and gate/up's weights).
-DecodeFusion = Literal["none", "residuals", "norms"]
+# gain folded into qkv's and gate/up's weights); "auto" lets the recipe choose one
+# of those by the model's geometry on the device (``recipes.llama.resolve_fusion``).
+DecodeFusion = Literal["auto", "none", "residuals", "norms"]
 DECODE_FUSIONS: tuple[str, ...] = get_args(DecodeFusion)
-# Preparation's default: the fastest measured (bench/results/issue5/, seventh run).
-DEFAULT_DECODE_FUSION: DecodeFusion = "residuals"
+# Preparation's default: each geometry's fastest measured
+# (bench/results/issue23/2026-12-05b-h200-head/).
+DEFAULT_DECODE_FUSION: DecodeFusion = "auto"
 
 
 def add_compile_options(parser: argparse.ArgumentParser, prefix: str = "") -> None:
@@ -47,9 +49,12 @@ def add_compile_options(parser: argparse.ArgumentParser, prefix: str = "") -> No
         choices=DECODE_FUSIONS,
         default=DEFAULT_DECODE_FUSION,
         help="what decode layers fuse into their projections' kernels: none (the canonical "
-        "layer, compiled), the residual additions (default: the fastest measured), or "
-        "those and the RMSNorms (each norm's gain folded into the weight that reads it, "
-        "its statistic from the projection that wrote the rows; on the H200 no faster)",
+        "layer, compiled), the residual additions, or those and the RMSNorms (each norm's "
+        "gain folded into the weight that reads it, its statistic from the projection "
+        "that wrote the rows); auto (default): norms where the projections writing the "
+        "normalized rows leave at least half the GPU's SMs free (a small model's: "
+        "SmolLM2-135M's step 12%% shorter on the H200), else residuals (the 8B's: norms "
+        "1.4%% slower)",
     )
     parser.add_argument(
         f"--{prefix}programmatic-launch",

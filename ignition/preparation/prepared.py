@@ -75,7 +75,7 @@ class PrepareOptions:
     # as ``compile``.
     compile_sampling: bool | None = None
     # What decode layers fuse into their projections (``compile_flags.DecodeFusion``):
-    # the residual additions by default, the fastest measured.
+    # by default "auto", the recipe's choice for the geometry on the device.
     decode_fusion: DecodeFusion = DEFAULT_DECODE_FUSION
     # The batch-invariant row projections (every decode projection), the rotary/KV
     # write, decode attention and the sampler's threshold passes launch
@@ -519,6 +519,7 @@ def prepare(
     capture(prepared, options, placement)
     timings["compile_capture_s"] = time.perf_counter() - t1
     timings["prepare_s"] = time.perf_counter() - t0
+    console.print(f"decode fusion: {allocation.model.decode_fusion}")
     for line in allocation.memory.lines():
         console.print(line)
     return prepared
