@@ -53,7 +53,9 @@ Operators on SM90, chosen by measurement in the GPU check and fixed here:
   threshold filters, per-request Philox), captured with the forward.
 - The q/k norms, RoPE application and KV write: one Flare Triton kernel per layer
   (``ignition.components.triton_kv_write``), eager rounding; it replaced three
-  kernels of about 6 us per Qwen3-8B layer at capacity 1.
+  kernels of about 6 us per Qwen3-8B layer at capacity 1. For decode rows the same
+  arithmetic runs inside decode attention's split kernel (the split reading the
+  newest token's page writes its K/V first), which removed that launch.
 - Decode gate/up projection with SiLU and the product: one Flare Triton kernel
   (``ignition.components.linear.triton_rows_gated``), eager rounding.
 - The decoder layers' norms and residuals (unless ``decode_fusion`` moves decode's
@@ -75,8 +77,8 @@ from ignition.components.continuation import ContinuationRows
 from ignition.components.kv_cache import (
     AttentionStep,
     PagedKvCache,
-    decode_attention,
     prefill_attention,
+    rope_decode_attention,
     rope_write_kv,
 )
 from ignition.components.linear import (
@@ -187,9 +189,11 @@ def validate_config(config: PretrainedConfig) -> None:
 
 class PagedAttention(nn.Module):
     """Canonical attention with its cache replaced by pages: packed QKV projection;
-    one kernel for the q/k norms (Qwen3), the rotary function and the KV write (the
-    canonical arithmetic and rounding, ``ignition.components.kv_cache.rope_write_kv``);
-    paged attention."""
+    the q/k norms (Qwen3), the rotary function and the KV write in the canonical
+    arithmetic and rounding (``ignition.components.kv_cache.rope_write_kv``): for
+    prefill one kernel before paged attention, for decode rows inside decode
+    attention's split kernel (``rope_decode_attention``: the same bits, one launch a
+    layer fewer)."""
 
     def __init__(
         self,
@@ -266,13 +270,15 @@ class PagedAttention(nn.Module):
         cos, sin = position_embeddings
         q_weight = None if self.q_norm is None else self.q_norm.weight
         k_weight = None if self.k_norm is None else self.k_norm.weight
-        q = rope_write_kv(
-            kv, 0, qkv, q_weight, k_weight, self.norm_eps, cos, sin, step.rows, g.heads
-        )
+        finish = (qkv, q_weight, k_weight, self.norm_eps, cos, sin, step.rows, g.heads)
         if step.seq_lens is not None:
-            out = decode_attention(q, kv, 0, step.page_tables, step.seq_lens, self.scaling)
+            # Decode rows: the rotary write inside attention's split kernel.
+            out = rope_decode_attention(
+                kv, 0, *finish, step.page_tables, step.seq_lens, self.scaling
+            )
         else:
             assert step.start is not None and step.n_valid is not None
+            q = rope_write_kv(kv, 0, *finish)
             out = prefill_attention(
                 q,
                 kv,

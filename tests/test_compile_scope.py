@@ -203,12 +203,11 @@ def test_a_steps_tables_are_computed_once_for_every_layer(
             lambda c=capacity: prepared.execute(GraphKey(GraphKind.DECODE, c))
         )
         source = "\n".join(code)
-        ropes = _flare_calls(source, "rope_write_kv")
-        assert len(ropes) == 3, source
-        for argument in (6, 7, 8):  # the cos, sin and rows arguments
-            assert len({call[argument] for call in ropes}) == 1, ropes
-        attention = _flare_calls(source, "decode_attention")
-        assert len(attention) == 3 and len({call[4] for call in attention}) == 1, attention
+        # Decode's rotary write runs inside attention (rope_decode_attention).
+        attention = _flare_calls(source, "rope_decode_attention")
+        assert len(attention) == 3, source
+        for argument in (6, 7, 8, 11):  # the cos, sin, rows and sequence lengths
+            assert len({call[argument] for call in attention}) == 1, attention
 
 
 def test_a_steps_tables_add_no_kernel_run_eagerly() -> None:

@@ -11,7 +11,11 @@ import triton
 
 from ignition.components import linear, programmatic_launch
 from ignition.components.programmatic_launch import launch_kwargs, launches_programmatically
-from ignition.components.triton_attention import triton_paged_decode_attention
+from ignition.components.triton_attention import (
+    RopeInputs,
+    triton_paged_decode_attention,
+    triton_paged_decode_attention_rope,
+)
 from ignition.components.triton_kv_write import triton_rope_write_kv
 
 CUDA = torch.device("cuda")
@@ -120,6 +124,7 @@ def test_programmatic_launch_computes_the_same_bits_and_captures_programmatic_ed
     cos, sin = rand(20, 128), rand(20, 128)
     q_norm, k_norm = rand(128).abs() + 0.5, rand(128).abs() + 0.5
     rows = table[:, 4].long() * 64 + 43
+    kv_fused = kv.clone()
 
     def step() -> list[torch.Tensor]:
         squares = torch.empty(20, 6144 // linear.SQUARE_GROUP, device="cuda")
@@ -130,7 +135,10 @@ def test_programmatic_launch_computes_the_same_bits_and_captures_programmatic_ed
         q = triton_rope_write_kv(kv, h, q_norm, k_norm, 1e-6, cos, sin, rows, 32)
         a = triton_paged_decode_attention(q, kv, table, lengths, 128**-0.5)
         y = linear.triton_rows_linear(a.reshape(20, 4096), o, None, residual=x)
-        return [h, squares, g, narrowed, q, kv.clone(), a, y]
+        # The same rotary write inside the attention's split kernel, over a copy.
+        rope = RopeInputs(h, q_norm, k_norm, 1e-6, cos, sin, rows)
+        fused = triton_paged_decode_attention_rope(rope, kv_fused, table, lengths, 128**-0.5, 32)
+        return [h, squares, g, narrowed, q, kv.clone(), a, y, fused, kv_fused.clone()]
 
     plain = step()
     # Launched programmatically, then with early weights too: each eager, then
@@ -156,5 +164,8 @@ def test_programmatic_launch_computes_the_same_bits_and_captures_programmatic_ed
         # Programmatic: the gated kernel after the copy of h, the split after the
         # gated, the rotary/KV write after the split's sum, the attention's split
         # after it, its merge after the split, the o projection after the merge (the
-        # split's sum and the copies launch plainly).
-        assert programmatic >= 6, (programmatic, edges)
+        # split's sum and the copies launch plainly), then the split finishing the
+        # projection itself and its merge.
+        assert programmatic >= 8, (programmatic, edges)
+    # The rotary write inside the split: the two launches' attention and cache.
+    assert torch.equal(plain[8], plain[6]) and torch.equal(plain[9], plain[5])

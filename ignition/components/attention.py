@@ -26,6 +26,7 @@ __all__ = [
     "paged_decode_attention_ref",
     "paged_prefill_attention_ref",
     "triton_paged_decode_attention",
+    "triton_paged_decode_attention_rope",
     "triton_paged_prefill_attention",
 ]
 
@@ -57,6 +58,31 @@ def triton_paged_decode_attention(
 
     return triton_attention.triton_paged_decode_attention(
         q, kv, page_table, seq_lens, scale, num_splits=num_splits
+    )
+
+
+def triton_paged_decode_attention_rope(
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    rows: torch.Tensor,
+    kv: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    heads: int,
+) -> torch.Tensor:
+    """``triton_paged_decode_attention`` of the packed projection ``qkv`` of decode
+    rows, finished (q/k norms, rotary, the K/V write to ``rows``) inside its split
+    kernel (``triton_attention.triton_paged_decode_attention_rope``)."""
+    from ignition.components import triton_attention
+
+    rope = triton_attention.RopeInputs(qkv, q_weight, k_weight, eps, cos, sin, rows)
+    return triton_attention.triton_paged_decode_attention_rope(
+        rope, kv, page_table, seq_lens, scale, heads
     )
 
 

@@ -285,6 +285,70 @@ def _decode_attention_fake(
     return torch.empty_like(q)
 
 
+@torch.library.custom_op("flare::rope_decode_attention", mutates_args=("kv",))
+def rope_decode_attention(
+    kv: torch.Tensor,
+    layer: int,
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    rows: torch.Tensor,
+    heads: int,
+    page_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """``rope_write_kv`` then ``decode_attention`` of decode rows (one token a row,
+    ``rows[b]`` the row of position ``seq_lens[b] - 1``, or the null page's for a
+    padding row): on CUDA in attention's two kernels, the rotary write done by the
+    split that reads the token's page."""
+    q = rope_write_kv(kv, layer, qkv, q_weight, k_weight, eps, cos, sin, rows, heads)
+    return decode_attention(q, kv, layer, page_tables, seq_lens, scale)
+
+
+@rope_decode_attention.register_kernel("cuda")
+def _rope_decode_attention_cuda(
+    kv: torch.Tensor,
+    layer: int,
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    rows: torch.Tensor,
+    heads: int,
+    page_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    return attention.triton_paged_decode_attention_rope(
+        qkv, q_weight, k_weight, eps, cos, sin, rows, kv[layer], page_tables, seq_lens, scale, heads
+    )
+
+
+@rope_decode_attention.register_fake
+def _rope_decode_attention_fake(
+    kv: torch.Tensor,
+    layer: int,
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    rows: torch.Tensor,
+    heads: int,
+    page_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    return qkv.new_empty(qkv.shape[0], heads, kv.shape[-1])
+
+
 @torch.library.custom_op("flare::prefill_attention", mutates_args=())
 def prefill_attention(
     q: torch.Tensor,

@@ -40,11 +40,12 @@ GPU, or before SM90, they launch as before; so they do under Triton's interprete
 which runs no PTX (``launches_programmatically``). The kernels are the
 batch-invariant row projections (at most ``INVARIANT_ROWS`` rows: every decode
 projection, and a prefill or admit graph's logits projection of its last rows), the
-rotary/KV write that follows a layer's qkv projection, and decode attention's split
-and merge (the selector's merge too): with those, every kernel of a decode layer but
-the Inductor ones between them may launch under its predecessor's tail (on the H200
-each such gap was about 0.4 us, and a layer had three). The sampler's threshold
-passes (``sampling_thresholds``) launch so too: nine in a row.
+rotary/KV write that follows a prefill chunk's qkv projection, and decode attention's
+split (which does decode's rotary write itself) and merge (the selector's merge
+too): with those, every kernel of a decode layer but the Inductor ones between them
+may launch under its predecessor's tail (on the H200 each such gap was about 0.4 us,
+and a layer had three). The sampler's threshold passes (``sampling_thresholds``)
+launch so too: nine in a row.
 """
 
 from __future__ import annotations

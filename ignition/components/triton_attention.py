@@ -37,6 +37,7 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 from ignition.components.programmatic_launch import await_producer, kernel_options
+from ignition.components.triton_kv_write import _norm_rope
 from ignition.components.triton_support import fix_interpreter_loop_bounds
 
 LOG2E = 1.4426950408889634
@@ -81,6 +82,71 @@ def _dot(a, b, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _newest_page_split(num_pages, per_split):
+    """The split whose page range holds a row's last page, where its newest token
+    (position seq_len - 1) lies; split 0 for a padding row (no pages)."""
+    return tl.maximum(num_pages - 1, 0) // tl.maximum(per_split, 1)
+
+
+@triton.jit
+def _rope_group(
+    qkv_row,
+    q_w_ptr,
+    k_w_ptr,
+    cos_row,
+    sin_row,
+    row_ptr,
+    eps,
+    q_dst,
+    stride_qh,
+    kv_head,
+    stride_kv,
+    stride_kvp,
+    stride_kvs,
+    writes,
+    kvh,
+    GROUP: tl.constexpr,
+    HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+):
+    """The packed projection of one row finished for kv head ``kvh``, as
+    ``triton_kv_write`` finishes it (the same arithmetic, so the same bits): its
+    GROUP query heads normalized and rotated to ``q_dst`` (every split of the group
+    stores the same bytes there and reads back its own), and, where ``writes``, its
+    keys normalized and rotated and its values written to the row's cache row (zeros
+    in the null page), before this program reads that page. A barrier orders the
+    program's reads after its writes."""
+    half: tl.constexpr = HEAD_DIM // 2
+    BLOCK: tl.constexpr = triton.next_power_of_2(half)
+    offs = tl.arange(0, BLOCK)
+    ok = offs < half
+    for g in tl.static_range(GROUP):
+        h = kvh * GROUP + g
+        src = qkv_row + h * HEAD_DIM
+        o1, o2 = _norm_rope(src, q_w_ptr, cos_row, sin_row, eps, offs, ok, HEAD_DIM, HAS_NORM)
+        tl.store(q_dst + g * stride_qh + offs, o1, mask=ok)
+        tl.store(q_dst + g * stride_qh + half + offs, o2, mask=ok)
+    if writes:
+        row = tl.load(row_ptr).to(tl.int64)
+        live = row >= PAGE_SIZE  # rows below PAGE_SIZE belong to the null page
+        k_src = qkv_row + (HEADS + kvh) * HEAD_DIM
+        k1, k2 = _norm_rope(k_src, k_w_ptr, cos_row, sin_row, eps, offs, ok, HEAD_DIM, HAS_NORM)
+        v_src = qkv_row + (HEADS + tl.num_programs(1) + kvh) * HEAD_DIM
+        v1 = tl.load(v_src + offs, mask=ok, other=0.0)
+        v2 = tl.load(v_src + half + offs, mask=ok, other=0.0)
+        k_dst = kv_head + (row // PAGE_SIZE) * stride_kvp + (row % PAGE_SIZE) * stride_kvs
+        v_dst = k_dst + stride_kv
+        out_ty = kv_head.dtype.element_ty
+        tl.store(k_dst + offs, tl.where(live, k1, 0.0).to(out_ty), mask=ok)
+        tl.store(k_dst + half + offs, tl.where(live, k2, 0.0).to(out_ty), mask=ok)
+        tl.store(v_dst + offs, tl.where(live, v1, 0.0).to(out_ty), mask=ok)
+        tl.store(v_dst + half + offs, tl.where(live, v2, 0.0).to(out_ty), mask=ok)
+    tl.debug_barrier()
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr,
     kv_ptr,
@@ -107,18 +173,31 @@ def _decode_split_kernel(
     stride_ah,
     stride_as,
     stride_ad,
+    qkv_ptr,
+    q_w_ptr,
+    k_w_ptr,
+    cos_ptr,
+    sin_ptr,
+    rows_ptr,
+    eps,
+    stride_t,
+    stride_cos,
     GROUP: tl.constexpr,
     BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     UPCAST: tl.constexpr,
+    ROPE: tl.constexpr = False,
+    HEADS: tl.constexpr = 0,
+    HAS_NORM: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     """One (row, kv head, split): all query heads of the kv-head group against a
     contiguous range of that row's pages; writes unnormalised partial results. With
     ``PDL``, launched programmatically: the wait before anything else
-    (``programmatic_launch``)."""
+    (``programmatic_launch``). With ``ROPE``, the row's packed projection ``qkv`` is
+    finished here first (``_rope_group``): q_ptr is where the group's queries go."""
     if PDL:
         await_producer()
     b = tl.program_id(0)
@@ -132,6 +211,15 @@ def _decode_split_kernel(
     per_split = tl.cdiv(num_pages, NUM_SPLITS)
     page_lo = split * per_split
     page_hi = tl.minimum(page_lo + per_split, num_pages)
+    if ROPE:
+        writes = split == _newest_page_split(num_pages, per_split)
+        _rope_group(
+            qkv_ptr + b * stride_t, q_w_ptr, k_w_ptr, cos_ptr + b * stride_cos,
+            sin_ptr + b * stride_cos, rows_ptr + b, eps,
+            q_ptr + b * stride_qb + kvh * GROUP * stride_qh, stride_qh,
+            kv_ptr + kvh * stride_kvh, stride_kv, stride_kvp, stride_kvs, writes, kvh,
+            GROUP, HEADS, HEAD_DIM, PAGE_SIZE, HAS_NORM,
+        )  # fmt: skip
 
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -612,6 +700,78 @@ def triton_paged_decode_attention(
     Returns ``[B, num_heads, head_dim]`` in q's dtype. CUDA-graph safe: the grid, the
     scratch shapes and every constexpr depend only on input shapes.
     """
+    return _decode(q, kv, page_table, seq_lens, scale, num_splits, None)
+
+
+class RopeInputs(NamedTuple):
+    """A decode layer's packed projection and what finishes it (``triton_kv_write``):
+    ``qkv [B, (heads + 2 * kv_heads) * head_dim]``, the q/k norm weights (both or
+    neither) and epsilon, the rotary rows ``cos``/``sin [B, head_dim]``, and each
+    row's flat cache row ``rows`` (int64)."""
+
+    qkv: torch.Tensor
+    q_weight: torch.Tensor | None
+    k_weight: torch.Tensor | None
+    eps: float
+    cos: torch.Tensor
+    sin: torch.Tensor
+    rows: torch.Tensor
+
+
+def triton_paged_decode_attention_rope(
+    rope: RopeInputs,
+    kv: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    heads: int,
+    *,
+    num_splits: int = DEFAULT_NUM_SPLITS,
+) -> torch.Tensor:
+    """``triton_rope_write_kv`` and ``triton_paged_decode_attention`` of decode rows in
+    the split and merge kernels alone: each split program finishes its row's queries
+    of its kv-head group (the same arithmetic, so the same bits), and the split that
+    reads the row's newest page writes that token's keys and values to the row's
+    cache row first. ``rows[b]`` must be position ``seq_lens[b] - 1``'s row under
+    ``page_table[b]``, or in the null page for a padding row (``seq_lens[b]`` 0), as
+    a decode step's are. ``kv`` (this layer's ``[2, pages, page_size, kv_heads,
+    head_dim]``) must be contiguous. Returns ``[B, heads, head_dim]``."""
+    qkv = rope.qkv
+    kv_heads, head_dim = kv.shape[3], kv.shape[4]
+    tokens = qkv.shape[0]
+    if not kv.is_contiguous():
+        raise ValueError("the layer's cache must be contiguous")
+    if qkv.dim() != 2 or qkv.shape[1] != (heads + 2 * kv_heads) * head_dim or qkv.stride(1) != 1:
+        raise ValueError(
+            f"qkv {tuple(qkv.shape)} is not a packed projection of {heads} query and "
+            f"{kv_heads} kv heads of {head_dim} with unit column stride"
+        )
+    if rope.cos.shape != (tokens, head_dim) or rope.sin.shape != rope.cos.shape:
+        raise ValueError(f"cos/sin must be [{tokens}, {head_dim}], not {tuple(rope.cos.shape)}")
+    if rope.cos.stride() != rope.sin.stride() or rope.cos.stride(1) != 1:
+        raise ValueError("cos and sin need the same strides and unit column stride")
+    if (rope.q_weight is None) != (rope.k_weight is None):
+        raise ValueError("q and k norms come together or not at all")
+    if rope.rows.shape != (tokens,) or rope.rows.dtype != torch.int64:
+        raise ValueError(
+            f"rows must be int64 [{tokens}], not {rope.rows.dtype} {tuple(rope.rows.shape)}"
+        )
+    # Each split program stores its group's finished queries here and reads them back.
+    q = torch.empty(tokens, heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    return _decode(q, kv, page_table, seq_lens, scale, num_splits, rope)
+
+
+def _decode(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_splits: int,
+    rope: RopeInputs | None,
+) -> torch.Tensor:
+    """The split and merge launches; with ``rope``, ``q`` is the split's scratch for
+    the queries it finishes."""
     num_heads, num_kv_heads, head_dim, page_size = _check_cache(q, kv)
     batch = q.shape[0]
     _check_index("page_table", page_table, 2, q.device)
@@ -628,6 +788,22 @@ def triton_paged_decode_attention(
     if batch == 0:
         return out
     part_m, part_l, part_acc = _split_partials(batch, num_heads, num_splits, head_dim, q.device)
+    if rope is None:  # the finishing arguments unused
+        finish = (q, q, q, q, q, seq_lens, 0.0, 0, 0)
+        has_norm = False
+    else:
+        has_norm = rope.q_weight is not None
+        finish = (
+            rope.qkv,
+            rope.q_weight if has_norm else rope.qkv,
+            rope.k_weight if has_norm else rope.qkv,
+            rope.cos,
+            rope.sin,
+            rope.rows,
+            rope.eps,
+            rope.qkv.stride(0),
+            rope.cos.stride(0),
+        )
 
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q,
@@ -643,12 +819,16 @@ def triton_paged_decode_attention(
         *page_table.stride(),
         *part_m.stride(),
         *part_acc.stride(),
+        *finish,
         GROUP=group,
         BLOCK_H=block_h,
         HEAD_DIM=head_dim,
         PAGE_SIZE=page_size,
         NUM_SPLITS=num_splits,
         UPCAST=_INTERPRETED,
+        ROPE=rope is not None,
+        HEADS=num_heads,
+        HAS_NORM=has_norm,
         num_warps=4,
         num_stages=2,
         **kernel_options(q.device),
