@@ -63,3 +63,34 @@ def replay_ms(graph: object, replays: int) -> list[float]:
         end.synchronize()
         times.append(start.elapsed_time(end))
     return times
+
+
+def capture(fn: Callable[[], object]) -> object:
+    """``fn``'s launches captured as a CUDA graph, after one eager run (compiling
+    them)."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def blocks_us(graphs: dict[str, object], replays: int, blocks: int) -> dict[str, dict[str, float]]:
+    """Each graph's median and p99 microseconds a replay, the graphs replayed in turn
+    in ``blocks`` blocks of ``replays`` each, so a slow phase of the machine falls on
+    all of them alike."""
+    times: dict[str, list[float]] = {name: [] for name in graphs}
+    for _ in range(blocks):
+        for name, graph in graphs.items():
+            times[name] += [ms * 1000.0 for ms in replay_ms(graph, replays)]
+    out = {}
+    for name, values in times.items():
+        ordered = sorted(values)
+        out[name] = {
+            "median_us": statistics.median(ordered),
+            "p99_us": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+        }
+    return out

@@ -25,15 +25,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
+from bench.cuda_timing import blocks_us, capture
 from ignition.components.programmatic_launch import (
     await_producer,
     kernel_options,
@@ -75,36 +74,6 @@ def _hand_on_kernel(src_ptr, dst_ptr, PDL: tl.constexpr = False):
     tl.store(dst_ptr + pid, tl.load(src_ptr + pid) + 1)
 
 
-def _capture(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
-def _time(graphs: dict[str, torch.cuda.CUDAGraph], replays: int, blocks: int) -> dict:
-    times: dict[str, list[float]] = {name: [] for name in graphs}
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(blocks):
-        for name, graph in graphs.items():
-            for _ in range(replays):
-                start.record()
-                graph.replay()
-                end.record()
-                end.synchronize()
-                times[name].append(start.elapsed_time(end) * 1000.0)
-    out = {}
-    for name, values in times.items():
-        ordered = sorted(values)
-        out[name] = {
-            "median_us": statistics.median(ordered),
-            "p99_us": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
-        }
-    return out
-
-
 def measure(args: argparse.Namespace) -> dict:
     device = torch.device("cuda")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
@@ -125,14 +94,14 @@ def measure(args: argparse.Namespace) -> dict:
                 _hand_on_kernel[(sms,)](src, dst, num_warps=4, **options)
 
     graphs = {
-        "barrier": _capture(lambda: barrier(False)),
-        "barrier-exchange": _capture(lambda: barrier(True)),
-        "plain": _capture(lambda: chain(False)),
-        "programmatic": _capture(lambda: chain(True)),
+        "barrier": capture(lambda: barrier(False)),
+        "barrier-exchange": capture(lambda: barrier(True)),
+        "plain": capture(lambda: chain(False)),
+        "programmatic": capture(lambda: chain(True)),
         # The fixed cost of a replay: the counter's reset and one round.
-        "empty": _capture(lambda: counter.zero_()),
+        "empty": capture(lambda: counter.zero_()),
     }
-    timed = _time(graphs, args.replays, args.blocks)
+    timed = blocks_us(graphs, args.replays, args.blocks)
     empty = timed["empty"]["median_us"]
     per_boundary = {
         name: (timed[name]["median_us"] - empty) / rounds for name in graphs if name != "empty"

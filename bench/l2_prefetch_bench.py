@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from bench.cuda_timing import blocks_us, capture
 from ignition.components.linear import triton_rows_linear
 
 # (name, N, K): Qwen3-8B's o and qkv, SmolLM2-135M's qkv and gate/up.
@@ -127,36 +127,6 @@ def _chunk(nbytes: int, programs: int, block: int) -> int:
     return triton.cdiv(triton.cdiv(nbytes, programs), unit) * unit
 
 
-def _capture(fn: Callable[[], None]) -> torch.cuda.CUDAGraph:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
-def _time(graphs: dict[str, torch.cuda.CUDAGraph], replays: int, blocks: int) -> dict:
-    times: dict[str, list[float]] = {name: [] for name in graphs}
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(blocks):
-        for name, graph in graphs.items():
-            for _ in range(replays):
-                start.record()
-                graph.replay()
-                end.record()
-                end.synchronize()
-                times[name].append(start.elapsed_time(end) * 1000.0)
-    out = {}
-    for name, values in times.items():
-        ordered = sorted(values)
-        out[name] = {
-            "median_us": statistics.median(ordered),
-            "p99_us": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
-        }
-    return out
-
-
 def _shape_graphs(
     w: torch.Tensor,
     x: torch.Tensor,
@@ -164,7 +134,7 @@ def _shape_graphs(
     sink: torch.Tensor,
     sms: int,
     idle_ns: int,
-) -> tuple[dict[str, torch.cuda.CUDAGraph], tuple[str, ...]]:
+) -> tuple[dict[str, object], tuple[str, ...]]:
     """The graphs of one weight: each warm-up after the flush, alone and followed by
     the projection, and the idle kernel (with and without a prefetch) then the
     projection; and the warm-ups' names."""
@@ -189,15 +159,15 @@ def _shape_graphs(
     def idle(prefetch: bool) -> None:
         _idle_kernel[(sms,)](raw, nbytes, chunk, idle_ns, PREFETCH=prefetch, BLOCK=block)
 
-    graphs: dict[str, torch.cuda.CUDAGraph] = {}
+    graphs: dict[str, object] = {}
     for name, warm in warms.items():
-        graphs[f"flush+{name}"] = _capture(lambda warm=warm: (flush.zero_(), warm()))
-        graphs[f"flush+{name}+project"] = _capture(
+        graphs[f"flush+{name}"] = capture(lambda warm=warm: (flush.zero_(), warm()))
+        graphs[f"flush+{name}+project"] = capture(
             lambda warm=warm: (flush.zero_(), warm(), project())
         )
     for prefetch in (False, True):
         label = "idle-prefetch" if prefetch else "idle"
-        graphs[f"flush+{label}+project"] = _capture(
+        graphs[f"flush+{label}+project"] = capture(
             lambda prefetch=prefetch: (flush.zero_(), idle(prefetch), project())
         )
     return graphs, tuple(warms)
@@ -213,7 +183,7 @@ def measure(args: argparse.Namespace) -> dict:
         w = torch.randn(n, k, dtype=torch.bfloat16, device=device) * 0.02
         x = torch.randn(1, k, dtype=torch.bfloat16, device=device)
         graphs, warms = _shape_graphs(w, x, flush, sink, sms, int(args.idle_us * 1000))
-        timed = _time(graphs, args.replays, args.blocks)
+        timed = blocks_us(graphs, args.replays, args.blocks)
         nbytes = w.numel() * w.element_size()
         row: dict = {"shape": name, "n": n, "k": k, "bytes": nbytes, "graphs": timed}
         for warm_name in warms:
