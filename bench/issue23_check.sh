@@ -56,6 +56,17 @@
 #       what a set of changes without a switch of its own gained. Pass --geometry.
 #       AFTER_OPTIONS: more kernel_timeline options for this tree's side alone (one
 #       the tree before lacks, e.g. --compare-early-weights).
+#   bench/issue23_check.sh rope OUT
+#       decode attention finishing its rows' packed projection (the rotary write in the
+#       split kernel): its GPU tests (the two launches' bits, output and cache;
+#       tests/test_rope_decode_attention.py), the programmatic-launch test (its
+#       programmatic edges, bitwise) and the compile-scope GPU test.
+#   bench/issue23_check.sh boundaries OUT
+#       what a phase boundary costs: a grid barrier in one persistent kernel against a
+#       kernel boundary, plain and programmatic (bench/grid_barrier_bench.py, bounded
+#       at two minutes), and a projection read right after one that fills the device
+#       against after a one-program kernel, per tile width
+#       (bench/reader_after_producer_bench.py).
 #   bench/issue23_check.sh pdl-core OUT CHECKPOINT FLARE [prepare options...]
 #       CHECKPOINT exported with the defaults, programmatic launch on (programmatic
 #       edges in the core's graphs), then `flare replay --check` (Helios's rebuilt
@@ -65,7 +76,7 @@
 # Needs the flare_heliopause wheel importable (WHEELS, as bench/suite_gpu.sh installs
 # them).
 set -uo pipefail
-usage="usage: bench/issue23_check.sh serving OUT | concurrency OUT MODEL [options...] | pdl OUT MODEL [options...] | early OUT MODEL [options...] | sampler OUT | fusion OUT MODEL [options...] | trees OUT BEFORE MODEL [options...] | pdl-core OUT CHECKPOINT FLARE [options...]"
+usage="usage: bench/issue23_check.sh serving OUT | concurrency OUT MODEL [options...] | pdl OUT MODEL [options...] | early OUT MODEL [options...] | sampler OUT | fusion OUT MODEL [options...] | trees OUT BEFORE MODEL [options...] | rope OUT | boundaries OUT | pdl-core OUT CHECKPOINT FLARE [options...]"
 part=${1:?$usage}
 out=${2:?$usage}
 shift 2
@@ -153,6 +164,19 @@ case $part in
       echo "$side:"
       grep "^c=" "$out/$side.log"
     done
+    ;;
+  rope)
+    python3 -m pytest -m gpu tests/test_rope_decode_attention.py tests/test_programmatic_launch.py \
+      tests/test_compile_scope.py -q -p no:cacheprovider -rs 2>&1 | tee "$out/pytest-gpu.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    ;;
+  boundaries)
+    timeout 120 python3 -m bench.grid_barrier_bench --out "$out/grid-barrier.json" \
+      > "$out/grid-barrier.log" 2>&1 || status=1
+    cat "$out/grid-barrier.log"
+    python3 -m bench.reader_after_producer_bench --out "$out/reader.json" > "$out/reader.log" 2>&1 \
+      || status=1
+    cat "$out/reader.log"
     ;;
   pdl-core)
     checkpoint=${1:?$usage}

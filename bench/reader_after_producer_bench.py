@@ -1,0 +1,164 @@
+"""Whether a decode projection reads slower right after a projection that fills the
+device, and which tile width avoids it (H200).
+
+Under ``--decode-fusion norms`` the Qwen3-8B's qkv projection took 19.9 us of busy
+time right after the down projection, against 15.5 us after the one-program norm
+kernel unfused (``bench/results/issue23/2026-12-05b-h200-head``). The guess: the down
+projection's 128 programs take one SM each with 192 KB of shared memory, so the qkv's
+192 programs (two fit an SM) take SMs as those leave, two at a time on the first
+freed, where after the small norm kernel they find every SM free and spread one a
+SM first. This times the reader in both places, launched programmatically as
+serving launches them, at each tile width (every width gives the same bits):
+
+- ``after-producer``: the down projection (its residual epilogue and partial
+  squares), then the qkv projection scaled by the row's statistic from those squares;
+- ``after-small``: the down projection, a one-program kernel, then the qkv projection
+  (the unfused layer's order, the norm kernel's place);
+
+each against the same graph without the reader, whose difference is the reader's
+time in place (medians and p99 of the replays, in blocks). The weights rotate over
+copies larger than L2, as a step's layers do.
+
+    python -m bench.reader_after_producer_bench --out OUT.json   (PYTHONPATH: the repository)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from bench.cuda_timing import blocks_us, capture, cold_copies
+from ignition.components import linear
+from ignition.components.programmatic_launch import (
+    await_producer,
+    kernel_options,
+    programmatic_launch,
+)
+
+# (reader, N, K, producer's N, producer's K): the 8B's qkv after its down projection,
+# and its gate/up after its o projection.
+PAIRS = (
+    ("8b-qkv", 6144, 4096, 4096, 12288),
+    ("8b-gate-up", 24576, 4096, 4096, 4096),
+)
+
+
+@triton.jit
+def _small_kernel(x_ptr, PDL: tl.constexpr = False):
+    """One program touching one value: the unfused norm kernel's place in the chain."""
+    if PDL:
+        await_producer()
+    tl.store(x_ptr, tl.load(x_ptr) + 1.0)
+
+
+def _pair_graphs(
+    name: str, n: int, k: int, producer_n: int, producer_k: int, widths: tuple[int, ...]
+) -> tuple[dict[str, object], int]:
+    """The graphs of one pair, each holding ``copies`` producer-reader pairs over
+    different weight copies; and ``copies``. A reader's key is its place and its tile
+    width ("default" for the gated kernel, whose tile is not chosen here; "none": no
+    reader)."""
+    device = torch.device("cuda")
+
+    def weights(rows: int, cols: int) -> list[torch.Tensor]:
+        w = torch.randn(rows, cols, device=device, dtype=torch.bfloat16) / cols**0.5
+        return [w] + [w.clone() for _ in range(cold_copies(w.numel() * w.element_size()) - 1)]
+
+    readers, producers = weights(n, k), weights(producer_n, producer_k)
+    copies = min(len(readers), len(producers))
+    act = torch.randn(1, producer_k, device=device, dtype=torch.bfloat16)
+    residual = torch.randn(1, producer_n, device=device, dtype=torch.bfloat16)
+    squares = torch.empty(1, producer_n // linear.SQUARE_GROUP, device=device)
+    cell = torch.zeros(1, device=device)
+    gated = name.endswith("gate-up")
+
+    def produce(i: int) -> torch.Tensor:
+        return linear.triton_rows_linear(
+            act, producers[i], None, residual=residual, squares=squares
+        )
+
+    def read(h: torch.Tensor, i: int, width: int | None) -> None:
+        norm = linear.RowStatistic(squares, 1e-6)
+        if gated:
+            linear.triton_rows_gated(h, readers[i], norm)
+        else:
+            linear.triton_rows_linear(h, readers[i], None, width=width, norm=norm)
+
+    def small() -> None:
+        _small_kernel[(1,)](cell, num_warps=1, **kernel_options(device))
+
+    def chain(with_small: bool, reads: bool, width: int | None) -> None:
+        with programmatic_launch(True):
+            for i in range(copies):
+                h = produce(i)
+                if with_small:
+                    small()
+                if reads:
+                    read(h, i, width)
+
+    tiles: dict[str, int | None] = {"default": None} if gated else {str(w): w for w in widths}
+    graphs: dict[str, object] = {}
+    for with_small in (False, True):
+        place = "after-small" if with_small else "after-producer"
+        graphs[f"{place}/none"] = capture(lambda s=with_small: chain(s, False, None))
+        for label, width in tiles.items():
+            graphs[f"{place}/{label}"] = capture(lambda s=with_small, w=width: chain(s, True, w))
+    return graphs, copies
+
+
+def measure(args: argparse.Namespace) -> dict:
+    results = []
+    for name, n, k, producer_n, producer_k in PAIRS:
+        graphs, copies = _pair_graphs(name, n, k, producer_n, producer_k, tuple(args.widths))
+        timed = blocks_us(graphs, args.replays, args.blocks)
+        reader_us = {}
+        for key, value in timed.items():
+            place, width = key.split("/")
+            if width == "none":
+                continue
+            base = timed[f"{place}/none"]["median_us"]
+            reader_us[key] = (value["median_us"] - base) / copies
+        for key, us in sorted(reader_us.items()):
+            print(f"{name} {key}: {us:.2f} us a reader", flush=True)
+        results.append(
+            {
+                "reader": name,
+                "n": n,
+                "k": k,
+                "copies": copies,
+                "graphs": timed,
+                "reader_us": reader_us,
+            }
+        )
+    return {
+        "device": torch.cuda.get_device_name(),
+        "replays": args.replays,
+        "blocks": args.blocks,
+        "pairs": results,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--widths", type=int, nargs="+", default=list(linear.BLOCK_NS))
+    parser.add_argument("--replays", type=int, default=20)
+    parser.add_argument("--blocks", type=int, default=3)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("reader_after_producer_bench needs a CUDA device", file=sys.stderr)
+        return 2
+    results = measure(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
