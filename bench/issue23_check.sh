@@ -53,7 +53,9 @@
 #       `git archive 5f4f455 ignition recipes bench tests | tar x -C BEFORE`) and as
 #       this one does, one timeline process each, in turn (OUT/before.json and
 #       OUT/after.json, .md beside them), each with the bandwidth probed in its run:
-#       what a set of changes without a switch of its own gained. Pass --geometry.
+#       what a set of changes without a switch of its own gained. Pass --geometry, and
+#       --decode-fusion where the trees' defaults differ (5f4f455's "residuals", this
+#       tree's "auto", which is "norms" for a small model).
 #       AFTER_OPTIONS: more kernel_timeline options for this tree's side alone (one
 #       the tree before lacks, e.g. --compare-early-weights).
 #   bench/issue23_check.sh rope OUT

@@ -236,6 +236,45 @@ for dtype in ("fp32", "bf16"):
     k = compile(_row_sum_kernel, ["*" + dtype, "*fp32", "i32", "i32"],
                 dict(SQUARE=dtype == "bf16", BLOCK=BLOCK), num_warps=4)
     print("row_sum", dtype, len(k.asm["cubin"]), len(re.findall(r"atom\\.", k.asm["ptx"])))
+
+# Decode attention finishing its rows' projection (ROPE): the group's queries and the
+# newest K/V stored, then a barrier, before the program's next global load (its
+# queries and pages read back); no load on the non-coherent path, which could miss
+# the program's own stores. As a launch specializes it: unit strides folded, pointers
+# aligned. By PTX line: non-coherent loads, and whether a barrier comes between the
+# last 16-bit store and the next load.
+from ignition.components.triton_attention import _decode_split_kernel
+
+def stores_then_barrier(ptx):
+    lines = ptx.splitlines()
+    stores = [i for i, line in enumerate(lines) if re.search(r"st\\.global(\\.v\\d)?\\.b16", line)]
+    loads = [i for i, line in enumerate(lines) if re.search(r"ld\\.global", line)]
+    last = stores[-1]
+    after = next(i for i in loads if i > last)
+    barrier = any("bar.sync" in line for line in lines[last:after])
+    return len(re.findall(r"ld\\.global\\.nc", ptx)), barrier
+
+SPLIT_PTRS = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "page_table_ptr": "*i32",
+              "seq_lens_ptr": "*i32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",
+              "part_acc_ptr": "*fp32", "qkv_ptr": "*bf16", "q_w_ptr": "*bf16",
+              "k_w_ptr": "*bf16", "cos_ptr": "*bf16", "sin_ptr": "*bf16", "rows_ptr": "*i64"}
+UNIT = ("stride_qd", "stride_kvd", "stride_ptp", "stride_ms", "stride_ad")
+for dim, group, norm in ((128, 4, True), (64, 3, False)):
+    constexprs = dict(GROUP=group, BLOCK_H=16, HEAD_DIM=dim, PAGE_SIZE=64, NUM_SPLITS=16,
+                      UPCAST=False, ROPE=True, HEADS=8 * group, HAS_NORM=norm, PDL=True,
+                      **{name: 1 for name in UNIT})
+    names = _decode_split_kernel.arg_names
+    signature = {name: "constexpr" if name in constexprs else SPLIT_PTRS.get(
+        name, "fp32" if name in ("qk_scale", "eps") else "i32") for name in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
+             if name in SPLIT_PTRS}
+    k = triton.compile(ASTSource(_decode_split_kernel, signature,
+                                 constexprs=defaults(_decode_split_kernel, constexprs),
+                                 attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=4, num_stages=2, launch_pdl=True))
+    nc, barrier = stores_then_barrier(k.asm["ptx"])
+    print("split_rope", dim, nc, barrier)
 """
 
 
@@ -254,6 +293,9 @@ def test_the_new_kernels_compile_for_sm90() -> None:
         for parts in map(str.split, done.stdout.splitlines())
         if parts[0] in ("linear", "gated")
     }
+    for dim in ("128", "64"):
+        nc, barrier = found[("split_rope", dim)]
+        assert nc == "0" and barrier == "True", done.stdout
     for has_norm in ("True", "False"):
         cubin, fmas = found[("rope", has_norm)]
         assert int(cubin) > 0 and int(fmas) == 0, done.stdout

@@ -204,3 +204,24 @@ def test_bad_inputs_are_refused() -> None:
         triton_paged_decode_attention_rope(
             rope._replace(q_weight=torch.ones_like(rope.cos[0])), case["kv"][0], *args
         )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "norms"),
+    [(32, 8, 128, True), (32, 8, 128, False), (9, 3, 64, False)],  # Qwen3-8B's, SmolLM2's
+)
+def test_fused_rotary_write_gives_the_two_launches_bits_on_the_gpu(
+    heads: int, kv_heads: int, dim: int, norms: bool
+) -> None:
+    """Compiled, with the serving page and split count, up to 4096 tokens: the q/k
+    norms' statistic is summed in one spelled-out order in both kernels
+    (``triton_kv_write._sum_of_squares``), whose warps differ (a ``tl.sum`` there
+    summed a 128-wide head in two orders), and no split reads the newest page before
+    its writer has written it."""
+    lengths = [1, 63, 64, 65, 0, 1000, 4096, 4095]
+    for seed in range(4):
+        case = _case(lengths, heads, kv_heads, dim, 64, norms, seed, device="cuda")
+        out_two, out_fused, _ = _both(case, 16)
+        assert torch.equal(out_fused, out_two), seed
+        assert torch.equal(case["fused"], case["two"]), seed

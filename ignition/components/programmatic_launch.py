@@ -44,7 +44,8 @@ rotary/KV write that follows a prefill chunk's qkv projection, and decode attent
 split (which does decode's rotary write itself) and merge (the selector's merge
 too): with those, every kernel of a decode layer but the Inductor ones between them
 may launch under its predecessor's tail (on the H200 each such gap was about 0.4 us,
-and a layer had three). The sampler's threshold passes (``sampling_thresholds``)
+and a layer had three before the norms could fuse and decode's rotary write moved
+into attention). The sampler's threshold passes (``sampling_thresholds``)
 launch so too: nine in a row.
 """
 

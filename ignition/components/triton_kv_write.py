@@ -9,8 +9,9 @@ token's flat cache row. The arithmetic is the canonical eager one, rounding to t
 execution dtype where eager torch does (Qwen3's ``RMSNorm``: the normalized vector,
 then its product with the weight; ``apply_rotary_pos_emb``: ``q * cos``,
 ``rotate_half(q) * sin`` and their sum), so only the norm's fp32 statistic can
-differ: its sum of squares in another order, and its reciprocal square root computed
-as a division. A token's result never depends on the other tokens.
+differ: its sum of squares in another order (one spelled-out order, the same in every
+kernel that finishes a projection: ``_sum_of_squares``), and its reciprocal square
+root computed as a division. A token's result never depends on the other tokens.
 
 Tokens that are not live (padding, finished requests) have rows in the null page;
 they store zeros there instead of their values, so whichever of several such tokens
@@ -24,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ignition.components.linear import _log2, _pair_sums
 from ignition.components.programmatic_launch import await_producer, kernel_options
 
 
@@ -40,6 +42,21 @@ def _rounded(x, dtype: tl.constexpr):
         return ((bits >> 16) << 16).to(tl.float32, bitcast=True)
     else:
         return x.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _sum_of_squares(f1, f2, BLOCK: tl.constexpr):
+    """The fp32 sum of ``f1``'s and ``f2``'s squares (a head's two halves, ``[BLOCK]``
+    each, zeros past the head) by one spelled-out order, whatever the kernel's warps
+    or layout: ``fma(f1, f1, f2 * f2)`` element by element, then a pairwise tree. A
+    ``tl.sum``'s order follows the layout, which the warps change: this kernel (one
+    warp) and decode attention's split kernel (four), which finishes decode's rows
+    with this arithmetic, summed a 128-wide head in different orders. The first
+    level is an explicit FMA so that no compiler contraction can differ either."""
+    q = tl.reshape(tl.fma(f1, f1, f2 * f2), (1, BLOCK))
+    for level in tl.static_range(_log2(BLOCK)):
+        q = _pair_sums(q, 1, BLOCK >> level)
+    return tl.sum(tl.reshape(q, (1,)), axis=0)
 
 
 @triton.jit
@@ -62,7 +79,8 @@ def _norm_rope(
     if HAS_NORM:
         f1 = x1.to(tl.float32)
         f2 = x2.to(tl.float32)
-        variance = (tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / HEAD_DIM
+        BLOCK: tl.constexpr = offs.shape[0]
+        variance = _sum_of_squares(f1, f2, BLOCK) / HEAD_DIM
         scale = 1.0 / tl.sqrt(variance + eps)
         w1 = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
         w2 = tl.load(w_ptr + half + offs, mask=ok, other=0.0).to(tl.float32)

@@ -60,8 +60,8 @@ def add_compile_options(parser: argparse.ArgumentParser, prefix: str = "") -> No
         f"--{prefix}programmatic-launch",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="launch the batch-invariant row projections (every decode projection), the "
-        "rotary/KV write, decode attention and the sampler's threshold passes "
+        help="launch the batch-invariant row projections (every decode projection), "
+        "prefill's rotary/KV write, decode attention and the sampler's threshold passes "
         "programmatically where the GPU can (SM90 and later): each may launch while the "
         "kernel before it ends and waits for it before reading; the same bits (default: "
         "on; measured faster when it covered the projections alone)",

@@ -77,8 +77,8 @@ class PrepareOptions:
     # What decode layers fuse into their projections (``compile_flags.DecodeFusion``):
     # by default "auto", the recipe's choice for the geometry on the device.
     decode_fusion: DecodeFusion = DEFAULT_DECODE_FUSION
-    # The batch-invariant row projections (every decode projection), the rotary/KV
-    # write, decode attention and the sampler's threshold passes launch
+    # The batch-invariant row projections (every decode projection), prefill's
+    # rotary/KV write, decode attention and the sampler's threshold passes launch
     # programmatically in the warm-up and capture
     # where the GPU can (SM90 and later;
     # ``ignition.components.programmatic_launch``): programmatic edges in the graphs,
