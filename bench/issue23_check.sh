@@ -69,6 +69,13 @@
 #       at two minutes), and a projection read right after one that fills the device
 #       against after a one-program kernel, per tile width
 #       (bench/reader_after_producer_bench.py).
+#   bench/issue23_check.sh changes OUT BEFORE FLARE
+#       a set of changes as a whole, on random weights of both geometries (written
+#       under WORK): the parts rope and boundaries, SmolLM2's decode step as BEFORE
+#       and this tree prepare it (trees, OUT/smol-trees), a SmolLM2 core prepared with
+#       this tree's defaults through `flare replay --check` (pdl-core, OUT/smol-core),
+#       then the 8B's trees (OUT/8b-trees); about 15 minutes, so run it detached
+#       (bench/detached.sh).
 #   bench/issue23_check.sh pdl-core OUT CHECKPOINT FLARE [prepare options...]
 #       CHECKPOINT exported with the defaults, programmatic launch on (programmatic
 #       edges in the core's graphs), then `flare replay --check` (Helios's rebuilt
@@ -78,7 +85,7 @@
 # Needs the flare_heliopause wheel importable (WHEELS, as bench/suite_gpu.sh installs
 # them).
 set -uo pipefail
-usage="usage: bench/issue23_check.sh serving OUT | concurrency OUT MODEL [options...] | pdl OUT MODEL [options...] | early OUT MODEL [options...] | sampler OUT | fusion OUT MODEL [options...] | trees OUT BEFORE MODEL [options...] | rope OUT | boundaries OUT | pdl-core OUT CHECKPOINT FLARE [options...]"
+usage="usage: bench/issue23_check.sh serving OUT | concurrency OUT MODEL [options...] | pdl OUT MODEL [options...] | early OUT MODEL [options...] | sampler OUT | fusion OUT MODEL [options...] | trees OUT BEFORE MODEL [options...] | rope OUT | boundaries OUT | changes OUT BEFORE FLARE | pdl-core OUT CHECKPOINT FLARE [options...]"
 part=${1:?$usage}
 out=${2:?$usage}
 shift 2
@@ -179,6 +186,25 @@ case $part in
     python3 -m bench.reader_after_producer_bench --out "$out/reader.json" > "$out/reader.log" 2>&1 \
       || status=1
     cat "$out/reader.log"
+    ;;
+  changes)
+    before=$(cd "$caller" && cd "${1:?$usage}" && pwd)
+    flare=$(cd "$caller" && realpath "${2:?$usage}")
+    work=${WORK:-/tmp/flare-issue23}
+    mkdir -p "$work"
+    for geometry in smollm2-135m qwen3-8b; do
+      [ -f "$work/$geometry/random-weights.json" ] || python3 -m ignition.loading.random_weights \
+        --geometry "$geometry" --out "$work/$geometry" > /dev/null || exit 1
+    done
+    shapes="--prompt-tokens 128 --prefill-chunk-size 128 --context-limit 4096"
+    self=bench/issue23_check.sh
+    bash "$self" rope "$out/rope" || status=1
+    bash "$self" trees "$out/smol-trees" "$before" "$work/smollm2-135m" \
+      --geometry smollm2-135m $shapes || status=1
+    bash "$self" pdl-core "$out/smol-core" "$work/smollm2-135m" "$flare" || status=1
+    bash "$self" boundaries "$out/boundaries" || status=1
+    bash "$self" trees "$out/8b-trees" "$before" "$work/qwen3-8b" --geometry qwen3-8b $shapes \
+      || status=1
     ;;
   pdl-core)
     checkpoint=${1:?$usage}
