@@ -10,9 +10,13 @@ over copies of their operands, together larger than the L2 cache.
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 import statistics
+import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 # Distinct operand bytes a graph's calls read before one repeats: more than twice
 # the H200's 50 MiB L2 cache.
@@ -94,3 +98,29 @@ def blocks_us(graphs: dict[str, object], replays: int, blocks: int) -> dict[str,
             "p99_us": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
         }
     return out
+
+
+def run_measurement(
+    parser: argparse.ArgumentParser,
+    measure: Callable[[argparse.Namespace], dict],
+    argv: Sequence[str] | None = None,
+    replays: int = 20,
+    blocks: int = 3,
+) -> int:
+    """A GPU micro-benchmark's main: ``parser`` gains ``--replays`` and ``--blocks``
+    (the graphs' timing, ``blocks_us``; these defaults) and ``--out`` (the results
+    JSON that ``measure(args)`` returns); without a CUDA device it says so and returns
+    2."""
+    import torch
+
+    parser.add_argument("--replays", type=int, default=replays)
+    parser.add_argument("--blocks", type=int, default=blocks)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print(f"{parser.prog} needs a CUDA device", file=sys.stderr)
+        return 2
+    results = measure(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+    return 0

@@ -24,15 +24,12 @@ replayed in blocks (medians and p99 over the replays):
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
-from bench.cuda_timing import blocks_us, capture
+from bench.cuda_timing import blocks_us, capture, run_measurement
 from ignition.components.programmatic_launch import (
     await_producer,
     kernel_options,
@@ -128,17 +125,7 @@ def measure(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=200)
-    parser.add_argument("--replays", type=int, default=20)
-    parser.add_argument("--blocks", type=int, default=3)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("grid_barrier_bench needs a CUDA device", file=sys.stderr)
-        return 2
-    results = measure(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
-    return 0
+    return run_measurement(parser, measure, argv)
 
 
 if __name__ == "__main__":

@@ -27,16 +27,13 @@ CUDA graph replayed in alternating blocks, its medians and p99 over the replays:
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
-from bench.cuda_timing import blocks_us, capture
+from bench.cuda_timing import blocks_us, capture, run_measurement
 from ignition.components.linear import triton_rows_linear
 
 # (name, N, K): Qwen3-8B's o and qkv, SmolLM2-135M's qkv and gate/up.
@@ -218,17 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--flush-mib", type=int, default=256)
     parser.add_argument("--idle-us", type=float, default=8.0)
-    parser.add_argument("--replays", type=int, default=50)
-    parser.add_argument("--blocks", type=int, default=4)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("l2_prefetch_bench needs a CUDA device", file=sys.stderr)
-        return 2
-    results = measure(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
-    return 0
+    return run_measurement(parser, measure, argv, replays=50, blocks=4)
 
 
 if __name__ == "__main__":

@@ -25,15 +25,12 @@ copies larger than L2, as a step's layers do.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
-from bench.cuda_timing import blocks_us, capture, cold_copies
+from bench.cuda_timing import blocks_us, capture, cold_copies, run_measurement
 from ignition.components import linear
 from ignition.components.programmatic_launch import (
     await_producer,
@@ -147,17 +144,7 @@ def measure(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--widths", type=int, nargs="+", default=list(linear.BLOCK_NS))
-    parser.add_argument("--replays", type=int, default=20)
-    parser.add_argument("--blocks", type=int, default=3)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("reader_after_producer_bench needs a CUDA device", file=sys.stderr)
-        return 2
-    results = measure(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
-    return 0
+    return run_measurement(parser, measure, argv)
 
 
 if __name__ == "__main__":
