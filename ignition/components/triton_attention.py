@@ -37,7 +37,7 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 from ignition.components.programmatic_launch import await_producer, kernel_options
-from ignition.components.triton_kv_write import _norm_rope
+from ignition.components.triton_kv_write import _norm_rope, _write_kv
 from ignition.components.triton_support import fix_interpreter_loop_bounds
 
 LOG2E = 1.4426950408889634
@@ -130,19 +130,13 @@ def _rope_group(
         tl.store(q_dst + g * stride_qh + half + offs, o2, mask=ok)
     if writes:
         row = tl.load(row_ptr).to(tl.int64)
-        live = row >= PAGE_SIZE  # rows below PAGE_SIZE belong to the null page
-        k_src = qkv_row + (HEADS + kvh) * HEAD_DIM
-        k1, k2 = _norm_rope(k_src, k_w_ptr, cos_row, sin_row, eps, offs, ok, HEAD_DIM, HAS_NORM)
-        v_src = qkv_row + (HEADS + tl.num_programs(1) + kvh) * HEAD_DIM
-        v1 = tl.load(v_src + offs, mask=ok, other=0.0)
-        v2 = tl.load(v_src + half + offs, mask=ok, other=0.0)
         k_dst = kv_head + (row // PAGE_SIZE) * stride_kvp + (row % PAGE_SIZE) * stride_kvs
-        v_dst = k_dst + stride_kv
-        out_ty = kv_head.dtype.element_ty
-        tl.store(k_dst + offs, tl.where(live, k1, 0.0).to(out_ty), mask=ok)
-        tl.store(k_dst + half + offs, tl.where(live, k2, 0.0).to(out_ty), mask=ok)
-        tl.store(v_dst + offs, tl.where(live, v1, 0.0).to(out_ty), mask=ok)
-        tl.store(v_dst + half + offs, tl.where(live, v2, 0.0).to(out_ty), mask=ok)
+        _write_kv(
+            qkv_row + (HEADS + kvh) * HEAD_DIM,
+            qkv_row + (HEADS + tl.num_programs(1) + kvh) * HEAD_DIM,
+            k_w_ptr, cos_row, sin_row, eps, row, k_dst, k_dst + stride_kv, offs, ok,
+            HEAD_DIM, PAGE_SIZE, HAS_NORM,
+        )  # fmt: skip
     tl.debug_barrier()
 
 

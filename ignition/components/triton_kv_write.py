@@ -98,6 +98,26 @@ def _norm_rope(
 
 
 @triton.jit
+def _write_kv(
+    k_src, v_src, k_w_ptr, cos_ptr, sin_ptr, eps, row, k_dst, v_dst, offs, ok,
+    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_NORM: tl.constexpr,
+):  # fmt: skip
+    """One kv head of one token into the cache: its keys normalized and rotated
+    (``_norm_rope``) to ``k_dst``, its values as projected to ``v_dst``; zeros where
+    the token's flat ``row`` lies in the null page (rows below PAGE_SIZE)."""
+    half: tl.constexpr = HEAD_DIM // 2
+    live = row >= PAGE_SIZE
+    k1, k2 = _norm_rope(k_src, k_w_ptr, cos_ptr, sin_ptr, eps, offs, ok, HEAD_DIM, HAS_NORM)
+    v1 = tl.load(v_src + offs, mask=ok, other=0.0)
+    v2 = tl.load(v_src + half + offs, mask=ok, other=0.0)
+    out_ty = k_dst.dtype.element_ty
+    tl.store(k_dst + offs, tl.where(live, k1, 0.0).to(out_ty), mask=ok)
+    tl.store(k_dst + half + offs, tl.where(live, k2, 0.0).to(out_ty), mask=ok)
+    tl.store(v_dst + offs, tl.where(live, v1, 0.0).to(out_ty), mask=ok)
+    tl.store(v_dst + half + offs, tl.where(live, v2, 0.0).to(out_ty), mask=ok)
+
+
+@triton.jit
 def _rope_write_kv_kernel(
     qkv_ptr,
     q_w_ptr,
@@ -140,18 +160,12 @@ def _rope_write_kv_kernel(
     else:
         j = h - HEADS
         row = tl.load(rows_ptr + t).to(tl.int64)
-        live = row >= PAGE_SIZE  # rows below PAGE_SIZE belong to the null page
-        k1, k2 = _norm_rope(src, k_w_ptr, cos, sin, eps, offs, ok, HEAD_DIM, HAS_NORM)
-        v_src = src + KV_HEADS * HEAD_DIM
-        v1 = tl.load(v_src + offs, mask=ok, other=0.0)
-        v2 = tl.load(v_src + half + offs, mask=ok, other=0.0)
         k_dst = cache_k_ptr + (row * KV_HEADS + j) * HEAD_DIM
         v_dst = cache_v_ptr + (row * KV_HEADS + j) * HEAD_DIM
-        out_ty = cache_k_ptr.dtype.element_ty
-        tl.store(k_dst + offs, tl.where(live, k1, 0.0).to(out_ty), mask=ok)
-        tl.store(k_dst + half + offs, tl.where(live, k2, 0.0).to(out_ty), mask=ok)
-        tl.store(v_dst + offs, tl.where(live, v1, 0.0).to(out_ty), mask=ok)
-        tl.store(v_dst + half + offs, tl.where(live, v2, 0.0).to(out_ty), mask=ok)
+        _write_kv(
+            src, src + KV_HEADS * HEAD_DIM, k_w_ptr, cos, sin, eps, row, k_dst, v_dst, offs, ok,
+            HEAD_DIM, PAGE_SIZE, HAS_NORM,
+        )  # fmt: skip
 
 
 def triton_rope_write_kv(
