@@ -69,9 +69,15 @@
 #       at two minutes), and a projection read right after one that fills the device
 #       against after a one-program kernel, per tile width
 #       (bench/reader_after_producer_bench.py).
+#   bench/issue23_check.sh persistent OUT
+#       SmolLM2's decode layer as one persistent kernel: its GPU tests (its grid
+#       barriers give the phase-by-phase launches' bits, replayed from one graph;
+#       tests/test_persistent_layer.py), then its 30 layers against the per-kernel
+#       chain (bench/persistent_layer_bench.py, OUT/persistent.json); each bounded at
+#       five minutes, since a barrier that never opens would hang.
 #   bench/issue23_check.sh changes OUT BEFORE FLARE
 #       a set of changes as a whole, on random weights of both geometries (written
-#       under WORK): the parts rope and boundaries, SmolLM2's decode step as BEFORE
+#       under WORK): the parts rope, boundaries and persistent, SmolLM2's decode step as BEFORE
 #       and this tree prepare it (trees, OUT/smol-trees), a SmolLM2 core prepared with
 #       this tree's defaults through `flare replay --check` (pdl-core, OUT/smol-core),
 #       then the 8B's trees (OUT/8b-trees); about 15 minutes, so run it detached
@@ -85,7 +91,7 @@
 # Needs the flare_heliopause wheel importable (WHEELS, as bench/suite_gpu.sh installs
 # them).
 set -uo pipefail
-usage="usage: bench/issue23_check.sh serving OUT | concurrency OUT MODEL [options...] | pdl OUT MODEL [options...] | early OUT MODEL [options...] | sampler OUT | fusion OUT MODEL [options...] | trees OUT BEFORE MODEL [options...] | rope OUT | boundaries OUT | changes OUT BEFORE FLARE | pdl-core OUT CHECKPOINT FLARE [options...]"
+usage="usage: bench/issue23_check.sh serving OUT | concurrency OUT MODEL [options...] | pdl OUT MODEL [options...] | early OUT MODEL [options...] | sampler OUT | fusion OUT MODEL [options...] | trees OUT BEFORE MODEL [options...] | rope OUT | boundaries OUT | persistent OUT | changes OUT BEFORE FLARE | pdl-core OUT CHECKPOINT FLARE [options...]"
 part=${1:?$usage}
 out=${2:?$usage}
 shift 2
@@ -203,8 +209,17 @@ case $part in
       --geometry smollm2-135m $shapes || status=1
     bash "$self" pdl-core "$out/smol-core" "$work/smollm2-135m" "$flare" || status=1
     bash "$self" boundaries "$out/boundaries" || status=1
+    bash "$self" persistent "$out/persistent" || status=1
     bash "$self" trees "$out/8b-trees" "$before" "$work/qwen3-8b" --geometry qwen3-8b $shapes \
       || status=1
+    ;;
+  persistent)
+    timeout 300 python3 -m pytest -m gpu tests/test_persistent_layer.py -q -p no:cacheprovider \
+      -rs 2>&1 | tee "$out/pytest-gpu.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    timeout 300 python3 -m bench.persistent_layer_bench --out "$out/persistent.json" \
+      > "$out/persistent.log" 2>&1 || status=1
+    cat "$out/persistent.log"
     ;;
   pdl-core)
     checkpoint=${1:?$usage}

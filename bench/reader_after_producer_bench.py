@@ -19,6 +19,12 @@ each against the same graph without the reader, whose difference is the reader's
 time in place (medians and p99 of the replays, in blocks). The weights rotate over
 copies larger than L2, as a step's layers do.
 
+And each at every pipeline budget of ``--pipeline-bytes`` (``linear.PIPELINE_BYTES``,
+the shared memory a projection's K loop may take; 192 KiB, today's, fits one
+program an SM): at 96 KiB two programs fit an SM, so the reader's programs can take
+SMs beside the producer's last ones and launch under its tail. The graphs' totals
+say what the pair costs at each budget (``pair_us``: producer and reader, a pair).
+
     python -m bench.reader_after_producer_bench --out OUT.json   (PYTHONPATH: the repository)
 """
 
@@ -45,6 +51,9 @@ PAIRS = (
     ("8b-gate-up", 24576, 4096, 4096, 4096),
 )
 
+# Where the graphs run (the smoke run on the CPU, under the interpreter, sets "cpu").
+DEVICE = "cuda"
+
 
 @triton.jit
 def _small_kernel(x_ptr, PDL: tl.constexpr = False):
@@ -61,7 +70,7 @@ def _pair_graphs(
     different weight copies; and ``copies``. A reader's key is its place and its tile
     width ("default" for the gated kernel, whose tile is not chosen here; "none": no
     reader)."""
-    device = torch.device("cuda")
+    device = torch.device(DEVICE)
 
     def weights(rows: int, cols: int) -> list[torch.Tensor]:
         w = torch.randn(rows, cols, device=device, dtype=torch.bfloat16) / cols**0.5
@@ -111,18 +120,29 @@ def _pair_graphs(
 
 def measure(args: argparse.Namespace) -> dict:
     results = []
+    default_budget = linear.PIPELINE_BYTES
     for name, n, k, producer_n, producer_k in PAIRS:
-        graphs, copies = _pair_graphs(name, n, k, producer_n, producer_k, tuple(args.widths))
+        graphs: dict[str, object] = {}
+        copies = 0
+        try:
+            for budget in args.pipeline_bytes:
+                # The tile and stages are chosen at launch, so at capture.
+                linear.PIPELINE_BYTES = budget
+                pair, copies = _pair_graphs(name, n, k, producer_n, producer_k, tuple(args.widths))
+                graphs.update({f"{budget >> 10}KiB/{key}": g for key, g in pair.items()})
+        finally:
+            linear.PIPELINE_BYTES = default_budget
         timed = blocks_us(graphs, args.replays, args.blocks)
-        reader_us = {}
+        reader_us, pair_us = {}, {}
         for key, value in timed.items():
-            place, width = key.split("/")
+            budget, place, width = key.split("/")
+            pair_us[key] = value["median_us"] / copies
             if width == "none":
                 continue
-            base = timed[f"{place}/none"]["median_us"]
+            base = timed[f"{budget}/{place}/none"]["median_us"]
             reader_us[key] = (value["median_us"] - base) / copies
         for key, us in sorted(reader_us.items()):
-            print(f"{name} {key}: {us:.2f} us a reader", flush=True)
+            print(f"{name} {key}: {us:.2f} us a reader, {pair_us[key]:.2f} a pair", flush=True)
         results.append(
             {
                 "reader": name,
@@ -131,6 +151,7 @@ def measure(args: argparse.Namespace) -> dict:
                 "copies": copies,
                 "graphs": timed,
                 "reader_us": reader_us,
+                "pair_us": pair_us,
             }
         )
     return {
@@ -144,6 +165,9 @@ def measure(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--widths", type=int, nargs="+", default=list(linear.BLOCK_NS))
+    parser.add_argument(
+        "--pipeline-bytes", type=int, nargs="+", default=[linear.PIPELINE_BYTES, 96 << 10]
+    )
     return run_measurement(parser, measure, argv)
 
 

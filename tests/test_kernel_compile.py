@@ -275,6 +275,40 @@ for dim, group, norm in ((128, 4, True), (64, 3, False)):
                        options=dict(num_warps=4, num_stages=2, launch_pdl=True))
     nc, barrier = stores_then_barrier(k.asm["ptx"])
     print("split_rope", dim, nc, barrier)
+
+# A SmolLM2 decode layer in one persistent kernel, at the H200's tiles: its five grid
+# barriers (an arrival, acquire-release, by one thread each; the generation read
+# with acquire), no non-coherent load (a phase reads what other programs wrote in
+# the one before), its projections' K loops pipelined, within an SM's shared memory.
+from ignition.components import linear
+from ignition.components.persistent_layer import _persistent_layer_kernel
+
+def shape(n, k):
+    return linear.tile_shape(n, k, 132)
+
+qkv, o, gate_up, down = shape(960, 576), shape(576, 576), shape(3072, 576), shape(576, 1536)
+PERSISTENT_PTRS = {"s_ptr": "*fp32", "pt_ptr": "*i32", "seq_ptr": "*i32", "pm_ptr": "*fp32",
+                   "pl_ptr": "*fp32", "pa_ptr": "*fp32", "rows_ptr": "*i64", "hs_ptr": "*fp32",
+                   "ys_ptr": "*fp32", "state_ptr": "*i32"}
+constexprs = dict(HIDDEN=576, HEADS=9, KV_HEADS=3, HEAD_DIM=64, INTER=1536, PAGE_SIZE=64,
+                  NUM_SPLITS=16, BLOCK_H=16, BLOCK_S=16, NORM_IN=True, HAS_NORM=False,
+                  UPCAST=False, ROW_TILES=1, BLOCK_M=16, QKV_N=qkv[0], QKV_K=qkv[1], O_N=o[0],
+                  O_K=o[1], GU_N=gate_up[0] // 2, GU_K=gate_up[1], DOWN_N=down[0],
+                  DOWN_K=down[1], GROUPS_HIDDEN=64, GROUPS_HEADS=64, PHASE=-1, PDL=True)
+names = _persistent_layer_kernel.arg_names
+signature = {name: "constexpr" if name in constexprs else PERSISTENT_PTRS.get(
+    name, "*bf16" if name.endswith("_ptr") else
+    "fp32" if name in ("eps", "norm_eps", "qk_scale") else "i32") for name in names}
+attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names) if name.endswith("_ptr")}
+k = triton.compile(ASTSource(_persistent_layer_kernel, signature, constexprs=constexprs,
+                             attrs=attrs),
+                   target=GPUTarget("cuda", 90, 32),
+                   options=dict(num_warps=4, num_stages=4, launch_pdl=True,
+                                enable_fp_fusion=False))
+ptx = k.asm["ptx"]
+print("persistent", len(re.findall(r"@%p\\d+ atom\\.global\\.gpu\\.acq_rel\\.add", ptx)),
+      len(re.findall(r"ld\\.acquire\\.gpu", ptx)), len(re.findall(r"ld\\.global\\.nc", ptx)),
+      len(re.findall(r"cp\\.async", ptx)), k.metadata.shared)
 """
 
 
@@ -293,6 +327,11 @@ def test_the_new_kernels_compile_for_sm90() -> None:
         for parts in map(str.split, done.stdout.splitlines())
         if parts[0] in ("linear", "gated")
     }
+    arrivals, acquires, nc, copies, shared = next(
+        line.split()[1:] for line in done.stdout.splitlines() if line.startswith("persistent ")
+    )
+    assert arrivals == "5" and int(acquires) == 10 and nc == "0", done.stdout
+    assert int(copies) > 0 and 0 < int(shared) <= 232448, done.stdout
     for dim in ("128", "64"):
         nc, barrier = found[("split_rope", dim)]
         assert nc == "0" and barrier == "True", done.stdout

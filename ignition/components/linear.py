@@ -335,6 +335,7 @@ def _store_rows(
     eps,
     rm,
     rn,
+    col_tile,
     HAS_BIAS: tl.constexpr,
     NORM: tl.constexpr,
     RESIDUAL: tl.constexpr,
@@ -344,12 +345,12 @@ def _store_rows(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """The output tile of rows ``rm``: fp32 ``acc`` (scaled by each row's inverse RMS
-    with ``NORM``, ``_tile_inv_rms``: from ``squares`` where ``LOADED``) plus the bias,
-    rounded once
-    to y's dtype; with ``RESIDUAL``, then added to the residual's tile and rounded
-    again (eager's ``residual + linear(x)``); with ``SQUARES``, the output's partial
-    squares stored beside it (``_group_squares``, to ``q_ptr``)."""
+    """The output tile of rows ``rm`` and column tile ``col_tile``: fp32 ``acc``
+    (scaled by each row's inverse RMS with ``NORM``, ``_tile_inv_rms``: from
+    ``squares`` where ``LOADED``) plus the bias, rounded once to y's dtype; with
+    ``RESIDUAL``, then added to the residual's tile and rounded again (eager's
+    ``residual + linear(x)``); with ``SQUARES``, the output's partial squares stored
+    beside it (``_group_squares``, to ``q_ptr``)."""
     dtype = y_ptr.dtype.element_ty
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     if NORM:
@@ -364,12 +365,60 @@ def _store_rows(
         out = (residual.to(tl.float32) + out.to(tl.float32)).to(dtype)
     tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], out, mask=mask)
     if SQUARES:
-        rq = tl.program_id(1) * (BLOCK_N // 16) + tl.arange(0, BLOCK_N // 16)
+        rq = col_tile * (BLOCK_N // 16) + tl.arange(0, BLOCK_N // 16)
         tl.store(
             q_ptr + rm[:, None] * stride_qm + rq[None, :],
             _group_squares(out, BLOCK_M, BLOCK_N),
             mask=(rm[:, None] < M) & (rq[None, :] < N // 16),
         )
+
+
+@triton.jit
+def _linear_tile(
+    x_ptr, w_ptr, b_ptr, s_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_xm, stride_wn,
+    stride_sm, stride_rm, stride_ym, stride_qm, eps, row_block, col_tile,
+    HAS_BIAS: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
+    SQUARES: tl.constexpr, ROW_TILES: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUPS: tl.constexpr,
+    PDL: tl.constexpr, EARLY_WEIGHTS: tl.constexpr,
+):  # fmt: skip
+    """``residual + linear(rms_norm(x))``, each part optional (``NORM``: x's partial
+    squares ``s_ptr`` and ``eps``, the gain folded into w; ``RESIDUAL``: ``r_ptr``),
+    and with ``SQUARES`` the result's partial squares (``q_ptr``), of the
+    ``ROW_TILES`` row tiles of ``row_block`` and column tile ``col_tile``: a program
+    of ``_rows_linear_kernel``, or one tile of a persistent kernel's phase. With
+    ``PDL``, launched programmatically: the wait before anything else, or with
+    ``EARLY_WEIGHTS`` before anything but the last K steps' weight tiles
+    (``_rows_dot``)."""
+    rm = row_block * ROW_TILES * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = col_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc0, acc1, acc2, acc3, squares = _rows_dot(
+        x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, rm, rn, s_ptr, stride_sm, ROW_TILES,
+        BLOCK_M, BLOCK_N, BLOCK_K, PDL, EARLY_WEIGHTS, NORM, GROUPS,
+    )  # fmt: skip
+    _store_rows(
+        acc0, squares, b_ptr, s_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm,
+        stride_ym, stride_qm, eps, rm, rn, col_tile, HAS_BIAS, NORM, RESIDUAL, SQUARES, True,
+        GROUPS, BLOCK_M, BLOCK_N,
+    )  # fmt: skip
+    if ROW_TILES > 1:
+        _store_rows(
+            acc1, squares, b_ptr, s_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm,
+            stride_ym, stride_qm, eps, rm + BLOCK_M, rn, col_tile, HAS_BIAS, NORM, RESIDUAL,
+            SQUARES, False, GROUPS, BLOCK_M, BLOCK_N,
+        )  # fmt: skip
+    if ROW_TILES > 2:
+        _store_rows(
+            acc2, squares, b_ptr, s_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm,
+            stride_ym, stride_qm, eps, rm + 2 * BLOCK_M, rn, col_tile, HAS_BIAS, NORM,
+            RESIDUAL, SQUARES, False, GROUPS, BLOCK_M, BLOCK_N,
+        )  # fmt: skip
+    if ROW_TILES > 3:
+        _store_rows(
+            acc3, squares, b_ptr, s_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm,
+            stride_ym, stride_qm, eps, rm + 3 * BLOCK_M, rn, col_tile, HAS_BIAS, NORM,
+            RESIDUAL, SQUARES, False, GROUPS, BLOCK_M, BLOCK_N,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -403,42 +452,14 @@ def _rows_linear_kernel(
     PDL: tl.constexpr = False,
     EARLY_WEIGHTS: tl.constexpr = 0,
 ):
-    """``residual + linear(rms_norm(x))``, each part optional (``NORM``: x's partial
-    squares ``s_ptr`` and ``eps``, the gain folded into w; ``RESIDUAL``: ``r_ptr``),
-    and with ``SQUARES`` the result's partial squares (``q_ptr``), of the
-    ``ROW_TILES`` row tiles of ``program_id(0)`` and column tile ``program_id(1)``.
-    With ``PDL``, launched programmatically: the wait before anything else, or with
-    ``EARLY_WEIGHTS`` before anything but the last K steps' weight tiles
-    (``_rows_dot``)."""
-    rm = tl.program_id(0) * ROW_TILES * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc0, acc1, acc2, acc3, squares = _rows_dot(
-        x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, rm, rn, s_ptr, stride_sm, ROW_TILES,
-        BLOCK_M, BLOCK_N, BLOCK_K, PDL, EARLY_WEIGHTS, NORM, GROUPS,
+    """``_linear_tile`` of the ``ROW_TILES`` row tiles of ``program_id(0)`` and column
+    tile ``program_id(1)``."""
+    _linear_tile(
+        x_ptr, w_ptr, b_ptr, s_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_xm, stride_wn,
+        stride_sm, stride_rm, stride_ym, stride_qm, eps, tl.program_id(0), tl.program_id(1),
+        HAS_BIAS, NORM, RESIDUAL, SQUARES, ROW_TILES, BLOCK_M, BLOCK_N, BLOCK_K, GROUPS, PDL,
+        EARLY_WEIGHTS,
     )  # fmt: skip
-    _store_rows(
-        acc0, squares, b_ptr, s_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm,
-        stride_ym, stride_qm, eps, rm, rn, HAS_BIAS, NORM, RESIDUAL, SQUARES, True, GROUPS,
-        BLOCK_M, BLOCK_N,
-    )  # fmt: skip
-    if ROW_TILES > 1:
-        _store_rows(
-            acc1, squares, b_ptr, s_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm,
-            stride_ym, stride_qm, eps, rm + BLOCK_M, rn, HAS_BIAS, NORM, RESIDUAL, SQUARES,
-            False, GROUPS, BLOCK_M, BLOCK_N,
-        )  # fmt: skip
-    if ROW_TILES > 2:
-        _store_rows(
-            acc2, squares, b_ptr, s_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm,
-            stride_ym, stride_qm, eps, rm + 2 * BLOCK_M, rn, HAS_BIAS, NORM, RESIDUAL, SQUARES,
-            False, GROUPS, BLOCK_M, BLOCK_N,
-        )  # fmt: skip
-    if ROW_TILES > 3:
-        _store_rows(
-            acc3, squares, b_ptr, s_ptr, r_ptr, y_ptr, q_ptr, M, N, K, stride_sm, stride_rm,
-            stride_ym, stride_qm, eps, rm + 3 * BLOCK_M, rn, HAS_BIAS, NORM, RESIDUAL, SQUARES,
-            False, GROUPS, BLOCK_M, BLOCK_N,
-        )  # fmt: skip
 
 
 @triton.jit
@@ -492,37 +513,22 @@ def _gated_step(
 
 
 @triton.jit
-def _rows_gated_kernel(
-    x_ptr,
-    w_ptr,
-    s_ptr,
-    y_ptr,
-    M,
-    N,
-    K,
-    stride_xm,
-    stride_wn,
-    stride_sm,
-    stride_ym,
-    eps,
-    NORM: tl.constexpr,
-    ROW_TILES: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUPS: tl.constexpr = 1,
-    PDL: tl.constexpr = False,
-    EARLY_WEIGHTS: tl.constexpr = 0,
-):
+def _gated_tile(
+    x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_sm, stride_ym, eps,
+    row_block, col_tile, NORM: tl.constexpr, ROW_TILES: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUPS: tl.constexpr, PDL: tl.constexpr,
+    EARLY_WEIGHTS: tl.constexpr,
+):  # fmt: skip
     """``silu(gate) * up`` of columns ``rn`` for the packed weight ``w [2N, K]``
     (gate rows, then up rows): both tiles stream in one K loop and go into each of the
-    program's ``ROW_TILES`` (1 to 4) row tiles by the same dots (as ``_rows_dot``).
-    With ``NORM``, of x's rows normalized (partial squares ``s_ptr``, ``eps``, the gain
-    folded into w; as ``_rows_linear_kernel``). Row tiles of ``program_id(0)``, column
-    tile ``program_id(1)``. ``PDL`` and ``EARLY_WEIGHTS`` as ``_rows_dot``'s (each
-    early step two tiles here)."""
-    rm = tl.program_id(0) * ROW_TILES * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ``ROW_TILES`` (1 to 4) row tiles of ``row_block`` by the same dots (as
+    ``_rows_dot``), column tile ``col_tile``: a program of ``_rows_gated_kernel``, or
+    one tile of a persistent kernel's phase. With ``NORM``, of x's rows normalized
+    (partial squares ``s_ptr``, ``eps``, the gain folded into w; as ``_linear_tile``).
+    ``PDL`` and ``EARLY_WEIGHTS`` as ``_rows_dot``'s (each early step two tiles
+    here)."""
+    rm = row_block * ROW_TILES * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = col_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     up_ptr = w_ptr + N * stride_wn
     gate0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -599,6 +605,38 @@ def _rows_gated_kernel(
             gate3, up3, squares, s_ptr, y_ptr, M, N, K, stride_sm, stride_ym, eps,
             rm + 3 * BLOCK_M, rn, NORM, False, GROUPS, BLOCK_M,
         )  # fmt: skip
+
+
+@triton.jit
+def _rows_gated_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_sm,
+    stride_ym,
+    eps,
+    NORM: tl.constexpr,
+    ROW_TILES: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUPS: tl.constexpr = 1,
+    PDL: tl.constexpr = False,
+    EARLY_WEIGHTS: tl.constexpr = 0,
+):
+    """``_gated_tile`` of the ``ROW_TILES`` row tiles of ``program_id(0)`` and column
+    tile ``program_id(1)``."""
+    _gated_tile(
+        x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_sm, stride_ym, eps,
+        tl.program_id(0), tl.program_id(1), NORM, ROW_TILES, BLOCK_M, BLOCK_N, BLOCK_K,
+        GROUPS, PDL, EARLY_WEIGHTS,
+    )  # fmt: skip
 
 
 @triton.jit

@@ -105,14 +105,16 @@ def _rope_group(
     stride_kvs,
     writes,
     kvh,
+    kv_heads,
     GROUP: tl.constexpr,
     HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     HAS_NORM: tl.constexpr,
 ):
-    """The packed projection of one row finished for kv head ``kvh``, as
-    ``triton_kv_write`` finishes it (the same arithmetic, so the same bits): its
+    """The packed projection of one row finished for kv head ``kvh`` (of
+    ``kv_heads``), as ``triton_kv_write`` finishes it (the same arithmetic, so the
+    same bits): its
     GROUP query heads normalized and rotated to ``q_dst`` (every split of the group
     stores the same bytes there and reads back its own), and, where ``writes``, its
     keys normalized and rotated and its values written to the row's cache row (zeros
@@ -133,7 +135,7 @@ def _rope_group(
         k_dst = kv_head + (row // PAGE_SIZE) * stride_kvp + (row % PAGE_SIZE) * stride_kvs
         _write_kv(
             qkv_row + (HEADS + kvh) * HEAD_DIM,
-            qkv_row + (HEADS + tl.num_programs(1) + kvh) * HEAD_DIM,
+            qkv_row + (HEADS + kv_heads + kvh) * HEAD_DIM,
             k_w_ptr, cos_row, sin_row, eps, row, k_dst, k_dst + stride_kv, offs, ok,
             HEAD_DIM, PAGE_SIZE, HAS_NORM,
         )  # fmt: skip
@@ -141,63 +143,22 @@ def _rope_group(
 
 
 @triton.jit
-def _decode_split_kernel(
-    q_ptr,
-    kv_ptr,
-    page_table_ptr,
-    seq_lens_ptr,
-    part_m_ptr,
-    part_l_ptr,
-    part_acc_ptr,
-    qk_scale,
-    stride_qb,
-    stride_qh,
-    stride_qd,
-    stride_kv,
-    stride_kvp,
-    stride_kvs,
-    stride_kvh,
-    stride_kvd,
-    stride_ptb,
-    stride_ptp,
-    stride_mb,
-    stride_mh,
-    stride_ms,
-    stride_ab,
-    stride_ah,
-    stride_as,
-    stride_ad,
-    qkv_ptr,
-    q_w_ptr,
-    k_w_ptr,
-    cos_ptr,
-    sin_ptr,
-    rows_ptr,
-    eps,
-    stride_t,
-    stride_cos,
-    GROUP: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    UPCAST: tl.constexpr,
-    ROPE: tl.constexpr = False,
-    HEADS: tl.constexpr = 0,
-    HAS_NORM: tl.constexpr = False,
-    PDL: tl.constexpr = False,
-):
-    """One (row, kv head, split): all query heads of the kv-head group against a
-    contiguous range of that row's pages; writes unnormalised partial results. With
-    ``PDL``, launched programmatically: the wait before anything else
-    (``programmatic_launch``). With ``ROPE``, the row's packed projection ``qkv`` is
-    finished here first (``_rope_group``): q_ptr is where the group's queries go."""
-    if PDL:
-        await_producer()
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
-    split = tl.program_id(2)
-
+def _split_tile(
+    q_ptr, kv_ptr, page_table_ptr, seq_lens_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
+    qk_scale, stride_qb, stride_qh, stride_qd, stride_kv, stride_kvp, stride_kvs,
+    stride_kvh, stride_kvd, stride_ptb, stride_ptp, stride_mb, stride_mh, stride_ms,
+    stride_ab, stride_ah, stride_as, stride_ad, qkv_ptr, q_w_ptr, k_w_ptr, cos_ptr,
+    sin_ptr, rows_ptr, eps, stride_t, stride_cos, b, kvh, split, kv_heads,
+    GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, UPCAST: tl.constexpr,
+    ROPE: tl.constexpr, HEADS: tl.constexpr, HAS_NORM: tl.constexpr,
+):  # fmt: skip
+    """Row ``b``, kv head ``kvh`` (of ``kv_heads``), split ``split``: all query heads
+    of the kv-head group against a contiguous range of that row's pages; writes
+    unnormalised partial results. A program of ``_decode_split_kernel``, or one tile
+    of a persistent kernel's phase. With ``ROPE``, the row's packed projection
+    ``qkv`` is finished here first (``_rope_group``): q_ptr is where the group's
+    queries go."""
     # The split's page range depends only on this row's seq_len and NUM_SPLITS, never
     # on the batch size: that is what makes the output batch invariant.
     seq_len = tl.load(seq_lens_ptr + b)
@@ -212,7 +173,7 @@ def _decode_split_kernel(
             sin_ptr + b * stride_cos, rows_ptr + b, eps,
             q_ptr + b * stride_qb + kvh * GROUP * stride_qh, stride_qh,
             kv_ptr + kvh * stride_kvh, stride_kv, stride_kvp, stride_kvs, writes, kvh,
-            GROUP, HEADS, HEAD_DIM, PAGE_SIZE, HAS_NORM,
+            kv_heads, GROUP, HEADS, HEAD_DIM, PAGE_SIZE, HAS_NORM,
         )  # fmt: skip
 
     offs_h = tl.arange(0, BLOCK_H)
@@ -265,11 +226,25 @@ def _decode_split_kernel(
 
 
 @triton.jit
-def _decode_combine_kernel(
+def _decode_split_kernel(
+    q_ptr,
+    kv_ptr,
+    page_table_ptr,
+    seq_lens_ptr,
     part_m_ptr,
     part_l_ptr,
     part_acc_ptr,
-    out_ptr,
+    qk_scale,
+    stride_qb,
+    stride_qh,
+    stride_qd,
+    stride_kv,
+    stride_kvp,
+    stride_kvs,
+    stride_kvh,
+    stride_kvd,
+    stride_ptb,
+    stride_ptp,
     stride_mb,
     stride_mh,
     stride_ms,
@@ -277,22 +252,49 @@ def _decode_combine_kernel(
     stride_ah,
     stride_as,
     stride_ad,
-    stride_ob,
-    stride_oh,
-    stride_od,
+    qkv_ptr,
+    q_w_ptr,
+    k_w_ptr,
+    cos_ptr,
+    sin_ptr,
+    rows_ptr,
+    eps,
+    stride_t,
+    stride_cos,
+    GROUP: tl.constexpr,
+    BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
-    BLOCK_S: tl.constexpr,
+    UPCAST: tl.constexpr,
+    ROPE: tl.constexpr = False,
+    HEADS: tl.constexpr = 0,
+    HAS_NORM: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
-    """One (row, query head): merge the NUM_SPLITS partial softmaxes. With ``PDL``,
-    launched programmatically: the wait for the split before anything else, then the
-    o projection, launched programmatically too, may launch under this merge
-    (``programmatic_launch``)."""
+    """One (row, kv head, split) program: ``_split_tile``. With ``PDL``, launched
+    programmatically: the wait before anything else (``programmatic_launch``)."""
     if PDL:
         await_producer()
-    b = tl.program_id(0)
-    h = tl.program_id(1)
+    _split_tile(
+        q_ptr, kv_ptr, page_table_ptr, seq_lens_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
+        qk_scale, stride_qb, stride_qh, stride_qd, stride_kv, stride_kvp, stride_kvs,
+        stride_kvh, stride_kvd, stride_ptb, stride_ptp, stride_mb, stride_mh, stride_ms,
+        stride_ab, stride_ah, stride_as, stride_ad, qkv_ptr, q_w_ptr, k_w_ptr, cos_ptr,
+        sin_ptr, rows_ptr, eps, stride_t, stride_cos,
+        tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(1), GROUP,
+        BLOCK_H, HEAD_DIM, PAGE_SIZE, NUM_SPLITS, UPCAST, ROPE, HEADS, HAS_NORM,
+    )  # fmt: skip
+
+
+@triton.jit
+def _combine_tile(
+    part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, stride_mb, stride_mh, stride_ms,
+    stride_ab, stride_ah, stride_as, stride_ad, stride_ob, stride_oh, stride_od, b, h,
+    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+):  # fmt: skip
+    """Row ``b``, query head ``h``: merge the NUM_SPLITS partial softmaxes. A program
+    of ``_decode_combine_kernel``, or one tile of a persistent kernel's phase."""
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, HEAD_DIM)
     s_ok = offs_s < NUM_SPLITS
@@ -321,6 +323,40 @@ def _decode_combine_kernel(
         out_ptr + b * stride_ob + h * stride_oh + offs_d * stride_od,
         out.to(out_ptr.dtype.element_ty),
     )
+
+
+@triton.jit
+def _decode_combine_kernel(
+    part_m_ptr,
+    part_l_ptr,
+    part_acc_ptr,
+    out_ptr,
+    stride_mb,
+    stride_mh,
+    stride_ms,
+    stride_ab,
+    stride_ah,
+    stride_as,
+    stride_ad,
+    stride_ob,
+    stride_oh,
+    stride_od,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """One (row, query head) program: ``_combine_tile``. With ``PDL``, launched
+    programmatically: the wait for the split before anything else, then the o
+    projection, launched programmatically too, may launch under this merge
+    (``programmatic_launch``)."""
+    if PDL:
+        await_producer()
+    _combine_tile(
+        part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, stride_mb, stride_mh, stride_ms,
+        stride_ab, stride_ah, stride_as, stride_ad, stride_ob, stride_oh, stride_od,
+        tl.program_id(0), tl.program_id(1), HEAD_DIM, NUM_SPLITS, BLOCK_S,
+    )  # fmt: skip
 
 
 @triton.jit

@@ -1,0 +1,186 @@
+"""SmolLM2-135M's decode layers as one persistent kernel each against the per-kernel
+chain serving runs today (``--decode-fusion norms``), on the H200.
+
+The chain's layer is six kernels (qkv, attention's split with the rotary write, its
+merge, o, gate/up, down), each 2.6 to 4.4 us whatever its bytes
+(``bench/results/issue23/2026-12-05b-h200-head``). The persistent kernel
+(``ignition.components.persistent_layer``) runs the same tiles with grid barriers
+between its phases. Each variant is a CUDA graph of the model's 30 layers (random
+weights, its own cache per layer, every row ``--context`` tokens long), launched
+programmatically as serving launches, replayed in blocks (medians and p99):
+
+- ``chain``: the six kernels a layer, the chain's tiles;
+- ``chain-narrow``: the same with 16-column tiles for qkv, o and down (more
+  programs for the small projections; every width gives the same bits);
+- ``persistent``: one kernel a layer, the chain's tiles;
+- ``persistent-narrow``: the same with the narrow tiles;
+- ``persistent-phases``: the persistent kernel launched once per phase (its kernel
+  boundaries in place of its barriers: what the barriers cost against boundaries).
+
+Before timing, the persistent kernel's output (all 30 layers, one launch a layer)
+must equal its phase-by-phase launches bit for bit, and its distance from the
+chain's is recorded (they differ by the attention phases' contraction, which the
+whole persistent kernel compiles without).
+
+    python -m bench.persistent_layer_bench --out OUT.json   (PYTHONPATH: the repository)
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+import torch
+
+from bench.cuda_timing import blocks_us, capture, run_measurement
+from ignition.components import linear
+from ignition.components.kv_cache import PagedKvCache
+from ignition.components.persistent_layer import (
+    LayerShape,
+    LayerStep,
+    LayerWeights,
+    chain_layer,
+    layer_shape,
+    phase_tiles,
+    triton_persistent_layer,
+)
+from ignition.components.programmatic_launch import programmatic_launch
+
+# SmolLM2-135M: hidden, heads, kv heads, head_dim, intermediate, layers; the serving
+# page size.
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS = 576, 9, 3, 64, 1536, 30
+PAGE = 64
+EPS = 1e-5
+NARROW = {"qkv": 16, "o": 16, "down": 16}
+DEVICE = "cuda"
+
+Layer = tuple[LayerWeights, LayerStep]
+
+
+def _layers(rows: int, context: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, list[Layer]]:
+    """x, its partial squares, and LAYERS layers of random weights, each with its own
+    cache of ``rows`` rows of ``context`` tokens (the newest pending)."""
+    device = torch.device(DEVICE)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    per_row = -(-context // PAGE)
+    pages = 1 + rows * per_row
+    table = (1 + torch.arange(rows * per_row, dtype=torch.int32, device=device)).view(rows, -1)
+    pos = context - 1
+    row_ids = table[:, pos // PAGE].long() * PAGE + pos % PAGE
+    angles = torch.rand(rows, HEAD_DIM // 2, generator=gen, device=device) * 6.3
+    angles = torch.cat((angles, angles), dim=-1)
+
+    def w(n: int, k: int) -> torch.Tensor:
+        return (torch.randn(n, k, generator=gen, device=device) / k**0.5).to(torch.bfloat16)
+
+    layers = []
+    for _ in range(LAYERS):
+        kv = PagedKvCache.allocate(1, pages, PAGE, KV_HEADS, HEAD_DIM, torch.bfloat16, device).kv[0]
+        kv.copy_(torch.randn(kv.shape, generator=gen, device=device).to(torch.bfloat16))
+        kv[:, 0] = 0
+        weights = LayerWeights(
+            w((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN), w(HIDDEN, HEADS * HEAD_DIM),
+            w(2 * INTER, HIDDEN), w(HIDDEN, INTER),
+        )  # fmt: skip
+        step = LayerStep(
+            kv, table, torch.full((rows,), context, dtype=torch.int32, device=device), row_ids,
+            angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16),
+        )  # fmt: skip
+        layers.append((weights, step))
+    x = (torch.randn(rows, HIDDEN, generator=gen, device=device) * 2).to(torch.bfloat16)
+    return x, linear.group_squares(x), layers
+
+
+def _model(
+    x: torch.Tensor, squares: torch.Tensor, layers: list[Layer],
+    layer: Callable[[torch.Tensor, torch.Tensor, LayerWeights, LayerStep], tuple],
+) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:  # fmt: skip
+    """The step's layers in order, each taking the one before's output and squares."""
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        h, s = x, squares
+        with programmatic_launch(True):
+            for weights, step in layers:
+                h, s = layer(h, s, weights, step)
+        return h, s
+
+    return run
+
+
+def measure(args: argparse.Namespace) -> dict:
+    results = []
+    state = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    for rows in args.rows:
+        x, squares, layers = _layers(rows, args.context, seed=rows)
+        shapes = {
+            name: layer_shape(layers[0][0], HEADS, HEAD_DIM, rows, EPS, widths=widths)
+            for name, widths in (("default", None), ("narrow", NARROW))
+        }
+
+        def chain(shape: LayerShape) -> Callable:
+            return lambda h, s, w, st: chain_layer(h, s, w, st, shape)
+
+        def persistent(shape: LayerShape, by_phase: bool = False) -> Callable:
+            return lambda h, s, w, st: triton_persistent_layer(
+                h, s, w, st, shape, state, by_phase=by_phase
+            )
+
+        variants = {
+            "chain": chain(shapes["default"]),
+            "chain-narrow": chain(shapes["narrow"]),
+            "persistent": persistent(shapes["default"]),
+            "persistent-narrow": persistent(shapes["narrow"]),
+            "persistent-phases": persistent(shapes["default"], by_phase=True),
+        }
+        runs = {name: _model(x, squares, layers, fn) for name, fn in variants.items()}
+        outputs = {name: run() for name, run in runs.items()}
+        phased = _model(x, squares, layers, persistent(shapes["narrow"], by_phase=True))()
+        # Each barrier launch against the same kernel and tiles launched phase by phase.
+        references = {"persistent": outputs["persistent-phases"], "persistent-narrow": phased}
+        bitwise = {
+            name: all(torch.equal(a, b) for a, b in zip(outputs[name], ref, strict=True))
+            for name, ref in references.items()
+        }
+        from_chain = (outputs["persistent"][0].float() - outputs["chain"][0].float()).abs()
+        print(f"rows {rows}: barriers equal phase by phase: {bitwise}", flush=True)
+        graphs = {name: capture(run) for name, run in runs.items()}
+        timed = blocks_us(graphs, args.replays, args.blocks)
+        per_layer = {name: t["median_us"] / LAYERS for name, t in timed.items()}
+        for name, us in per_layer.items():
+            ratio = timed[name]["median_us"] / timed["chain"]["median_us"]
+            print(f"rows {rows} {name}: {us:.2f} us a layer, {ratio:.3f}x the chain", flush=True)
+        results.append(
+            {
+                "rows": rows,
+                "phase_tiles": {
+                    name: phase_tiles(rows, shape, HIDDEN, KV_HEADS, HEAD_DIM, INTER)
+                    for name, shape in shapes.items()
+                },
+                "tiles": {name: shape.tiles for name, shape in shapes.items()},
+                "bitwise_with_phases": bitwise,
+                "max_abs_from_chain": from_chain.max().item(),
+                "graphs": timed,
+                "per_layer_us": per_layer,
+            }
+        )
+    return {
+        "device": torch.cuda.get_device_name(),
+        "sms": torch.cuda.get_device_properties(0).multi_processor_count,
+        "context": args.context,
+        "layers": LAYERS,
+        "replays": args.replays,
+        "blocks": args.blocks,
+        "barrier_state_after": state.tolist(),
+        "results": results,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--context", type=int, default=128)
+    return run_measurement(parser, measure, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
