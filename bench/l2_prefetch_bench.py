@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from bench.cuda_timing import blocks_us, capture, run_measurement
+from ignition.components.l2_prefetch import prefetch_l2
 from ignition.components.linear import triton_rows_linear
 
 # (name, N, K): Qwen3-8B's o and qkv, SmolLM2-135M's qkv and gate/up.
@@ -46,30 +47,12 @@ SHAPES = (
 LINE = 128
 
 
-# One bulk prefetch of $2 bytes at $1 into L2, skipped for 0 bytes.
-BULK_PREFETCH = tl.constexpr(
-    "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; } // $0"
-)
-
-
 @triton.jit
 def _bulk_prefetch(w_ptr, nbytes, chunk, BLOCK: tl.constexpr):
     """Program i prefetches bytes [i * chunk, (i+1) * chunk) of the weight, one bulk
     prefetch per BLOCK-th of that chunk (16-byte units)."""
-    pid = tl.program_id(0)
-    offs = tl.arange(0, BLOCK)
-    piece = chunk // BLOCK
-    start = pid.to(tl.int64) * chunk + offs.to(tl.int64) * piece
-    size = tl.minimum(piece, tl.maximum(nbytes - start, 0)).to(tl.int32)
-    ok = size > 0
-    tl.inline_asm_elementwise(
-        BULK_PREFETCH,
-        "=r,l,r",
-        [w_ptr + tl.where(ok, start, 0), tl.where(ok, size, 0)],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
+    start = tl.program_id(0).to(tl.int64) * chunk
+    prefetch_l2(w_ptr + start, nbytes - start, chunk // BLOCK, BLOCK)
 
 
 @triton.jit

@@ -14,6 +14,9 @@ programmatically as serving launches, replayed in blocks (medians and p99):
   programs for the small projections; every width gives the same bits);
 - ``persistent``: one kernel a layer, the chain's tiles;
 - ``persistent-narrow``: the same with the narrow tiles;
+- ``persistent-prefetch``, ``persistent-narrow-prefetch``: the same, each program
+  first prefetching into L2 the weight rows of all its tiles of the layer (before
+  its wait for the kernel before, so under the layer before's tail);
 - ``persistent-phases``: the persistent kernel launched once per phase (its kernel
   boundaries in place of its barriers: what the barriers cost against boundaries).
 
@@ -120,9 +123,11 @@ def measure(args: argparse.Namespace) -> dict:
         def chain(shape: LayerShape) -> Callable:
             return lambda h, s, w, st: chain_layer(h, s, w, st, shape)
 
-        def persistent(shape: LayerShape, by_phase: bool = False) -> Callable:
+        def persistent(
+            shape: LayerShape, by_phase: bool = False, prefetch: bool = False
+        ) -> Callable:
             return lambda h, s, w, st: triton_persistent_layer(
-                h, s, w, st, shape, state, by_phase=by_phase
+                h, s, w, st, shape, state, by_phase=by_phase, prefetch=prefetch
             )
 
         variants = {
@@ -130,13 +135,20 @@ def measure(args: argparse.Namespace) -> dict:
             "chain-narrow": chain(shapes["narrow"]),
             "persistent": persistent(shapes["default"]),
             "persistent-narrow": persistent(shapes["narrow"]),
+            "persistent-prefetch": persistent(shapes["default"], prefetch=True),
+            "persistent-narrow-prefetch": persistent(shapes["narrow"], prefetch=True),
             "persistent-phases": persistent(shapes["default"], by_phase=True),
         }
         runs = {name: _model(x, squares, layers, fn) for name, fn in variants.items()}
         outputs = {name: run() for name, run in runs.items()}
         phased = _model(x, squares, layers, persistent(shapes["narrow"], by_phase=True))()
         # Each barrier launch against the same kernel and tiles launched phase by phase.
-        references = {"persistent": outputs["persistent-phases"], "persistent-narrow": phased}
+        references = {
+            "persistent": outputs["persistent-phases"],
+            "persistent-narrow": phased,
+            "persistent-prefetch": outputs["persistent-phases"],
+            "persistent-narrow-prefetch": phased,
+        }
         bitwise = {
             name: all(torch.equal(a, b) for a, b in zip(outputs[name], ref, strict=True))
             for name, ref in references.items()

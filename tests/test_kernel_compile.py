@@ -294,7 +294,8 @@ constexprs = dict(HIDDEN=576, HEADS=9, KV_HEADS=3, HEAD_DIM=64, INTER=1536, PAGE
                   NUM_SPLITS=16, BLOCK_H=16, BLOCK_S=16, NORM_IN=True, HAS_NORM=False,
                   UPCAST=False, ROW_TILES=1, BLOCK_M=16, QKV_N=qkv[0], QKV_K=qkv[1], O_N=o[0],
                   O_K=o[1], GU_N=gate_up[0] // 2, GU_K=gate_up[1], DOWN_N=down[0],
-                  DOWN_K=down[1], GROUPS_HIDDEN=64, GROUPS_HEADS=64, PHASE=-1, PDL=True)
+                  DOWN_K=down[1], GROUPS_HIDDEN=64, GROUPS_HEADS=64, PHASE=-1,
+                  PREFETCH=True, PDL=True)
 names = _persistent_layer_kernel.arg_names
 signature = {name: "constexpr" if name in constexprs else PERSISTENT_PTRS.get(
     name, "*bf16" if name.endswith("_ptr") else
@@ -306,6 +307,9 @@ k = triton.compile(ASTSource(_persistent_layer_kernel, signature, constexprs=con
                    options=dict(num_warps=4, num_stages=4, launch_pdl=True,
                                 enable_fp_fusion=False))
 ptx = k.asm["ptx"]
+# With PREFETCH, its bulk L2 prefetches (five weights' tiles) all before the wait.
+prefetches = [m.start() for m in re.finditer(r"cp\\.async\\.bulk\\.prefetch\\.L2", ptx)]
+print("prefetch", len(prefetches), max(prefetches) < ptx.index("griddepcontrol.wait"))
 print("persistent", len(re.findall(r"@%p\\d+ atom\\.global\\.gpu\\.acq_rel\\.add", ptx)),
       len(re.findall(r"ld\\.acquire\\.gpu", ptx)), len(re.findall(r"ld\\.global\\.nc", ptx)),
       len(re.findall(r"cp\\.async", ptx)), k.metadata.shared)
@@ -332,6 +336,7 @@ def test_the_new_kernels_compile_for_sm90() -> None:
     )
     assert arrivals == "5" and int(acquires) == 10 and nc == "0", done.stdout
     assert int(copies) > 0 and 0 < int(shared) <= 232448, done.stdout
+    assert found[("prefetch",)] == ["5", "True"], done.stdout
     for dim in ("128", "64"):
         nc, barrier = found[("split_rope", dim)]
         assert nc == "0" and barrier == "True", done.stdout

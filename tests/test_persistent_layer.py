@@ -170,7 +170,8 @@ def test_the_barriers_give_the_phase_by_phase_bits_on_the_gpu(
     norms: bool, lengths: list[int]
 ) -> None:
     """SmolLM2-135M's geometry (and Qwen3's q/k norms), compiled: one launch with its
-    barriers against the same kernel launched phase by phase, bit for bit; the chain
+    barriers (its weights prefetched into L2 or not) against the same kernel launched
+    phase by phase, bit for bit; the chain
     within the rounding of its contracted attention arithmetic; and ten replays of one
     captured graph, each the same, with the barrier's count back at zero."""
     x, squares, weights, step = _layer(lengths, 576, 9, 3, 64, 1536, 64, norms, 5, "cuda")
@@ -180,6 +181,12 @@ def test_the_barriers_give_the_phase_by_phase_bits_on_the_gpu(
     ours_step = step._replace(kv=step.kv.clone())
     ours = triton_persistent_layer(x, squares, weights, ours_step, shape, state)
     for a, b in zip(phased, (*ours, ours_step.kv), strict=True):
+        assert torch.equal(a, b)
+    prefetch_step = step._replace(kv=step.kv.clone())
+    prefetched = triton_persistent_layer(
+        x, squares, weights, prefetch_step, shape, state, prefetch=True
+    )
+    for a, b in zip(phased, (*prefetched, prefetch_step.kv), strict=True):
         assert torch.equal(a, b)
     torch.testing.assert_close(ours[0].float(), chain[0].float(), rtol=2**-6, atol=2**-6)
     assert state[0].item() == 0

@@ -50,6 +50,7 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 from ignition.components import linear
+from ignition.components.l2_prefetch import prefetch_l2
 from ignition.components.programmatic_launch import await_producer, kernel_options
 from ignition.components.triton_attention import (
     DEFAULT_NUM_SPLITS,
@@ -140,6 +141,19 @@ def _phase_end(state_ptr, programs, PHASE: tl.constexpr):
 
 
 @triton.jit
+def _prefetch_tiles(w_ptr, pid, programs, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Bulk L2 prefetches of the weight rows of this program's tiles of a phase
+    (``BLOCK_N`` rows of ``w [N, K]`` each, 16-bit elements; contiguous)."""
+    lanes: tl.constexpr = tl.extra.cuda.num_threads()
+    tile_bytes: tl.constexpr = BLOCK_N * K * 2
+    piece: tl.constexpr = (tile_bytes // lanes + 15) // 16 * 16
+    base = w_ptr.to(tl.pointer_type(tl.int8))
+    for t in range(pid, tl.cdiv(N, BLOCK_N), programs):
+        rows = tl.minimum(N - t * BLOCK_N, BLOCK_N)
+        prefetch_l2(base + t.to(tl.int64) * tile_bytes, rows * K * 2, piece, lanes)
+
+
+@triton.jit
 def _persistent_layer_kernel(
     x_ptr, s_ptr, wqkv_ptr, qkv_ptr, q_ptr, kv_ptr, pt_ptr, seq_ptr, pm_ptr, pl_ptr,
     pa_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, rows_ptr, attn_ptr, wo_ptr, h_ptr, hs_ptr,
@@ -153,16 +167,24 @@ def _persistent_layer_kernel(
     QKV_K: tl.constexpr, O_N: tl.constexpr, O_K: tl.constexpr, GU_N: tl.constexpr,
     GU_K: tl.constexpr, DOWN_N: tl.constexpr, DOWN_K: tl.constexpr,
     GROUPS_HIDDEN: tl.constexpr, GROUPS_HEADS: tl.constexpr, PHASE: tl.constexpr = -1,
-    PDL: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """The layer's phases (module docstring) for rows ``M`` (contiguous tensors; the
     strides follow from the constexpr shapes), all of them with a barrier after
     each but the last (``PHASE`` -1), or phase ``PHASE`` alone. ``*_N``/``*_K``:
-    each projection's tile."""
-    if PDL:
-        await_producer()
+    each projection's tile. With ``PREFETCH`` (all phases only), the program first
+    prefetches into L2 the weight rows of all its projection tiles (no kernel of a
+    step writes a weight, so before the wait for the kernel before)."""
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
+    if PREFETCH:
+        _prefetch_tiles(wqkv_ptr, pid, programs, (HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN, QKV_N)
+        _prefetch_tiles(wo_ptr, pid, programs, HIDDEN, HEADS * HEAD_DIM, O_N)
+        _prefetch_tiles(wgu_ptr, pid, programs, INTER, HIDDEN, GU_N)
+        _prefetch_tiles(wgu_ptr + INTER * HIDDEN, pid, programs, INTER, HIDDEN, GU_N)
+        _prefetch_tiles(wd_ptr, pid, programs, HIDDEN, INTER, DOWN_N)
+    if PDL:
+        await_producer()
     group: tl.constexpr = HEADS // KV_HEADS
     qkv_cols: tl.constexpr = (HEADS + 2 * KV_HEADS) * HEAD_DIM
     attn_cols: tl.constexpr = HEADS * HEAD_DIM
@@ -326,6 +348,8 @@ def _check(x: torch.Tensor, weights: LayerWeights, step: LayerStep, heads: int) 
         raise ValueError(
             "gate_up must be [2 * intermediate, hidden] and down [hidden, intermediate]"
         )
+    if any(w.element_size() != 2 for w in (weights.qkv, weights.o, weights.gate_up, weights.down)):
+        raise ValueError("the weights must be 16-bit")
     if hidden % linear.SQUARE_GROUP:
         raise ValueError(f"the hidden size {hidden} is not a multiple of {linear.SQUARE_GROUP}")
     if (weights.q_norm is None) != (weights.k_norm is None):
@@ -343,6 +367,7 @@ def triton_persistent_layer(
     programs: int | None = None,
     by_phase: bool = False,
     num_stages: int | None = None,
+    prefetch: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``DecodeFusedLayer``'s decode rows under ``--decode-fusion norms`` (the q/k
     norms as Qwen3's where given) in one kernel: the layer's output ``[rows,
@@ -352,7 +377,9 @@ def triton_persistent_layer(
     ``programs``: the grid (default one per SM, at most the largest phase's tiles);
     ``by_phase``: one launch per phase instead of barriers (always under the
     interpreter); ``num_stages``: the K loops' pipeline (default the deepest that
-    every projection's tile fits, ``linear.pipeline_stages``)."""
+    every projection's tile fits, ``linear.pipeline_stages``); ``prefetch``: each
+    program's weight tiles prefetched into L2 at its start (barriers only; PTX, so
+    never under the interpreter)."""
     _check(x, weights, step, shape.heads)
     rows, hidden = x.shape
     kv = step.kv
@@ -416,7 +443,7 @@ def triton_persistent_layer(
             )
     else:
         _persistent_layer_kernel[(programs,)](
-            *args, **constexprs, **options, **kernel_options(x.device)
+            *args, **constexprs, PREFETCH=prefetch, **options, **kernel_options(x.device)
         )
     return y, y_squares
 
