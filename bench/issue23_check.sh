@@ -62,7 +62,9 @@
 #       decode attention finishing its rows' packed projection (the rotary write in the
 #       split kernel): its GPU tests (the two launches' bits, output and cache;
 #       tests/test_rope_decode_attention.py), the programmatic-launch test (its
-#       programmatic edges, bitwise) and the compile-scope GPU test.
+#       programmatic edges, bitwise) and the compile-scope GPU test; then its split
+#       kernel with four and eight warps (bench/decode_attention_bench.py,
+#       OUT/decode-attention.json).
 #   bench/issue23_check.sh boundaries OUT
 #       what a phase boundary costs: a grid barrier in one persistent kernel against a
 #       kernel boundary, plain and programmatic (bench/grid_barrier_bench.py, bounded
@@ -184,6 +186,9 @@ case $part in
     python3 -m pytest -m gpu tests/test_rope_decode_attention.py tests/test_programmatic_launch.py \
       tests/test_compile_scope.py -q -p no:cacheprovider -rs 2>&1 | tee "$out/pytest-gpu.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    python3 -m bench.decode_attention_bench --out "$out/decode-attention.json" \
+      > "$out/decode-attention.log" 2>&1 || status=1
+    cat "$out/decode-attention.log"
     ;;
   boundaries)
     timeout 120 python3 -m bench.grid_barrier_bench --out "$out/grid-barrier.json" \

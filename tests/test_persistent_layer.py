@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from ignition.components import linear
-from ignition.components.kv_cache import PagedKvCache
+from ignition.components.kv_cache import PagedKvCache, rope_decode_attention
 from ignition.components.persistent_layer import (
     PHASES,
+    STATE_WORDS,
+    LayerShape,
     LayerStep,
     LayerWeights,
     chain_layer,
@@ -20,9 +23,11 @@ from ignition.components.persistent_layer import (
     phase_tiles,
     triton_persistent_layer,
 )
+from ignition.components.programmatic_launch import programmatic_launch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 EPS = 1e-5
+NORM_EPS = 1e-6
 
 
 def _layer(
@@ -77,24 +82,58 @@ def _layer(
     return x, linear.group_squares(x), weights, step
 
 
+def _shape(weights: LayerWeights, heads: int, dim: int, rows: int, **widths: int) -> LayerShape:
+    return layer_shape(weights, heads, dim, rows, EPS, norm_eps=NORM_EPS, widths=widths)
+
+
+def _state(device: torch.device) -> torch.Tensor:
+    return torch.zeros(STATE_WORDS, dtype=torch.int32, device=device)
+
+
 def _both(
     x: torch.Tensor,
     squares: torch.Tensor | None,
     weights: LayerWeights,
     step: LayerStep,
     heads: int,
-    **kwargs: bool,
+    widths: dict[str, int] | None = None,
+    **kwargs: object,
 ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], torch.Tensor]:
     """(chain's output, squares, cache), (persistent's output, squares, cache), each
-    from the same cache."""
-    dim = step.kv.shape[-1]
-    shape = layer_shape(weights, heads, dim, x.shape[0], EPS, norm_eps=1e-6)
+    from the same cache, and the barrier's state."""
+    shape = _shape(weights, heads, step.kv.shape[-1], x.shape[0], **(widths or {}))
     chain_step = step._replace(kv=step.kv.clone())
     ours_step = step._replace(kv=step.kv.clone())
-    state = torch.zeros(2, dtype=torch.int32, device=x.device)
+    state = _state(x.device)
     chain = chain_layer(x, squares, weights, chain_step, shape)
     ours = triton_persistent_layer(x, squares, weights, ours_step, shape, state, **kwargs)
     return (*chain, chain_step.kv), (*ours, ours_step.kv), state
+
+
+def _eager(
+    x: torch.Tensor, weights: LayerWeights, step: LayerStep, heads: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer in float32 torch (the norms' gains are ones, folded or not), the
+    attention by the registered operator's CPU reference: its output and cache."""
+
+    def norm(h: torch.Tensor) -> torch.Tensor:
+        h = h.float()
+        return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)
+
+    def mm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return a.float() @ w.float().T
+
+    cpu = lambda t: None if t is None else t.cpu()  # noqa: E731
+    kv = step.kv.cpu().unsqueeze(0).clone()
+    qkv = mm(norm(x), weights.qkv).to(x.dtype)
+    attn = rope_decode_attention(
+        kv, 0, qkv.cpu(), cpu(weights.q_norm), cpu(weights.k_norm), NORM_EPS, step.cos.cpu(),
+        step.sin.cpu(), step.rows.cpu(), heads, step.page_tables.cpu(), step.seq_lens.cpu(),
+        step.kv.shape[-1] ** -0.5,
+    ).to(x.device)  # fmt: skip
+    h = x.float() + mm(attn.reshape(len(x), -1), weights.o)
+    gate, up = mm(norm(h), weights.gate_up).chunk(2, dim=-1)
+    return h + mm(F.silu(gate) * up, weights.down), kv[0].to(x.device)
 
 
 GEOMETRIES = [
@@ -114,7 +153,31 @@ def test_phase_by_phase_gives_the_chains_bits(norms: bool, geometry: tuple) -> N
     for a, b in zip(chain, ours, strict=True):
         assert torch.equal(a, b)
     assert not torch.equal(ours[2], step.kv), "the newest tokens were written"
-    assert state.tolist() == [0, 0], "phase by phase never touches the barrier"
+    assert not state.any(), "phase by phase never touches the barrier"
+    # And what both compute is the layer: against float32 torch, within the bfloat16
+    # roundings of its intermediates (qkv, the attention, h, the activation).
+    y, kv = _eager(x, weights, step, heads)
+    err = ((ours[0].float() - y).norm() / y.norm()).item()
+    assert err < 2e-2, err
+    # The newest keys: qkv rounded once apart, then normed and rotated (a bfloat16
+    # step is 2^-5 at these magnitudes, below 8: four steps allowed).
+    written = (kv != step.kv).any(dim=(0, 2, 3, 4))
+    assert kv[:, written].float().abs().max() < 8
+    torch.testing.assert_close(
+        ours[2][:, written].float(), kv[:, written].float(), rtol=0, atol=2**-3
+    )
+
+
+def test_one_program_walks_every_tile_of_every_phase() -> None:
+    """One program (or two), narrow tiles: each deals itself several tiles of every
+    phase, the chain's bits still."""
+    x, squares, weights, step = _layer([9, 1, 33], 64, 4, 2, 16, 96, 16, True, 13)
+    for programs in (1, 2):
+        chain, ours, _ = _both(
+            x, squares, weights, step, 4, {"qkv": 16, "o": 16, "down": 16}, programs=programs
+        )
+        for a, b in zip(chain, ours, strict=True):
+            assert torch.equal(a, b)
 
 
 def test_the_first_layer_takes_its_rows_normalized() -> None:
@@ -140,7 +203,7 @@ def test_a_row_never_depends_on_its_batch() -> None:
 
 def test_every_phase_deals_its_tiles() -> None:
     weights = _layer([3, 9, 1], 64, 4, 2, 16, 96, 16, False, 1)[2]
-    shape = layer_shape(weights, 4, 16, 3, EPS)
+    shape = _shape(weights, 4, 16, 3)
     counts = phase_tiles(3, shape, 64, 2, 16, 96)
     assert len(counts) == len(PHASES)
     qkv_n, _ = shape.tiles["qkv"]
@@ -150,14 +213,22 @@ def test_every_phase_deals_its_tiles() -> None:
 
 def test_bad_inputs_are_refused() -> None:
     x, squares, weights, step = _layer([5, 0], 64, 4, 2, 16, 96, 16, False, 2)
-    shape = layer_shape(weights, 4, 16, 2, EPS)
-    state = torch.zeros(2, dtype=torch.int32, device=x.device)
+    shape = _shape(weights, 4, 16, 2)
+    state = _state(x.device)
     with pytest.raises(ValueError, match="contiguous"):
         triton_persistent_layer(x.t().contiguous().t(), squares, weights, step, shape, state)
     with pytest.raises(ValueError, match="does not pack"):
         triton_persistent_layer(x, squares, weights, step, shape._replace(heads=2), state)
-    with pytest.raises(ValueError, match="two int32"):
+    with pytest.raises(ValueError, match="int32"):
         triton_persistent_layer(x, squares, weights, step, shape, state.long())
+    with pytest.raises(ValueError, match="partial squares"):
+        triton_persistent_layer(x, squares[:, :2], weights, step, shape, state)
+    with pytest.raises(ValueError, match="int64"):
+        triton_persistent_layer(
+            x, squares, weights, step._replace(rows=step.rows.int()), shape, state
+        )
+    with pytest.raises(ValueError, match="programs"):
+        triton_persistent_layer(x, squares, weights, step, shape, state, programs=0)
     with pytest.raises(ValueError, match="together"):
         odd = weights._replace(q_norm=torch.ones_like(step.cos[0]))
         triton_persistent_layer(x, squares, odd, step, shape, state)
@@ -170,26 +241,28 @@ def test_the_barriers_give_the_phase_by_phase_bits_on_the_gpu(
     norms: bool, lengths: list[int]
 ) -> None:
     """SmolLM2-135M's geometry (and Qwen3's q/k norms), compiled: one launch with its
-    barriers (its weights prefetched into L2 or not) against the same kernel launched
-    phase by phase, bit for bit; the chain
+    barriers (its weights prefetched into L2 or not, launched programmatically or
+    not) against the same kernel launched phase by phase, bit for bit; the chain
     within the rounding of its contracted attention arithmetic; and ten replays of one
     captured graph, each the same, with the barrier's count back at zero."""
     x, squares, weights, step = _layer(lengths, 576, 9, 3, 64, 1536, 64, norms, 5, "cuda")
-    shape = layer_shape(weights, 9, 64, len(lengths), EPS)
-    state = torch.zeros(2, dtype=torch.int32, device="cuda")
+    shape = _shape(weights, 9, 64, len(lengths))
+    state = _state(torch.device("cuda"))
     chain, phased, _ = _both(x, squares, weights, step, 9, by_phase=True)
     ours_step = step._replace(kv=step.kv.clone())
     ours = triton_persistent_layer(x, squares, weights, ours_step, shape, state)
     for a, b in zip(phased, (*ours, ours_step.kv), strict=True):
         assert torch.equal(a, b)
-    prefetch_step = step._replace(kv=step.kv.clone())
-    prefetched = triton_persistent_layer(
-        x, squares, weights, prefetch_step, shape, state, prefetch=True
-    )
-    for a, b in zip(phased, (*prefetched, prefetch_step.kv), strict=True):
-        assert torch.equal(a, b)
+    for launch in ("prefetch", "programmatic"):
+        other_step = step._replace(kv=step.kv.clone())
+        with programmatic_launch(launch == "programmatic"):
+            other = triton_persistent_layer(
+                x, squares, weights, other_step, shape, state, prefetch=launch == "prefetch"
+            )
+        for a, b in zip(phased, (*other, other_step.kv), strict=True):
+            assert torch.equal(a, b), launch
     torch.testing.assert_close(ours[0].float(), chain[0].float(), rtol=2**-6, atol=2**-6)
-    assert state[0].item() == 0
+    assert state[0].item() == 0 and not state[1:32].any()
     graph = torch.cuda.CUDAGraph()
     replay_step = step._replace(kv=step.kv.clone())
     with torch.cuda.graph(graph):

@@ -142,6 +142,22 @@ def _pair_sums(q, ROWS: tl.constexpr, WIDTH: tl.constexpr):
     return first + second
 
 
+# Under Triton's interpreter, the row dots multiply fp32 copies of 16-bit tiles: the
+# interpreter multiplies bfloat16's raw uint16 storage (triton-lang/triton#11584), and
+# bf16 x bf16 products are exact in fp32. Off on the GPU, where the branch compiles out.
+_UPCAST = tl.constexpr(isinstance(_pair_sums, InterpretedFunction))
+
+
+@triton.jit
+def _row_dot(x, wt, acc):
+    """``acc + x @ wt`` in fp32 (``_UPCAST``)."""
+    if _UPCAST:
+        out = tl.dot(x.to(tl.float32), wt.to(tl.float32), acc)
+    else:
+        out = tl.dot(x, wt, acc)
+    return out
+
+
 @triton.jit
 def _group_squares(out, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """``[BLOCK_M, BLOCK_N // SQUARE_GROUP]`` fp32: the sums of ``out``'s squares over
@@ -223,13 +239,13 @@ def _rows_step(
     """One K step of ``_rows_dot``: the weight tile ``w`` (columns ``kk``) into each of
     the ``ROW_TILES`` row tiles' accumulators by the same ``BLOCK_M``-row dot."""
     wt = tl.trans(w)
-    acc0 = tl.dot(_x_tile(x_ptr, rm, kk, M, K, stride_xm), wt, acc0)
+    acc0 = _row_dot(_x_tile(x_ptr, rm, kk, M, K, stride_xm), wt, acc0)
     if ROW_TILES > 1:
-        acc1 = tl.dot(_x_tile(x_ptr, rm + BLOCK_M, kk, M, K, stride_xm), wt, acc1)
+        acc1 = _row_dot(_x_tile(x_ptr, rm + BLOCK_M, kk, M, K, stride_xm), wt, acc1)
     if ROW_TILES > 2:
-        acc2 = tl.dot(_x_tile(x_ptr, rm + 2 * BLOCK_M, kk, M, K, stride_xm), wt, acc2)
+        acc2 = _row_dot(_x_tile(x_ptr, rm + 2 * BLOCK_M, kk, M, K, stride_xm), wt, acc2)
     if ROW_TILES > 3:
-        acc3 = tl.dot(_x_tile(x_ptr, rm + 3 * BLOCK_M, kk, M, K, stride_xm), wt, acc3)
+        acc3 = _row_dot(_x_tile(x_ptr, rm + 3 * BLOCK_M, kk, M, K, stride_xm), wt, acc3)
     return acc0, acc1, acc2, acc3
 
 
@@ -495,20 +511,20 @@ def _gated_step(
     w_gate = tl.trans(w_gate)
     w_up = tl.trans(w_up)
     x = _x_tile(x_ptr, rm, kk, M, K, stride_xm)
-    gate0 = tl.dot(x, w_gate, gate0)
-    up0 = tl.dot(x, w_up, up0)
+    gate0 = _row_dot(x, w_gate, gate0)
+    up0 = _row_dot(x, w_up, up0)
     if ROW_TILES > 1:
         x = _x_tile(x_ptr, rm + BLOCK_M, kk, M, K, stride_xm)
-        gate1 = tl.dot(x, w_gate, gate1)
-        up1 = tl.dot(x, w_up, up1)
+        gate1 = _row_dot(x, w_gate, gate1)
+        up1 = _row_dot(x, w_up, up1)
     if ROW_TILES > 2:
         x = _x_tile(x_ptr, rm + 2 * BLOCK_M, kk, M, K, stride_xm)
-        gate2 = tl.dot(x, w_gate, gate2)
-        up2 = tl.dot(x, w_up, up2)
+        gate2 = _row_dot(x, w_gate, gate2)
+        up2 = _row_dot(x, w_up, up2)
     if ROW_TILES > 3:
         x = _x_tile(x_ptr, rm + 3 * BLOCK_M, kk, M, K, stride_xm)
-        gate3 = tl.dot(x, w_gate, gate3)
-        up3 = tl.dot(x, w_up, up3)
+        gate3 = _row_dot(x, w_gate, gate3)
+        up3 = _row_dot(x, w_up, up3)
     return gate0, gate1, gate2, gate3, up0, up1, up2, up3
 
 
@@ -678,7 +694,7 @@ def _rows_split_kernel(
             mask=(rn[:, None] < N) & (kk[None, :] < K),
             other=0.0,
         )
-        acc = tl.dot(x, tl.trans(w), acc)
+        acc = _row_dot(x, tl.trans(w), acc)
     tl.store(
         p_ptr + split * M * N + rm[:, None] * N + rn[None, :],
         acc,
@@ -1093,8 +1109,9 @@ def _eager_linear(
 
 def _interprets(x: torch.Tensor) -> bool:
     """Whether a CPU call runs the kernels under Triton's interpreter (the tests):
-    for float32 operands only, since the interpreter's ``tl.dot`` does not compute
-    bfloat16 (its logits came out near 1e10); other dtypes take the torch reference."""
+    for float32 operands only; other dtypes take the torch reference (the kernels
+    compute bfloat16 there too, through ``_row_dot``'s fp32 copies, but a CPU model
+    of 16-bit weights would run far slower through the interpreter)."""
     return isinstance(_rows_linear_kernel, InterpretedFunction) and x.dtype == torch.float32
 
 

@@ -26,7 +26,7 @@ that write partial squares need (``linear._group_squares``), so on the GPU the
 attention phases may round differently from the chain's kernels (the interpreter
 never contracts, and there the two agree bit for bit).
 
-The barrier (``_grid_barrier``) is a count and a generation in a two-word state:
+The barrier (``_grid_barrier``) is a count and a generation in one state buffer:
 every program adds one to the count; the last to arrive resets it and bumps the
 generation, which the others wait on. The state is back at count zero after every
 barrier, so a captured graph replays it with no reset node. The programs must all
@@ -59,6 +59,10 @@ from ignition.components.triton_attention import (
 )
 
 PHASES = ("qkv", "split", "merge", "o", "gate/up", "down")
+# The grid barrier's state: int32 words, the count first and the generation at
+# GENERATION, 128 bytes on.
+STATE_WORDS = 64
+GENERATION = tl.constexpr(32)
 # The interpreter's stand-in for the SM count: a few programs, so that the tests
 # deal several tiles to each and a phase's tiles to programs that are not first.
 INTERPRETER_PROGRAMS = 3
@@ -117,19 +121,20 @@ def _load_acquire(ptr):
 @triton.jit
 def _grid_barrier(state_ptr, programs):
     """Waits until all ``programs`` programs have arrived; each program's writes
-    before it are visible to every program after it. ``state_ptr``: the count, then
-    the generation (two int32, the count zero between barriers)."""
+    before it are visible to every program after it. ``state_ptr``: the count (zero
+    between barriers) in its first int32, the generation ``GENERATION`` words on, in
+    another 128-byte line (the waiting programs poll it while the others arrive)."""
     tl.debug_barrier()  # the program's writes are done
-    generation = _load_acquire(state_ptr + 1)
+    generation = _load_acquire(state_ptr + GENERATION)
     tl.debug_barrier()  # every thread holds the generation before the program arrives
     arrived = tl.atomic_add(state_ptr, 1, sem="acq_rel", scope="gpu")
     if arrived == programs - 1:
         tl.atomic_xchg(state_ptr, 0, sem="relaxed", scope="gpu")
-        tl.atomic_add(state_ptr + 1, 1, sem="release", scope="gpu")
+        tl.atomic_add(state_ptr + GENERATION, 1, sem="release", scope="gpu")
     else:
-        seen = _load_acquire(state_ptr + 1)
+        seen = _load_acquire(state_ptr + GENERATION)
         while seen == generation:
-            seen = _load_acquire(state_ptr + 1)
+            seen = _load_acquire(state_ptr + GENERATION)
     tl.debug_barrier()
 
 
@@ -354,6 +359,24 @@ def _check(x: torch.Tensor, weights: LayerWeights, step: LayerStep, heads: int) 
         raise ValueError(f"the hidden size {hidden} is not a multiple of {linear.SQUARE_GROUP}")
     if (weights.q_norm is None) != (weights.k_norm is None):
         raise ValueError("q and k norms come together or not at all")
+    indices = {
+        "page_tables": (step.page_tables, torch.int32, 2),
+        "seq_lens": (step.seq_lens, torch.int32, 1),
+        "rows": (step.rows, torch.int64, 1),
+    }
+    for name, (t, dtype, dims) in indices.items():
+        if t.dtype != dtype or t.dim() != dims or t.shape[0] != rows:
+            raise ValueError(f"{name} must be {dtype} with {dims} dims and a row each")
+    if step.cos.shape != (rows, head_dim) or step.sin.shape != step.cos.shape:
+        raise ValueError(f"cos and sin must be [{rows}, {head_dim}]")
+
+
+def _check_squares(x: torch.Tensor, squares: torch.Tensor | None) -> None:
+    wanted = (x.shape[0], x.shape[1] // linear.SQUARE_GROUP)
+    if squares is not None and (
+        squares.shape != wanted or squares.dtype != torch.float32 or not squares.is_contiguous()
+    ):
+        raise ValueError(f"x's partial squares must be contiguous float32 {wanted}")
 
 
 def triton_persistent_layer(
@@ -373,7 +396,8 @@ def triton_persistent_layer(
     norms as Qwen3's where given) in one kernel: the layer's output ``[rows,
     hidden]`` and its partial squares, from its input ``x`` and x's partial squares
     (``squares``; None: x is already normalized, the first layer's). ``state``: the
-    barrier's two int32, zero the first time and left so (``_grid_barrier``).
+    barrier's ``STATE_WORDS`` int32, zeros the first time and its count left at zero
+    (``_grid_barrier``).
     ``programs``: the grid (default one per SM, at most the largest phase's tiles);
     ``by_phase``: one launch per phase instead of barriers (always under the
     interpreter); ``num_stages``: the K loops' pipeline (default the deepest that
@@ -381,13 +405,14 @@ def triton_persistent_layer(
     program's weight tiles prefetched into L2 at its start (barriers only; PTX, so
     never under the interpreter)."""
     _check(x, weights, step, shape.heads)
+    _check_squares(x, squares)
     rows, hidden = x.shape
     kv = step.kv
     kv_heads, head_dim, page_size = kv.shape[3], kv.shape[4], kv.shape[2]
     intermediate = weights.down.shape[1]
     heads, splits = shape.heads, shape.num_splits
-    if state.dtype != torch.int32 or state.numel() != 2:
-        raise ValueError("the barrier's state is two int32")
+    if state.dtype != torch.int32 or state.shape != (STATE_WORDS,):
+        raise ValueError(f"the barrier's state is {STATE_WORDS} int32")
     qkv_cols = weights.qkv.shape[0]
     new = lambda *size, dtype=x.dtype: torch.empty(size, dtype=dtype, device=x.device)  # noqa: E731
     qkv, q = new(rows, qkv_cols), new(rows, heads, head_dim)
@@ -405,9 +430,12 @@ def triton_persistent_layer(
     if rows == 0:
         return y, y_squares
     counts = phase_tiles(rows, shape, hidden, kv_heads, head_dim, intermediate)
+    most = INTERPRETER_PROGRAMS if _INTERPRETED else linear._sm_count(x.device)
     if programs is None:
-        most = INTERPRETER_PROGRAMS if _INTERPRETED else linear._sm_count(x.device)
         programs = min(most, max(counts))
+    elif programs < 1 or (programs > most and not by_phase):
+        # More programs than SMs need not all be resident: a barrier would never open.
+        raise ValueError(f"{programs} programs for {most} SMs")
     has_norm = weights.q_norm is not None
     t = shape.tiles
     args = (

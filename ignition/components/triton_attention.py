@@ -722,15 +722,18 @@ def triton_paged_decode_attention(
     scale: float,
     *,
     num_splits: int = DEFAULT_NUM_SPLITS,
+    split_warps: int = 4,
 ) -> torch.Tensor:
     """Split-KV ("flash decoding") paged attention for one query token per row.
 
     ``q [B, num_heads, head_dim]``, ``page_table int32 [B, max_pages]``, ``seq_lens int32
     [B]`` (cached tokens the row attends to, its own included; 0 = padding row, output 0).
     Returns ``[B, num_heads, head_dim]`` in q's dtype. CUDA-graph safe: the grid, the
-    scratch shapes and every constexpr depend only on input shapes.
+    scratch shapes and every constexpr depend only on input shapes. ``split_warps``:
+    the split kernel's warps (at head_dim 128, four spill registers to the stack on
+    SM90, eight do not; ``bench/decode_attention_bench.py`` times both).
     """
-    return _decode(q, kv, page_table, seq_lens, scale, num_splits, None)
+    return _decode(q, kv, page_table, seq_lens, scale, num_splits, None, split_warps)
 
 
 class RopeInputs(NamedTuple):
@@ -757,6 +760,7 @@ def triton_paged_decode_attention_rope(
     heads: int,
     *,
     num_splits: int = DEFAULT_NUM_SPLITS,
+    split_warps: int = 4,
 ) -> torch.Tensor:
     """``triton_rope_write_kv`` and ``triton_paged_decode_attention`` of decode rows in
     the split and merge kernels alone: each split program finishes its row's queries
@@ -788,7 +792,7 @@ def triton_paged_decode_attention_rope(
         )
     # Each split program stores its group's finished queries here and reads them back.
     q = torch.empty(tokens, heads, head_dim, dtype=qkv.dtype, device=qkv.device)
-    return _decode(q, kv, page_table, seq_lens, scale, num_splits, rope)
+    return _decode(q, kv, page_table, seq_lens, scale, num_splits, rope, split_warps)
 
 
 def _decode(
@@ -799,9 +803,10 @@ def _decode(
     scale: float,
     num_splits: int,
     rope: RopeInputs | None,
+    split_warps: int = 4,
 ) -> torch.Tensor:
     """The split and merge launches; with ``rope``, ``q`` is the split's scratch for
-    the queries it finishes."""
+    the queries it finishes; ``split_warps``, the split kernel's warps."""
     num_heads, num_kv_heads, head_dim, page_size = _check_cache(q, kv)
     batch = q.shape[0]
     _check_index("page_table", page_table, 2, q.device)
@@ -859,7 +864,7 @@ def _decode(
         ROPE=rope is not None,
         HEADS=num_heads,
         HAS_NORM=has_norm,
-        num_warps=4,
+        num_warps=split_warps,
         num_stages=2,
         **kernel_options(q.device),
     )
