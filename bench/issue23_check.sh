@@ -71,12 +71,14 @@
 #       at two minutes), and a projection read right after one that fills the device
 #       against after a one-program kernel, per tile width
 #       (bench/reader_after_producer_bench.py).
-#   bench/issue23_check.sh persistent OUT
+#   bench/issue23_check.sh persistent OUT [MODEL]
 #       SmolLM2's decode layer as one persistent kernel: its GPU tests (its grid
 #       barriers give the phase-by-phase launches' bits, replayed from one graph;
 #       tests/test_persistent_layer.py), then its 30 layers against the per-kernel
-#       chain (bench/persistent_layer_bench.py, OUT/persistent.json); each bounded at
-#       five minutes, since a barrier that never opens would hang.
+#       chain (bench/persistent_layer_bench.py, OUT/persistent.json), and with MODEL
+#       (SmolLM2's geometry) its decode step prepared with --decode-fusion persistent
+#       (bench/kernel_timeline.py, OUT/timeline.json); each bounded at five minutes,
+#       since a barrier that never opens would hang.
 #   bench/issue23_check.sh changes OUT BEFORE FLARE
 #       a set of changes as a whole, on random weights of both geometries (written
 #       under WORK): the parts rope, boundaries and persistent, SmolLM2's decode step as BEFORE
@@ -93,7 +95,7 @@
 # Needs the flare_heliopause wheel importable (WHEELS, as bench/suite_gpu.sh installs
 # them).
 set -uo pipefail
-usage="usage: bench/issue23_check.sh serving OUT | concurrency OUT MODEL [options...] | pdl OUT MODEL [options...] | early OUT MODEL [options...] | sampler OUT | fusion OUT MODEL [options...] | trees OUT BEFORE MODEL [options...] | rope OUT | boundaries OUT | persistent OUT | changes OUT BEFORE FLARE | pdl-core OUT CHECKPOINT FLARE [options...]"
+usage="usage: bench/issue23_check.sh serving OUT | concurrency OUT MODEL [options...] | pdl OUT MODEL [options...] | early OUT MODEL [options...] | sampler OUT | fusion OUT MODEL [options...] | trees OUT BEFORE MODEL [options...] | rope OUT | boundaries OUT | persistent OUT [MODEL] | changes OUT BEFORE FLARE | pdl-core OUT CHECKPOINT FLARE [options...]"
 part=${1:?$usage}
 out=${2:?$usage}
 shift 2
@@ -214,7 +216,7 @@ case $part in
       --geometry smollm2-135m $shapes || status=1
     bash "$self" pdl-core "$out/smol-core" "$work/smollm2-135m" "$flare" || status=1
     bash "$self" boundaries "$out/boundaries" || status=1
-    bash "$self" persistent "$out/persistent" || status=1
+    bash "$self" persistent "$out/persistent" "$work/smollm2-135m" || status=1
     bash "$self" trees "$out/8b-trees" "$before" "$work/qwen3-8b" --geometry qwen3-8b $shapes \
       || status=1
     ;;
@@ -225,6 +227,14 @@ case $part in
     timeout 300 python3 -m bench.persistent_layer_bench --out "$out/persistent.json" \
       > "$out/persistent.log" 2>&1 || status=1
     cat "$out/persistent.log"
+    if [ $# -gt 0 ]; then
+      model=$(cd "$caller" && realpath "$1")
+      timeout 300 python3 bench/kernel_timeline.py "$model" --capacities 1 4 \
+        --decode-fusion persistent --geometry smollm2-135m --prompt-tokens 128 \
+        --prefill-chunk-size 128 --context-limit 4096 --out "$out/timeline.json" \
+        > "$out/timeline.log" 2>&1 || { status=1; tail -20 "$out/timeline.log"; }
+      grep "^c=" "$out/timeline.log"
+    fi
     ;;
   pdl-core)
     checkpoint=${1:?$usage}

@@ -26,6 +26,10 @@ a fused decode path:
   132 SMs) decode step is 12% shorter with the norms, and Qwen3-8B's (128 programs)
   1.4% longer: its qkv projection reads slower after the down projection than after
   a norm kernel (``bench/results/issue23/2026-12-05b-h200-head/``).
+  With "persistent" (an experiment, never chosen by "auto"), the norms fusion's
+  decode layer runs as one persistent kernel whose phases are separated by grid
+  barriers (``ignition.components.persistent_layer``); the first layer takes its
+  input's partial squares from a torch reduction.
   This constructor's own default is "none", the canonical composition.
 
 The text-model forward is replaced by ``forward_tokens`` over packed tokens and
@@ -88,9 +92,11 @@ from ignition.components.linear import (
     fills_the_device,
     fold_gain,
     gated_project,
+    group_squares,
     project,
     project_squares,
 )
+from ignition.components.persistent_layer import STATE_WORDS, persistent_layer
 from ignition.loading.mapping import Shard, WeightMapping
 from ignition.loading.source import CheckpointError
 from ignition.parallel.shard import ONE_RANK, TensorParallel
@@ -367,6 +373,7 @@ class DecodeFusedLayer(nn.Module):
     input_layernorm: nn.Module
     post_attention_layernorm: nn.Module
     fuse_norms: bool
+    persistent: bool
 
     def forward(
         self,
@@ -375,6 +382,7 @@ class DecodeFusedLayer(nn.Module):
         step: AttentionStep,
         kv: torch.Tensor,
         squares: torch.Tensor | None = None,
+        barrier: torch.Tensor | None = None,
         **kwargs: object,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if hidden_states.shape[-2] > INVARIANT_ROWS:
@@ -383,6 +391,9 @@ class DecodeFusedLayer(nn.Module):
             )
         attn, mlp = self.self_attn, self.mlp
         x = hidden_states[0]
+        if self.persistent and step.seq_lens is not None:
+            assert barrier is not None, "a persistent layer's decode rows need the barrier"
+            return self._persistent(x, squares, position_embeddings, step, kv, barrier)
         if squares is None:
             qkv = project(self.input_layernorm(x), attn.qkv, attn.qkv_bias)
         else:
@@ -397,6 +408,40 @@ class DecodeFusedLayer(nn.Module):
         h, h_squares = mlp.squares(h, norm, residual=h)
         return h.unsqueeze(0), h_squares
 
+    def _persistent(
+        self,
+        x: torch.Tensor,
+        squares: torch.Tensor | None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        step: AttentionStep,
+        kv: torch.Tensor,
+        barrier: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decode rows as the norms fusion computes them, in one persistent kernel
+        (``persistent_layer``); the first layer's input squares by torch."""
+        attn, mlp = self.self_attn, self.mlp
+        if squares is None:
+            squares = group_squares(x)
+        cos, sin = position_embeddings
+        weight = lambda norm: None if norm is None else norm.weight  # noqa: E731
+        assert step.seq_lens is not None and step.page_tables is not None
+        y, y_squares = persistent_layer(
+            x, squares, attn.qkv, attn.o_proj.weight, mlp.gate_up, mlp.down_proj.weight,
+            weight(attn.q_norm), weight(attn.k_norm), kv, 0, step.page_tables, step.seq_lens,
+            step.rows, cos, sin, barrier, attn.geometry.heads,
+            rms_norm(self.input_layernorm)[1], attn.norm_eps, attn.scaling,
+        )  # fmt: skip
+        return y.unsqueeze(0), y_squares
+
+
+def check_persistent(config: PretrainedConfig) -> None:
+    """Refuses what the persistent layer kernel does not compute: projection biases."""
+    if getattr(config, "attention_bias", False):
+        raise ValueError(
+            'decode fusion "persistent" computes projections without biases; this model\'s '
+            'attention has them (prepare with "norms")'
+        )
+
 
 @functools.cache
 def _decode_fused(canonical: type[nn.Module]) -> type[nn.Module]:
@@ -406,9 +451,9 @@ def _decode_fused(canonical: type[nn.Module]) -> type[nn.Module]:
 def fuse_decode(layer: nn.Module, fusion: DecodeFusion) -> None:
     """Gives a canonical decoder layer (its attention and MLP already replaced) the
     decode path of ``DecodeFusedLayer`` that ``fusion`` names ("none" leaves it
-    canonical); its modules, parameters and names stay. With "norms" the norms' gains
-    must be folded into the projections once loaded (``fold_norm_gains``); "auto" must
-    be resolved first (``resolve_fusion``)."""
+    canonical); its modules, parameters and names stay. With "norms" or "persistent"
+    the norms' gains must be folded into the projections once loaded
+    (``fold_norm_gains``); "auto" must be resolved first (``resolve_fusion``)."""
     if fusion == "auto":
         raise ValueError('resolve decode fusion "auto" first (resolve_fusion)')
     if fusion == "none":
@@ -416,7 +461,8 @@ def fuse_decode(layer: nn.Module, fusion: DecodeFusion) -> None:
     rms_norm(layer.input_layernorm)
     rms_norm(layer.post_attention_layernorm)
     layer.__class__ = _decode_fused(type(layer))
-    layer.fuse_norms = fusion == "norms"
+    layer.fuse_norms = fusion in ("norms", "persistent")
+    layer.persistent = fusion == "persistent"
 
 
 def resolve_fusion(
@@ -475,18 +521,21 @@ class LlamaModel:
         (the module docs)."""
         validate_config(config)
         self.decode_fusion = decode_fusion = resolve_fusion(decode_fusion, config, device, parallel)
-        if decode_fusion == "norms" and parallel.sharded:
+        fused_norms = decode_fusion in ("norms", "persistent")
+        if fused_norms and parallel.sharded:
             raise ValueError(
-                'decode fusion "norms" takes each norm\'s statistic from the projection '
-                "that wrote its rows, and a tensor-parallel rank's o and down projections "
-                'write partial sums; prepare with "residuals"'
+                f'decode fusion "{decode_fusion}" takes each norm\'s statistic from the '
+                "projection that wrote its rows, and a tensor-parallel rank's o and down "
+                'projections write partial sums; prepare with "residuals"'
             )
-        if decode_fusion == "norms" and config.hidden_size % SQUARE_GROUP:
+        if fused_norms and config.hidden_size % SQUARE_GROUP:
             raise ValueError(
-                f'decode fusion "norms" sums squares in groups of {SQUARE_GROUP} columns; '
-                f"hidden_size {config.hidden_size} is not a multiple (prepare with "
+                f'decode fusion "{decode_fusion}" sums squares in groups of {SQUARE_GROUP} '
+                f"columns; hidden_size {config.hidden_size} is not a multiple (prepare with "
                 '"residuals")'
             )
+        if decode_fusion == "persistent":
+            check_persistent(config)
         self.config = config
         whole = Geometry.from_config(config)
         self.geometry = g = whole.local(parallel)
@@ -578,7 +627,7 @@ class LlamaModel:
             self.mapping.ignore(
                 "lm_head.weight", "tied to model.embed_tokens.weight (tie_word_embeddings)"
             )
-        if decode_fusion == "norms":
+        if fused_norms:
             layers = list(model.model.layers)
 
             def fold_gains() -> None:
@@ -603,8 +652,12 @@ class LlamaModel:
         embeddings = self.rotary.lookup(positions)
         kv = self.cache.kv
         # Decode rows through layers that fuse their norms: each layer's output's
-        # partial squares, for the next layer's norm (``DecodeFusedLayer``).
+        # partial squares, for the next layer's norm (``DecodeFusedLayer``); through
+        # persistent layers, their barrier's state too (zeros each step, from the
+        # graph's own memory).
         squares: dict[str, torch.Tensor] = {}
+        if self.decode_fusion == "persistent" and step.seq_lens is not None:
+            squares["barrier"] = torch.zeros(STATE_WORDS, dtype=torch.int32, device=tokens.device)
         for i, layer in enumerate(text.layers):
             h = layer(h, position_embeddings=embeddings, step=step, kv=kv[i : i + 1], **squares)
             if isinstance(h, tuple):

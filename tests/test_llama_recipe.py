@@ -122,10 +122,11 @@ def gained(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     return write_tiny(tmp_path_factory.mktemp(request.param), request.param, norm_gains=True)
 
 
-@pytest.mark.parametrize("fusion", ["residuals", "norms"])
+@pytest.mark.parametrize("fusion", ["residuals", "norms", "persistent"])
 def test_fused_decode_layers_match_transformers(gained: Path, fusion: DecodeFusion) -> None:
     """Decode steps through the fused layers (residuals, then norms too, in the
-    projections' kernels), across a page boundary, against a full Transformers forward."""
+    projections' kernels; then the persistent layer's operator, on the CPU the same
+    operators), across a page boundary, against a full Transformers forward."""
     checkpoint = gained
     prompt = 60
     tokens = torch.randint(3, 512, (prompt + 40,), generator=torch.Generator().manual_seed(5))
@@ -239,6 +240,43 @@ def test_a_decode_step_past_one_row_tile_has_no_op_whose_kernel_follows_the_batc
     layers = len(prepared.model.model.model.layers)
     projections = sum(name.startswith("flare.rows_") for name, _ in ops)
     assert projections >= 3 * layers + 1, ops  # qkv, o, gate/up (+ down); the head
+
+
+def test_a_persistent_decode_step_is_one_operator_a_layer(checkpoint: Path) -> None:
+    """Under "persistent", each layer's decode rows are one ``flare::persistent_layer``
+    (the first layer's input squares from a torch sum), their barrier's state zeroed
+    once a step; a prefill chunk keeps the canonical layer."""
+    prepared = _prepare(checkpoint, decode_fusion="persistent")
+    layers = prepared.model.model.model.layers
+    assert all(layer.persistent and layer.fuse_norms for layer in layers)
+    staging = prepared.storage.staging
+    prepared.storage.state.page_table[1, :2] = torch.tensor([1, 2], dtype=torch.int32)
+    prompt = torch.randint(3, 512, (20,), generator=torch.Generator().manual_seed(2)).tolist()
+    pack_admission(staging, 1, prompt, 100, SamplingParams(temperature=1.0), seed=1)
+    prepared.execute(GraphKey(GraphKind.ADMIT, 1))
+    pack_chunk(staging, 1, prompt, True)
+    chunk_ops = step_ops(prepared, GraphKey(GraphKind.PREFILL, 128))
+    assert not any(name == "flare.persistent_layer" for name, _ in chunk_ops)
+    pack_decode(staging, [1], 1)
+    ops = step_ops(prepared, GraphKey(GraphKind.DECODE, 1))
+    names = [name for name, _ in ops]
+    assert names.count("flare.persistent_layer") == len(layers), names
+    assert not any(name.startswith("flare.rope_decode") for name in names), names
+
+
+def test_the_persistent_fusion_is_refused_where_it_cannot_hold(gained: Path) -> None:
+    config = SafetensorsCheckpoint(gained).config()
+    meta = torch.device("meta")
+    with pytest.raises(ValueError, match="tensor-parallel"):
+        llama.LlamaModel(
+            config, PagedKvCache(torch.empty(0)), torch.float32, meta,
+            decode_fusion="persistent", parallel=TensorParallel(0, 2),
+        )  # fmt: skip
+    config.attention_bias = True
+    with pytest.raises(ValueError, match="biases"):
+        llama.LlamaModel(
+            config, PagedKvCache(torch.empty(0)), torch.float32, meta, decode_fusion="persistent"
+        )
 
 
 def test_chunked_prefill_matches_single_chunk(checkpoint: Path) -> None:

@@ -45,6 +45,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
@@ -509,3 +510,101 @@ def chain_layer(
         act, weights.down, None, *t["down"], residual=h, squares=y_squares
     )
     return y, y_squares
+
+
+# The serving operator: the layer's decode rows in one persistent kernel on CUDA;
+# elsewhere (the CPU tests) the norms fusion's composition of the operators, which
+# computes the same layer (``recipes.llama.DecodeFusedLayer``).
+@torch.library.custom_op("flare::persistent_layer", mutates_args=("kv", "state"))
+def persistent_layer(
+    x: torch.Tensor,
+    squares: torch.Tensor,
+    qkv: torch.Tensor,
+    o: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    q_norm: torch.Tensor | None,
+    k_norm: torch.Tensor | None,
+    kv: torch.Tensor,
+    layer: int,
+    page_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    rows: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    state: torch.Tensor,
+    heads: int,
+    eps: float,
+    norm_eps: float,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``y = h + down(silu(gate) * up)`` with ``h = x + o(attention)`` of decode rows
+    ``x [rows, hidden]`` normalized by their partial ``squares`` (the gains folded
+    into ``qkv`` and ``gate_up``), writing each row's newest K/V to layer ``layer``
+    of ``kv``; returns y and its partial squares. ``state``: the grid barrier's
+    (``STATE_WORDS`` int32, zeros)."""
+    from ignition.components.kv_cache import rope_decode_attention
+
+    projected = linear.project(x, qkv, norm=linear.RowStatistic(squares, eps))
+    attn = rope_decode_attention(
+        kv, layer, projected, q_norm, k_norm, norm_eps, cos, sin, rows, heads, page_tables,
+        seq_lens, scale,
+    )  # fmt: skip
+    h, h_squares = linear.project_squares(attn.reshape(x.shape[0], -1), o, residual=x)
+    act = linear.gated_project(h, gate_up, F.silu, linear.RowStatistic(h_squares, eps))
+    return linear.project_squares(act, down, residual=h)
+
+
+@persistent_layer.register_kernel("cuda")
+def _persistent_layer_cuda(
+    x: torch.Tensor,
+    squares: torch.Tensor,
+    qkv: torch.Tensor,
+    o: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    q_norm: torch.Tensor | None,
+    k_norm: torch.Tensor | None,
+    kv: torch.Tensor,
+    layer: int,
+    page_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    rows: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    state: torch.Tensor,
+    heads: int,
+    eps: float,
+    norm_eps: float,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    weights = LayerWeights(qkv, o, gate_up, down, q_norm, k_norm)
+    step = LayerStep(kv[layer], page_tables, seq_lens, rows, cos, sin)
+    shape = layer_shape(weights, heads, kv.shape[-1], x.shape[0], eps, norm_eps, scale)
+    return triton_persistent_layer(x, squares, weights, step, shape, state)
+
+
+@persistent_layer.register_fake
+def _persistent_layer_fake(
+    x: torch.Tensor,
+    squares: torch.Tensor,
+    qkv: torch.Tensor,
+    o: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    q_norm: torch.Tensor | None,
+    k_norm: torch.Tensor | None,
+    kv: torch.Tensor,
+    layer: int,
+    page_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    rows: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    state: torch.Tensor,
+    heads: int,
+    eps: float,
+    norm_eps: float,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(x), torch.empty_like(squares)

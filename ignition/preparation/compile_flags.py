@@ -13,9 +13,11 @@ COMPILE_SCOPES: tuple[str, ...] = get_args(CompileScope)
 # What a decode layer fuses into its projections' kernels: nothing (the canonical
 # forward, compiled), the residual additions (epilogues of o and down), or those and
 # the RMSNorms (the statistic from the o and down epilogues' partial squares, the
-# gain folded into qkv's and gate/up's weights); "auto" lets the recipe choose one
-# of those by the model's geometry on the device (``recipes.llama.resolve_fusion``).
-DecodeFusion = Literal["auto", "none", "residuals", "norms"]
+# gain folded into qkv's and gate/up's weights), or those as one persistent kernel a
+# layer (an experiment: ``ignition.components.persistent_layer``); "auto" lets the
+# recipe choose one of the first three by the model's geometry on the device
+# (``recipes.llama.resolve_fusion``).
+DecodeFusion = Literal["auto", "none", "residuals", "norms", "persistent"]
 DECODE_FUSIONS: tuple[str, ...] = get_args(DecodeFusion)
 # Preparation's default: each geometry's fastest measured
 # (bench/results/issue23/2026-12-05b-h200-head/).
@@ -54,7 +56,9 @@ def add_compile_options(parser: argparse.ArgumentParser, prefix: str = "") -> No
         "that wrote the rows); auto (default): norms where the projections writing the "
         "normalized rows leave at least half the GPU's SMs free (a small model's: "
         "SmolLM2-135M's step 12%% shorter on the H200), else residuals (the 8B's: norms "
-        "1.4%% slower)",
+        "1.4%% slower); persistent (experimental, not yet measured in serving): the norms "
+        "fusion's decode layer as one persistent kernel, its phases separated by grid "
+        "barriers",
     )
     parser.add_argument(
         f"--{prefix}programmatic-launch",
