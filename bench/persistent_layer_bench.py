@@ -17,6 +17,10 @@ programmatically as serving launches, replayed in blocks (medians and p99):
 - ``persistent-prefetch``, ``persistent-narrow-prefetch``: the same, each program
   first prefetching into L2 the weight rows of all its tiles of the layer (before
   its wait for the kernel before, so under the layer before's tail);
+- ``persistent-step``, ``persistent-step-prefetch``: one kernel for all 30 layers
+  (their weights by address tables, a barrier between layers as between phases;
+  prefetching, each program also prefetches the next layer's tiles as a layer
+  starts): the one-kernel-per-step decode of the model's layers;
 - ``persistent-phases``: the persistent kernel launched once per phase (its kernel
   boundaries in place of its barriers: what the barriers cost against boundaries).
 
@@ -42,11 +46,14 @@ from ignition.components.persistent_layer import (
     STATE_WORDS,
     LayerShape,
     LayerStep,
+    LayerTables,
     LayerWeights,
     chain_layer,
     layer_shape,
     phase_tiles,
+    stack_layers,
     triton_persistent_layer,
+    triton_persistent_step,
 )
 from ignition.components.programmatic_launch import programmatic_launch
 
@@ -61,9 +68,12 @@ DEVICE = "cuda"
 Layer = tuple[LayerWeights, LayerStep]
 
 
-def _layers(rows: int, context: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, list[Layer]]:
-    """x, its partial squares, and LAYERS layers of random weights, each with its own
-    cache of ``rows`` rows of ``context`` tokens (the newest pending)."""
+def _layers(
+    rows: int, context: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, list[Layer], torch.Tensor]:
+    """x, its partial squares, LAYERS layers of random weights, each with its own
+    cache of ``rows`` rows of ``context`` tokens (the newest pending), and those
+    caches as one tensor."""
     device = torch.device(DEVICE)
     gen = torch.Generator(device=device).manual_seed(seed)
     per_row = -(-context // PAGE)
@@ -78,10 +88,12 @@ def _layers(rows: int, context: int, seed: int) -> tuple[torch.Tensor, torch.Ten
         return (torch.randn(n, k, generator=gen, device=device) / k**0.5).to(torch.bfloat16)
 
     layers = []
-    for _ in range(LAYERS):
-        kv = PagedKvCache.allocate(1, pages, PAGE, KV_HEADS, HEAD_DIM, torch.bfloat16, device).kv[0]
-        kv.copy_(torch.randn(kv.shape, generator=gen, device=device).to(torch.bfloat16))
-        kv[:, 0] = 0
+    # One cache of every layer (the stacked step's), each layer's a view of it.
+    cache = PagedKvCache.allocate(LAYERS, pages, PAGE, KV_HEADS, HEAD_DIM, torch.bfloat16, device)
+    cache.kv.copy_(torch.randn(cache.kv.shape, generator=gen, device=device).to(torch.bfloat16))
+    cache.kv[:, :, 0] = 0
+    for i in range(LAYERS):
+        kv = cache.kv[i]
         weights = LayerWeights(
             w((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN), w(HIDDEN, HEADS * HEAD_DIM),
             w(2 * INTER, HIDDEN), w(HIDDEN, INTER),
@@ -92,7 +104,7 @@ def _layers(rows: int, context: int, seed: int) -> tuple[torch.Tensor, torch.Ten
         )  # fmt: skip
         layers.append((weights, step))
     x = (torch.randn(rows, HIDDEN, generator=gen, device=device) * 2).to(torch.bfloat16)
-    return x, linear.group_squares(x), layers
+    return x, linear.group_squares(x), layers, cache.kv
 
 
 def _model(
@@ -111,11 +123,27 @@ def _model(
     return run
 
 
+def _stacked_model(
+    x: torch.Tensor, squares: torch.Tensor, tables: LayerTables, caches: torch.Tensor,
+    step: LayerStep, shape: LayerShape, state: torch.Tensor, prefetch: bool,
+) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:  # fmt: skip
+    """The step's layers in one kernel (``triton_persistent_step``)."""
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        with programmatic_launch(True):
+            return triton_persistent_step(
+                x, squares, tables, caches, step, shape, state, prefetch=prefetch
+            )
+
+    return run
+
+
 def measure(args: argparse.Namespace) -> dict:
     results = []
     state = torch.zeros(STATE_WORDS, dtype=torch.int32, device=DEVICE)
     for rows in args.rows:
-        x, squares, layers = _layers(rows, args.context, seed=rows)
+        x, squares, layers, caches = _layers(rows, args.context, seed=rows)
+        tables = stack_layers([weights for weights, _ in layers])
         shapes = {
             name: layer_shape(layers[0][0], HEADS, HEAD_DIM, rows, EPS, widths=widths)
             for name, widths in (("default", None), ("narrow", NARROW))
@@ -141,6 +169,11 @@ def measure(args: argparse.Namespace) -> dict:
             "persistent-phases": persistent(shapes["default"], by_phase=True),
         }
         runs = {name: _model(x, squares, layers, fn) for name, fn in variants.items()}
+
+        for name, prefetch in (("persistent-step", False), ("persistent-step-prefetch", True)):
+            runs[name] = _stacked_model(
+                x, squares, tables, caches, layers[0][1], shapes["default"], state, prefetch
+            )
         outputs = {name: run() for name, run in runs.items()}
         phased = _model(x, squares, layers, persistent(shapes["narrow"], by_phase=True))()
         # Each barrier launch against the same kernel and tiles launched phase by phase.
@@ -149,6 +182,8 @@ def measure(args: argparse.Namespace) -> dict:
             "persistent-narrow": phased,
             "persistent-prefetch": outputs["persistent-phases"],
             "persistent-narrow-prefetch": phased,
+            "persistent-step": outputs["persistent-phases"],
+            "persistent-step-prefetch": outputs["persistent-phases"],
         }
         bitwise = {
             name: all(torch.equal(a, b) for a, b in zip(outputs[name], ref, strict=True))

@@ -276,10 +276,13 @@ for dim, group, norm in ((128, 4, True), (64, 3, False)):
     nc, barrier = stores_then_barrier(k.asm["ptx"])
     print("split_rope", dim, nc, barrier)
 
-# A SmolLM2 decode layer in one persistent kernel, at the H200's tiles: its five grid
-# barriers (an arrival, acquire-release, by one thread each; the generation read
-# with acquire), no non-coherent load (a phase reads what other programs wrote in
-# the one before), its projections' K loops pipelined, within an SM's shared memory.
+# SmolLM2 decode layers in one persistent kernel, at the H200's tiles, one layer or
+# stacked (the weights by address tables): its grid barriers (an arrival,
+# acquire-release, by one thread each; the generation read with acquire; six sites,
+# the last between layers), no non-coherent load (a phase reads what other programs
+# wrote in the one before), its projections' K loops pipelined in 16-byte copies
+# (the tables' addresses declared aligned), within an SM's shared memory; with
+# PREFETCH its bulk L2 prefetches, the first layer's before the wait.
 from ignition.components import linear
 from ignition.components.persistent_layer import _persistent_layer_kernel
 
@@ -289,30 +292,36 @@ def shape(n, k):
 qkv, o, gate_up, down = shape(960, 576), shape(576, 576), shape(3072, 576), shape(576, 1536)
 PERSISTENT_PTRS = {"s_ptr": "*fp32", "pt_ptr": "*i32", "seq_ptr": "*i32", "pm_ptr": "*fp32",
                    "pl_ptr": "*fp32", "pa_ptr": "*fp32", "rows_ptr": "*i64", "hs_ptr": "*fp32",
-                   "ys_ptr": "*fp32", "state_ptr": "*i32"}
-constexprs = dict(HIDDEN=576, HEADS=9, KV_HEADS=3, HEAD_DIM=64, INTER=1536, PAGE_SIZE=64,
-                  NUM_SPLITS=16, BLOCK_H=16, BLOCK_S=16, NORM_IN=True, HAS_NORM=False,
-                  UPCAST=False, ROW_TILES=1, BLOCK_M=16, QKV_N=qkv[0], QKV_K=qkv[1], O_N=o[0],
-                  O_K=o[1], GU_N=gate_up[0] // 2, GU_K=gate_up[1], DOWN_N=down[0],
-                  DOWN_K=down[1], GROUPS_HIDDEN=64, GROUPS_HEADS=64, PHASE=-1,
-                  PREFETCH=True, PDL=True)
-names = _persistent_layer_kernel.arg_names
-signature = {name: "constexpr" if name in constexprs else PERSISTENT_PTRS.get(
-    name, "*bf16" if name.endswith("_ptr") else
-    "fp32" if name in ("eps", "norm_eps", "qk_scale") else "i32") for name in names}
-attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names) if name.endswith("_ptr")}
-k = triton.compile(ASTSource(_persistent_layer_kernel, signature, constexprs=constexprs,
-                             attrs=attrs),
-                   target=GPUTarget("cuda", 90, 32),
-                   options=dict(num_warps=4, num_stages=4, launch_pdl=True,
-                                enable_fp_fusion=False))
-ptx = k.asm["ptx"]
-# With PREFETCH, its bulk L2 prefetches (five weights' tiles) all before the wait.
-prefetches = [m.start() for m in re.finditer(r"cp\\.async\\.bulk\\.prefetch\\.L2", ptx)]
-print("prefetch", len(prefetches), max(prefetches) < ptx.index("griddepcontrol.wait"))
-print("persistent", len(re.findall(r"@%p\\d+ atom\\.global\\.gpu\\.acq_rel\\.add", ptx)),
-      len(re.findall(r"ld\\.acquire\\.gpu", ptx)), len(re.findall(r"ld\\.global\\.nc", ptx)),
-      len(re.findall(r"cp\\.async", ptx)), k.metadata.shared)
+                   "ys_base": "*fp32", "state_ptr": "*i32"}
+POINTER = ("_ptr", "_tab", "_base")
+for stacked in (False, True):
+    constexprs = dict(HIDDEN=576, HEADS=9, KV_HEADS=3, HEAD_DIM=64, INTER=1536, PAGE_SIZE=64,
+                      NUM_SPLITS=16, BLOCK_H=16, BLOCK_S=16, NORM_IN=True, HAS_NORM=True,
+                      UPCAST=False, ROW_TILES=1, BLOCK_M=16, QKV_N=qkv[0], QKV_K=qkv[1],
+                      O_N=o[0], O_K=o[1], GU_N=gate_up[0] // 2, GU_K=gate_up[1],
+                      DOWN_N=down[0], DOWN_K=down[1], GROUPS_HIDDEN=64, GROUPS_HEADS=64,
+                      PHASE=-1, STACKED=stacked, PREFETCH=True, PDL=True)
+    names = _persistent_layer_kernel.arg_names
+    signature = {name: "constexpr" if name in constexprs else
+                 "*i64" if stacked and name.endswith("_tab") else PERSISTENT_PTRS.get(
+        name, "*bf16" if name.endswith(POINTER) else
+        "fp32" if name in ("eps", "norm_eps", "qk_scale") else "i32") for name in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
+             if name.endswith(POINTER)}
+    k = triton.compile(ASTSource(_persistent_layer_kernel, signature, constexprs=constexprs,
+                                 attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=4, num_stages=4, launch_pdl=True,
+                                    enable_fp_fusion=False))
+    ptx = k.asm["ptx"]
+    prefetches = [m.start() for m in re.finditer(r"cp\\.async\\.bulk\\.prefetch\\.L2", ptx)]
+    copy = r"cp\\.async\\.c[ag]\\.shared\\.global \\[[^]]*\\], \\[[^]]*\\], (\\w+)"
+    copies = re.findall(copy, ptx)
+    print("persistent", stacked,
+          len(re.findall(r"@%p\\d+ atom\\.global\\.gpu\\.acq_rel\\.add", ptx)),
+          len(re.findall(r"ld\\.global\\.nc", ptx)), len(copies),
+          sum(size != "0x10" for size in copies), k.metadata.shared, len(prefetches),
+          min(prefetches) < ptx.index("griddepcontrol.wait"))
 """
 
 
@@ -331,12 +340,14 @@ def test_the_new_kernels_compile_for_sm90() -> None:
         for parts in map(str.split, done.stdout.splitlines())
         if parts[0] in ("linear", "gated")
     }
-    arrivals, acquires, nc, copies, shared = next(
-        line.split()[1:] for line in done.stdout.splitlines() if line.startswith("persistent ")
-    )
-    assert arrivals == "5" and int(acquires) == 10 and nc == "0", done.stdout
-    assert int(copies) > 0 and 0 < int(shared) <= 232448, done.stdout
-    assert found[("prefetch",)] == ["5", "True"], done.stdout
+    persistent = [line.split()[1:] for line in done.stdout.splitlines()
+                  if line.startswith("persistent ")]  # fmt: skip
+    assert len(persistent) == 2, done.stdout
+    for stacked, arrivals, nc, copies, narrow, shared, prefetches, early in persistent:
+        assert arrivals == "6" and nc == "0", done.stdout
+        assert int(copies) > 0 and narrow == "0" and 0 < int(shared) <= 232448, done.stdout
+        # The five weights' tiles: the first layer's, and stacked each next layer's.
+        assert prefetches == ("10" if stacked == "True" else "5") and early == "True"
     for dim in ("128", "64"):
         nc, barrier = found[("split_rope", dim)]
         assert nc == "0" and barrier == "True", done.stdout

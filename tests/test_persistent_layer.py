@@ -21,7 +21,9 @@ from ignition.components.persistent_layer import (
     chain_layer,
     layer_shape,
     phase_tiles,
+    stack_layers,
     triton_persistent_layer,
+    triton_persistent_step,
 )
 from ignition.components.programmatic_launch import programmatic_launch
 
@@ -180,6 +182,41 @@ def test_one_program_walks_every_tile_of_every_phase() -> None:
             assert torch.equal(a, b)
 
 
+def _stack(layers: int, lengths: list[int], norms: bool, device: str = DEVICE) -> tuple:
+    """x, its squares, ``layers`` layers' weights and one cache of them all, a step."""
+    x, squares, first, step = _layer(lengths, 64, 4, 2, 16, 96, 16, norms, 21, device)
+    weights = [first] + [_layer(lengths, 64, 4, 2, 16, 96, 16, norms, 22 + i, device)[2]
+                         for i in range(layers - 1)]  # fmt: skip
+    kv = torch.stack([step.kv] + [step.kv.roll(i + 1, dims=1) for i in range(layers - 1)])
+    kv[:, :, 0] = 0  # the null page
+    return x, squares, weights, kv, step
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+def test_a_stacked_step_gives_its_layers_bits_one_by_one(layers: int) -> None:
+    """Several layers in one kernel (their weights by address tables, their caches one
+    tensor, their rows through two buffers in turn) compute what the chain computes
+    layer after layer."""
+    x, squares, weights, kv, step = _stack(layers, [5, 0, 40], True)
+    shape = _shape(weights[0], 4, 16, len(x))
+    chain_kv = kv.clone()
+    h, s = x, squares
+    for i, w in enumerate(weights):
+        h, s = chain_layer(h, s, w, step._replace(kv=chain_kv[i]), shape)
+    ours_kv = kv.clone()
+    y, y_squares = triton_persistent_step(
+        x, squares, stack_layers(weights), ours_kv, step, shape, _state(x.device)
+    )
+    assert torch.equal(y, h) and torch.equal(y_squares, s)
+    assert torch.equal(ours_kv, chain_kv)
+
+
+def test_stacking_refuses_unlike_layers() -> None:
+    _, _, weights, _, _ = _stack(2, [5], False)
+    with pytest.raises(ValueError, match="differ"):
+        stack_layers([weights[0], weights[1]._replace(o=weights[1].o[:, :32].contiguous())])
+
+
 def test_the_first_layer_takes_its_rows_normalized() -> None:
     """No squares (the embeddings'): x is projected as it is, as the chain does."""
     x, _, weights, step = _layer([5, 17], 64, 4, 2, 16, 96, 16, False, 3)
@@ -273,4 +310,46 @@ def test_the_barriers_give_the_phase_by_phase_bits_on_the_gpu(
         torch.cuda.synchronize()
         assert torch.equal(y, ours[0]) and torch.equal(y_squares, ours[1])
         assert torch.equal(replay_step.kv, ours_step.kv)
+    assert state[0].item() == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_a_stacked_step_gives_its_phase_by_phase_bits_on_the_gpu(prefetch: bool) -> None:
+    """Four of SmolLM2-135M's layers in one kernel (a barrier between layers too),
+    prefetching each next layer's weights or not, launched programmatically: the
+    same kernel launched layer by layer and phase by phase, bit for bit, also when
+    replayed from a graph."""
+    lengths = [1, 300, 0, 4000]
+    x, squares, first, step = _layer(lengths, 576, 9, 3, 64, 1536, 64, True, 8, "cuda")
+    weights = [first] + [
+        _layer(lengths, 576, 9, 3, 64, 1536, 64, True, 9 + i, "cuda")[2] for i in range(3)
+    ]
+    kv = torch.stack([step.kv.roll(i, dims=1) for i in range(4)])
+    kv[:, :, 0] = 0
+    tables = stack_layers(weights)
+    shape = _shape(first, 9, 64, len(lengths))
+    state = _state(torch.device("cuda"))
+    phased_kv = kv.clone()
+    phased = triton_persistent_step(
+        x, squares, tables, phased_kv, step, shape, state, by_phase=True
+    )
+    ours_kv = kv.clone()
+    with programmatic_launch(True):
+        ours = triton_persistent_step(
+            x, squares, tables, ours_kv, step, shape, state, prefetch=prefetch
+        )
+    assert torch.equal(ours[0], phased[0]) and torch.equal(ours[1], phased[1])
+    assert torch.equal(ours_kv, phased_kv)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y, y_squares = triton_persistent_step(
+            x, squares, tables, ours_kv, step, shape, state, prefetch=prefetch
+        )
+    for _ in range(5):
+        ours_kv.copy_(kv)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, phased[0]) and torch.equal(y_squares, phased[1])
+        assert torch.equal(ours_kv, phased_kv)
     assert state[0].item() == 0

@@ -1,6 +1,7 @@
 """A decode layer of a small dense model in one persistent kernel: its six phases
 separated by grid barriers instead of kernel boundaries (an experiment, measured by
-``bench/persistent_layer_bench.py``; no recipe uses it yet).
+``bench/persistent_layer_bench.py``; served under ``--decode-fusion persistent``,
+which "auto" never picks).
 
 SmolLM2-135M's decode step is latency-bound: each of a layer's kernels (qkv, the
 attention split with the rotary write, its merge, o, gate/up, down) takes 2.6 to
@@ -35,13 +36,19 @@ an SM. With programmatic launch, the kernel after may launch once every program
 has started (``programmatic_launch``), so it never takes an SM a program of this
 one is waiting for.
 
+The kernel also runs a step's layers one after another in one launch
+(``triton_persistent_step``: each weight's layers by a table of addresses, their
+caches one tensor, the rows through two buffers in turn, a barrier between layers
+as between phases): a decode step's layers in one kernel.
+
 Triton's interpreter runs programs one after another, so no barrier can work
-there: ``by_phase`` launches the same kernel once per phase (``PHASE``), the
-kernel boundary standing in for the barrier; the tests run it so.
+there: ``by_phase`` launches the same kernel once per layer and phase
+(``PHASE``), the kernel boundary standing in for the barrier; the tests run it so.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -160,11 +167,35 @@ def _prefetch_tiles(w_ptr, pid, programs, N: tl.constexpr, K: tl.constexpr, BLOC
 
 
 @triton.jit
+def _weight(ptr, i, dtype: tl.constexpr, STACKED: tl.constexpr):
+    """Layer ``i``'s weight: ``ptr`` itself, or when ``STACKED`` the address at
+    ``ptr[i]`` (a table of int64 addresses, each 16-byte aligned)."""
+    if STACKED:
+        out = tl.multiple_of(tl.load(ptr + i).to(tl.pointer_type(dtype)), 16)
+    else:
+        out = ptr
+    return out
+
+
+@triton.jit
+def _prefetch_layer(wqkv, wo, wgu, wd, pid, programs, HIDDEN: tl.constexpr,
+                    HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    INTER: tl.constexpr, QKV_N: tl.constexpr, O_N: tl.constexpr,
+                    GU_N: tl.constexpr, DOWN_N: tl.constexpr):  # fmt: skip
+    """Bulk L2 prefetches of this program's weight tiles of one layer."""
+    _prefetch_tiles(wqkv, pid, programs, (HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN, QKV_N)
+    _prefetch_tiles(wo, pid, programs, HIDDEN, HEADS * HEAD_DIM, O_N)
+    _prefetch_tiles(wgu, pid, programs, INTER, HIDDEN, GU_N)
+    _prefetch_tiles(wgu + INTER * HIDDEN, pid, programs, INTER, HIDDEN, GU_N)
+    _prefetch_tiles(wd, pid, programs, HIDDEN, INTER, DOWN_N)
+
+
+@triton.jit
 def _persistent_layer_kernel(
-    x_ptr, s_ptr, wqkv_ptr, qkv_ptr, q_ptr, kv_ptr, pt_ptr, seq_ptr, pm_ptr, pl_ptr,
-    pa_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, rows_ptr, attn_ptr, wo_ptr, h_ptr, hs_ptr,
-    wgu_ptr, act_ptr, wd_ptr, y_ptr, ys_ptr, state_ptr, M, stride_kv, stride_pt, eps,
-    norm_eps, qk_scale,
+    x_ptr, s_ptr, wqkv_tab, qkv_ptr, q_ptr, kv_base, pt_ptr, seq_ptr, pm_ptr, pl_ptr,
+    pa_ptr, qw_tab, kw_tab, cos_ptr, sin_ptr, rows_ptr, attn_ptr, wo_tab, h_ptr, hs_ptr,
+    wgu_tab, act_ptr, wd_tab, y_base, ys_base, state_ptr, M, stride_kv, stride_pt, eps,
+    norm_eps, qk_scale, first, layers, stride_layer,
     HIDDEN: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr, INTER: tl.constexpr, PAGE_SIZE: tl.constexpr,
     NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
@@ -173,29 +204,90 @@ def _persistent_layer_kernel(
     QKV_K: tl.constexpr, O_N: tl.constexpr, O_K: tl.constexpr, GU_N: tl.constexpr,
     GU_K: tl.constexpr, DOWN_N: tl.constexpr, DOWN_K: tl.constexpr,
     GROUPS_HIDDEN: tl.constexpr, GROUPS_HEADS: tl.constexpr, PHASE: tl.constexpr = -1,
-    PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False,
+    STACKED: tl.constexpr = False, PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """The layer's phases (module docstring) for rows ``M`` (contiguous tensors; the
-    strides follow from the constexpr shapes), all of them with a barrier after
-    each but the last (``PHASE`` -1), or phase ``PHASE`` alone. ``*_N``/``*_K``:
-    each projection's tile. With ``PREFETCH`` (all phases only), the program first
-    prefetches into L2 the weight rows of all its projection tiles (no kernel of a
-    step writes a weight, so before the wait for the kernel before)."""
+    """Layers ``first`` to ``first + layers - 1``, each's phases (module docstring)
+    for rows ``M`` (contiguous tensors; the strides follow from the constexpr
+    shapes), all of them with a barrier after each but the very last (``PHASE``
+    -1), or phase ``PHASE`` alone. One layer: the weight pointers themselves and
+    its cache ``kv_base``, its output at ``y_base``/``ys_base``. ``STACKED``: the
+    weights' ``*_tab`` are tables of each layer's address, layer i's cache
+    ``stride_layer`` elements on from ``kv_base``, and the layers read and write
+    their rows in turn through two buffers at ``y_base``/``ys_base`` (layer i's
+    output in buffer i % 2; the first's input x). ``*_N``/``*_K``: each projection's
+    tile. With ``PREFETCH`` (all phases only), a program first prefetches into L2
+    the weight rows of all its tiles of the first layer (no kernel of a step writes
+    a weight, so before the wait for the kernel before), then at each layer's start
+    those of the next."""
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
+    dtype: tl.constexpr = x_ptr.dtype.element_ty
     if PREFETCH:
-        _prefetch_tiles(wqkv_ptr, pid, programs, (HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN, QKV_N)
-        _prefetch_tiles(wo_ptr, pid, programs, HIDDEN, HEADS * HEAD_DIM, O_N)
-        _prefetch_tiles(wgu_ptr, pid, programs, INTER, HIDDEN, GU_N)
-        _prefetch_tiles(wgu_ptr + INTER * HIDDEN, pid, programs, INTER, HIDDEN, GU_N)
-        _prefetch_tiles(wd_ptr, pid, programs, HIDDEN, INTER, DOWN_N)
+        _prefetch_layer(
+            _weight(wqkv_tab, first, dtype, STACKED), _weight(wo_tab, first, dtype, STACKED),
+            _weight(wgu_tab, first, dtype, STACKED), _weight(wd_tab, first, dtype, STACKED),
+            pid, programs, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, QKV_N, O_N, GU_N, DOWN_N,
+        )  # fmt: skip
     if PDL:
         await_producer()
     group: tl.constexpr = HEADS // KV_HEADS
     qkv_cols: tl.constexpr = (HEADS + 2 * KV_HEADS) * HEAD_DIM
     attn_cols: tl.constexpr = HEADS * HEAD_DIM
     row_blocks = tl.cdiv(M, ROW_TILES * BLOCK_M)
+    last = first + layers - 1
+    for i in range(first, first + layers):
+        wqkv_ptr = _weight(wqkv_tab, i, dtype, STACKED)
+        wo_ptr = _weight(wo_tab, i, dtype, STACKED)
+        wgu_ptr = _weight(wgu_tab, i, dtype, STACKED)
+        wd_ptr = _weight(wd_tab, i, dtype, STACKED)
+        qw_ptr = _weight(qw_tab, i, dtype, STACKED and HAS_NORM)
+        kw_ptr = _weight(kw_tab, i, dtype, STACKED and HAS_NORM)
+        if PREFETCH and STACKED:
+            if i < last:
+                n = i + 1
+                _prefetch_layer(
+                    _weight(wqkv_tab, n, dtype, True), _weight(wo_tab, n, dtype, True),
+                    _weight(wgu_tab, n, dtype, True), _weight(wd_tab, n, dtype, True), pid,
+                    programs, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, QKV_N, O_N, GU_N, DOWN_N,
+                )  # fmt: skip
+        kv_ptr = kv_base + i * stride_layer
+        y_ptr = y_base + (i % 2) * M * HIDDEN
+        ys_ptr = ys_base + (i % 2) * M * (HIDDEN // 16)
+        if i == 0:
+            in_ptr = x_ptr
+            in_s = s_ptr
+        else:
+            in_ptr = y_base + ((i - 1) % 2) * M * HIDDEN
+            in_s = ys_base + ((i - 1) % 2) * M * (HIDDEN // 16)
+        _layer_phases(
+            in_ptr, in_s, wqkv_ptr, qkv_ptr, q_ptr, kv_ptr, pt_ptr, seq_ptr, pm_ptr, pl_ptr,
+            pa_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, rows_ptr, attn_ptr, wo_ptr, h_ptr,
+            hs_ptr, wgu_ptr, act_ptr, wd_ptr, y_ptr, ys_ptr, state_ptr, M, stride_kv,
+            stride_pt, eps, norm_eps, qk_scale, pid, programs, row_blocks, i < last, HIDDEN,
+            HEADS, KV_HEADS, HEAD_DIM, INTER, PAGE_SIZE, NUM_SPLITS, BLOCK_H, BLOCK_S,
+            NORM_IN, HAS_NORM, UPCAST, ROW_TILES, BLOCK_M, QKV_N, QKV_K, O_N, O_K, GU_N, GU_K,
+            DOWN_N, DOWN_K, GROUPS_HIDDEN, GROUPS_HEADS, PHASE, group, qkv_cols, attn_cols,
+        )  # fmt: skip
 
+
+@triton.jit
+def _layer_phases(
+    x_ptr, s_ptr, wqkv_ptr, qkv_ptr, q_ptr, kv_ptr, pt_ptr, seq_ptr, pm_ptr, pl_ptr,
+    pa_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, rows_ptr, attn_ptr, wo_ptr, h_ptr, hs_ptr,
+    wgu_ptr, act_ptr, wd_ptr, y_ptr, ys_ptr, state_ptr, M, stride_kv, stride_pt, eps,
+    norm_eps, qk_scale, pid, programs, row_blocks, more,
+    HIDDEN: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, INTER: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
+    NORM_IN: tl.constexpr, HAS_NORM: tl.constexpr, UPCAST: tl.constexpr,
+    ROW_TILES: tl.constexpr, BLOCK_M: tl.constexpr, QKV_N: tl.constexpr,
+    QKV_K: tl.constexpr, O_N: tl.constexpr, O_K: tl.constexpr, GU_N: tl.constexpr,
+    GU_K: tl.constexpr, DOWN_N: tl.constexpr, DOWN_K: tl.constexpr,
+    GROUPS_HIDDEN: tl.constexpr, GROUPS_HEADS: tl.constexpr, PHASE: tl.constexpr,
+    group: tl.constexpr, qkv_cols: tl.constexpr, attn_cols: tl.constexpr,
+):  # fmt: skip
+    """One layer's six phases, a barrier after each (after the last only where
+    ``more`` layers follow) when ``PHASE`` is -1; else phase ``PHASE`` alone."""
     if PHASE < 0 or PHASE == 0:
         col_tiles = tl.cdiv(qkv_cols, QKV_N)
         for t in range(pid, row_blocks * col_tiles, programs):
@@ -263,6 +355,8 @@ def _persistent_layer_kernel(
                 t % col_tiles, False, False, True, True, ROW_TILES, BLOCK_M, DOWN_N, DOWN_K,
                 1, False, 0,
             )  # fmt: skip
+        if more:
+            _phase_end(state_ptr, programs, PHASE)
 
 
 _INTERPRETED = isinstance(_persistent_layer_kernel, InterpretedFunction)
@@ -380,10 +474,92 @@ def _check_squares(x: torch.Tensor, squares: torch.Tensor | None) -> None:
         raise ValueError(f"x's partial squares must be contiguous float32 {wanted}")
 
 
+class LayerTables(NamedTuple):
+    """A step's decoder layers stacked for one persistent kernel: each weight's
+    per-layer addresses as int64 device tensors (built once, outside any capture:
+    ``stack_layers``), and the layers themselves."""
+
+    qkv: torch.Tensor
+    o: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    layers: tuple[LayerWeights, ...]
+
+
+def stack_layers(layers: Sequence[LayerWeights]) -> LayerTables:
+    """The address tables of ``layers``, which must share shapes, dtype and device."""
+    first = layers[0]
+    for layer in layers:
+        for name, t in layer._asdict().items():
+            ref = getattr(first, name)
+            if (t is None) != (ref is None) or (
+                t is not None and (t.shape, t.dtype, t.device) != (ref.shape, ref.dtype, ref.device)
+            ):
+                raise ValueError(f"the layers' {name} differ in shape, dtype or device")
+            if t is not None and (not t.is_contiguous() or t.data_ptr() % 16):
+                raise ValueError(f"every layer's {name} must be contiguous and 16-byte aligned")
+
+    def table(name: str) -> torch.Tensor | None:
+        if getattr(first, name) is None:
+            return None
+        addresses = [getattr(layer, name).data_ptr() for layer in layers]
+        return torch.tensor(addresses, dtype=torch.int64, device=first.qkv.device)
+
+    names = ("qkv", "o", "gate_up", "down", "q_norm", "k_norm")
+    return LayerTables(*(table(name) for name in names), layers=tuple(layers))
+
+
 def triton_persistent_layer(
     x: torch.Tensor,
     squares: torch.Tensor | None,
     weights: LayerWeights,
+    step: LayerStep,
+    shape: LayerShape,
+    state: torch.Tensor,
+    **options: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``DecodeFusedLayer``'s decode rows under ``--decode-fusion norms`` (the q/k
+    norms as Qwen3's where given) in one kernel: the layer's output ``[rows,
+    hidden]`` and its partial squares, from its input ``x`` and x's partial squares
+    (``squares``; None: x is already normalized, the first layer's). ``state``: the
+    barrier's ``STATE_WORDS`` int32, zeros the first time and its count left at zero
+    (``_grid_barrier``). ``options``: ``_launch``'s."""
+    return _launch(x, squares, weights, None, step.kv, step, shape, state, **options)  # type: ignore[arg-type]
+
+
+def triton_persistent_step(
+    x: torch.Tensor,
+    squares: torch.Tensor,
+    tables: LayerTables,
+    kv: torch.Tensor,
+    step: LayerStep,
+    shape: LayerShape,
+    state: torch.Tensor,
+    **options: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every layer of ``tables`` in one kernel, one after another (a barrier between
+    layers as between phases): the last layer's output and its partial squares.
+    ``kv [layers, 2, pages, page_size, kv_heads, head_dim]``: their caches;
+    ``step``: the step's other attention inputs (its ``kv`` unused); ``squares``
+    required (the first layer's input squares). ``options``: ``_launch``'s."""
+    if squares is None:
+        raise ValueError("a stacked step takes its input's partial squares")
+    if kv.dim() != 6 or kv.shape[0] != len(tables.layers):
+        raise ValueError(f"kv {tuple(kv.shape)} is not {len(tables.layers)} layers' caches")
+    return _launch(
+        x, squares, tables.layers[0], tables, kv, step._replace(kv=kv[0]), shape, state,
+        **options,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def _launch(
+    x: torch.Tensor,
+    squares: torch.Tensor | None,
+    weights: LayerWeights,
+    tables: LayerTables | None,
+    kv_base: torch.Tensor,
     step: LayerStep,
     shape: LayerShape,
     state: torch.Tensor,
@@ -393,18 +569,14 @@ def triton_persistent_layer(
     num_stages: int | None = None,
     prefetch: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``DecodeFusedLayer``'s decode rows under ``--decode-fusion norms`` (the q/k
-    norms as Qwen3's where given) in one kernel: the layer's output ``[rows,
-    hidden]`` and its partial squares, from its input ``x`` and x's partial squares
-    (``squares``; None: x is already normalized, the first layer's). ``state``: the
-    barrier's ``STATE_WORDS`` int32, zeros the first time and its count left at zero
-    (``_grid_barrier``).
-    ``programs``: the grid (default one per SM, at most the largest phase's tiles);
-    ``by_phase``: one launch per phase instead of barriers (always under the
-    interpreter); ``num_stages``: the K loops' pipeline (default the deepest that
-    every projection's tile fits, ``linear.pipeline_stages``); ``prefetch``: each
-    program's weight tiles prefetched into L2 at its start (barriers only; PTX, so
-    never under the interpreter)."""
+    """One layer (``tables`` None: ``weights``, cache ``kv_base``) or the stacked
+    layers of ``tables`` (caches ``kv_base``), ``weights`` and ``step.kv`` giving
+    the shapes. ``programs``: the grid (default one per SM, at most the largest
+    phase's tiles); ``by_phase``: one launch per layer and phase instead of barriers
+    (always under the interpreter); ``num_stages``: the K loops' pipeline (default
+    the deepest that every projection's tile fits, ``linear.pipeline_stages``);
+    ``prefetch``: each program's weight tiles prefetched into L2 (barriers only;
+    PTX, so never under the interpreter)."""
     _check(x, weights, step, shape.heads)
     _check_squares(x, squares)
     rows, hidden = x.shape
@@ -414,22 +586,21 @@ def triton_persistent_layer(
     heads, splits = shape.heads, shape.num_splits
     if state.dtype != torch.int32 or state.shape != (STATE_WORDS,):
         raise ValueError(f"the barrier's state is {STATE_WORDS} int32")
+    layers = 1 if tables is None else len(tables.layers)
     qkv_cols = weights.qkv.shape[0]
     new = lambda *size, dtype=x.dtype: torch.empty(size, dtype=dtype, device=x.device)  # noqa: E731
     qkv, q = new(rows, qkv_cols), new(rows, heads, head_dim)
     part_m = new(rows, heads, splits, dtype=torch.float32)
     part_l = torch.empty_like(part_m)
     part_acc = new(rows, heads, splits, head_dim, dtype=torch.float32)
-    attn, h, act, y = (
-        new(rows, heads * head_dim),
-        new(rows, hidden),
-        new(rows, intermediate),
-        new(rows, hidden),
-    )
+    attn, h, act = new(rows, heads * head_dim), new(rows, hidden), new(rows, intermediate)
     h_squares = new(rows, hidden // linear.SQUARE_GROUP, dtype=torch.float32)
-    y_squares = torch.empty_like(h_squares)
+    # The layers' outputs in turn (layer i's in buffer i % 2).
+    y = new(min(layers, 2), rows, hidden)
+    y_squares = new(min(layers, 2), rows, hidden // linear.SQUARE_GROUP, dtype=torch.float32)
+    out = (y[(layers - 1) % 2], y_squares[(layers - 1) % 2])
     if rows == 0:
-        return y, y_squares
+        return out
     counts = phase_tiles(rows, shape, hidden, kv_heads, head_dim, intermediate)
     most = INTERPRETER_PROGRAMS if _INTERPRETED else linear._sm_count(x.device)
     if programs is None:
@@ -438,15 +609,17 @@ def triton_persistent_layer(
         # More programs than SMs need not all be resident: a barrier would never open.
         raise ValueError(f"{programs} programs for {most} SMs")
     has_norm = weights.q_norm is not None
+    source = weights if tables is None else tables
     t = shape.tiles
     args = (
-        x, x if squares is None else squares, weights.qkv, qkv, q, kv, step.page_tables,
+        x, x if squares is None else squares, source.qkv, qkv, q, kv_base, step.page_tables,
         step.seq_lens, part_m, part_l, part_acc,
-        weights.q_norm if has_norm else qkv, weights.k_norm if has_norm else qkv,
-        step.cos, step.sin, step.rows, attn, weights.o, h, h_squares, weights.gate_up, act,
-        weights.down, y, y_squares, state, rows, kv.stride(0), step.page_tables.stride(0),
+        source.q_norm if has_norm else qkv, source.k_norm if has_norm else qkv,
+        step.cos, step.sin, step.rows, attn, source.o, h, h_squares, source.gate_up, act,
+        source.down, y, y_squares, state, rows, kv.stride(0), step.page_tables.stride(0),
         shape.eps, shape.norm_eps, shape.scale * 1.4426950408889634,
     )  # fmt: skip
+    stride_layer = 0 if tables is None else kv_base.stride(0)
     constexprs = dict(
         HIDDEN=hidden, HEADS=heads, KV_HEADS=kv_heads, HEAD_DIM=head_dim, INTER=intermediate,
         PAGE_SIZE=page_size, NUM_SPLITS=splits,
@@ -456,7 +629,7 @@ def triton_persistent_layer(
         BLOCK_M=linear.ROWS_TILE, QKV_N=t["qkv"][0], QKV_K=t["qkv"][1], O_N=t["o"][0],
         O_K=t["o"][1], GU_N=t["gate/up"][0], GU_K=t["gate/up"][1], DOWN_N=t["down"][0],
         DOWN_K=t["down"][1], GROUPS_HIDDEN=linear._groups(hidden),
-        GROUPS_HEADS=linear._groups(heads * head_dim),
+        GROUPS_HEADS=linear._groups(heads * head_dim), STACKED=tables is not None,
     )  # fmt: skip
     if num_stages is None:  # the deepest pipeline every projection's tile fits
         tiles = linear.row_tiles(rows)
@@ -465,16 +638,18 @@ def triton_persistent_layer(
             for name, (n, k) in t.items()
         )
     options = dict(num_warps=4, num_stages=num_stages, enable_fp_fusion=False)
+    launch = kernel_options(x.device)
     if by_phase or _INTERPRETED:
-        for phase in range(len(PHASES)):
-            _persistent_layer_kernel[(programs,)](
-                *args, **constexprs, PHASE=phase, **options, **kernel_options(x.device)
-            )
+        for layer in range(layers):
+            for phase in range(len(PHASES)):
+                _persistent_layer_kernel[(programs,)](
+                    *args, layer, 1, stride_layer, **constexprs, PHASE=phase, **options, **launch
+                )
     else:
         _persistent_layer_kernel[(programs,)](
-            *args, **constexprs, PREFETCH=prefetch, **options, **kernel_options(x.device)
+            *args, 0, layers, stride_layer, **constexprs, PREFETCH=prefetch, **options, **launch
         )
-    return y, y_squares
+    return out
 
 
 def chain_layer(
