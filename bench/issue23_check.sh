@@ -82,11 +82,11 @@
 #       barrier that never opens would hang.
 #   bench/issue23_check.sh changes OUT BEFORE FLARE
 #       a set of changes as a whole, on random weights of both geometries (written
-#       under WORK): the parts rope, boundaries and persistent, SmolLM2's decode step as BEFORE
-#       and this tree prepare it (trees, OUT/smol-trees), a SmolLM2 core prepared with
-#       this tree's defaults through `flare replay --check` (pdl-core, OUT/smol-core),
-#       then the 8B's trees (OUT/8b-trees); about 15 minutes, so run it detached
-#       (bench/detached.sh).
+#       under WORK), in this order: the part rope, a SmolLM2 core prepared with this
+#       tree's defaults through `flare replay --check` (pdl-core, OUT/smol-core), the
+#       part persistent (with SmolLM2's step), SmolLM2's decode step as BEFORE and this
+#       tree prepare it (trees, OUT/smol-trees), the part boundaries, then the 8B's
+#       trees (OUT/8b-trees); about 28 minutes, so run it detached (bench/detached.sh).
 #   bench/issue23_check.sh pdl-core OUT CHECKPOINT FLARE [prepare options...]
 #       CHECKPOINT exported with the defaults, programmatic launch on (programmatic
 #       edges in the core's graphs), then `flare replay --check` (Helios's rebuilt
@@ -212,12 +212,13 @@ case $part in
     done
     shapes="--prompt-tokens 128 --prefill-chunk-size 128 --context-limit 4096"
     self=bench/issue23_check.sh
+    # Correctness of the default path first, then what decides the next step.
     bash "$self" rope "$out/rope" || status=1
+    bash "$self" pdl-core "$out/smol-core" "$work/smollm2-135m" "$flare" || status=1
+    bash "$self" persistent "$out/persistent" "$work/smollm2-135m" || status=1
     bash "$self" trees "$out/smol-trees" "$before" "$work/smollm2-135m" \
       --geometry smollm2-135m $shapes || status=1
-    bash "$self" pdl-core "$out/smol-core" "$work/smollm2-135m" "$flare" || status=1
     bash "$self" boundaries "$out/boundaries" || status=1
-    bash "$self" persistent "$out/persistent" "$work/smollm2-135m" || status=1
     bash "$self" trees "$out/8b-trees" "$before" "$work/qwen3-8b" --geometry qwen3-8b $shapes \
       || status=1
     ;;
