@@ -34,7 +34,8 @@ barrier, so a captured graph replays it with no reset node. The programs must al
 be resident at once: the grid is at most one program per SM, and the kernel fits
 an SM. With programmatic launch, the kernel after may launch once every program
 has started (``programmatic_launch``), so it never takes an SM a program of this
-one is waiting for.
+one is waiting for. Two such kernels must never run at once (each could hold SMs
+the other's programs wait for): Helios runs a core's graphs on one stream.
 
 The kernel also runs a step's layers one after another in one launch
 (``triton_persistent_step``: each weight's layers by a table of addresses, their
