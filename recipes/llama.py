@@ -26,10 +26,11 @@ a fused decode path:
   132 SMs) decode step is 12% shorter with the norms, and Qwen3-8B's (128 programs)
   1.4% longer: its qkv projection reads slower after the down projection than after
   a norm kernel (``bench/results/issue23/2026-12-05b-h200-head/``).
-  With "persistent" (an experiment, never chosen by "auto"), the norms fusion's
-  decode layer runs as one persistent kernel whose phases are separated by grid
-  barriers (``ignition.components.persistent_layer``); the first layer takes its
-  input's partial squares from a torch reduction.
+  With "persistent" (an experiment, never chosen by "auto"), a decode step's layers
+  run as one persistent kernel with the norms fusion's arithmetic, their phases
+  separated by grid barriers (``ignition.components.persistent_layer``), the
+  layers' weights read through tables of their addresses (``persistent_tables``);
+  the first layer takes its input's partial squares from a torch reduction.
   This constructor's own default is "none", the canonical composition.
 
 The text-model forward is replaced by ``forward_tokens`` over packed tokens and
@@ -96,7 +97,12 @@ from ignition.components.linear import (
     project,
     project_squares,
 )
-from ignition.components.persistent_layer import STATE_WORDS, persistent_layer
+from ignition.components.persistent_layer import (
+    STATE_WORDS,
+    LayerWeights,
+    persistent_step,
+    stack_layers,
+)
 from ignition.loading.mapping import Shard, WeightMapping
 from ignition.loading.source import CheckpointError
 from ignition.parallel.shard import ONE_RANK, TensorParallel
@@ -373,7 +379,6 @@ class DecodeFusedLayer(nn.Module):
     input_layernorm: nn.Module
     post_attention_layernorm: nn.Module
     fuse_norms: bool
-    persistent: bool
 
     def forward(
         self,
@@ -382,7 +387,6 @@ class DecodeFusedLayer(nn.Module):
         step: AttentionStep,
         kv: torch.Tensor,
         squares: torch.Tensor | None = None,
-        barrier: torch.Tensor | None = None,
         **kwargs: object,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if hidden_states.shape[-2] > INVARIANT_ROWS:
@@ -391,9 +395,6 @@ class DecodeFusedLayer(nn.Module):
             )
         attn, mlp = self.self_attn, self.mlp
         x = hidden_states[0]
-        if self.persistent and step.seq_lens is not None:
-            assert barrier is not None, "a persistent layer's decode rows need the barrier"
-            return self._persistent(x, squares, position_embeddings, step, kv, barrier)
         if squares is None:
             qkv = project(self.input_layernorm(x), attn.qkv, attn.qkv_bias)
         else:
@@ -408,30 +409,27 @@ class DecodeFusedLayer(nn.Module):
         h, h_squares = mlp.squares(h, norm, residual=h)
         return h.unsqueeze(0), h_squares
 
-    def _persistent(
-        self,
-        x: torch.Tensor,
-        squares: torch.Tensor | None,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        step: AttentionStep,
-        kv: torch.Tensor,
-        barrier: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The decode rows as the norms fusion computes them, in one persistent kernel
-        (``persistent_layer``); the first layer's input squares by torch."""
-        attn, mlp = self.self_attn, self.mlp
-        if squares is None:
-            squares = group_squares(x)
-        cos, sin = position_embeddings
-        weight = lambda norm: None if norm is None else norm.weight  # noqa: E731
-        assert step.seq_lens is not None and step.page_tables is not None
-        y, y_squares = persistent_layer(
-            x, squares, attn.qkv, attn.o_proj.weight, mlp.gate_up, mlp.down_proj.weight,
-            weight(attn.q_norm), weight(attn.k_norm), kv, 0, step.page_tables, step.seq_lens,
-            step.rows, cos, sin, barrier, attn.geometry.heads,
-            rms_norm(self.input_layernorm)[1], attn.norm_eps, attn.scaling,
-        )  # fmt: skip
-        return y.unsqueeze(0), y_squares
+
+def persistent_tables(model: nn.Module, weights: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The address tables of ``model``'s layers' weights for the persistent step
+    (``stack_layers``: qkv, o, gate/up, down, then the q and k norms' where the
+    attention has them), each added to ``weights`` under ``persistent.*``."""
+    layers = []
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        norms = (attn.q_norm, attn.k_norm)
+        gains = [None if n is None else n.weight for n in norms]
+        layers.append(
+            LayerWeights(attn.qkv, attn.o_proj.weight, mlp.gate_up, mlp.down_proj.weight, *gains)
+        )
+    stacked = stack_layers(layers)
+    names = ("qkv", "o", "gate_up", "down", "q_norm", "k_norm")
+    tables = []
+    for name, table in zip(names, stacked[: len(names)], strict=True):
+        if table is not None:
+            weights[f"persistent.{name}_addresses"] = table
+            tables.append(table)
+    return tables
 
 
 def check_persistent(config: PretrainedConfig) -> None:
@@ -462,7 +460,6 @@ def fuse_decode(layer: nn.Module, fusion: DecodeFusion) -> None:
     rms_norm(layer.post_attention_layernorm)
     layer.__class__ = _decode_fused(type(layer))
     layer.fuse_norms = fusion in ("norms", "persistent")
-    layer.persistent = fusion == "persistent"
 
 
 def resolve_fusion(
@@ -635,6 +632,11 @@ class LlamaModel:
                     fold_norm_gains(layer)
 
             self.mapping.finish(fold_gains)
+        # The persistent step's address tables of the layers' weights (read-only,
+        # exported with them: the addresses hold, the window never moves).
+        self.persistent_tables: list[torch.Tensor] = []
+        if decode_fusion == "persistent":
+            self.persistent_tables = persistent_tables(model, self.weights)
         self.rotary = place_rotary(model, config, self.weights, positions, dtype, device)
         check_placed(model, device)
         self.model = model
@@ -651,18 +653,44 @@ class LlamaModel:
         h = text.embed_tokens(tokens).unsqueeze(0)
         embeddings = self.rotary.lookup(positions)
         kv = self.cache.kv
-        # Decode rows through layers that fuse their norms: each layer's output's
-        # partial squares, for the next layer's norm (``DecodeFusedLayer``); through
-        # persistent layers, their barrier's state too (zeros each step, from the
-        # graph's own memory).
-        squares: dict[str, torch.Tensor] = {}
         if self.decode_fusion == "persistent" and step.seq_lens is not None:
-            squares["barrier"] = torch.zeros(STATE_WORDS, dtype=torch.int32, device=tokens.device)
+            return text.norm(self._persistent_step(h, embeddings, step))[0]
+        # Decode rows through layers that fuse their norms: each layer's output's
+        # partial squares, for the next layer's norm (``DecodeFusedLayer``).
+        squares: dict[str, torch.Tensor] = {}
         for i, layer in enumerate(text.layers):
             h = layer(h, position_embeddings=embeddings, step=step, kv=kv[i : i + 1], **squares)
             if isinstance(h, tuple):
                 h, squares["squares"] = h
         return text.norm(h)[0]
+
+    def _persistent_step(
+        self,
+        h: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        step: AttentionStep,
+    ) -> torch.Tensor:
+        """Decode rows ``h [1, rows, hidden]`` through every layer in one persistent
+        kernel (``persistent_step``): the norms fusion's arithmetic, the first layer's
+        input squares by torch, the barrier's state zeros once a step (from the
+        graph's own memory)."""
+        x = h[0]
+        layers = self.model.model.layers
+        attn = [layer.self_attn for layer in layers]
+        mlp = [layer.mlp for layer in layers]
+        norms = [a.q_norm.weight for a in attn] if attn[0].q_norm is not None else []
+        k_norms = [a.k_norm.weight for a in attn] if attn[0].k_norm is not None else []
+        cos, sin = position_embeddings
+        assert step.seq_lens is not None
+        state = torch.zeros(STATE_WORDS, dtype=torch.int32, device=x.device)
+        y, _ = persistent_step(
+            x, group_squares(x), [a.qkv for a in attn], [a.o_proj.weight for a in attn],
+            [m.gate_up for m in mlp], [m.down_proj.weight for m in mlp], norms, k_norms,
+            self.persistent_tables, self.cache.kv, step.page_tables, step.seq_lens, step.rows,
+            cos, sin, state, self.geometry.heads, rms_norm(layers[0].input_layernorm)[1],
+            attn[0].norm_eps, attn[0].scaling,
+        )  # fmt: skip
+        return y.unsqueeze(0)
 
     def compile_layers(self, **options: object) -> None:
         """Regional compilation: each decoder layer and the final norm as its own

@@ -242,26 +242,30 @@ def test_a_decode_step_past_one_row_tile_has_no_op_whose_kernel_follows_the_batc
     assert projections >= 3 * layers + 1, ops  # qkv, o, gate/up (+ down); the head
 
 
-def test_a_persistent_decode_step_is_one_operator_a_layer(checkpoint: Path) -> None:
-    """Under "persistent", each layer's decode rows are one ``flare::persistent_layer``
-    (the first layer's input squares from a torch sum), their barrier's state zeroed
-    once a step; a prefill chunk keeps the canonical layer."""
+def test_a_persistent_decode_step_is_one_operator(checkpoint: Path) -> None:
+    """Under "persistent", a decode step's layers are one ``flare::persistent_step``
+    (over address tables of their weights, exported with them), a prefill chunk's
+    the canonical layers."""
     prepared = _prepare(checkpoint, decode_fusion="persistent")
-    layers = prepared.model.model.model.layers
-    assert all(layer.persistent and layer.fuse_norms for layer in layers)
+    model = prepared.model
+    layers = model.model.model.layers
+    assert all(layer.fuse_norms for layer in layers)
+    qkv_addresses = model.weights["persistent.qkv_addresses"]
+    assert qkv_addresses.tolist() == [layer.self_attn.qkv.data_ptr() for layer in layers]
     staging = prepared.storage.staging
     prepared.storage.state.page_table[1, :2] = torch.tensor([1, 2], dtype=torch.int32)
     prompt = torch.randint(3, 512, (20,), generator=torch.Generator().manual_seed(2)).tolist()
     pack_admission(staging, 1, prompt, 100, SamplingParams(temperature=1.0), seed=1)
     prepared.execute(GraphKey(GraphKind.ADMIT, 1))
     pack_chunk(staging, 1, prompt, True)
-    chunk_ops = step_ops(prepared, GraphKey(GraphKind.PREFILL, 128))
-    assert not any(name == "flare.persistent_layer" for name, _ in chunk_ops)
+    chunk_ops = [name for name, _ in step_ops(prepared, GraphKey(GraphKind.PREFILL, 128))]
+    assert "flare.persistent_step" not in chunk_ops
     pack_decode(staging, [1], 1)
-    ops = step_ops(prepared, GraphKey(GraphKind.DECODE, 1))
-    names = [name for name, _ in ops]
-    assert names.count("flare.persistent_layer") == len(layers), names
+    names = [name for name, _ in step_ops(prepared, GraphKey(GraphKind.DECODE, 1))]
+    assert names.count("flare.persistent_step") == 1, names
+    # No layer's operators beside it: the vocabulary head's projection alone.
     assert not any(name.startswith("flare.rope_decode") for name in names), names
+    assert sum(name.startswith("flare.rows_") for name in names) == 1, names
 
 
 def test_the_persistent_fusion_is_refused_where_it_cannot_hold(gained: Path) -> None:

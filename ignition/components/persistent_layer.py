@@ -688,21 +688,21 @@ def chain_layer(
     return y, y_squares
 
 
-# The serving operator: the layer's decode rows in one persistent kernel on CUDA;
-# elsewhere (the CPU tests) the norms fusion's composition of the operators, which
-# computes the same layer (``recipes.llama.DecodeFusedLayer``).
-@torch.library.custom_op("flare::persistent_layer", mutates_args=("kv", "state"))
-def persistent_layer(
+# The serving operator: a decode step's layers in one persistent kernel on CUDA;
+# elsewhere (the CPU tests) the norms fusion's composition of the operators, layer
+# after layer, which computes the same (``recipes.llama.DecodeFusedLayer``).
+@torch.library.custom_op("flare::persistent_step", mutates_args=("kv", "state"))
+def persistent_step(
     x: torch.Tensor,
     squares: torch.Tensor,
-    qkv: torch.Tensor,
-    o: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
-    q_norm: torch.Tensor | None,
-    k_norm: torch.Tensor | None,
+    qkv: list[torch.Tensor],
+    o: list[torch.Tensor],
+    gate_up: list[torch.Tensor],
+    down: list[torch.Tensor],
+    q_norm: list[torch.Tensor],
+    k_norm: list[torch.Tensor],
+    tables: list[torch.Tensor],
     kv: torch.Tensor,
-    layer: int,
     page_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     rows: torch.Tensor,
@@ -714,35 +714,42 @@ def persistent_layer(
     norm_eps: float,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``y = h + down(silu(gate) * up)`` with ``h = x + o(attention)`` of decode rows
-    ``x [rows, hidden]`` normalized by their partial ``squares`` (the gains folded
-    into ``qkv`` and ``gate_up``), writing each row's newest K/V to layer ``layer``
-    of ``kv``; returns y and its partial squares. ``state``: the grid barrier's
-    (``STATE_WORDS`` int32, zeros)."""
+    """Every layer of a decode step, layer ``i`` ``y = h + down(silu(gate) * up)``
+    with ``h = x + o(attention)`` of its input rows normalized by their partial
+    squares (the gains folded into ``qkv[i]`` and ``gate_up[i]``; ``q_norm``/
+    ``k_norm``: each layer's, or empty lists), writing each row's newest K/V to
+    ``kv[i]``; returns the last layer's output and its partial squares. ``tables``:
+    ``stack_layers``' address tables of the same weights (qkv, o, gate/up, down,
+    then the q and k norms' where given), built once; ``state``: the grid
+    barrier's (``STATE_WORDS`` int32, zeros)."""
     from ignition.components.kv_cache import rope_decode_attention
 
-    projected = linear.project(x, qkv, norm=linear.RowStatistic(squares, eps))
-    attn = rope_decode_attention(
-        kv, layer, projected, q_norm, k_norm, norm_eps, cos, sin, rows, heads, page_tables,
-        seq_lens, scale,
-    )  # fmt: skip
-    h, h_squares = linear.project_squares(attn.reshape(x.shape[0], -1), o, residual=x)
-    act = linear.gated_project(h, gate_up, F.silu, linear.RowStatistic(h_squares, eps))
-    return linear.project_squares(act, down, residual=h)
+    h_in, s_in = x, squares
+    for i in range(len(qkv)):
+        norms = (q_norm[i], k_norm[i]) if q_norm else (None, None)
+        projected = linear.project(h_in, qkv[i], norm=linear.RowStatistic(s_in, eps))
+        attn = rope_decode_attention(
+            kv, i, projected, *norms, norm_eps, cos, sin, rows, heads, page_tables, seq_lens,
+            scale,
+        )  # fmt: skip
+        h, h_squares = linear.project_squares(attn.reshape(x.shape[0], -1), o[i], residual=h_in)
+        act = linear.gated_project(h, gate_up[i], F.silu, linear.RowStatistic(h_squares, eps))
+        h_in, s_in = linear.project_squares(act, down[i], residual=h)
+    return h_in, s_in
 
 
-@persistent_layer.register_kernel("cuda")
-def _persistent_layer_cuda(
+@persistent_step.register_kernel("cuda")
+def _persistent_step_cuda(
     x: torch.Tensor,
     squares: torch.Tensor,
-    qkv: torch.Tensor,
-    o: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
-    q_norm: torch.Tensor | None,
-    k_norm: torch.Tensor | None,
+    qkv: list[torch.Tensor],
+    o: list[torch.Tensor],
+    gate_up: list[torch.Tensor],
+    down: list[torch.Tensor],
+    q_norm: list[torch.Tensor],
+    k_norm: list[torch.Tensor],
+    tables: list[torch.Tensor],
     kv: torch.Tensor,
-    layer: int,
     page_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     rows: torch.Tensor,
@@ -754,24 +761,28 @@ def _persistent_layer_cuda(
     norm_eps: float,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    weights = LayerWeights(qkv, o, gate_up, down, q_norm, k_norm)
-    step = LayerStep(kv[layer], page_tables, seq_lens, rows, cos, sin)
-    shape = layer_shape(weights, heads, kv.shape[-1], x.shape[0], eps, norm_eps, scale)
-    return triton_persistent_layer(x, squares, weights, step, shape, state)
+    norms = [(q_norm[i], k_norm[i]) if q_norm else (None, None) for i in range(len(qkv))]
+    layers = tuple(
+        LayerWeights(qkv[i], o[i], gate_up[i], down[i], *norms[i]) for i in range(len(qkv))
+    )
+    stacked = LayerTables(*tables[:4], *(tables[4:] if q_norm else (None, None)), layers=layers)
+    step = LayerStep(kv[0], page_tables, seq_lens, rows, cos, sin)
+    shape = layer_shape(layers[0], heads, kv.shape[-1], x.shape[0], eps, norm_eps, scale)
+    return triton_persistent_step(x, squares, stacked, kv, step, shape, state)
 
 
-@persistent_layer.register_fake
-def _persistent_layer_fake(
+@persistent_step.register_fake
+def _persistent_step_fake(
     x: torch.Tensor,
     squares: torch.Tensor,
-    qkv: torch.Tensor,
-    o: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
-    q_norm: torch.Tensor | None,
-    k_norm: torch.Tensor | None,
+    qkv: list[torch.Tensor],
+    o: list[torch.Tensor],
+    gate_up: list[torch.Tensor],
+    down: list[torch.Tensor],
+    q_norm: list[torch.Tensor],
+    k_norm: list[torch.Tensor],
+    tables: list[torch.Tensor],
     kv: torch.Tensor,
-    layer: int,
     page_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     rows: torch.Tensor,

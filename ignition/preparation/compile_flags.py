@@ -13,10 +13,10 @@ COMPILE_SCOPES: tuple[str, ...] = get_args(CompileScope)
 # What a decode layer fuses into its projections' kernels: nothing (the canonical
 # forward, compiled), the residual additions (epilogues of o and down), or those and
 # the RMSNorms (the statistic from the o and down epilogues' partial squares, the
-# gain folded into qkv's and gate/up's weights), or those as one persistent kernel a
-# layer (an experiment: ``ignition.components.persistent_layer``); "auto" lets the
-# recipe choose one of the first three by the model's geometry on the device
-# (``recipes.llama.resolve_fusion``).
+# gain folded into qkv's and gate/up's weights), or those with a decode step's layers
+# in one persistent kernel (an experiment: ``ignition.components.persistent_layer``);
+# "auto" lets the recipe choose one of the first three by the model's geometry on the
+# device (``recipes.llama.resolve_fusion``).
 DecodeFusion = Literal["auto", "none", "residuals", "norms", "persistent"]
 DECODE_FUSIONS: tuple[str, ...] = get_args(DecodeFusion)
 # Preparation's default: each geometry's fastest measured
@@ -57,8 +57,8 @@ def add_compile_options(parser: argparse.ArgumentParser, prefix: str = "") -> No
         "normalized rows leave at least half the GPU's SMs free (a small model's: "
         "SmolLM2-135M's step 12%% shorter on the H200), else residuals (the 8B's: norms "
         "1.4%% slower); persistent (experimental, not yet measured in serving): the norms "
-        "fusion's decode layer as one persistent kernel, its phases separated by grid "
-        "barriers",
+        "fusion's arithmetic with a decode step's layers in one persistent kernel, their "
+        "phases separated by grid barriers",
     )
     parser.add_argument(
         f"--{prefix}programmatic-launch",
