@@ -71,15 +71,16 @@
 #       at two minutes), and a projection read right after one that fills the device
 #       against after a one-program kernel, per tile width
 #       (bench/reader_after_producer_bench.py).
-#   bench/issue23_check.sh persistent OUT [MODEL]
+#   bench/issue23_check.sh persistent OUT [MODEL [FLARE]]
 #       SmolLM2's decode layer as one persistent kernel: its GPU tests (its grid
 #       barriers give the phase-by-phase launches' bits, replayed from one graph;
 #       tests/test_persistent_layer.py), then its 30 layers against the per-kernel
 #       chain (bench/persistent_layer_bench.py, OUT/persistent.json), and with MODEL
 #       (SmolLM2's geometry) its decode step prepared with --decode-fusion persistent
-#       (bench/kernel_timeline.py, OUT/timeline.json); each bounded in time (eight,
-#       eight and five minutes; the kernel compiles in many specializations), since a
-#       barrier that never opens would hang.
+#       (bench/kernel_timeline.py, OUT/timeline.json), and with FLARE too a core so
+#       prepared through `flare replay --check` (pdl-core, OUT/core); each bounded in
+#       time (eight, eight and five minutes; the kernel compiles in many
+#       specializations), since a barrier that never opens would hang.
 #   bench/issue23_check.sh changes OUT BEFORE FLARE
 #       a set of changes as a whole, on random weights of both geometries (written
 #       under WORK), in this order: the part rope, a SmolLM2 core prepared with this
@@ -96,7 +97,7 @@
 # Needs the flare_heliopause wheel importable (WHEELS, as bench/suite_gpu.sh installs
 # them).
 set -uo pipefail
-usage="usage: bench/issue23_check.sh serving OUT | concurrency OUT MODEL [options...] | pdl OUT MODEL [options...] | early OUT MODEL [options...] | sampler OUT | fusion OUT MODEL [options...] | trees OUT BEFORE MODEL [options...] | rope OUT | boundaries OUT | persistent OUT [MODEL] | changes OUT BEFORE FLARE | pdl-core OUT CHECKPOINT FLARE [options...]"
+usage="usage: bench/issue23_check.sh serving OUT | concurrency OUT MODEL [options...] | pdl OUT MODEL [options...] | early OUT MODEL [options...] | sampler OUT | fusion OUT MODEL [options...] | trees OUT BEFORE MODEL [options...] | rope OUT | boundaries OUT | persistent OUT [MODEL [FLARE]] | changes OUT BEFORE FLARE | pdl-core OUT CHECKPOINT FLARE [options...]"
 part=${1:?$usage}
 out=${2:?$usage}
 shift 2
@@ -236,6 +237,10 @@ case $part in
         --prefill-chunk-size 128 --context-limit 4096 --out "$out/timeline.json" \
         > "$out/timeline.log" 2>&1 || { status=1; tail -20 "$out/timeline.log"; }
       grep "^c=" "$out/timeline.log"
+      if [ $# -gt 1 ]; then
+        bash bench/issue23_check.sh pdl-core "$out/core" "$model" "$(cd "$caller" && realpath "$2")" \
+          --decode-fusion persistent || status=1
+      fi
     fi
     ;;
   pdl-core)
