@@ -250,8 +250,19 @@ def test_a_persistent_decode_step_is_one_operator(checkpoint: Path) -> None:
     model = prepared.model
     layers = model.model.model.layers
     assert all(layer.fuse_norms for layer in layers)
-    qkv_addresses = model.weights["persistent.qkv_addresses"]
-    assert qkv_addresses.tolist() == [layer.self_attn.qkv.data_ptr() for layer in layers]
+    tables = {
+        "qkv": [layer.self_attn.qkv for layer in layers],
+        "o": [layer.self_attn.o_proj.weight for layer in layers],
+        "gate_up": [layer.mlp.gate_up for layer in layers],
+        "down": [layer.mlp.down_proj.weight for layer in layers],
+    }
+    if layers[0].self_attn.q_norm is not None:
+        tables["q_norm"] = [layer.self_attn.q_norm.weight for layer in layers]
+        tables["k_norm"] = [layer.self_attn.k_norm.weight for layer in layers]
+    for name, weights in tables.items():
+        addresses = model.weights[f"persistent.{name}_addresses"].tolist()
+        assert addresses == [w.data_ptr() for w in weights], name
+    assert len(model.persistent_tables) == len(tables)
     staging = prepared.storage.staging
     prepared.storage.state.page_table[1, :2] = torch.tensor([1, 2], dtype=torch.int32)
     prompt = torch.randint(3, 512, (20,), generator=torch.Generator().manual_seed(2)).tolist()

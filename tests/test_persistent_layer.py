@@ -192,7 +192,7 @@ def _stack(layers: int, lengths: list[int], norms: bool, device: str = DEVICE) -
     return x, squares, weights, kv, step
 
 
-@pytest.mark.parametrize("layers", [1, 3])
+@pytest.mark.parametrize("layers", [1, 2, 3])  # the output in either buffer
 def test_a_stacked_step_gives_its_layers_bits_one_by_one(layers: int) -> None:
     """Several layers in one kernel (their weights by address tables, their caches one
     tensor, their rows through two buffers in turn) compute what the chain computes
@@ -353,3 +353,32 @@ def test_a_stacked_step_gives_its_phase_by_phase_bits_on_the_gpu(prefetch: bool)
         assert torch.equal(y, phased[0]) and torch.equal(y_squares, phased[1])
         assert torch.equal(ours_kv, phased_kv)
     assert state[0].item() == 0
+
+
+@pytest.mark.gpu
+def test_a_stacked_step_reaches_caches_past_two_giga_elements() -> None:
+    """Two of SmolLM2-135M's layers whose caches hold 2^31 elements and more (over
+    4 GiB each, as a served cache's are): the stacked kernel finds layer 1's cache
+    ``stride_layer`` elements on (once an int32 product that wrapped), and gives the
+    bits of the one-layer kernel run on each layer's cache in turn."""
+    lengths = [70, 1]
+    x, squares, first, step = _layer(lengths, 576, 9, 3, 64, 1536, 64, False, 4, "cuda")
+    second = _layer(lengths, 576, 9, 3, 64, 1536, 64, False, 5, "cuda")[2]
+    used = step.kv.shape[1]
+    pages = (1 << 31) // (2 * 64 * 3 * 64) + 2  # each layer's cache past 2^31 elements
+    kv = torch.zeros(2, 2, pages, 64, 3, 64, dtype=torch.bfloat16, device="cuda")
+    kv[0, :, :used] = step.kv
+    kv[1, :, :used] = step.kv.roll(1, dims=1)
+    kv[:, :, 0] = 0
+    assert kv[1].data_ptr() - kv.data_ptr() >= 2 * (1 << 31)
+    shape = _shape(first, 9, 64, len(lengths))
+    state = _state(torch.device("cuda"))
+    one_kv = kv[:, :, :used].clone()
+    y, y_squares = triton_persistent_step(
+        x, squares, stack_layers([first, second]), kv, step, shape, state
+    )
+    h, s = x, squares
+    for i, weights in enumerate((first, second)):
+        h, s = triton_persistent_layer(h, s, weights, step._replace(kv=one_kv[i]), shape, state)
+    assert torch.equal(y, h) and torch.equal(y_squares, s)
+    assert torch.equal(kv[:, :, :used], one_kv)
