@@ -317,7 +317,9 @@ for stacked in (False, True):
     prefetches = [m.start() for m in re.finditer(r"cp\\.async\\.bulk\\.prefetch\\.L2", ptx)]
     copy = r"cp\\.async\\.c[ag]\\.shared\\.global \\[[^]]*\\], \\[[^]]*\\], (\\w+)"
     copies = re.findall(copy, ptx)
-    print("persistent", stacked,
+    # Layer i's cache at kv_base + i * stride_layer: in int64 (past 2^31 elements).
+    wide = "arith.extsi %stride_layer : i32 to i64" in k.asm["ttir"]
+    print("persistent", stacked, wide,
           len(re.findall(r"@%p\\d+ atom\\.global\\.gpu\\.acq_rel\\.add", ptx)),
           len(re.findall(r"ld\\.global\\.nc", ptx)), len(copies),
           sum(size != "0x10" for size in copies), k.metadata.shared, len(prefetches),
@@ -343,7 +345,8 @@ def test_the_new_kernels_compile_for_sm90() -> None:
     persistent = [line.split()[1:] for line in done.stdout.splitlines()
                   if line.startswith("persistent ")]  # fmt: skip
     assert len(persistent) == 2, done.stdout
-    for stacked, arrivals, nc, copies, narrow, shared, prefetches, early in persistent:
+    for stacked, wide, arrivals, nc, copies, narrow, shared, prefetches, early in persistent:
+        assert wide == "True", done.stdout
         assert arrivals == "6" and nc == "0", done.stdout
         assert int(copies) > 0 and narrow == "0" and 0 < int(shared) <= 232448, done.stdout
         # The five weights' tiles: the first layer's, and stacked each next layer's.

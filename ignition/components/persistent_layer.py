@@ -251,7 +251,7 @@ def _persistent_layer_kernel(
                     _weight(wgu_tab, n, dtype, True), _weight(wd_tab, n, dtype, True), pid,
                     programs, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, QKV_N, O_N, GU_N, DOWN_N,
                 )  # fmt: skip
-        kv_ptr = kv_base + i.to(tl.int64) * stride_layer  # past 2^31 elements in all
+        kv_ptr = kv_base + stride_layer.to(tl.int64) * i  # past 2^31 elements in all
         y_ptr = y_base + (i % 2) * M * HIDDEN
         ys_ptr = ys_base + (i % 2) * M * (HIDDEN // 16)
         if i == 0:
