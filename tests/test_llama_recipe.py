@@ -218,6 +218,18 @@ def test_an_auto_fused_model_records_the_fusion_it_runs(
         llama.fuse_decode(model.model.model.layers[0], "auto")
 
 
+def _admit_one(prepared: PreparedModel) -> object:
+    """Admits request slot 1 with a 20-token prompt (two pages) and packs its one
+    prefill chunk; returns the staging the next graphs read."""
+    staging = prepared.storage.staging
+    prepared.storage.state.page_table[1, :2] = torch.tensor([1, 2], dtype=torch.int32)
+    prompt = torch.randint(3, 512, (20,), generator=torch.Generator().manual_seed(2)).tolist()
+    pack_admission(staging, 1, prompt, 100, SamplingParams(temperature=1.0), seed=1)
+    prepared.execute(GraphKey(GraphKind.ADMIT, 1))
+    pack_chunk(staging, 1, prompt, True)
+    return staging
+
+
 @pytest.mark.parametrize("fusion", ["none", "norms"])
 def test_a_decode_step_past_one_row_tile_has_no_op_whose_kernel_follows_the_batch(
     checkpoint: Path, fusion: DecodeFusion
@@ -227,12 +239,7 @@ def test_a_decode_step_past_one_row_tile_has_no_op_whose_kernel_follows_the_batc
     count, so a request's tokens depended on how many others shared its step."""
     prepared = _prepare(checkpoint, decode_fusion=fusion, concurrency=32)
     assert 32 in prepared.catalog.decode
-    staging = prepared.storage.staging
-    prepared.storage.state.page_table[1, :2] = torch.tensor([1, 2], dtype=torch.int32)
-    prompt = torch.randint(3, 512, (20,), generator=torch.Generator().manual_seed(2)).tolist()
-    pack_admission(staging, 1, prompt, 100, SamplingParams(temperature=1.0), seed=1)
-    prepared.execute(GraphKey(GraphKind.ADMIT, 1))
-    pack_chunk(staging, 1, prompt, True)
+    staging = _admit_one(prepared)
     prepared.execute(GraphKey(GraphKind.PREFILL, 128))
     pack_decode(staging, [1], 32)
     ops = step_ops(prepared, GraphKey(GraphKind.DECODE, 32))
@@ -263,12 +270,7 @@ def test_a_persistent_decode_step_is_one_operator(checkpoint: Path) -> None:
         addresses = model.weights[f"persistent.{name}_addresses"].tolist()
         assert addresses == [w.data_ptr() for w in weights], name
     assert len(model.persistent_tables) == len(tables)
-    staging = prepared.storage.staging
-    prepared.storage.state.page_table[1, :2] = torch.tensor([1, 2], dtype=torch.int32)
-    prompt = torch.randint(3, 512, (20,), generator=torch.Generator().manual_seed(2)).tolist()
-    pack_admission(staging, 1, prompt, 100, SamplingParams(temperature=1.0), seed=1)
-    prepared.execute(GraphKey(GraphKind.ADMIT, 1))
-    pack_chunk(staging, 1, prompt, True)
+    staging = _admit_one(prepared)
     chunk_ops = [name for name, _ in step_ops(prepared, GraphKey(GraphKind.PREFILL, 128))]
     assert "flare.persistent_step" not in chunk_ops
     pack_decode(staging, [1], 1)
