@@ -731,7 +731,8 @@ def triton_paged_decode_attention(
     Returns ``[B, num_heads, head_dim]`` in q's dtype. CUDA-graph safe: the grid, the
     scratch shapes and every constexpr depend only on input shapes. ``split_warps``:
     the split kernel's warps (at head_dim 128, four spill registers to the stack on
-    SM90, eight do not; ``bench/decode_attention_bench.py`` times both).
+    SM90 and eight do not, yet four were faster at every shape on the H200:
+    ``bench/results/issue23/2026-12-05c-h200-persistent``).
     """
     return _decode(q, kv, page_table, seq_lens, scale, num_splits, None, split_warps)
 
