@@ -30,18 +30,12 @@ import triton
 import triton.language as tl
 
 from bench.cuda_timing import blocks_us, capture, run_measurement
+from ignition.components.persistent_layer import load_acquire
 from ignition.components.programmatic_launch import (
     await_producer,
     kernel_options,
     programmatic_launch,
 )
-
-
-@triton.jit
-def _load_acquire(ptr):
-    return tl.inline_asm_elementwise(
-        "ld.acquire.gpu.global.u32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32, is_pure=False, pack=1
-    )
 
 
 @triton.jit
@@ -54,9 +48,9 @@ def _barrier_kernel(counter_ptr, data_ptr, rounds, EXCHANGE: tl.constexpr):
             tl.store(data_ptr + (r % 2) * programs + pid, value)
         tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
         target = (r + 1) * programs
-        seen = _load_acquire(counter_ptr)
+        seen = load_acquire(counter_ptr)
         while seen < target:
-            seen = _load_acquire(counter_ptr)
+            seen = load_acquire(counter_ptr)
         if EXCHANGE:
             value = tl.load(data_ptr + (r % 2) * programs + (pid + 1) % programs) + 1
     if EXCHANGE:

@@ -678,14 +678,14 @@ class LlamaModel:
         layers = self.model.model.layers
         attn = [layer.self_attn for layer in layers]
         mlp = [layer.mlp for layer in layers]
-        norms = [a.q_norm.weight for a in attn] if attn[0].q_norm is not None else []
+        q_norms = [a.q_norm.weight for a in attn] if attn[0].q_norm is not None else []
         k_norms = [a.k_norm.weight for a in attn] if attn[0].k_norm is not None else []
         cos, sin = position_embeddings
         assert step.seq_lens is not None
         state = torch.zeros(STATE_WORDS, dtype=torch.int32, device=x.device)
         y, _ = persistent_step(
             x, group_squares(x), [a.qkv for a in attn], [a.o_proj.weight for a in attn],
-            [m.gate_up for m in mlp], [m.down_proj.weight for m in mlp], norms, k_norms,
+            [m.gate_up for m in mlp], [m.down_proj.weight for m in mlp], q_norms, k_norms,
             self.persistent_tables, self.cache.kv, step.page_tables, step.seq_lens, step.rows,
             cos, sin, state, self.geometry.heads, rms_norm(layers[0].input_layernorm)[1],
             attn[0].norm_eps, attn[0].scaling,

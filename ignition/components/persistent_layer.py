@@ -123,7 +123,7 @@ class LayerShape(NamedTuple):
 
 
 @triton.jit
-def _load_acquire(ptr):
+def load_acquire(ptr):
     """A 32-bit load with acquire semantics at GPU scope (every thread loads)."""
     return tl.inline_asm_elementwise(
         "ld.acquire.gpu.global.u32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32, is_pure=False, pack=1
@@ -137,16 +137,16 @@ def _grid_barrier(state_ptr, programs):
     between barriers) in its first int32, the generation ``GENERATION`` words on, in
     another 128-byte line (the waiting programs poll it while the others arrive)."""
     tl.debug_barrier()  # the program's writes are done
-    generation = _load_acquire(state_ptr + GENERATION)
+    generation = load_acquire(state_ptr + GENERATION)
     tl.debug_barrier()  # every thread holds the generation before the program arrives
     arrived = tl.atomic_add(state_ptr, 1, sem="acq_rel", scope="gpu")
     if arrived == programs - 1:
         tl.atomic_xchg(state_ptr, 0, sem="relaxed", scope="gpu")
         tl.atomic_add(state_ptr + GENERATION, 1, sem="release", scope="gpu")
     else:
-        seen = _load_acquire(state_ptr + GENERATION)
+        seen = load_acquire(state_ptr + GENERATION)
         while seen == generation:
-            seen = _load_acquire(state_ptr + GENERATION)
+            seen = load_acquire(state_ptr + GENERATION)
     tl.debug_barrier()
 
 
