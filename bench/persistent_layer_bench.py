@@ -9,12 +9,13 @@ between its phases. Each variant is a CUDA graph of the model's 30 layers (rando
 weights, its own cache per layer, every row ``--context`` tokens long), launched
 programmatically as serving launches, replayed in blocks (medians and p99):
 
-- ``chain``: the six kernels a layer, the chain's tiles;
-- ``chain-narrow``: the same with 16-column tiles for qkv, o and down (more
-  programs for the small projections; every width gives the same bits);
+- ``chain``: the six kernels a layer, the chain's tiles (16 columns for qkv, o and
+  down: the most programs for the small projections);
+- ``chain-wide``: the same with 32-column tiles for qkv, o and down (the default
+  before 16-column tiles measured faster here; every width gives the same bits);
 - ``persistent``: one kernel a layer, the chain's tiles;
-- ``persistent-narrow``: the same with the narrow tiles;
-- ``persistent-prefetch``, ``persistent-narrow-prefetch``: the same, each program
+- ``persistent-wide``: the same with the wide tiles;
+- ``persistent-prefetch``, ``persistent-wide-prefetch``: the same, each program
   first prefetching into L2 the weight rows of all its tiles of the layer (before
   its wait for the kernel before, so under the layer before's tail);
 - ``persistent-step``, ``persistent-step-prefetch``: one kernel for all 30 layers
@@ -62,7 +63,7 @@ from ignition.components.programmatic_launch import programmatic_launch
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS = 576, 9, 3, 64, 1536, 30
 PAGE = 64
 EPS = 1e-5
-NARROW = {"qkv": 16, "o": 16, "down": 16}
+WIDE = {"qkv": 32, "o": 32, "down": 32}
 DEVICE = "cuda"
 
 Layer = tuple[LayerWeights, LayerStep]
@@ -146,7 +147,7 @@ def measure(args: argparse.Namespace) -> dict:
         tables = stack_layers([weights for weights, _ in layers])
         shapes = {
             name: layer_shape(layers[0][0], HEADS, HEAD_DIM, rows, EPS, widths=widths)
-            for name, widths in (("default", None), ("narrow", NARROW))
+            for name, widths in (("default", None), ("wide", WIDE))
         }
 
         def chain(shape: LayerShape) -> Callable:
@@ -161,11 +162,11 @@ def measure(args: argparse.Namespace) -> dict:
 
         variants = {
             "chain": chain(shapes["default"]),
-            "chain-narrow": chain(shapes["narrow"]),
+            "chain-wide": chain(shapes["wide"]),
             "persistent": persistent(shapes["default"]),
-            "persistent-narrow": persistent(shapes["narrow"]),
+            "persistent-wide": persistent(shapes["wide"]),
             "persistent-prefetch": persistent(shapes["default"], prefetch=True),
-            "persistent-narrow-prefetch": persistent(shapes["narrow"], prefetch=True),
+            "persistent-wide-prefetch": persistent(shapes["wide"], prefetch=True),
             "persistent-phases": persistent(shapes["default"], by_phase=True),
         }
         runs = {name: _model(x, squares, layers, fn) for name, fn in variants.items()}
@@ -175,13 +176,13 @@ def measure(args: argparse.Namespace) -> dict:
                 x, squares, tables, caches, layers[0][1], shapes["default"], state, prefetch
             )
         outputs = {name: run() for name, run in runs.items()}
-        phased = _model(x, squares, layers, persistent(shapes["narrow"], by_phase=True))()
+        phased = _model(x, squares, layers, persistent(shapes["wide"], by_phase=True))()
         # Each barrier launch against the same kernel and tiles launched phase by phase.
         references = {
             "persistent": outputs["persistent-phases"],
-            "persistent-narrow": phased,
+            "persistent-wide": phased,
             "persistent-prefetch": outputs["persistent-phases"],
-            "persistent-narrow-prefetch": phased,
+            "persistent-wide-prefetch": phased,
             "persistent-step": outputs["persistent-phases"],
             "persistent-step-prefetch": outputs["persistent-phases"],
         }

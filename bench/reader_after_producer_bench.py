@@ -65,11 +65,12 @@ def _small_kernel(x_ptr, PDL: tl.constexpr = False):
 
 def _pair_graphs(
     name: str, n: int, k: int, producer_n: int, producer_k: int, widths: tuple[int, ...]
-) -> tuple[dict[str, object], int]:
+) -> tuple[dict[str, object], int, list[torch.Tensor]]:
     """The graphs of one pair, each holding ``copies`` producer-reader pairs over
-    different weight copies; and ``copies``. A reader's key is its place and its tile
-    width ("default" for the gated kernel, whose tile is not chosen here; "none": no
-    reader)."""
+    different weight copies; ``copies``; and the tensors they read and write, which
+    the caller keeps while it replays them (a graph holds only their addresses). A
+    reader's key is its place and its tile width ("default" for the gated kernel,
+    whose tile is not chosen here; "none": no reader)."""
     device = torch.device(DEVICE)
 
     def weights(rows: int, cols: int) -> list[torch.Tensor]:
@@ -115,7 +116,7 @@ def _pair_graphs(
         graphs[f"{place}/none"] = capture(lambda s=with_small: chain(s, False, None))
         for label, width in tiles.items():
             graphs[f"{place}/{label}"] = capture(lambda s=with_small, w=width: chain(s, True, w))
-    return graphs, copies
+    return graphs, copies, [*readers, *producers, act, residual, squares, cell]
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -123,12 +124,16 @@ def measure(args: argparse.Namespace) -> dict:
     default_budget = linear.PIPELINE_BYTES
     for name, n, k, producer_n, producer_k in PAIRS:
         graphs: dict[str, object] = {}
+        operands: list[torch.Tensor] = []  # alive while the graphs replay
         copies = 0
         try:
             for budget in args.pipeline_bytes:
                 # The tile and stages are chosen at launch, so at capture.
                 linear.PIPELINE_BYTES = budget
-                pair, copies = _pair_graphs(name, n, k, producer_n, producer_k, tuple(args.widths))
+                pair, copies, used = _pair_graphs(
+                    name, n, k, producer_n, producer_k, tuple(args.widths)
+                )
+                operands += used
                 graphs.update({f"{budget >> 10}KiB/{key}": g for key, g in pair.items()})
         finally:
             linear.PIPELINE_BYTES = default_budget

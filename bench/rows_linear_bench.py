@@ -2,7 +2,7 @@
 projections of SmolLM2-135M and Qwen3-8B, over tile shapes, against cuBLAS and the
 device's copy bandwidth: the data behind the kernel's tile choice.
 
-    python bench/rows_linear_bench.py [--out bench.json] [--narrow | --many-rows]
+    python bench/rows_linear_bench.py [--out bench.json] [--narrow | --many-rows | --widths]
 
 For each weight shape and 1 and 4 rows: the time per call inside a CUDA graph, over
 weight copies larger than L2 together (``bench/cuda_timing.py``), per (BLOCK_N,
@@ -16,7 +16,8 @@ fusion costs inside the projection. ``--narrow`` times only the K split of weigh
 narrow for the kernel (the hybrid's) against cuBLAS at the same and at 16 padded rows,
 and the kernel past one row tile (32 and 64 rows, Qwen3-8B) against cuBLAS;
 ``--many-rows`` sweeps that kernel's tiles at 16 to 64 rows and tells which change a
-row's bits. Needs a GPU.
+row's bits; ``--widths`` times the served projections as the decode layer launches
+them at every tile width, one and four rows. Needs a GPU.
 """
 
 from __future__ import annotations
@@ -33,10 +34,15 @@ import triton
 
 from bench.cuda_timing import cold_copies, median_graph_ms
 from ignition.components.linear import (
+    BLOCK_KS,
+    BLOCK_NS,
+    GATED_NARROWEST,
     ROWS_TILE,
     SQUARE_GROUP,
     RowStatistic,
+    _block_k,
     _rows_linear_kernel,
+    fitted_block_k,
     pipeline_stages,
     row_tiles,
     split_shape,
@@ -202,6 +208,65 @@ def tile_sweep_past_one_row_tile() -> list[dict[str, object]]:
     return out
 
 
+def _served(
+    name: str, x: torch.Tensor, norm: RowStatistic, residual: torch.Tensor, squares: torch.Tensor
+) -> Callable[[torch.Tensor, int, int], torch.Tensor]:
+    """Projection ``name`` as the decode layer launches it, as a call on (weight, width,
+    K step)."""
+
+    def call(w: torch.Tensor, width: int, block_k: int) -> torch.Tensor:
+        if name == "gate_up":
+            return triton_rows_gated(x, w, norm, width=width)
+        if name == "qkv":
+            return triton_rows_linear(x, w, None, width, block_k, norm=norm)
+        return triton_rows_linear(x, w, None, width, block_k, residual=residual, squares=squares)
+
+    return call
+
+
+def width_sweep(sms: int) -> list[dict[str, object]]:
+    """Each served projection (lm_head aside) at 1 and 4 rows, as the decode layer
+    launches it (qkv and gate/up scaled by the norm's statistic, o and down with the
+    residual and partial squares), at every width of ``BLOCK_NS`` (gate/up's halves at
+    least ``DOT_MIN``) with the K step ``tile_shape``'s rule gives that width's program
+    count; beside the width ``tile_shape`` picks, and whether every width gives its bits."""
+    device = torch.device("cuda")
+    out: list[dict[str, object]] = []
+    for model, name, n, k in SHAPES:
+        if name == "lm_head":
+            continue
+        w = torch.randn(n, k, device=device, dtype=torch.bfloat16) / k**0.5
+        weights = [w] + [w.clone() for _ in range(cold_copies(w.numel() * w.element_size()) - 1)]
+        for rows in (1, 4):
+            x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
+            norm = RowStatistic(torch.rand(rows, k // SQUARE_GROUP, device=device) + 0.5, 1e-6)
+            residual = torch.randn(rows, n, device=device, dtype=torch.bfloat16)
+            squares = torch.empty(rows, n // SQUARE_GROUP, device=device)
+
+            served = _served(name, x, norm, residual, squares)
+            narrowest = GATED_NARROWEST if name == "gate_up" else BLOCK_NS[-1]
+            picked = tile_shape(n, k, sms, narrowest=narrowest)[0]
+            times: dict[int, float] = {}
+            outputs = []
+            for width in BLOCK_NS:
+                if name == "gate_up" and width < GATED_NARROWEST:
+                    continue
+                programs = triton.cdiv(n, width)
+                block_k = fitted_block_k(_block_k(BLOCK_KS, programs, sms), k, width, 2)
+                outputs.append(served(w, width, block_k).clone())
+                times[width] = over(weights, lambda w, c=width, b=block_k, f=served: f(w, c, b))
+            same = all(torch.equal(o, outputs[0]) for o in outputs)
+            out.append(dict(model=model, projection=name, n=n, k=k, rows=rows, picked=picked,
+                            width_ms=times, same_bits=same))  # fmt: skip
+            cells = ", ".join(
+                f"{width}: {ms * 1e3:6.2f} us ({triton.cdiv(n, width)} programs)"
+                for width, ms in times.items()
+            )
+            print(f"{model:13} {name:8} {n:6}x{k:5} rows {rows}: picked {picked}; {cells}; "
+                  f"same bits: {same}", flush=True)  # fmt: skip
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path)
@@ -209,6 +274,12 @@ def main() -> None:
         "--narrow",
         action="store_true",
         help="only the K split at the narrow shapes and the kernel past one row tile",
+    )
+    parser.add_argument(
+        "--widths",
+        action="store_true",
+        help="only the served projections as the decode layer launches them, at every "
+        "tile width (1 and 4 rows)",
     )
     parser.add_argument(
         "--many-rows",
@@ -219,8 +290,11 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device("cuda")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    if args.narrow or args.many_rows:
-        rows_out = narrow_and_many_rows(sms) if args.narrow else tile_sweep_past_one_row_tile()
+    if args.narrow or args.many_rows or args.widths:
+        if args.widths:
+            rows_out = width_sweep(sms)
+        else:
+            rows_out = narrow_and_many_rows(sms) if args.narrow else tile_sweep_past_one_row_tile()
         if args.out:
             args.out.write_text(
                 json.dumps({"device": torch.cuda.get_device_name(), "rows": rows_out})

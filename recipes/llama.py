@@ -58,9 +58,13 @@ Operators on SM90, chosen by measurement in the GPU check and fixed here:
   threshold filters, per-request Philox), captured with the forward.
 - The q/k norms, RoPE application and KV write: one Flare Triton kernel per layer
   (``ignition.components.triton_kv_write``), eager rounding; it replaced three
-  kernels of about 6 us per Qwen3-8B layer at capacity 1. For decode rows the same
-  arithmetic runs inside decode attention's split kernel (the split reading the
-  newest token's page writes its K/V first), which removed that launch.
+  kernels of about 6 us per Qwen3-8B layer at capacity 1. For decode rows of a
+  layer without q/k norms the same arithmetic runs inside decode attention's split
+  kernel (the split reading the newest token's page writes its K/V first), which
+  removes that launch; with the norms each split program summed its group's heads'
+  statistics one after another (a spelled-out tree each), and the fused split took
+  6.3 us a Qwen3-8B layer against 1.1 + 3.0 for the two launches on an H100
+  (``bench/results/issue23/2026-12-05d-h100-tiles/``), so such layers keep both.
 - Decode gate/up projection with SiLU and the product: one Flare Triton kernel
   (``ignition.components.linear.triton_rows_gated``), eager rounding.
 - The decoder layers' norms and residuals (unless ``decode_fusion`` moves decode's
@@ -82,6 +86,7 @@ from ignition.components.continuation import ContinuationRows
 from ignition.components.kv_cache import (
     AttentionStep,
     PagedKvCache,
+    decode_attention,
     prefill_attention,
     rope_decode_attention,
     rope_write_kv,
@@ -203,9 +208,10 @@ class PagedAttention(nn.Module):
     """Canonical attention with its cache replaced by pages: packed QKV projection;
     the q/k norms (Qwen3), the rotary function and the KV write in the canonical
     arithmetic and rounding (``ignition.components.kv_cache.rope_write_kv``): for
-    prefill one kernel before paged attention, for decode rows inside decode
-    attention's split kernel (``rope_decode_attention``: the same bits, one launch a
-    layer fewer)."""
+    prefill one kernel before paged attention, for decode rows of a layer without
+    q/k norms inside decode attention's split kernel (``rope_decode_attention``: the
+    same bits, one launch a layer fewer; with the norms that split was slower than
+    the two launches, see the module's docstring)."""
 
     def __init__(
         self,
@@ -230,6 +236,9 @@ class PagedAttention(nn.Module):
             if self.q_norm.variance_epsilon != self.k_norm.variance_epsilon:
                 raise CheckpointError("the q and k norms have different epsilons")
             self.norm_eps = float(self.q_norm.variance_epsilon)
+        # Decode's rotary write inside the split kernel where no norm's statistic
+        # would be summed in every split program.
+        self.fused_rotary_write = self.q_norm is None
         self.scaling = float(canonical.scaling)
         self.geometry = geometry
         self.parallel = parallel
@@ -283,11 +292,14 @@ class PagedAttention(nn.Module):
         q_weight = None if self.q_norm is None else self.q_norm.weight
         k_weight = None if self.k_norm is None else self.k_norm.weight
         finish = (qkv, q_weight, k_weight, self.norm_eps, cos, sin, step.rows, g.heads)
-        if step.seq_lens is not None:
+        if step.seq_lens is not None and self.fused_rotary_write:
             # Decode rows: the rotary write inside attention's split kernel.
             out = rope_decode_attention(
                 kv, 0, *finish, step.page_tables, step.seq_lens, self.scaling
             )
+        elif step.seq_lens is not None:
+            q = rope_write_kv(kv, 0, *finish)
+            out = decode_attention(q, kv, 0, step.page_tables, step.seq_lens, self.scaling)
         else:
             assert step.start is not None and step.n_valid is not None
             q = rope_write_kv(kv, 0, *finish)

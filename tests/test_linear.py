@@ -14,6 +14,7 @@ from bench.rows_linear_bench import launch
 from ignition.components import linear
 from ignition.components.linear import (
     BLOCK_NS,
+    GATED_NARROWEST,
     INVARIANT_ROWS,
     PIPELINE_BYTES,
     ROWS_TILE,
@@ -115,17 +116,23 @@ def test_the_tile_keeps_the_weight_stream_in_flight() -> None:
     # Its o and down: 128 programs, one per SM, 512-column K steps.
     assert tile_shape(4096, 4096, sms) == (32, 512)
     assert tile_shape(4096, 12288, sms) == (32, 512)
-    # Too narrow to fill the SMs at any width. K in one step where it fits, else in
-    # steps of at most a third of K, so the pipeline fills: SmolLM2's qkv and down.
-    assert tile_shape(960, 576, sms) == (32, 128)
-    assert tile_shape(576, 1536, sms) == (32, 512)
-    assert tile_shape(576, 200, sms) == (32, 256)
-    assert tile_shape(64, 33, sms) == (32, 64)
+    # More than half the SMs idle at 32 columns: 16, the most programs. K in one step
+    # where it fits, else in steps of at most a third of K, so the pipeline fills:
+    # SmolLM2's qkv and down.
+    assert tile_shape(960, 576, sms) == (16, 128)
+    assert tile_shape(576, 1536, sms) == (16, 512)
+    assert tile_shape(576, 200, sms) == (16, 256)
+    assert tile_shape(64, 33, sms) == (16, 64)
+    # The gated kernel's halves are dots of at least 16 columns: SmolLM2's gate/up.
+    assert tile_shape(3072, 576, sms, narrowest=GATED_NARROWEST) == (32, 128)
     # One 64-column program per SM: 512-column steps of bf16 would overflow shared
     # memory (4 stages of 80 KiB), so 256; fp32 halves the steps again.
     assert tile_shape(64 * sms, 4096, sms) == (64, 256)
     assert tile_shape(64 * sms, 4096, sms, itemsize=4) == (64, 128)
     assert tile_shape(4096, 4096, sms, itemsize=4) == (32, 256)
+    # The edge: 32-column programs for half the SMs, or 16-column ones for more.
+    assert tile_shape(32 * (sms // 2), 4096, sms)[0] == 32
+    assert tile_shape(32 * (sms // 2 - 1), 4096, sms)[0] == 16
     assert tile_shape(64 * sms + 1, 4096, sms) == (64, 256)
     assert tile_shape(2 * 64 * sms + 1, 4096, sms) == (64, 128)
 
@@ -198,6 +205,17 @@ def test_gated_project_is_the_canonical_mlp_activation() -> None:
         torch.testing.assert_close(got[0], torch.cat([expected] * copies)[:rows])
     with pytest.raises(ValueError, match="packed pair"):
         triton_rows_gated(x, w[:-1])
+
+
+def test_rows_gated_widths_give_the_same_bits_interpreted() -> None:
+    # The packed tile's width (bench/rows_linear_bench.py --widths) changes no bit at the
+    # default's K step; a half narrower than a dot's least dimension is refused.
+    x, w, _ = _rows_operands(2 * 96, 80, 3, "cpu", torch.float32)
+    outputs = [triton_rows_gated(x, w, width=width) for width in (64, 32)]
+    assert torch.equal(outputs[0], outputs[1])
+    torch.testing.assert_close(outputs[0], triton_rows_gated(x, w))
+    with pytest.raises(ValueError, match="half is at least 16"):
+        triton_rows_gated(x, w, width=16)
 
 
 def test_project_uses_cublas_beyond_the_invariant_rows(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -249,6 +249,28 @@ def test_a_decode_step_past_one_row_tile_has_no_op_whose_kernel_follows_the_batc
     assert projections >= 3 * layers + 1, ops  # qkv, o, gate/up (+ down); the head
 
 
+def test_decode_fuses_the_rotary_write_into_attention_only_without_qk_norms(
+    checkpoint: Path,
+) -> None:
+    """A decode step writes its rows' K/V inside attention's split kernel
+    (``flare::rope_decode_attention``) where the layers have no q/k norms (Llama's);
+    with them (Qwen3's) it launches ``flare::rope_write_kv`` then the split: the
+    norms' statistic summed in every split program made the 8B's split slower than
+    both launches on the GPU. Prefill chunks always take the two."""
+    prepared = _prepare(checkpoint)
+    layers = prepared.model.model.model.layers
+    norms = layers[0].self_attn.q_norm is not None
+    assert [layer.self_attn.fused_rotary_write for layer in layers] == [not norms] * len(layers)
+    staging = _admit_one(prepared)
+    chunk = [name for name, _ in step_ops(prepared, GraphKey(GraphKind.PREFILL, 128))]
+    assert chunk.count("flare.rope_write_kv") == len(layers), chunk
+    pack_decode(staging, [1], 1)
+    names = [name for name, _ in step_ops(prepared, GraphKey(GraphKind.DECODE, 1))]
+    fused, written = names.count("flare.rope_decode_attention"), names.count("flare.rope_write_kv")
+    assert (fused, written) == ((0, len(layers)) if norms else (len(layers), 0)), names
+    assert names.count("flare.decode_attention") == (len(layers) if norms else 0), names
+
+
 def test_a_persistent_decode_step_is_one_operator(checkpoint: Path) -> None:
     """Under "persistent", a decode step's layers are one ``flare::persistent_step``
     (over address tables of their weights, exported with them), a prefill chunk's

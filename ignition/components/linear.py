@@ -18,10 +18,12 @@ The tile (``BLOCK_N`` output columns by ``BLOCK_K`` of the K loop) follows the
 weight's shape and the device, and past one row tile the row tiles a program takes
 (``many_rows_tile``). Decode reads each weight once,
 so the kernel is a weight stream, and its speed is the weight bytes in flight: the
-width is the wider of 64 and 32 columns that still gives every SM a program, and
-when that leaves at most one program per SM (a 4096-column projection: 128 programs
-of 32 columns on the H200's 132 SMs) each K step loads 512 columns, with at most two
-256, else 128, and no more than a third of K, so the loop's pipeline fills
+width is the wider of 64 and 32 columns that still gives every SM a program, else
+32, or 16 where 32 leaves more than half the SMs idle (SmolLM2's 576 columns: 36
+programs, not 18), and when that leaves at most one program per SM (a 4096-column
+projection: 128 programs of 32 columns on the H200's 132 SMs) each K step loads 512
+columns, with at most two 256, else 128, and no more than a third of K, so the loop's
+pipeline fills
 (``tile_shape``; from ``bench/rows_linear_bench.py`` on the H200: the Qwen3-8B down
 projection read its 101 MB in 38 us at 16x128 and in 27 us at 32x512, 3.7 TB/s,
 where a device copy moved 4.0).
@@ -95,6 +97,9 @@ MAX_ROW_TILES = INVARIANT_ROWS // ROWS_TILE
 # Output tile widths the kernel runs at (every one gives the same bits); ``tile_shape``
 # picks from the first two.
 BLOCK_NS = (64, 32, 16)
+# The least dimension of a Triton dot: the gated kernel's half tiles are at least this.
+DOT_MIN = 16
+GATED_NARROWEST = 2 * DOT_MIN
 TILE_WIDTHS = BLOCK_NS[:2]
 # K steps by programs per SM: at most one, at most two, more.
 BLOCK_KS = (512, 256, 128)
@@ -730,15 +735,26 @@ if isinstance(_rows_linear_kernel, InterpretedFunction):
 
 
 def tile_shape(
-    n: int, k: int, sms: int, itemsize: int = 2, tiles: int = 1, step_fixes_bits: bool = True
+    n: int,
+    k: int,
+    sms: int,
+    itemsize: int = 2,
+    tiles: int = 1,
+    step_fixes_bits: bool = True,
+    narrowest: int = BLOCK_NS[-1],
 ) -> tuple[int, int]:
     """(BLOCK_N, BLOCK_K) of an ``n`` x ``k`` weight of ``itemsize``-byte elements on
     ``sms`` SMs for ``tiles`` row tiles a program.
 
     One row tile: the widest of ``TILE_WIDTHS`` with at least one program per SM (else
-    the narrowest), and K steps of ``BLOCK_KS`` by how many programs each SM gets (at
-    most one, two, more), short enough for the K loop to fill its pipeline and within
-    the pipeline's shared memory (``fitted_block_k``).
+    the narrowest), or where that leaves more than half the SMs idle, ``narrowest``
+    (16 columns; the gated kernel's 32, ``GATED_NARROWEST``): the most programs the
+    kernel allows (SmolLM2's qkv, o and down at 16 columns took 3.6% off its 30 layers
+    against 32, ``bench/persistent_layer_bench.py`` on the H200; the 8B's o and down,
+    128 programs of 32, keep 32: its down read slower at 16 in ``bench/results/issue5``).
+    Then K steps of ``BLOCK_KS`` by how many programs each SM gets (at most one, two,
+    more), short enough for the K loop to fill its pipeline and within the pipeline's
+    shared memory (``fitted_block_k``).
 
     More (``many_rows_tile``): the width whose programs fill their waves best, and
     shorter K steps unless the K step fixes the kernel's bits (``step_fixes_bits``,
@@ -747,6 +763,8 @@ def tile_shape(
     MMAs in K order at any step, and the norm's statistic and partial squares follow
     no tile (``triton_rows_linear``)."""
     width = next((w for w in TILE_WIDTHS if triton.cdiv(n, w) >= sms), TILE_WIDTHS[-1])
+    if 2 * triton.cdiv(n, width) < sms:  # more than half the SMs idle: the most programs
+        width = narrowest
     block_k = fitted_block_k(_block_k(BLOCK_KS, triton.cdiv(n, width), sms), k, width, itemsize)
     if tiles == 1:
         return width, block_k
@@ -975,23 +993,36 @@ def triton_rows_linear(
 
 
 def triton_rows_gated(
-    x: torch.Tensor, gate_up: torch.Tensor, norm: RowStatistic | None = None
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    norm: RowStatistic | None = None,
+    width: int | None = None,
 ) -> torch.Tensor:
     """``silu(x @ gate.T) * (x @ up.T)`` for x [rows <= INVARIANT_ROWS, K] (normalized by
     ``norm`` when given) and the packed ``gate_up [2 * intermediate, K]``,
     in one kernel; batch-invariant per row. The tile is the packed weight's
     (``tile_shape``): each program streams half its width of gate rows and the same
     columns' up rows, so the weight bytes in flight are the unfused projection's.
-    ``gate_up`` is a weight, as ``triton_rows_linear``'s ``w``."""
+    ``width``: another packed width (at least 32, keeping the default's K step where it
+    fits), for ``bench/rows_linear_bench.py --widths``. ``gate_up`` is a weight, as
+    ``triton_rows_linear``'s ``w``."""
     rows, k = x.shape
     n2 = gate_up.shape[0]
     _check_rows(x, gate_up.shape[1], norm)
     if n2 % 2:
         raise ValueError(f"gate_up {tuple(gate_up.shape)} is not a packed pair over {k} columns")
     tiles = row_tiles(rows)
-    width, block_k = tile_shape(
-        n2, k, _sm_count(x.device), gate_up.element_size(), tiles, _step_fixes_bits()
-    )
+    default_width, block_k = tile_shape(
+        n2, k, _sm_count(x.device), gate_up.element_size(), tiles, _step_fixes_bits(),
+        GATED_NARROWEST,
+    )  # fmt: skip
+    if width is not None:
+        if width not in BLOCK_NS or width < GATED_NARROWEST:
+            raise ValueError(
+                f"a packed width of {width}: one of {BLOCK_NS} whose half is at least {DOT_MIN}"
+            )
+        block_k = fitted_block_k(block_k, k, width, gate_up.element_size())
+    width = width or default_width
     n = n2 // 2
     x = x.contiguous()
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
@@ -1335,9 +1366,11 @@ def gated_project(
 @torch._dynamo.assume_constant_result
 def fills_the_device(n: int, k: int, device: torch.device, itemsize: int = 2) -> bool:
     """Whether the fixed-tile kernel's grid for an ``n`` x ``k`` weight gives at least
-    half the device's SMs a program (the interpreter's one SM: always)."""
+    half the device's SMs a program (the interpreter's one SM: always): one that does
+    not gets 16-column tiles from ``tile_shape``, counted here at 32 (its
+    ``narrowest``), as the K split's routing was measured."""
     sms = _sm_count(device)
-    width, _ = tile_shape(n, k, sms, itemsize)
+    width, _ = tile_shape(n, k, sms, itemsize, narrowest=TILE_WIDTHS[-1])
     return 2 * triton.cdiv(n, width) >= sms
 
 

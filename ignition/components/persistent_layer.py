@@ -376,10 +376,10 @@ def default_tiles(
     tiles = linear.row_tiles(rows)
     fixes = linear._step_fixes_bits()
 
-    def shape(n: int, k: int) -> tuple[int, int]:
-        return linear.tile_shape(n, k, sms, 2, tiles, fixes)
+    def shape(n: int, k: int, narrowest: int = linear.BLOCK_NS[-1]) -> tuple[int, int]:
+        return linear.tile_shape(n, k, sms, 2, tiles, fixes, narrowest)
 
-    gated_width, gated_k = shape(2 * intermediate, hidden)
+    gated_width, gated_k = shape(2 * intermediate, hidden, linear.GATED_NARROWEST)
     return {
         "qkv": shape(qkv_cols, hidden),
         "o": shape(hidden, attn_cols),
