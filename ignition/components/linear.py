@@ -95,7 +95,8 @@ INVARIANT_ROWS = 64
 # Row tiles one program multiplies each weight tile into (``_rows_dot``).
 MAX_ROW_TILES = INVARIANT_ROWS // ROWS_TILE
 # Output tile widths the kernel runs at (every one gives the same bits); ``tile_shape``
-# picks from the first two.
+# picks from the first two (``TILE_WIDTHS``), or the last for a projection too narrow
+# for 32-column programs on half the SMs.
 BLOCK_NS = (64, 32, 16)
 # The least dimension of a Triton dot: the gated kernel's half tiles are at least this.
 DOT_MIN = 16
@@ -750,8 +751,10 @@ def tile_shape(
     the narrowest), or where that leaves more than half the SMs idle, ``narrowest``
     (16 columns; the gated kernel's 32, ``GATED_NARROWEST``): the most programs the
     kernel allows (SmolLM2's qkv, o and down at 16 columns took 3.6% off its 30 layers
-    against 32, ``bench/persistent_layer_bench.py`` on the H200; the 8B's o and down,
-    128 programs of 32, keep 32: its down read slower at 16 in ``bench/results/issue5``).
+    against 32, ``bench/persistent_layer_bench.py`` on the H200, and 0.74 us off each
+    layer's busy time on an H100; the 8B's o and down, 128 programs of 32, keep 32: its
+    down read in 38.3 us at 32 and 39.8 at 16, ``bench/rows_linear_bench.py --widths``,
+    ``bench/results/issue23/2026-12-05d-h100-tiles/``).
     Then K steps of ``BLOCK_KS`` by how many programs each SM gets (at most one, two,
     more), short enough for the K loop to fill its pipeline and within the pipeline's
     shared memory (``fitted_block_k``).
