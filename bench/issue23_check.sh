@@ -65,12 +65,16 @@
 #       programmatic edges, bitwise) and the compile-scope GPU test; then its split
 #       kernel with four and eight warps (bench/decode_attention_bench.py,
 #       OUT/decode-attention.json).
+#   bench/issue23_check.sh widths OUT
+#       each served projection of SmolLM2 and the 8B as the decode layer launches it,
+#       at every tile width, 1 and 4 rows (bench/rows_linear_bench.py --widths;
+#       OUT/widths.json), and a projection read right after one that fills the device
+#       against after a one-program kernel, per tile width and pipeline budget
+#       (bench/reader_after_producer_bench.py; OUT/reader.json).
 #   bench/issue23_check.sh boundaries OUT
 #       what a phase boundary costs: a grid barrier in one persistent kernel against a
 #       kernel boundary, plain and programmatic (bench/grid_barrier_bench.py, bounded
-#       at two minutes), and a projection read right after one that fills the device
-#       against after a one-program kernel, per tile width
-#       (bench/reader_after_producer_bench.py).
+#       at two minutes).
 #   bench/issue23_check.sh persistent OUT [MODEL [FLARE]]
 #       SmolLM2's decode layer as one persistent kernel: its GPU tests (its grid
 #       barriers give the phase-by-phase launches' bits, replayed from one graph;
@@ -86,8 +90,9 @@
 #       under WORK), in this order: the part rope, a SmolLM2 core prepared with this
 #       tree's defaults through `flare replay --check` (pdl-core, OUT/smol-core), the
 #       part persistent (with SmolLM2's step), SmolLM2's decode step as BEFORE and this
-#       tree prepare it (trees, OUT/smol-trees), the part boundaries, then the 8B's
-#       trees (OUT/8b-trees); about 28 minutes, so run it detached (bench/detached.sh).
+#       tree prepare it (trees, OUT/smol-trees), the parts boundaries and widths, then
+#       the 8B's trees (OUT/8b-trees); about 30 minutes, so run it detached
+#       (bench/detached.sh).
 #   bench/issue23_check.sh pdl-core OUT CHECKPOINT FLARE [prepare options...]
 #       CHECKPOINT exported with the defaults, programmatic launch on (programmatic
 #       edges in the core's graphs), then `flare replay --check` (Helios's rebuilt
@@ -97,7 +102,7 @@
 # Needs the flare_heliopause wheel importable (WHEELS, as bench/suite_gpu.sh installs
 # them).
 set -uo pipefail
-usage="usage: bench/issue23_check.sh serving OUT | concurrency OUT MODEL [options...] | pdl OUT MODEL [options...] | early OUT MODEL [options...] | sampler OUT | fusion OUT MODEL [options...] | trees OUT BEFORE MODEL [options...] | rope OUT | boundaries OUT | persistent OUT [MODEL [FLARE]] | changes OUT BEFORE FLARE | pdl-core OUT CHECKPOINT FLARE [options...]"
+usage="usage: bench/issue23_check.sh serving OUT | concurrency OUT MODEL [options...] | pdl OUT MODEL [options...] | early OUT MODEL [options...] | sampler OUT | fusion OUT MODEL [options...] | trees OUT BEFORE MODEL [options...] | rope OUT | widths OUT | boundaries OUT | persistent OUT [MODEL [FLARE]] | changes OUT BEFORE FLARE | pdl-core OUT CHECKPOINT FLARE [options...]"
 part=${1:?$usage}
 out=${2:?$usage}
 shift 2
@@ -194,13 +199,18 @@ case $part in
       > "$out/decode-attention.log" 2>&1 || status=1
     cat "$out/decode-attention.log"
     ;;
+  widths)
+    timeout 300 python3 -m bench.rows_linear_bench --widths --out "$out/widths.json" \
+      > "$out/widths.log" 2>&1 || status=1
+    cat "$out/widths.log"
+    timeout 240 python3 -m bench.reader_after_producer_bench --out "$out/reader.json" \
+      > "$out/reader.log" 2>&1 || status=1
+    cat "$out/reader.log"
+    ;;
   boundaries)
     timeout 120 python3 -m bench.grid_barrier_bench --out "$out/grid-barrier.json" \
       > "$out/grid-barrier.log" 2>&1 || status=1
     cat "$out/grid-barrier.log"
-    python3 -m bench.reader_after_producer_bench --out "$out/reader.json" > "$out/reader.log" 2>&1 \
-      || status=1
-    cat "$out/reader.log"
     ;;
   changes)
     before=$(cd "$caller" && cd "${1:?$usage}" && pwd)
@@ -220,6 +230,7 @@ case $part in
     bash "$self" trees "$out/smol-trees" "$before" "$work/smollm2-135m" \
       --geometry smollm2-135m $shapes || status=1
     bash "$self" boundaries "$out/boundaries" || status=1
+    bash "$self" widths "$out/widths" || status=1
     bash "$self" trees "$out/8b-trees" "$before" "$work/qwen3-8b" --geometry qwen3-8b $shapes \
       || status=1
     ;;
