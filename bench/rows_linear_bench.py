@@ -229,7 +229,8 @@ def width_sweep(sms: int) -> list[dict[str, object]]:
     launches it (qkv and gate/up scaled by the norm's statistic, o and down with the
     residual and partial squares), at every width of ``BLOCK_NS`` (gate/up's halves at
     least ``DOT_MIN``) with the K step ``tile_shape``'s rule gives that width's program
-    count; beside the width ``tile_shape`` picks, and whether every width gives its bits."""
+    count (gate/up: its default's K step, as ``triton_rows_gated``'s ``width`` keeps
+    it); beside the width ``tile_shape`` picks, and whether every width gives its bits."""
     device = torch.device("cuda")
     out: list[dict[str, object]] = []
     for model, name, n, k in SHAPES:

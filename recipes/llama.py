@@ -482,7 +482,8 @@ def resolve_fusion(
 ) -> DecodeFusion:
     """``fusion``, with "auto" resolved by the geometry on ``device``: "norms" where
     the o and down projections (each writes rows that a norm reads) would each give
-    fewer than half the device's SMs a program (``fills_the_device``), so the
+    fewer than half the device's SMs a program at 32 columns (``fills_the_device``;
+    such a projection launches 16-column tiles, ``linear.tile_shape``), so the
     projection reading their rows finds SMs free, and the norms can be fused (one
     rank; the hidden size a multiple of the squares' group); else "residuals"."""
     if fusion != "auto":

@@ -189,25 +189,36 @@ def _flare_calls(code: str, op: str) -> list[list[str]]:
     return [re.sub(r"reinterpret_tensor\(.*?\), \d+\)", "view", call).split(", ") for call in calls]
 
 
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
 def test_a_steps_tables_are_computed_once_for_every_layer(
-    checkpoints: dict[int, Path],
+    checkpoints: dict[int, Path], tmp_path: Path, family: str
 ) -> None:
     # Inductor copies a pointwise input into each extern operator that takes it: the
     # 8B's decode graphs computed the sequence lengths 36 times a step, the cache rows
     # and rotary rows 28. Every layer now reads one buffer of each, at capacity 1 too
-    # (one element, whose stride order Inductor does not force).
+    # (one element, whose stride order Inductor does not force); with q/k norms
+    # (Qwen3's) through the rotary write and attention's two launches, without (Llama's)
+    # through the split kernel that does both.
     torch._dynamo.reset()
-    prepared = prepare(checkpoints[3], replace(_options(compile=True), compile_scope="forward"))
+    path = checkpoints[3] if family == "qwen3" else write_tiny(tmp_path, family, layers=3)
+    prepared = prepare(path, replace(_options(compile=True), compile_scope="forward"))
     for capacity in (2, 1):
         _, code = run_and_get_code(
             lambda c=capacity: prepared.execute(GraphKey(GraphKind.DECODE, c))
         )
         source = "\n".join(code)
-        # Decode's rotary write runs inside attention (rope_decode_attention).
-        attention = _flare_calls(source, "rope_decode_attention")
-        assert len(attention) == 3, source
-        for argument in (6, 7, 8, 11):  # the cos, sin, rows and sequence lengths
-            assert len({call[argument] for call in attention}) == 1, attention
+        if family == "llama":
+            attention = _flare_calls(source, "rope_decode_attention")
+            assert len(attention) == 3, source
+            for argument in (6, 7, 8, 11):  # the cos, sin, rows and sequence lengths
+                assert len({call[argument] for call in attention}) == 1, attention
+            continue
+        writes = _flare_calls(source, "rope_write_kv")
+        attention = _flare_calls(source, "decode_attention")
+        assert len(writes) == len(attention) == 3, source
+        for argument in (6, 7, 8):  # the cos, sin and rows
+            assert len({call[argument] for call in writes}) == 1, writes
+        assert len({call[4] for call in attention}) == 1, attention  # sequence lengths
 
 
 def test_a_steps_tables_add_no_kernel_run_eagerly() -> None:

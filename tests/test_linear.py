@@ -123,8 +123,10 @@ def test_the_tile_keeps_the_weight_stream_in_flight() -> None:
     assert tile_shape(576, 1536, sms) == (16, 512)
     assert tile_shape(576, 200, sms) == (16, 256)
     assert tile_shape(64, 33, sms) == (16, 64)
-    # The gated kernel's halves are dots of at least 16 columns: SmolLM2's gate/up.
-    assert tile_shape(3072, 576, sms, narrowest=GATED_NARROWEST) == (32, 128)
+    # The gated kernel's halves are dots of at least 16 columns: where a plain weight
+    # would take 16, a packed one keeps 32.
+    assert tile_shape(1024, 576, sms) == (16, 128)
+    assert tile_shape(1024, 576, sms, narrowest=GATED_NARROWEST) == (32, 128)
     # One 64-column program per SM: 512-column steps of bf16 would overflow shared
     # memory (4 stages of 80 KiB), so 256; fp32 halves the steps again.
     assert tile_shape(64 * sms, 4096, sms) == (64, 256)
@@ -216,6 +218,30 @@ def test_rows_gated_widths_give_the_same_bits_interpreted() -> None:
     torch.testing.assert_close(outputs[0], triton_rows_gated(x, w))
     with pytest.raises(ValueError, match="half is at least 16"):
         triton_rows_gated(x, w, width=16)
+
+
+class _Grids:
+    """A kernel stand-in recording each launch's grid."""
+
+    def __init__(self) -> None:
+        self.grids: list[tuple[int, ...]] = []
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., None]:
+        self.grids.append(grid)
+        return lambda *args, **kwargs: None
+
+
+def test_the_gated_kernel_keeps_its_halves_dots_on_many_sms(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # On 132 SMs a plain weight of 1024 rows takes 16-column tiles; the packed gate/up
+    # of 512 columns a half keeps 32 (16 a half: 32 programs, not 64 of 8).
+    monkeypatch.setattr(linear, "_sm_count", lambda device: 132)
+    kernels = _Grids()
+    monkeypatch.setattr(linear, "_rows_gated_kernel", kernels)
+    x, w, _ = _rows_operands(1024, 576, 1, "cpu", torch.float32)
+    triton_rows_gated(x, w)
+    assert kernels.grids == [(1, 512 // 16)]
 
 
 def test_project_uses_cublas_beyond_the_invariant_rows(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,6 +19,7 @@ from ignition.components.persistent_layer import (
     LayerStep,
     LayerWeights,
     chain_layer,
+    default_tiles,
     layer_shape,
     phase_tiles,
     stack_layers,
@@ -143,6 +144,17 @@ GEOMETRIES = [
     (64, 4, 2, 16, 96, 16),
     (96, 6, 2, 16, 160, 16),  # a group of three, padded to the dot's 16 rows
 ]
+
+
+def test_the_gated_phase_keeps_its_halves_dots_on_many_sms(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As the chain's gated kernel: on 132 SMs a packed gate/up of 2 x 512 rows takes
+    # 32 columns (16 a half), where a plain weight that narrow takes 16.
+    monkeypatch.setattr(linear, "_sm_count", lambda device: 132)
+    tiles = default_tiles(576, 960, 576, 512, 1, torch.device("cpu"))
+    assert tiles["gate/up"][0] == linear.DOT_MIN
+    assert tiles["o"][0] == tiles["qkv"][0] == 16
 
 
 @pytest.mark.parametrize("norms", [True, False])

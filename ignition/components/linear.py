@@ -747,9 +747,9 @@ def tile_shape(
     """(BLOCK_N, BLOCK_K) of an ``n`` x ``k`` weight of ``itemsize``-byte elements on
     ``sms`` SMs for ``tiles`` row tiles a program.
 
-    One row tile: the widest of ``TILE_WIDTHS`` with at least one program per SM (else
-    the narrowest), or where that leaves more than half the SMs idle, ``narrowest``
-    (16 columns; the gated kernel's 32, ``GATED_NARROWEST``): the most programs the
+    One row tile: the widest of ``TILE_WIDTHS`` with at least one program per SM, else
+    32 columns; or where 32 leaves more than half the SMs idle, ``narrowest`` (16
+    columns; the gated kernel's 32, ``GATED_NARROWEST``): the most programs the
     kernel allows (SmolLM2's qkv, o and down at 16 columns took 3.6% off its 30 layers
     against 32, ``bench/persistent_layer_bench.py`` on the H200, and 0.74 us off each
     layer's busy time on an H100; the 8B's o and down, 128 programs of 32, keep 32: its
