@@ -34,16 +34,14 @@ import triton
 
 from bench.cuda_timing import cold_copies, median_graph_ms
 from ignition.components.linear import (
-    BLOCK_KS,
     BLOCK_NS,
     GATED_NARROWEST,
     ROWS_TILE,
     SQUARE_GROUP,
     RowStatistic,
-    _block_k,
     _rows_linear_kernel,
-    fitted_block_k,
     pipeline_stages,
+    row_tile_k,
     row_tiles,
     split_shape,
     tile_shape,
@@ -252,8 +250,7 @@ def width_sweep(sms: int) -> list[dict[str, object]]:
             for width in BLOCK_NS:
                 if name == "gate_up" and width < GATED_NARROWEST:
                     continue
-                programs = triton.cdiv(n, width)
-                block_k = fitted_block_k(_block_k(BLOCK_KS, programs, sms), k, width, 2)
+                block_k = row_tile_k(n, k, width, sms)
                 outputs.append(served(w, width, block_k).clone())
                 times[width] = over(weights, lambda w, c=width, b=block_k, f=served: f(w, c, b))
             same = all(torch.equal(o, outputs[0]) for o in outputs)
@@ -291,11 +288,15 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device("cuda")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    if args.narrow or args.many_rows or args.widths:
-        if args.widths:
-            rows_out = width_sweep(sms)
-        else:
-            rows_out = narrow_and_many_rows(sms) if args.narrow else tile_sweep_past_one_row_tile()
+    sweep = None
+    if args.widths:
+        sweep = width_sweep(sms)
+    elif args.narrow:
+        sweep = narrow_and_many_rows(sms)
+    elif args.many_rows:
+        sweep = tile_sweep_past_one_row_tile()
+    if sweep is not None:
+        rows_out = sweep
         if args.out:
             args.out.write_text(
                 json.dumps({"device": torch.cuda.get_device_name(), "rows": rows_out})

@@ -236,12 +236,15 @@ class PagedAttention(nn.Module):
             if self.q_norm.variance_epsilon != self.k_norm.variance_epsilon:
                 raise CheckpointError("the q and k norms have different epsilons")
             self.norm_eps = float(self.q_norm.variance_epsilon)
-        # Decode's rotary write inside the split kernel where no norm's statistic
-        # would be summed in every split program.
-        self.fused_rotary_write = self.q_norm is None
         self.scaling = float(canonical.scaling)
         self.geometry = geometry
         self.parallel = parallel
+
+    @property
+    def fused_rotary_write(self) -> bool:
+        """Decode's rotary write inside the split kernel: where no norm's statistic
+        would be summed in every split program."""
+        return self.q_norm is None
 
     def forward(
         self,

@@ -768,11 +768,17 @@ def tile_shape(
     width = next((w for w in TILE_WIDTHS if triton.cdiv(n, w) >= sms), TILE_WIDTHS[-1])
     if 2 * triton.cdiv(n, width) < sms:  # more than half the SMs idle: the most programs
         width = narrowest
-    block_k = fitted_block_k(_block_k(BLOCK_KS, triton.cdiv(n, width), sms), k, width, itemsize)
+    block_k = row_tile_k(n, k, width, sms, itemsize)
     if tiles == 1:
         return width, block_k
     keep = (width, block_k) if step_fixes_bits else None
     return many_rows_tile(n, k, sms, itemsize, tiles, keep)
+
+
+def row_tile_k(n: int, k: int, width: int, sms: int, itemsize: int = 2) -> int:
+    """One row tile's K step at ``width`` columns (``tile_shape``): ``BLOCK_KS`` by
+    the programs each SM gets, fitted to K and the pipeline (``fitted_block_k``)."""
+    return fitted_block_k(_block_k(BLOCK_KS, triton.cdiv(n, width), sms), k, width, itemsize)
 
 
 def _block_k(steps: tuple[int, int, int], programs: int, sms: int) -> int:

@@ -42,11 +42,12 @@ batch-invariant row projections (at most ``INVARIANT_ROWS`` rows: every decode
 projection, and a prefill or admit graph's logits projection of its last rows), the
 rotary/KV write that follows a prefill chunk's qkv projection (and a decode row's,
 for layers with q/k norms), and decode attention's split (which does decode's rotary
-write itself for layers without them) and merge (the selector's merge too): with those, every kernel of a decode layer but the Inductor ones between them
-may launch under its predecessor's tail (on the H200 each such gap was about 0.4 us,
-and a layer had three before the norms could fuse and decode's rotary write moved
-into attention). The sampler's threshold passes (``sampling_thresholds``)
-launch so too: nine in a row.
+write itself for layers without them) and merge (the selector's merge too): with
+those, every kernel of a decode layer but the Inductor ones between them may launch
+under its predecessor's tail (on the H200 each such gap was about 0.4 us, and a layer
+had three before the norms could fuse and decode's rotary write moved into
+attention). The sampler's threshold passes (``sampling_thresholds``) launch so too:
+nine in a row.
 """
 
 from __future__ import annotations
