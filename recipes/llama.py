@@ -20,12 +20,11 @@ a fused decode path:
   reads it scales its sums by the row's inverse RMS, and the norm's gain is folded
   into that projection's weight when the weights are loaded (the norm modules then
   hold ones, for prefill's canonical forward too; ``ignition.components.linear``).
-  Preparation's default is "auto" (``resolve_fusion``): "norms" where the o and
-  down projections, which write the normalized rows, leave at least half the
-  device's SMs free, else "residuals". On the H200 SmolLM2-135M's (18 programs of
-  132 SMs) decode step is 12% shorter with the norms, and Qwen3-8B's (128 programs)
-  1.4% longer: its qkv projection reads slower after the down projection than after
-  a norm kernel (``bench/results/issue23/2026-12-05b-h200-head/``).
+  Preparation's default is "auto" (``resolve_fusion``): "norms" wherever the norms
+  can be fused (one rank, the hidden size a multiple of the squares' group), else
+  "residuals". On the H200 SmolLM2-135M's decode step is 12% shorter with the
+  norms, and Qwen3-8B's 1.0% (c=1) and 2.2% (c=4), its qkv projection at 64
+  columns (``bench/results/issue23/2026-12-05e-h200-waves/``).
   With "persistent" (an experiment, never chosen by "auto"), a decode step's layers
   run as one persistent kernel with the norms fusion's arithmetic, their phases
   separated by grid barriers (``ignition.components.persistent_layer``), the
@@ -82,6 +81,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
+from ignition.components.attention import merge_tickets
 from ignition.components.continuation import ContinuationRows
 from ignition.components.kv_cache import (
     AttentionStep,
@@ -95,7 +95,6 @@ from ignition.components.linear import (
     INVARIANT_ROWS,
     SQUARE_GROUP,
     RowStatistic,
-    fills_the_device,
     fold_gain,
     gated_project,
     group_squares,
@@ -298,11 +297,13 @@ class PagedAttention(nn.Module):
         if step.seq_lens is not None and self.fused_rotary_write:
             # Decode rows: the rotary write inside attention's split kernel.
             out = rope_decode_attention(
-                kv, 0, *finish, step.page_tables, step.seq_lens, self.scaling
+                kv, 0, *finish, step.page_tables, step.seq_lens, self.scaling, step.tickets
             )
         elif step.seq_lens is not None:
             q = rope_write_kv(kv, 0, *finish)
-            out = decode_attention(q, kv, 0, step.page_tables, step.seq_lens, self.scaling)
+            out = decode_attention(
+                q, kv, 0, step.page_tables, step.seq_lens, self.scaling, step.tickets
+            )
         else:
             assert step.start is not None and step.n_valid is not None
             q = rope_write_kv(kv, 0, *finish)
@@ -478,24 +479,21 @@ def fuse_decode(layer: nn.Module, fusion: DecodeFusion) -> None:
 
 
 def resolve_fusion(
-    fusion: DecodeFusion,
-    config: PretrainedConfig,
-    device: torch.device,
-    parallel: TensorParallel = ONE_RANK,
+    fusion: DecodeFusion, config: PretrainedConfig, parallel: TensorParallel = ONE_RANK
 ) -> DecodeFusion:
-    """``fusion``, with "auto" resolved by the geometry on ``device``: "norms" where
-    the o and down projections (each writes rows that a norm reads) would each give
-    fewer than half the device's SMs a program at 32 columns (``fills_the_device``;
-    such a projection launches 16-column tiles, ``linear.tile_shape``), so the
-    projection reading their rows finds SMs free, and the norms can be fused (one
-    rank; the hidden size a multiple of the squares' group); else "residuals"."""
+    """``fusion``, with "auto" resolved: "norms" where the norms can be fused (one
+    rank; the hidden size a multiple of the squares' group), else "residuals". On
+    the H200 "norms" made SmolLM2-135M's decode step 12% shorter
+    (``bench/results/issue23/2026-12-05b-h200-head/``) and, with the qkv projection
+    at 64 columns (``linear.tile_shape``), Qwen3-8B's 1.0% at c=1 and 2.2% at c=4
+    (``bench/results/issue23/2026-12-05e-h200-waves/``; at 32 columns its qkv read
+    slower after the down projection than after a norm kernel, and "norms" was 1.4%
+    longer)."""
     if fusion != "auto":
         return fusion
     g = Geometry.from_config(config)
-    writers = ((g.hidden, g.heads * g.head_dim), (g.hidden, g.intermediate))
-    small = not any(fills_the_device(n, k, device) for n, k in writers)
     fusable = not parallel.sharded and g.hidden % SQUARE_GROUP == 0
-    return "norms" if small and fusable else "residuals"
+    return "norms" if fusable else "residuals"
 
 
 def fold_norm_gains(layer: nn.Module) -> None:
@@ -533,7 +531,7 @@ class LlamaModel:
         kept in ``decode_fusion``); ``parallel``: the rank whose shard this model is
         (the module docs)."""
         validate_config(config)
-        self.decode_fusion = decode_fusion = resolve_fusion(decode_fusion, config, device, parallel)
+        self.decode_fusion = decode_fusion = resolve_fusion(decode_fusion, config, parallel)
         fused_norms = decode_fusion in ("norms", "persistent")
         if fused_norms and parallel.sharded:
             raise ValueError(
@@ -666,10 +664,17 @@ class LlamaModel:
     ) -> torch.Tensor:
         """Final normalized hidden states [tokens, hidden] of packed ``tokens``."""
         text = self.model.model
+        persistent = self.decode_fusion == "persistent"
+        if step.seq_lens is not None and not persistent:
+            # Decode attention merges its splits in its split kernel: one set of
+            # tickets for the step (a memset before its kernels), which each layer's
+            # launch leaves zero.
+            tickets = merge_tickets(tokens.shape[0], self.geometry.kv_heads, tokens.device)
+            step = replace(step, tickets=tickets)
         h = text.embed_tokens(tokens).unsqueeze(0)
         embeddings = self.rotary.lookup(positions)
         kv = self.cache.kv
-        if self.decode_fusion == "persistent" and step.seq_lens is not None:
+        if persistent and step.seq_lens is not None:
             return text.norm(self._persistent_step(h, embeddings, step))[0]
         # Decode rows through layers that fuse their norms: each layer's output's
         # partial squares, for the next layer's norm (``DecodeFusedLayer``).

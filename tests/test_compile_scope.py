@@ -68,16 +68,18 @@ def _answers(prepared: PreparedModel) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     root = tmp_path_factory.mktemp("qwen3")
-    return {n: write_tiny(root / f"layers{n}", "qwen3", layers=n) for n in (1, 3)}
+    return {n: write_tiny(root / f"layers{n}", "qwen3", layers=n) for n in (2, 3)}
 
 
 def test_one_compilation_per_shape_serves_every_layer(checkpoints: dict[int, Path]) -> None:
     # Neither more graphs (a recompilation per layer) nor larger ones (a region
-    # holding every layer) for a deeper model.
-    _, one_layer = _compiled(checkpoints[1])
+    # holding every layer) for a deeper model. Two layers against three: with the
+    # norms fused (the default), the first layer, whose input norm stays a kernel,
+    # is code of its own, and every later one shares one.
+    _, two_layers = _compiled(checkpoints[2])
     _, three_layers = _compiled(checkpoints[3])
-    assert one_layer[0] > 0
-    assert three_layers == one_layer
+    assert two_layers[0] > 0
+    assert three_layers == two_layers
 
 
 def test_the_layer_compiled_model_answers_as_the_eager_one(

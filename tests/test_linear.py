@@ -111,8 +111,10 @@ def test_the_tile_keeps_the_weight_stream_in_flight() -> None:
     assert tile_shape(151936, 4096, sms) == (64, 128)
     assert tile_shape(24576, 4096, sms) == (64, 128)
     assert tile_shape(49152, 576, sms) == (64, 128)
-    # Qwen3-8B's qkv: 192 programs of 32 columns, at most two per SM.
-    assert tile_shape(6144, 4096, sms) == (32, 256)
+    # Qwen3-8B's qkv: 96 programs of 64 columns fill as much of their wave as 192 of
+    # 32 do of their two: the wider; one program per SM, 512-column K steps halved for
+    # the shared memory.
+    assert tile_shape(6144, 4096, sms) == (64, 256)
     # Its o and down: 128 programs, one per SM, 512-column K steps.
     assert tile_shape(4096, 4096, sms) == (32, 512)
     assert tile_shape(4096, 12288, sms) == (32, 512)
@@ -135,8 +137,13 @@ def test_the_tile_keeps_the_weight_stream_in_flight() -> None:
     # The edge: 32-column programs for half the SMs, or 16-column ones for more.
     assert tile_shape(32 * (sms // 2), 4096, sms)[0] == 32
     assert tile_shape(32 * (sms // 2 - 1), 4096, sms)[0] == 16
-    assert tile_shape(64 * sms + 1, 4096, sms) == (64, 256)
-    assert tile_shape(2 * 64 * sms + 1, 4096, sms) == (64, 128)
+    # A wave of 64-column programs and one more: 32 columns fill their three waves
+    # better (265 of 396 slots against 133 of 264); a last wave more than half full
+    # keeps 64 columns.
+    assert tile_shape(64 * sms + 1, 4096, sms) == (32, 128)
+    assert tile_shape(2 * 64 * sms + 1, 4096, sms) == (32, 128)
+    assert tile_shape(64 * (sms + sms // 2 + 1), 4096, sms) == (64, 256)
+    assert tile_shape(64 * (sms + sms // 2), 4096, sms) == (32, 128)
 
 
 def test_a_k_step_fits_the_pipeline_of_its_width() -> None:

@@ -747,13 +747,17 @@ def tile_shape(
     """(BLOCK_N, BLOCK_K) of an ``n`` x ``k`` weight of ``itemsize``-byte elements on
     ``sms`` SMs for ``tiles`` row tiles a program.
 
-    One row tile: the widest of ``TILE_WIDTHS`` with at least one program per SM, else
-    32 columns; or where 32 leaves more than half the SMs idle, ``narrowest`` (16
-    columns; the gated kernel's 32, ``GATED_NARROWEST``): the most programs the
-    kernel allows (SmolLM2's qkv, o and down at 16 columns took 3.6% off its 30 layers
-    against 32, ``bench/persistent_layer_bench.py`` on the H200, and 0.74 us off each
-    layer's busy time on an H100; the 8B's o and down, 128 programs of 32, keep 32: its
-    down read in 38.3 us at 32 and 39.8 at 16, ``bench/rows_linear_bench.py --widths``,
+    One row tile: the width of ``TILE_WIDTHS`` whose programs fill the most of their
+    waves of ``sms`` (``wave_fill``), the wider on a tie (the 8B's qkv, 96 programs of
+    64 columns or 192 of 32, both 0.73 of their waves on 132 SMs: 64 read it in 14.40
+    us a layer of the decode step, 32 in 15.36, and 16.03 against 19.90 after the down
+    projection with the norms fusion, ``bench/results/issue23/2026-12-05e-h200-waves/``);
+    or where 32 columns leave more than half the SMs idle, ``narrowest`` (16 columns;
+    the gated kernel's 32, ``GATED_NARROWEST``): the most programs the kernel allows
+    (SmolLM2's qkv, o and down at 16 columns took 3.6% off its 30 layers against 32,
+    ``bench/persistent_layer_bench.py`` on the H200, and 0.74 us off each layer's busy
+    time on an H100; the 8B's o and down, 128 programs of 32, keep 32: its down read in
+    38.3 us at 32 and 39.8 at 16, ``bench/rows_linear_bench.py --widths``,
     ``bench/results/issue23/2026-12-05d-h100-tiles/``).
     Then K steps of ``BLOCK_KS`` by how many programs each SM gets (at most one, two,
     more), short enough for the K loop to fill its pipeline and within the pipeline's
@@ -765,7 +769,7 @@ def tile_shape(
     each step apart and adds it to the accumulator; a dot on the GPU accumulates its
     MMAs in K order at any step, and the norm's statistic and partial squares follow
     no tile (``triton_rows_linear``)."""
-    width = next((w for w in TILE_WIDTHS if triton.cdiv(n, w) >= sms), TILE_WIDTHS[-1])
+    width = max(TILE_WIDTHS, key=lambda w: wave_fill(n, w, sms))  # the widest on a tie
     if 2 * triton.cdiv(n, width) < sms:  # more than half the SMs idle: the most programs
         width = narrowest
     block_k = row_tile_k(n, k, width, sms, itemsize)
@@ -773,6 +777,14 @@ def tile_shape(
         return width, block_k
     keep = (width, block_k) if step_fixes_bits else None
     return many_rows_tile(n, k, sms, itemsize, tiles, keep)
+
+
+def wave_fill(n: int, width: int, sms: int) -> Fraction:
+    """The share of its waves' program slots that ``n`` columns in ``width``-column
+    programs fill on ``sms`` SMs: a wave model's speed of one width against another,
+    every program's time proportional to its width."""
+    programs = triton.cdiv(n, width)
+    return Fraction(programs, triton.cdiv(programs, sms) * sms)
 
 
 def row_tile_k(n: int, k: int, width: int, sms: int, itemsize: int = 2) -> int:
@@ -796,12 +808,7 @@ def many_rows_tile(
     tile's tile, for a kernel whose bits follow its K step), that K step at the new
     width where it fits, else that whole tile. Every tile computes the same bits for a
     plain dot (``bench/rows_linear_bench.py --many-rows`` on the H200)."""
-
-    def filled(width: int) -> Fraction:  # programs over the slots of their waves
-        programs = triton.cdiv(n, width)
-        return Fraction(programs, triton.cdiv(programs, sms) * sms)
-
-    width = max(TILE_WIDTHS, key=filled)  # the first, the widest, on a tie
+    width = max(TILE_WIDTHS, key=lambda w: wave_fill(n, w, sms))  # the widest on a tie
     if keep_k_of is not None:
         block_k = keep_k_of[1]
         fits = fitted_block_k(block_k, k, width, itemsize) == block_k
