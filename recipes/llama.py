@@ -81,7 +81,6 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
-from ignition.components.attention import merge_tickets
 from ignition.components.continuation import ContinuationRows
 from ignition.components.kv_cache import (
     AttentionStep,
@@ -297,13 +296,11 @@ class PagedAttention(nn.Module):
         if step.seq_lens is not None and self.fused_rotary_write:
             # Decode rows: the rotary write inside attention's split kernel.
             out = rope_decode_attention(
-                kv, 0, *finish, step.page_tables, step.seq_lens, self.scaling, step.tickets
+                kv, 0, *finish, step.page_tables, step.seq_lens, self.scaling
             )
         elif step.seq_lens is not None:
             q = rope_write_kv(kv, 0, *finish)
-            out = decode_attention(
-                q, kv, 0, step.page_tables, step.seq_lens, self.scaling, step.tickets
-            )
+            out = decode_attention(q, kv, 0, step.page_tables, step.seq_lens, self.scaling)
         else:
             assert step.start is not None and step.n_valid is not None
             q = rope_write_kv(kv, 0, *finish)
@@ -664,17 +661,10 @@ class LlamaModel:
     ) -> torch.Tensor:
         """Final normalized hidden states [tokens, hidden] of packed ``tokens``."""
         text = self.model.model
-        persistent = self.decode_fusion == "persistent"
-        if step.seq_lens is not None and not persistent:
-            # Decode attention merges its splits in its split kernel: one set of
-            # tickets for the step (a memset before its kernels), which each layer's
-            # launch leaves zero.
-            tickets = merge_tickets(tokens.shape[0], self.geometry.kv_heads, tokens.device)
-            step = replace(step, tickets=tickets)
         h = text.embed_tokens(tokens).unsqueeze(0)
         embeddings = self.rotary.lookup(positions)
         kv = self.cache.kv
-        if persistent and step.seq_lens is not None:
+        if self.decode_fusion == "persistent" and step.seq_lens is not None:
             return text.norm(self._persistent_step(h, embeddings, step))[0]
         # Decode rows through layers that fuse their norms: each layer's output's
         # partial squares, for the next layer's norm (``DecodeFusedLayer``).

@@ -276,34 +276,6 @@ for dim, group, norm in ((128, 4, True), (64, 3, False)):
     nc, barrier = stores_then_barrier(k.asm["ptx"])
     print("split_rope", dim, nc, barrier)
 
-# The merge in the split kernel (MERGE): the partials stored, a barrier, then one
-# thread's count at gpu scope, acquire-release; the merge's loads from L2 (.cg), one
-# head's partials (m, l, acc) at a time for each of the group's heads.
-MERGE_PTRS = {**SPLIT_PTRS, "tickets_ptr": "*i32", "out_ptr": "*bf16"}
-for dim, group, rope in ((128, 4, True), (64, 3, False)):
-    constexprs = dict(GROUP=group, BLOCK_H=16, HEAD_DIM=dim, PAGE_SIZE=64, NUM_SPLITS=16,
-                      UPCAST=False, ROPE=rope, HEADS=8 * group, HAS_NORM=rope, PDL=True,
-                      MERGE=True, BLOCK_S=16, stride_od=1, **{name: 1 for name in UNIT})
-    names = _decode_split_kernel.arg_names
-    signature = {name: "constexpr" if name in constexprs else MERGE_PTRS.get(
-        name, "fp32" if name in ("qk_scale", "eps") else "i32") for name in names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
-             if name in MERGE_PTRS}
-    k = triton.compile(ASTSource(_decode_split_kernel, signature,
-                                 constexprs=defaults(_decode_split_kernel, constexprs),
-                                 attrs=attrs),
-                       target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=4, num_stages=2, launch_pdl=True))
-    lines = k.asm["ptx"].splitlines()
-    counts = [i for i, line in enumerate(lines)
-              if re.search(r"atom\\.global\\.gpu\\.acq_rel\\.add", line)]
-    stores = [i for i, line in enumerate(lines)
-              if re.search(r"st\\.global(\\.v\\d)?\\.[bf]32", line)]
-    partials = [i for i in stores if i < counts[0]]
-    fenced = any("bar.sync" in line for line in lines[partials[-1]:counts[0]])
-    cg = sum(1 for line in lines[counts[0]:] if re.search(r"ld\\.global\\.cg", line))
-    print("split_merge", dim, len(counts), fenced, cg >= 3 * group)
-
 # SmolLM2 decode layers in one persistent kernel, at the H200's tiles, one layer or
 # stacked (the weights by address tables): its grid barriers (an arrival,
 # acquire-release, by one thread each; the generation read with acquire; six sites,
@@ -383,9 +355,6 @@ def test_the_new_kernels_compile_for_sm90() -> None:
     for dim in ("128", "64"):
         nc, barrier = found[("split_rope", dim)]
         assert nc == "0" and barrier == "True", done.stdout
-    merges = [line.split()[1:] for line in done.stdout.splitlines()
-              if line.startswith("split_merge ")]  # fmt: skip
-    assert merges == [["128", "1", "True", "True"], ["64", "1", "True", "True"]], done.stdout
     for has_norm in ("True", "False"):
         cubin, fmas = found[("rope", has_norm)]
         assert int(cubin) > 0 and int(fmas) == 0, done.stdout

@@ -23,7 +23,6 @@ from __future__ import annotations
 import torch
 
 __all__ = [
-    "merge_tickets",
     "paged_decode_attention_ref",
     "paged_prefill_attention_ref",
     "triton_paged_decode_attention",
@@ -40,7 +39,6 @@ def triton_paged_decode_attention(
     page_table: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
-    tickets: torch.Tensor | None = None,
     *,
     num_splits: int = DEFAULT_NUM_SPLITS,
 ) -> torch.Tensor:
@@ -52,24 +50,15 @@ def triton_paged_decode_attention(
     output is zero and none of its pages is read. Returns ``[B, num_heads, head_dim]``.
 
     The Triton path is batch invariant: a row's result depends only on its own q, pages,
-    seq_len and ``num_splits``, bitwise, whatever the batch around it. With ``tickets``
-    (int32 ``[B, num_kv_heads]`` zeros, ``merge_tickets``) the split
-    kernel merges its splits itself, with the same bits, and leaves them zero.
+    seq_len and ``num_splits``, bitwise, whatever the batch around it.
     """
     # Imported lazily: Triton must not be imported before TRITON_INTERPRET is settled,
     # and the references must work where Triton is absent.
     from ignition.components import triton_attention
 
     return triton_attention.triton_paged_decode_attention(
-        q, kv, page_table, seq_lens, scale, num_splits=num_splits, tickets=tickets
+        q, kv, page_table, seq_lens, scale, num_splits=num_splits
     )
-
-
-def merge_tickets(rows: int, kv_heads: int, device: torch.device) -> torch.Tensor:
-    """Zeroed tickets for decode attention's merge in its split kernel
-    (``triton_paged_decode_attention``'s ``tickets``): a decode step allocates them
-    once, before its layers, and every layer's launch leaves them zero again."""
-    return torch.zeros(rows, kv_heads, dtype=torch.int32, device=device)
 
 
 def triton_paged_decode_attention_rope(
@@ -85,17 +74,15 @@ def triton_paged_decode_attention_rope(
     seq_lens: torch.Tensor,
     scale: float,
     heads: int,
-    tickets: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``triton_paged_decode_attention`` (``tickets`` as there) of the packed
-    projection ``qkv`` of decode rows, finished (q/k norms, rotary, the K/V write to
-    ``rows``) inside its split kernel
-    (``triton_attention.triton_paged_decode_attention_rope``)."""
+    """``triton_paged_decode_attention`` of the packed projection ``qkv`` of decode
+    rows, finished (q/k norms, rotary, the K/V write to ``rows``) inside its split
+    kernel (``triton_attention.triton_paged_decode_attention_rope``)."""
     from ignition.components import triton_attention
 
     rope = triton_attention.RopeInputs(qkv, q_weight, k_weight, eps, cos, sin, rows)
     return triton_attention.triton_paged_decode_attention_rope(
-        rope, kv, page_table, seq_lens, scale, heads, tickets=tickets
+        rope, kv, page_table, seq_lens, scale, heads
     )
 
 

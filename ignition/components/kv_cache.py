@@ -37,9 +37,6 @@ class AttentionStep:
     # Request slot of each row (decode: int64 [rows]; prefill: [1]), for models with
     # continuation rows (``ignition.components.continuation``).
     slots: torch.Tensor | None = None
-    # Decode: int32 [rows, kv heads] zeros, once a step, for a recipe whose decode
-    # attention merges its splits in the split kernel (``attention.merge_tickets``).
-    tickets: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -251,7 +248,7 @@ def _rope_write_kv_fake(
     return qkv.new_empty(qkv.shape[0], heads, head_dim)
 
 
-@torch.library.custom_op("flare::decode_attention", mutates_args=("tickets",))
+@torch.library.custom_op("flare::decode_attention", mutates_args=())
 def decode_attention(
     q: torch.Tensor,
     kv: torch.Tensor,
@@ -259,11 +256,8 @@ def decode_attention(
     page_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
-    tickets: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Paged attention of one query token per row; rows with seq_len 0 give zeros.
-    ``tickets`` (``attention.merge_tickets`` of the rows and kv heads): on
-    CUDA the split kernel merges its splits itself, and leaves them zero."""
+    """Paged attention of one query token per row; rows with seq_len 0 give zeros."""
     return attention.paged_decode_attention_ref(q, kv[layer], page_tables, seq_lens, scale)
 
 
@@ -275,11 +269,8 @@ def _decode_attention_cuda(
     page_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
-    tickets: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    return attention.triton_paged_decode_attention(
-        q, kv[layer], page_tables, seq_lens, scale, tickets
-    )
+    return attention.triton_paged_decode_attention(q, kv[layer], page_tables, seq_lens, scale)
 
 
 @decode_attention.register_fake
@@ -290,12 +281,11 @@ def _decode_attention_fake(
     page_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
-    tickets: torch.Tensor | None = None,
 ) -> torch.Tensor:
     return torch.empty_like(q)
 
 
-@torch.library.custom_op("flare::rope_decode_attention", mutates_args=("kv", "tickets"))
+@torch.library.custom_op("flare::rope_decode_attention", mutates_args=("kv",))
 def rope_decode_attention(
     kv: torch.Tensor,
     layer: int,
@@ -310,14 +300,13 @@ def rope_decode_attention(
     page_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
-    tickets: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``rope_write_kv`` then ``decode_attention`` of decode rows (one token a row,
     ``rows[b]`` the row of position ``seq_lens[b] - 1``, or the null page's for a
     padding row): on CUDA in attention's two kernels, the rotary write done by the
     split that reads the token's page."""
     q = rope_write_kv(kv, layer, qkv, q_weight, k_weight, eps, cos, sin, rows, heads)
-    return decode_attention(q, kv, layer, page_tables, seq_lens, scale, tickets)
+    return decode_attention(q, kv, layer, page_tables, seq_lens, scale)
 
 
 @rope_decode_attention.register_kernel("cuda")
@@ -335,12 +324,10 @@ def _rope_decode_attention_cuda(
     page_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
-    tickets: torch.Tensor | None = None,
 ) -> torch.Tensor:
     return attention.triton_paged_decode_attention_rope(
-        qkv, q_weight, k_weight, eps, cos, sin, rows, kv[layer], page_tables, seq_lens, scale,
-        heads, tickets,
-    )  # fmt: skip
+        qkv, q_weight, k_weight, eps, cos, sin, rows, kv[layer], page_tables, seq_lens, scale, heads
+    )
 
 
 @rope_decode_attention.register_fake
@@ -358,7 +345,6 @@ def _rope_decode_attention_fake(
     page_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
-    tickets: torch.Tensor | None = None,
 ) -> torch.Tensor:
     return qkv.new_empty(qkv.shape[0], heads, kv.shape[-1])
 

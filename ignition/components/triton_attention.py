@@ -271,18 +271,9 @@ def _decode_split_kernel(
     HEADS: tl.constexpr = 0,
     HAS_NORM: tl.constexpr = False,
     PDL: tl.constexpr = False,
-    tickets_ptr=None,
-    out_ptr=None,
-    stride_ob=0,
-    stride_oh=0,
-    stride_od=0,
-    MERGE: tl.constexpr = False,
-    BLOCK_S: tl.constexpr = 1,
 ):
-    """One (row, kv head, split) program: ``_split_tile``; with ``MERGE``, the last
-    split of its (row, kv head) to finish merges the group's heads (``_merge_if_last``)
-    instead of a merge kernel. With ``PDL``, launched programmatically: the wait before
-    anything else (``programmatic_launch``)."""
+    """One (row, kv head, split) program: ``_split_tile``. With ``PDL``, launched
+    programmatically: the wait before anything else (``programmatic_launch``)."""
     if PDL:
         await_producer()
     _split_tile(
@@ -294,40 +285,6 @@ def _decode_split_kernel(
         tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(1), GROUP,
         BLOCK_H, HEAD_DIM, PAGE_SIZE, NUM_SPLITS, UPCAST, ROPE, HEADS, HAS_NORM,
     )  # fmt: skip
-    if MERGE:
-        _merge_if_last(
-            tickets_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, stride_mb, stride_mh,
-            stride_ms, stride_ab, stride_ah, stride_as, stride_ad, stride_ob, stride_oh,
-            stride_od, tl.program_id(0), tl.program_id(1), tl.num_programs(1), GROUP, HEAD_DIM,
-            NUM_SPLITS, BLOCK_S,
-        )  # fmt: skip
-
-
-@triton.jit
-def _merge_if_last(
-    tickets_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, stride_mb, stride_mh,
-    stride_ms, stride_ab, stride_ah, stride_as, stride_ad, stride_ob, stride_oh, stride_od,
-    b, kvh, kv_heads, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-):  # fmt: skip
-    """After a split program of row ``b``, kv head ``kvh`` stored its partials: it
-    counts itself in at its ticket (``tickets[b, kvh]``, zero before the launch), and
-    the last of the NUM_SPLITS to arrive merges the group's heads, each by
-    ``_combine_tile`` (the merge kernel's arithmetic, so its bits), and zeroes the
-    ticket for the next launch. The pattern of a split-K semaphore: the block's
-    barrier orders every thread's stores before the count's release, and the count's
-    acquire before the merge's loads (which bypass L1, ``_combine_tile``)."""
-    ticket = tickets_ptr + b * kv_heads + kvh
-    tl.debug_barrier()
-    arrived = tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu")
-    if arrived == NUM_SPLITS - 1:
-        tl.store(ticket, 0)
-        for i in tl.static_range(GROUP):
-            _combine_tile(
-                part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, stride_mb, stride_mh,
-                stride_ms, stride_ab, stride_ah, stride_as, stride_ad, stride_ob, stride_oh,
-                stride_od, b, kvh * GROUP + i, HEAD_DIM, NUM_SPLITS, BLOCK_S,
-            )  # fmt: skip
 
 
 @triton.jit
@@ -337,17 +294,14 @@ def _combine_tile(
     HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
 ):  # fmt: skip
     """Row ``b``, query head ``h``: merge the NUM_SPLITS partial softmaxes. A program
-    of ``_decode_combine_kernel``, one head of the last split's merge
-    (``_merge_if_last``), or one tile of a persistent kernel's phase. The partials
-    are read from L2 (``.cg``): other programs of the same launch may have written
-    them."""
+    of ``_decode_combine_kernel``, or one tile of a persistent kernel's phase."""
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, HEAD_DIM)
     s_ok = offs_s < NUM_SPLITS
 
     m_off = b * stride_mb + h * stride_mh + offs_s * stride_ms
-    m = tl.load(part_m_ptr + m_off, mask=s_ok, other=float("-inf"), cache_modifier=".cg")
-    l_s = tl.load(part_l_ptr + m_off, mask=s_ok, other=0.0, cache_modifier=".cg")
+    m = tl.load(part_m_ptr + m_off, mask=s_ok, other=float("-inf"))
+    l_s = tl.load(part_l_ptr + m_off, mask=s_ok, other=0.0)
     acc = tl.load(
         part_acc_ptr
         + b * stride_ab
@@ -356,7 +310,6 @@ def _combine_tile(
         + offs_d[None, :] * stride_ad,
         mask=s_ok[:, None],
         other=0.0,
-        cache_modifier=".cg",
     )
     m_max = tl.max(m, 0)
     # All splits empty (seq_len 0): shift by 0 so every weight is exp2(-inf) = 0.
@@ -770,7 +723,6 @@ def triton_paged_decode_attention(
     *,
     num_splits: int = DEFAULT_NUM_SPLITS,
     split_warps: int = 4,
-    tickets: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Split-KV ("flash decoding") paged attention for one query token per row.
 
@@ -780,12 +732,9 @@ def triton_paged_decode_attention(
     scratch shapes and every constexpr depend only on input shapes. ``split_warps``:
     the split kernel's warps (at head_dim 128, four spill registers to the stack on
     SM90 and eight do not, yet four were faster at every shape on the H200:
-    ``bench/results/issue23/2026-12-05c-h200-persistent``). ``tickets``: int32
-    ``[B, kv_heads]`` zeros (``attention.merge_tickets``), with which the last split of each row
-    and kv head merges the splits (the merge kernel's bits) and zeroes its ticket
-    again, in the one launch; without, a merge kernel follows the split kernel.
+    ``bench/results/issue23/2026-12-05c-h200-persistent``).
     """
-    return _decode(q, kv, page_table, seq_lens, scale, num_splits, None, split_warps, tickets)
+    return _decode(q, kv, page_table, seq_lens, scale, num_splits, None, split_warps)
 
 
 class RopeInputs(NamedTuple):
@@ -813,17 +762,15 @@ def triton_paged_decode_attention_rope(
     *,
     num_splits: int = DEFAULT_NUM_SPLITS,
     split_warps: int = 4,
-    tickets: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``triton_rope_write_kv`` and ``triton_paged_decode_attention`` (``tickets`` as
-    there) of decode rows in the split and merge kernels alone: each split program
-    finishes its row's queries of its kv-head group (the same arithmetic, so the same
-    bits), and the split that reads the row's newest page writes that token's keys
-    and values to the row's cache row first. ``rows[b]`` must be position
-    ``seq_lens[b] - 1``'s row under ``page_table[b]``, or in the null page for a
-    padding row (``seq_lens[b]`` 0), as a decode step's are. ``kv`` (this layer's
-    ``[2, pages, page_size, kv_heads, head_dim]``) must be contiguous. Returns
-    ``[B, heads, head_dim]``."""
+    """``triton_rope_write_kv`` and ``triton_paged_decode_attention`` of decode rows in
+    the split and merge kernels alone: each split program finishes its row's queries
+    of its kv-head group (the same arithmetic, so the same bits), and the split that
+    reads the row's newest page writes that token's keys and values to the row's
+    cache row first. ``rows[b]`` must be position ``seq_lens[b] - 1``'s row under
+    ``page_table[b]``, or in the null page for a padding row (``seq_lens[b]`` 0), as
+    a decode step's are. ``kv`` (this layer's ``[2, pages, page_size, kv_heads,
+    head_dim]``) must be contiguous. Returns ``[B, heads, head_dim]``."""
     qkv = rope.qkv
     kv_heads, head_dim = kv.shape[3], kv.shape[4]
     tokens = qkv.shape[0]
@@ -846,7 +793,7 @@ def triton_paged_decode_attention_rope(
         )
     # Each split program stores its group's finished queries here and reads them back.
     q = torch.empty(tokens, heads, head_dim, dtype=qkv.dtype, device=qkv.device)
-    return _decode(q, kv, page_table, seq_lens, scale, num_splits, rope, split_warps, tickets)
+    return _decode(q, kv, page_table, seq_lens, scale, num_splits, rope, split_warps)
 
 
 def _decode(
@@ -858,11 +805,9 @@ def _decode(
     num_splits: int,
     rope: RopeInputs | None,
     split_warps: int = 4,
-    tickets: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The split and merge launches, or with ``tickets`` the split launch merging;
-    with ``rope``, ``q`` is the split's scratch for the queries it finishes;
-    ``split_warps``, the split kernel's warps."""
+    """The split and merge launches; with ``rope``, ``q`` is the split's scratch for
+    the queries it finishes; ``split_warps``, the split kernel's warps."""
     num_heads, num_kv_heads, head_dim, page_size = _check_cache(q, kv)
     batch = q.shape[0]
     _check_index("page_table", page_table, 2, q.device)
@@ -871,16 +816,6 @@ def _decode(
         raise ValueError("page_table and seq_lens must have one entry per row of q")
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
-    if tickets is not None and (
-        tickets.dtype != torch.int32
-        or tickets.shape != (batch, num_kv_heads)
-        or not tickets.is_contiguous()
-        or tickets.device != q.device
-    ):
-        raise ValueError(
-            f"tickets must be contiguous int32 [{batch}, {num_kv_heads}] on {q.device}, "
-            f"got {tickets.dtype} {tuple(tickets.shape)} on {tickets.device}"
-        )
 
     group = num_heads // num_kv_heads
     block_h = max(_MIN_DOT, triton.next_power_of_2(group))
@@ -930,19 +865,10 @@ def _decode(
         ROPE=rope is not None,
         HEADS=num_heads,
         HAS_NORM=has_norm,
-        tickets_ptr=tickets,
-        out_ptr=out,
-        stride_ob=out.stride(0),
-        stride_oh=out.stride(1),
-        stride_od=out.stride(2),
-        MERGE=tickets is not None,
-        BLOCK_S=block_s,
         num_warps=split_warps,
         num_stages=2,
         **kernel_options(q.device),
     )
-    if tickets is not None:
-        return out
     _decode_combine_kernel[(batch, num_heads)](
         part_m,
         part_l,
