@@ -458,7 +458,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     sampling = SamplingParams(temperature=1.0, top_k=20, top_p=0.95)
     results: dict[str, Any] = {
         "model": str(args.model),
-        # "auto" as the recipe resolved it for this geometry and device.
+        # "auto" as the recipe resolved it for this geometry and rank layout.
         "options": {**options, "decode_fusion": prepared.model.decode_fusion},
         "steps": args.steps,
         # What this preparation cost: its times (load, compile and capture) and bytes.

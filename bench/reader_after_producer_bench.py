@@ -25,6 +25,13 @@ program an SM): at 96 KiB two programs fit an SM, so the reader's programs can t
 SMs beside the producer's last ones and launch under its tail. The graphs' totals
 say what the pair costs at each budget (``pair_us``: producer and reader, a pair).
 
+On the H200 at 192 KiB the qkv read in 15.2 us after the down projection at 64
+columns (96 programs, one an SM) against 19.9 at 32 and 22.0 at 16, and in 14.4
+after the one-program kernel; at 96 KiB 32 columns read in 15.3 us after the down
+projection, but the pair took 45.5 us against 44.1 at 192 KiB and 64 columns
+(``bench/results/issue23/2026-12-05e-h200-waves/``), so a row tile's width now
+follows its waves' fill (``linear.tile_shape``), 64 for this qkv.
+
     python -m bench.reader_after_producer_bench --out OUT.json   (PYTHONPATH: the repository)
 """
 

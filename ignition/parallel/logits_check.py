@@ -158,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         snapshot_rows=1,
         compile=False,
         capture=False,
-        # The ranks' decode fusion for the reference too ("auto" would fuse a small
-        # model's norms on one GPU, which a rank of a group cannot): the two then
+        # The ranks' decode fusion for the reference too ("auto" would fuse the norms
+        # on one GPU, which a rank of a group cannot): the two then
         # differ by the collectives' reduction order alone.
         decode_fusion="residuals",
         device=args.device,

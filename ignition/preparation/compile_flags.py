@@ -15,12 +15,12 @@ COMPILE_SCOPES: tuple[str, ...] = get_args(CompileScope)
 # the RMSNorms (the statistic from the o and down epilogues' partial squares, the
 # gain folded into qkv's and gate/up's weights), or those with a decode step's layers
 # in one persistent kernel (an experiment: ``ignition.components.persistent_layer``);
-# "auto" lets the recipe choose one of the first three by the model's geometry on the
-# device (``recipes.llama.resolve_fusion``).
+# "auto" lets the recipe choose by the model's geometry and rank layout
+# (``recipes.llama.resolve_fusion``).
 DecodeFusion = Literal["auto", "none", "residuals", "norms", "persistent"]
 DECODE_FUSIONS: tuple[str, ...] = get_args(DecodeFusion)
 # Preparation's default: each geometry's fastest measured
-# (bench/results/issue23/2026-12-05b-h200-head/).
+# (bench/results/issue23/2026-12-05b-h200-head/, 2026-12-05e-h200-waves/).
 DEFAULT_DECODE_FUSION: DecodeFusion = "auto"
 
 
@@ -53,12 +53,12 @@ def add_compile_options(parser: argparse.ArgumentParser, prefix: str = "") -> No
         help="what decode layers fuse into their projections' kernels: none (the canonical "
         "layer, compiled), the residual additions, or those and the RMSNorms (each norm's "
         "gain folded into the weight that reads it, its statistic from the projection "
-        "that wrote the rows); auto (default): norms where the projections writing the "
-        "normalized rows leave at least half the GPU's SMs free (a small model's: "
-        "SmolLM2-135M's step 12%% shorter on the H200), else residuals (the 8B's: norms "
-        "1.4%% slower); persistent (experimental): the norms fusion's arithmetic with a "
-        "decode step's layers in one persistent kernel, their phases separated by grid "
-        "barriers (on the H200 SmolLM2's 30 layers took 1.29x the kernel chain's time: "
+        "that wrote the rows); auto (default): norms wherever they fuse (one rank, a "
+        "hidden size in 16-column groups; on the H200 SmolLM2-135M's step 12%% shorter, "
+        "the 8B's 1.0-2.2%%), else residuals; persistent (experimental): the norms "
+        "fusion's arithmetic with a decode step's layers in one persistent kernel, their "
+        "phases separated by grid barriers (on the H200 SmolLM2's 30 layers took 1.29x "
+        "the kernel chain's time: "
         "a barrier costs more than a kernel boundary)",
     )
     parser.add_argument(

@@ -75,7 +75,7 @@ class PrepareOptions:
     # as ``compile``.
     compile_sampling: bool | None = None
     # What decode layers fuse into their projections (``compile_flags.DecodeFusion``):
-    # by default "auto", the recipe's choice for the geometry on the device.
+    # by default "auto", the recipe's choice for the geometry and rank layout.
     decode_fusion: DecodeFusion = DEFAULT_DECODE_FUSION
     # The batch-invariant row projections (every decode projection), prefill's
     # rotary/KV write, decode attention and the sampler's threshold passes launch
