@@ -55,7 +55,7 @@
 #       OUT/after.json, .md beside them), each with the bandwidth probed in its run:
 #       what a set of changes without a switch of its own gained. Pass --geometry, and
 #       --decode-fusion where the trees' defaults differ (5f4f455's "residuals", this
-#       tree's "auto", which is "norms" for a small model).
+#       tree's "auto", which is "norms" on one rank).
 #       AFTER_OPTIONS: more kernel_timeline options for this tree's side alone (one
 #       the tree before lacks, e.g. --compare-early-weights).
 #   bench/issue23_check.sh rope OUT

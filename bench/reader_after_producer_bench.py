@@ -1,13 +1,14 @@
 """Whether a decode projection reads slower right after a projection that fills the
 device, and which tile width avoids it (H200).
 
-Under ``--decode-fusion norms`` the Qwen3-8B's qkv projection took 19.9 us of busy
-time right after the down projection, against 15.5 us after the one-program norm
-kernel unfused (``bench/results/issue23/2026-12-05b-h200-head``). The guess: the down
-projection's 128 programs take one SM each with 192 KB of shared memory, so the qkv's
-192 programs (two fit an SM) take SMs as those leave, two at a time on the first
-freed, where after the small norm kernel they find every SM free and spread one a
-SM first. This times the reader in both places, launched programmatically as
+Under ``--decode-fusion norms`` the Qwen3-8B's qkv projection, at 32 columns as it
+was served then, took 19.9 us of busy time right after the down projection, against
+15.5 us after the one-program norm kernel unfused
+(``bench/results/issue23/2026-12-05b-h200-head``). The guess: the down projection's
+128 programs take one SM each with 192 KB of shared memory, so the qkv's 192
+programs (two fit an SM) take SMs as those leave, two at a time on the first freed,
+where after the small norm kernel they find every SM free and spread one a SM
+first. This times the reader in both places, launched programmatically as
 serving launches them, at each tile width (every width gives the same bits):
 
 - ``after-producer``: the down projection (its residual epilogue and partial

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -38,6 +39,7 @@ from ignition.components.linear import (
     triton_rows_gated,
     triton_rows_linear,
     triton_rows_split_linear,
+    wave_fill,
 )
 
 
@@ -144,6 +146,16 @@ def test_the_tile_keeps_the_weight_stream_in_flight() -> None:
     assert tile_shape(2 * 64 * sms + 1, 4096, sms) == (32, 128)
     assert tile_shape(64 * (sms + sms // 2 + 1), 4096, sms) == (64, 256)
     assert tile_shape(64 * (sms + sms // 2), 4096, sms) == (32, 128)
+
+
+def test_wave_fill_is_the_share_of_slots_the_programs_take() -> None:
+    # The 8B's qkv on 132 SMs: 96 programs of one wave, or 192 of two: a tie.
+    assert wave_fill(6144, 64, 132) == wave_fill(6144, 32, 132) == Fraction(96, 132)
+    # Its o: 64 programs of one wave against 128 of one.
+    assert wave_fill(4096, 64, 132) == Fraction(64, 132)
+    assert wave_fill(4096, 32, 132) == Fraction(128, 132)
+    assert wave_fill(1, 64, 132) == Fraction(1, 132)
+    assert wave_fill(0, 64, 132) == 0  # no programs, no waves
 
 
 def test_a_k_step_fits_the_pipeline_of_its_width() -> None:
@@ -645,8 +657,8 @@ def test_the_k_split_matches_and_is_batch_invariant_on_gpu(n: int, k: int) -> No
     _many_rows_agree(lambda r: triton_rows_split_linear(x[r], w, b), len(x))
 
 
-# (4096, 4096) steps 512 columns at one row tile and 256 past two; (6144, 4096) is 32
-# columns wide at one row tile and 64 past it (``many_rows_tile``).
+# (4096, 4096) steps 512 columns at one row tile and 256 past two; (960, 576) is 16
+# columns wide at one row tile and 32 past it (``many_rows_tile``).
 @pytest.mark.gpu
 @pytest.mark.parametrize(("n", "k"), [(960, 576), (4096, 4096), (6144, 4096)])
 def test_rows_past_one_tile_are_batch_invariant_on_gpu(n: int, k: int) -> None:
@@ -766,12 +778,12 @@ def test_early_weights_take_the_last_k_steps_interpreted(monkeypatch: pytest.Mon
 
 
 def test_early_steps_fill_the_registers_they_may_hold() -> None:
-    # Qwen3-8B on the H200 (tile_shape's tiles): o and down one 32x512 step, qkv two
-    # 32x256, the vocabulary head two 64x128, gate/up two steps of two 32x128 tiles
+    # Qwen3-8B on the H200 (tile_shape's tiles): o and down one 32x512 step, qkv one
+    # 64x256, the vocabulary head two 64x128, gate/up two steps of two 32x128 tiles
     # (the same bytes as the head's).
     assert linear.early_steps(4096, 512, 32 * 512 * 2, linear.EARLY_STEPS) == 1
     assert linear.early_steps(12288, 512, 32 * 512 * 2, linear.EARLY_STEPS) == 1
-    assert linear.early_steps(4096, 256, 32 * 256 * 2, linear.EARLY_STEPS) == 2
+    assert linear.early_steps(4096, 256, 64 * 256 * 2, linear.EARLY_STEPS) == 1
     assert linear.early_steps(4096, 128, 64 * 128 * 2, linear.EARLY_STEPS) == 2
     assert linear.early_steps(4096, 128, 64 * 128 * 2, linear.EARLY_GATED_STEPS) == 2
     # SmolLM2: 576 columns in five 128-column steps, four early; its gate/up (two

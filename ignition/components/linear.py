@@ -18,9 +18,10 @@ The tile (``BLOCK_N`` output columns by ``BLOCK_K`` of the K loop) follows the
 weight's shape and the device, and past one row tile the row tiles a program takes
 (``many_rows_tile``). Decode reads each weight once,
 so the kernel is a weight stream, and its speed is the weight bytes in flight: the
-width is the wider of 64 and 32 columns that still gives every SM a program, else
-32, or 16 where 32 leaves more than half the SMs idle (SmolLM2's 576 columns: 36
-programs, not 18), and when that leaves at most one program per SM (a 4096-column
+width is the one of 64 and 32 columns whose programs fill the most of their waves of
+SMs, the wider on a tie (calibrated on 132-SM parts, the H200 and H100 SXM), or 16
+where 32 leaves more than half the SMs idle (SmolLM2's 576 columns: 36 programs, not
+18), and when that leaves at most one program per SM (a 4096-column
 projection: 128 programs of 32 columns on the H200's 132 SMs) each K step loads 512
 columns, with at most two 256, else 128, and no more than a third of K, so the loop's
 pipeline fills
@@ -784,7 +785,7 @@ def wave_fill(n: int, width: int, sms: int) -> Fraction:
     programs fill on ``sms`` SMs: a wave model's speed of one width against another,
     every program's time proportional to its width."""
     programs = triton.cdiv(n, width)
-    return Fraction(programs, triton.cdiv(programs, sms) * sms)
+    return Fraction(programs, max(1, triton.cdiv(programs, sms)) * sms)
 
 
 def row_tile_k(n: int, k: int, width: int, sms: int, itemsize: int = 2) -> int:
