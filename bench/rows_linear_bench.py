@@ -40,6 +40,7 @@ from ignition.components.linear import (
     SQUARE_GROUP,
     RowStatistic,
     _rows_linear_kernel,
+    gated_tile_shape,
     pipeline_stages,
     row_tile_k,
     row_tiles,
@@ -243,8 +244,7 @@ def width_sweep(sms: int) -> list[dict[str, object]]:
             squares = torch.empty(rows, n // SQUARE_GROUP, device=device)
 
             served = _served(name, x, norm, residual, squares)
-            narrowest = GATED_NARROWEST if name == "gate_up" else BLOCK_NS[-1]
-            picked = tile_shape(n, k, sms, narrowest=narrowest)[0]
+            picked = (gated_tile_shape if name == "gate_up" else tile_shape)(n, k, sms)[0]
             times: dict[int, float] = {}
             outputs = []
             for width in BLOCK_NS:

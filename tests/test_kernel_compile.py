@@ -290,7 +290,7 @@ def shape(n, k):
     return linear.tile_shape(n, k, 132)
 
 qkv, o, down = shape(960, 576), shape(576, 576), shape(576, 1536)
-gate_up = linear.tile_shape(3072, 576, 132, narrowest=linear.GATED_NARROWEST)
+gate_up = linear.gated_tile_shape(3072, 576, 132)
 PERSISTENT_PTRS = {"s_ptr": "*fp32", "pt_ptr": "*i32", "seq_ptr": "*i32", "pm_ptr": "*fp32",
                    "pl_ptr": "*fp32", "pa_ptr": "*fp32", "rows_ptr": "*i64", "hs_ptr": "*fp32",
                    "ys_base": "*fp32", "state_ptr": "*i32"}

@@ -27,6 +27,7 @@ from ignition.components.linear import (
     fitted_block_k,
     fold_gain,
     gated_project,
+    gated_tile_shape,
     group_squares,
     invariant_project,
     pipeline_stages,
@@ -127,10 +128,16 @@ def test_the_tile_keeps_the_weight_stream_in_flight() -> None:
     assert tile_shape(576, 1536, sms) == (16, 512)
     assert tile_shape(576, 200, sms) == (16, 256)
     assert tile_shape(64, 33, sms) == (16, 64)
-    # The gated kernel's halves are dots of at least 16 columns: where a plain weight
-    # would take 16, a packed one keeps 32.
+    # ``narrowest`` where 32 columns would leave SMs idle (``fills_the_device`` counts
+    # at 32).
     assert tile_shape(1024, 576, sms) == (16, 128)
     assert tile_shape(1024, 576, sms, narrowest=GATED_NARROWEST) == (32, 128)
+    # The gated kernel at one row tile: the widest, halves of 32 columns, its K step
+    # that width's; past one row tile as a plain weight's (SmolLM2's gate/up: 32).
+    assert gated_tile_shape(1024, 576, sms) == (64, 128)
+    assert gated_tile_shape(3072, 576, sms) == (64, 128)
+    assert gated_tile_shape(24576, 4096, sms) == (64, 128)
+    assert gated_tile_shape(3072, 576, sms, tiles=4, step_fixes_bits=False) == (32, 128)
     # One 64-column program per SM: 512-column steps of bf16 would overflow shared
     # memory (4 stages of 80 KiB), so 256; fp32 halves the steps again.
     assert tile_shape(64 * sms, 4096, sms) == (64, 256)
@@ -250,17 +257,17 @@ class _Grids:
         return lambda *args, **kwargs: None
 
 
-def test_the_gated_kernel_keeps_its_halves_dots_on_many_sms(
+def test_the_gated_kernel_takes_the_widest_tile_on_many_sms(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # On 132 SMs a plain weight of 1024 rows takes 16-column tiles; the packed gate/up
-    # of 512 columns a half keeps 32 (16 a half: 32 programs, not 64 of 8).
+    # of 512 columns a half takes 64 (32 a half: 16 programs).
     monkeypatch.setattr(linear, "_sm_count", lambda device: 132)
     kernels = _Grids()
     monkeypatch.setattr(linear, "_rows_gated_kernel", kernels)
     x, w, _ = _rows_operands(1024, 576, 1, "cpu", torch.float32)
     triton_rows_gated(x, w)
-    assert kernels.grids == [(1, 512 // 16)]
+    assert kernels.grids == [(1, 512 // 32)]
 
 
 def test_project_uses_cublas_beyond_the_invariant_rows(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -146,14 +146,14 @@ GEOMETRIES = [
 ]
 
 
-def test_the_gated_phase_keeps_its_halves_dots_on_many_sms(
+def test_the_gated_phase_takes_the_chains_gated_tile_on_many_sms(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # As the chain's gated kernel: on 132 SMs a packed gate/up of 2 x 512 rows takes
-    # 32 columns (16 a half), where a plain weight that narrow takes 16.
+    # 64 columns (32 a half), where a plain weight that narrow takes 16.
     monkeypatch.setattr(linear, "_sm_count", lambda device: 132)
     tiles = default_tiles(576, 960, 576, 512, 1, torch.device("cpu"))
-    assert tiles["gate/up"][0] == linear.DOT_MIN
+    assert tiles["gate/up"][0] == 2 * linear.DOT_MIN
     assert tiles["o"][0] == tiles["qkv"][0] == 16
 
 

@@ -754,7 +754,8 @@ def tile_shape(
     us a layer of the decode step, 32 in 15.36, and 16.03 against 19.90 after the down
     projection with the norms fusion, ``bench/results/issue23/2026-12-05e-h200-waves/``);
     or where 32 columns leave more than half the SMs idle, ``narrowest`` (16 columns;
-    the gated kernel's 32, ``GATED_NARROWEST``): the most programs the kernel allows
+    ``fills_the_device`` counts at 32; the gated kernel's tile is
+    ``gated_tile_shape``'s): the most programs the kernel allows
     (SmolLM2's qkv, o and down at 16 columns took 3.6% off its 30 layers against 32,
     ``bench/persistent_layer_bench.py`` on the H200, and 0.74 us off each layer's busy
     time on an H100; the 8B's o and down, 128 programs of 32, keep 32: its down read in
@@ -786,6 +787,24 @@ def wave_fill(n: int, width: int, sms: int) -> Fraction:
     every program's time proportional to its width."""
     programs = triton.cdiv(n, width)
     return Fraction(programs, max(1, triton.cdiv(programs, sms)) * sms)
+
+
+def gated_tile_shape(
+    n2: int, k: int, sms: int, itemsize: int = 2, tiles: int = 1, step_fixes_bits: bool = True
+) -> tuple[int, int]:
+    """The gated kernel's tile for a packed ``n2 x k`` gate/up: at one row tile the
+    widest of ``TILE_WIDTHS`` (halves of 32 columns) with that width's K step (both
+    served gate/ups read fastest so on the H200, SmolLM2's 3072 rows in 4.85 us
+    against 5.16 at 32 columns and the 8B's 24576 in 50.24 against 60.72, and
+    SmolLM2's decode step took 701.8 us against 713.3 at c=1 and 718.4 against 726.7
+    at c=4, ``bench/results/issue23/2026-12-05e-h200-waves/``); past it
+    ``many_rows_tile``'s, as ``tile_shape``'s (its widths' halves are all at least
+    ``DOT_MIN``)."""
+    width = TILE_WIDTHS[0]
+    one = (width, row_tile_k(n2, k, width, sms, itemsize))
+    if tiles == 1:
+        return one
+    return many_rows_tile(n2, k, sms, itemsize, tiles, one if step_fixes_bits else None)
 
 
 def row_tile_k(n: int, k: int, width: int, sms: int, itemsize: int = 2) -> int:
@@ -1029,10 +1048,9 @@ def triton_rows_gated(
     if n2 % 2:
         raise ValueError(f"gate_up {tuple(gate_up.shape)} is not a packed pair over {k} columns")
     tiles = row_tiles(rows)
-    default_width, block_k = tile_shape(
-        n2, k, _sm_count(x.device), gate_up.element_size(), tiles, _step_fixes_bits(),
-        GATED_NARROWEST,
-    )  # fmt: skip
+    default_width, block_k = gated_tile_shape(
+        n2, k, _sm_count(x.device), gate_up.element_size(), tiles, _step_fixes_bits()
+    )
     if width is not None:
         if width not in BLOCK_NS or width < GATED_NARROWEST:
             raise ValueError(

@@ -370,16 +370,16 @@ def default_tiles(
     hidden: int, qkv_cols: int, attn_cols: int, intermediate: int, rows: int,
     device: torch.device,
 ) -> dict[str, tuple[int, int]]:  # fmt: skip
-    """Each projection's tile as the per-kernel chain's (``linear.tile_shape``; the
-    gated one's width per half)."""
+    """Each projection's tile as the per-kernel chain's (``linear.tile_shape``,
+    ``linear.gated_tile_shape``; the gated one's width per half)."""
     sms = linear._sm_count(device)
     tiles = linear.row_tiles(rows)
     fixes = linear._step_fixes_bits()
 
-    def shape(n: int, k: int, narrowest: int = linear.BLOCK_NS[-1]) -> tuple[int, int]:
-        return linear.tile_shape(n, k, sms, 2, tiles, fixes, narrowest)
+    def shape(n: int, k: int) -> tuple[int, int]:
+        return linear.tile_shape(n, k, sms, 2, tiles, fixes)
 
-    gated_width, gated_k = shape(2 * intermediate, hidden, linear.GATED_NARROWEST)
+    gated_width, gated_k = linear.gated_tile_shape(2 * intermediate, hidden, sms, 2, tiles, fixes)
     return {
         "qkv": shape(qkv_cols, hidden),
         "o": shape(hidden, attn_cols),
