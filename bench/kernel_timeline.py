@@ -15,7 +15,9 @@ graph launch runs, with the launch's correlation id). Per capacity it reports:
   time;
 - the step time without the profiler (median and p99 of ``--steps`` more replays) and,
   with ``--geometry``, that step against the roofline: the bytes the step reads (see
-  ``bench/suite/report.py``) over the read bandwidth measured here, in this process.
+  ``bench/suite/report.py``) over the read bandwidth measured here, in this process:
+  the fastest of the synthetic probes (``bench.suite.bandwidth``) and one row through
+  the prepared model's own vocabulary head (``vocabulary_head``).
 
     python bench/kernel_timeline.py MODEL --capacities 1 4 --steps 50 --out timeline.json \\
         [--trace-dir DIR] [--context-limit N] [--prefill-chunk-size N] \\
@@ -50,7 +52,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.suite.bandwidth import read_bandwidth_probes
+from bench.suite.bandwidth import projection_probe, read_bandwidth_probes
 from bench.suite.report import resolve_geometry, roofline_step_s
 from ignition.preparation.compile_flags import add_compile_options, compile_options
 
@@ -61,6 +63,14 @@ probes = functools.cache(read_bandwidth_probes)
 
 def bandwidth() -> float:
     return max(probes().values())
+
+
+def head_weight(model: Any) -> Any:
+    """The prepared model's vocabulary head weight (``vocab x hidden``; the embeddings
+    where they are tied), or None where no weight has that shape (a rank's shard)."""
+    g = model.geometry
+    shape = (int(g.vocab), int(g.hidden))
+    return next((w for w in model.weights.values() if tuple(w.shape) == shape), None)
 
 
 def _median(values: Sequence[float]) -> float | None:
@@ -404,6 +414,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             **options,
         ),
     )
+    # The served vocabulary head as a read-bandwidth probe, beside the synthetic ones
+    # (``bench.suite.bandwidth``): the roofline takes the fastest of all.
+    head = head_weight(prepared.model) if geometry is not None else None
+    head_rate = projection_probe(head) if head is not None else 0.0
+
+    def rate() -> float:
+        return max(bandwidth(), head_rate)
+
     catalog = prepared.catalog
     state, staging = prepared.storage.state, prepared.storage.staging
     page = catalog.page_size
@@ -535,8 +553,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 # The mean context of the unprofiled steps (of both variants: they
                 # alternate, so their means differ by a block).
                 roofline = (
-                    roofline_step_s(geometry, bandwidth(), capacity, statistics.mean(contexts))
-                    * 1e6
+                    roofline_step_s(geometry, rate(), capacity, statistics.mean(contexts)) * 1e6
                 )
                 summary["roofline_us"] = roofline
                 summary["step_over_roofline"] = summary["step_us"] / roofline
@@ -559,8 +576,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     results["layers"] = layers
     if geometry is not None:
         results["geometry"] = args.geometry
-        results["bandwidth_bytes_per_s"] = bandwidth()
-        results["bandwidth_probes"] = probes()
+        results["bandwidth_bytes_per_s"] = rate()
+        served = {"vocabulary_head": head_rate} if head is not None else {}
+        results["bandwidth_probes"] = {**probes(), **served}
     return results
 
 

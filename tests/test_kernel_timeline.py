@@ -6,11 +6,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 
 from bench.concurrency_report import table as concurrency_table
 from bench.fastest_fusion import fastest
 from bench.fastest_fusion import table as fusion_table
-from bench.kernel_timeline import _graphs, _p99, markdown, summarize
+from bench.kernel_timeline import _graphs, _p99, head_weight, markdown, summarize
 
 
 def _launch(correlation: int, start: float, kernels: list[tuple[str, float, float]]) -> list:
@@ -247,3 +248,16 @@ def test_busy_time_is_shared_by_kernel_grid_and_the_kernel_before() -> None:
     table = markdown({"model": "m", "capacities": {"1": {**summary, "step_us": None}}})
     assert "## Capacity 1: busy time by kernel, grid and the kernel before" in table
     assert "| `rows` | 1,128,1 | `attn` | 1.0 | 7.00 | 7.00 |" in table
+
+
+def test_the_head_probe_reads_the_vocabulary_head_or_nothing() -> None:
+    """The served head is the weight of the vocabulary's rows by the hidden size (the
+    embeddings where tied); a model without one (a rank's shard) gets no head probe."""
+    head = torch.empty(50, 8)
+    model = SimpleNamespace(
+        geometry=SimpleNamespace(vocab=50, hidden=8),
+        weights={"qkv": torch.empty(24, 8), "lm_head.weight": head, "norm": torch.empty(8)},
+    )
+    assert head_weight(model) is head
+    model.weights = {"qkv": torch.empty(24, 8), "lm_head.weight": torch.empty(25, 8)}
+    assert head_weight(model) is None

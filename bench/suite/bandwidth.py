@@ -17,7 +17,12 @@ against ``torch.sum``'s 4.33. In one session of the 2026-12-05 run
 (``bench/results/issue23/2026-12-05-h200-changes/``) the two probes gave 4.13 to 4.41
 TB/s from one process to the next, while the 8B's vocabulary projection streamed its
 1.245 GB at 4.55 TB/s in the process that probed 4.13: the projection is now a probe
-too. All are kept in the suite's results.
+too. All are kept in the suite's results. In the 2026-12-05e run
+(``bench/results/issue23/2026-12-05e-h200-waves/``) the three still read 4.16 to 4.51
+TB/s from one process to the next, the projection's synthetic 4 GiB weight the
+slowest, while the 8B's vocabulary head streamed at 4.51 to 4.55 in every process:
+``bench/kernel_timeline.py`` also times one row through the served vocabulary head
+(``projection_probe`` of its weight) and counts it with the others.
 """
 
 from __future__ import annotations
@@ -86,12 +91,18 @@ PROJECTION_COLUMNS = 4096
 
 def _projection_probe(gib: float, repeats: int) -> float:
     """Bytes/s of one row's projection through a ``gib`` GiB bfloat16 weight."""
-    from ignition.components.linear import triton_rows_linear
-
     # The kernel's offsets are int32: at most 2^31 elements (4 GiB of bfloat16).
     rows = min(int(gib * (1 << 30)) // (PROJECTION_COLUMNS * 2), (1 << 31) // PROJECTION_COLUMNS)
     weight = torch.full((rows, PROJECTION_COLUMNS), 2**-12, dtype=torch.bfloat16, device="cuda")
-    x = torch.ones(1, PROJECTION_COLUMNS, dtype=torch.bfloat16, device="cuda")
+    return projection_probe(weight, repeats)
+
+
+def projection_probe(weight: torch.Tensor, repeats: int = 20) -> float:
+    """Bytes/s of one row's projection through ``weight`` (a CUDA matrix) by Flare's
+    decode projection (``linear.triton_rows_linear``), the median of ``repeats``."""
+    from ignition.components.linear import triton_rows_linear
+
+    x = torch.ones(1, weight.shape[1], dtype=weight.dtype, device=weight.device)
     size = weight.numel() * weight.element_size()
     return size / _median_s(lambda: triton_rows_linear(x, weight, None), repeats)
 
