@@ -771,7 +771,7 @@ def tile_shape(
     each step apart and adds it to the accumulator; a dot on the GPU accumulates its
     MMAs in K order at any step, and the norm's statistic and partial squares follow
     no tile (``triton_rows_linear``)."""
-    width = max(TILE_WIDTHS, key=lambda w: wave_fill(n, w, sms))  # the widest on a tie
+    width = best_filled_width(n, sms)
     if 2 * triton.cdiv(n, width) < sms:  # more than half the SMs idle: the most programs
         width = narrowest
     block_k = row_tile_k(n, k, width, sms, itemsize)
@@ -787,6 +787,12 @@ def wave_fill(n: int, width: int, sms: int) -> Fraction:
     every program's time proportional to its width."""
     programs = triton.cdiv(n, width)
     return Fraction(programs, max(1, triton.cdiv(programs, sms)) * sms)
+
+
+def best_filled_width(n: int, sms: int) -> int:
+    """The width of ``TILE_WIDTHS`` whose programs fill the most of their waves
+    (``wave_fill``), the widest on a tie."""
+    return max(TILE_WIDTHS, key=lambda w: wave_fill(n, w, sms))
 
 
 def gated_tile_shape(
@@ -828,7 +834,7 @@ def many_rows_tile(
     tile's tile, for a kernel whose bits follow its K step), that K step at the new
     width where it fits, else that whole tile. Every tile computes the same bits for a
     plain dot (``bench/rows_linear_bench.py --many-rows`` on the H200)."""
-    width = max(TILE_WIDTHS, key=lambda w: wave_fill(n, w, sms))  # the widest on a tie
+    width = best_filled_width(n, sms)
     if keep_k_of is not None:
         block_k = keep_k_of[1]
         fits = fitted_block_k(block_k, k, width, itemsize) == block_k
