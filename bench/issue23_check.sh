@@ -71,6 +71,11 @@
 #       OUT/widths.json), and a projection read right after one that fills the device
 #       against after a one-program kernel, per tile width and pipeline budget
 #       (bench/reader_after_producer_bench.py; OUT/reader.json).
+#   bench/issue23_check.sh stages OUT
+#       each served projection of SmolLM2 and the 8B at one row as the decode layer
+#       launches it, over K steps and pipeline depths, each against the served launch's
+#       time and bits, the fastest also at four rows (bench/rows_linear_bench.py
+#       --stages; OUT/stages.json).
 #   bench/issue23_check.sh boundaries OUT
 #       what a phase boundary costs: a grid barrier in one persistent kernel against a
 #       kernel boundary, plain and programmatic (bench/grid_barrier_bench.py, bounded
@@ -102,7 +107,7 @@
 # Needs the flare_heliopause wheel importable (WHEELS, as bench/suite_gpu.sh installs
 # them).
 set -uo pipefail
-usage="usage: bench/issue23_check.sh serving OUT | concurrency OUT MODEL [options...] | pdl OUT MODEL [options...] | early OUT MODEL [options...] | sampler OUT | fusion OUT MODEL [options...] | trees OUT BEFORE MODEL [options...] | rope OUT | widths OUT | boundaries OUT | persistent OUT [MODEL [FLARE]] | changes OUT BEFORE FLARE | pdl-core OUT CHECKPOINT FLARE [options...]"
+usage="usage: bench/issue23_check.sh serving OUT | concurrency OUT MODEL [options...] | pdl OUT MODEL [options...] | early OUT MODEL [options...] | sampler OUT | fusion OUT MODEL [options...] | trees OUT BEFORE MODEL [options...] | rope OUT | widths OUT | stages OUT | boundaries OUT | persistent OUT [MODEL [FLARE]] | changes OUT BEFORE FLARE | pdl-core OUT CHECKPOINT FLARE [options...]"
 part=${1:?$usage}
 out=${2:?$usage}
 shift 2
@@ -206,6 +211,11 @@ case $part in
     timeout 240 python3 -m bench.reader_after_producer_bench --out "$out/reader.json" \
       > "$out/reader.log" 2>&1 || status=1
     cat "$out/reader.log"
+    ;;
+  stages)
+    timeout 420 python3 -m bench.rows_linear_bench --stages --out "$out/stages.json" \
+      > "$out/stages.log" 2>&1 || status=1
+    cat "$out/stages.log"
     ;;
   boundaries)
     timeout 120 python3 -m bench.grid_barrier_bench --out "$out/grid-barrier.json" \

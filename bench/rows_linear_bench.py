@@ -2,7 +2,8 @@
 projections of SmolLM2-135M and Qwen3-8B, over tile shapes, against cuBLAS and the
 device's copy bandwidth: the data behind the kernel's tile choice.
 
-    python bench/rows_linear_bench.py [--out bench.json] [--narrow | --many-rows | --widths]
+    python bench/rows_linear_bench.py [--out bench.json]
+        [--narrow | --many-rows | --widths | --stages]
 
 For each weight shape and 1 and 4 rows: the time per call inside a CUDA graph, over
 weight copies larger than L2 together (``bench/cuda_timing.py``), per (BLOCK_N,
@@ -17,7 +18,8 @@ narrow for the kernel (the hybrid's) against cuBLAS at the same and at 16 padded
 and the kernel past one row tile (32 and 64 rows, Qwen3-8B) against cuBLAS;
 ``--many-rows`` sweeps that kernel's tiles at 16 to 64 rows and tells which change a
 row's bits; ``--widths`` times the served projections as the decode layer launches
-them at every tile width, one and four rows. Needs a GPU.
+them at every tile width, one and four rows; ``--stages`` times them over K steps and
+pipeline depths. Needs a GPU.
 """
 
 from __future__ import annotations
@@ -209,16 +211,20 @@ def tile_sweep_past_one_row_tile() -> list[dict[str, object]]:
 
 def _served(
     name: str, x: torch.Tensor, norm: RowStatistic, residual: torch.Tensor, squares: torch.Tensor
-) -> Callable[[torch.Tensor, int, int], torch.Tensor]:
+) -> Callable[..., torch.Tensor]:
     """Projection ``name`` as the decode layer launches it, as a call on (weight, width,
-    K step)."""
+    K step[, pipeline depth]); gate/up keeps its default K step unless ``stages`` is
+    given."""
 
-    def call(w: torch.Tensor, width: int, block_k: int) -> torch.Tensor:
+    def call(w: torch.Tensor, width: int, block_k: int, stages: int | None = None) -> torch.Tensor:
         if name == "gate_up":
-            return triton_rows_gated(x, w, norm, width=width)
+            step = block_k if stages else None
+            return triton_rows_gated(x, w, norm, width=width, block_k=step, stages=stages)
         if name == "qkv":
-            return triton_rows_linear(x, w, None, width, block_k, norm=norm)
-        return triton_rows_linear(x, w, None, width, block_k, residual=residual, squares=squares)
+            return triton_rows_linear(x, w, None, width, block_k, norm=norm, stages=stages)
+        return triton_rows_linear(
+            x, w, None, width, block_k, residual=residual, squares=squares, stages=stages
+        )
 
     return call
 
@@ -265,6 +271,68 @@ def width_sweep(sms: int) -> list[dict[str, object]]:
     return out
 
 
+# The pipeline depths swept by ``--stages``: from serving's STAGES (4) to as many as
+# the shared memory holds (Triton keeps ``num_stages - 1`` tiles in flight).
+STAGE_SWEEP = range(3, 12)
+# The shared memory one program may take on SM90 (227 KiB).
+SHARED_BYTES = 227 << 10
+
+
+def stage_sweep(sms: int) -> list[dict[str, object]]:
+    """Each served projection (lm_head aside) at one row as the decode layer launches
+    it, at its served width, over K steps (half, the served and twice the served, 64 to
+    512) and pipeline depths (``STAGE_SWEEP``, while the tiles fit the shared memory):
+    each one's time and whether it gives the served launch's bits; then the served and
+    the fastest at four rows. The served launch takes ``pipeline_stages``' depth."""
+    device = torch.device("cuda")
+    out: list[dict[str, object]] = []
+    for model, name, n, k in SHAPES:
+        if name == "lm_head":
+            continue
+        w = torch.randn(n, k, device=device, dtype=torch.bfloat16) / k**0.5
+        weights = [w] + [w.clone() for _ in range(cold_copies(w.numel() * w.element_size()) - 1)]
+        width, served_k = (gated_tile_shape if name == "gate_up" else tile_shape)(n, k, sms)
+        served_stages = pipeline_stages(1, width, served_k, w.element_size())
+        steps = [b for b in (served_k // 2, served_k, 2 * served_k) if 64 <= b <= 512]
+
+        def fits(block_k: int, stages: int, c: int = width, k: int = k) -> bool:
+            # The tiles in flight within the shared memory, and no deeper than the loop.
+            held = (stages - 1) * (ROWS_TILE + c) * block_k * 2  # bfloat16
+            return held <= SHARED_BYTES and stages <= triton.cdiv(k, block_k) + 1
+
+        timed: dict[int, dict[str, object]] = {}
+        for rows in (1, 4):
+            x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
+            norm = RowStatistic(torch.rand(rows, k // SQUARE_GROUP, device=device) + 0.5, 1e-6)
+            residual = torch.randn(rows, n, device=device, dtype=torch.bfloat16)
+            squares = torch.empty(rows, n // SQUARE_GROUP, device=device)
+            served = _served(name, x, norm, residual, squares)
+            reference = served(w, width, served_k).clone()
+            served_ms = over(weights, lambda w, f=served, c=width, b=served_k: f(w, c, b))
+            if rows == 1:
+                cases = [(b, s) for b in steps for s in STAGE_SWEEP if fits(b, s)]
+            else:
+                best = min(timed[1]["cases"], key=lambda c: c["ms"])  # type: ignore[arg-type]
+                cases = [(int(best["block_k"]), int(best["stages"]))]
+            results = []
+            for block_k, stages in cases:
+                try:
+                    y = served(w, width, block_k, stages).clone()
+                except triton.runtime.errors.OutOfResources:
+                    continue  # this depth's tiles outgrow the shared memory
+                ms = over(weights, lambda w, f=served, c=width, b=block_k, s=stages: f(w, c, b, s))
+                same = torch.equal(y, reference)
+                results.append(dict(block_k=block_k, stages=stages, ms=ms, same_bits=same))
+                print(f"{model:13} {name:8} rows {rows} {width}x{block_k}/s{stages}: "
+                      f"{ms * 1e3:6.2f} us (served {width}x{served_k}/s{served_stages} "
+                      f"{served_ms * 1e3:6.2f}) same bits: {same}", flush=True)  # fmt: skip
+            timed[rows] = dict(model=model, projection=name, n=n, k=k, rows=rows, width=width,
+                               served_block_k=served_k, served_stages=served_stages,
+                               served_ms=served_ms, cases=results)  # fmt: skip
+            out.append(timed[rows])
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path)
@@ -280,6 +348,12 @@ def main() -> None:
         "tile width (1 and 4 rows)",
     )
     parser.add_argument(
+        "--stages",
+        action="store_true",
+        help="only the served projections at one row over K steps and pipeline depths, "
+        "each against the served launch's time and bits (the fastest also at four rows)",
+    )
+    parser.add_argument(
         "--many-rows",
         action="store_true",
         help="only the tile sweep past one row tile (Qwen3-8B at 16, 32 and 64 rows), "
@@ -291,6 +365,8 @@ def main() -> None:
     sweep = None
     if args.widths:
         sweep = width_sweep(sms)
+    elif args.stages:
+        sweep = stage_sweep(sms)
     elif args.narrow:
         sweep = narrow_and_many_rows(sms)
     elif args.many_rows:

@@ -982,3 +982,21 @@ def test_server_counters_parse_and_difference_per_request() -> None:
     assert difference(None, after) is None
     assert metrics_path(Endpoint("http://127.0.0.1:8080/v1")) == "/metrics"
     assert metrics_path(Endpoint("http://host/flare/")) == "/flare/metrics"
+
+
+def test_server_inter_token_shares_over_each_bound() -> None:
+    """The model thread's inter-token gaps above 1 and 2 ms, from the histogram's
+    cumulative buckets as Helios writes them (`le` as Rust prints the bound)."""
+    text = "".join(
+        f'flare_inter_token_latency_seconds_bucket{{le="{le}"}} {count}\n'
+        for le, count in (("0.001", 90), ("0.002", 98), ("0.005", 100), ("+Inf", 100))
+    )
+    text += "flare_inter_token_latency_seconds_count 100\n"
+    before = {name: 0.0 for name in parse_metrics(text)}
+    delta = difference(before, parse_metrics(text))
+    assert delta is not None
+    per = per_request(delta, 4)
+    assert per["itl_over_1ms"] == pytest.approx(0.10)
+    assert per["itl_over_2ms"] == pytest.approx(0.02)
+    # A server without the histogram gives no share.
+    assert "itl_over_1ms" not in per_request({"flare_launches_prefill_total": 1.0}, 1)

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from bench.suite.client import Sample
+from bench.suite.instructed import ChatRenderer
 from bench.suite.workloads import BenchRequest
 from ignition.preparation.compile_flags import (
     DEFAULT_DECODE_FUSION,
@@ -73,12 +74,20 @@ def prepare_floor(
     return prepare(model, options)
 
 
+def chat_prompt_ids(renderer: ChatRenderer, request: BenchRequest) -> list[int]:
+    """A chat request's prompt tokens as Helios renders and encodes them."""
+    assert request.messages is not None
+    text = renderer.text(request.messages, request.tools)
+    return list(renderer.tokenizer.encode(text, add_special_tokens=False))
+
+
 class ReplayFloorEngine:
     """A prepared model answered by the replay harness."""
 
     def __init__(self, prepared: PreparedModel) -> None:
         self.prepared = prepared
         self.harness = Harness(prepared)
+        self.renderer = ChatRenderer(prepared.tokenizer)
         self.epoch = time.perf_counter()
 
     @property
@@ -90,13 +99,12 @@ class ReplayFloorEngine:
         return list(self.prepared.tokenizer.encode(text))
 
     def prompt_ids(self, request: BenchRequest) -> list[int]:
+        """The tokens Flare prefills for ``request``: a chat rendered as Helios renders
+        it (tools declared by the server where the template shows none)."""
         if request.messages is None:
             prompt = request.prompt
             return list(prompt) if isinstance(prompt, list) else self.encode(str(prompt))
-        text = self.prepared.tokenizer.apply_chat_template(
-            request.messages, tools=request.tools, add_generation_prompt=True, tokenize=False
-        )
-        return list(self.prepared.tokenizer.encode(str(text), add_special_tokens=False))
+        return chat_prompt_ids(self.renderer, request)
 
     def run(self, requests: Sequence[BenchRequest], concurrency: int) -> list[Sample]:
         if concurrency < 1:

@@ -216,6 +216,8 @@ SERVER_ROWS = (
     ("prefill_launches", "server: prefill chunks per request"),
     ("snapshot_launches", "server: snapshots per request"),
     ("restore_launches", "server: restores per request"),
+    ("itl_over_1ms", "server: inter-token gaps over 1 ms (share)"),
+    ("itl_over_2ms", "server: inter-token gaps over 2 ms (share)"),
 )
 
 

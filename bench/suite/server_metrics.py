@@ -18,12 +18,19 @@ from bench.suite.client import Endpoint
 
 PREPARATION = "flare_prompt_preparation_seconds"
 FIRST_TOKEN = "flare_time_to_first_token_seconds"
+INTER_TOKEN = "flare_inter_token_latency_seconds"
+# The inter-token buckets whose share of the gaps the report gives (upper bounds in ms,
+# as Helios's INTER_TOKEN_BUCKETS spells them in seconds): the server's own tail,
+# beside the client's gaps, which include the client's threads.
+INTER_TOKEN_BOUNDS_MS = (1, 2)
 LAUNCH_KINDS = ("admit", "prefill", "decode", "resume", "snapshot", "restore")
 COUNTERS = (
     f"{PREPARATION}_sum",
     f"{PREPARATION}_count",
     f"{FIRST_TOKEN}_sum",
     f"{FIRST_TOKEN}_count",
+    f"{INTER_TOKEN}_count",
+    *(f'{INTER_TOKEN}_bucket{{le="{bound / 1000:g}"}}' for bound in INTER_TOKEN_BOUNDS_MS),
     *(f"flare_launches_{kind}_total" for kind in LAUNCH_KINDS),
     "flare_prefill_tokens_total",
     "flare_prefix_hit_tokens_total",
@@ -81,7 +88,8 @@ def difference(
 
 def per_request(delta: dict[str, Any], requests: int) -> dict[str, float]:
     """A measurement's counters per request: preparation and the model thread's time to
-    first token in ms (means), launches by kind."""
+    first token in ms (means), launches by kind; and the share of the model thread's
+    inter-token gaps above each of ``INTER_TOKEN_BOUNDS_MS``."""
     if requests <= 0:
         return {}
     out: dict[str, float] = {}
@@ -93,4 +101,9 @@ def per_request(delta: dict[str, Any], requests: int) -> dict[str, float]:
         name = f"flare_launches_{kind}_total"
         if name in delta:
             out[f"{kind}_launches"] = delta[name] / requests
+    gaps = delta.get(f"{INTER_TOKEN}_count")
+    for bound in INTER_TOKEN_BOUNDS_MS:
+        within = delta.get(f'{INTER_TOKEN}_bucket{{le="{bound / 1000:g}"}}')
+        if gaps and within is not None:
+            out[f"itl_over_{bound}ms"] = 1 - within / gaps
     return out

@@ -982,13 +982,15 @@ def triton_rows_linear(
     norm: RowStatistic | None = None,
     residual: torch.Tensor | None = None,
     squares: torch.Tensor | None = None,
+    stages: int | None = None,
 ) -> torch.Tensor:
     """``residual + rms_norm(x) @ w.T + b`` (norm and residual optional; the norm
     scales the sums, see the module's docstring) for x [rows <= INVARIANT_ROWS, K];
     batch-invariant per row. ``squares``: where to write the result's partial squares
     (``[rows, N // SQUARE_GROUP]`` float32), for the norm of the next projection.
     ``width`` and ``block_k``: the tile (default ``tile_shape`` of the weight and
-    device); ``bench/rows_linear_bench.py`` times others against it. ``w`` is a
+    device), ``stages`` the pipeline's depth (default ``pipeline_stages``'s);
+    ``bench/rows_linear_bench.py`` times others against them. ``w`` is a
     weight: no kernel of a step writes it, since under early weights
     (``programmatic_launch``) its last K steps are read before the kernel waits for
     the one before."""
@@ -1024,7 +1026,7 @@ def triton_rows_linear(
         HAS_BIAS=b is not None, NORM=norm is not None, RESIDUAL=residual is not None,
         SQUARES=squares is not None, ROW_TILES=tiles, BLOCK_M=ROWS_TILE, BLOCK_N=width,
         BLOCK_K=block_k, GROUPS=_groups(k), num_warps=4,
-        num_stages=pipeline_stages(tiles, width, block_k, w.element_size()),
+        num_stages=stages or pipeline_stages(tiles, width, block_k, w.element_size()),
         enable_fp_fusion=squares is None,
         **kernel_options(
             w.device,
@@ -1039,6 +1041,8 @@ def triton_rows_gated(
     gate_up: torch.Tensor,
     norm: RowStatistic | None = None,
     width: int | None = None,
+    block_k: int | None = None,
+    stages: int | None = None,
 ) -> torch.Tensor:
     """``silu(x @ gate.T) * (x @ up.T)`` for x [rows <= INVARIANT_ROWS, K] (normalized by
     ``norm`` when given) and the packed ``gate_up [2 * intermediate, K]``,
@@ -1046,15 +1050,16 @@ def triton_rows_gated(
     (``tile_shape``): each program streams half its width of gate rows and the same
     columns' up rows, so the weight bytes in flight are the unfused projection's.
     ``width``: another packed width (at least 32, keeping the default's K step where it
-    fits), for ``bench/rows_linear_bench.py --widths``. ``gate_up`` is a weight, as
-    ``triton_rows_linear``'s ``w``."""
+    fits), for ``bench/rows_linear_bench.py --widths``; ``block_k`` and ``stages``
+    another K step and pipeline depth, as ``triton_rows_linear``'s. ``gate_up`` is a
+    weight, as ``triton_rows_linear``'s ``w``."""
     rows, k = x.shape
     n2 = gate_up.shape[0]
     _check_rows(x, gate_up.shape[1], norm)
     if n2 % 2:
         raise ValueError(f"gate_up {tuple(gate_up.shape)} is not a packed pair over {k} columns")
     tiles = row_tiles(rows)
-    default_width, block_k = gated_tile_shape(
+    default_width, block_k_default = gated_tile_shape(
         n2, k, _sm_count(x.device), gate_up.element_size(), tiles, _step_fixes_bits()
     )
     if width is not None:
@@ -1062,8 +1067,9 @@ def triton_rows_gated(
             raise ValueError(
                 f"a packed width of {width}: one of {BLOCK_NS} whose half is at least {DOT_MIN}"
             )
-        block_k = fitted_block_k(block_k, k, width, gate_up.element_size())
+        block_k_default = fitted_block_k(block_k_default, k, width, gate_up.element_size())
     width = width or default_width
+    block_k = block_k or block_k_default
     n = n2 // 2
     x = x.contiguous()
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
@@ -1073,7 +1079,7 @@ def triton_rows_gated(
         y.stride(0), 0.0 if norm is None else norm.eps,
         NORM=norm is not None, ROW_TILES=tiles, BLOCK_M=ROWS_TILE,
         BLOCK_N=width // 2, BLOCK_K=block_k, GROUPS=_groups(k), num_warps=4,
-        num_stages=pipeline_stages(tiles, width, block_k, gate_up.element_size()),
+        num_stages=stages or pipeline_stages(tiles, width, block_k, gate_up.element_size()),
         **kernel_options(
             gate_up.device,
             early_steps(

@@ -1,0 +1,115 @@
+"""The conversation Helios renders for a chat template that shows no tools, for the
+engines the suite drives in Python.
+
+When a core's tool parser is ``JSON_INSTRUCTED`` (the template renders neither the
+tools nor the calls, ``ignition/export/output_protocol.py``), Helios rewrites a chat
+request before rendering it (``instructed_input`` in
+``helios/src/frontend/protocol/instruction.rs``): earlier calls are written in the call
+format the parser reads, tool results become user turns in ``<tool_response>`` tags,
+and the tools are declared in the system message. The Python replay floor must prefill
+the same tokens as the server, so it rewrites the messages the same way here;
+``helios/tests/fixtures/chat/instructed.json`` holds both to the same output
+(``helios/tests/frontend_instructed.rs`` and ``tests/test_suite_instructed.py``).
+``tool_choice=required``'s added demand is not mirrored: the suite never sends it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from ignition.export import flare_core_pb2 as pb
+from ignition.export.output_protocol import derive_output_protocol
+
+Message = dict[str, Any]
+
+
+def python_json(value: Any) -> str:
+    """``json.dumps`` as Transformers' ``tojson`` writes it (Helios's ``python_json``)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def instructed_messages(
+    messages: Sequence[Message],
+    tools: Sequence[dict[str, Any]] | None,
+    call_start: str,
+    call_end: str,
+) -> list[Message]:
+    """``messages`` with every call and result written out in the instructed syntax,
+    and ``tools`` (when there are any) declared in the system message."""
+    out = [_written_out(dict(message), call_start, call_end) for message in messages]
+    if not tools:
+        return out
+    declarations = "\n".join(python_json(tool) for tool in tools)
+    instruction = (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n"
+        f"<tools>\n{declarations}\n</tools>\n\n"
+        "For each function call, return a JSON object with the function name and its "
+        f"arguments within {call_start}{call_end} tags:\n"
+        f'{call_start}\n{{"name": <function-name>, "arguments": <args-json-object>}}\n{call_end}'
+    )
+    return _appended_to_system(out, instruction)
+
+
+def _written_out(message: Message, call_start: str, call_end: str) -> Message:
+    role = message.get("role")
+    if role == "assistant":
+        calls = message.pop("tool_calls", None)
+        if not isinstance(calls, list):
+            return message
+        content = message.pop("content", None)
+        text = content if isinstance(content, str) else ""
+        for call in calls:
+            function = call.get("function", call)
+            arguments = function.get("arguments", {})
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments)
+                except json.JSONDecodeError:
+                    pass  # kept as the string it is
+            if text:
+                text += "\n"
+            written = python_json({"name": function.get("name"), "arguments": arguments})
+            text += f"{call_start}\n{written}\n{call_end}"
+        message["content"] = text
+        return message
+    if role == "tool":
+        content = message.get("content", "")
+        if not isinstance(content, str):  # serde_json's compact text, null included
+            content = json.dumps(content, separators=(",", ":"), ensure_ascii=False)
+        return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
+    return message
+
+
+def _appended_to_system(messages: list[Message], text: str) -> list[Message]:
+    if messages and messages[0].get("role") == "system":
+        existing = messages[0].get("content")
+        content = f"{existing}\n\n{text}" if isinstance(existing, str) and existing else text
+        return [{**messages[0], "content": content}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+
+
+class ChatRenderer:
+    """A tokenizer's chat prompts as Helios renders them: through the instructed
+    rewrite when the template's tool parser is ``JSON_INSTRUCTED``."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+        protocol = derive_output_protocol(tokenizer) if tokenizer.chat_template else None
+        self.markers: tuple[str, str] | None = None
+        if protocol is not None and protocol.tool_parser == pb.TOOL_PARSER_JSON_INSTRUCTED:
+            assert protocol.call_start is not None and protocol.call_end is not None
+            self.markers = (protocol.call_start.text, protocol.call_end.text)
+
+    def text(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None) -> str:
+        """The prompt with the generation header, as the server renders it."""
+        if self.markers is not None:
+            messages, tools = instructed_messages(messages, tools, *self.markers), None
+        rendered = self.tokenizer.apply_chat_template(
+            list(messages), tools=tools, add_generation_prompt=True, tokenize=False
+        )
+        return str(rendered)
