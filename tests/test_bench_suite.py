@@ -12,6 +12,7 @@ import math
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from itertools import pairwise
 from pathlib import Path
@@ -480,15 +481,23 @@ def test_completions_report_the_fitted_prompt_length(server: FakeServer) -> None
     assert sample.ok and sample.prompt_tokens == 300 and sample.output_tokens == 5
 
 
-def test_concurrent_requests_overlap_and_keep_their_order(server: FakeServer) -> None:
+@pytest.mark.parametrize("processes", [True, False], ids=["processes", "threads"])
+def test_concurrent_requests_overlap_and_keep_their_order(
+    server: FakeServer, processes: bool
+) -> None:
     requests = chat_requests(1, 8, 32, long_answers=True)
     warm = chat_requests(2, 2, 4)
-    samples = run_requests(HttpEngine(Endpoint(server.url)), requests, 4, warmup=warm, repeats=2)
+    engine = HttpEngine(Endpoint(server.url), processes=processes)
+    samples = run_requests(engine, requests, 4, warmup=warm, repeats=2)
     assert [s.request for s in samples] == [r.name for r in requests] * 2
     assert [s.repeat for s in samples] == [0] * 8 + [1] * 8
     assert all(s.ok and s.concurrency == 4 for s in samples)
     first = samples[:4]
     assert max(s.start_s for s in first) < min(s.start_s + s.e2e_s for s in first)
+    # Every stream timed whole, on the engine's epoch, in either kind of worker.
+    for sample in samples:
+        assert sample.output_tokens == 32 and sample.ttft_s is not None
+        assert 0 < sample.start_s < time.perf_counter() - engine.epoch
 
 
 def test_a_rejected_request_is_a_sample_with_the_servers_error(server: FakeServer) -> None:

@@ -4,7 +4,7 @@ measured).
 
     python -m bench.suite --url http://127.0.0.1:8080 --engine flare --out flare.json \\
         --tokenizer PATH [--workloads long decode prefix agent tools clients]
-        [--concurrency 1 2 4]
+        [--concurrency 1 2 4] [--client-threads]
         [--api-key KEY] [--dialect openai|transformers] [--context-limit N]
         [--geometry smollm2-135m|qwen3-8b|config.json] [--bandwidth-gbs X | --measure-bandwidth]
         [--launch "flare run CORE --port 8080"]
@@ -14,7 +14,8 @@ measured).
     python -m bench.suite --generate MODEL_DIR --engine transformers-static --out gen.json
 
 ``--url`` measures any OpenAI-compatible server (``--launch CMD`` starts it first and
-records the time until it answers); ``--replay`` prepares MODEL (default: the
+records the time until it answers; concurrent streams run in one forked client
+process each, or as threads with ``--client-threads``); ``--replay`` prepares MODEL (default: the
 embedded SmolLM2) and measures Ignition's replay harness in this process;
 ``--generate`` measures Transformers' static-cache generate loop on a Transformers
 checkpoint directory in this process (one request at a time). The ``clients``
@@ -379,6 +380,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--extra-body", type=json.loads, default={}, help="JSON merged into every request"
     )
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    parser.add_argument(
+        "--client-threads",
+        action="store_true",
+        help="run concurrent streams of the suite's client as threads of this process "
+        "(default: one forked process a stream, so no stream waits on another's parsing)",
+    )
     parser.add_argument("--launch", help="start this server command first (bash -c)")
     parser.add_argument("--ready-timeout", type=float, default=600.0)
     parser.add_argument(
@@ -485,7 +492,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         models = server_models(endpoint)
         results["versions"]["server_models"] = models
         results["context_limit"] = args.context_limit or advertised_context(models)
-        engine = HttpEngine(endpoint)
+        engine = HttpEngine(endpoint, processes=not args.client_threads)
+        results["client_workers"] = "threads" if args.client_threads else "processes"
         encode = load_encode(args.tokenizer) if args.tokenizer else None
     elif args.generate is not None:
         from bench.suite.generate_loop import GenerateLoopEngine

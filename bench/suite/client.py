@@ -24,10 +24,11 @@ import http.client
 import itertools
 import json
 import math
+import multiprocessing
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
@@ -305,16 +306,30 @@ def record_times(
         sample.output_tokens_source = "chunks"
 
 
+def _suite_stream(endpoint: Endpoint, request: BenchRequest, epoch: float) -> Sample:
+    """``stream_request`` in a client process (a picklable top-level call)."""
+    return stream_request(endpoint, request, epoch)
+
+
 class HttpEngine:
-    """An OpenAI-compatible server driven by ``concurrency`` client threads: each
-    takes the next request as soon as its previous one ends (a closed loop).
+    """An OpenAI-compatible server driven by ``concurrency`` clients: each takes the
+    next request as soon as its previous one ends (a closed loop).
+
+    With ``processes`` (the default), concurrent streams of the suite's client run in
+    forked processes, one a stream, each timing its own (``perf_counter`` is the
+    system's monotonic clock, shared by the processes): threads of one interpreter
+    take turns parsing their SSE lines under its lock, which delays a chunk's reading
+    behind the others' and shows as inter-token latency the server never caused.
+    Without, threads (as before 2026-12-05).
 
     A request whose ``meta["client"]`` names the openai SDK goes through one SDK
     client, made at its first such request (so runs without them need no SDK) and
-    kept, as an application keeps its client and its pooled connections."""
+    kept, as an application keeps its client and its pooled connections; those run
+    in threads."""
 
-    def __init__(self, endpoint: Endpoint) -> None:
+    def __init__(self, endpoint: Endpoint, processes: bool = True) -> None:
         self.endpoint = endpoint
+        self.processes = processes
         self.epoch = time.perf_counter()
         self._sdk: SdkClient | None = None
         self._sdk_lock = threading.Lock()
@@ -348,8 +363,21 @@ class HttpEngine:
     def run(self, requests: Sequence[BenchRequest], concurrency: int) -> list[Sample]:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        with ThreadPoolExecutor(max_workers=concurrency) as pool:
-            samples = list(pool.map(self.send, requests))
+        suite_only = all(r.meta.get("client", SUITE_CLIENT) == SUITE_CLIENT for r in requests)
+        if self.processes and concurrency > 1 and suite_only:
+            context = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(max_workers=concurrency, mp_context=context) as processes:
+                samples = list(
+                    processes.map(
+                        _suite_stream,
+                        itertools.repeat(self.endpoint),
+                        requests,
+                        itertools.repeat(self.epoch),
+                    )
+                )
+        else:
+            with ThreadPoolExecutor(max_workers=concurrency) as pool:
+                samples = list(pool.map(self.send, requests))
         for sample in samples:
             sample.concurrency = concurrency
         return samples
