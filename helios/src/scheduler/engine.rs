@@ -10,7 +10,9 @@
 //!    pages no launch in flight references, and admits queued requests;
 //! 3. submits at most one prefill chunk (preceded by its request's admit
 //!    launch) when nothing is in flight, then one decode step over every
-//!    runnable request, growing pages or preempting first.
+//!    runnable request, growing pages or preempting first;
+//! 4. when it submitted nothing and has no event to hand out, waits for the
+//!    oldest launch in flight.
 //!
 //! Nothing in flight depends on the host: a decode gathers each slot's
 //! pending token on the device, and finished rows are masked there. Every
@@ -272,7 +274,11 @@ impl<E: Executor> Scheduler<E> {
             }
         }
         report.submitted += self.submit_decode()?;
-        if report.submitted == 0 && self.collect_next(true)? {
+        // With nothing submitted, wait for the next completion rather than
+        // spin; but not while events wait to be handed out: the iteration
+        // that retrieves a request's next-to-last token submits nothing (the
+        // last is in flight) and would hold that token back a whole step.
+        if report.submitted == 0 && self.events.is_empty() && self.collect_next(true)? {
             report.collected += 1;
         }
         Ok(report)
