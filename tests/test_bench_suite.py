@@ -994,18 +994,26 @@ def test_server_counters_parse_and_difference_per_request() -> None:
 
 
 def test_server_inter_token_shares_over_each_bound() -> None:
-    """The model thread's inter-token gaps above 1 and 2 ms, from the histogram's
-    cumulative buckets as Helios writes them (`le` as Rust prints the bound)."""
-    text = "".join(
-        f'flare_inter_token_latency_seconds_bucket{{le="{le}"}} {count}\n'
-        for le, count in (("0.001", 90), ("0.002", 98), ("0.005", 100), ("+Inf", 100))
-    )
-    text += "flare_inter_token_latency_seconds_count 100\n"
+    """The model thread's and the HTTP tasks' inter-token gaps above 1 and 2 ms, from
+    the histograms' cumulative buckets as Helios writes them (`le` as Rust prints the
+    bound)."""
+    text = ""
+    for name, within in (
+        ("flare_inter_token_latency_seconds", (90, 98)),
+        ("flare_delivered_inter_token_seconds", (80, 96)),
+    ):
+        text += "".join(
+            f'{name}_bucket{{le="{le}"}} {count}\n'
+            for le, count in (("0.00075", 10), ("0.001", within[0]), ("0.002", within[1]))
+        )
+        text += f'{name}_bucket{{le="+Inf"}} 100\n{name}_count 100\n'
     before = {name: 0.0 for name in parse_metrics(text)}
     delta = difference(before, parse_metrics(text))
     assert delta is not None
     per = per_request(delta, 4)
     assert per["itl_over_1ms"] == pytest.approx(0.10)
     assert per["itl_over_2ms"] == pytest.approx(0.02)
+    assert per["delivered_itl_over_1ms"] == pytest.approx(0.20)
+    assert per["delivered_itl_over_2ms"] == pytest.approx(0.04)
     # A server without the histogram gives no share.
     assert "itl_over_1ms" not in per_request({"flare_launches_prefill_total": 1.0}, 1)

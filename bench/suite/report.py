@@ -218,6 +218,8 @@ SERVER_ROWS = (
     ("restore_launches", "server: restores per request"),
     ("itl_over_1ms", "server: inter-token gaps over 1 ms (share)"),
     ("itl_over_2ms", "server: inter-token gaps over 2 ms (share)"),
+    ("delivered_itl_over_1ms", "server: HTTP tasks' inter-token gaps over 1 ms (share)"),
+    ("delivered_itl_over_2ms", "server: HTTP tasks' inter-token gaps over 2 ms (share)"),
 )
 
 

@@ -19,6 +19,10 @@ from bench.suite.client import Endpoint
 PREPARATION = "flare_prompt_preparation_seconds"
 FIRST_TOKEN = "flare_time_to_first_token_seconds"
 INTER_TOKEN = "flare_inter_token_latency_seconds"
+DELIVERED = "flare_delivered_inter_token_seconds"
+# The server's two inter-token histograms, by the key prefix of their shares: the
+# model thread's (as it routes tokens) and the HTTP tasks' (as they receive them).
+GAP_HISTOGRAMS = ((INTER_TOKEN, "itl"), (DELIVERED, "delivered_itl"))
 # The inter-token buckets whose share of the gaps the report gives (upper bounds in ms,
 # as Helios's INTER_TOKEN_BUCKETS spells them in seconds): the server's own tail,
 # beside the client's gaps, which include the client's threads.
@@ -29,8 +33,12 @@ COUNTERS = (
     f"{PREPARATION}_count",
     f"{FIRST_TOKEN}_sum",
     f"{FIRST_TOKEN}_count",
-    f"{INTER_TOKEN}_count",
-    *(f'{INTER_TOKEN}_bucket{{le="{bound / 1000:g}"}}' for bound in INTER_TOKEN_BOUNDS_MS),
+    *(f"{name}_count" for name, _ in GAP_HISTOGRAMS),
+    *(
+        f'{name}_bucket{{le="{bound / 1000:g}"}}'
+        for name, _ in GAP_HISTOGRAMS
+        for bound in INTER_TOKEN_BOUNDS_MS
+    ),
     *(f"flare_launches_{kind}_total" for kind in LAUNCH_KINDS),
     "flare_prefill_tokens_total",
     "flare_prefix_hit_tokens_total",
@@ -89,7 +97,7 @@ def difference(
 def per_request(delta: dict[str, Any], requests: int) -> dict[str, float]:
     """A measurement's counters per request: preparation and the model thread's time to
     first token in ms (means), launches by kind; and the share of the model thread's
-    inter-token gaps above each of ``INTER_TOKEN_BOUNDS_MS``."""
+    inter-token gaps, and of its HTTP tasks', above each of ``INTER_TOKEN_BOUNDS_MS``."""
     if requests <= 0:
         return {}
     out: dict[str, float] = {}
@@ -101,9 +109,10 @@ def per_request(delta: dict[str, Any], requests: int) -> dict[str, float]:
         name = f"flare_launches_{kind}_total"
         if name in delta:
             out[f"{kind}_launches"] = delta[name] / requests
-    gaps = delta.get(f"{INTER_TOKEN}_count")
-    for bound in INTER_TOKEN_BOUNDS_MS:
-        within = delta.get(f'{INTER_TOKEN}_bucket{{le="{bound / 1000:g}"}}')
-        if gaps and within is not None:
-            out[f"itl_over_{bound}ms"] = 1 - within / gaps
+    for name, key in GAP_HISTOGRAMS:
+        gaps = delta.get(f"{name}_count")
+        for bound in INTER_TOKEN_BOUNDS_MS:
+            within = delta.get(f'{name}_bucket{{le="{bound / 1000:g}"}}')
+            if gaps and within is not None:
+                out[f"{key}_over_{bound}ms"] = 1 - within / gaps
     return out

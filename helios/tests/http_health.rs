@@ -3,7 +3,7 @@
 mod http_support;
 
 use axum::http::StatusCode;
-use helios::scheduler::ShutdownMode;
+use helios::scheduler::{ShutdownMode, INTER_TOKEN_BUCKETS};
 use http_support::{body_json, chat_body, server, Options, MODEL};
 use serde_json::json;
 
@@ -117,6 +117,12 @@ async fn metrics_reports_latency_histograms() {
         1.0
     );
     assert_eq!(value("flare_inter_token_latency_seconds_count"), 3.0);
+    // The same three gaps as the request's HTTP task received the tokens.
+    assert!(text.contains("# TYPE flare_delivered_inter_token_seconds histogram"));
+    assert_eq!(value("flare_delivered_inter_token_seconds_count"), 3.0);
+    assert!(value("flare_delivered_inter_token_seconds_sum") > 0.0);
+    // Its finest bound as Rust prints it (the suite reads buckets by label).
+    assert!(value("flare_delivered_inter_token_seconds_bucket{le=\"0.00025\"}") <= 3.0);
     // No constrained request: no mask computed.
     assert_eq!(value("flare_grammar_mask_seconds_count"), 0.0);
     assert!(value("flare_time_to_first_token_seconds_sum") > 0.0);
@@ -126,7 +132,7 @@ async fn metrics_reports_latency_histograms() {
         .filter(|line| line.starts_with("flare_inter_token_latency_seconds_bucket"))
         .map(|line| line.rsplit(' ').next().unwrap().parse().unwrap())
         .collect();
-    assert_eq!(buckets.len(), 12);
+    assert_eq!(buckets.len(), INTER_TOKEN_BUCKETS.len() + 1);
     assert!(buckets.windows(2).all(|pair| pair[0] <= pair[1]));
     assert_eq!(*buckets.last().unwrap(), 3.0);
     // One prompt rendered and tokenized before submission.

@@ -214,6 +214,10 @@ impl Job {
 pub struct Generation {
     stream: RequestStream,
     delivery: Delivery,
+    /// The server's state, for the HTTP tasks' inter-token histogram.
+    state: AppState,
+    /// When the last output tokens reached this task.
+    last_tokens: Option<Instant>,
     /// Chunks made from one event and not yet taken.
     ready: VecDeque<Chunk>,
     /// The terminal chunk was taken: nothing follows.
@@ -237,7 +241,10 @@ impl Generation {
                 return None;
             }
             let chunks = match self.stream.next().await {
-                Ok(Some(Event::Tokens { tokens, .. })) => self.delivery.tokens(&tokens),
+                Ok(Some(Event::Tokens { tokens, .. })) => {
+                    self.received(tokens.len());
+                    self.delivery.tokens(&tokens)
+                }
                 Ok(Some(Event::Finished { reason, .. })) => self.delivery.finish(reason),
                 Ok(Some(Event::Failed(error))) => vec![Chunk::Failed(error.into())],
                 Ok(Some(Event::Admitted { .. } | Event::Preempted { .. })) => Vec::new(),
@@ -245,6 +252,20 @@ impl Generation {
             };
             self.ready.extend(chunks);
         }
+    }
+
+    /// Observes the gap since the last tokens reached this task (the first
+    /// tokens start the clock, as the model thread's histogram counts).
+    fn received(&mut self, tokens: usize) {
+        if tokens == 0 {
+            return;
+        }
+        let now = Instant::now();
+        if let Some(last) = self.last_tokens {
+            let gap = now.saturating_duration_since(last).as_secs_f64();
+            self.state.observe_delivery(gap, tokens);
+        }
+        self.last_tokens = Some(now);
     }
 }
 
@@ -267,6 +288,8 @@ pub async fn start(state: &AppState, job: Job) -> Result<Generation, HttpError> 
     Ok(Generation {
         stream,
         delivery,
+        state: state.clone(),
+        last_tokens: None,
         ready: VecDeque::new(),
         ended: false,
         prompt_tokens,

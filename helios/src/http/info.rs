@@ -87,6 +87,12 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     );
     write_histogram(
         &mut text,
+        "flare_delivered_inter_token_seconds",
+        "Time between successive output tokens of a request as its HTTP task receives them",
+        &state.delivery(),
+    );
+    write_histogram(
+        &mut text,
         "flare_grammar_mask_seconds",
         "Computing one constrained request's token mask for its next sample, on the model thread",
         &latency.grammar_mask,

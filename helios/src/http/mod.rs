@@ -52,7 +52,9 @@ pub use error::{AnthropicError, ErrorBody, ErrorCode, ErrorEnvelope, HttpError};
 pub use sampling::{Declared, Sampling, SamplingFields, SamplingPolicy};
 
 use crate::frontend::Frontend;
-use crate::scheduler::{Histogram, PrefixConfig, SchedulerHandle, PREPARATION_BUCKETS};
+use crate::scheduler::{
+    Histogram, PrefixConfig, SchedulerHandle, INTER_TOKEN_BUCKETS, PREPARATION_BUCKETS,
+};
 
 /// The header naming a generation request in responses and logs.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
@@ -105,6 +107,10 @@ struct Shared {
     config: ServeConfig,
     /// Seconds each prompt's frontend work took (`/metrics`).
     preparation: Mutex<Histogram>,
+    /// Seconds between successive output tokens of a request as its HTTP
+    /// task receives them (`/metrics`; the model thread's own are the
+    /// scheduler's inter-token histogram).
+    delivery: Mutex<Histogram>,
     /// Stored Responses API conversations (`previous_response_id`).
     responses: response_store::ResponseStore,
 }
@@ -125,6 +131,7 @@ impl AppState {
                 frontend,
                 config,
                 preparation: Mutex::new(Histogram::new(&PREPARATION_BUCKETS)),
+                delivery: Mutex::new(Histogram::new(&INTER_TOKEN_BUCKETS)),
                 responses: response_store::ResponseStore::new(),
             }),
         }
@@ -151,6 +158,22 @@ impl AppState {
     /// The histogram behind its lock (a panicked observer leaves it intact).
     fn preparation_histogram(&self) -> MutexGuard<'_, Histogram> {
         (self.shared.preparation.lock()).unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records `tokens` output tokens that reached a request's HTTP task
+    /// together, `seconds` after its tokens before them: they share the gap.
+    fn observe_delivery(&self, seconds: f64, tokens: usize) {
+        let mut delivery = (self.shared.delivery.lock()).unwrap_or_else(PoisonError::into_inner);
+        for _ in 0..tokens {
+            delivery.observe(seconds / tokens as f64);
+        }
+    }
+
+    /// The HTTP tasks' inter-token histogram so far.
+    fn delivery(&self) -> Histogram {
+        (self.shared.delivery.lock())
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     fn config(&self) -> &ServeConfig {
