@@ -271,8 +271,8 @@ def width_sweep(sms: int) -> list[dict[str, object]]:
     return out
 
 
-# The pipeline depths swept by ``--stages``: from serving's STAGES (4) to as many as
-# the shared memory holds (Triton keeps ``num_stages - 1`` tiles in flight).
+# The pipeline depths swept by ``--stages``: from one below serving's STAGES (4) to as
+# many as the shared memory holds (Triton keeps ``num_stages - 1`` tiles in flight).
 STAGE_SWEEP = range(3, 12)
 # The shared memory one program may take on SM90 (227 KiB).
 SHARED_BYTES = 227 << 10
@@ -311,9 +311,11 @@ def stage_sweep(sms: int) -> list[dict[str, object]]:
             served_ms = over(weights, lambda w, f=served, c=width, b=served_k: f(w, c, b))
             if rows == 1:
                 cases = [(b, s) for b in steps for s in STAGE_SWEEP if fits(b, s)]
-            else:
+            elif timed[1]["cases"]:
                 best = min(timed[1]["cases"], key=lambda c: c["ms"])  # type: ignore[arg-type]
                 cases = [(int(best["block_k"]), int(best["stages"]))]
+            else:
+                cases = []  # nothing at one row fitted: the served launch alone
             results = []
             for block_k, stages in cases:
                 try:

@@ -53,7 +53,7 @@ from bench.suite.report import (
     roofline_step_s,
     summary_table,
 )
-from bench.suite.server_metrics import difference, metrics_path, per_request
+from bench.suite.server_metrics import bound_label, difference, metrics_path, per_request
 from bench.suite.server_metrics import parse as parse_metrics
 from bench.suite.workloads import (
     SDK_CLIENT,
@@ -651,6 +651,20 @@ def test_the_replay_floor_answers_suite_requests(tmp_path: Path) -> None:
         assert len(sample.gaps_s) == (sample.output_tokens or 0) - 1
     assert samples[2].error is not None
     assert samples[2].error["code"] == "context_length_exceeded"
+    # A tool chat: the tools declared as the server declares them for a template that
+    # shows none (the tiny checkpoint's ChatML), so the floor prefills its prompt.
+    from bench.suite.instructed import ChatRenderer, chat_prompt_ids
+
+    (chat,) = tool_requests(seed=0, count=1, max_tokens=4)
+    assert chat.messages is not None
+    renderer = ChatRenderer(prepared.tokenizer)
+    assert "<tools>" in renderer.text(chat.messages, chat.tools)
+    ids = floor.prompt_ids(chat)
+    assert ids == chat_prompt_ids(renderer, chat.messages, chat.tools)
+    bare = prepared.tokenizer.apply_chat_template(
+        chat.messages, add_generation_prompt=True, tokenize=False
+    )
+    assert len(ids) > len(prepared.tokenizer.encode(str(bare), add_special_tokens=False))
 
 
 def test_the_replay_floor_prepares_with_every_option_the_suite_parses(
@@ -1015,5 +1029,13 @@ def test_server_inter_token_shares_over_each_bound() -> None:
     assert per["itl_over_2ms"] == pytest.approx(0.02)
     assert per["delivered_itl_over_1ms"] == pytest.approx(0.20)
     assert per["delivered_itl_over_2ms"] == pytest.approx(0.04)
+    # Labels as Rust prints a bound: its shortest digits, never an exponent.
+    assert [bound_label(x) for x in (0.001, 0.00025, 5e-05, 2.5, 1.0)] == [
+        "0.001",
+        "0.00025",
+        "0.00005",
+        "2.5",
+        "1",
+    ]
     # A server without the histogram gives no share.
     assert "itl_over_1ms" not in per_request({"flare_launches_prefill_total": 1.0}, 1)

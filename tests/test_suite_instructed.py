@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.suite.instructed import ChatRenderer, instructed_messages
-from bench.suite.replay_floor import chat_prompt_ids
+from bench.suite.instructed import ChatRenderer, LazyRenderer, chat_prompt_ids, instructed_messages
 from bench.suite.workloads import tool_requests
 from ignition.loading.synthetic_tokenizers import char_level_tokenizer
 
@@ -36,9 +35,10 @@ def test_the_floor_prefills_the_declared_tools() -> None:
     renderer = ChatRenderer(tokenizer)
     assert renderer.markers == ("<tool_call>", "</tool_call>")
     request = tool_requests(seed=0, count=1, max_tokens=8)[0]
-    ids = chat_prompt_ids(renderer, request)
-    text = tokenizer.decode(ids)
     assert request.tools is not None and request.messages is not None
+    ids = chat_prompt_ids(renderer, request.messages, request.tools)
+    assert LazyRenderer(tokenizer).ids(request.messages, request.tools) == ids
+    text = tokenizer.decode(ids)
     for tool in request.tools:
         assert json.dumps(tool, ensure_ascii=False) in text
     call = request.messages[2]["tool_calls"][0]["function"]

@@ -493,6 +493,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         results["versions"]["server_models"] = models
         results["context_limit"] = args.context_limit or advertised_context(models)
         engine = HttpEngine(endpoint, processes=not args.client_threads)
+        # What concurrent suite-client streams run in (a measurement at concurrency 1
+        # or with SDK requests runs in threads either way: ``HttpEngine``).
         results["client_workers"] = "threads" if args.client_threads else "processes"
         encode = load_encode(args.tokenizer) if args.tokenizer else None
     elif args.generate is not None:

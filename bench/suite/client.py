@@ -320,7 +320,8 @@ class HttpEngine:
     system's monotonic clock, shared by the processes): threads of one interpreter
     take turns parsing their SSE lines under its lock, which delays a chunk's reading
     behind the others' and shows as inter-token latency the server never caused.
-    Without, threads (as before 2026-12-05).
+    Without, threads (as before 2026-12-05). A measurement at concurrency 1, or with
+    any request through the SDK, runs in threads either way.
 
     A request whose ``meta["client"]`` names the openai SDK goes through one SDK
     client, made at its first such request (so runs without them need no SDK) and

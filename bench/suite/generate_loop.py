@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from bench.suite.client import Sample
+from bench.suite.instructed import LazyRenderer
 from bench.suite.workloads import BenchRequest
 
 # The shortest static cache: a few compiled lengths serve every request.
@@ -71,6 +72,7 @@ class GenerateLoopEngine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.chats = LazyRenderer(self.tokenizer)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
         self.model.eval()
         if self.compiles:
@@ -108,10 +110,9 @@ class GenerateLoopEngine:
             if isinstance(prompt, list):
                 return list(prompt)
             return list(self.tokenizer.encode(str(prompt)))
-        text = self.tokenizer.apply_chat_template(
-            request.messages, tools=request.tools, add_generation_prompt=True, tokenize=False
-        )
-        return list(self.tokenizer.encode(str(text), add_special_tokens=False))
+        # The server's prompt (tools declared where the template shows none), so that
+        # both engines prefill the same tokens.
+        return self.chats.ids(request.messages, request.tools)
 
     def run(self, requests: Sequence[BenchRequest], concurrency: int) -> list[Sample]:
         if concurrency < 1:

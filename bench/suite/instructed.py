@@ -10,7 +10,11 @@ and the tools are declared in the system message. The Python replay floor must p
 the same tokens as the server, so it rewrites the messages the same way here;
 ``helios/tests/fixtures/chat/instructed.json`` holds both to the same output
 (``helios/tests/frontend_instructed.rs`` and ``tests/test_suite_instructed.py``).
-``tool_choice=required``'s added demand is not mirrored: the suite never sends it.
+
+Not mirrored, because the suite never sends them: what the server does to a request
+before this rewrite (``developer`` messages as ``system``, content-part lists joined
+into text, ``tool_choice`` ``none`` or a named tool narrowing the tools shown) and
+``tool_choice=required``'s added demand for a call.
 """
 
 from __future__ import annotations
@@ -25,11 +29,40 @@ from ignition.export import flare_core_pb2 as pb
 from ignition.export.output_protocol import derive_output_protocol
 
 Message = dict[str, Any]
+# The integers serde_json keeps as integers; past them it reads a float.
+_I64_MIN, _U64_MAX = -(2**63), 2**64 - 1
 
 
 def python_json(value: Any) -> str:
     """``json.dumps`` as Transformers' ``tojson`` writes it (Helios's ``python_json``)."""
     return json.dumps(value, ensure_ascii=False)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _serde_int(text: str) -> int | float:
+    value = int(text)
+    return value if _I64_MIN <= value <= _U64_MAX else float(text)
+
+
+def serde_loads(text: str) -> Any:
+    """``text`` parsed as ``serde_json::from_str`` parses it: no ``NaN`` or
+    ``Infinity``, integers past 64 bits as floats, a float past the range refused;
+    ``ValueError`` where serde_json fails."""
+    value = json.loads(text, parse_constant=_refuse_constant, parse_int=_serde_int)
+
+    def finite(item: Any) -> None:
+        if isinstance(item, float) and item in (float("inf"), float("-inf")):
+            raise ValueError("a number out of range")
+        for child in (
+            item.values() if isinstance(item, dict) else (item if isinstance(item, list) else ())
+        ):
+            finite(child)
+
+    finite(value)
+    return value
 
 
 def instructed_messages(
@@ -40,7 +73,7 @@ def instructed_messages(
 ) -> list[Message]:
     """``messages`` with every call and result written out in the instructed syntax,
     and ``tools`` (when there are any) declared in the system message."""
-    out = [_written_out(dict(message), call_start, call_end) for message in messages]
+    out = [_written_out(message, call_start, call_end) for message in messages]
     if not tools:
         return out
     declarations = "\n".join(python_json(tool) for tool in tools)
@@ -55,7 +88,10 @@ def instructed_messages(
     return _appended_to_system(out, instruction)
 
 
-def _written_out(message: Message, call_start: str, call_end: str) -> Message:
+def _written_out(message: Any, call_start: str, call_end: str) -> Any:
+    if not isinstance(message, dict):
+        return message  # passed through, as Helios passes a non-object
+    message = dict(message)
     role = message.get("role")
     if role == "assistant":
         calls = message.pop("tool_calls", None)
@@ -64,12 +100,14 @@ def _written_out(message: Message, call_start: str, call_end: str) -> Message:
         content = message.pop("content", None)
         text = content if isinstance(content, str) else ""
         for call in calls:
-            function = call.get("function", call)
+            function = call.get("function", call) if isinstance(call, dict) else call
+            if not isinstance(function, dict):
+                function = {}  # Helios reads neither name nor arguments from it
             arguments = function.get("arguments", {})
             if isinstance(arguments, str):
                 try:
-                    arguments = json.loads(arguments)
-                except json.JSONDecodeError:
+                    arguments = serde_loads(arguments)
+                except (ValueError, RecursionError):
                     pass  # kept as the string it is
             if text:
                 text += "\n"
@@ -85,12 +123,34 @@ def _written_out(message: Message, call_start: str, call_end: str) -> Message:
     return message
 
 
-def _appended_to_system(messages: list[Message], text: str) -> list[Message]:
-    if messages and messages[0].get("role") == "system":
+def _appended_to_system(messages: list[Any], text: str) -> list[Any]:
+    first = messages[0] if messages else None
+    if isinstance(first, dict) and first.get("role") == "system":
         existing = messages[0].get("content")
         content = f"{existing}\n\n{text}" if isinstance(existing, str) and existing else text
         return [{**messages[0], "content": content}, *messages[1:]]
     return [{"role": "system", "content": text}, *messages]
+
+
+def chat_prompt_ids(
+    renderer: ChatRenderer, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None
+) -> list[int]:
+    """A chat's prompt tokens as Helios renders and encodes them."""
+    return list(renderer.tokenizer.encode(renderer.text(messages, tools), add_special_tokens=False))
+
+
+class LazyRenderer:
+    """A ``ChatRenderer`` made at the first chat: an engine that never renders one
+    (``long``, ``decode``) never needs the template's tool format to be derivable."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+        self._renderer: ChatRenderer | None = None
+
+    def ids(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None) -> list[int]:
+        if self._renderer is None:
+            self._renderer = ChatRenderer(self.tokenizer)
+        return chat_prompt_ids(self._renderer, messages, tools)
 
 
 class ChatRenderer:

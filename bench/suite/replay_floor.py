@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from bench.suite.client import Sample
-from bench.suite.instructed import ChatRenderer
+from bench.suite.instructed import LazyRenderer
 from bench.suite.workloads import BenchRequest
 from ignition.preparation.compile_flags import (
     DEFAULT_DECODE_FUSION,
@@ -74,20 +74,13 @@ def prepare_floor(
     return prepare(model, options)
 
 
-def chat_prompt_ids(renderer: ChatRenderer, request: BenchRequest) -> list[int]:
-    """A chat request's prompt tokens as Helios renders and encodes them."""
-    assert request.messages is not None
-    text = renderer.text(request.messages, request.tools)
-    return list(renderer.tokenizer.encode(text, add_special_tokens=False))
-
-
 class ReplayFloorEngine:
     """A prepared model answered by the replay harness."""
 
     def __init__(self, prepared: PreparedModel) -> None:
         self.prepared = prepared
         self.harness = Harness(prepared)
-        self.renderer = ChatRenderer(prepared.tokenizer)
+        self.chats = LazyRenderer(prepared.tokenizer)
         self.epoch = time.perf_counter()
 
     @property
@@ -104,7 +97,7 @@ class ReplayFloorEngine:
         if request.messages is None:
             prompt = request.prompt
             return list(prompt) if isinstance(prompt, list) else self.encode(str(prompt))
-        return chat_prompt_ids(self.renderer, request)
+        return self.chats.ids(request.messages, request.tools)
 
     def run(self, requests: Sequence[BenchRequest], concurrency: int) -> list[Sample]:
         if concurrency < 1:

@@ -11,6 +11,7 @@ hand-offs. Servers without these counters give none.
 from __future__ import annotations
 
 import http.client
+from decimal import Decimal
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -27,6 +28,15 @@ GAP_HISTOGRAMS = ((INTER_TOKEN, "itl"), (DELIVERED, "delivered_itl"))
 # as Helios's INTER_TOKEN_BUCKETS spells them in seconds): the server's own tail,
 # beside the client's gaps, which include the client's threads.
 INTER_TOKEN_BOUNDS_MS = (1, 2)
+
+
+def bound_label(seconds: float) -> str:
+    """A bucket's ``le`` as Helios writes it: Rust's shortest digits, never an
+    exponent, no trailing zeros (``5e-05`` is ``0.00005``, ``1.0`` is ``1``)."""
+    text = format(Decimal(repr(seconds)), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
 LAUNCH_KINDS = ("admit", "prefill", "decode", "resume", "snapshot", "restore")
 COUNTERS = (
     f"{PREPARATION}_sum",
@@ -35,7 +45,7 @@ COUNTERS = (
     f"{FIRST_TOKEN}_count",
     *(f"{name}_count" for name, _ in GAP_HISTOGRAMS),
     *(
-        f'{name}_bucket{{le="{bound / 1000:g}"}}'
+        f'{name}_bucket{{le="{bound_label(bound / 1000)}"}}'
         for name, _ in GAP_HISTOGRAMS
         for bound in INTER_TOKEN_BOUNDS_MS
     ),
@@ -112,7 +122,7 @@ def per_request(delta: dict[str, Any], requests: int) -> dict[str, float]:
     for name, key in GAP_HISTOGRAMS:
         gaps = delta.get(f"{name}_count")
         for bound in INTER_TOKEN_BOUNDS_MS:
-            within = delta.get(f'{name}_bucket{{le="{bound / 1000:g}"}}')
+            within = delta.get(f'{name}_bucket{{le="{bound_label(bound / 1000)}"}}')
             if gaps and within is not None:
                 out[f"{key}_over_{bound}ms"] = 1 - within / gaps
     return out

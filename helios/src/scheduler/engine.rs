@@ -243,6 +243,10 @@ impl<E: Executor> Scheduler<E> {
 
     /// Runs one iteration (see the module documentation).
     ///
+    /// The caller takes the events ([`Self::drain_events`]) after each
+    /// iteration: one that starts with events not taken never waits for a
+    /// completion, so stepping without draining polls the executor.
+    ///
     /// An executor failure fails every request, and this and every later
     /// call return [`SchedulerError::Execution`].
     pub fn step(&mut self) -> Result<StepReport, SchedulerError> {
