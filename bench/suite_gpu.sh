@@ -3,7 +3,13 @@
 # stages of one model share WORK, so later stages must follow while the machine is
 # still up). Every stage writes its raw results and logs under OUT.
 #
-#   bench/suite_gpu.sh smollm2-prepare   OUT GGUF    GGUF -> bf16 checkpoint, Flare core
+#   bench/suite_gpu.sh smollm2-prepare   OUT GGUF|DIR GGUF -> bf16 checkpoint, Flare core (DIR:
+#                                                    a checkpoint or geometry directory used
+#                                                    as it is, e.g. `python -m
+#                                                    ignition.loading.random_weights --geometry
+#                                                    smollm2-135m --tokenizer default`: the
+#                                                    GGUF's tokenizer and template, random
+#                                                    weights, 3.4 MB to carry)
 #   bench/suite_gpu.sh smollm2-flare     OUT FLARE   flare run (cache on, off, without message
 #                                                    checkpoints), decode bench
 #   bench/suite_gpu.sh smollm2-baselines OUT [ENGINE] transformers serve (continuous batching:
@@ -224,10 +230,14 @@ as_prepared() {
 
 case $stage in
   smollm2-prepare)
-    gguf=${1:?$usage}
+    source=${1:?$usage}
     environment
-    python3 -m bench.suite.convert_gguf "$gguf" --out "$smol" > "$out/convert.log" 2>&1 \
-      || { tail -30 "$out/convert.log"; exit 1; }
+    if [ -d "$source" ]; then
+      rm -rf "$smol" && cp -r "$source" "$smol" || exit 1
+    else
+      python3 -m bench.suite.convert_gguf "$source" --out "$smol" > "$out/convert.log" 2>&1 \
+        || { tail -30 "$out/convert.log"; exit 1; }
+    fi
     prepare_core "$smol" "$smol_core" --context-limit 8192
     ;;
   smollm2-flare)

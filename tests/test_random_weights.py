@@ -7,19 +7,23 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig
+from transformers import AutoTokenizer, LlamaConfig
 
 from bench.suite.report import GEOMETRIES as ROOFLINE_GEOMETRIES
 from bench.suite.report import Geometry
 from ignition.components.kv_cache import PagedKvCache
+from ignition.loading.default_model import default_model_path
 from ignition.loading.mapping import check_coverage
 from ignition.loading.open import open_checkpoint
 from ignition.loading.random_weights import (
     GEOMETRIES,
+    MARKER,
     RandomWeightsCheckpoint,
+    load_tokenizer,
     write_random_checkpoint,
 )
 from ignition.loading.source import CheckpointError
+from ignition.loading.synthetic_tokenizers import char_level_tokenizer
 from ignition.preparation.prepared import PrepareOptions, prepare
 from ignition.replay.harness import Harness, Request, SamplingParams
 from recipes import llama
@@ -154,3 +158,25 @@ def test_the_tokenizer_keeps_prompts_apart_and_decodes_every_id(tmp_path: Path) 
     chat = [{"role": "user", "content": "Entry 7: at 12:30"}]
     text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     assert tokenizer.decode(encode(text)) == text
+
+
+def test_a_real_tokenizer_and_its_template_replace_the_character_one(tmp_path: Path) -> None:
+    """``--tokenizer default``: SmolLM2's geometry with the embedded GGUF's own tokenizer
+    and chat template, as the serving measurements use it in place of the GGUF."""
+    gguf = default_model_path()
+    real = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    out = write_random_checkpoint(
+        tmp_path / "smol", "smollm2-135m", tokenizer=load_tokenizer("default")
+    )
+    written = AutoTokenizer.from_pretrained(str(out))
+    assert written.chat_template == real.chat_template
+    chat = [{"role": "user", "content": "What is the weather in Paris?"}]
+    assert written.apply_chat_template(chat, tokenize=True) == real.apply_chat_template(
+        chat, tokenize=True
+    )
+    assert (out / MARKER).is_file()
+    # A tokenizer with more ids than the geometry's vocabulary is refused.
+    with pytest.raises(CheckpointError, match="vocabulary"):
+        write_random_checkpoint(
+            tmp_path / "small", "smollm2-135m", tokenizer=char_level_tokenizer(60000)
+        )
