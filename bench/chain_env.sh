@@ -5,7 +5,7 @@
 #   . bench/chain_env.sh [WHEELS_DIR]
 #
 # - installs the wheels of WHEELS_DIR (default .carry/wheels; none there: nothing) into
-#   SITE (default /tmp/site), once per machine;
+#   SITE (default /tmp/site), every time (a later call may carry a rebuilt wheel);
 # - exports PYTHONPATH (SITE), PATH (SITE/bin first), WORK (default /tmp/w23) and the
 #   compile caches (TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR), unbuffered Python;
 # - writes the GPU (nvidia-smi) to DETACHED_OUT/machine.txt;
@@ -18,11 +18,10 @@ export SITE=${SITE:-/tmp/site}
 shopt -s nullglob
 chain_wheel_files=("$chain_wheels"/*.whl)
 shopt -u nullglob
-if [ ${#chain_wheel_files[@]} -gt 0 ] && [ ! -e "$SITE/.installed" ]; then
+if [ ${#chain_wheel_files[@]} -gt 0 ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$SITE" "${chain_wheel_files[@]}" > "$DETACHED_OUT/install.log" 2>&1 \
     || { echo "chain_env: installing $chain_wheels failed (install.log)" >&2; return 1; }
-  touch "$SITE/.installed"
 fi
 export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} PATH=$SITE/bin:$PATH
 export WORK=${WORK:-/tmp/w23} PYTHONUNBUFFERED=1
