@@ -43,3 +43,19 @@ def test_sourcing_outside_a_detached_chain_is_refused(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode != 0
     assert "bench/detached.sh" in done.stderr
+
+
+def test_a_wheel_that_does_not_install_stops_the_chain(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "broken-0.1-py3-none-any.whl").write_bytes(b"not a zip archive")
+    env = {"PATH": "/usr/bin:/bin", "DETACHED_OUT": str(out), "SITE": str(tmp_path / "site"),
+           "WORK": str(tmp_path / "work")}  # fmt: skip
+    done = subprocess.run(
+        ["bash", "-c", f". bench/chain_env.sh {wheels} || exit 9\necho ran on"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 9 and "ran on" not in done.stdout
+    assert "installing" in done.stderr and (out / "install.log").exists()
