@@ -653,14 +653,14 @@ def test_the_replay_floor_answers_suite_requests(tmp_path: Path) -> None:
     assert samples[2].error["code"] == "context_length_exceeded"
     # A tool chat: the tools declared as the server declares them for a template that
     # shows none (the tiny checkpoint's ChatML), so the floor prefills its prompt.
-    from bench.suite.instructed import ChatRenderer, chat_prompt_ids
+    from bench.suite.instructed import ChatRenderer
 
     (chat,) = tool_requests(seed=0, count=1, max_tokens=4)
     assert chat.messages is not None
     renderer = ChatRenderer(prepared.tokenizer)
     assert "<tools>" in renderer.text(chat.messages, chat.tools)
     ids = floor.prompt_ids(chat)
-    assert ids == chat_prompt_ids(renderer, chat.messages, chat.tools)
+    assert ids == renderer.ids(chat.messages, chat.tools)
     bare = prepared.tokenizer.apply_chat_template(
         chat.messages, add_generation_prompt=True, tokenize=False
     )

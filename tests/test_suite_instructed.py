@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.suite.instructed import ChatRenderer, LazyRenderer, chat_prompt_ids, instructed_messages
+from bench.suite.instructed import ChatRenderer, instructed_messages
 from bench.suite.workloads import tool_requests
 from ignition.loading.synthetic_tokenizers import char_level_tokenizer
 
@@ -36,8 +36,8 @@ def test_the_floor_prefills_the_declared_tools() -> None:
     assert renderer.markers == ("<tool_call>", "</tool_call>")
     request = tool_requests(seed=0, count=1, max_tokens=8)[0]
     assert request.tools is not None and request.messages is not None
-    ids = chat_prompt_ids(renderer, request.messages, request.tools)
-    assert LazyRenderer(tokenizer).ids(request.messages, request.tools) == ids
+    ids = renderer.ids(request.messages, request.tools)
+    assert ChatRenderer(tokenizer).ids(request.messages, request.tools) == ids
     text = tokenizer.decode(ids)
     for tool in request.tools:
         assert json.dumps(tool, ensure_ascii=False) in text

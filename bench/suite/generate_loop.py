@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from bench.suite.client import Sample
-from bench.suite.instructed import LazyRenderer
+from bench.suite.instructed import ChatRenderer
 from bench.suite.workloads import BenchRequest
 
 # The shortest static cache: a few compiled lengths serve every request.
@@ -72,7 +72,7 @@ class GenerateLoopEngine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.chats = LazyRenderer(self.tokenizer)
+        self.chats = ChatRenderer(self.tokenizer)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
         self.model.eval()
         if self.compiles:

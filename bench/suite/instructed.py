@@ -19,6 +19,7 @@ into text, ``tool_choice`` ``none`` or a named tool narrowing the tools shown) a
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -132,38 +133,25 @@ def _appended_to_system(messages: list[Any], text: str) -> list[Any]:
     return [{"role": "system", "content": text}, *messages]
 
 
-def chat_prompt_ids(
-    renderer: ChatRenderer, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None
-) -> list[int]:
-    """A chat's prompt tokens as Helios renders and encodes them."""
-    return list(renderer.tokenizer.encode(renderer.text(messages, tools), add_special_tokens=False))
-
-
-class LazyRenderer:
-    """A ``ChatRenderer`` made at the first chat: an engine that never renders one
-    (``long``, ``decode``) never needs the template's tool format to be derivable."""
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
-        self.tokenizer = tokenizer
-        self._renderer: ChatRenderer | None = None
-
-    def ids(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None) -> list[int]:
-        if self._renderer is None:
-            self._renderer = ChatRenderer(self.tokenizer)
-        return chat_prompt_ids(self._renderer, messages, tools)
-
-
 class ChatRenderer:
     """A tokenizer's chat prompts as Helios renders them: through the instructed
-    rewrite when the template's tool parser is ``JSON_INSTRUCTED``."""
+    rewrite when the template's tool parser is ``JSON_INSTRUCTED``. The parser is
+    derived at the first chat, so an engine that renders none (``long``, ``decode``)
+    never needs the template's tool format to be derivable."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
-        protocol = derive_output_protocol(tokenizer) if tokenizer.chat_template else None
-        self.markers: tuple[str, str] | None = None
-        if protocol is not None and protocol.tool_parser == pb.TOOL_PARSER_JSON_INSTRUCTED:
-            assert protocol.call_start is not None and protocol.call_end is not None
-            self.markers = (protocol.call_start.text, protocol.call_end.text)
+
+    @functools.cached_property
+    def markers(self) -> tuple[str, str] | None:
+        """The call markers when the server declares the tools itself, else None."""
+        if not self.tokenizer.chat_template:
+            return None
+        protocol = derive_output_protocol(self.tokenizer)
+        if protocol.tool_parser != pb.TOOL_PARSER_JSON_INSTRUCTED:
+            return None
+        assert protocol.call_start is not None and protocol.call_end is not None
+        return protocol.call_start.text, protocol.call_end.text
 
     def text(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None) -> str:
         """The prompt with the generation header, as the server renders it."""
@@ -173,3 +161,7 @@ class ChatRenderer:
             list(messages), tools=tools, add_generation_prompt=True, tokenize=False
         )
         return str(rendered)
+
+    def ids(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None) -> list[int]:
+        """The prompt's tokens as Helios encodes them."""
+        return list(self.tokenizer.encode(self.text(messages, tools), add_special_tokens=False))

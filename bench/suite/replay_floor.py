@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from bench.suite.client import Sample
-from bench.suite.instructed import LazyRenderer
+from bench.suite.instructed import ChatRenderer
 from bench.suite.workloads import BenchRequest
 from ignition.preparation.compile_flags import (
     DEFAULT_DECODE_FUSION,
@@ -80,7 +80,7 @@ class ReplayFloorEngine:
     def __init__(self, prepared: PreparedModel) -> None:
         self.prepared = prepared
         self.harness = Harness(prepared)
-        self.chats = LazyRenderer(prepared.tokenizer)
+        self.chats = ChatRenderer(prepared.tokenizer)
         self.epoch = time.perf_counter()
 
     @property
