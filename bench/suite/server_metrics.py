@@ -37,6 +37,11 @@ def bound_label(seconds: float) -> str:
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
+def bucket(histogram: str, bound_ms: int) -> str:
+    """The sample of ``histogram``'s cumulative bucket at ``bound_ms`` milliseconds."""
+    return f'{histogram}_bucket{{le="{bound_label(bound_ms / 1000)}"}}'
+
+
 LAUNCH_KINDS = ("admit", "prefill", "decode", "resume", "snapshot", "restore")
 COUNTERS = (
     f"{PREPARATION}_sum",
@@ -44,11 +49,7 @@ COUNTERS = (
     f"{FIRST_TOKEN}_sum",
     f"{FIRST_TOKEN}_count",
     *(f"{name}_count" for name, _ in GAP_HISTOGRAMS),
-    *(
-        f'{name}_bucket{{le="{bound_label(bound / 1000)}"}}'
-        for name, _ in GAP_HISTOGRAMS
-        for bound in INTER_TOKEN_BOUNDS_MS
-    ),
+    *(bucket(name, bound) for name, _ in GAP_HISTOGRAMS for bound in INTER_TOKEN_BOUNDS_MS),
     *(f"flare_launches_{kind}_total" for kind in LAUNCH_KINDS),
     "flare_prefill_tokens_total",
     "flare_prefix_hit_tokens_total",
@@ -122,7 +123,7 @@ def per_request(delta: dict[str, Any], requests: int) -> dict[str, float]:
     for name, key in GAP_HISTOGRAMS:
         gaps = delta.get(f"{name}_count")
         for bound in INTER_TOKEN_BOUNDS_MS:
-            within = delta.get(f'{name}_bucket{{le="{bound_label(bound / 1000)}"}}')
+            within = delta.get(bucket(name, bound))
             if gaps and within is not None:
                 out[f"{key}_over_{bound}ms"] = 1 - within / gaps
     return out
