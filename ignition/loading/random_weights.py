@@ -309,10 +309,11 @@ def materialize(geometry_dir: Path, out: Path, shard_bytes: int = 4 << 30) -> Pa
 def load_tokenizer(source: str) -> PreTrainedTokenizerBase:
     """A checkpoint's tokenizer: a Transformers directory, a ``.gguf`` file (as
     Transformers converts it), or ``default``, the embedded model's GGUF."""
+    from ignition.loading.open import open_checkpoint  # it opens this module's kind too
+
     path = default_model_path() if source == "default" else Path(source)
-    if path.suffix == ".gguf":
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return AutoTokenizer.from_pretrained(str(path))
+    directory, kwargs = open_checkpoint(path).tokenizer_source()
+    return AutoTokenizer.from_pretrained(directory, **kwargs)
 
 
 def main() -> None:
