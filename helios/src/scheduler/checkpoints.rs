@@ -418,15 +418,18 @@ impl<E: Executor> Scheduler<E> {
     /// back to it and a snapshot (extension only), then the admit back to
     /// `end`; an endpoint at `end` itself is captured exactly. An endpoint
     /// already cached is skipped; when no row can be had, the rest of the
-    /// chunk's endpoints are. Returns the launches submitted.
+    /// chunk's endpoints are. Returns the launches submitted and whether
+    /// the slot was admitted again (what it sampled is gone).
     pub(super) fn capture_folds(
         &mut self,
         id: RequestId,
         end: u32,
-    ) -> Result<usize, ExecutionError> {
+    ) -> Result<(usize, bool), ExecutionError> {
         let mut submitted = 0;
         // Whether the slot's consumed count was set back from `end`.
         let mut moved = false;
+        // Whether it was admitted again at all.
+        let mut readmitted = false;
         let folds = self.folds_in(id, 0, end);
         let prefix = &mut self.placement_mut(id).expect("placed").prefix;
         prefix.folds.drain(..folds.len());
@@ -445,13 +448,13 @@ impl<E: Executor> Scheduler<E> {
                 };
                 submitted += self.admit_back(id, endpoint)?;
                 submitted += self.submit_snapshot(id, grant, endpoint, true)?;
-                moved = true;
+                (moved, readmitted) = (true, true);
             }
         }
         if moved {
             submitted += self.admit_back(id, end)?;
         }
-        Ok(submitted)
+        Ok((submitted, readmitted))
     }
 
     /// Admits `id` again with `consumed` tokens in its slot (a capture

@@ -9,6 +9,16 @@ use super::ids::RequestId;
 use super::request::{len32, Exit, Placed};
 use super::validate::{check_records, Expectation, Outcome, Verdict};
 
+/// What a wait for completions did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Waited {
+    /// Completions retrieved and applied.
+    pub(super) collected: usize,
+    /// Whether the wait reached its goal; false when it stopped because an
+    /// event waits to be handed out (the caller returns it first).
+    pub(super) done: bool,
+}
+
 impl<E: Executor> Scheduler<E> {
     /// Applies every completion that is already available.
     pub(super) fn collect_ready(&mut self) -> Result<usize, ExecutionError> {
@@ -19,13 +29,10 @@ impl<E: Executor> Scheduler<E> {
         Ok(collected)
     }
 
-    /// Waits for and applies every launch in flight.
-    pub(super) fn drain(&mut self) -> Result<usize, ExecutionError> {
-        let mut collected = 0;
-        while self.collect_next(true)? {
-            collected += 1;
-        }
-        Ok(collected)
+    /// Waits for and applies every launch in flight, unless an event waits
+    /// to be handed out first (see [`Waited`]).
+    pub(super) fn drain(&mut self) -> Result<Waited, ExecutionError> {
+        self.wait_until(0)
     }
 
     /// Waits until fewer than `decode_depth` launches are in flight, so a
@@ -34,8 +41,9 @@ impl<E: Executor> Scheduler<E> {
     /// its own ring slot).
     ///
     /// While a constrained request decodes, the depth is one: its next mask
-    /// needs the token its last launch samples.
-    pub(super) fn wait_for_room(&mut self) -> Result<usize, ExecutionError> {
+    /// needs the token its last launch samples. Stops early, like
+    /// [`Self::drain`], when an event waits to be handed out.
+    pub(super) fn wait_for_room(&mut self) -> Result<Waited, ExecutionError> {
         let constrained = (self.placed.values()).any(|placed| {
             placed.request.spec.grammar.is_some() && placed.placement.exit().is_none()
         });
@@ -44,12 +52,28 @@ impl<E: Executor> Scheduler<E> {
         } else {
             self.config.decode_depth
         };
+        self.wait_until(depth.saturating_sub(1))
+    }
+
+    /// Waits until at most `in_flight` launches are, applying each
+    /// completion; stops early, before waiting, once an event waits to be
+    /// handed out.
+    fn wait_until(&mut self, in_flight: usize) -> Result<Waited, ExecutionError> {
         let mut collected = 0;
-        while self.window.len() >= depth {
+        while self.window.len() > in_flight {
+            if !self.events.is_empty() {
+                return Ok(Waited {
+                    collected,
+                    done: false,
+                });
+            }
             self.collect_next(true)?;
             collected += 1;
         }
-        Ok(collected)
+        Ok(Waited {
+            collected,
+            done: true,
+        })
     }
 
     /// Retrieves the oldest launch's completion (waiting for it when
@@ -79,11 +103,12 @@ impl<E: Executor> Scheduler<E> {
     }
 
     fn expectation(&self, id: RequestId) -> Option<Expectation> {
-        let placement = &self.placed.get(&id)?.placement;
+        let Placed { request, placement } = self.placed.get(&id)?;
         Some(Expectation {
             slot: placement.lease.slot(),
             confirmed: placement.confirmed,
             budget: placement.budget,
+            last_token: request.output.last().copied(),
             ignored: matches!(placement.exit(), Some(Exit::Cancelled | Exit::Failed)),
         })
     }
@@ -99,7 +124,10 @@ impl<E: Executor> Scheduler<E> {
             Ok(outcomes) => {
                 for (row, outcome) in launch.rows.iter().zip(outcomes) {
                     let id = match *row {
-                        Row::Chunk { id, .. } | Row::Decode { id } | Row::Resume { id } => id,
+                        Row::Chunk { id, .. }
+                        | Row::Decode { id }
+                        | Row::Resume { id }
+                        | Row::Resample { id } => id,
                         Row::Padding => continue,
                     };
                     match outcome {
@@ -118,7 +146,7 @@ impl<E: Executor> Scheduler<E> {
 
     fn apply_outcome(&mut self, id: RequestId, outcome: Outcome) {
         match outcome {
-            Outcome::Ignored | Outcome::Inactive => {}
+            Outcome::Ignored | Outcome::Inactive | Outcome::Resampled => {}
             Outcome::Prefilled { consumed } => {
                 self.placement_mut(id).expect("placed").confirmed.consumed = consumed;
             }

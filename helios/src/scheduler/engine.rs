@@ -5,7 +5,8 @@
 //! 1. retrieves completions that are ready, then waits if it must: an
 //!    iteration that will prefill drains every launch first (prefill, admit
 //!    and resume are not pipelined), otherwise it waits until fewer than
-//!    `decode_depth` launches are in flight;
+//!    `decode_depth` launches are in flight; a wait that retrieves an event
+//!    ends the iteration there, so the event is handed out at once;
 //! 2. at this submission boundary applies cancellations, retires slots and
 //!    pages no launch in flight references, and admits queued requests;
 //! 3. submits at most one prefill chunk (preceded by its request's admit
@@ -97,8 +98,14 @@ pub(super) enum Row {
     },
     /// A decode row.
     Decode { id: RequestId },
-    /// A resume after a whole-history restore: it samples without consuming.
+    /// A resume after a whole-history restore, or after a chunk ending the
+    /// prompt with captures inside it: it samples without consuming.
     Resume { id: RequestId },
+    /// A resume that samples the token its request's last resume sampled
+    /// again: the captures inside a chunk admitted the slot back after the
+    /// first one, and the decode that follows needs the sampled state back.
+    /// Its record must repeat the request's confirmed sample exactly.
+    Resample { id: RequestId },
 }
 
 /// What one [`Scheduler::step`] did.
@@ -264,11 +271,19 @@ impl<E: Executor> Scheduler<E> {
             collected: self.collect_ready()?,
             ..StepReport::default()
         };
-        report.collected += if self.prefill_plan().is_some() {
+        // The waits stop at the first completion that gives an event: the
+        // iteration then returns it rather than hold it behind the launches
+        // still in flight (a first token behind its request's captures), and
+        // the next iteration waits on.
+        let waited = if self.prefill_plan().is_some() {
             self.drain()?
         } else {
             self.wait_for_room()?
         };
+        report.collected += waited.collected;
+        if !waited.done {
+            return Ok(report);
+        }
         self.apply_cancels();
         report.submitted += self.retire()?;
         self.admit_queued();

@@ -201,6 +201,16 @@ pub enum InvalidRecord {
         /// The raw field.
         found: i32,
     },
+    /// A resample did not repeat the token the request's last sample gave.
+    #[error("row {row}: a resample should repeat token {expected:?}, found {found}")]
+    Resampled {
+        /// The row.
+        row: usize,
+        /// The request's last output token (`None`: it has none).
+        expected: Option<u32>,
+        /// The raw token.
+        found: i32,
+    },
     /// A snapshot or restore did not report that it applied (status 1): a
     /// restore's row did not hold the consumed count the checkpoint records.
     #[error("{operation} reported status {status:?}, expected 1")]

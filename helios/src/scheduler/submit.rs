@@ -56,9 +56,15 @@ impl<E: Executor> Scheduler<E> {
     }
 
     /// Submits a prefill plan: the admit launch, the restore (and resume),
-    /// then the chunk and the captures after it (a chunk ending the prompt
-    /// with a capture inside it samples through a resume after them);
-    /// returns the launches submitted.
+    /// then the chunk and the captures after it; returns the launches
+    /// submitted.
+    ///
+    /// A chunk ending the prompt with a capture inside it cannot sample
+    /// itself: the captures admit the slot back to their endpoints. A resume
+    /// samples the first token right after the chunk, so the captures stay
+    /// out of the time to first token, and when they admitted the slot back
+    /// a resample after them restores the sampled state the decode needs
+    /// (the same hidden vector, seed and counter give the same token).
     pub(super) fn submit_prefill(&mut self, plan: PrefillPlan) -> Result<usize, ExecutionError> {
         let id = plan.id;
         let mut submitted = 0;
@@ -88,7 +94,7 @@ impl<E: Executor> Scheduler<E> {
         };
         let len = end - start;
         // A capture inside the chunk admits the slot back to its endpoint: a
-        // chunk ending the prompt then samples through a resume afterwards.
+        // chunk ending the prompt then samples through a resume.
         let folds = self.folds_in(id, start, end);
         let samples = ends_prompt && folds.iter().all(|&e| e == end);
         let placement = self.placement(id);
@@ -114,18 +120,29 @@ impl<E: Executor> Scheduler<E> {
         let row = Row::Chunk { id, len, samples };
         self.launch(Operation::PrefillChunk(chunk), vec![row], vec![id], None)?;
         submitted += 1;
-        if !folds.is_empty() {
-            submitted += self.capture_folds(id, end)?;
+        let resumes = ends_prompt && !samples;
+        if resumes {
+            submitted += self.submit_resume(id, Row::Resume { id })?;
         }
-        if ends_prompt && !samples {
-            let mask = self.next_mask(id);
-            let resume = Resume { slot, mask };
-            let row = Row::Resume { id };
-            self.launch(Operation::Resume(resume), vec![row], vec![id], None)?;
-            submitted += 1;
+        if !folds.is_empty() {
+            let (launches, readmitted) = self.capture_folds(id, end)?;
+            submitted += launches;
+            if resumes && readmitted {
+                submitted += self.submit_resume(id, Row::Resample { id })?;
+            }
         }
         submitted += self.capture_at_stop(id, end)?;
         Ok(submitted)
+    }
+
+    /// Submits a resume of `id`'s slot for `row` (a sample, or a resample
+    /// of it), masked as its next sample is; one launch.
+    fn submit_resume(&mut self, id: RequestId, row: Row) -> Result<usize, ExecutionError> {
+        let slot = self.placement(id).lease.slot();
+        let mask = self.next_mask(id);
+        let resume = Resume { slot, mask };
+        self.launch(Operation::Resume(resume), vec![row], vec![id], None)?;
+        Ok(1)
     }
 
     /// Submits one decode step over the planned candidates (oldest first,

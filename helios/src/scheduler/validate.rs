@@ -20,6 +20,8 @@ pub(super) struct Expectation {
     pub(super) confirmed: Confirmed,
     /// The device's `max_new` for this admission.
     pub(super) budget: u32,
+    /// The request's last output token, which a resample must repeat.
+    pub(super) last_token: Option<u32>,
     /// The request was cancelled or failed: its late records are dropped.
     pub(super) ignored: bool,
 }
@@ -33,6 +35,8 @@ pub(super) enum Outcome {
     Inactive,
     /// A chunk that does not end the prompt was consumed.
     Prefilled { consumed: u32 },
+    /// A resample repeated the confirmed sample: nothing changed.
+    Resampled,
     /// A token was sampled.
     Sampled {
         token: u32,
@@ -73,7 +77,10 @@ pub(super) fn check_records(
                 outcomes.push(Ok(Outcome::Ignored));
                 continue;
             }
-            Row::Chunk { id, .. } | Row::Decode { id } | Row::Resume { id } => id,
+            Row::Chunk { id, .. }
+            | Row::Decode { id }
+            | Row::Resume { id }
+            | Row::Resample { id } => id,
         };
         let outcome = match expect(id) {
             Some(expectation) if !expectation.ignored => check.row(*row, &expectation),
@@ -114,6 +121,7 @@ impl Check<'_> {
             }
             Row::Decode { .. } => self.sampled(confirmed.consumed + 1, expectation),
             Row::Resume { .. } => self.sampled(confirmed.consumed, expectation),
+            Row::Resample { .. } => self.resampled(expectation),
             Row::Padding => unreachable!("padding rows are checked by the caller"),
         }
     }
@@ -175,6 +183,26 @@ impl Check<'_> {
         self.valid(false)?;
         self.counts(expected.consumed, expected.generated)?;
         self.done(expected.done)
+    }
+
+    /// A resample: the slot's counts, flag and token are the confirmed
+    /// sample's again (the same hidden vector, counter and seed sampled).
+    fn resampled(&self, expectation: &Expectation) -> Result<Outcome, InvalidRecord> {
+        self.valid(true)?;
+        let confirmed = expectation.confirmed;
+        self.counts(confirmed.consumed, confirmed.generated)?;
+        self.done(confirmed.done)?;
+        let repeats = expectation
+            .last_token
+            .is_some_and(|token| i64::from(token) == i64::from(self.record.token));
+        if !repeats {
+            return Err(InvalidRecord::Resampled {
+                row: self.index,
+                expected: expectation.last_token,
+                found: self.record.token,
+            });
+        }
+        Ok(Outcome::Resampled)
     }
 
     /// A row that sampled one token after consuming up to `consumed`.
@@ -239,6 +267,7 @@ mod tests {
                 done,
             },
             budget: 4,
+            last_token: None,
             ignored: false,
         }
     }
@@ -360,6 +389,42 @@ mod tests {
             out_of_vocab,
             Err(InvalidRecord::Token { token: 10, .. })
         ));
+    }
+
+    #[test]
+    fn a_resample_repeats_the_confirmed_sample_or_is_invalid() {
+        let resample = Row::Resample { id: ID };
+        // The resume sampled token 5 at 40 consumed: the resample after the
+        // captures' admits must give it back, counts and flag included.
+        let expect = Expectation {
+            last_token: Some(5),
+            ..expectation(40, 1, 0)
+        };
+        let repeated = check(resample, record(5, 1, 40, 0, 1), expect);
+        assert_eq!(repeated, Ok(Outcome::Resampled));
+        let other = check(resample, record(6, 1, 40, 0, 1), expect);
+        assert_eq!(
+            other,
+            Err(InvalidRecord::Resampled {
+                row: 0,
+                expected: Some(5),
+                found: 6
+            })
+        );
+        let advanced = check(resample, record(5, 2, 40, 0, 1), expect);
+        assert!(matches!(
+            advanced,
+            Err(InvalidRecord::Generated { expected: 1, .. })
+        ));
+        // A first token that stopped the request is resampled as a stop.
+        let stopped = Expectation {
+            last_token: Some(2),
+            ..expectation(40, 1, done::STOP)
+        };
+        let stop = check(resample, record(2, 1, 40, done::STOP, 1), stopped);
+        assert_eq!(stop, Ok(Outcome::Resampled));
+        let running = check(resample, record(2, 1, 40, 0, 1), stopped);
+        assert!(matches!(running, Err(InvalidRecord::Done { .. })));
     }
 
     #[test]
