@@ -1,0 +1,4 @@
+#!/usr/bin/env bash
+d=DETACHED
+[ -e $d/started ] || bash bench/detached.sh start $d "bash .carry/chainF.sh"
+bash bench/detached.sh wait $d ${1:-560} $OUT/a
