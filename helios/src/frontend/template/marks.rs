@@ -24,10 +24,15 @@
 //! ends on one. Finding them renders the conversation once per message
 //! marked: a server marks only the most recent messages
 //! ([`ChatTemplate::render_with_recent_marks`]), whose endpoints are the
-//! ones a later turn or branch is likely to reuse.
+//! ones a later turn or branch is likely to reuse; the truncated renderings
+//! an earlier request made are kept (`prefix_renders.rs`), so an agent's
+//! turn renders only the messages it appended.
+
+use std::sync::Arc;
 
 use minijinja::Value;
 
+use super::prefix_renders::{truncation_keys, Rendering};
 use super::{value, ChatInput, ChatTemplate};
 use crate::frontend::FrontendError;
 
@@ -70,15 +75,20 @@ impl ChatTemplate {
         let text = self.render(input)?;
         let messages: Vec<Value> = input.messages.iter().map(value::from_json).collect();
         let first = messages.len().saturating_sub(recent);
+        let keys = if first < messages.len() {
+            truncation_keys(input)
+        } else {
+            Vec::new()
+        };
         let mut previous = 0;
         let message_ends = (1..=messages.len())
             .map(|k| {
                 if k <= first {
                     return None;
                 }
-                let context = self.context(input, messages[..k].to_vec(), false);
-                let end = (self.render_context(context).ok())
-                    .filter(|prefix| text.starts_with(prefix.as_str()))
+                let rendering = self.truncated(input, &messages[..k], keys[k - 1]);
+                let end = rendering
+                    .filter(|prefix| text.starts_with(&**prefix))
                     .map(|prefix| prefix.len())
                     .filter(|&end| end > previous);
                 previous = end.unwrap_or(previous);
@@ -86,5 +96,115 @@ impl ChatTemplate {
             })
             .collect();
         Ok(RenderedChat { text, message_ends })
+    }
+
+    /// The conversation truncated to `messages`, rendered (or kept from an
+    /// earlier request under `key`; see `prefix_renders.rs`).
+    fn truncated(&self, input: &ChatInput, messages: &[Value], key: u64) -> Rendering {
+        if let Some(rendering) = self.prefix_renders.get(key) {
+            return rendering;
+        }
+        let context = self.context(input, messages.to_vec(), false);
+        let rendering: Rendering = self.render_context(context).ok().map(Arc::from);
+        self.prefix_renders.put(key, rendering.clone());
+        rendering
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use serde_json::{json, Value as Json};
+
+    use super::*;
+    use crate::frontend::SpecialTokens;
+
+    fn fixture(name: &str) -> Json {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat");
+        let read = |file: &str| std::fs::read_to_string(dir.join(file)).unwrap();
+        let suite: Json = serde_json::from_str(&read(name)).unwrap();
+        json!({"template": read(suite["template"].as_str().unwrap()),
+               "special_tokens": suite["special_tokens"]})
+    }
+
+    fn template(fixture: &Json) -> ChatTemplate {
+        let special: SpecialTokens =
+            serde_json::from_value(fixture["special_tokens"].clone()).unwrap();
+        ChatTemplate::new(fixture["template"].as_str().unwrap(), special).unwrap()
+    }
+
+    /// An agent's turns: each appends a call and its result, and asks again.
+    fn turns(count: usize) -> Vec<ChatInput> {
+        let mut messages = vec![
+            json!({"role": "system", "content": "You are a coding agent."}),
+            json!({"role": "user", "content": "Find why the nightly job fails."}),
+        ];
+        let mut inputs = Vec::new();
+        for turn in 0..count {
+            inputs.push(ChatInput {
+                messages: messages.clone(),
+                tools: Some(vec![
+                    json!({"type": "function", "function": {"name": "read_file",
+                    "parameters": {"type": "object"}}}),
+                ]),
+                add_generation_prompt: true,
+                ..ChatInput::default()
+            });
+            let id = format!("c{turn}");
+            messages.push(json!({"role": "assistant", "content": "", "tool_calls": [
+                {"id": id, "type": "function", "function": {"name": "read_file",
+                 "arguments": {"path": format!("src/f{turn}.rs")}}}]}));
+            messages.push(json!({"role": "tool", "tool_call_id": id,
+                "content": format!("fn f{turn}() {{}}")}));
+        }
+        inputs
+    }
+
+    #[test]
+    fn an_agent_turn_renders_only_the_messages_it_appended() {
+        for name in ["smollm2.json", "qwen3.json"] {
+            let fixture = fixture(name);
+            let kept = template(&fixture);
+            for (turn, input) in turns(6).iter().enumerate() {
+                let before = kept.prefix_renders.misses.load(Ordering::Relaxed);
+                let rendered = kept.render_with_recent_marks(input, 8).unwrap();
+                let rendered_now = kept.prefix_renders.misses.load(Ordering::Relaxed) - before;
+                // A fresh template renders every truncation: the same marks.
+                let fresh = template(&fixture)
+                    .render_with_recent_marks(input, 8)
+                    .unwrap();
+                assert_eq!(rendered, fresh, "{name}, turn {turn}");
+                let marked = input.messages.len().min(8);
+                let expected = if turn == 0 { marked } else { 2 };
+                assert_eq!(rendered_now, expected, "{name}, turn {turn}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_kept_rendering_that_is_not_a_prefix_of_the_prompt_marks_nothing() {
+        // Qwen3 drops reasoning from assistant turns before the last user
+        // query: the truncation after the assistant turn renders it, the
+        // full prompt (with a later user message) does not.
+        let fixture = fixture("qwen3.json");
+        let kept = template(&fixture);
+        let mut messages = vec![
+            json!({"role": "user", "content": "Hi"}),
+            json!({"role": "assistant", "content": "Hello", "reasoning_content": "greet"}),
+        ];
+        let ask = |messages: &Vec<Json>| ChatInput {
+            messages: messages.clone(),
+            add_generation_prompt: true,
+            ..ChatInput::default()
+        };
+        kept.render_with_recent_marks(&ask(&messages), 8).unwrap();
+        messages.push(json!({"role": "user", "content": "And now?"}));
+        let rendered = kept.render_with_recent_marks(&ask(&messages), 8).unwrap();
+        let fresh = template(&fixture)
+            .render_with_recent_marks(&ask(&messages), 8)
+            .unwrap();
+        assert_eq!(rendered, fresh);
+        assert_eq!(rendered.message_ends[1], None, "{rendered:?}");
     }
 }

@@ -10,6 +10,7 @@ mod continuation;
 mod environment;
 mod json;
 mod marks;
+mod prefix_renders;
 mod python;
 mod value;
 
@@ -124,6 +125,8 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     source: String,
     special_tokens: SpecialTokens,
+    /// Recent truncated renderings, for message marks.
+    prefix_renders: prefix_renders::PrefixRenders,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -144,6 +147,7 @@ impl ChatTemplate {
             env,
             source: source.to_owned(),
             special_tokens,
+            prefix_renders: prefix_renders::PrefixRenders::default(),
         })
     }
 
