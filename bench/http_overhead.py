@@ -19,8 +19,17 @@ Both are timed by the suite's own streaming client (``stream_request``), one req
 at a time, on the same prompts: distinct (so every request is cold, a prefill) and
 made of the fixture tokenizer's words (``w0`` to ``w99``, one token each).
 
-    python bench/http_overhead.py [--binary PATH] [--tokens 512] [--requests 200]
-        [--out overhead.json]
+With ``--tool-chats`` the prompts are the suite's tool conversations instead (its
+``tools`` workload: tools, a call and its result, about 480 tokens), served as chats
+over SmolLM2's fixture frontend (tokenizer, template and the output protocol derived
+from it, ``tests/agent_fixtures.py``): rendering with the tools declared, message
+marks and the chat stream's events, as the suite's tool-use TTFT pays them. They
+share their system message and tools, so the fake server's prefix cache restores that
+prefix as Flare's does (its launches still take no time); the null server answers
+with one chat chunk.
+
+    python bench/http_overhead.py [--binary PATH] [--tokens 512 | --tool-chats]
+        [--requests 200] [--out overhead.json]
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import platform
 import random
 import socket
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -41,11 +51,17 @@ ROOT = Path(__file__).resolve().parent.parent
 # The fake server's launcher is the tests' (tests/fake_server.py).
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from agent_fixtures import write_frontend  # noqa: E402
 from fake_server import FakeServer  # noqa: E402
 
 from bench.suite.client import Endpoint, Sample, median, p99, stream_request  # noqa: E402
 from bench.suite.server_metrics import difference, per_request, scrape  # noqa: E402
-from bench.suite.workloads import BenchRequest, Sampling, derive_seed  # noqa: E402
+from bench.suite.workloads import (  # noqa: E402
+    BenchRequest,
+    Sampling,
+    derive_seed,
+    tool_requests,
+)
 
 DEFAULT_BINARY = ROOT / "target" / "release" / "examples" / "fake_server"
 
@@ -70,11 +86,21 @@ def word_requests(tokens: int, count: int, seed: int) -> list[BenchRequest]:
     return requests
 
 
-def _canned(prompt_tokens: int) -> bytes:
+def tool_chats(count: int, seed: int) -> list[BenchRequest]:
+    """``count`` of the suite's tool conversations, one output token each."""
+    return tool_requests(seed, count, max_tokens=1)
+
+
+def _canned(prompt_tokens: int, chat: bool = False) -> bytes:
+    choice: dict[str, Any] = (
+        {"index": 0, "delta": {"role": "assistant", "content": " w"}, "finish_reason": "length"}
+        if chat
+        else {"index": 0, "text": " w", "finish_reason": "length"}
+    )
     event = {
         "id": "null",
-        "object": "text_completion",
-        "choices": [{"index": 0, "text": " w", "finish_reason": "length"}],
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "choices": [choice],
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 1, "total_tokens": 0},
     }
     body = f"data: {json.dumps(event)}\n\ndata: [DONE]\n\n".encode()
@@ -104,10 +130,11 @@ def _read_request(conn: socket.socket) -> None:
 
 
 @contextmanager
-def null_server(prompt_tokens: int) -> Iterator[str]:
-    """A socket answering every request at once with one canned SSE event."""
+def null_server(prompt_tokens: int, chat: bool = False) -> Iterator[str]:
+    """A socket answering every request at once with one canned SSE event (a chat
+    chunk when ``chat``)."""
     listener = socket.create_server(("127.0.0.1", 0))
-    reply = _canned(prompt_tokens)
+    reply = _canned(prompt_tokens, chat)
     stop = threading.Event()
 
     def serve() -> None:
@@ -148,6 +175,7 @@ def measure(url: str, requests: Sequence[BenchRequest], warmup: int) -> dict[str
     return {
         "url": url,
         "requests": len(samples),
+        "prompt_tokens": [s.prompt_tokens for s in samples],
         "ttft_ms": ttft_ms,
         "ttft_median_ms": median(ttft_ms),
         "ttft_p99_ms": p99(ttft_ms),
@@ -159,6 +187,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--binary", type=Path, default=DEFAULT_BINARY, help="fake_server")
     parser.add_argument("--tokens", type=int, default=512, help="prompt tokens")
+    parser.add_argument(
+        "--tool-chats",
+        action="store_true",
+        help="the suite's tool conversations as chats over SmolLM2's fixture frontend",
+    )
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3, help="fake and null alternate")
@@ -168,35 +201,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(
             f"{args.binary} not found: cargo build --release -p flare-helios --example fake_server"
         )
-    requests = word_requests(args.tokens, args.requests + args.warmup, seed=0)
+    count = args.requests + args.warmup
     rounds: list[dict[str, Any]] = []
-    for index in range(args.rounds):
-        server = FakeServer(args.binary)
-        try:
-            fake = measure(server.url, requests, args.warmup)
-        finally:
-            server.stop()
-        with null_server(args.tokens) as url:
-            null = measure(url, requests, args.warmup)
-        rounds.append({"round": index, "fake": fake, "null": null})
-        counters = fake["server"] or {}
-        print(
-            f"round {index}: fake TTFT {fake['ttft_median_ms']:.3f} ms "
-            f"(p99 {fake['ttft_p99_ms']:.3f}; server: preparation "
-            f"{counters.get('preparation_ms', float('nan')):.3f}, model thread "
-            f"{counters.get('server_ttft_ms', float('nan')):.3f} ms, means), "
-            f"null TTFT {null['ttft_median_ms']:.3f} ms (p99 {null['ttft_p99_ms']:.3f})"
-        )
+    with tempfile.TemporaryDirectory() as folder:
+        if args.tool_chats:
+            requests = tool_chats(count, seed=0)
+            frontend = write_frontend("smollm2", Path(folder) / "smollm2.frontend.pb")
+            options = ["--frontend", str(frontend)]
+        else:
+            requests = word_requests(args.tokens, count, seed=0)
+            options = []
+        for index in range(args.rounds):
+            rounds.append(measure_round(args, requests, options, index))
     if args.out:
         result = {
             "command": " ".join([Path(sys.executable).name, *sys.argv]),
             "machine": {"platform": platform.platform(), "python": platform.python_version()},
-            "prompt_tokens": args.tokens,
+            "prompts": "tool chats" if args.tool_chats else f"{args.tokens}-token completions",
             "rounds": rounds,
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))
     return 0
+
+
+def measure_round(
+    args: argparse.Namespace, requests: Sequence[BenchRequest], options: list[str], index: int
+) -> dict[str, Any]:
+    """One round: the fake server (with ``options``), then the null server."""
+    server = FakeServer(args.binary, *options)
+    try:
+        fake = measure(server.url, requests, args.warmup)
+    finally:
+        server.stop()
+    prompt_tokens = next((s for s in fake["prompt_tokens"] if s), args.tokens)
+    with null_server(prompt_tokens, chat=args.tool_chats) as url:
+        null = measure(url, requests, args.warmup)
+    counters = fake["server"] or {}
+    print(
+        f"round {index}: fake TTFT {fake['ttft_median_ms']:.3f} ms "
+        f"(p99 {fake['ttft_p99_ms']:.3f}; server: preparation "
+        f"{counters.get('preparation_ms', float('nan')):.3f}, model thread "
+        f"{counters.get('server_ttft_ms', float('nan')):.3f} ms, means), "
+        f"null TTFT {null['ttft_median_ms']:.3f} ms (p99 {null['ttft_p99_ms']:.3f})"
+    )
+    return {"round": index, "fake": fake, "null": null}
 
 
 if __name__ == "__main__":

@@ -28,6 +28,23 @@ def test_the_overhead_bench_times_both_servers(tmp_path: Path) -> None:
     assert null["server"] is None
 
 
+def test_the_overhead_bench_times_tool_chats_over_smollm2s_frontend(tmp_path: Path) -> None:
+    out = tmp_path / "overhead.json"
+    args = ["--binary", str(build_fake_server()), "--tool-chats", "--requests", "4"]
+    assert http_overhead.main([*args, "--warmup", "1", "--rounds", "1", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["prompts"] == "tool chats"
+    (measured,) = result["rounds"]
+    fake, null = measured["fake"], measured["null"]
+    # SmolLM2's template shows no tools: the server declares them in the system
+    # message, about 480 tokens a conversation (the suite's tool-use prompts).
+    assert all(400 < tokens < 600 for tokens in fake["prompt_tokens"])
+    assert null["prompt_tokens"] == [fake["prompt_tokens"][0]] * 4
+    for server in (fake, null):
+        assert server["requests"] == 4 and all(ttft > 0 for ttft in server["ttft_ms"])
+    assert fake["server"]["preparation_ms"] > 0 and fake["server"]["server_ttft_ms"] > 0
+
+
 def test_the_null_server_answers_with_one_event_at_once() -> None:
     from bench.suite.client import Endpoint, stream_request
 
@@ -36,3 +53,12 @@ def test_the_null_server_answers_with_one_event_at_once() -> None:
         sample = stream_request(Endpoint(url), request)
     assert sample.ok and sample.text == " w" and sample.output_tokens == 1
     assert sample.prompt_tokens == 32 and sample.finish_reason == "length"
+
+
+def test_the_null_server_answers_a_chat_with_one_chunk() -> None:
+    from bench.suite.client import Endpoint, stream_request
+
+    (request,) = http_overhead.tool_chats(1, seed=1)
+    with http_overhead.null_server(480, chat=True) as url:
+        sample = stream_request(Endpoint(url), request)
+    assert sample.ok and sample.text == " w" and sample.prompt_tokens == 480
