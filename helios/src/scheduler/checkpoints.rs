@@ -43,8 +43,12 @@
 //!   row's hidden vector belongs to the chunk's end, so the checkpoint is
 //!   published for extension only and never resumed from (a chat prompt
 //!   always continues past a message). When the chunk ends the prompt it
-//!   does not sample; the resume graph samples from its hidden vector after
-//!   the admit back. The prompt end and the terminal boundary stay exact.
+//!   does not sample: the resume graph samples from its hidden vector right
+//!   after it, before the captures (the first token does not wait for
+//!   them), and after the admit back a resample (the resume graph again, on
+//!   the same hidden vector, seed and counter) gives the decode the sampled
+//!   state back; its record must repeat the sample. The prompt end and the
+//!   terminal boundary stay exact.
 //!   Cores with recurrent or selector state stop at every endpoint;
 //! - a capture whose endpoint is already cached, or not past the request's
 //!   pinned checkpoint, is skipped before any row is taken;

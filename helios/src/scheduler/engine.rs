@@ -252,7 +252,9 @@ impl<E: Executor> Scheduler<E> {
     ///
     /// The caller takes the events ([`Self::drain_events`]) after each
     /// iteration: one that starts with events not taken never waits for a
-    /// completion, so stepping without draining polls the executor.
+    /// completion, so stepping without draining polls the executor (and
+    /// submits nothing while more launches are in flight than it may add
+    /// to).
     ///
     /// An executor failure fails every request, and this and every later
     /// call return [`SchedulerError::Execution`].

@@ -203,7 +203,7 @@ pub enum InvalidRecord {
     },
     /// A resample did not repeat the token the request's last sample gave.
     #[error("row {row}: a resample should repeat token {expected:?}, found {found}")]
-    Resampled {
+    ResampleDiffers {
         /// The row.
         row: usize,
         /// The request's last output token (`None`: it has none).

@@ -101,8 +101,10 @@ pub struct Decode {
     pub masks: Vec<Option<Vec<u32>>>,
 }
 
-/// Sample from a slot's saved hidden vector (the resume graph), after a
-/// checkpoint restore.
+/// Sample from a slot's saved hidden vector (the resume graph): after a
+/// whole-history checkpoint restore, and after a chunk ending the prompt
+/// with captures inside it (then once more after the captures, to repeat
+/// the sample).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resume {
     /// The restored slot.
@@ -298,20 +300,22 @@ pub struct Completion {
     pub status: Option<i32>,
 }
 
-/// The most launches the scheduler has in flight at once: one prefill
-/// iteration's admit, restore, chunk (or resume) and snapshot, then a decode
-/// step, with the previous decode step still running; on a positional-KV
-/// core also an admit and a snapshot per message endpoint captured inside
-/// the chunk, the admit back to its end and the resume that samples after
-/// them.
-pub const MAX_IN_FLIGHT: usize = 6 + 2 * MAX_CAPTURES_PER_REQUEST as usize + 2;
+/// A bound on the launches the scheduler has in flight at once: one prefill
+/// iteration's admit, restore, chunk, resume and snapshot, then a decode
+/// step (a prefill iteration drains first, so no earlier decode step runs);
+/// on a positional-KV core also an admit and a snapshot per message endpoint
+/// captured inside the chunk, the admit back to its end and the resample
+/// after them. The test executor flags a launch beyond it.
+pub const MAX_IN_FLIGHT: usize = 8 + 2 * MAX_CAPTURES_PER_REQUEST as usize;
 
 /// Runs launches over the prepared graphs.
 ///
 /// Launches execute in submission order. The scheduler submits a
 /// dependency-free decode step before the previous decode step's (or prefill
-/// chunk's) completion is retrieved, so at most two launches that write
-/// completion records are in flight, possibly behind one admit launch.
+/// chunk's) completion is retrieved, so outside a prefill iteration at most
+/// two launches that write completion records are in flight, possibly
+/// behind one admit launch; a prefill iteration's chunk, resume, resample
+/// and decode step all write records.
 /// Completions are retrieved in submission order, each exactly once; the
 /// storage a launch reads or writes (staging inputs, completion records)
 /// stays owned by the executor until then. A prefill iteration with prefix

@@ -120,15 +120,16 @@ impl<E: Executor> Scheduler<E> {
         let row = Row::Chunk { id, len, samples };
         self.launch(Operation::PrefillChunk(chunk), vec![row], vec![id], None)?;
         submitted += 1;
-        let resumes = ends_prompt && !samples;
-        if resumes {
-            submitted += self.submit_resume(id, Row::Resume { id })?;
+        // The resample repeats the resume's sample, under the same mask.
+        let resume_mask = (ends_prompt && !samples).then(|| self.next_mask(id));
+        if let Some(mask) = &resume_mask {
+            submitted += self.submit_resume(id, Row::Resume { id }, mask.clone())?;
         }
         if !folds.is_empty() {
             let (launches, readmitted) = self.capture_folds(id, end)?;
             submitted += launches;
-            if resumes && readmitted {
-                submitted += self.submit_resume(id, Row::Resample { id })?;
+            if let (Some(mask), true) = (resume_mask, readmitted) {
+                submitted += self.submit_resume(id, Row::Resample { id }, mask)?;
             }
         }
         submitted += self.capture_at_stop(id, end)?;
@@ -136,10 +137,14 @@ impl<E: Executor> Scheduler<E> {
     }
 
     /// Submits a resume of `id`'s slot for `row` (a sample, or a resample
-    /// of it), masked as its next sample is; one launch.
-    fn submit_resume(&mut self, id: RequestId, row: Row) -> Result<usize, ExecutionError> {
+    /// of it) under `mask`; one launch.
+    fn submit_resume(
+        &mut self,
+        id: RequestId,
+        row: Row,
+        mask: Option<Vec<u32>>,
+    ) -> Result<usize, ExecutionError> {
         let slot = self.placement(id).lease.slot();
-        let mask = self.next_mask(id);
         let resume = Resume { slot, mask };
         self.launch(Operation::Resume(resume), vec![row], vec![id], None)?;
         Ok(1)

@@ -196,7 +196,7 @@ impl Check<'_> {
             .last_token
             .is_some_and(|token| i64::from(token) == i64::from(self.record.token));
         if !repeats {
-            return Err(InvalidRecord::Resampled {
+            return Err(InvalidRecord::ResampleDiffers {
                 row: self.index,
                 expected: expectation.last_token,
                 found: self.record.token,
@@ -405,7 +405,7 @@ mod tests {
         let other = check(resample, record(6, 1, 40, 0, 1), expect);
         assert_eq!(
             other,
-            Err(InvalidRecord::Resampled {
+            Err(InvalidRecord::ResampleDiffers {
                 row: 0,
                 expected: Some(5),
                 found: 6

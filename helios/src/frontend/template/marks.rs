@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 use minijinja::Value;
 
-use super::prefix_renders::{truncation_keys, Rendering};
+use super::prefix_renders::Rendering;
 use super::{value, ChatInput, ChatTemplate};
 use crate::frontend::FrontendError;
 
@@ -76,7 +76,7 @@ impl ChatTemplate {
         let messages: Vec<Value> = input.messages.iter().map(value::from_json).collect();
         let first = messages.len().saturating_sub(recent);
         let keys = if first < messages.len() {
-            truncation_keys(input)
+            self.prefix_renders.truncation_keys(input)
         } else {
             Vec::new()
         };

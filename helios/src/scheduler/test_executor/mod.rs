@@ -29,7 +29,9 @@ pub use violation::Violation;
 
 use self::device::{Device, Touched};
 use super::error::ExecutionError;
-use super::executor::{Completion, CompletionRecord, Executor, Launch, OperationKind, Ticket};
+use super::executor::{
+    Completion, CompletionRecord, Executor, Launch, OperationKind, Ticket, MAX_IN_FLIGHT,
+};
 use super::geometry::Geometry;
 
 /// A field of a completion record, for [`Corruption::Field`].
@@ -256,6 +258,10 @@ impl Executor for TestExecutor {
             OperationKind::Restore => &mut self.counts.restore,
         };
         *counter += 1;
+        if self.outstanding.len() >= MAX_IN_FLIGHT {
+            self.violations
+                .push(Violation::TooManyInFlight { launch: index });
+        }
         let busy = self.busy();
         let violations = &mut self.violations;
         self.device
@@ -325,6 +331,22 @@ mod tests {
 
     fn executor() -> TestExecutor {
         executor_with_rows(0)
+    }
+
+    #[test]
+    fn a_launch_beyond_the_in_flight_bound_is_flagged() {
+        let mut executor = executor();
+        let prompt = [1, 2, 3];
+        for _ in 0..MAX_IN_FLIGHT {
+            executor.submit(&launch(vec![], admit(1, &prompt))).unwrap();
+        }
+        assert_eq!(executor.violations(), []);
+        executor.submit(&launch(vec![], admit(1, &prompt))).unwrap();
+        let launch = MAX_IN_FLIGHT as u64;
+        assert_eq!(
+            executor.violations(),
+            [Violation::TooManyInFlight { launch }]
+        );
     }
 
     /// Four-token pages, two slots, and `rows` snapshot rows.

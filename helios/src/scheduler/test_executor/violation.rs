@@ -29,6 +29,12 @@ pub enum Violation {
         /// The slot.
         slot: Slot,
     },
+    /// A launch beyond [`crate::scheduler::MAX_IN_FLIGHT`] unretrieved ones
+    /// (the GPU executor's ring of completion records holds no more).
+    TooManyInFlight {
+        /// The launch.
+        launch: u64,
+    },
     /// A slot was admitted again while an unfinished launch references it,
     /// other than by the same request (same history, seed and budget).
     SlotInFlight {
