@@ -67,7 +67,7 @@ use crate::prefix::{
 
 use super::engine::{Row, Scheduler};
 use super::error::{ExecutionError, GeometryError, InvalidRecord, SchedulerError};
-use super::executor::{Executor, Operation, Restore, Resume, Snapshot};
+use super::executor::{Executor, Operation, Restore, Snapshot};
 use super::geometry::Geometry;
 use super::ids::RequestId;
 use super::request::{len32, Exit, Phase, Placed, Placement};
@@ -381,15 +381,8 @@ impl<E: Executor> Scheduler<E> {
         }
         placement.phase = Phase::Decoding;
         placement.submitted_samples += 1;
-        let row = Row::Resume { id };
         let mask = self.next_mask(id);
-        self.launch(
-            Operation::Resume(Resume { slot, mask }),
-            vec![row],
-            vec![id],
-            None,
-        )?;
-        Ok(2)
+        Ok(1 + self.submit_resume(id, Row::Resume { id }, mask)?)
     }
 
     /// After a prefill chunk ending at `end`: snapshots the state there when

@@ -138,7 +138,7 @@ impl<E: Executor> Scheduler<E> {
 
     /// Submits a resume of `id`'s slot for `row` (a sample, or a resample
     /// of it) under `mask`; one launch.
-    fn submit_resume(
+    pub(super) fn submit_resume(
         &mut self,
         id: RequestId,
         row: Row,

@@ -73,20 +73,22 @@ impl ChatTemplate {
         recent: usize,
     ) -> Result<RenderedChat, FrontendError> {
         let text = self.render(input)?;
-        let messages: Vec<Value> = input.messages.iter().map(value::from_json).collect();
-        let first = messages.len().saturating_sub(recent);
-        let keys = if first < messages.len() {
+        let count = input.messages.len();
+        let first = count.saturating_sub(recent);
+        let keys = if first < count {
             self.prefix_renders.truncation_keys(input)
         } else {
             Vec::new()
         };
+        // The template's values of the messages, made at the first miss.
+        let mut messages: Option<Vec<Value>> = None;
         let mut previous = 0;
-        let message_ends = (1..=messages.len())
+        let message_ends = (1..=count)
             .map(|k| {
                 if k <= first {
                     return None;
                 }
-                let rendering = self.truncated(input, &messages[..k], keys[k - 1]);
+                let rendering = self.truncated(input, &mut messages, k, keys[k - 1]);
                 let end = rendering
                     .filter(|prefix| text.starts_with(&**prefix))
                     .map(|prefix| prefix.len())
@@ -98,13 +100,23 @@ impl ChatTemplate {
         Ok(RenderedChat { text, message_ends })
     }
 
-    /// The conversation truncated to `messages`, rendered (or kept from an
-    /// earlier request under `key`; see `prefix_renders.rs`).
-    fn truncated(&self, input: &ChatInput, messages: &[Value], key: u64) -> Rendering {
+    /// The conversation truncated after message `k`, rendered (or kept from
+    /// an earlier request under `key`; see `prefix_renders.rs`); `messages`
+    /// holds the template's values of `input`'s messages once a rendering
+    /// needed them.
+    fn truncated(
+        &self,
+        input: &ChatInput,
+        messages: &mut Option<Vec<Value>>,
+        k: usize,
+        key: u64,
+    ) -> Rendering {
         if let Some(rendering) = self.prefix_renders.get(key) {
             return rendering;
         }
-        let context = self.context(input, messages.to_vec(), false);
+        let messages =
+            messages.get_or_insert_with(|| input.messages.iter().map(value::from_json).collect());
+        let context = self.context(input, messages[..k].to_vec(), false);
         let rendering: Rendering = self.render_context(context).ok().map(Arc::from);
         self.prefix_renders.put(key, rendering.clone());
         rendering
