@@ -365,6 +365,20 @@ def test_prefill_page_64_head_dim_64(num_splits: int) -> None:
     check_prefill(geometry, 48, 63, 40, seed=5, block_t=8, num_splits=num_splits, key_pages=2)
 
 
+@pytest.mark.parametrize(("start", "n_valid"), [(0, 32), (17, 27)])
+def test_prefill_tile_order_changes_no_bits(start: int, n_valid: int) -> None:
+    # Four tiles of 8 tokens, longest first (the default) and in launch order: each
+    # program's tile, rows and keys are the same, so are the bits.
+    inputs = prefill_inputs(SMALL, 32, start, n_valid, seed=11, device=LOCAL_DEVICE)
+    kv = inputs.kv
+    q = inputs.q.to(kv.device)
+    args = (q, kv, inputs.table, inputs.start, inputs.n_valid, SMALL.scale)
+    first = triton_paged_prefill_attention(*args, block_t=8, num_splits=1)
+    in_order = triton_paged_prefill_attention(*args, block_t=8, num_splits=1, longest_first=False)
+    assert torch.equal(first, in_order)
+    assert torch.all(first[n_valid:] == 0)
+
+
 def test_prefill_group_not_power_of_two() -> None:
     geometry = Geometry(num_heads=6, num_kv_heads=2, head_dim=32, page_size=16)
     check_prefill(geometry, 24, 5, 20, seed=6, block_t=4, num_splits=1)
@@ -454,6 +468,10 @@ def test_prefill_long_chunk_default_gpu() -> None:
     assert torch.all(out[n_valid:] == 0), "padding rows are not zero"
     err = rel_l2(out[:n_valid], ref)
     assert err < TOLERANCE, f"rel L2 {err:.2e}"
+    # The tiles longest first (the default) and in launch order: the same bits.
+    q_in = inputs.q.to(out.device)
+    args = (q_in, inputs.kv, inputs.table, inputs.start, inputs.n_valid, SERVING.scale)
+    assert torch.equal(out, triton_paged_prefill_attention(*args, longest_first=False))
 
 
 def test_prefill_splits_rule() -> None:

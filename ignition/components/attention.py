@@ -99,6 +99,7 @@ def triton_paged_prefill_attention(
     key_pages: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    longest_first: bool = True,
 ) -> torch.Tensor:
     """Flash-attention-style Triton causal attention for one request's prefill chunk.
 
@@ -111,7 +112,9 @@ def triton_paged_prefill_attention(
     ``num_splits`` (split-KV over the context's pages, for short chunks after a long
     history) defaults to a count picked from the shapes; 1 is the single-pass kernel.
     ``block_t``, ``key_pages`` (the tile's tokens and pages per key step), ``num_warps``
-    and ``num_stages`` default to the tiling picked from the shapes.
+    and ``num_stages`` default to the tiling picked from the shapes. ``longest_first``
+    (the default) starts the single-pass kernel's tiles that walk the most keys first;
+    the order changes no bits.
     """
     from ignition.components import triton_attention
 
@@ -127,6 +130,7 @@ def triton_paged_prefill_attention(
         key_pages=key_pages,
         num_warps=num_warps,
         num_stages=num_stages,
+        longest_first=longest_first,
     )
 
 

@@ -523,12 +523,23 @@ def _prefill_kernel(
     PAGE_SIZE: tl.constexpr,
     KEY_PAGES: tl.constexpr,
     UPCAST: tl.constexpr,
+    LONGEST_FIRST: tl.constexpr,
 ):
-    """One (token tile, kv head) over the tile's whole context, normalised in place."""
+    """One (token tile, kv head) over the tile's whole context, normalised in place.
+
+    The grid is (kv heads, tiles). LONGEST_FIRST takes the tiles in reverse: the GPU
+    starts programs in order, so every head's last tiles, which walk the most keys under
+    the causal mask, start first and the short ones fill in behind them, rather than the
+    longest starting last and running alone. A program's arithmetic, and so its bits,
+    does not depend on when it runs."""
+    if LONGEST_FIRST:
+        tile = tl.num_programs(1) - 1 - tl.program_id(1)
+    else:
+        tile = tl.program_id(1)
     t, heads, row_real, row_valid, _m, l_i, acc = _prefill_tile(
         q_ptr, kv_ptr, page_table_ptr, start_ptr, n_valid_ptr, qk_scale, T,
         stride_qt, stride_qh, stride_qd, stride_kv, stride_kvp, stride_kvs, stride_kvh,
-        stride_kvd, stride_ptp, tl.program_id(0), tl.program_id(1), 0,
+        stride_kvd, stride_ptp, tile, tl.program_id(0), 0,
         GROUP, GROUP_PAD, BLOCK_T, HEAD_DIM, PAGE_SIZE, 1, KEY_PAGES, UPCAST,
     )  # fmt: skip
     offs_d = tl.arange(0, HEAD_DIM)
@@ -942,6 +953,7 @@ def triton_paged_prefill_attention(
     key_pages: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    longest_first: bool = True,
 ) -> torch.Tensor:
     """Causal paged attention for one request's prefill chunk (flash-attention style).
 
@@ -955,8 +967,10 @@ def triton_paged_prefill_attention(
     ``num_stages`` are tuning knobs; each one not given comes from ``prefill_tiling``.
     ``num_splits`` splits each tile's pages into that many contiguous ranges run by
     separate programs, merged afterwards (split-KV, as in decode); by default
-    ``prefill_splits`` picks it from the shapes. 1 runs the single-pass kernel. Every
-    choice is CUDA-graph safe: grid, scratch shapes and constexprs depend only on shapes.
+    ``prefill_splits`` picks it from the shapes. 1 runs the single-pass kernel, which
+    with ``longest_first`` (the default) starts the tiles that walk the most keys first;
+    the order changes no bits. Every choice is CUDA-graph safe: grid, scratch shapes and
+    constexprs depend only on shapes.
     """
     num_heads, num_kv_heads, head_dim, page_size = _check_cache(q, kv)
     _check_index("page_table_row", page_table_row, 1, q.device)
@@ -999,8 +1013,15 @@ def triton_paged_prefill_attention(
         num_stages=tiling.num_stages if num_stages is None else num_stages,
     )
     if num_splits == 1:
-        _prefill_kernel[(tiles, num_kv_heads)](
-            *inputs, out, scale * LOG2E, num_tokens, *input_strides, *out.stride(), **launch
+        _prefill_kernel[(num_kv_heads, tiles)](
+            *inputs,
+            out,
+            scale * LOG2E,
+            num_tokens,
+            *input_strides,
+            *out.stride(),
+            LONGEST_FIRST=longest_first,
+            **launch,
         )
         return out
 
