@@ -66,16 +66,23 @@ def causal_flops(heads: int, dim: int, chunk: int, history: int) -> int:
     return 4 * heads * dim * keys
 
 
-def long_chunks(device: torch.device) -> list[dict]:
-    """The kernel's default on whole chunks after long histories, against SDPA."""
+def long_chunks(device: torch.device, tilings: bool = True) -> list[dict]:
+    """The kernel's default on whole chunks after long histories, against SDPA (and
+    each of TILINGS with ``tilings``)."""
     rows = []
     for name, heads, kv_heads, dim, histories in LONG:
-        rows += _long_chunks(device, name, heads, kv_heads, dim, histories)
+        rows += _long_chunks(device, name, heads, kv_heads, dim, histories, tilings)
     return rows
 
 
 def _long_chunks(
-    device: torch.device, name: str, heads: int, kv_heads: int, dim: int, histories: list[int]
+    device: torch.device,
+    name: str,
+    heads: int,
+    kv_heads: int,
+    dim: int,
+    histories: list[int],
+    tilings: bool,
 ) -> list[dict]:
     rows = []
     for history in histories:
@@ -95,7 +102,7 @@ def _long_chunks(
         same_bits = bool(torch.equal(call(), in_order()))
         group = triton.next_power_of_2(heads // kv_heads)
         tiling_ms: dict[str, float | None] = {}
-        for t in TILINGS:
+        for t in TILINGS if tilings else []:
             tuned = partial(
                 call, block_t=t[0] // group, key_pages=t[1], num_warps=t[2], num_stages=t[3]
             )
@@ -138,6 +145,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path)
     parser.add_argument("--long-only", action="store_true", help="only the whole long chunks")
+    parser.add_argument(
+        "--no-tilings", action="store_true", help="the long chunks at the default tiling only"
+    )
     args = parser.parse_args()
     device = torch.device("cuda")
     rows = []
@@ -180,7 +190,7 @@ def main() -> None:
                     + " ".join(f"{s}:{timings[str(s)]:.3f}" for s in SPLITS)
                     + f"  default({default}) {timings['default']:.3f} ms, best {best}"
                 )
-    long_rows = long_chunks(device)
+    long_rows = long_chunks(device, tilings=not args.no_tilings)
     if args.out:
         args.out.write_text(
             json.dumps({"device": torch.cuda.get_device_name(), "rows": rows, "long": long_rows})
