@@ -199,7 +199,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             flops = prefill_flops(geometry, length)
             summary["flops"] = flops
             summary["tflops"] = {
-                "gemm (of its busy time)": flops["gemm"] / busy["gemm"] / 1e6,
+                "gemm (of its busy time)": flops["gemm"] / busy["gemm"] / 1e6
+                if busy.get("gemm")
+                else None,
                 "attention (of its busy time)": flops["attention"] / busy["attention"] / 1e6
                 if busy.get("attention")
                 else None,
