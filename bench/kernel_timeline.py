@@ -116,14 +116,10 @@ def _shape(kernel: dict[str, Any]) -> str:
     return ",".join(str(g) for g in grid) if isinstance(grid, list) else "-"
 
 
-def summarize(
-    events: Iterable[dict[str, Any]], *, layers: int, wall_us: Sequence[float] = ()
-) -> dict[str, Any]:
-    """Aggregates a Chrome trace's events (``ph: X``, times in microseconds) of graph
-    launches. Kernels (``cat: kernel``) belong to the ``cudaGraphLaunch`` runtime event
-    whose ``args.correlation`` they carry; launches with no kernel are dropped. The
-    gaps between a launch's kernels are attributed to the kernels around them
-    (``top_gaps``: the kernel before, the kernel after)."""
+def graph_launches(events: Iterable[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """The kernels (``cat: kernel``) of a Chrome trace's graph launches, by the
+    correlation id of the ``cudaGraphLaunch`` runtime event they carry (a launch with
+    no kernel maps to an empty list; kernels of no graph launch are dropped)."""
     events = list(events)
     launches: dict[int, list[dict[str, Any]]] = {}
     for event in events:
@@ -140,6 +136,26 @@ def summarize(
             group = launches.get(int(correlation))
             if group is not None:
                 group.append(event)
+    return launches
+
+
+def write_results(out: Path, results: dict[str, Any], markdown: str) -> None:
+    """``results`` as JSON to ``out`` and ``markdown`` beside it (``.md``)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1) + "\n")
+    out.with_suffix(".md").write_text(markdown)
+    print(f"wrote {out}", file=sys.stderr)
+
+
+def summarize(
+    events: Iterable[dict[str, Any]], *, layers: int, wall_us: Sequence[float] = ()
+) -> dict[str, Any]:
+    """Aggregates a Chrome trace's events (``ph: X``, times in microseconds) of graph
+    launches. Kernels (``cat: kernel``) belong to the ``cudaGraphLaunch`` runtime event
+    whose ``args.correlation`` they carry; launches with no kernel are dropped. The
+    gaps between a launch's kernels are attributed to the kernels around them
+    (``top_gaps``: the kernel before, the kernel after)."""
+    launches = graph_launches(events)
     per_launch = []
     by_name: dict[str, list[float]] = defaultdict(list)
     by_pair: dict[tuple[str, str], list[float]] = defaultdict(list)
@@ -656,10 +672,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="results JSON (and .md)")
     args = parser.parse_args(argv)
     results = measure(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(results))
-    print(f"wrote {args.out}", file=sys.stderr)
+    write_results(args.out, results, markdown(results))
     return 0
 
 

@@ -34,7 +34,16 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.kernel_timeline import _exclusive, _gap_lines, _gaps, _p99, _site_lines, summarize
+from bench.kernel_timeline import (
+    _exclusive,
+    _gap_lines,
+    _gaps,
+    _p99,
+    _site_lines,
+    graph_launches,
+    summarize,
+    write_results,
+)
 from bench.suite.report import Geometry, resolve_geometry
 from ignition.preparation.compile_flags import add_compile_options, compile_options
 
@@ -77,25 +86,8 @@ def classify(events: Iterable[dict[str, Any]]) -> dict[str, float]:
     """Busy time (us) a graph launch by ``kernel_class``, each kernel's exclusive share
     (``bench.kernel_timeline._exclusive``), the median over the launches in
     ``events``; and ``gaps``, the median of their gap time."""
-    events = list(events)
-    launches: dict[int, list[dict[str, Any]]] = {}
-    for event in events:
-        correlation = (event.get("args") or {}).get("correlation")
-        if (
-            event.get("ph") == "X"
-            and correlation is not None
-            and event.get("cat") == "cuda_runtime"
-            and "GraphLaunch" in str(event.get("name"))
-        ):
-            launches.setdefault(int(correlation), [])
-    for event in events:
-        correlation = (event.get("args") or {}).get("correlation")
-        if event.get("cat") == "kernel" and correlation is not None:
-            group = launches.get(int(correlation))
-            if group is not None:
-                group.append(event)
     per_class: dict[str, list[float]] = defaultdict(list)
-    for kernels in launches.values():
+    for kernels in graph_launches(events).values():
         if not kernels:
             continue
         kernels = sorted(kernels, key=lambda k: float(k["ts"]))
@@ -281,10 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="results JSON (and .md)")
     args = parser.parse_args(argv)
     results = measure(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(results))
-    print(f"wrote {args.out}", file=sys.stderr)
+    write_results(args.out, results, markdown(results))
     return 0
 
 
