@@ -147,6 +147,21 @@ def write_results(out: Path, results: dict[str, Any], markdown: str) -> None:
     print(f"wrote {out}", file=sys.stderr)
 
 
+def timeline_parser(description: str) -> argparse.ArgumentParser:
+    """A timeline's command line, its first argument the model."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("model", type=Path, help="checkpoint directory or .gguf")
+    return parser
+
+
+def add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """A timeline's last options: how to prepare (``ignition prepare``'s compile
+    options), where its traces and results go."""
+    add_compile_options(parser)
+    parser.add_argument("--trace-dir", type=Path, help="keep the Chrome traces here")
+    parser.add_argument("--out", type=Path, required=True, help="results JSON (and .md)")
+
+
 def summarize(
     events: Iterable[dict[str, Any]], *, layers: int, wall_us: Sequence[float] = ()
 ) -> dict[str, Any]:
@@ -636,8 +651,7 @@ def _p99(values: Sequence[float]) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", type=Path, help="checkpoint directory or .gguf")
+    parser = timeline_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--capacities", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=5)
@@ -654,7 +668,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="bytes per step from this geometry (a name of bench/suite/report.py or a "
         "config.json): the step against the roofline, at bandwidth measured here",
     )
-    add_compile_options(parser)
     parser.add_argument(
         "--compare-programmatic-launch",
         action="store_true",
@@ -668,8 +681,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "choice of --early-weights over the same storage and time both, alternating, in "
         "this run",
     )
-    parser.add_argument("--trace-dir", type=Path, help="keep the Chrome traces here")
-    parser.add_argument("--out", type=Path, required=True, help="results JSON (and .md)")
+    add_output_arguments(parser)
     args = parser.parse_args(argv)
     results = measure(args)
     write_results(args.out, results, markdown(results))

@@ -40,12 +40,15 @@ from bench.kernel_timeline import (
     _gaps,
     _p99,
     _site_lines,
+    add_output_arguments,
+    fmt,
     graph_launches,
     summarize,
+    timeline_parser,
     write_results,
 )
 from bench.suite.report import Geometry, resolve_geometry
-from ignition.preparation.compile_flags import add_compile_options, compile_options
+from ignition.preparation.compile_flags import compile_options
 
 # Substrings of the kernel names of matrix products: cuBLAS's (``nvjet``, ``xmma``,
 # ``gemm``), CUTLASS's, and Triton matmuls that Inductor names ``mm``.
@@ -222,18 +225,15 @@ def markdown(results: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
-    def cell(value: float | None, digits: int = 1) -> str:
-        return "-" if value is None else f"{value:,.{digits}f}"
-
     for length, row in results["lengths"].items():
         busy = row["busy_by_class_us"]
         rates = list((row.get("tflops") or {}).values()) or [None, None, None]
         lines.append(
-            f"| {length} | {row['capacity']} | {cell(row['chunk_us'])} | "
-            f"{cell(row['chunk_p99_us'])} | {cell(row['kernels_per_launch'], 0)} | "
-            f"{cell(busy.get('gemm'))} | {cell(busy.get('attention'))} | "
-            f"{cell(busy.get('other'))} | {cell(busy.get('gaps'))} | "
-            + " | ".join(cell(rate, 0) for rate in rates)
+            f"| {length} | {row['capacity']} | {fmt(row['chunk_us'])} | "
+            f"{fmt(row['chunk_p99_us'])} | {fmt(row['kernels_per_launch'], 0)} | "
+            f"{fmt(busy.get('gemm'))} | {fmt(busy.get('attention'))} | "
+            f"{fmt(busy.get('other'))} | {fmt(busy.get('gaps'))} | "
+            + " | ".join(fmt(rate, 0) for rate in rates)
             + " |"
         )
     for length, row in results["lengths"].items():
@@ -252,8 +252,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", type=Path, help="checkpoint directory or .gguf")
+    parser = timeline_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--prompt-tokens", type=int, nargs="+", default=[512, 4096])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
@@ -268,9 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="count FLOPs from this dense geometry (a name of bench/suite/report.py or a "
         "config.json): each class's arithmetic rate",
     )
-    add_compile_options(parser)
-    parser.add_argument("--trace-dir", type=Path, help="keep the Chrome traces here")
-    parser.add_argument("--out", type=Path, required=True, help="results JSON (and .md)")
+    add_output_arguments(parser)
     args = parser.parse_args(argv)
     results = measure(args)
     write_results(args.out, results, markdown(results))

@@ -219,6 +219,7 @@ def run_prefill(
     key_pages: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    longest_first: bool = True,
 ) -> torch.Tensor:
     """The Triton kernel on ``inputs`` (with ``q`` in place of ``inputs.q`` if given)."""
     q = inputs.q if q is None else q
@@ -234,6 +235,7 @@ def run_prefill(
         key_pages=key_pages,
         num_warps=num_warps,
         num_stages=num_stages,
+        longest_first=longest_first,
     )
 
 
@@ -370,11 +372,8 @@ def test_prefill_tile_order_changes_no_bits(start: int, n_valid: int) -> None:
     # Four tiles of 8 tokens, longest first (the default) and in launch order: each
     # program's tile, rows and keys are the same, so are the bits.
     inputs = prefill_inputs(SMALL, 32, start, n_valid, seed=11, device=LOCAL_DEVICE)
-    kv = inputs.kv
-    q = inputs.q.to(kv.device)
-    args = (q, kv, inputs.table, inputs.start, inputs.n_valid, SMALL.scale)
-    first = triton_paged_prefill_attention(*args, block_t=8, num_splits=1)
-    in_order = triton_paged_prefill_attention(*args, block_t=8, num_splits=1, longest_first=False)
+    first = run_prefill(inputs, SMALL, block_t=8, num_splits=1)
+    in_order = run_prefill(inputs, SMALL, block_t=8, num_splits=1, longest_first=False)
     assert torch.equal(first, in_order)
     assert torch.all(first[n_valid:] == 0)
 
@@ -469,9 +468,7 @@ def test_prefill_long_chunk_default_gpu() -> None:
     err = rel_l2(out[:n_valid], ref)
     assert err < TOLERANCE, f"rel L2 {err:.2e}"
     # The tiles longest first (the default) and in launch order: the same bits.
-    q_in = inputs.q.to(out.device)
-    args = (q_in, inputs.kv, inputs.table, inputs.start, inputs.n_valid, SERVING.scale)
-    assert torch.equal(out, triton_paged_prefill_attention(*args, longest_first=False))
+    assert torch.equal(out, run_prefill(inputs, SERVING, longest_first=False))
 
 
 def test_prefill_splits_rule() -> None:
