@@ -65,6 +65,14 @@
 #       programmatic edges, bitwise) and the compile-scope GPU test; then its split
 #       kernel with four and eight warps (bench/decode_attention_bench.py,
 #       OUT/decode-attention.json).
+#   bench/issue23_check.sh prefill OUT MODEL [prefill_timeline options...]
+#       the rotary and KV write of prefill chunks in blocks of tokens: its GPU tests
+#       (blocks against one token a program, bitwise, at the 8B's heads; the canonical
+#       modules; tests/test_kv_write.py) and decode attention's rotary write, which
+#       shares its arithmetic (tests/test_rope_decode_attention.py); the write at every
+#       tile (bench/rope_write_bench.py, OUT/rope-write.json); then MODEL's cold
+#       prefill chunks by kernel (bench/prefill_timeline.py, OUT/timeline.json). Pass
+#       --geometry and --prompt-tokens for the timeline.
 #   bench/issue23_check.sh widths OUT
 #       each served projection of SmolLM2 and the 8B as the decode layer launches it,
 #       at every tile width, 1 and 4 rows (bench/rows_linear_bench.py --widths;
@@ -107,7 +115,7 @@
 # Needs the flare_heliopause wheel importable (WHEELS, as bench/suite_gpu.sh installs
 # them).
 set -uo pipefail
-usage="usage: bench/issue23_check.sh serving OUT | concurrency OUT MODEL [options...] | pdl OUT MODEL [options...] | early OUT MODEL [options...] | sampler OUT | fusion OUT MODEL [options...] | trees OUT BEFORE MODEL [options...] | rope OUT | widths OUT | stages OUT | boundaries OUT | persistent OUT [MODEL [FLARE]] | changes OUT BEFORE FLARE | pdl-core OUT CHECKPOINT FLARE [options...]"
+usage="usage: bench/issue23_check.sh serving OUT | concurrency OUT MODEL [options...] | pdl OUT MODEL [options...] | early OUT MODEL [options...] | sampler OUT | fusion OUT MODEL [options...] | trees OUT BEFORE MODEL [options...] | rope OUT | prefill OUT MODEL [options...] | widths OUT | stages OUT | boundaries OUT | persistent OUT [MODEL [FLARE]] | changes OUT BEFORE FLARE | pdl-core OUT CHECKPOINT FLARE [options...]"
 part=${1:?$usage}
 out=${2:?$usage}
 shift 2
@@ -203,6 +211,18 @@ case $part in
     python3 -m bench.decode_attention_bench --out "$out/decode-attention.json" \
       > "$out/decode-attention.log" 2>&1 || status=1
     cat "$out/decode-attention.log"
+    ;;
+  prefill)
+    model=$(cd "$caller" && realpath "${1:?$usage}")
+    shift
+    timeout 300 python3 -m pytest -m gpu tests/test_kv_write.py tests/test_rope_decode_attention.py \
+      -q -p no:cacheprovider -rs 2>&1 | tee "$out/pytest-gpu.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    timeout 180 python3 -m bench.rope_write_bench --out "$out/rope-write.json" \
+      > "$out/rope-write.log" 2>&1 || status=1
+    cat "$out/rope-write.log"
+    timeout 300 python3 bench/prefill_timeline.py "$model" --out "$out/timeline.json" "$@" \
+      > "$out/timeline.log" 2>&1 || { status=1; tail -20 "$out/timeline.log"; }
     ;;
   widths)
     timeout 300 python3 -m bench.rows_linear_bench --widths --out "$out/widths.json" \

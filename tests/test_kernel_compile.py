@@ -34,14 +34,16 @@ def compile(fn, types, constexprs, **options):
     return triton.compile(ASTSource(fn, signature, constexprs=defaults(fn, constexprs)),
                           target=GPUTarget("cuda", 90, 32), options=options)
 
+ROPE = ["*bf16"] * 5 + ["*i64"] + ["*bf16"] * 3 + ["fp32"] + ["i32"] * 3
 for has_norm in (True, False):
-    k = compile(_rope_write_kv_kernel,
-                ["*bf16"] * 5 + ["*i64"] + ["*bf16"] * 3 + ["fp32", "i32", "i32"],
-                dict(HEADS=32, KV_HEADS=8, HEAD_DIM=128, BLOCK=64, PAGE_SIZE=64,
-                     HAS_NORM=has_norm), num_warps=1)
-    # The rotary products are rounded before their sum, never fused with it into a
-    # bfloat16 FMA (fp32 FMAs of the sum of squares are no eager rounding skipped).
-    print("rope", has_norm, len(k.asm["cubin"]), len(re.findall(r"fma\\.rn\\.bf16", k.asm["ptx"])))
+    for block_t, warps in ((1, 1), (16, 4)):
+        k = compile(_rope_write_kv_kernel, ROPE,
+                    dict(HEADS=32, KV_HEADS=8, HEAD_DIM=128, BLOCK=64, BLOCK_T=block_t,
+                         PAGE_SIZE=64, HAS_NORM=has_norm), num_warps=warps)
+        # The rotary products are rounded before their sum, never fused with it into a
+        # bfloat16 FMA (fp32 FMAs of the sum of squares are no eager rounding skipped).
+        print("rope", has_norm, block_t, len(k.asm["cubin"]),
+              len(re.findall(r"fma\\.rn\\.bf16", k.asm["ptx"])))
 
 def mmas(ptx):
     # Matrix instructions: the 16-row dot's (mma.sync) and the warpgroup's (wgmma).
@@ -171,9 +173,8 @@ print("squares gated", *squares_order(k.asm["ptx"]))
 # projection launch at its start).
 from ignition.components.triton_attention import _decode_combine_kernel, _decode_split_kernel
 for pdl in (True, False):
-    k = compile(_rope_write_kv_kernel,
-                ["*bf16"] * 5 + ["*i64"] + ["*bf16"] * 3 + ["fp32", "i32", "i32"],
-                dict(HEADS=32, KV_HEADS=8, HEAD_DIM=128, BLOCK=64, PAGE_SIZE=64,
+    k = compile(_rope_write_kv_kernel, ROPE,
+                dict(HEADS=32, KV_HEADS=8, HEAD_DIM=128, BLOCK=64, BLOCK_T=1, PAGE_SIZE=64,
                      HAS_NORM=True, PDL=pdl), num_warps=1, launch_pdl=pdl)
     print("pdl rope", pdl, *programmatic_order(k.asm["ptx"]), k.metadata.launch_pdl)
     k = compile(_decode_split_kernel,
@@ -356,8 +357,9 @@ def test_the_new_kernels_compile_for_sm90() -> None:
         nc, barrier = found[("split_rope", dim)]
         assert nc == "0" and barrier == "True", done.stdout
     for has_norm in ("True", "False"):
-        cubin, fmas = found[("rope", has_norm)]
-        assert int(cubin) > 0 and int(fmas) == 0, done.stdout
+        for block_t in ("1", "16"):  # decode's tile and a prefill chunk's
+            cubin, fmas = found[("rope", has_norm, block_t)]
+            assert int(cubin) > 0 and int(fmas) == 0, done.stdout
     for kernel in ("linear", "gated"):
         for fused in ("True", "False"):
             one = rows[(kernel, fused, "1")]

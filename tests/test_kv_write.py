@@ -12,7 +12,13 @@ import triton.language as tl
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, apply_rotary_pos_emb
 
 from ignition.components.kv_cache import PagedKvCache, rope_write_kv
-from ignition.components.triton_kv_write import _rounded, triton_rope_write_kv
+from ignition.components.triton_kv_write import (
+    PREFILL_ROWS,
+    PREFILL_TOKENS,
+    _rounded,
+    rope_tile,
+    triton_rope_write_kv,
+)
 
 PAGE = 16
 HEADS, KV_HEADS, DIM = 4, 2, 32
@@ -57,10 +63,10 @@ def _canonical(case: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return q, k, v
 
 
-def _run(case: dict, triton: bool) -> torch.Tensor:
+def _run(case: dict, triton: bool, tile: tuple[int, int] | None = None) -> torch.Tensor:
     args = [case[n] for n in ("qkv", "q_weight", "k_weight", "eps", "cos", "sin", "rows")]
     if triton:
-        return triton_rope_write_kv(case["kv"][1], *args, HEADS)
+        return triton_rope_write_kv(case["kv"][1], *args, HEADS, tile)
     return rope_write_kv(case["kv"], 1, *args, HEADS)
 
 
@@ -106,6 +112,25 @@ def test_a_tokens_result_is_independent_of_the_others_interpreted() -> None:
     assert torch.equal(alone["kv"][1].view(2, -1, KV_HEADS, DIM)[:, row], pages[:, row])
 
 
+@pytest.mark.parametrize("norms", [True, False])
+def test_tokens_a_program_change_no_bits_interpreted(norms: bool) -> None:
+    """Decode's tile (one token a program) and a prefill chunk's blocks of tokens,
+    the last block part-full (seven tokens in blocks of 4 and 8): the same queries and
+    cache bytes, bit for bit (the sum of squares' order is spelled out per row)."""
+    one = _case("cpu", torch.bfloat16, norms)
+    q = _run(one, triton=True, tile=(1, 1))
+    for tile in ((4, 2), (8, 4), (PREFILL_TOKENS, 4)):
+        blocked = _case("cpu", torch.bfloat16, norms)
+        assert torch.equal(_run(blocked, triton=True, tile=tile), q), tile
+        assert torch.equal(blocked["kv"], one["kv"]), tile
+    _check_pages(one, *one["kv"][1].view(2, -1, KV_HEADS, DIM)[:, one["rows"][:3]])
+
+
+def test_a_prefill_chunk_takes_blocks_of_tokens() -> None:
+    assert rope_tile(1) == rope_tile(PREFILL_ROWS - 1) == (1, 1)
+    assert rope_tile(PREFILL_ROWS) == rope_tile(4096) == (PREFILL_TOKENS, 4)
+
+
 @triton.jit
 def _round_kernel(x_ptr, y_ptr, N: tl.constexpr):
     offs = tl.arange(0, N)
@@ -138,6 +163,8 @@ def test_bad_operands_are_refused() -> None:
             case["kv"][1], case["qkv"], case["q_weight"], None, EPS, case["cos"], case["sin"],
             case["rows"], HEADS,
         )  # fmt: skip
+    with pytest.raises(ValueError, match="power of two"):
+        _run(case, triton=True, tile=(3, 1))
 
 
 # bf16: the kernel's rounding is eager's; its sum of squares in another order can move
@@ -159,3 +186,28 @@ def test_the_kernel_matches_the_canonical_modules_on_gpu(norms: bool) -> None:
     # failed on the H200 (201 of 896 query elements one bfloat16 step off).
     if not norms:
         assert torch.equal(q, canonical_q) and torch.equal(flat[0, live], k[:3])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("norms", [True, False])
+def test_a_prefill_chunks_blocks_change_no_bits_on_gpu(norms: bool) -> None:
+    """At the 8B geometry's heads (32 query, 8 kv, 128 wide) over a chunk of 1,000
+    tokens: the prefill tile's queries and cache bytes are one token a program's."""
+    gen = torch.Generator().manual_seed(2)
+    tokens, heads, kv_heads, dim, page = 1000, 32, 8, 128, 64
+    to = {"device": "cuda", "dtype": torch.bfloat16}
+    qkv = (torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen) * 3).to(**to)
+    angles = torch.rand(tokens, dim // 2, generator=gen) * 6.3
+    angles = torch.cat((angles, angles), dim=-1)
+    cos, sin = angles.cos().to(**to), angles.sin().to(**to)
+    weights = [(1 + torch.randn(dim, generator=gen) / 4).to(**to) for _ in range(2)]
+    q_weight, k_weight = weights if norms else (None, None)
+    rows = torch.randperm(tokens, generator=gen).cuda() + page
+    outputs = []
+    for tile in ((1, 1), None):
+        kv = torch.zeros(2, tokens // page + 2, page, kv_heads, dim, **to)
+        q = triton_rope_write_kv(kv, qkv, q_weight, k_weight, EPS, cos, sin, rows, heads, tile)
+        outputs.append((q, kv))
+    assert rope_tile(tokens) == (PREFILL_TOKENS, 4)
+    assert torch.equal(outputs[0][0], outputs[1][0])
+    assert torch.equal(outputs[0][1], outputs[1][1])

@@ -122,7 +122,7 @@ def _rope_group(
     program's reads after its writes."""
     half: tl.constexpr = HEAD_DIM // 2
     BLOCK: tl.constexpr = triton.next_power_of_2(half)
-    offs = tl.arange(0, BLOCK)
+    offs = tl.arange(0, BLOCK)[None, :]
     ok = offs < half
     for g in tl.static_range(GROUP):
         h = kvh * GROUP + g
