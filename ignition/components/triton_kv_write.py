@@ -2,20 +2,21 @@
 has them) and rotary embeddings, the queries out, the keys and values into the
 paged cache, in one launch.
 
-One program per block of tokens and head of the packed projection ``[tokens, (heads
-+ 2 * kv_heads) * head_dim]``: a query head is normalized, rotated and stored to
-``q``; a kv head's keys are normalized and rotated, and its keys and values stored to
-each token's flat cache row. Decode's few rows take one token a program (one warp);
-a prefill chunk takes ``PREFILL_TOKENS`` a program over four warps: one token a
-program left each 128-byte program at a few loads in flight, and a 4,096-token chunk
-of the 8B geometry took 198 us a layer on an H100, against about 35 for its bytes.
-The arithmetic is the canonical eager one, rounding to the
-execution dtype where eager torch does (Qwen3's ``RMSNorm``: the normalized vector,
-then its product with the weight; ``apply_rotary_pos_emb``: ``q * cos``,
-``rotate_half(q) * sin`` and their sum), so only the norm's fp32 statistic can
-differ: its sum of squares in another order (one spelled-out order, the same in every
-kernel that finishes a projection: ``_sum_of_squares``), and its reciprocal square
-root computed as a division. A token's result never depends on the other tokens.
+One program per block of tokens and head of the packed projection ``[tokens, (heads +
+2 * kv_heads) * head_dim]``: a query head is normalized, rotated and stored to ``q``;
+a kv head's keys are normalized and rotated, and its keys and values stored to each
+token's flat cache row. Decode's few rows take one token a program (one warp); a
+prefill chunk takes ``PREFILL_TOKENS`` a program over four warps: one token a program
+left each 128-byte program at a few loads in flight, and a 4,096-token chunk of the
+8B geometry took 198 us a layer on an H100, against about 35 for its bytes, and 39 at
+16 tokens a program (``bench/results/issue23/2026-12-06i-h100-prefill-rope/``). The
+arithmetic is the canonical eager one, rounding to the execution dtype where eager
+torch does (Qwen3's ``RMSNorm``: the normalized vector, then its product with the
+weight; ``apply_rotary_pos_emb``: ``q * cos``, ``rotate_half(q) * sin`` and their
+sum), so only the norm's fp32 statistic can differ: its sum of squares in another
+order (one spelled-out order, the same in every kernel that finishes a projection:
+``_sum_of_squares``), and its reciprocal square root computed as a division. A
+token's result never depends on the other tokens.
 
 Tokens that are not live (padding, finished requests) have rows in the null page;
 they store zeros there instead of their values, so whichever of several such tokens
