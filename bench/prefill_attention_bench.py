@@ -5,14 +5,16 @@ each KV split count: the data behind ``prefill_splits``' default.
 
 For SmolLM2-135M's and Qwen3-8B's attention shapes (one layer), chunk capacities 128
 and 512 with 11 and 370 real tokens, after 0 to 32K cached tokens: the time per call
-inside a CUDA graph, over KV copies larger than L2 together (``bench/cuda_timing.py``),
-per split count (1, the default, and 2 to 32), and the default's choice. Then whole
-4,096-token chunks of the Qwen3-8B shape after 0 to 60K cached tokens (a 64K prompt's
-chunks) and of SmolLM2-135M's after 0 and 4K, the kernel's default, the default with
-its tiles in launch order (not longest first; the bits compared), and each tiling
-of TILINGS against PyTorch's SDPA over the same keys and values laid out contiguously
-(the generate loop's attention), in ms and TFLOP/s: the data behind
-``prefill_tiling``' default. Needs a GPU.
+inside a CUDA graph, over KV copies larger than L2 together
+(``bench/cuda_timing.py``), per split count (1, the default, and 2 to 32), and the
+default's choice. Then whole 4,096-token chunks of the Qwen3-8B shape after 0 to 60K
+cached tokens (a 64K prompt's chunks) and of SmolLM2-135M's after 0 and 4K, the
+kernel's default, the default with its tiles in launch order (not longest first; the
+bits compared), the default with the scale folded into exp2's argument
+(``fold_scale``; the largest difference), and each tiling of TILINGS against PyTorch's
+SDPA over the same keys and values laid out contiguously (the generate loop's
+attention), in ms and TFLOP/s: the data behind ``prefill_tiling``' default. Needs a
+GPU.
 """
 
 from __future__ import annotations
@@ -100,6 +102,11 @@ def _long_chunks(
         in_order = partial(call, longest_first=False)
         in_order_ms = median_graph_ms([in_order])
         same_bits = bool(torch.equal(call(), in_order()))
+        # The scale folded into exp2's argument (an FMA an element; other bits): the
+        # time, and the largest difference from the default's output.
+        folded = partial(call, fold_scale=True)
+        folded_ms = median_graph_ms([folded])
+        folded_diff = float((folded().float() - call().float()).abs().max())
         group = triton.next_power_of_2(heads // kv_heads)
         tiling_ms: dict[str, float | None] = {}
         for t in TILINGS if tilings else []:
@@ -122,13 +129,15 @@ def _long_chunks(
         tflop = causal_flops(heads, dim, LONG_CHUNK, history) / 1e12
         rows.append(dict(shape=name, history=history, chunk=LONG_CHUNK, flare_ms=flare_ms,
                          sdpa_ms=sdpa_ms, tflop=tflop, tiling_ms=tiling_ms,
-                         in_order_ms=in_order_ms, same_bits_in_order=same_bits))  # fmt: skip
+                         in_order_ms=in_order_ms, same_bits_in_order=same_bits,
+                         folded_ms=folded_ms, folded_max_diff=folded_diff))  # fmt: skip
         print(
             f"{name:13} history {history:6} chunk {LONG_CHUNK}: flare {flare_ms:.3f} ms "
             f"({tflop / flare_ms * 1e3:.0f} TFLOP/s), SDPA {sdpa_ms:.3f} ms "
             f"({tflop / sdpa_ms * 1e3:.0f} TFLOP/s), flare / SDPA {flare_ms / sdpa_ms:.2f}; "
             f"tiles in launch order {in_order_ms:.3f} ms "
-            f"({'the same bits' if same_bits else 'BITS DIFFER'})"
+            f"({'the same bits' if same_bits else 'BITS DIFFER'}); "
+            f"scale folded {folded_ms:.3f} ms (max difference {folded_diff:.2e})"
         )
         for key, ms in tiling_ms.items():
             if ms is None:

@@ -220,6 +220,7 @@ def run_prefill(
     num_warps: int | None = None,
     num_stages: int | None = None,
     longest_first: bool = True,
+    fold_scale: bool = False,
 ) -> torch.Tensor:
     """The Triton kernel on ``inputs`` (with ``q`` in place of ``inputs.q`` if given)."""
     q = inputs.q if q is None else q
@@ -236,6 +237,7 @@ def run_prefill(
         num_warps=num_warps,
         num_stages=num_stages,
         longest_first=longest_first,
+        fold_scale=fold_scale,
     )
 
 
@@ -263,6 +265,7 @@ def check_prefill(
     key_pages: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    fold_scale: bool = False,
 ) -> torch.Tensor:
     """Reference match, exact zeros for padding rows, no NaN; padding rows (NaN in q)
     do not change the real rows. Returns the output."""
@@ -274,6 +277,7 @@ def check_prefill(
         key_pages=key_pages,
         num_warps=num_warps,
         num_stages=num_stages,
+        fold_scale=fold_scale,
     )
     out = run_prefill(inputs, geometry, **tiling)
     ref = prefill_ref(inputs, geometry)
@@ -378,6 +382,18 @@ def test_prefill_tile_order_changes_no_bits(start: int, n_valid: int) -> None:
     assert torch.all(first[n_valid:] == 0)
 
 
+@pytest.mark.parametrize("num_splits", [1, 2])
+@pytest.mark.parametrize(("start", "n_valid"), [(0, 32), (17, 27), (47, 9)])
+def test_prefill_folded_scale(num_splits: int, start: int, n_valid: int) -> None:
+    # The scale inside exp2's argument (one FMA an element on the GPU): the reference's
+    # values, padding rows zero and without effect, in both the single-pass and the
+    # split kernels, a chunk with and without history, the masked steps included.
+    check_prefill(
+        SMALL, 32, start, n_valid, seed=start + n_valid, block_t=8, num_splits=num_splits,
+        fold_scale=True,
+    )  # fmt: skip
+
+
 def test_prefill_group_not_power_of_two() -> None:
     geometry = Geometry(num_heads=6, num_kv_heads=2, head_dim=32, page_size=16)
     check_prefill(geometry, 24, 5, 20, seed=6, block_t=4, num_splits=1)
@@ -469,6 +485,10 @@ def test_prefill_long_chunk_default_gpu() -> None:
     assert err < TOLERANCE, f"rel L2 {err:.2e}"
     # The tiles longest first (the default) and in launch order: the same bits.
     assert torch.equal(out, run_prefill(inputs, SERVING, longest_first=False))
+    # The folded scale (an FMA an element): the reference's values too.
+    folded = run_prefill(inputs, SERVING, fold_scale=True)
+    assert torch.all(folded[n_valid:] == 0)
+    assert rel_l2(folded[:n_valid], ref) < TOLERANCE
 
 
 def test_prefill_splits_rule() -> None:

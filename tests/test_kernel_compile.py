@@ -223,12 +223,19 @@ attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
          if signature[name] != "constexpr" and name != "qk_scale"}
 for tokens in (512, 4096):
     t = prefill_tiling(tokens, 4, 128)
-    constexprs = dict(GROUP=4, GROUP_PAD=4, BLOCK_T=t.rows // 4, HEAD_DIM=128, PAGE_SIZE=64,
-                      KEY_PAGES=t.key_pages, UPCAST=False, **{name: 1 for name in ones})
-    k = triton.compile(ASTSource(_prefill_kernel, signature, constexprs=constexprs, attrs=attrs),
-                       target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=t.num_warps, num_stages=t.num_stages))
-    print("prefill", tokens, k.metadata.shared, len(re.findall(r"cp\\.async", k.asm["ptx"])))
+    for fold in (False, True):
+        constexprs = dict(GROUP=4, GROUP_PAD=4, BLOCK_T=t.rows // 4, HEAD_DIM=128,
+                          PAGE_SIZE=64, KEY_PAGES=t.key_pages, UPCAST=False,
+                          LONGEST_FIRST=True, FOLD_SCALE=fold, **{name: 1 for name in ones})
+        k = triton.compile(ASTSource(_prefill_kernel, signature, constexprs=constexprs,
+                                     attrs=attrs),
+                           target=GPUTarget("cuda", 90, 32),
+                           options=dict(num_warps=t.num_warps, num_stages=t.num_stages))
+        ptx = k.asm["ptx"]
+        # fp32 multiplies and FMAs: folding the scale into exp2's argument turns a
+        # multiply and a subtraction an element into one FMA.
+        print("prefill", tokens, fold, k.metadata.shared, len(re.findall(r"cp\\.async", ptx)),
+              len(re.findall(r"mul(\\.rn)?\\.f32", ptx)), len(re.findall(r"fma\\.rn\\.f32", ptx)))
 
 # The row sum of the hybrid's norms: its loop over the row and its tree (a reduction
 # across the warps through shared memory) compile; no atomics, whose order could vary.
@@ -402,8 +409,18 @@ def test_the_new_kernels_compile_for_sm90() -> None:
     for kernel in ("linear", "gated"):
         # 16 rows of 256 partial squares over 128 threads: 32 loads, all before the loop.
         assert found[("squares", kernel)] == ["32", "0"], done.stdout
+    prefill = {
+        tuple(parts[1:3]): list(map(int, parts[3:]))
+        for parts in map(str.split, done.stdout.splitlines())
+        if parts[0] == "prefill"
+    }
     for tokens in ("512", "4096"):
-        # Fits the H200's shared memory per block, and streams keys and values
-        # asynchronously (the loop is software-pipelined).
-        shared, copies = found[("prefill", tokens)]
-        assert 0 < int(shared) <= 232448 and int(copies) > 0, done.stdout
+        for fold in ("False", "True"):
+            # Fits the H200's shared memory per block, and streams keys and values
+            # asynchronously (the loop is software-pipelined).
+            shared, copies, _, _ = prefill[(tokens, fold)]
+            assert 0 < shared <= 232448 and copies > 0, done.stdout
+        # The folded scale: fewer multiplies, more FMAs.
+        _, _, muls, fmas = prefill[(tokens, "False")]
+        _, _, folded_muls, folded_fmas = prefill[(tokens, "True")]
+        assert folded_muls < muls and folded_fmas > fmas, done.stdout

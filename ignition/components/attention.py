@@ -100,6 +100,7 @@ def triton_paged_prefill_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     longest_first: bool = True,
+    fold_scale: bool = False,
 ) -> torch.Tensor:
     """Flash-attention-style Triton causal attention for one request's prefill chunk.
 
@@ -114,7 +115,8 @@ def triton_paged_prefill_attention(
     ``block_t``, ``key_pages`` (the tile's tokens and pages per key step), ``num_warps``
     and ``num_stages`` default to the tiling picked from the shapes. ``longest_first``
     (the default) starts the single-pass kernel's tiles that walk the most keys first;
-    the order changes no bits.
+    the order changes no bits. ``fold_scale`` scales the scores inside ``exp2``'s
+    argument (an experiment; other bits).
     """
     from ignition.components import triton_attention
 
@@ -131,6 +133,7 @@ def triton_paged_prefill_attention(
         num_warps=num_warps,
         num_stages=num_stages,
         longest_first=longest_first,
+        fold_scale=fold_scale,
     )
 
 

@@ -360,6 +360,28 @@ def _decode_combine_kernel(
 
 
 @triton.jit
+def _row_max(s, qk_scale, FOLD_SCALE: tl.constexpr):
+    """A key step's row maxima in the log2 domain: of the scaled scores ``s``, or with
+    ``FOLD_SCALE`` of the raw scores, scaled after (the scale is positive, so the same
+    value either way)."""
+    if FOLD_SCALE:
+        return tl.max(s, 1) * qk_scale
+    else:
+        return tl.max(s, 1)
+
+
+@triton.jit
+def _shifted(s, shift, qk_scale, FOLD_SCALE: tl.constexpr):
+    """``exp2``'s argument for scores ``s`` (scaled, or raw with ``FOLD_SCALE``) less
+    their rows' ``shift``: with ``FOLD_SCALE`` one fused multiply-add an element
+    instead of a multiply and a subtraction (rounded once rather than twice)."""
+    if FOLD_SCALE:
+        return s * qk_scale - shift[:, None]
+    else:
+        return s - shift[:, None]
+
+
+@triton.jit
 def _prefill_tile(
     q_ptr,
     kv_ptr,
@@ -388,13 +410,15 @@ def _prefill_tile(
     NUM_SPLITS: tl.constexpr,
     KEY_PAGES: tl.constexpr,
     UPCAST: tl.constexpr,
+    FOLD_SCALE: tl.constexpr,
 ):
     """Attention of one (token tile, kv head) over split ``split`` of NUM_SPLITS
     contiguous ranges of the tile's key steps (KEY_PAGES pages each): BLOCK_T tokens x
     all GROUP query heads of the kv head as BLOCK_T * GROUP_PAD rows, so each key/value
     page is loaded once per group. Returns the rows' token indices, heads, real and
     valid masks and the unnormalised online-softmax state (m, l, acc); m = -inf, l = 0,
-    acc = 0 for a row that saw no key (an empty split)."""
+    acc = 0 for a row that saw no key (an empty split). ``FOLD_SCALE`` scales the
+    scores inside ``exp2``'s argument (``_shifted``) rather than before it."""
     BLOCK_R: tl.constexpr = BLOCK_T * GROUP_PAD
 
     start = tl.load(start_ptr)
@@ -455,10 +479,12 @@ def _prefill_tile(
             step_ptr = kv_ptr + pages.to(tl.int64)[:, None] * stride_kvp + tile_off
         k = tl.load(step_ptr)
         v = tl.load(step_ptr + stride_kv)
-        qk = _dot(q, tl.trans(k), UPCAST) * qk_scale
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        qk = _dot(q, tl.trans(k), UPCAST)
+        if not FOLD_SCALE:
+            qk = qk * qk_scale
+        m_new = tl.maximum(m_i, _row_max(qk, qk_scale, FOLD_SCALE))
         alpha = tl.exp2(m_i - m_new)
-        p_ij = tl.exp2(qk - m_new[:, None])
+        p_ij = tl.exp2(_shifted(qk, m_new, qk_scale, FOLD_SCALE))
         l_i = l_i * alpha + tl.sum(p_ij, 1)
         acc = acc * alpha[:, None] + _dot(p_ij.to(v.dtype), v, UPCAST)
         m_i = m_new
@@ -477,17 +503,19 @@ def _prefill_tile(
         # Keys at or past kv_end are never read (unwritten chunk padding may be NaN).
         k = tl.load(step_ptr, mask=key_ok[:, None], other=0.0)
         v = tl.load(step_ptr + stride_kv, mask=key_ok[:, None], other=0.0)
-        qk = _dot(q, tl.trans(k), UPCAST) * qk_scale
+        qk = _dot(q, tl.trans(k), UPCAST)
+        if not FOLD_SCALE:
+            qk = qk * qk_scale
         visible = key_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
         qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_new = tl.maximum(m_i, _row_max(qk, qk_scale, FOLD_SCALE))
         # A split starting past step 0 can begin with a tail step in which a row sees no
         # key yet (m_new = -inf): shift such rows by 0, so alpha and p are exp2(-inf) = 0
         # and the row keeps m=-inf, l=0, acc=0. (With one split, step 0 comes first and
         # m_new is always finite here: the shift is m_new itself.)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
-        p_ij = tl.exp2(qk - m_safe[:, None])
+        p_ij = tl.exp2(_shifted(qk, m_safe, qk_scale, FOLD_SCALE))
         l_i = l_i * alpha + tl.sum(p_ij, 1)
         acc = acc * alpha[:, None] + _dot(p_ij.to(v.dtype), v, UPCAST)
         m_i = m_new
@@ -524,6 +552,7 @@ def _prefill_kernel(
     KEY_PAGES: tl.constexpr,
     UPCAST: tl.constexpr,
     LONGEST_FIRST: tl.constexpr,
+    FOLD_SCALE: tl.constexpr,
 ):
     """One (token tile, kv head) over the tile's whole context, normalised in place.
 
@@ -540,7 +569,7 @@ def _prefill_kernel(
         q_ptr, kv_ptr, page_table_ptr, start_ptr, n_valid_ptr, qk_scale, T,
         stride_qt, stride_qh, stride_qd, stride_kv, stride_kvp, stride_kvs, stride_kvh,
         stride_kvd, stride_ptp, tile, tl.program_id(0), 0,
-        GROUP, GROUP_PAD, BLOCK_T, HEAD_DIM, PAGE_SIZE, 1, KEY_PAGES, UPCAST,
+        GROUP, GROUP_PAD, BLOCK_T, HEAD_DIM, PAGE_SIZE, 1, KEY_PAGES, UPCAST, FOLD_SCALE,
     )  # fmt: skip
     offs_d = tl.arange(0, HEAD_DIM)
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
@@ -588,6 +617,7 @@ def _prefill_split_kernel(
     NUM_SPLITS: tl.constexpr,
     KEY_PAGES: tl.constexpr,
     UPCAST: tl.constexpr,
+    FOLD_SCALE: tl.constexpr,
 ):
     """One (token tile, kv head, split): ``_prefill_kernel``'s rows against a contiguous
     range of the tile's pages; writes unnormalised partial results."""
@@ -597,6 +627,7 @@ def _prefill_split_kernel(
         stride_qt, stride_qh, stride_qd, stride_kv, stride_kvp, stride_kvs, stride_kvh,
         stride_kvd, stride_ptp, tl.program_id(0), tl.program_id(1), split,
         GROUP, GROUP_PAD, BLOCK_T, HEAD_DIM, PAGE_SIZE, NUM_SPLITS, KEY_PAGES, UPCAST,
+        FOLD_SCALE,
     )  # fmt: skip
     offs_d = tl.arange(0, HEAD_DIM)
     # Empty splits (and rows that saw no key) store m=-inf, l=0, acc=0. Every (token < T,
@@ -954,6 +985,7 @@ def triton_paged_prefill_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     longest_first: bool = True,
+    fold_scale: bool = False,
 ) -> torch.Tensor:
     """Causal paged attention for one request's prefill chunk (flash-attention style).
 
@@ -969,7 +1001,10 @@ def triton_paged_prefill_attention(
     separate programs, merged afterwards (split-KV, as in decode); by default
     ``prefill_splits`` picks it from the shapes. 1 runs the single-pass kernel, which
     with ``longest_first`` (the default) starts the tiles that walk the most keys first;
-    the order changes no bits. Every choice is CUDA-graph safe: grid, scratch shapes and
+    the order changes no bits. ``fold_scale`` scales the scores inside ``exp2``'s
+    argument, one fused multiply-add an element instead of a multiply and a
+    subtraction: other bits (each probability rounded once), an experiment the bench
+    times against the default. Every choice is CUDA-graph safe: grid, scratch shapes and
     constexprs depend only on shapes.
     """
     num_heads, num_kv_heads, head_dim, page_size = _check_cache(q, kv)
@@ -1009,6 +1044,7 @@ def triton_paged_prefill_attention(
         PAGE_SIZE=page_size,
         KEY_PAGES=key_pages,
         UPCAST=_INTERPRETED,
+        FOLD_SCALE=fold_scale,
         num_warps=tiling.num_warps if num_warps is None else num_warps,
         num_stages=tiling.num_stages if num_stages is None else num_stages,
     )
