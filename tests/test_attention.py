@@ -221,6 +221,7 @@ def run_prefill(
     num_stages: int | None = None,
     longest_first: bool = True,
     fold_scale: bool = False,
+    tma: bool = False,
 ) -> torch.Tensor:
     """The Triton kernel on ``inputs`` (with ``q`` in place of ``inputs.q`` if given)."""
     q = inputs.q if q is None else q
@@ -238,6 +239,7 @@ def run_prefill(
         num_stages=num_stages,
         longest_first=longest_first,
         fold_scale=fold_scale,
+        tma=tma,
     )
 
 
@@ -394,6 +396,27 @@ def test_prefill_folded_scale(num_splits: int, start: int, n_valid: int) -> None
     )  # fmt: skip
 
 
+@pytest.mark.parametrize(("start", "n_valid"), [(0, 32), (17, 27), (47, 9)])
+def test_prefill_tma_gives_the_pointer_loads_bits(start: int, n_valid: int) -> None:
+    # Keys and values by tensor-memory copies of whole pages (the padding past the
+    # range zeroed after the copy): the values the masked pointer loads give, so the
+    # same bits, with and without history, padding rows included.
+    inputs = prefill_inputs(SMALL, 32, start, n_valid, seed=7 + start, device=LOCAL_DEVICE)
+    tiling = dict(block_t=8, num_splits=1, key_pages=1)
+    pointers = run_prefill(inputs, SMALL, **tiling)
+    assert torch.equal(run_prefill(inputs, SMALL, tma=True, **tiling), pointers)
+    ref = prefill_ref(inputs, SMALL)
+    if n_valid:
+        assert rel_l2(pointers[:n_valid], ref[:n_valid]) < TOLERANCE
+
+
+def test_prefill_tma_reads_one_page_a_step() -> None:
+    inputs = prefill_inputs(SMALL, 32, 0, 32, seed=3, device=LOCAL_DEVICE)
+    for tiling in (dict(num_splits=2, key_pages=1), dict(num_splits=1, key_pages=2)):
+        with pytest.raises(ValueError, match="one page a step"):
+            run_prefill(inputs, SMALL, block_t=8, tma=True, **tiling)
+
+
 def test_prefill_group_not_power_of_two() -> None:
     geometry = Geometry(num_heads=6, num_kv_heads=2, head_dim=32, page_size=16)
     check_prefill(geometry, 24, 5, 20, seed=6, block_t=4, num_splits=1)
@@ -485,6 +508,11 @@ def test_prefill_long_chunk_default_gpu() -> None:
     assert err < TOLERANCE, f"rel L2 {err:.2e}"
     # The tiles longest first (the default) and in launch order: the same bits.
     assert torch.equal(out, run_prefill(inputs, SERVING, longest_first=False))
+    # Tensor-memory copies at one page a step: the pointer loads' bits at that tiling.
+    one_page = dict(key_pages=1, num_warps=8, num_stages=3)
+    assert torch.equal(
+        run_prefill(inputs, SERVING, tma=True, **one_page), run_prefill(inputs, SERVING, **one_page)
+    )
     # The folded scale (an FMA an element): the reference's values too.
     folded = run_prefill(inputs, SERVING, fold_scale=True)
     assert torch.all(folded[n_valid:] == 0)

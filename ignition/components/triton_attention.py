@@ -382,9 +382,53 @@ def _shifted(s, shift, qk_scale, FOLD_SCALE: tl.constexpr):
 
 
 @triton.jit
+def _step_kv(
+    kv_ptr, kv_desc, page_table_ptr, j, stride_ptp, stride_kv, stride_kvp, tile_off,
+    step_page, total_pages, key_ok, kvh, v_rows,
+    KEY_PAGES: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+    MASKED: tl.constexpr, TMA: tl.constexpr,
+):  # fmt: skip
+    """Key step ``j``'s keys and values, ``[KEY_PAGES * PAGE_SIZE, HEAD_DIM]`` each, of kv
+    head ``kvh``: through pointers, or with ``TMA`` (one page a step) as one
+    tensor-memory copy each from ``kv_desc`` (the layer's cache as rows of all kv
+    heads, the values ``v_rows`` rows after the keys). With ``MASKED``, keys at or past
+    the range's end (``key_ok`` false; unwritten padding may be NaN) come back as
+    zeros, and pages past the range read page 0 in their place (never the table's
+    end): the pointer loads skip them, a tensor-memory copy reads the page and zeroes
+    them after, which gives the same values."""
+    if TMA:
+        page = tl.load(page_table_ptr + j * stride_ptp)
+        k = kv_desc.load([page * PAGE_SIZE, kvh * HEAD_DIM])
+        v = kv_desc.load([v_rows + page * PAGE_SIZE, kvh * HEAD_DIM])
+        if MASKED:
+            k = tl.where(key_ok[:, None], k, 0.0)
+            v = tl.where(key_ok[:, None], v, 0.0)
+    else:
+        if KEY_PAGES == 1:
+            page = tl.load(page_table_ptr + j * stride_ptp).to(tl.int64)
+            step_ptr = kv_ptr + page * stride_kvp + tile_off
+        else:
+            p = j * KEY_PAGES + step_page
+            if MASKED:
+                pages = tl.load(page_table_ptr + p * stride_ptp, mask=p < total_pages, other=0)
+            else:
+                pages = tl.load(page_table_ptr + p * stride_ptp)
+            step_ptr = kv_ptr + pages.to(tl.int64)[:, None] * stride_kvp + tile_off
+        if MASKED:
+            k = tl.load(step_ptr, mask=key_ok[:, None], other=0.0)
+            v = tl.load(step_ptr + stride_kv, mask=key_ok[:, None], other=0.0)
+        else:
+            k = tl.load(step_ptr)
+            v = tl.load(step_ptr + stride_kv)
+    return k, v
+
+
+@triton.jit
 def _prefill_tile(
     q_ptr,
     kv_ptr,
+    kv_desc,
+    v_rows,
     page_table_ptr,
     start_ptr,
     n_valid_ptr,
@@ -411,6 +455,7 @@ def _prefill_tile(
     KEY_PAGES: tl.constexpr,
     UPCAST: tl.constexpr,
     FOLD_SCALE: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """Attention of one (token tile, kv head) over split ``split`` of NUM_SPLITS
     contiguous ranges of the tile's key steps (KEY_PAGES pages each): BLOCK_T tokens x
@@ -418,7 +463,8 @@ def _prefill_tile(
     page is loaded once per group. Returns the rows' token indices, heads, real and
     valid masks and the unnormalised online-softmax state (m, l, acc); m = -inf, l = 0,
     acc = 0 for a row that saw no key (an empty split). ``FOLD_SCALE`` scales the
-    scores inside ``exp2``'s argument (``_shifted``) rather than before it."""
+    scores inside ``exp2``'s argument (``_shifted``) rather than before it; ``TMA``
+    reads each step's keys and values through ``kv_desc`` (``_step_kv``)."""
     BLOCK_R: tl.constexpr = BLOCK_T * GROUP_PAD
 
     start = tl.load(start_ptr)
@@ -471,14 +517,11 @@ def _prefill_tile(
     # Full steps come first and every row sees all their keys, so m_i is finite after the
     # first of them (no -inf - -inf in alpha).
     for j in range(step_lo, tl.minimum(step_hi, full_steps)):
-        if KEY_PAGES == 1:
-            page = tl.load(page_table_ptr + j * stride_ptp).to(tl.int64)
-            step_ptr = kv_ptr + page * stride_kvp + tile_off
-        else:
-            pages = tl.load(page_table_ptr + (j * KEY_PAGES + step_page) * stride_ptp)
-            step_ptr = kv_ptr + pages.to(tl.int64)[:, None] * stride_kvp + tile_off
-        k = tl.load(step_ptr)
-        v = tl.load(step_ptr + stride_kv)
+        k, v = _step_kv(
+            kv_ptr, kv_desc, page_table_ptr, j, stride_ptp, stride_kv, stride_kvp, tile_off,
+            step_page, total_pages, offs_s >= 0, kvh, v_rows,
+            KEY_PAGES, PAGE_SIZE, HEAD_DIM, False, TMA,
+        )  # fmt: skip
         qk = _dot(q, tl.trans(k), UPCAST)
         if not FOLD_SCALE:
             qk = qk * qk_scale
@@ -492,17 +535,12 @@ def _prefill_tile(
     for j in range(tl.maximum(step_lo, full_steps), step_hi):
         k_pos = j * BLOCK_S + offs_s
         key_ok = k_pos < kv_end
-        if KEY_PAGES == 1:
-            page = tl.load(page_table_ptr + j * stride_ptp).to(tl.int64)
-            step_ptr = kv_ptr + page * stride_kvp + tile_off
-        else:
-            # Pages past the range (even past the table) are never read: page 0 stands in.
-            p = j * KEY_PAGES + step_page
-            pages = tl.load(page_table_ptr + p * stride_ptp, mask=p < total_pages, other=0)
-            step_ptr = kv_ptr + pages.to(tl.int64)[:, None] * stride_kvp + tile_off
-        # Keys at or past kv_end are never read (unwritten chunk padding may be NaN).
-        k = tl.load(step_ptr, mask=key_ok[:, None], other=0.0)
-        v = tl.load(step_ptr + stride_kv, mask=key_ok[:, None], other=0.0)
+        # Keys at or past kv_end are zeros (unwritten chunk padding may be NaN).
+        k, v = _step_kv(
+            kv_ptr, kv_desc, page_table_ptr, j, stride_ptp, stride_kv, stride_kvp, tile_off,
+            step_page, total_pages, key_ok, kvh, v_rows,
+            KEY_PAGES, PAGE_SIZE, HEAD_DIM, True, TMA,
+        )  # fmt: skip
         qk = _dot(q, tl.trans(k), UPCAST)
         if not FOLD_SCALE:
             qk = qk * qk_scale
@@ -526,6 +564,8 @@ def _prefill_tile(
 def _prefill_kernel(
     q_ptr,
     kv_ptr,
+    kv_desc,
+    v_rows,
     page_table_ptr,
     start_ptr,
     n_valid_ptr,
@@ -553,6 +593,7 @@ def _prefill_kernel(
     UPCAST: tl.constexpr,
     LONGEST_FIRST: tl.constexpr,
     FOLD_SCALE: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """One (token tile, kv head) over the tile's whole context, normalised in place.
 
@@ -566,10 +607,10 @@ def _prefill_kernel(
     else:
         tile = tl.program_id(1)
     t, heads, row_real, row_valid, _m, l_i, acc = _prefill_tile(
-        q_ptr, kv_ptr, page_table_ptr, start_ptr, n_valid_ptr, qk_scale, T,
+        q_ptr, kv_ptr, kv_desc, v_rows, page_table_ptr, start_ptr, n_valid_ptr, qk_scale, T,
         stride_qt, stride_qh, stride_qd, stride_kv, stride_kvp, stride_kvs, stride_kvh,
         stride_kvd, stride_ptp, tile, tl.program_id(0), 0,
-        GROUP, GROUP_PAD, BLOCK_T, HEAD_DIM, PAGE_SIZE, 1, KEY_PAGES, UPCAST, FOLD_SCALE,
+        GROUP, GROUP_PAD, BLOCK_T, HEAD_DIM, PAGE_SIZE, 1, KEY_PAGES, UPCAST, FOLD_SCALE, TMA,
     )  # fmt: skip
     offs_d = tl.arange(0, HEAD_DIM)
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
@@ -623,11 +664,11 @@ def _prefill_split_kernel(
     range of the tile's pages; writes unnormalised partial results."""
     split = tl.program_id(2)
     t, heads, row_real, _valid, m_i, l_i, acc = _prefill_tile(
-        q_ptr, kv_ptr, page_table_ptr, start_ptr, n_valid_ptr, qk_scale, T,
+        q_ptr, kv_ptr, None, 0, page_table_ptr, start_ptr, n_valid_ptr, qk_scale, T,
         stride_qt, stride_qh, stride_qd, stride_kv, stride_kvp, stride_kvs, stride_kvh,
         stride_kvd, stride_ptp, tl.program_id(0), tl.program_id(1), split,
         GROUP, GROUP_PAD, BLOCK_T, HEAD_DIM, PAGE_SIZE, NUM_SPLITS, KEY_PAGES, UPCAST,
-        FOLD_SCALE,
+        FOLD_SCALE, False,
     )  # fmt: skip
     offs_d = tl.arange(0, HEAD_DIM)
     # Empty splits (and rows that saw no key) store m=-inf, l=0, acc=0. Every (token < T,
@@ -971,6 +1012,20 @@ def prefill_splits(num_tokens: int, block_t: int, num_kv_heads: int) -> int:
     return max(1, min(MAX_PREFILL_SPLITS, triton.cdiv(PREFILL_TARGET_PROGRAMS, programs)))
 
 
+def _cache_descriptor(kv: torch.Tensor) -> tuple[object, int]:
+    """A host-side tensor descriptor of one layer's cache ``[2, pages, page_size,
+    kv_heads, head_dim]`` (contiguous) as rows of all kv heads, a page of one kv head a
+    box, and the rows before the values."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if not kv.is_contiguous():
+        raise ValueError("tma needs the layer's cache contiguous")
+    _, pages, page_size, kv_heads, head_dim = kv.shape
+    rows = kv.view(2 * pages * page_size, kv_heads * head_dim)
+    desc = TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [page_size, head_dim])
+    return desc, pages * page_size
+
+
 def triton_paged_prefill_attention(
     q: torch.Tensor,
     kv: torch.Tensor,
@@ -986,6 +1041,7 @@ def triton_paged_prefill_attention(
     num_stages: int | None = None,
     longest_first: bool = True,
     fold_scale: bool = False,
+    tma: bool = False,
 ) -> torch.Tensor:
     """Causal paged attention for one request's prefill chunk (flash-attention style).
 
@@ -1004,8 +1060,11 @@ def triton_paged_prefill_attention(
     the order changes no bits. ``fold_scale`` scales the scores inside ``exp2``'s
     argument, one fused multiply-add an element instead of a multiply and a
     subtraction: other bits (each probability rounded once), an experiment the bench
-    times against the default. Every choice is CUDA-graph safe: grid, scratch shapes and
-    constexprs depend only on shapes.
+    times against the default. ``tma`` (the single-pass kernel, one page a key step;
+    an experiment) reads keys and values by tensor-memory copies through a host-side
+    descriptor of the cache: the same values, so the same bits as the pointer loads at
+    that tiling. Every choice is CUDA-graph safe: grid, scratch shapes and constexprs
+    depend only on shapes.
     """
     num_heads, num_kv_heads, head_dim, page_size = _check_cache(q, kv)
     _check_index("page_table_row", page_table_row, 1, q.device)
@@ -1033,6 +1092,12 @@ def triton_paged_prefill_attention(
         return out
     if num_splits is None:
         num_splits = prefill_splits(num_tokens, block_t, num_kv_heads)
+    kv_desc, v_rows = _cache_descriptor(kv) if tma else (None, 0)
+    if tma and (num_splits != 1 or key_pages != 1):
+        raise ValueError(
+            f"tma reads one page a step in the single-pass kernel, not {key_pages} pages "
+            f"over {num_splits} splits"
+        )
     tiles = triton.cdiv(num_tokens, block_t)
     inputs = (q, kv, page_table_row, start, n_valid)
     input_strides = (*q.stride(), *kv.stride(), *page_table_row.stride())
@@ -1050,13 +1115,18 @@ def triton_paged_prefill_attention(
     )
     if num_splits == 1:
         _prefill_kernel[(num_kv_heads, tiles)](
-            *inputs,
+            q,
+            kv,
+            kv_desc,
+            v_rows,
+            *inputs[2:],
             out,
             scale * LOG2E,
             num_tokens,
             *input_strides,
             *out.stride(),
             LONGEST_FIRST=longest_first,
+            TMA=tma,
             **launch,
         )
         return out
