@@ -70,9 +70,9 @@
 #       (blocks against one token a program, bitwise, at the 8B's heads; the canonical
 #       modules; tests/test_kv_write.py) and decode attention's rotary write, which
 #       shares its arithmetic (tests/test_rope_decode_attention.py), and the 4K chunk's
-#       prefill attention against SDPA, its tile orders and folded scale
-#       (tests/test_attention.py); the write at every tile (bench/rope_write_bench.py,
-#       OUT/rope-write.json); then MODEL's cold
+#       prefill attention against SDPA, its tile orders, folded scale and
+#       tensor-memory copies (tests/test_attention.py); the write at every tile
+#       (bench/rope_write_bench.py, OUT/rope-write.json); then MODEL's cold
 #       prefill chunks by kernel (bench/prefill_timeline.py, OUT/timeline.json). Pass
 #       --geometry and --prompt-tokens for the timeline.
 #   bench/issue23_check.sh widths OUT
@@ -218,7 +218,8 @@ case $part in
     model=$(cd "$caller" && realpath "${1:?$usage}")
     shift
     timeout 300 python3 -m pytest -m gpu tests/test_kv_write.py tests/test_rope_decode_attention.py \
-      "tests/test_attention.py::test_prefill_long_chunk_default_gpu" -q -p no:cacheprovider -rs \
+      "tests/test_attention.py::test_prefill_long_chunk_default_gpu" \
+      "tests/test_attention.py::test_prefill_tma_gpu" -q -p no:cacheprovider -rs \
       2>&1 | tee "$out/pytest-gpu.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     timeout 180 python3 -m bench.rope_write_bench --out "$out/rope-write.json" \
