@@ -392,10 +392,10 @@ def _step_kv(
     head ``kvh``: through pointers, or with ``TMA`` (one page a step) as one
     tensor-memory copy each from ``kv_desc`` (the layer's cache as rows of all kv
     heads, the values ``v_rows`` rows after the keys). With ``MASKED``, keys at or past
-    the range's end (``key_ok`` false; unwritten padding may be NaN) come back as
-    zeros, and pages past the range read page 0 in their place (never the table's
-    end): the pointer loads skip them, a tensor-memory copy reads the page and zeroes
-    them after, which gives the same values."""
+    the range's end (``key_ok`` false, None without ``MASKED``; unwritten padding may
+    be NaN) come back as zeros, and pages past the range read page 0 in their place
+    (never the table's end): the pointer loads skip them, a tensor-memory copy reads
+    the page and zeroes them after, which gives the same values."""
     if TMA:
         page = tl.load(page_table_ptr + j * stride_ptp)
         k = kv_desc.load([page * PAGE_SIZE, kvh * HEAD_DIM])
@@ -519,7 +519,7 @@ def _prefill_tile(
     for j in range(step_lo, tl.minimum(step_hi, full_steps)):
         k, v = _step_kv(
             kv_ptr, kv_desc, page_table_ptr, j, stride_ptp, stride_kv, stride_kvp, tile_off,
-            step_page, total_pages, offs_s >= 0, kvh, v_rows,
+            step_page, total_pages, None, kvh, v_rows,
             KEY_PAGES, PAGE_SIZE, HEAD_DIM, False, TMA,
         )  # fmt: skip
         qk = _dot(q, tl.trans(k), UPCAST)
@@ -1092,12 +1092,12 @@ def triton_paged_prefill_attention(
         return out
     if num_splits is None:
         num_splits = prefill_splits(num_tokens, block_t, num_kv_heads)
-    kv_desc, v_rows = _cache_descriptor(kv) if tma else (None, 0)
     if tma and (num_splits != 1 or key_pages != 1):
         raise ValueError(
             f"tma reads one page a step in the single-pass kernel, not {key_pages} pages "
             f"over {num_splits} splits"
         )
+    kv_desc, v_rows = _cache_descriptor(kv) if tma else (None, 0)
     tiles = triton.cdiv(num_tokens, block_t)
     inputs = (q, kv, page_table_row, start, n_valid)
     input_strides = (*q.stride(), *kv.stride(), *page_table_row.stride())
