@@ -10,12 +10,9 @@ inside a CUDA graph, over KV copies larger than L2 together
 default's choice. Then whole 4,096-token chunks of the Qwen3-8B shape after 0 to 60K
 cached tokens (a 64K prompt's chunks) and of SmolLM2-135M's after 0 and 4K, the
 kernel's default, the default with its tiles in launch order (not longest first; the
-bits compared), the default with the scale folded into exp2's argument
-(``fold_scale``; the largest difference), at one page a step by pointer loads and by
-tensor-memory copies (``tma``; the bits compared), and each tiling of TILINGS against
-PyTorch's SDPA over the same keys and values laid out contiguously (the generate
-loop's attention), in ms and TFLOP/s: the data behind ``prefill_tiling``' default.
-Needs a GPU.
+bits compared), and each tiling of TILINGS against PyTorch's SDPA over the same keys
+and values laid out contiguously (the generate loop's attention), in ms and TFLOP/s:
+the data behind ``prefill_tiling``' default. Needs a GPU.
 """
 
 from __future__ import annotations
@@ -103,17 +100,6 @@ def _long_chunks(
         in_order = partial(call, longest_first=False)
         in_order_ms = median_graph_ms([in_order])
         same_bits = bool(torch.equal(call(), in_order()))
-        # The scale folded into exp2's argument (an FMA an element; other bits): the
-        # time, and the largest difference from the default's output.
-        folded = partial(call, fold_scale=True)
-        folded_ms = median_graph_ms([folded])
-        folded_diff = float((folded().float() - call().float()).abs().max())
-        # Keys and values by tensor-memory copies (one page a step) against the pointer
-        # loads at the same tiling: the times, and whether the bits agree.
-        one_page = partial(call, key_pages=1)
-        tma = partial(call, key_pages=1, tma=True)
-        one_page_ms, tma_ms = median_graph_ms([one_page]), median_graph_ms([tma])
-        tma_same = bool(torch.equal(one_page(), tma()))
         group = triton.next_power_of_2(heads // kv_heads)
         tiling_ms: dict[str, float | None] = {}
         for t in TILINGS if tilings else []:
@@ -136,19 +122,13 @@ def _long_chunks(
         tflop = causal_flops(heads, dim, LONG_CHUNK, history) / 1e12
         rows.append(dict(shape=name, history=history, chunk=LONG_CHUNK, flare_ms=flare_ms,
                          sdpa_ms=sdpa_ms, tflop=tflop, tiling_ms=tiling_ms,
-                         in_order_ms=in_order_ms, same_bits_in_order=same_bits,
-                         folded_ms=folded_ms, folded_max_diff=folded_diff,
-                         one_page_ms=one_page_ms, tma_ms=tma_ms,
-                         same_bits_tma=tma_same))  # fmt: skip
+                         in_order_ms=in_order_ms, same_bits_in_order=same_bits))  # fmt: skip
         print(
             f"{name:13} history {history:6} chunk {LONG_CHUNK}: flare {flare_ms:.3f} ms "
             f"({tflop / flare_ms * 1e3:.0f} TFLOP/s), SDPA {sdpa_ms:.3f} ms "
             f"({tflop / sdpa_ms * 1e3:.0f} TFLOP/s), flare / SDPA {flare_ms / sdpa_ms:.2f}; "
             f"tiles in launch order {in_order_ms:.3f} ms "
-            f"({'the same bits' if same_bits else 'BITS DIFFER'}); "
-            f"scale folded {folded_ms:.3f} ms (max difference {folded_diff:.2e}); "
-            f"one page a step {one_page_ms:.3f} ms, by tensor-memory copies {tma_ms:.3f} ms "
-            f"({'the same bits' if tma_same else 'BITS DIFFER'})"
+            f"({'the same bits' if same_bits else 'BITS DIFFER'})"
         )
         for key, ms in tiling_ms.items():
             if ms is None:

@@ -220,8 +220,6 @@ def run_prefill(
     num_warps: int | None = None,
     num_stages: int | None = None,
     longest_first: bool = True,
-    fold_scale: bool = False,
-    tma: bool = False,
 ) -> torch.Tensor:
     """The Triton kernel on ``inputs`` (with ``q`` in place of ``inputs.q`` if given)."""
     q = inputs.q if q is None else q
@@ -238,8 +236,6 @@ def run_prefill(
         num_warps=num_warps,
         num_stages=num_stages,
         longest_first=longest_first,
-        fold_scale=fold_scale,
-        tma=tma,
     )
 
 
@@ -267,7 +263,6 @@ def check_prefill(
     key_pages: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    fold_scale: bool = False,
 ) -> torch.Tensor:
     """Reference match, exact zeros for padding rows, no NaN; padding rows (NaN in q)
     do not change the real rows. Returns the output."""
@@ -279,7 +274,6 @@ def check_prefill(
         key_pages=key_pages,
         num_warps=num_warps,
         num_stages=num_stages,
-        fold_scale=fold_scale,
     )
     out = run_prefill(inputs, geometry, **tiling)
     ref = prefill_ref(inputs, geometry)
@@ -386,35 +380,12 @@ def test_prefill_tile_order_changes_no_bits(start: int, n_valid: int) -> None:
 
 @pytest.mark.parametrize("num_splits", [1, 2])
 @pytest.mark.parametrize(("start", "n_valid"), [(0, 32), (17, 27), (47, 9)])
-def test_prefill_folded_scale(num_splits: int, start: int, n_valid: int) -> None:
-    # The scale inside exp2's argument (one FMA an element on the GPU): the reference's
-    # values, padding rows zero and without effect, in both the single-pass and the
-    # split kernels, a chunk with and without history, the masked steps included.
-    check_prefill(
-        SMALL, 32, start, n_valid, seed=start + n_valid, block_t=8, num_splits=num_splits,
-        fold_scale=True,
-    )  # fmt: skip
-
-
-@pytest.mark.parametrize(("start", "n_valid"), [(0, 32), (17, 27), (47, 9)])
-def test_prefill_tma_gives_the_pointer_loads_bits(start: int, n_valid: int) -> None:
-    # Keys and values by tensor-memory copies of whole pages (the padding past the
-    # range zeroed after the copy): the values the masked pointer loads give, so the
-    # same bits, with and without history, padding rows included.
-    inputs = prefill_inputs(SMALL, 32, start, n_valid, seed=7 + start, device=LOCAL_DEVICE)
-    tiling = dict(block_t=8, num_splits=1, key_pages=1)
-    pointers = run_prefill(inputs, SMALL, **tiling)
-    assert torch.equal(run_prefill(inputs, SMALL, tma=True, **tiling), pointers)
-    ref = prefill_ref(inputs, SMALL)
-    if n_valid:
-        assert rel_l2(pointers[:n_valid], ref[:n_valid]) < TOLERANCE
-
-
-def test_prefill_tma_reads_one_page_a_step() -> None:
-    inputs = prefill_inputs(SMALL, 32, 0, 32, seed=3, device=LOCAL_DEVICE)
-    for tiling in (dict(num_splits=2, key_pages=1), dict(num_splits=1, key_pages=2)):
-        with pytest.raises(ValueError, match="one page a step"):
-            run_prefill(inputs, SMALL, block_t=8, tma=True, **tiling)
+def test_prefill_scale_inside_exp2(num_splits: int, start: int, n_valid: int) -> None:
+    # The scale inside exp2's argument (one FMA an element on the GPU), the row maxima
+    # scaled after the max: the reference's values, padding rows zero and without
+    # effect, in both the single-pass and the split kernels, a chunk with and without
+    # history, the masked steps included.
+    check_prefill(SMALL, 32, start, n_valid, seed=start + n_valid, block_t=8, num_splits=num_splits)
 
 
 def test_prefill_group_not_power_of_two() -> None:
@@ -508,20 +479,6 @@ def test_prefill_long_chunk_default_gpu() -> None:
     assert err < TOLERANCE, f"rel L2 {err:.2e}"
     # The tiles longest first (the default) and in launch order: the same bits.
     assert torch.equal(out, run_prefill(inputs, SERVING, longest_first=False))
-    # The folded scale (an FMA an element): the reference's values too.
-    folded = run_prefill(inputs, SERVING, fold_scale=True)
-    assert torch.all(folded[n_valid:] == 0)
-    assert rel_l2(folded[:n_valid], ref) < TOLERANCE
-
-
-@pytest.mark.gpu
-def test_prefill_tma_gpu() -> None:
-    # Tensor-memory copies at one page a step (the long tiling otherwise) against the
-    # pointer loads at that tiling, after a history that ends mid-page: the same bits.
-    inputs = prefill_inputs(SERVING, 4096, 4129, 4000, seed=21, device="cuda")
-    one_page = dict(key_pages=1)
-    pointers = run_prefill(inputs, SERVING, **one_page)
-    assert torch.equal(run_prefill(inputs, SERVING, tma=True, **one_page), pointers)
 
 
 def test_prefill_splits_rule() -> None:

@@ -215,24 +215,19 @@ print("thresholds finish", len(k.asm["cubin"]), unordered(k.asm["ptx"]))
 # fails at launch).
 from ignition.components.triton_attention import _prefill_kernel, prefill_tiling
 names = _prefill_kernel.arg_names
-PREFILL_TYPES = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "kv_desc": "constexpr", "v_rows": "i32",
-                 "page_table_ptr": "*i32", "start_ptr": "*i32", "n_valid_ptr": "*i32",
-                 "out_ptr": "*bf16", "qk_scale": "fp32"}
+PREFILL_TYPES = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "page_table_ptr": "*i32",
+                 "start_ptr": "*i32", "n_valid_ptr": "*i32", "out_ptr": "*bf16",
+                 "qk_scale": "fp32"}
 ones = ("stride_qd", "stride_kvd", "stride_od", "stride_ptp")
 
-def prefill_kernel(tiling, tma=False, **constexprs):
-    # As a launch specializes it: unit strides folded in, pointers 16-byte aligned;
-    # with tma, the cache's host-side descriptor (a page of one kv head a box).
+def prefill_kernel(tiling):
+    # As a launch specializes it: unit strides folded in, pointers 16-byte aligned.
     declared = {p.name for p in _prefill_kernel.params if p.is_constexpr}
     signature = {name: PREFILL_TYPES.get(name, "constexpr" if name in declared or name in ones
                                          else "i32") for name in names}
-    constexprs = {**dict(GROUP=4, GROUP_PAD=4, BLOCK_T=tiling.rows // 4, HEAD_DIM=128,
-                         PAGE_SIZE=64, KEY_PAGES=tiling.key_pages, UPCAST=False,
-                         LONGEST_FIRST=True, FOLD_SCALE=False, TMA=tma, kv_desc=None),
-                  **{name: 1 for name in ones}, **constexprs}
-    if tma:
-        signature["kv_desc"] = "tensordesc<bf16[64, 128]>"
-        del constexprs["kv_desc"]
+    constexprs = dict(GROUP=4, GROUP_PAD=4, BLOCK_T=tiling.rows // 4, HEAD_DIM=128,
+                      PAGE_SIZE=64, KEY_PAGES=tiling.key_pages, UPCAST=False,
+                      LONGEST_FIRST=True, **{name: 1 for name in ones})
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
              if signature[name][0] in "*i"}  # pointers and integers: a launch's 16s
     return triton.compile(ASTSource(_prefill_kernel, signature, constexprs=constexprs,
@@ -241,25 +236,22 @@ def prefill_kernel(tiling, tma=False, **constexprs):
                           options=dict(num_warps=tiling.num_warps,
                                        num_stages=tiling.num_stages))
 
+def exp2_from_fma(ptx):
+    # How many exp2s take their argument straight from an fp32 FMA: each register's
+    # defining instruction, then each exp2's operand.
+    made = {register: op for op, register in
+            re.findall(r"^\\s*(?:@!?%p\\d+\\s+)?([a-z][\\w.]*)\\s+(%\\w+),", ptx, re.M)}
+    args = re.findall(r"ex2\\.approx\\S*\\s+%\\w+,\\s*(%\\w+)", ptx)
+    return sum(made.get(arg, "").startswith("fma.rn.f32") for arg in args)
+
 for tokens in (512, 4096):
     t = prefill_tiling(tokens, 4, 128)
-    for fold in (False, True):
-        k = prefill_kernel(t, FOLD_SCALE=fold)
-        ptx = k.asm["ptx"]
-        # fp32 multiplies and FMAs: folding the scale into exp2's argument turns a
-        # multiply and a subtraction an element into one FMA.
-        print("prefill", tokens, fold, k.metadata.shared, len(re.findall(r"cp\\.async", ptx)),
-              len(re.findall(r"mul(\\.rn)?\\.f32", ptx)), len(re.findall(r"fma\\.rn\\.f32", ptx)))
-# Tensor-memory copies of the keys and values at one page a step (the long chunk's
-# tiling otherwise): bulk tensor copies in place of the pointer kernel's asynchronous
-# copies of pages (those left load the queries), no global scratch.
-t = prefill_tiling(4096, 4, 128)._replace(key_pages=1)
-for tma in (False, True):
-    k = prefill_kernel(t, tma=tma)
+    k = prefill_kernel(t)
     ptx = k.asm["ptx"]
-    print("prefill_tma", tma, k.metadata.shared,
-          len(re.findall(r"cp\\.async\\.bulk\\.tensor", ptx)),
-          len(re.findall(r"cp\\.async\\.(ca|cg)", ptx)), k.metadata.global_scratch_size)
+    # The scale inside exp2's argument: each probability's exp2 takes one fp32 FMA
+    # (s * qk_scale - m), in the masked key loop as in the unmasked one.
+    print("prefill", tokens, k.metadata.shared, len(re.findall(r"cp\\.async", ptx)),
+          len(re.findall(r"ex2\\.approx", ptx)), exp2_from_fma(ptx))
 
 # The row sum of the hybrid's norms: its loop over the row and its tree (a reduction
 # across the warps through shared memory) compile; no atomics, whose order could vary.
@@ -434,26 +426,17 @@ def test_the_new_kernels_compile_for_sm90() -> None:
         # 16 rows of 256 partial squares over 128 threads: 32 loads, all before the loop.
         assert found[("squares", kernel)] == ["32", "0"], done.stdout
     prefill = {
-        tuple(parts[1:3]): list(map(int, parts[3:]))
+        parts[1]: list(map(int, parts[2:]))
         for parts in map(str.split, done.stdout.splitlines())
         if parts[0] == "prefill"
     }
     for tokens in ("512", "4096"):
-        for fold in ("False", "True"):
-            # Fits the H200's shared memory per block, and streams keys and values
-            # asynchronously (the loop is software-pipelined).
-            shared, copies, _, _ = prefill[(tokens, fold)]
-            assert 0 < shared <= 232448 and copies > 0, done.stdout
-        # The folded scale: fewer multiplies, more FMAs.
-        _, _, muls, fmas = prefill[(tokens, "False")]
-        _, _, folded_muls, folded_fmas = prefill[(tokens, "True")]
-        assert folded_muls < muls and folded_fmas > fmas, done.stdout
-    tma = {
-        line.split()[1]: list(map(int, line.split()[2:]))
-        for line in done.stdout.splitlines()
-        if line.startswith("prefill_tma ")
-    }
-    shared, bulk, copies, scratch = tma["True"]
-    _, pointer_bulk, pointer_copies, _ = tma["False"]
-    assert 0 < shared <= 232448 and bulk > 0 and scratch == 0, tma
-    assert pointer_bulk == 0 and copies < pointer_copies, tma
+        shared, copies, exp2s, from_fma = prefill[tokens]
+        # Fits the H200's shared memory per block, and streams keys and values
+        # asynchronously (the loop is software-pipelined).
+        assert 0 < shared <= 232448 and copies > 0, done.stdout
+        # The scale inside exp2's argument: every probability's exp2 takes an FMA, in
+        # both key loops; only the rescale factors exp2(m_i - m_new), one a row, take a
+        # subtraction (4 of 68 and 4 of 132 exp2s here). Scaling the scores first left
+        # the masked loop's to a subtraction after the mask (36 of 68, 68 of 132).
+        assert exp2s > 0 and exp2s - from_fma <= exp2s // 8, done.stdout

@@ -100,8 +100,6 @@ def triton_paged_prefill_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     longest_first: bool = True,
-    fold_scale: bool = False,
-    tma: bool = False,
 ) -> torch.Tensor:
     """Flash-attention-style Triton causal attention for one request's prefill chunk.
 
@@ -116,10 +114,7 @@ def triton_paged_prefill_attention(
     ``block_t``, ``key_pages`` (the tile's tokens and pages per key step), ``num_warps``
     and ``num_stages`` default to the tiling picked from the shapes. ``longest_first``
     (the default) starts the single-pass kernel's tiles that walk the most keys first;
-    the order changes no bits. ``fold_scale`` scales the scores inside ``exp2``'s
-    argument (an experiment; other bits); ``tma`` reads keys and values by
-    tensor-memory copies (an experiment; the single-pass kernel at one page a step,
-    the same bits).
+    the order changes no bits.
     """
     from ignition.components import triton_attention
 
@@ -136,8 +131,6 @@ def triton_paged_prefill_attention(
         num_warps=num_warps,
         num_stages=num_stages,
         longest_first=longest_first,
-        fold_scale=fold_scale,
-        tma=tma,
     )
 
 
