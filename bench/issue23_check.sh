@@ -70,11 +70,14 @@
 #       (blocks against one token a program, bitwise, at the 8B's heads; the canonical
 #       modules; tests/test_kv_write.py) and decode attention's rotary write, which
 #       shares its arithmetic (tests/test_rope_decode_attention.py), and the 4K chunk's
-#       prefill attention against SDPA, its tile orders, folded scale and
-#       tensor-memory copies (tests/test_attention.py); the write at every tile
+#       prefill attention against SDPA and its tile orders
+#       (tests/test_attention.py), the residual additions summed into the residual
+#       by cuBLAS (tests/test_accumulate_linear.py); the write at every tile
 #       (bench/rope_write_bench.py, OUT/rope-write.json); then MODEL's cold
-#       prefill chunks by kernel (bench/prefill_timeline.py, OUT/timeline.json). Pass
-#       --geometry and --prompt-tokens for the timeline.
+#       prefill chunks by kernel (bench/prefill_timeline.py, OUT/timeline.json), and
+#       again with the canonical decoder layer (--decode-fusion none: a GEMM, then
+#       the residual addition; OUT/timeline-canonical.json). Pass --geometry and
+#       --prompt-tokens for the timelines.
 #   bench/issue23_check.sh widths OUT
 #       each served projection of SmolLM2 and the 8B as the decode layer launches it,
 #       at every tile width, 1 and 4 rows (bench/rows_linear_bench.py --widths;
@@ -219,7 +222,7 @@ case $part in
     shift
     timeout 300 python3 -m pytest -m gpu tests/test_kv_write.py tests/test_rope_decode_attention.py \
       "tests/test_attention.py::test_prefill_long_chunk_default_gpu" \
-      "tests/test_attention.py::test_prefill_tma_gpu" -q -p no:cacheprovider -rs \
+      tests/test_accumulate_linear.py -q -p no:cacheprovider -rs \
       2>&1 | tee "$out/pytest-gpu.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     timeout 180 python3 -m bench.rope_write_bench --out "$out/rope-write.json" \
@@ -227,6 +230,9 @@ case $part in
     cat "$out/rope-write.log"
     timeout 300 python3 bench/prefill_timeline.py "$model" --out "$out/timeline.json" "$@" \
       > "$out/timeline.log" 2>&1 || { status=1; tail -20 "$out/timeline.log"; }
+    timeout 300 python3 bench/prefill_timeline.py "$model" --out "$out/timeline-canonical.json" \
+      "$@" --decode-fusion none > "$out/timeline-canonical.log" 2>&1 \
+      || { status=1; tail -20 "$out/timeline-canonical.log"; }
     ;;
   widths)
     timeout 300 python3 -m bench.rows_linear_bench --widths --out "$out/widths.json" \

@@ -12,24 +12,26 @@ a fused decode path:
   function of the canonical arithmetic with the KV write into the 64-token pages in
   one kernel, then paged attention;
 - the MLP becomes ``PackedMLP`` with one gate/up weight;
-- with ``decode_fusion`` other than "none", the decoder layer keeps its canonical
-  forward for prefill chunks and runs decode rows through ``DecodeFusedLayer``,
-  which puts each residual addition in the epilogue of the projection before it
-  and, with "norms", each RMSNorm but the first layer's into the projections around
-  it: the projection that writes the row leaves its partial squares, the one that
-  reads it scales its sums by the row's inverse RMS, and the norm's gain is folded
-  into that projection's weight when the weights are loaded (the norm modules then
-  hold ones, for prefill's canonical forward too; ``ignition.components.linear``).
-  Preparation's default is "auto" (``resolve_fusion``): "norms" wherever the norms
-  can be fused (one rank, the hidden size a multiple of the squares' group), else
-  "residuals". On the H200 SmolLM2-135M's decode step is 12% shorter with the
-  norms, and Qwen3-8B's 1.0% (c=1) and 2.2% (c=4), its qkv projection at 64
-  columns (``bench/results/issue23/2026-12-05e-h200-waves/``).
-  With "persistent" (an experiment, never chosen by "auto"), a decode step's layers
-  run as one persistent kernel with the norms fusion's arithmetic, their phases
-  separated by grid barriers (``ignition.components.persistent_layer``), the
-  layers' weights read through tables of their addresses (``persistent_tables``);
-  the first layer takes its input's partial squares from a torch reduction.
+- with ``decode_fusion`` other than "none", the decoder layer runs through
+  ``DecodeFusedLayer``: prefill chunks as the canonical forward, except that each
+  residual addition is made by the projection's cuBLAS GEMM into the residual's
+  storage (one kernel, not two); decode rows with each residual addition in the
+  epilogue of the projection before it and, with "norms", each RMSNorm but the first
+  layer's into the projections around it: the projection that writes the row leaves
+  its partial squares, the one that reads it scales its sums by the row's inverse RMS,
+  and the norm's gain is folded into that projection's weight when the weights are
+  loaded (the norm modules then hold ones, for prefill's canonical forward too;
+  ``ignition.components.linear``). Preparation's default is "auto"
+  (``resolve_fusion``): "norms" wherever the norms can be fused (one rank, the hidden
+  size a multiple of the squares' group), else "residuals". On the H200 SmolLM2-135M's
+  decode step is 12% shorter with the norms, and Qwen3-8B's 1.0% (c=1) and 2.2% (c=4),
+  its qkv projection at 64 columns
+  (``bench/results/issue23/2026-12-05e-h200-waves/``). With "persistent" (an
+  experiment, never chosen by "auto"), a decode step's layers run as one persistent
+  kernel with the norms fusion's arithmetic, their phases separated by grid barriers
+  (``ignition.components.persistent_layer``), the layers' weights read through tables
+  of their addresses (``persistent_tables``); the first layer takes its input's
+  partial squares from a torch reduction.
   This constructor's own default is "none", the canonical composition.
 
 The text-model forward is replaced by ``forward_tokens`` over packed tokens and
@@ -66,8 +68,9 @@ Operators on SM90, chosen by measurement in the GPU check and fixed here:
   (``bench/results/issue23/2026-12-05d-h100-tiles/``), so such layers keep both.
 - Decode gate/up projection with SiLU and the product: one Flare Triton kernel
   (``ignition.components.linear.triton_rows_gated``), eager rounding.
-- The decoder layers' norms and residuals (unless ``decode_fusion`` moves decode's
-  into the projections), prefill's SiLU, and the final norm: Inductor fusion of the
+- The decoder layers' norms and residuals (unless ``decode_fusion`` moves the
+  residuals into the projections, and decode's norms), prefill's SiLU, and the
+  final norm: Inductor fusion of the
   canonical forwards, with eager rounding of fused bf16 intermediates (batch
   invariance).
 """
@@ -94,6 +97,7 @@ from ignition.components.linear import (
     INVARIANT_ROWS,
     SQUARE_GROUP,
     RowStatistic,
+    accumulate_project,
     fold_gain,
     gated_project,
     group_squares,
@@ -259,16 +263,20 @@ class PagedAttention(nn.Module):
         out = self.attend(project(x, self.qkv, self.qkv_bias), position_embeddings, step, kv)
         return self.output(out).unsqueeze(0), None
 
-    def output(self, out: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def output(
+        self, out: torch.Tensor, residual: torch.Tensor | None = None, accumulate: bool = False
+    ) -> torch.Tensor:
         """``residual + o(out)`` (residual optional) summed over the ranks: each
-        rank's o projection of its heads, the residual added by rank 0."""
-        parallel = self.parallel
-        partial = project(
-            out,
-            self.o_proj.weight,
-            self.o_proj.bias,
-            residual=residual if parallel.leads else None,
-        )
+        rank's o projection of its heads, the residual added by rank 0. With
+        ``accumulate`` the residual is the caller's to lose: prefill rows' o
+        projection adds into its storage (``accumulate_project``)."""
+        parallel, o = self.parallel, self.o_proj
+        if residual is None or not parallel.leads:
+            partial = project(out, o.weight, o.bias)
+        elif accumulate:
+            partial = accumulate_project(residual, out, o.weight, o.bias)
+        else:
+            partial = project(out, o.weight, o.bias, residual=residual)
         return parallel.collectives.all_reduce(partial)
 
     def output_squares(
@@ -338,14 +346,22 @@ class PackedMLP(nn.Module):
         self.act_fn = act_fn
         self.parallel = parallel
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, accumulate: bool = False
+    ) -> torch.Tensor:
         """``residual + mlp(x)``, the residual optional (fused into the down
         projection's kernel for decode rows), summed over the ranks: each rank's down
-        projection of its intermediate rows, the residual added by rank 0."""
+        projection of its intermediate rows, the residual added by rank 0. With
+        ``accumulate`` the residual is the caller's to lose: prefill rows' down
+        projection adds into its storage (``accumulate_project``)."""
         down, parallel = self.down_proj, self.parallel
         act = gated_project(x, self.gate_up, self.act_fn)
-        residual = residual if parallel.leads else None
-        partial = project(act, down.weight, down.bias, residual=residual)
+        if residual is None or not parallel.leads:
+            partial = project(act, down.weight, down.bias)
+        elif accumulate:
+            partial = accumulate_project(residual, act, down.weight, down.bias)
+        else:
+            partial = project(act, down.weight, down.bias, residual=residual)
         return parallel.collectives.all_reduce(partial)
 
     def squares(
@@ -372,11 +388,13 @@ def rms_norm(module: nn.Module) -> tuple[torch.Tensor, float]:
 
 
 class DecodeFusedLayer(nn.Module):
-    """The canonical decoder layer with its decode rows fused: mixed in ahead of the
-    canonical class (``fuse_decode``), it runs chunks of more than ``INVARIANT_ROWS``
-    tokens through the canonical forward, and up to that many with each residual
-    addition in the epilogue of the projection before it (``h + o(attn)``,
-    ``h + down(act)``, rounded as eager rounds them).
+    """The canonical decoder layer with its residual additions fused: mixed in ahead of
+    the canonical class (``fuse_decode``), it runs up to ``INVARIANT_ROWS`` tokens
+    (decode rows) with each residual addition in the epilogue of the projection before
+    it (``h + o(attn)``, ``h + down(act)``, rounded as eager rounds them), and longer
+    chunks (prefill) with each made by the projection's cuBLAS GEMM into the
+    residual's storage (``accumulate_project``: rounded once, not twice; the layer
+    consumes its input, which ``LlamaModel.forward_tokens`` never reads again).
 
     With ``fuse_norms``, the norms too (``ignition.components.linear`` says how the
     rounding differs from eager's): the o and down projections also leave their
@@ -402,12 +420,17 @@ class DecodeFusedLayer(nn.Module):
         squares: torch.Tensor | None = None,
         **kwargs: object,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if hidden_states.shape[-2] > INVARIANT_ROWS:
-            return super().forward(  # type: ignore[misc]
-                hidden_states, position_embeddings=position_embeddings, step=step, kv=kv, **kwargs
-            )
         attn, mlp = self.self_attn, self.mlp
         x = hidden_states[0]
+        if x.shape[0] > INVARIANT_ROWS:
+            # A prefill chunk: the canonical layer, each residual addition made by the
+            # projection's GEMM into the residual's storage (the layer's input, which
+            # the caller passes on and never reads again), one GEMM where the
+            # canonical layer runs a GEMM and an addition.
+            qkv = project(self.input_layernorm(x), attn.qkv, attn.qkv_bias)
+            out = attn.attend(qkv, position_embeddings, step, kv)
+            h = attn.output(out, residual=x, accumulate=True)
+            return mlp(self.post_attention_layernorm(h), residual=h, accumulate=True).unsqueeze(0)
         if squares is None:
             qkv = project(self.input_layernorm(x), attn.qkv, attn.qkv_bias)
         else:
