@@ -4,10 +4,12 @@
 # the stripped release `flare` binary, the stripped flare_heliopause wheel, and the
 # wheels of fla-core 0.6.0 (the hybrid's GDN kernels), einops, gguf, and the openai
 # and anthropic clients with their httpx2 stack (bench/serve_clients.py, the suite).
-# About 25 MB: carry DIR with a device call, then on the GPU machine
+# The binary goes compressed (DIR/flare.xz, 3 MB against 10): about 17 MB in all.
+# Carry DIR with a device call, then on the GPU machine
 #   python3 -m pip install --no-index --no-deps --target SITE DIR/wheels/*.whl
 #   export PYTHONPATH=SITE:$PWD:$PWD/tests
-# and pass DIR/flare as FLARE.
+# and unpack DIR/flare.xz (python3's lzma; bench/issue23_chain.sh does it for
+# .carry) and pass it as FLARE.
 #
 #   bench/device_bundle.sh DIR
 set -euo pipefail
@@ -23,5 +25,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
 cargo build --release -p flare
 cp target/release/flare "$dir/flare"
 strip "$dir/flare"
+python3 -c "import lzma,shutil,sys; shutil.copyfileobj(open(sys.argv[1], 'rb'), lzma.open(sys.argv[2], 'wb', preset=9))" "$dir/flare" "$dir/flare.xz"
+rm "$dir/flare"
 maturin build --release --strip -m heliopause/Cargo.toml -o "$dir/wheels"
 du -sh "$dir"

@@ -59,3 +59,21 @@ def test_a_wheel_that_does_not_install_stops_the_chain(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 9 and "ran on" not in done.stdout
     assert "installing" in done.stderr and (out / "install.log").exists()
+
+
+def test_issue23_chain_logs_an_unknown_part_and_goes_on(tmp_path: Path) -> None:
+    """``bench/issue23_chain.sh`` runs its parts in order; a part it does not know is
+    a failed step (rc=2) in steps.txt, and the chain still ends."""
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "DETACHED_OUT": str(out), "SITE": str(tmp_path / "site"),
+           "WORK": str(tmp_path / "work"), "FLARE": "/bin/true"}  # fmt: skip
+    done = subprocess.run(
+        ["bash", "bench/issue23_chain.sh", "bogus", "other"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "chain done"
+    assert "unknown part bogus" in done.stderr
+    lines = (out / "steps.txt").read_text().splitlines()
+    assert [line.split(" at ")[0] for line in lines] == ["bogus rc=2", "other rc=2"]
