@@ -28,8 +28,12 @@ share their system message and tools, so the fake server's prefix cache restores
 prefix as Flare's does (its launches still take no time); the null server answers
 with one chat chunk.
 
-    python bench/http_overhead.py [--binary PATH] [--tokens 512 | --tool-chats]
-        [--requests 200] [--out overhead.json]
+With ``--baseline PATH`` each round also times a second fake server binary on the
+same requests right after the first (an A/B of two builds in one run), and reports
+their TTFTs' ratio.
+
+    python bench/http_overhead.py [--binary PATH] [--baseline PATH]
+        [--tokens 512 | --tool-chats] [--requests 200] [--out overhead.json]
 """
 
 from __future__ import annotations
@@ -186,6 +190,12 @@ def measure(url: str, requests: Sequence[BenchRequest], warmup: int) -> dict[str
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--binary", type=Path, default=DEFAULT_BINARY, help="fake_server")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="a second fake_server binary, timed on the same requests right after "
+        "--binary in every round (an A/B of two builds in one run)",
+    )
     parser.add_argument("--tokens", type=int, default=512, help="prompt tokens")
     parser.add_argument(
         "--tool-chats",
@@ -197,6 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="fake and null alternate")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    if args.baseline is not None and not args.baseline.is_file():
+        parser.error(f"--baseline {args.baseline} not found")
     if not args.binary.is_file():
         parser.error(
             f"{args.binary} not found: cargo build --release -p flare-helios --example fake_server"
@@ -225,27 +237,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def measure_fake(
+    binary: Path, requests: Sequence[BenchRequest], options: list[str], warmup: int
+) -> dict[str, Any]:
+    """The fake server ``binary`` (with ``options``) over ``requests``."""
+    server = FakeServer(binary, *options)
+    try:
+        return measure(server.url, requests, warmup)
+    finally:
+        server.stop()
+
+
+def _fake_line(label: str, fake: dict[str, Any]) -> str:
+    counters = fake["server"] or {}
+    return (
+        f"{label} TTFT {fake['ttft_median_ms']:.3f} ms "
+        f"(p99 {fake['ttft_p99_ms']:.3f}; server: preparation "
+        f"{counters.get('preparation_ms', float('nan')):.3f}, model thread "
+        f"{counters.get('server_ttft_ms', float('nan')):.3f} ms, means)"
+    )
+
+
 def measure_round(
     args: argparse.Namespace, requests: Sequence[BenchRequest], options: list[str], index: int
 ) -> dict[str, Any]:
-    """One round: the fake server (with ``options``), then the null server."""
-    server = FakeServer(args.binary, *options)
-    try:
-        fake = measure(server.url, requests, args.warmup)
-    finally:
-        server.stop()
+    """One round: the fake server (with ``options``), the ``--baseline`` binary's if
+    given, then the null server."""
+    fake = measure_fake(args.binary, requests, options, args.warmup)
+    measured: dict[str, Any] = {"round": index, "fake": fake}
+    line = f"round {index}: " + _fake_line("fake", fake)
+    if args.baseline is not None:
+        baseline = measure_fake(args.baseline, requests, options, args.warmup)
+        measured["baseline"] = baseline
+        ratio = fake["ttft_median_ms"] / baseline["ttft_median_ms"]
+        line += f", {_fake_line('baseline', baseline)}, fake / baseline {ratio:.2f}"
     prompt_tokens = next((s for s in fake["prompt_tokens"] if s), args.tokens)
     with null_server(prompt_tokens, chat=args.tool_chats) as url:
         null = measure(url, requests, args.warmup)
-    counters = fake["server"] or {}
-    print(
-        f"round {index}: fake TTFT {fake['ttft_median_ms']:.3f} ms "
-        f"(p99 {fake['ttft_p99_ms']:.3f}; server: preparation "
-        f"{counters.get('preparation_ms', float('nan')):.3f}, model thread "
-        f"{counters.get('server_ttft_ms', float('nan')):.3f} ms, means), "
-        f"null TTFT {null['ttft_median_ms']:.3f} ms (p99 {null['ttft_p99_ms']:.3f})"
-    )
-    return {"round": index, "fake": fake, "null": null}
+    measured["null"] = null
+    print(f"{line}, null TTFT {null['ttft_median_ms']:.3f} ms (p99 {null['ttft_p99_ms']:.3f})")
+    return measured
 
 
 if __name__ == "__main__":

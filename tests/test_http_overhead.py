@@ -62,3 +62,16 @@ def test_the_null_server_answers_a_chat_with_one_chunk() -> None:
     with http_overhead.null_server(480, chat=True) as url:
         sample = stream_request(Endpoint(url), request)
     assert sample.ok and sample.text == " w" and sample.prompt_tokens == 480
+
+
+def test_a_baseline_binary_is_timed_in_every_round(tmp_path: Path) -> None:
+    out = tmp_path / "overhead.json"
+    binary = str(build_fake_server())
+    args = ["--binary", binary, "--baseline", binary, "--tokens", "64", "--requests", "3"]
+    assert http_overhead.main([*args, "--warmup", "1", "--rounds", "2", "--out", str(out)]) == 0
+    rounds = json.loads(out.read_text())["rounds"]
+    assert len(rounds) == 2
+    for measured in rounds:
+        for server in (measured["fake"], measured["baseline"]):
+            assert server["requests"] == 3 and all(t > 0 for t in server["ttft_ms"])
+            assert server["server"]["prefill_launches"] == 1

@@ -10,6 +10,13 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// mimalloc, not glibc's malloc: on the tool chats of `bench/http_overhead.py
+/// --tool-chats`, glibc's allocator took a fifth of the serving path's CPU, and the
+/// fake server's TTFT fell about a fifth with mimalloc
+/// (`bench/results/issue23/2026-12-06l-cpu-allocator/`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Exit status for a check that ran and found a difference.
 const EXIT_MISMATCH: u8 = 1;
 /// Exit status for a command that was understood but could not be carried out.

@@ -43,6 +43,10 @@ use helios::scheduler::{
 };
 use helios::serve::serve_http;
 
+/// The allocator `flare` serves with (`flare/src/main.rs`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, Default)]
 struct Args {
     port: u16,
