@@ -206,6 +206,25 @@ def validate_config(config: PretrainedConfig) -> None:
         raise CheckpointError("mlp_bias=True is not served by this recipe")
 
 
+def rank_project(
+    x: torch.Tensor,
+    linear: nn.Module,
+    residual: torch.Tensor | None,
+    parallel: TensorParallel,
+    accumulate: bool,
+) -> torch.Tensor:
+    """This rank's share of ``residual + linear(x)`` before the all-reduce: the
+    residual (optional) added by rank 0 alone, into its storage with ``accumulate``
+    (``accumulate_project``), else by the projection's epilogue or an addition
+    (``project``)."""
+    weight, bias = linear.weight, linear.bias
+    if residual is None or not parallel.leads:
+        return project(x, weight, bias)
+    if accumulate:
+        return accumulate_project(residual, x, weight, bias)
+    return project(x, weight, bias, residual=residual)
+
+
 class PagedAttention(nn.Module):
     """Canonical attention with its cache replaced by pages: packed QKV projection;
     the q/k norms (Qwen3), the rotary function and the KV write in the canonical
@@ -270,14 +289,8 @@ class PagedAttention(nn.Module):
         rank's o projection of its heads, the residual added by rank 0. With
         ``accumulate`` the residual is the caller's to lose: prefill rows' o
         projection adds into its storage (``accumulate_project``)."""
-        parallel, o = self.parallel, self.o_proj
-        if residual is None or not parallel.leads:
-            partial = project(out, o.weight, o.bias)
-        elif accumulate:
-            partial = accumulate_project(residual, out, o.weight, o.bias)
-        else:
-            partial = project(out, o.weight, o.bias, residual=residual)
-        return parallel.collectives.all_reduce(partial)
+        partial = rank_project(out, self.o_proj, residual, self.parallel, accumulate)
+        return self.parallel.collectives.all_reduce(partial)
 
     def output_squares(
         self, out: torch.Tensor, residual: torch.Tensor
@@ -354,15 +367,9 @@ class PackedMLP(nn.Module):
         projection of its intermediate rows, the residual added by rank 0. With
         ``accumulate`` the residual is the caller's to lose: prefill rows' down
         projection adds into its storage (``accumulate_project``)."""
-        down, parallel = self.down_proj, self.parallel
         act = gated_project(x, self.gate_up, self.act_fn)
-        if residual is None or not parallel.leads:
-            partial = project(act, down.weight, down.bias)
-        elif accumulate:
-            partial = accumulate_project(residual, act, down.weight, down.bias)
-        else:
-            partial = project(act, down.weight, down.bias, residual=residual)
-        return parallel.collectives.all_reduce(partial)
+        partial = rank_project(act, self.down_proj, residual, self.parallel, accumulate)
+        return self.parallel.collectives.all_reduce(partial)
 
     def squares(
         self, x: torch.Tensor, norm: RowStatistic, residual: torch.Tensor

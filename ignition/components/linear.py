@@ -1375,8 +1375,10 @@ def accumulate_project(
     ``acc``'s storage by the GEMM itself (``accumulate_linear``; rounded once, where
     ``project`` rounds the product, then the sum) and ``acc`` is returned; otherwise
     ``project``'s residual addition, ``acc`` untouched. In the 8B's 4,096-token
-    prefill chunk the separate addition after the down projection took 40 us a layer
-    on an H100 (``bench/results/issue23/2026-12-06i-h100-prefill-rope/``)."""
+    prefill chunk on an H100 this took away the addition after down (44.7 us a layer)
+    and the post-attention norm's second input (30.0 to 23.3 us), the beta-1 GEMMs as
+    fast as the plain ones: the chunk took 101.5 ms against 105.2
+    (``bench/results/issue23/2026-12-06k-h100-prefill-accumulate/``)."""
     rows, n = _rows(x), weight.shape[0]
     if rows <= INVARIANT_ROWS or bias is not None or not acc.is_contiguous():
         return project(x, weight, bias, residual=acc)
