@@ -207,22 +207,15 @@ def validate_config(config: PretrainedConfig) -> None:
 
 
 def rank_project(
-    x: torch.Tensor,
-    linear: nn.Module,
-    residual: torch.Tensor | None,
-    parallel: TensorParallel,
-    accumulate: bool,
+    x: torch.Tensor, linear: nn.Module, residual: torch.Tensor | None, parallel: TensorParallel
 ) -> torch.Tensor:
-    """This rank's share of ``residual + linear(x)`` before the all-reduce: the
-    residual (optional) added by rank 0 alone, into its storage with ``accumulate``
-    (``accumulate_project``), else by the projection's epilogue or an addition
-    (``project``)."""
-    weight, bias = linear.weight, linear.bias
+    """This rank's share of ``residual + linear(x)`` before the all-reduce, the
+    residual (optional, the caller's to lose) added by rank 0 alone: for decode rows
+    in the projection's epilogue, for prefill chunks by the GEMM into the residual's
+    storage (``accumulate_project``)."""
     if residual is None or not parallel.leads:
-        return project(x, weight, bias)
-    if accumulate:
-        return accumulate_project(residual, x, weight, bias)
-    return project(x, weight, bias, residual=residual)
+        return project(x, linear.weight, linear.bias)
+    return accumulate_project(residual, x, linear.weight, linear.bias)
 
 
 class PagedAttention(nn.Module):
@@ -282,14 +275,11 @@ class PagedAttention(nn.Module):
         out = self.attend(project(x, self.qkv, self.qkv_bias), position_embeddings, step, kv)
         return self.output(out).unsqueeze(0), None
 
-    def output(
-        self, out: torch.Tensor, residual: torch.Tensor | None = None, accumulate: bool = False
-    ) -> torch.Tensor:
-        """``residual + o(out)`` (residual optional) summed over the ranks: each
-        rank's o projection of its heads, the residual added by rank 0. With
-        ``accumulate`` the residual is the caller's to lose: prefill rows' o
-        projection adds into its storage (``accumulate_project``)."""
-        partial = rank_project(out, self.o_proj, residual, self.parallel, accumulate)
+    def output(self, out: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``residual + o(out)`` (residual optional, the caller's to lose) summed over
+        the ranks: each rank's o projection of its heads, the residual added by rank 0
+        (``rank_project``)."""
+        partial = rank_project(out, self.o_proj, residual, self.parallel)
         return self.parallel.collectives.all_reduce(partial)
 
     def output_squares(
@@ -359,16 +349,12 @@ class PackedMLP(nn.Module):
         self.act_fn = act_fn
         self.parallel = parallel
 
-    def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None, accumulate: bool = False
-    ) -> torch.Tensor:
-        """``residual + mlp(x)``, the residual optional (fused into the down
-        projection's kernel for decode rows), summed over the ranks: each rank's down
-        projection of its intermediate rows, the residual added by rank 0. With
-        ``accumulate`` the residual is the caller's to lose: prefill rows' down
-        projection adds into its storage (``accumulate_project``)."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``residual + mlp(x)``, the residual optional (the caller's to lose), summed
+        over the ranks: each rank's down projection of its intermediate rows, the
+        residual added by rank 0 (``rank_project``)."""
         act = gated_project(x, self.gate_up, self.act_fn)
-        partial = rank_project(act, self.down_proj, residual, self.parallel, accumulate)
+        partial = rank_project(act, self.down_proj, residual, self.parallel)
         return self.parallel.collectives.all_reduce(partial)
 
     def squares(
@@ -429,22 +415,17 @@ class DecodeFusedLayer(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         attn, mlp = self.self_attn, self.mlp
         x = hidden_states[0]
-        if x.shape[0] > INVARIANT_ROWS:
-            # A prefill chunk: the canonical layer, each residual addition made by the
-            # projection's GEMM into the residual's storage (the layer's input, which
-            # the caller passes on and never reads again), one GEMM where the
-            # canonical layer runs a GEMM and an addition.
-            qkv = project(self.input_layernorm(x), attn.qkv, attn.qkv_bias)
-            out = attn.attend(qkv, position_embeddings, step, kv)
-            h = attn.output(out, residual=x, accumulate=True)
-            return mlp(self.post_attention_layernorm(h), residual=h, accumulate=True).unsqueeze(0)
         if squares is None:
             qkv = project(self.input_layernorm(x), attn.qkv, attn.qkv_bias)
         else:
             norm = RowStatistic(squares, rms_norm(self.input_layernorm)[1])
             qkv = project(x, attn.qkv, attn.qkv_bias, norm=norm)
         out = attn.attend(qkv, position_embeddings, step, kv)
-        if not self.fuse_norms:
+        if not self.fuse_norms or x.shape[0] > INVARIANT_ROWS:
+            # Residuals only: for a prefill chunk each addition is made by the
+            # projection's GEMM into the residual's storage (the layer's input, which
+            # the caller passes on and never reads again), one GEMM where the
+            # canonical layer runs a GEMM and an addition.
             h = attn.output(out, residual=x)
             return mlp(self.post_attention_layernorm(h), residual=h).unsqueeze(0)
         h, h_squares = attn.output_squares(out, residual=x)
