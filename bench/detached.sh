@@ -24,7 +24,8 @@ case $verb in
     mkdir -p "$dir/src" "$dir/out"
     dir=$(cd "$dir" && pwd)
     cd "$(dirname "$0")/.."
-    tar --exclude=./.git --exclude=./target --exclude=./.venv -cf - . | tar -xf - -C "$dir/src" || exit 2
+    # -h: carried folders may arrive as links; a link copied as a link can dangle there.
+    tar -h --exclude=./.git --exclude=./target --exclude=./.venv -cf - . | tar -xf - -C "$dir/src" || exit 2
     echo "$command" > "$dir/started"
     # setsid: a new session, so the call's end does not end it.
     # A subshell, so that an `exit` in COMMAND still leaves the status written.

@@ -11,12 +11,15 @@
 #              TTFT through flare at 512 and 4,096 tokens, with the decode bench and
 #              the qualification replay (`suite_gpu.sh qwen3-8b-flare`), then its report;
 # - smol:      the SmolLM2 stand-in's core, its tools, agent and decode workloads
-#              (10 rounds) through flare and the Python floor, then their report;
+#              (10 rounds; $SMOL_SUITE_ARGS instead, if set) through flare and the
+#              Python floor, then their report;
 # - serving:   `issue23_check.sh serving` (the serving GPU tests);
 # - attention: `bench/prefill_attention_bench.py --long-only --no-tilings`.
 #
 # The flare binary: $FLARE, else .carry/flare.xz unpacked, else .carry/flare. The
-# carried wheels: bench/chain_env.sh's.
+# carried wheels: bench/chain_env.sh's. Before the first of 8b, smol and serving, a
+# preflight step: flare_heliopause and openai import and the binary runs, or the chain
+# ends there.
 set -uo pipefail
 . bench/chain_env.sh || exit 1
 out=$DETACHED_OUT
@@ -28,6 +31,17 @@ if [ -z "$flare" ] && [ -e .carry/flare.xz ]; then
 fi
 flare=${flare:-.carry/flare}
 qwen=$WORK/qwen3-8b
+# Before the first part that serves (8b, smol, serving): the carried wheels import and
+# the binary runs, or the chain stops here rather than failing each step minutes later.
+preflight() {
+  [ -n "${preflight_done:-}" ] && return 0
+  python3 -c "import flare_heliopause, openai" > "$out/preflight.log" 2>&1 \
+    && "$flare" --help >> "$out/preflight.log" 2>&1
+  local rc=$?
+  step preflight $rc
+  [ $rc -eq 0 ] || { echo "issue23_chain.sh: preflight failed (preflight.log)" >&2; exit 1; }
+  preflight_done=1
+}
 weights() {
   [ -e "$qwen/.complete" ] && return 0
   python3 -m ignition.loading.random_weights --geometry qwen3-8b --out "$qwen" > /dev/null 2>&1 \
@@ -43,6 +57,7 @@ for part in "$@"; do
       step prefill $?
       ;;
     8b)
+      preflight
       weights
       python3 -m ignition.cli prepare "$qwen" --out "$WORK/qwen3-8b-core" --max-concurrency 4 \
         --context-limit 8192 --compile-scope layer > "$out/8b-prepare.log" 2>&1
@@ -54,12 +69,13 @@ for part in "$@"; do
       step 8b-report $?
       ;;
     smol)
+      preflight
       python3 bench/smollm2_stand_in.py "$WORK/smolrw" > /dev/null
       step smol-stand-in $?
       bash bench/suite_gpu.sh smollm2-prepare "$out/smol" "$WORK/smolrw" \
         > "$out/smol-prepare.log" 2>&1
       step smol-prepare $?
-      export SUITE_ARGS="--workloads tools agent decode --decode-rounds 10"
+      export SUITE_ARGS=${SMOL_SUITE_ARGS:-"--workloads tools agent decode --decode-rounds 10"}
       bash bench/suite_gpu.sh smollm2-flare "$out/smol" "$flare" > "$out/smol-flare.log" 2>&1
       step smol-flare $?
       bash bench/suite_gpu.sh smollm2-floor "$out/smol" > "$out/smol-floor.log" 2>&1
@@ -69,6 +85,7 @@ for part in "$@"; do
       step smol-report $?
       ;;
     serving)
+      preflight
       bash bench/issue23_check.sh serving "$out/serving" > "$out/serving.log" 2>&1
       step serving $?
       ;;

@@ -222,7 +222,7 @@ case $part in
     shift
     timeout 300 python3 -m pytest -m gpu tests/test_kv_write.py tests/test_rope_decode_attention.py \
       "tests/test_attention.py::test_prefill_long_chunk_default_gpu" \
-      tests/test_accumulate_linear.py -q -p no:cacheprovider -rs \
+      tests/test_accumulate_linear.py -q -p no:cacheprovider -rsP \
       2>&1 | tee "$out/pytest-gpu.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     timeout 180 python3 -m bench.rope_write_bench --out "$out/rope-write.json" \

@@ -69,16 +69,20 @@ def test_inductor_keeps_both_additions_in_place_without_copies() -> None:
 
 
 @pytest.mark.gpu
-def test_cublas_sums_into_the_residual_rounding_once() -> None:
+def test_cublas_sums_into_the_residual_as_accurately() -> None:
     """The 8B's down projection shape at 512 rows, bf16 on the GPU: the in-place GEMM
-    gives ``torch.addmm``'s bits (the same cuBLAS product, beta 1), its error from the
-    exact sum is smaller on average than the canonical GEMM-then-addition's (one
-    rounding, not two), and it replays in a CUDA graph with the same bits.
+    gives ``torch.addmm``'s bits (the same cuBLAS product, beta 1), its mean error from
+    the exact sum is no larger than the canonical GEMM-then-addition's, and it replays
+    in a CUDA graph with the same bits.
 
-    A bound of half a bf16 ulp per element failed on an H100: cuBLAS may reduce in
-    reduced precision (``allow_bf16_reduced_precision_reduction``, torch's default),
-    so the product's own error is not the fp32 dot's
-    (``bench/results/issue23/2026-12-06k-h100-prefill-accumulate/pytest-gpu.log``)."""
+    Two earlier bounds failed on an H100. Half a bf16 ulp per element: cuBLAS may
+    reduce in reduced precision (``allow_bf16_reduced_precision_reduction``, torch's
+    default), so the product's own error is not the fp32 dot's
+    (``bench/results/issue23/2026-12-06k-h100-prefill-accumulate/pytest-gpu.log``).
+    A strictly smaller mean error than the canonical's: both were 0.0021, the final
+    bf16 rounding of a sum of magnitude about 1.4 (a quarter of its ulp) dominating
+    (``bench/results/issue23/2026-12-06m-h100-accumulate-mimalloc/``). The margin
+    allowed is the mean's sampling spread: 2M elements, under 0.1%, taken as 1%."""
     generator = torch.Generator(device="cuda").manual_seed(0)
     rows, k, n = 512, 12288, 4096
     acc, x = (torch.randn(rows, d, device="cuda", generator=generator) for d in (n, k))
@@ -88,9 +92,10 @@ def test_cublas_sums_into_the_residual_rounding_once() -> None:
     eager = accumulate_project(acc.clone(), x, w)
     assert torch.equal(eager, torch.addmm(acc, x, w.t()))
     canonical = acc + F.linear(x, w)
-    error = (eager.double() - exact).abs().mean()
-    canonical_error = (canonical.double() - exact).abs().mean()
-    assert error < canonical_error, (error, canonical_error)
+    error = (eager.double() - exact).abs().mean().item()
+    canonical_error = (canonical.double() - exact).abs().mean().item()
+    print(f"mean error: in place {error:.6g}, canonical {canonical_error:.6g}")
+    assert error <= canonical_error * 1.01, (error, canonical_error)
     residual = acc.clone()
     graph = torch.cuda.CUDAGraph()
     accumulate_project(residual.clone(), x, w)  # cuBLAS's workspace before capture
