@@ -7,8 +7,12 @@
 #       one rank's, in bfloat16 with the GPU kernels (float32 is checked on the CPU,
 #       in tests/test_tensor_parallel.py: the GPU's attention kernels take 16-bit
 #       floats).
+#   bench/issue24_check.sh collectives OUT
+#       the export-safe two-rank collectives (ignition.parallel.window_collectives)
+#       with both ranks on this GPU, on two streams at once, eager and replayed from
+#       CUDA graphs (tests/test_window_collectives.py's GPU test), every result bitwise.
 set -uo pipefail
-usage="usage: bench/issue24_check.sh tp-logits OUT"
+usage="usage: bench/issue24_check.sh tp-logits|collectives OUT"
 part=${1:?$usage}
 out=${2:?$usage}
 mkdir -p "$out"
@@ -28,6 +32,11 @@ write_tiny(Path(sys.argv[1]), 'qwen3')" "$work/tiny-qwen3" > /dev/null || exit 1
       --dtype bfloat16 --out "$out/tp-logits-bfloat16.json" > "$out/tp-logits-bfloat16.log" 2>&1 \
       || status=1
     tail -16 "$out/tp-logits-bfloat16.log"
+    ;;
+  collectives)
+    timeout 300 python3 -m pytest -m gpu tests/test_window_collectives.py -q -p no:cacheprovider \
+      -rs 2>&1 | tee "$out/pytest-gpu.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     ;;
   *)
     echo "$usage" >&2

@@ -7,8 +7,8 @@ of one rank runs exactly the arithmetic it ran before tensor parallelism existed
 ``GroupCollectives`` calls ``torch.distributed`` on the process group this process
 joined (Gloo, through host copies of device tensors, so ranks may share one GPU):
 the Python reference of a group's arithmetic. It is not capturable into an exported
-graph; export-safe collectives over buffers inside the rank windows are not built
-yet.
+graph; ``window_collectives.WindowCollectives`` is (two ranks, over fixed storage),
+but preparation does not use it yet.
 """
 
 from __future__ import annotations

@@ -1,0 +1,182 @@
+"""Collectives that survive export: a two-rank all-reduce and all-gather whose
+every operand lives at a fixed address, so a captured graph replays them in a
+process that maps both ranks' windows (Helios's serving process, with peer access
+between the two devices).
+
+NCCL's captured kernels point into communicator memory that a second process cannot
+recreate. These kernels read and write only ``CollectiveStorage``: per rank, two
+buffers (alternating between calls, by the call's epoch) and an int64 word array in
+that rank's window. A call on rank ``r``, in each program:
+
+1. reads the epoch counter (``words[COUNTER]``, written by the previous call's last
+   program; calls on one stream are ordered) and takes ``epoch = counter + 1``;
+2. writes its slice of ``x`` into its own buffer of parity ``epoch % 2``;
+3. signals the peer: ``peer.words[program] = epoch`` (release, system scope, after
+   the program's stores);
+4. waits until its own ``words[program] >= epoch`` (acquire, system scope): the
+   peer's program of the same index has written its slice;
+5. reads the peer's slice and writes the result: the sum (reduce), or both slices
+   side by side in rank order (gather);
+6. counts itself done; the last program stores ``epoch`` into the counter and
+   zeroes the count, for the next call.
+
+The epochs only grow, so nothing is reset between calls and a replayed graph needs no
+host input. A rank can be at most one call ahead of its peer (its next call waits for
+the peer's signal), so ``>=`` in the wait lets a peer's next signal overwrite this
+one's, and the two parities keep a rank from writing the buffer its peer still reads.
+Every program of a call must be resident at once on its device (a waiting program
+holds its slot): the grid is bounded by ``MAX_PROGRAMS``.
+
+With two ranks, each element's sum is one rounding of ``a + b``, which is the same on
+both ranks (addition commutes exactly): the ranks' replicated state stays bitwise
+equal. This is the one-shot form (each rank reads the peer's whole partial); a
+two-shot form for long prefill rows is not built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ignition.components.triton_kv_write import _rounded
+
+# Words of a rank's int64 array: one arrival flag per program, then the epoch
+# counter and the count of programs done with the current call.
+MAX_PROGRAMS = 64
+COUNTER = MAX_PROGRAMS
+DONE = MAX_PROGRAMS + 1
+WORDS = MAX_PROGRAMS + 2
+BLOCK = 1024
+
+
+@dataclass(frozen=True)
+class CollectiveStorage:
+    """One rank's share of the collectives' memory: ``buffers [2, capacity]`` in the
+    collective's dtype, and ``words [WORDS]`` int64 (zero before the first call)."""
+
+    buffers: torch.Tensor
+    words: torch.Tensor
+
+    @classmethod
+    def allocate(
+        cls, capacity: int, dtype: torch.dtype, device: torch.device | str
+    ) -> CollectiveStorage:
+        return cls(
+            torch.empty(2, capacity, dtype=dtype, device=device),
+            torch.zeros(WORDS, dtype=torch.int64, device=device),
+        )
+
+    @property
+    def capacity(self) -> int:
+        return self.buffers.shape[1]
+
+
+@triton.jit
+def _exchange_kernel(
+    x_ptr,
+    out_ptr,
+    own_buffers_ptr,
+    peer_buffers_ptr,
+    own_words_ptr,
+    peer_words_ptr,
+    n,
+    width,
+    capacity,
+    programs,
+    RANK: tl.constexpr,
+    GATHER: tl.constexpr,
+    BF16: tl.constexpr,
+    BLOCK: tl.constexpr,
+    COUNTER: tl.constexpr,
+    DONE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    epoch = tl.load(own_words_ptr + COUNTER) + 1
+    parity = epoch % 2
+    own = own_buffers_ptr + parity * capacity
+    peer = peer_buffers_ptr + parity * capacity
+    blocks = tl.cdiv(n, BLOCK)
+    # While loops: the interpreter cannot take a runtime bound in a for loop's range.
+    block = pid
+    while block < blocks:
+        offsets = block * BLOCK + tl.arange(0, BLOCK)
+        mask = offsets < n
+        tl.store(own + offsets, tl.load(x_ptr + offsets, mask=mask), mask=mask)
+        block += programs
+    tl.debug_barrier()  # the program's stores are done before its signal
+    tl.atomic_xchg(peer_words_ptr + pid, epoch, sem="release", scope="sys")
+    seen = tl.atomic_add(own_words_ptr + pid, 0, sem="acquire", scope="sys")
+    while seen < epoch:
+        seen = tl.atomic_add(own_words_ptr + pid, 0, sem="acquire", scope="sys")
+    tl.debug_barrier()
+    block = pid
+    while block < blocks:
+        offsets = block * BLOCK + tl.arange(0, BLOCK)
+        mask = offsets < n
+        mine = tl.load(x_ptr + offsets, mask=mask)
+        # Plain loads: thread 0's acquire, then the CTA barrier, order them after the
+        # peer's stores (its release covers its whole program's, by the barrier before).
+        theirs = tl.load(peer + offsets, mask=mask)
+        if GATHER:
+            row = offsets // width
+            column = offsets % width
+            tl.store(out_ptr + row * 2 * width + RANK * width + column, mine, mask=mask)
+            tl.store(out_ptr + row * 2 * width + (1 - RANK) * width + column, theirs, mask=mask)
+        else:
+            total = mine.to(tl.float32) + theirs.to(tl.float32)
+            if BF16:  # to nearest by its bits (the interpreter's cast truncates)
+                total = _rounded(total, tl.bfloat16)
+            tl.store(out_ptr + offsets, total.to(out_ptr.dtype.element_ty), mask=mask)
+        block += programs
+    tl.debug_barrier()
+    done = tl.atomic_add(own_words_ptr + DONE, 1, sem="acq_rel", scope="gpu")
+    if done == programs - 1:
+        tl.atomic_xchg(own_words_ptr + DONE, 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(own_words_ptr + COUNTER, epoch, sem="release", scope="gpu")
+
+
+class WindowCollectives:
+    """Rank ``rank`` of two (the ``Collectives`` of ``ignition.parallel``) over its
+    own storage and its peer's, both addressable from this rank's device."""
+
+    def __init__(self, rank: int, own: CollectiveStorage, peer: CollectiveStorage) -> None:
+        if rank not in (0, 1):
+            raise ValueError(f"window collectives join two ranks; rank {rank} is neither")
+        if own.buffers.shape != peer.buffers.shape or own.buffers.dtype != peer.buffers.dtype:
+            raise ValueError("both ranks' collective storage must have one shape and dtype")
+        self.rank = rank
+        self.own = own
+        self.peer = peer
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum of both ranks' ``x``, the same bits on both."""
+        return self._exchange(x, torch.empty_like(x), gather=False)
+
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        """Both ranks' ``x`` side by side along the last dimension, rank 0's first."""
+        out = x.new_empty(*x.shape[:-1], 2 * x.shape[-1])
+        return self._exchange(x, out, gather=True)
+
+    def _exchange(self, x: torch.Tensor, out: torch.Tensor, gather: bool) -> torch.Tensor:
+        if x.dtype != self.own.buffers.dtype:
+            raise ValueError(
+                f"the collective storage holds {self.own.buffers.dtype}, not {x.dtype}"
+            )
+        if x.numel() > self.own.capacity:
+            raise ValueError(
+                f"{x.numel()} elements exceed the collective storage's {self.own.capacity}: "
+                "prepare it for the largest row count times width"
+            )
+        x = x.contiguous()
+        n = x.numel()
+        programs = max(1, min(MAX_PROGRAMS, triton.cdiv(n, BLOCK)))
+        _exchange_kernel[(programs,)](
+            x, out, self.own.buffers, self.peer.buffers, self.own.words, self.peer.words,
+            n, x.shape[-1], self.own.capacity, programs,
+            RANK=self.rank, GATHER=gather, BF16=x.dtype == torch.bfloat16, BLOCK=BLOCK,
+            COUNTER=COUNTER, DONE=DONE,
+        )  # fmt: skip
+        return out

@@ -1,0 +1,237 @@
+"""The export-safe collectives (``ignition.parallel.window_collectives``): two ranks'
+all-reduce and all-gather over each other's storage.
+
+On the CPU the kernels run interpreted, each rank in a process of its own over shared
+memory (the interpreter is not thread-safe), waiting on each other's flags as the two
+devices do. On the GPU both ranks run on the one device, on two streams at once, eager
+and replayed from CUDA graphs."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from ignition.parallel.window_collectives import (
+    COUNTER,
+    DONE,
+    MAX_PROGRAMS,
+    CollectiveStorage,
+    WindowCollectives,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+# Rows and widths of the calls: one program with a tail, three, and more blocks than
+# programs (each program strides over several).
+SHAPES = [(1, 700), (3, 1000), (2, 34000)]
+CAPACITY = 70000
+
+
+def _storage(device: str = "cpu", capacity: int = CAPACITY) -> CollectiveStorage:
+    return CollectiveStorage.allocate(capacity, torch.bfloat16, device)
+
+
+def _inputs(rank: int) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(10 + rank)
+    return [torch.randn(*shape, generator=generator).bfloat16() for shape in SHAPES]
+
+
+def _rank(
+    rank: int,
+    storages: list[CollectiveStorage],
+    sums: list[torch.Tensor],
+    gathers: list[torch.Tensor],
+) -> None:
+    # A forked child's OpenMP pool hangs in a parallel copy: one thread.
+    torch.set_num_threads(1)
+    collectives = WindowCollectives(rank, storages[rank], storages[1 - rank])
+    for x, total, gathered in zip(_inputs(rank), sums, gathers, strict=True):
+        total.copy_(collectives.all_reduce(x))
+        gathered.copy_(collectives.all_gather_last(x))
+
+
+def test_two_ranks_reduce_and_gather_through_each_others_storage() -> None:
+    storages = [_storage() for _ in range(2)]
+    for storage in storages:
+        storage.buffers.share_memory_()
+        storage.words.share_memory_()
+    sums = [[torch.empty(shape, dtype=torch.bfloat16).share_memory_() for shape in SHAPES]
+            for _ in range(2)]  # fmt: skip
+    gathers = [[torch.empty(rows, 2 * width, dtype=torch.bfloat16).share_memory_()
+                for rows, width in SHAPES] for _ in range(2)]  # fmt: skip
+    context = multiprocessing.get_context("fork")
+    ranks = [context.Process(target=_rank, args=(rank, storages, sums[rank], gathers[rank]))
+             for rank in range(2)]  # fmt: skip
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(240)
+    stuck = [rank for rank, process in enumerate(ranks) if process.exitcode is None]
+    for process in ranks:
+        process.kill()
+    assert not stuck, f"ranks {stuck} still waiting after 240 s"
+    assert [process.exitcode for process in ranks] == [0, 0]
+    for call, (x0, x1) in enumerate(zip(_inputs(0), _inputs(1), strict=True)):
+        # One rounding of the fp32 sum to bfloat16, the same bits on both ranks.
+        expected = (x0.float() + x1.float()).bfloat16()
+        assert torch.equal(sums[0][call], expected) and torch.equal(sums[1][call], expected)
+        both = torch.cat([x0, x1], dim=-1)
+        assert torch.equal(gathers[0][call], both) and torch.equal(gathers[1][call], both)
+    # Six calls: each rank's counter at the last epoch, its count of programs zeroed,
+    # and the peer's flags at the epoch of the last call each program took part in.
+    calls = 2 * len(SHAPES)
+    for rank, storage in enumerate(storages):
+        words = storage.words.tolist()
+        assert words[COUNTER] == calls and words[DONE] == 0, (rank, words)
+        assert words[:MAX_PROGRAMS] == [calls] * MAX_PROGRAMS, (rank, words)
+
+
+def _forked(target: Callable[..., None], args: tuple[object, ...], seconds: float) -> int | None:
+    """``target(*args)`` in a forked process, its exit code (None: still running after
+    ``seconds``, then killed): a wait that never ends fails the test, not hangs it."""
+    process = multiprocessing.get_context("fork").Process(target=target, args=args)
+    process.start()
+    process.join(seconds)
+    code = process.exitcode
+    process.kill()
+    return code
+
+
+def _reduce_once(own: CollectiveStorage, peer: CollectiveStorage, x: torch.Tensor,
+                 total: torch.Tensor) -> None:  # fmt: skip
+    torch.set_num_threads(1)
+    total.copy_(WindowCollectives(0, own, peer).all_reduce(x))
+
+
+def test_a_peer_one_call_ahead_does_not_stall_the_rank() -> None:
+    """A peer may finish a call and signal its next one before this rank reads its
+    flag: the wait is for the epoch or a later one. Here the peer's slice of the
+    first call (parity 1) is in place and its flags already say 2."""
+    own, peer = _storage(), _storage()
+    for tensor in (own.buffers, own.words, peer.buffers, peer.words):
+        tensor.share_memory_()
+    x = torch.randn(3, 1000, generator=torch.Generator().manual_seed(1)).bfloat16()
+    theirs = torch.randn(3, 1000, generator=torch.Generator().manual_seed(2)).bfloat16()
+    peer.buffers[1, : x.numel()] = theirs.flatten()
+    own.words[:MAX_PROGRAMS] = 2
+    total = torch.empty_like(x).share_memory_()
+    assert _forked(_reduce_once, (own, peer, x, total), 60) == 0, "the rank waited on"
+    assert torch.equal(total, (x.float() + theirs.float()).bfloat16())
+    # Rank 0's slice went to its own buffer of parity 1, its signals to the peer.
+    assert torch.equal(own.buffers[1, : x.numel()], x.flatten())
+    assert peer.words[:3].tolist() == [1, 1, 1] and own.words[COUNTER].item() == 1
+
+
+def test_bad_calls_are_refused() -> None:
+    own, peer = _storage(), _storage()
+    with pytest.raises(ValueError, match="rank 2"):
+        WindowCollectives(2, own, peer)
+    with pytest.raises(ValueError, match="one shape and dtype"):
+        WindowCollectives(0, own, CollectiveStorage.allocate(CAPACITY, torch.float16, "cpu"))
+    collectives = WindowCollectives(0, own, peer)
+    with pytest.raises(ValueError, match="exceed"):
+        collectives.all_reduce(torch.zeros(CAPACITY + 1, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=r"holds torch\.bfloat16"):
+        collectives.all_reduce(torch.zeros(8))
+    assert own.words.count_nonzero().item() == 0  # nothing ran
+
+
+COMPILE = """
+import re, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from ignition.parallel.window_collectives import _exchange_kernel, COUNTER, DONE
+types = ["*bf16"] * 4 + ["*i64"] * 2 + ["i32"] * 4
+names = _exchange_kernel.arg_names
+signature = dict(zip(names, types + ["constexpr"] * (len(names) - len(types))))
+for gather in (False, True):
+    source = ASTSource(_exchange_kernel, signature, constexprs=dict(
+        RANK=1, GATHER=gather, BF16=True, BLOCK=1024, COUNTER=COUNTER, DONE=DONE))
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    ops = re.findall(r"(?:atom|ld)\\.global\\.(?:sys|gpu)\\.[a-z_]+\\.[a-z]+", ptx)
+    print(gather, " ".join(ops))
+"""
+
+
+def test_the_kernel_signals_and_waits_at_system_scope_on_sm90() -> None:
+    """Compiled for SM90 (no device needed): the signal is a release exchange and the
+    wait an acquire load, both at system scope (the peer is another device); the
+    count and the counter stay on the device (GPU scope)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILE], env=env, cwd=ROOT, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    for gather in ("False", "True"):
+        ops = lines[gather].split()
+        assert ops[0] == "atom.global.sys.release.exch", ops  # the signal
+        assert set(ops[1:-3]) == {"ld.global.sys.acquire.b"}, ops  # the wait's polls
+        assert ops[-3:] == ["atom.global.gpu.acq_rel.add", "atom.global.gpu.relaxed.exch",
+                            "atom.global.gpu.release.exch"], ops  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_two_ranks_on_one_gpu_concurrently_and_replayed() -> None:
+    """Both ranks' kernels on two streams of the one device, waiting on each other:
+    eager calls, then each rank's calls captured in a graph of its own and the two
+    graphs replayed together over fresh inputs, every result bitwise."""
+    shapes = [*SHAPES, (4, 4096), (4096, 1024)]  # decode rows and a prefill chunk's
+    storages = [_storage("cuda", 4096 * 1024) for _ in range(2)]
+    ranks = [WindowCollectives(rank, storages[rank], storages[1 - rank]) for rank in range(2)]
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    inputs = [[torch.randn(*s, device="cuda", generator=generator).bfloat16() for s in shapes]
+              for _ in range(2)]  # fmt: skip
+
+    def calls(rank: int) -> list[torch.Tensor]:
+        results = []
+        for x in inputs[rank]:
+            results += [ranks[rank].all_reduce(x), ranks[rank].all_gather_last(x)]
+        return results
+
+    def both() -> list[list[torch.Tensor]]:
+        torch.cuda.synchronize()
+        results = []
+        for rank in range(2):
+            with torch.cuda.stream(streams[rank]):
+                results.append(calls(rank))
+        torch.cuda.synchronize()
+        return results
+
+    def check(results: list[list[torch.Tensor]]) -> None:
+        for call, (x0, x1) in enumerate(zip(*inputs, strict=True)):
+            expected = (x0.float() + x1.float()).bfloat16()
+            both_sides = torch.cat([x0, x1], dim=-1)
+            for rank in range(2):
+                assert torch.equal(results[rank][2 * call], expected), (rank, call)
+                assert torch.equal(results[rank][2 * call + 1], both_sides), (rank, call)
+
+    for _ in range(3):
+        check(both())
+    graphs = [torch.cuda.CUDAGraph() for _ in range(2)]
+    captured = []
+    for rank in range(2):
+        with torch.cuda.graph(graphs[rank], stream=streams[rank]):
+            captured.append(calls(rank))
+    for _ in range(20):
+        for rank in range(2):
+            for x in inputs[rank]:
+                x.copy_(torch.randn(x.shape, device="cuda", generator=generator).bfloat16())
+        torch.cuda.synchronize()
+        for rank in range(2):
+            with torch.cuda.stream(streams[rank]):
+                graphs[rank].replay()
+        torch.cuda.synchronize()
+        check(captured)
+    epochs = 2 * len(shapes) * (3 + 20)
+    for storage in storages:
+        assert storage.words[COUNTER].item() == epochs and storage.words[DONE].item() == 0
