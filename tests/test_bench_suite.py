@@ -606,6 +606,11 @@ def test_the_suite_cli_measures_a_server_and_the_report_compares_engines(
     assert long_512["delta"]["flare_time_to_first_token_seconds_count"] == 2
     client_ttft_ms = [s.ttft_s * 1e3 for s in by["long-512"] if s.ttft_s is not None]
     assert 0 < metrics["server-server_ttft_ms-long-512"] <= max(client_ttft_ms)
+    # Its two parts, split at each request's first launch, inside it.
+    parts = [metrics[f"server-{key}-long-512"] for key in ("first_launch_ms", "first_record_ms")]
+    assert all(part > 0 for part in parts)
+    assert sum(parts) <= metrics["server-server_ttft_ms-long-512"]
+    assert "| long-512 | server: submission to first launch, mean (ms) |" in table
     assert "| long-512 | server: prefill chunks per request |" in table
     for label in ("chat TTFT, suite client (ms)", "chat TTFT, openai SDK (ms)"):
         assert f"| clients | {label} |" in table

@@ -213,6 +213,8 @@ def resolve_geometry(name: str) -> StepGeometry:
 SERVER_ROWS = (
     ("preparation_ms", "server: prompt preparation per request (ms)"),
     ("server_ttft_ms", "server: model thread's TTFT, mean (ms)"),
+    ("first_launch_ms", "server: submission to first launch, mean (ms)"),
+    ("first_record_ms", "server: first launch to first token's record, mean (ms)"),
     ("prefill_launches", "server: prefill chunks per request"),
     ("snapshot_launches", "server: snapshots per request"),
     ("restore_launches", "server: restores per request"),

@@ -5,7 +5,8 @@ tokenization, endpoint mapping), the graph launches it cost, by kind (prefill
 chunks, snapshots, restores, ...), and the model thread's time to first token (from
 the request's submission to the scheduler to its first token handed to the HTTP
 side), whose difference from the client's TTFT is HTTP, tokenization and thread
-hand-offs. Servers without these counters give none.
+hand-offs; that time in two parts, before the request's first launch and from it to
+its first token's record. Servers without these counters give none.
 """
 
 from __future__ import annotations
@@ -19,6 +20,15 @@ from bench.suite.client import Endpoint
 
 PREPARATION = "flare_prompt_preparation_seconds"
 FIRST_TOKEN = "flare_time_to_first_token_seconds"
+# The model thread's time to first token split at the request's first launch.
+FIRST_LAUNCH = "flare_first_launch_seconds"
+FIRST_RECORD = "flare_first_record_seconds"
+MEANS_MS = (
+    (PREPARATION, "preparation_ms"),
+    (FIRST_TOKEN, "server_ttft_ms"),
+    (FIRST_LAUNCH, "first_launch_ms"),
+    (FIRST_RECORD, "first_record_ms"),
+)
 INTER_TOKEN = "flare_inter_token_latency_seconds"
 DELIVERED = "flare_delivered_inter_token_seconds"
 # The server's two inter-token histograms, by the key prefix of their shares: the
@@ -44,10 +54,7 @@ def bucket(histogram: str, bound_ms: int) -> str:
 
 LAUNCH_KINDS = ("admit", "prefill", "decode", "resume", "snapshot", "restore")
 COUNTERS = (
-    f"{PREPARATION}_sum",
-    f"{PREPARATION}_count",
-    f"{FIRST_TOKEN}_sum",
-    f"{FIRST_TOKEN}_count",
+    *(f"{name}_{part}" for name, _ in MEANS_MS for part in ("sum", "count")),
     *(f"{name}_count" for name, _ in GAP_HISTOGRAMS),
     *(bucket(name, bound) for name, _ in GAP_HISTOGRAMS for bound in INTER_TOKEN_BOUNDS_MS),
     *(f"flare_launches_{kind}_total" for kind in LAUNCH_KINDS),
@@ -107,12 +114,13 @@ def difference(
 
 def per_request(delta: dict[str, Any], requests: int) -> dict[str, float]:
     """A measurement's counters per request: preparation and the model thread's time to
-    first token in ms (means), launches by kind; and the share of the model thread's
+    first token with its two parts (submission to the first launch, that launch to
+    the first token's record) in ms (means), launches by kind; and the share of the model thread's
     inter-token gaps, and of its HTTP tasks', above each of ``INTER_TOKEN_BOUNDS_MS``."""
     if requests <= 0:
         return {}
     out: dict[str, float] = {}
-    for histogram, key in ((PREPARATION, "preparation_ms"), (FIRST_TOKEN, "server_ttft_ms")):
+    for histogram, key in MEANS_MS:
         count = delta.get(f"{histogram}_count")
         if count:
             out[key] = delta[f"{histogram}_sum"] / count * 1e3

@@ -125,6 +125,13 @@ async fn metrics_reports_latency_histograms() {
     assert!(value("flare_delivered_inter_token_seconds_bucket{le=\"0.00025\"}") <= 3.0);
     // No constrained request: no mask computed.
     assert_eq!(value("flare_grammar_mask_seconds_count"), 0.0);
+    // The model thread's share of the first token, split at the first launch:
+    // both parts inside the time to first token, which starts earlier (at the
+    // hand-off to the model thread) and ends later (when the token is routed).
+    assert_eq!(value("flare_first_launch_seconds_count"), 1.0);
+    assert_eq!(value("flare_first_record_seconds_count"), 1.0);
+    let parts = value("flare_first_launch_seconds_sum") + value("flare_first_record_seconds_sum");
+    assert!(parts > 0.0 && parts <= value("flare_time_to_first_token_seconds_sum"));
     assert!(value("flare_time_to_first_token_seconds_sum") > 0.0);
     // Buckets are cumulative: never decreasing up to +Inf.
     let buckets: Vec<f64> = text

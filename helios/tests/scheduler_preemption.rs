@@ -57,6 +57,11 @@ fn pressure(delay: u32, stop_every: Option<u64>, max_new: u32, kv_pages: u32) {
         preempted += log.preempted_at.len();
     }
     assert_eq!(preempted as u64, scheduler.metrics().preemptions);
+    // Each request's first token is split once, at its first admission, however
+    // often it was readmitted.
+    let split = scheduler.first_token();
+    assert_eq!(split.to_first_launch.count(), requests.len() as u64);
+    assert_eq!(split.to_first_record.count(), requests.len() as u64);
     assert_clean(&scheduler);
 }
 

@@ -99,6 +99,18 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     );
     write_histogram(
         &mut text,
+        "flare_first_launch_seconds",
+        "Submission to a request's first launch, on the model thread (its first admission)",
+        &latency.first_token.to_first_launch,
+    );
+    write_histogram(
+        &mut text,
+        "flare_first_record_seconds",
+        "A request's first launch to the retrieval of its first token's record, on the model thread",
+        &latency.first_token.to_first_record,
+    );
+    write_histogram(
+        &mut text,
         "flare_prompt_preparation_seconds",
         "Rendering, tokenization and endpoint mapping of a prompt, before submission",
         &state.preparation(),

@@ -170,6 +170,10 @@ impl<E: Executor> Scheduler<E> {
                 confirmed.generated = generated;
                 confirmed.done = flag;
                 let first = len32(request.output.len());
+                if let (0, Some(launched)) = (first, request.first_launch) {
+                    let waited = launched.elapsed().as_secs_f64();
+                    self.first_token.to_first_record.observe(waited);
+                }
                 request.output.push(token);
                 let output_tokens = first + 1;
                 self.emit(

@@ -21,6 +21,7 @@
 //! changes (`validate.rs`).
 
 use std::collections::{BTreeMap, VecDeque};
+use std::time::Instant;
 
 use super::admission::AdmissionQueue;
 use super::checkpoints::{Cache, Maintenance, PrefixConfig};
@@ -29,7 +30,7 @@ use super::events::{Event, FinishReason, Metrics, RequestEvent};
 use super::executor::{Executor, Launch, Operation, OperationKind, Ticket};
 use super::geometry::Geometry;
 use super::ids::RequestId;
-use super::latency::{Histogram, MASK_BUCKETS};
+use super::latency::{FirstTokenSplit, Histogram, MASK_BUCKETS};
 use super::ledger::PageLedger;
 use super::request::{Placed, Placement, Request, RequestSpec};
 use crate::prefix::PrefixChain;
@@ -150,6 +151,8 @@ pub struct Scheduler<E> {
     pub(super) cache: Option<Cache>,
     /// How long constrained requests' masks took, each.
     pub(super) mask_time: Histogram,
+    /// Each request's first token in two parts, on this thread.
+    pub(super) first_token: FirstTokenSplit,
 }
 
 impl<E: Executor> Scheduler<E> {
@@ -174,6 +177,7 @@ impl<E: Executor> Scheduler<E> {
         Ok(Self {
             cache,
             mask_time: Histogram::new(&MASK_BUCKETS),
+            first_token: FirstTokenSplit::default(),
             ledger: PageLedger::new(geometry.max_concurrency(), geometry.kv_pages()),
             geometry,
             config,
@@ -237,6 +241,8 @@ impl<E: Executor> Scheduler<E> {
             arrival,
             output: Vec::new(),
             admitted: false,
+            submitted: Instant::now(),
+            first_launch: None,
         };
         self.queued.insert(id, request);
         Ok(id)
@@ -320,6 +326,11 @@ impl<E: Executor> Scheduler<E> {
         &self.mask_time
     }
 
+    /// Each request's first token in two parts, split at its first launch.
+    pub fn first_token(&self) -> &FirstTokenSplit {
+        &self.first_token
+    }
+
     /// Current counters.
     pub fn metrics(&self) -> Metrics {
         Metrics {
@@ -376,9 +387,17 @@ impl<E: Executor> Scheduler<E> {
         };
         let ticket = self.executor.submit(&launch)?;
         self.launches[launch.operation.kind().index()] += 1;
+        let now = Instant::now();
         for id in &refs {
-            if let Some(placement) = self.placement_mut(*id) {
+            if let Some(Placed { request, placement }) = self.placed.get_mut(id) {
                 placement.refs += 1;
+                if request.first_launch.is_none() {
+                    request.first_launch = Some(now);
+                    let waited = now.saturating_duration_since(request.submitted);
+                    self.first_token
+                        .to_first_launch
+                        .observe(waited.as_secs_f64());
+                }
             }
         }
         self.window.push_back(InFlight {

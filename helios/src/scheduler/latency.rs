@@ -25,6 +25,14 @@ pub const INTER_TOKEN_BUCKETS: [f64; 17] = [
     0.1, 0.25, 0.5, 1.0, 2.5,
 ];
 
+/// Upper bounds (seconds) of the first token's two parts on the model
+/// thread ([`FirstTokenSplit`]): tens of microseconds of scheduling, then
+/// a small model's prefill of about a millisecond.
+pub const FIRST_TOKEN_PART_BUCKETS: [f64; 14] = [
+    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.000_75, 0.001, 0.001_5, 0.002, 0.005, 0.01,
+    0.05, 0.25, 1.0,
+];
+
 /// Upper bounds (seconds) of the grammar mask buckets: one constrained
 /// request's mask for its next sample, computed on the model thread.
 pub const MASK_BUCKETS: [f64; 13] = [
@@ -97,6 +105,9 @@ pub struct Latency {
     pub inter_token: Histogram,
     /// One constrained request's next-token mask (the scheduler's).
     pub grammar_mask: Histogram,
+    /// The scheduler's part of the time to first token, split at the
+    /// request's first launch.
+    pub first_token: FirstTokenSplit,
 }
 
 impl Default for Latency {
@@ -105,6 +116,30 @@ impl Default for Latency {
             time_to_first_token: Histogram::new(&TTFT_BUCKETS),
             inter_token: Histogram::new(&INTER_TOKEN_BUCKETS),
             grammar_mask: Histogram::new(&MASK_BUCKETS),
+            first_token: FirstTokenSplit::default(),
+        }
+    }
+}
+
+/// The time to first token on the model thread in two parts, so a loss can
+/// be placed: from submission to the request's first launch (admission,
+/// queueing behind other work, the launches of its plan before the first),
+/// and from that launch to the retrieval of the record holding its first
+/// token (the device's work in between, what was queued ahead of it, and the
+/// wait). Each request is observed once, at its first admission.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FirstTokenSplit {
+    /// Submission to the first launch.
+    pub to_first_launch: Histogram,
+    /// The first launch to the first token's record.
+    pub to_first_record: Histogram,
+}
+
+impl Default for FirstTokenSplit {
+    fn default() -> Self {
+        Self {
+            to_first_launch: Histogram::new(&FIRST_TOKEN_PART_BUCKETS),
+            to_first_record: Histogram::new(&FIRST_TOKEN_PART_BUCKETS),
         }
     }
 }

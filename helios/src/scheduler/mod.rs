@@ -73,7 +73,8 @@ pub use geometry::Geometry;
 pub use grammar::Grammar;
 pub use ids::{Page, RequestId, Slot};
 pub use latency::{
-    Histogram, Latency, INTER_TOKEN_BUCKETS, MASK_BUCKETS, PREPARATION_BUCKETS, TTFT_BUCKETS,
+    FirstTokenSplit, Histogram, Latency, FIRST_TOKEN_PART_BUCKETS, INTER_TOKEN_BUCKETS,
+    MASK_BUCKETS, PREPARATION_BUCKETS, TTFT_BUCKETS,
 };
 pub use ranks::{RankFailure, RankGroup, RankPanicked, RankProblem};
 pub use request::RequestSpec;

@@ -136,6 +136,8 @@ mod tests {
                 arrival: index as u64,
                 output: Vec::new(),
                 admitted: true,
+                submitted: std::time::Instant::now(),
+                first_launch: None,
             };
             let placement = Placement::new(ledger.lease(0), index as u64, history, 8);
             placed.insert(id, Placed { request, placement });

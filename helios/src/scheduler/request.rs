@@ -1,5 +1,7 @@
 //! A request as the scheduler holds it, and its placement on a slot.
 
+use std::time::Instant;
+
 use super::checkpoints::PlacementPrefix;
 use super::error::AdmissionError;
 use super::executor::SamplingParams;
@@ -115,6 +117,10 @@ pub(super) struct Request {
     pub(super) output: Vec<u32>,
     /// Whether `Admitted` was sent.
     pub(super) admitted: bool,
+    /// When it was submitted, and when its first launch was (the first
+    /// token's two parts, [`super::latency::FirstTokenSplit`]).
+    pub(super) submitted: Instant,
+    pub(super) first_launch: Option<Instant>,
 }
 
 /// A request holding a slot for one admission.

@@ -500,6 +500,7 @@ impl<E: Executor> ModelThread<E> {
         };
         let mut latency = self.latency.latency().clone();
         latency.grammar_mask = self.scheduler.mask_time().clone();
+        latency.first_token = self.scheduler.first_token().clone();
         Status {
             health,
             metrics: self.scheduler.metrics(),
