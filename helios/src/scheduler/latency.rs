@@ -126,7 +126,8 @@ impl Default for Latency {
 /// queueing behind other work, the launches of its plan before the first),
 /// and from that launch to the retrieval of the record holding its first
 /// token (the device's work in between, what was queued ahead of it, and the
-/// wait). Each request is observed once, at its first admission.
+/// wait). Each request is observed once: its first launch is its first
+/// admission's, and its first token may come after a readmission.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FirstTokenSplit {
     /// Submission to the first launch.
