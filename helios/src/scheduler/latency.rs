@@ -123,7 +123,7 @@ impl Default for Latency {
 
 /// The time to first token on the model thread in two parts, so a loss can
 /// be placed: from submission to the request's first launch (admission,
-/// queueing behind other work, the launches of its plan before the first),
+/// queueing behind other requests' launches, the prefix lookup and planning),
 /// and from that launch to the retrieval of the record holding its first
 /// token (the device's work in between, what was queued ahead of it, and the
 /// wait). Each request is observed once: its first launch is its first
