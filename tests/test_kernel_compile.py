@@ -349,6 +349,17 @@ for stacked in (False, True):
           len(re.findall(r"ld\\.global\\.nc", ptx)), len(copies),
           sum(size != "0x10" for size in copies), k.metadata.shared, len(prefetches),
           min(prefetches) < ptx.index("griddepcontrol.wait"))
+
+# The two-rank collectives: their system-scope and device-scope synchronization, in
+# PTX order.
+from ignition.parallel.window_collectives import COUNTER, DONE, _exchange_kernel
+
+for gather in (False, True):
+    ptx = compile(_exchange_kernel, ["*bf16"] * 4 + ["*i64"] * 2 + ["i32"] * 4,
+                  dict(RANK=1, GATHER=gather, BF16=True, BLOCK=1024, COUNTER=COUNTER,
+                       DONE=DONE)).asm["ptx"]
+    ops = re.findall(r"(?:atom|ld)\\.global\\.(?:sys|gpu)\\.[a-z_]+\\.[a-z]+", ptx)
+    print("exchange", gather, " ".join(ops), "x")
 """
 
 
@@ -430,6 +441,17 @@ def test_the_new_kernels_compile_for_sm90() -> None:
         for parts in map(str.split, done.stdout.splitlines())
         if parts[0] == "prefill"
     }
+    # The collectives' signal is a release exchange and their wait an acquire load,
+    # both at system scope (the peer is another device); the count of programs done
+    # and the epoch counter stay on the device (GPU scope).
+    exchanges = [line.split()[2:-1] for line in done.stdout.splitlines()
+                 if line.startswith("exchange ")]  # fmt: skip
+    assert len(exchanges) == 2, done.stdout
+    for ops in exchanges:
+        assert ops[0] == "atom.global.sys.release.exch", ops  # the signal
+        assert set(ops[1:-3]) == {"ld.global.sys.acquire.b"}, ops  # the wait's polls
+        assert ops[-3:] == ["atom.global.gpu.acq_rel.add", "atom.global.gpu.relaxed.exch",
+                            "atom.global.gpu.release.exch"], ops  # fmt: skip
     for tokens in ("512", "4096"):
         shared, copies, exp2s, from_fma = prefill[tokens]
         # Fits the H200's shared memory per block, and streams keys and values

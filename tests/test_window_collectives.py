@@ -3,15 +3,13 @@ all-reduce and all-gather over each other's storage.
 
 On the CPU the kernels run interpreted, each rank in a process of its own over shared
 memory (the interpreter is not thread-safe), waiting on each other's flags as the two
-devices do. On the GPU both ranks run on the one device, on two streams at once, eager
-and replayed from CUDA graphs."""
+devices do (their SM90 synchronization instructions: ``test_kernel_compile.py``). On
+the GPU both ranks run on the one device, on two streams at once, eager and replayed
+from CUDA graphs."""
 
 from __future__ import annotations
 
 import multiprocessing
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -140,43 +138,6 @@ def test_bad_calls_are_refused() -> None:
     with pytest.raises(ValueError, match=r"holds torch\.bfloat16"):
         collectives.all_reduce(torch.zeros(8))
     assert own.words.count_nonzero().item() == 0  # nothing ran
-
-
-COMPILE = """
-import re, triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from ignition.parallel.window_collectives import _exchange_kernel, COUNTER, DONE
-types = ["*bf16"] * 4 + ["*i64"] * 2 + ["i32"] * 4
-names = _exchange_kernel.arg_names
-signature = dict(zip(names, types + ["constexpr"] * (len(names) - len(types))))
-for gather in (False, True):
-    source = ASTSource(_exchange_kernel, signature, constexprs=dict(
-        RANK=1, GATHER=gather, BF16=True, BLOCK=1024, COUNTER=COUNTER, DONE=DONE))
-    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
-    ops = re.findall(r"(?:atom|ld)\\.global\\.(?:sys|gpu)\\.[a-z_]+\\.[a-z]+", ptx)
-    print(gather, " ".join(ops))
-"""
-
-
-def test_the_kernel_signals_and_waits_at_system_scope_on_sm90() -> None:
-    """Compiled for SM90 (no device needed): the signal is a release exchange and the
-    wait an acquire load, both at system scope (the peer is another device); the
-    count and the counter stay on the device (GPU scope)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run(
-        [sys.executable, "-c", COMPILE], env=env, cwd=ROOT, capture_output=True, text=True,
-        timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
-    for gather in ("False", "True"):
-        ops = lines[gather].split()
-        assert ops[0] == "atom.global.sys.release.exch", ops  # the signal
-        assert set(ops[1:-3]) == {"ld.global.sys.acquire.b"}, ops  # the wait's polls
-        assert ops[-3:] == ["atom.global.gpu.acq_rel.add", "atom.global.gpu.relaxed.exch",
-                            "atom.global.gpu.release.exch"], ops  # fmt: skip
 
 
 @pytest.mark.gpu
