@@ -145,10 +145,17 @@ def test_the_kernels_bfloat16_rounding_is_torchs_interpreted() -> None:
     bits = x.view(torch.int32)
     ties = (bits & ~0xFFFF) | 0x8000  # exactly halfway, odd and even mantissas alike
     near = (bits & ~0xFFFF) | 0x7FFF
-    x = torch.cat([x, ties.view(torch.float32), near.view(torch.float32), torch.zeros(4096)])
+    # NaNs of every payload the GPU or the host makes (the GPU's fp32 arithmetic gives
+    # 0x7FFFFFFF, which integer rounding alone carried into -0.0), and the infinities.
+    special = torch.tensor([0x7FFFFFFF, -1, 0x7F800001, 0x7FC00000, 0x7F800000, -0x800000],
+                           dtype=torch.int32).view(torch.float32)  # fmt: skip
+    zeros = torch.zeros(4096 - special.numel())
+    x = torch.cat([x, ties.view(torch.float32), near.view(torch.float32), zeros, special])
     y = torch.empty_like(x)
     _round_kernel[(1,)](x, y, N=x.numel())
-    assert torch.equal(y, x.to(torch.bfloat16).float())
+    expected = x.to(torch.bfloat16).float()
+    assert torch.equal(y.isnan(), expected.isnan()) and int(y.isnan().sum()) == 4
+    assert torch.equal(y.nan_to_num(0.0), expected.nan_to_num(0.0))
 
 
 def test_bad_operands_are_refused() -> None:

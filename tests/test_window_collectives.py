@@ -126,6 +126,21 @@ def test_a_peer_one_call_ahead_does_not_stall_the_rank() -> None:
     assert peer.words[:3].tolist() == [1, 1, 1] and own.words[COUNTER].item() == 1
 
 
+def test_a_strided_input_is_summed_in_its_logical_order() -> None:
+    """A transposed ``x`` (dense, not contiguous): the sum comes back in ``x``'s shape
+    and order, contiguous (the kernel writes the contiguous copy's order)."""
+    own, peer = _storage(), _storage()
+    for tensor in (own.buffers, own.words, peer.buffers, peer.words):
+        tensor.share_memory_()
+    x = torch.randn(1000, 3, generator=torch.Generator().manual_seed(1)).bfloat16().t()
+    theirs = torch.randn(3, 1000, generator=torch.Generator().manual_seed(2)).bfloat16()
+    peer.buffers[1, : x.numel()] = theirs.flatten()
+    own.words[:MAX_PROGRAMS] = 1
+    total = torch.empty(3, 1000, dtype=torch.bfloat16).share_memory_()
+    assert _forked(_reduce_once, (own, peer, x, total), 60) == 0, "the rank waited on"
+    assert torch.equal(total, (x.float() + theirs.float()).bfloat16())
+
+
 def test_bad_calls_are_refused() -> None:
     own, peer = _storage(), _storage()
     with pytest.raises(ValueError, match="rank 2"):
@@ -153,10 +168,10 @@ def test_two_ranks_on_one_gpu_concurrently_and_replayed() -> None:
     inputs = [[torch.randn(*s, device="cuda", generator=generator).bfloat16() for s in shapes]
               for _ in range(2)]  # fmt: skip
 
-    def calls(rank: int) -> list[torch.Tensor]:
+    def calls(rank: int, over: list[WindowCollectives] = ranks) -> list[torch.Tensor]:
         results = []
         for x in inputs[rank]:
-            results += [ranks[rank].all_reduce(x), ranks[rank].all_gather_last(x)]
+            results += [over[rank].all_reduce(x), over[rank].all_gather_last(x)]
         return results
 
     def both() -> list[list[torch.Tensor]]:
@@ -176,6 +191,18 @@ def test_two_ranks_on_one_gpu_concurrently_and_replayed() -> None:
                 assert torch.equal(results[rank][2 * call], expected), (rank, call)
                 assert torch.equal(results[rank][2 * call + 1], both_sides), (rank, call)
 
+    # First, every kernel variant compiled and loaded, and each stream's allocator pool
+    # filled, while nothing waits: loading a module can wait for the device's work to
+    # drain, which a rank spinning on its peer never does. Over scratch storage whose
+    # flags say every peer has long arrived: rank 0 passes each wait at once, and its
+    # signals let rank 1 pass after it.
+    scratch = [_storage("cuda", 4096 * 1024) for _ in range(2)]
+    scratch[0].words[:MAX_PROGRAMS] = 1 << 40
+    alone = [WindowCollectives(rank, scratch[rank], scratch[1 - rank]) for rank in range(2)]
+    for rank in range(2):
+        with torch.cuda.stream(streams[rank]):
+            calls(rank, alone)
+        torch.cuda.synchronize()
     for _ in range(3):
         check(both())
     graphs = [torch.cuda.CUDAGraph() for _ in range(2)]

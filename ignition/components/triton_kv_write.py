@@ -40,11 +40,12 @@ def _rounded(x, dtype: tl.constexpr):
     bfloat16 by integer arithmetic: through a pair of casts the compiler narrows a
     product to a bfloat16 multiply and fuses it with the sum that follows into one
     FMA, which skips eager's rounding of the product (on the H200, a rotary output in
-    about five differed from eager's by one bfloat16 step)."""
+    about five differed from eager's by one bfloat16 step). A NaN stays NaN: the
+    GPU's is 0x7FFFFFFF, which the integer rounding would carry into -0.0."""
     if dtype == tl.bfloat16:
         bits = x.to(tl.uint32, bitcast=True)
         bits = bits + 0x7FFF + ((bits >> 16) & 1)
-        return ((bits >> 16) << 16).to(tl.float32, bitcast=True)
+        return tl.where(x != x, x, ((bits >> 16) << 16).to(tl.float32, bitcast=True))
     else:
         return x.to(dtype).to(tl.float32)
 

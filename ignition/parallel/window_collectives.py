@@ -25,7 +25,10 @@ host input. A rank can be at most one call ahead of its peer (its next call wait
 the peer's signal), so ``>=`` in the wait lets a peer's next signal overwrite this
 one's, and the two parities keep a rank from writing the buffer its peer still reads.
 Every program of a call must be resident at once on its device (a waiting program
-holds its slot): the grid is bounded by ``MAX_PROGRAMS``.
+holds its slot): the grid is bounded by ``MAX_PROGRAMS``. Both ranks must make the same
+calls in the same order with the same element counts (a program waits for the peer's
+program of its index). The signal is an atomic on the peer's memory: across devices it
+needs native peer atomics (NVLink; not every PCIe topology has them).
 
 With two ranks, each element's sum is one rounding of ``a + b``, which is the same on
 both ranks (addition commutes exactly): the ranks' replicated state stays bitwise
@@ -153,7 +156,8 @@ class WindowCollectives:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of both ranks' ``x``, the same bits on both."""
-        return self._exchange(x, torch.empty_like(x), gather=False)
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        return self._exchange(x, out, gather=False)
 
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
         """Both ranks' ``x`` side by side along the last dimension, rank 0's first."""
