@@ -10,9 +10,9 @@
 # - 8b:        the 8B's core (concurrency 4, 8,192 tokens, layer scope) and its cold
 #              TTFT through flare at 512 and 4,096 tokens, with the decode bench and
 #              the qualification replay (`suite_gpu.sh qwen3-8b-flare`), then its report;
-# - smol:      the SmolLM2 stand-in's core, its tools, agent and decode workloads
-#              (10 rounds; $SMOL_SUITE_ARGS instead, if set) through flare and the
-#              Python floor, then their report;
+# - smol:      the SmolLM2 stand-in's core, its tools (32 conversations), agent and
+#              decode (10 rounds) workloads ($SMOL_SUITE_ARGS instead, if set) through
+#              flare and the Python floor, then their report;
 # - serving:   `issue23_check.sh serving` (the serving GPU tests);
 # - attention: `bench/prefill_attention_bench.py --long-only --no-tilings`.
 #
@@ -75,7 +75,7 @@ for part in "$@"; do
       bash bench/suite_gpu.sh smollm2-prepare "$out/smol" "$WORK/smolrw" \
         > "$out/smol-prepare.log" 2>&1
       step smol-prepare $?
-      export SUITE_ARGS=${SMOL_SUITE_ARGS:-"--workloads tools agent decode --decode-rounds 10"}
+      export SUITE_ARGS=${SMOL_SUITE_ARGS:-"--workloads tools agent decode --decode-rounds 10 --tool-conversations 32"}
       bash bench/suite_gpu.sh smollm2-flare "$out/smol" "$flare" > "$out/smol-flare.log" 2>&1
       step smol-flare $?
       bash bench/suite_gpu.sh smollm2-floor "$out/smol" > "$out/smol-floor.log" 2>&1

@@ -530,7 +530,7 @@ def test_the_suite_cli_measures_a_server_and_the_report_compares_engines(
         f"--url {server.url} --engine flare --out {out} --tokenizer words "
         "--lengths 64 512 2048 --repeats 2 --decode-tokens 16 --decode-rounds 1 "
         "--concurrency 1 2 --prefix-tokens 256 --agent-tokens 1500 --warmup 1 "
-        "--geometry smollm2-135m --bandwidth-gbs 4000"
+        "--tool-conversations 5 --geometry smollm2-135m --bandwidth-gbs 4000"
     )
     assert suite_main(args.split()) == 0
     results = json.loads(out.read_text())
@@ -559,7 +559,7 @@ def test_the_suite_cli_measures_a_server_and_the_report_compares_engines(
     for earlier, later in pairwise(answered):
         assert later.cached_tokens == earlier.prompt_tokens
         assert prefilled_tokens(later) == (later.prompt_tokens or 0) - (earlier.prompt_tokens or 0)
-    assert len(by["decode-c2"]) == 2 and len(by["tools"]) == 8
+    assert len(by["decode-c2"]) == 2 and len(by["tools"]) == 5
     # The clients measurement: 12 chats through each client, paired per prompt.
     assert sorted(s.meta["client"] for s in by["clients"]) == ["openai-sdk"] * 12 + ["suite"] * 12
     compared = results["client_ttft"]

@@ -369,6 +369,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prefix-tokens", type=int, default=4096)
     parser.add_argument("--tail-tokens", type=int, default=11)
     parser.add_argument("--agent-tokens", type=int, default=32768)
+    parser.add_argument(
+        "--tool-conversations",
+        type=int,
+        default=8,
+        help="tools workload's requests (its TTFT is their median)",
+    )
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tokenizer", help="words | tokenizer.json | DIR | hub name | .gguf")
@@ -418,6 +424,7 @@ def _settings(args: argparse.Namespace) -> SuiteSettings:
         prefix_tokens=args.prefix_tokens,
         tail_tokens=args.tail_tokens,
         agent_tokens=args.agent_tokens,
+        tool_conversations=args.tool_conversations,
         warmup=args.warmup,
     )
 
