@@ -8,9 +8,12 @@
 #       in tests/test_tensor_parallel.py: the GPU's attention kernels take 16-bit
 #       floats).
 #   bench/issue24_check.sh collectives OUT
-#       the export-safe two-rank collectives (ignition.parallel.window_collectives)
-#       with both ranks on this GPU, on two streams at once, eager and replayed from
-#       CUDA graphs (tests/test_window_collectives.py's GPU test), every result bitwise.
+#       the export-safe two-rank collectives (ignition.parallel.window_collectives),
+#       tests/test_window_collectives.py's GPU tests, every result bitwise: both ranks
+#       in this process on two streams at once, eager and replayed from CUDA graphs;
+#       then two rank processes on this GPU, each mapping the other's storage at its
+#       address (ignition.parallel.shared_collectives: exported memory, descriptors
+#       passed over the process group). Needs the carried flare_heliopause wheel.
 set -uo pipefail
 usage="usage: bench/issue24_check.sh tp-logits|collectives OUT"
 part=${1:?$usage}

@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from ignition.parallel.launch import spawn_ranks
+from ignition.parallel.shard import TensorParallel
+from ignition.parallel.shared_collectives import share_collectives, span_size
 from ignition.parallel.window_collectives import (
     COUNTER,
     DONE,
@@ -223,3 +226,59 @@ def test_two_ranks_on_one_gpu_concurrently_and_replayed() -> None:
     epochs = 2 * len(shapes) * (3 + 20)
     for storage in storages:
         assert storage.words[COUNTER].item() == epochs and storage.words[DONE].item() == 0
+
+
+# Two fixed addresses, one per rank, apart from every window (a granule multiple).
+SHARED_ADDRESSES = (0x7E00_0000_0000, 0x7E00_4000_0000)
+
+
+def test_shared_storage_is_whole_granules_and_two_ranks_only() -> None:
+    assert span_size(1, torch.bfloat16) == 2 << 20
+    assert span_size(4096 * 1024, torch.bfloat16) == 18 << 20  # 16 MiB of buffers, the words
+    with pytest.raises(ValueError, match="two ranks"):
+        share_collectives(2, SHARED_ADDRESSES, 1024, torch.bfloat16, 0)
+    with pytest.raises(ValueError, match="two ranks"):
+        share_collectives(0, SHARED_ADDRESSES[:1], 1024, torch.bfloat16, 0)
+
+
+def _shared_rank(parallel: TensorParallel, out: Path) -> None:
+    collectives, spans = share_collectives(
+        parallel.rank, SHARED_ADDRESSES, 4096 * 1024, torch.bfloat16, 0
+    )
+    try:
+        for call, shape in enumerate([*SHAPES, (4, 4096), (4096, 1024)]):
+            xs = [torch.randn(*shape, generator=torch.Generator().manual_seed(100 * call + r))
+                  .bfloat16().cuda() for r in range(2)]  # fmt: skip
+            total = collectives.all_reduce(xs[parallel.rank])
+            gathered = collectives.all_gather_last(xs[parallel.rank])
+            assert torch.equal(total, (xs[0].float() + xs[1].float()).bfloat16()), call
+            assert torch.equal(gathered, torch.cat(xs, dim=-1)), call
+        torch.cuda.synchronize()
+        (out / f"rank-{parallel.rank}").write_text(str(collectives.own.words[COUNTER].item()))
+    finally:
+        for span in spans:
+            span.close()
+
+
+@pytest.mark.gpu
+def test_two_rank_processes_share_their_storage_on_one_gpu(tmp_path: Path) -> None:
+    """Two rank processes on the one device: each exports its storage at its address,
+    maps its peer's at the peer's (descriptors passed over the process group), and
+    their collectives run against each other, every result bitwise."""
+    spawn_ranks(2, _shared_rank, tmp_path)
+    calls = 2 * (len(SHAPES) + 2)
+    assert {path.name: path.read_text() for path in tmp_path.iterdir()} == {
+        "rank-0": str(calls),
+        "rank-1": str(calls),
+    }
+
+
+def test_a_shared_span_refuses_what_it_cannot_map() -> None:
+    """A negative descriptor is refused before any driver call; without a driver (the
+    CI machines) an export is Helios's typed error, not a crash."""
+    hp = pytest.importorskip("flare_heliopause")
+    with pytest.raises(hp.WindowError, match="not a file descriptor"):
+        hp.SharedSpan.import_(SHARED_ADDRESSES[0], 2 << 20, -1, 0)
+    if not torch.cuda.is_available():
+        with pytest.raises(hp.WindowError, match="CUDA driver cannot be loaded"):
+            hp.SharedSpan.export(SHARED_ADDRESSES[0], 2 << 20, 0)

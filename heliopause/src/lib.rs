@@ -33,6 +33,7 @@
 pub mod allocator;
 pub mod cuda_backing;
 pub mod server;
+pub mod shared;
 pub mod window;
 
 use pyo3::prelude::*;
@@ -84,6 +85,8 @@ mod flare_heliopause {
 
     #[pymodule_export]
     use super::server::{start_server, ServerError, ServerHandle};
+    #[pymodule_export]
+    use super::shared::SharedSpan;
     #[pymodule_export]
     use super::ReplayError;
     #[pymodule_export]

@@ -52,6 +52,8 @@ MAX_PROGRAMS = 64
 COUNTER = MAX_PROGRAMS
 DONE = MAX_PROGRAMS + 1
 WORDS = MAX_PROGRAMS + 2
+# The words' bytes, rounded up so that the buffers after them start aligned.
+WORDS_BYTES = (WORDS * 8 + 255) // 256 * 256
 BLOCK = 1024
 
 
@@ -75,6 +77,37 @@ class CollectiveStorage:
     @property
     def capacity(self) -> int:
         return self.buffers.shape[1]
+
+    @staticmethod
+    def span_bytes(capacity: int, dtype: torch.dtype) -> int:
+        """Bytes of one rank's storage laid out at an address (``over``): the words,
+        then the two buffers from the next 256-byte boundary."""
+        return WORDS_BYTES + 2 * capacity * torch.empty((), dtype=dtype).element_size()
+
+    @classmethod
+    def over(
+        cls, address: int, capacity: int, dtype: torch.dtype, device: torch.device | str
+    ) -> CollectiveStorage:
+        """The storage at ``address`` (device memory this process has mapped, at least
+        ``span_bytes``): the words first, then the buffers. Zeroed memory starts at
+        epoch 0."""
+        size = cls.span_bytes(capacity, dtype)
+        raw = torch.as_tensor(_DeviceMemory(address, size), device=device)
+        words = raw[: WORDS * 8].view(torch.int64)
+        buffers = raw[WORDS_BYTES:].view(dtype).view(2, capacity)
+        return cls(buffers, words)
+
+
+class _DeviceMemory:
+    """``size`` bytes of device memory at ``address``, as torch wraps it (no copy)."""
+
+    def __init__(self, address: int, size: int) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (size,),
+            "typestr": "|u1",
+            "data": (address, False),
+            "version": 3,
+        }
 
 
 @triton.jit

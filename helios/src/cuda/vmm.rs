@@ -13,6 +13,12 @@
 //!   (`cuMemSetAccess`) and, for [`Reservation::map_zeroed`], zeroed on the
 //!   null stream; if any step after the map fails the range is unmapped
 //!   again and the first error is reported;
+//! - [`Reservation::map_exported`] maps memory another process may map too
+//!   and returns its POSIX file descriptor (`cuMemExportToShareableHandle`);
+//!   [`Reservation::map_imported`] maps memory another process exported, from
+//!   such a descriptor (`cuMemImportFromShareableHandle`), with access for
+//!   this reservation's device (the rank processes of a tensor-parallel group
+//!   map each other's collective storage this way, at the owner's address);
 //! - [`Reservation::release`] waits for the current context's work (nothing
 //!   may run on memory about to be unmapped), unmaps every span newest
 //!   first, then frees the range; it stops at the first failure with what is
@@ -20,6 +26,9 @@
 //!
 //! The owning primary context must be current on the calling thread for
 //! every call, drop included.
+
+use std::ffi::{c_int, c_void};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use cudarc::driver::sys;
 
@@ -36,9 +45,20 @@ pub(crate) fn location(ordinal: i32) -> sys::CUmemLocation {
 
 /// Pinned device memory on device `ordinal`, with no shareable handle.
 pub(crate) fn allocation_prop(ordinal: i32) -> sys::CUmemAllocationProp {
+    allocation_prop_with(
+        ordinal,
+        sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+    )
+}
+
+/// Pinned device memory on device `ordinal`, shareable as `handles`.
+fn allocation_prop_with(
+    ordinal: i32,
+    handles: sys::CUmemAllocationHandleType,
+) -> sys::CUmemAllocationProp {
     sys::CUmemAllocationProp {
         type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-        requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+        requestedHandleTypes: handles,
         location: location(ordinal),
         win32HandleMetaData: std::ptr::null_mut(),
         allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
@@ -49,6 +69,18 @@ pub(crate) fn allocation_prop(ordinal: i32) -> sys::CUmemAllocationProp {
         },
     }
 }
+
+/// Where a mapped span's memory comes from.
+enum Source<'fd> {
+    /// A new allocation on the reservation's device: zeroed or not, and
+    /// exportable or not.
+    Fresh { zero: bool, export: bool },
+    /// Another process's allocation, from its exported descriptor.
+    Imported(BorrowedFd<'fd>),
+}
+
+const POSIX_FD: sys::CUmemAllocationHandleType =
+    sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
 
 /// A reserved device address range and the spans mapped into it.
 #[derive(Debug)]
@@ -108,16 +140,56 @@ impl Reservation {
     /// allocation granularity, not mapped yet) with device memory the device
     /// may read and write. Its contents are undefined.
     pub fn map(&mut self, addr: u64, len: u64) -> Result<(), CudaError> {
-        self.map_span(addr, len, false)
+        let source = Source::Fresh {
+            zero: false,
+            export: false,
+        };
+        self.map_span(addr, len, source).map(drop)
     }
 
     /// [`Self::map`], then fills the span with zeros (queued on the null
     /// stream, so ordered before every later copy and launch).
     pub fn map_zeroed(&mut self, addr: u64, len: u64) -> Result<(), CudaError> {
-        self.map_span(addr, len, true)
+        let source = Source::Fresh {
+            zero: true,
+            export: false,
+        };
+        self.map_span(addr, len, source).map(drop)
     }
 
-    fn map_span(&mut self, addr: u64, len: u64, zero: bool) -> Result<(), CudaError> {
+    /// [`Self::map_zeroed`] with memory another process may map too: its
+    /// POSIX file descriptor, which the caller owns (closing it does not
+    /// unmap anything; a process that imported it keeps the memory alive).
+    pub fn map_exported(&mut self, addr: u64, len: u64) -> Result<OwnedFd, CudaError> {
+        let source = Source::Fresh {
+            zero: true,
+            export: true,
+        };
+        let fd = self.map_span(addr, len, source)?;
+        Ok(fd.expect("an exported span has a descriptor"))
+    }
+
+    /// Maps the memory another process exported as `fd` ([`Self::map_exported`],
+    /// exactly `len` bytes) at `addr`, with read/write access for this
+    /// reservation's device (on another device than the memory's, that needs
+    /// peer access between the two).
+    pub fn map_imported(
+        &mut self,
+        addr: u64,
+        len: u64,
+        fd: BorrowedFd<'_>,
+    ) -> Result<(), CudaError> {
+        self.map_span(addr, len, Source::Imported(fd)).map(drop)
+    }
+
+    /// Maps `source` at `[addr, addr + len)`; the exported descriptor, when
+    /// it exports.
+    fn map_span(
+        &mut self,
+        addr: u64,
+        len: u64,
+        source: Source<'_>,
+    ) -> Result<Option<OwnedFd>, CudaError> {
         let offset = addr.wrapping_sub(self.base);
         let inside =
             addr >= self.base && offset.checked_add(len).is_some_and(|end| end <= self.size);
@@ -129,20 +201,65 @@ impl Reservation {
             });
         }
         let len = to_len(offset, len, "the span length exceeds usize")?;
-        let prop = allocation_prop(self.ordinal);
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
-        // SAFETY: `prop` and the out-pointer point to locals.
-        check("cuMemCreate", unsafe {
-            sys::cuMemCreate(&mut handle, len, &prop, 0)
-        })?;
+        let (zero, export) = match source {
+            Source::Fresh { zero, export } => {
+                let handles = if export {
+                    POSIX_FD
+                } else {
+                    sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE
+                };
+                let prop = allocation_prop_with(self.ordinal, handles);
+                // SAFETY: `prop` and the out-pointer point to locals.
+                check("cuMemCreate", unsafe {
+                    sys::cuMemCreate(&mut handle, len, &prop, 0)
+                })?;
+                (zero, export)
+            }
+            Source::Imported(fd) => {
+                // SAFETY: the out-pointer points to a local; a POSIX
+                // descriptor is passed as its value in the pointer.
+                check("cuMemImportFromShareableHandle", unsafe {
+                    sys::cuMemImportFromShareableHandle(
+                        &mut handle,
+                        fd.as_raw_fd() as usize as *mut c_void,
+                        POSIX_FD,
+                    )
+                })?;
+                (false, false)
+            }
+        };
+        // The descriptor, taken before our reference to the memory goes.
+        let mut exported: c_int = -1;
+        let shared = if export {
+            // SAFETY: the out-pointer points to a local `int`, which is what
+            // a POSIX descriptor export writes; `handle` is live.
+            check("cuMemExportToShareableHandle", unsafe {
+                sys::cuMemExportToShareableHandle(
+                    (&mut exported as *mut c_int).cast(),
+                    handle,
+                    POSIX_FD,
+                    0,
+                )
+            })
+        } else {
+            Ok(())
+        };
         // SAFETY: `[addr, addr + len)` lies in the reservation (checked
-        // above; the caller guarantees it is not mapped yet); `handle` is a
-        // fresh allocation of `len` bytes.
-        let mapped = unsafe { sys::cuMemMap(addr, len, 0, handle, 0) };
+        // above; the caller guarantees it is not mapped yet); `handle` is an
+        // allocation of `len` bytes (created, or imported as one).
+        let mapped = match shared {
+            Ok(()) => unsafe { sys::cuMemMap(addr, len, 0, handle, 0) },
+            Err(_) => sys::CUresult::CUDA_ERROR_INVALID_VALUE,
+        };
         // The mapping holds its own reference to the memory; drop ours
         // either way.
-        // SAFETY: `handle` was created above and is released once.
+        // SAFETY: `handle` was created or imported above and is released once.
         let released = unsafe { sys::cuMemRelease(handle) };
+        // SAFETY: a descriptor the export wrote is ours alone, closed once
+        // (here on failure, else by the caller).
+        let fd = (exported >= 0).then(|| unsafe { OwnedFd::from_raw_fd(exported) });
+        shared?;
         check("cuMemMap", mapped)?;
         let access = sys::CUmemAccessDesc {
             location: location(self.ordinal),
@@ -169,7 +286,7 @@ impl Reservation {
             return Err(err);
         }
         self.mapped.push((addr, len));
-        Ok(())
+        Ok(fd)
     }
 
     /// Waits for the current context's work, unmaps every span (newest

@@ -1,0 +1,62 @@
+"""Two rank processes' collectives over each other's storage (preparation's side of
+``window_collectives``): each rank maps fresh memory at its recorded address and
+exports it, the ranks trade descriptors over the process group
+(``ignition.parallel.handles``), and each maps its peer's memory at the peer's
+address, so both processes, and later Helios's one, name the same bytes by the same
+address.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ignition.parallel.handles import exchange_group_handles
+from ignition.parallel.window_collectives import CollectiveStorage, WindowCollectives
+
+# Shared spans are whole granules of the driver's allocation granularity (2 MiB on
+# the GPUs we prepare on; the driver refuses other sizes with a typed error).
+GRANULE = 2 << 20
+
+
+def span_size(capacity: int, dtype: torch.dtype) -> int:
+    """One rank's span: its storage rounded up to whole granules."""
+    return -(-CollectiveStorage.span_bytes(capacity, dtype) // GRANULE) * GRANULE
+
+
+def share_collectives(
+    rank: int, addresses: Sequence[int], capacity: int, dtype: torch.dtype, device: int
+) -> tuple[WindowCollectives, list[Any]]:
+    """Rank ``rank`` of two: its collectives over its own storage at
+    ``addresses[rank]`` and its peer's at the other address, on CUDA device
+    ``device``; and the two spans (``flare_heliopause.SharedSpan``), which the caller
+    keeps open while the collectives run and closes after."""
+    if len(addresses) != 2 or rank not in (0, 1):
+        raise ValueError(f"two ranks share their collectives, not rank {rank} of {addresses}")
+    import flare_heliopause as hp
+
+    size = span_size(capacity, dtype)
+    own = hp.SharedSpan.export(addresses[rank], size, device)
+    spans = [own]
+    try:
+        fd = own.take_fd()
+        try:
+            received = exchange_group_handles(rank, 2, fd)
+        finally:
+            os.close(fd)
+        peer_rank = 1 - rank
+        try:
+            spans.append(hp.SharedSpan.import_(addresses[peer_rank], size, received[peer_rank],
+                                               device))  # fmt: skip
+        finally:
+            os.close(received[peer_rank])
+        cuda = torch.device("cuda", device)
+        storages = [CollectiveStorage.over(address, capacity, dtype, cuda) for address in addresses]
+        return WindowCollectives(rank, storages[rank], storages[peer_rank]), spans
+    except BaseException:
+        for span in spans:
+            span.close()
+        raise
