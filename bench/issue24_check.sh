@@ -37,6 +37,8 @@ write_tiny(Path(sys.argv[1]), 'qwen3')" "$work/tiny-qwen3" > /dev/null || exit 1
     tail -16 "$out/tp-logits-bfloat16.log"
     ;;
   collectives)
+    # Two rank processes share the one GPU only in the Default compute mode.
+    nvidia-smi --query-gpu=name,compute_mode --format=csv > "$out/machine.txt" 2>&1
     timeout 300 python3 -m pytest -m gpu tests/test_window_collectives.py -q -p no:cacheprovider \
       -rs 2>&1 | tee "$out/pytest-gpu.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1

@@ -228,8 +228,9 @@ def test_two_ranks_on_one_gpu_concurrently_and_replayed() -> None:
         assert storage.words[COUNTER].item() == epochs and storage.words[DONE].item() == 0
 
 
-# Two fixed addresses, one per rank, apart from every window (a granule multiple).
-SHARED_ADDRESSES = (0x7E00_0000_0000, 0x7E00_4000_0000)
+# Two fixed addresses, one per rank: granule multiples, past the windows' default base
+# and far below the host's mapped libraries.
+SHARED_ADDRESSES = (0x3000_0000_0000, 0x3000_4000_0000)
 
 
 def test_shared_storage_is_whole_granules_and_two_ranks_only() -> None:
@@ -271,6 +272,12 @@ def test_two_rank_processes_share_their_storage_on_one_gpu(tmp_path: Path) -> No
         "rank-0": str(calls),
         "rank-1": str(calls),
     }
+
+
+def test_storage_over_mapped_memory_names_its_device() -> None:
+    for device in (torch.device("cuda"), torch.device("cpu")):
+        with pytest.raises(ValueError, match="names its CUDA device"):
+            CollectiveStorage.over(SHARED_ADDRESSES[0], 1024, torch.bfloat16, device)
 
 
 def test_a_shared_span_refuses_what_it_cannot_map() -> None:

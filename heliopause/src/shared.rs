@@ -19,7 +19,7 @@ use std::sync::Mutex;
 use helios::cuda::{CudaError, PrimaryContext, Reservation};
 use pyo3::prelude::*;
 
-use crate::window::WindowError;
+use crate::window::{WindowError, MIN_WINDOW_SIZE};
 use crate::window_err;
 
 /// One span's driver state: dropped (reservation first) when closed.
@@ -28,11 +28,14 @@ struct Held {
     context: PrimaryContext,
 }
 
-/// Reserves `size` bytes at exactly `address` on device `ordinal`, or fails
-/// (a misplaced reservation is released).
+/// Reserves at least `size` bytes at exactly `address` on device `ordinal`
+/// (the driver honours an address only for a reservation of
+/// [`MIN_WINDOW_SIZE`] or more, so a smaller span reserves that much and maps
+/// its own size), or fails (a misplaced reservation is released). Another
+/// device's context current on the thread is refused.
 fn reserve(ordinal: i32, address: u64, size: u64) -> Result<Held, WindowError> {
     let context = PrimaryContext::retain(ordinal)?;
-    context.make_current_if_none()?;
+    context.make_current_unless_other()?;
     let granularity = context.granularity()?;
     if size == 0 || !size.is_multiple_of(granularity) || !address.is_multiple_of(granularity) {
         return Err(WindowError::Layout(format!(
@@ -40,7 +43,8 @@ fn reserve(ordinal: i32, address: u64, size: u64) -> Result<Held, WindowError> {
              the allocation granularity ({granularity} bytes)"
         )));
     }
-    let mut reservation = Reservation::reserve(&context, address, size)?;
+    let reserved = size.max(MIN_WINDOW_SIZE).div_ceil(granularity) * granularity;
+    let mut reservation = Reservation::reserve(&context, address, reserved)?;
     if reservation.base() != address {
         let got = reservation.base();
         reservation.release()?;
@@ -144,7 +148,7 @@ impl SharedSpan {
             return Ok(());
         };
         py.detach(|| -> Result<(), CudaError> {
-            context.make_current_if_none()?;
+            context.make_current_unless_other()?;
             reservation.release()?;
             drop(reservation);
             context.release()
@@ -161,11 +165,11 @@ mod tests {
     /// error, before any address is touched.
     #[test]
     fn a_span_without_a_driver_is_a_typed_error() {
-        match reserve(0, 0x7e00_0000_0000, 2 << 20) {
+        match reserve(0, 0x3000_0000_0000, 2 << 20) {
             Err(WindowError::Cuda(CudaError::DriverUnavailable | CudaError::Driver { .. })) => {}
             Err(other) => panic!("unexpected error: {other}"),
             // A machine with a GPU: the span is there, at the address asked.
-            Ok(held) => assert_eq!(held.reservation.base(), 0x7e00_0000_0000),
+            Ok(held) => assert_eq!(held.reservation.base(), 0x3000_0000_0000),
         }
     }
 }

@@ -64,7 +64,9 @@ def exchange_handles(
                 connection, _ = listener.accept()
                 with connection:
                     connection.settimeout(TIMEOUT_S)
-                    data, fds, _flags, _sender = socket.recv_fds(connection, _HEADER.size, 1)
+                    data, fds, _flags, _sender = socket.recv_fds(
+                        connection, _HEADER.size, 1, socket.MSG_CMSG_CLOEXEC
+                    )
                     if len(data) != _HEADER.size or len(fds) != 1:
                         for extra in fds:
                             os.close(extra)

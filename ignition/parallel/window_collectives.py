@@ -86,13 +86,18 @@ class CollectiveStorage:
 
     @classmethod
     def over(
-        cls, address: int, capacity: int, dtype: torch.dtype, device: torch.device | str
+        cls, address: int, capacity: int, dtype: torch.dtype, device: torch.device
     ) -> CollectiveStorage:
         """The storage at ``address`` (device memory this process has mapped, at least
-        ``span_bytes``): the words first, then the buffers. Zeroed memory starts at
-        epoch 0."""
+        ``span_bytes``, on or reachable from ``device``): the words first, then the
+        buffers, as views of that memory (they do not keep it mapped). Zeroed memory
+        starts at epoch 0."""
+        if device.type != "cuda" or device.index is None:
+            raise ValueError(f"storage over mapped memory names its CUDA device: {device}")
         size = cls.span_bytes(capacity, dtype)
         raw = torch.as_tensor(_DeviceMemory(address, size), device=device)
+        if raw.data_ptr() != address:  # a copy would never see the peer's writes
+            raise RuntimeError(f"torch copied the memory at {address:#x} instead of viewing it")
         words = raw[: WORDS * 8].view(torch.int64)
         buffers = raw[WORDS_BYTES:].view(dtype).view(2, capacity)
         return cls(buffers, words)

@@ -97,6 +97,16 @@ pub enum CudaError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// Another device's context is current on the calling thread, where
+    /// device `ordinal`'s work must go.
+    #[error(
+        "another device's CUDA context is current on this thread, not device {ordinal}'s: \
+         make device {ordinal} current first (torch.cuda.set_device({ordinal}))"
+    )]
+    OtherContextCurrent {
+        /// The device the call was for.
+        ordinal: i32,
+    },
     /// Adding node `node` of a graph failed.
     #[error("node {node}: {source}")]
     AtNode {

@@ -102,6 +102,26 @@ impl PrimaryContext {
         Ok(())
     }
 
+    /// Makes this context current if the thread has none; fails with
+    /// [`CudaError::OtherContextCurrent`] when another context is current
+    /// (work and memory meant for this device would go to that one).
+    pub fn make_current_unless_other(&self) -> Result<(), CudaError> {
+        let mut current: sys::CUcontext = ptr::null_mut();
+        // SAFETY: the out-pointer points to a local.
+        check("cuCtxGetCurrent", unsafe {
+            sys::cuCtxGetCurrent(&mut current)
+        })?;
+        if current.is_null() {
+            return self.make_current();
+        }
+        if current != self.raw {
+            return Err(CudaError::OtherContextCurrent {
+                ordinal: self.ordinal,
+            });
+        }
+        Ok(())
+    }
+
     /// Waits until all work queued in the calling thread's current context
     /// has finished (make this one current first).
     pub fn synchronize(&self) -> Result<(), CudaError> {

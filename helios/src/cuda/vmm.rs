@@ -160,12 +160,16 @@ impl Reservation {
     /// [`Self::map_zeroed`] with memory another process may map too: its
     /// POSIX file descriptor, which the caller owns (closing it does not
     /// unmap anything; a process that imported it keeps the memory alive).
+    /// Returns once the zeros are written: nothing orders them before
+    /// another process's writes.
     pub fn map_exported(&mut self, addr: u64, len: u64) -> Result<OwnedFd, CudaError> {
         let source = Source::Fresh {
             zero: true,
             export: true,
         };
         let fd = self.map_span(addr, len, source)?;
+        // SAFETY: plain driver entry point (the owning context is current).
+        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })?;
         Ok(fd.expect("an exported span has a descriptor"))
     }
 
