@@ -41,6 +41,16 @@ pub struct PrimaryContext {
 // that share one serialize their use (Heliopause keeps it behind a mutex).
 unsafe impl Send for PrimaryContext {}
 
+/// The calling thread's current context (null: none).
+fn current() -> Result<sys::CUcontext, CudaError> {
+    let mut current: sys::CUcontext = ptr::null_mut();
+    // SAFETY: the out-pointer points to a local.
+    check("cuCtxGetCurrent", unsafe {
+        sys::cuCtxGetCurrent(&mut current)
+    })?;
+    Ok(current)
+}
+
 impl PrimaryContext {
     /// Loads and initializes the driver and retains device `ordinal`'s
     /// primary context. It is not made current.
@@ -91,12 +101,7 @@ impl PrimaryContext {
     /// has no current context (a thread of the CUDA runtime normally has the
     /// primary context current already).
     pub fn make_current_if_none(&self) -> Result<(), CudaError> {
-        let mut current: sys::CUcontext = ptr::null_mut();
-        // SAFETY: the out-pointer points to a local.
-        check("cuCtxGetCurrent", unsafe {
-            sys::cuCtxGetCurrent(&mut current)
-        })?;
-        if current.is_null() {
+        if current()?.is_null() {
             self.make_current()?;
         }
         Ok(())
@@ -106,11 +111,7 @@ impl PrimaryContext {
     /// [`CudaError::OtherContextCurrent`] when another context is current
     /// (work and memory meant for this device would go to that one).
     pub fn make_current_unless_other(&self) -> Result<(), CudaError> {
-        let mut current: sys::CUcontext = ptr::null_mut();
-        // SAFETY: the out-pointer points to a local.
-        check("cuCtxGetCurrent", unsafe {
-            sys::cuCtxGetCurrent(&mut current)
-        })?;
+        let current = current()?;
         if current.is_null() {
             return self.make_current();
         }

@@ -387,11 +387,12 @@ impl<E: Executor> Scheduler<E> {
         };
         let ticket = self.executor.submit(&launch)?;
         self.launches[launch.operation.kind().index()] += 1;
-        let now = Instant::now();
         for id in &refs {
             if let Some(Placed { request, placement }) = self.placed.get_mut(id) {
                 placement.refs += 1;
+                // Read the clock once per request, not on every decode step.
                 if request.first_launch.is_none() {
+                    let now = Instant::now();
                     request.first_launch = Some(now);
                     let waited = now.saturating_duration_since(request.submitted);
                     self.first_token
