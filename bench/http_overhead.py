@@ -32,8 +32,13 @@ With ``--baseline PATH`` each round also times a second fake server binary on th
 same requests right after the first (an A/B of two builds in one run), and reports
 their TTFTs' ratio.
 
+With ``--pause-ms MS`` the client waits MS milliseconds before each timed request, as
+a real client waits while the previous answer is generated: the server's threads have
+gone idle (parked, their cores maybe asleep) when the request arrives, which
+back-to-back requests never show.
+
     python bench/http_overhead.py [--binary PATH] [--baseline PATH]
-        [--tokens 512 | --tool-chats] [--requests 200] [--out overhead.json]
+        [--tokens 512 | --tool-chats] [--requests 200] [--pause-ms 0] [--out overhead.json]
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -162,14 +168,21 @@ def null_server(prompt_tokens: int, chat: bool = False) -> Iterator[str]:
         thread.join(timeout=5)
 
 
-def measure(url: str, requests: Sequence[BenchRequest], warmup: int) -> dict[str, Any]:
-    """Streams ``requests`` one at a time, the first ``warmup`` untimed; the client's
-    TTFT and, where the server has them, its per-request counters."""
+def measure(
+    url: str, requests: Sequence[BenchRequest], warmup: int, pause_s: float = 0.0
+) -> dict[str, Any]:
+    """Streams ``requests`` one at a time, the first ``warmup`` untimed, each timed
+    one ``pause_s`` after the last ended; the client's TTFT and, where the server has
+    them, its per-request counters."""
     endpoint = Endpoint(url)
     for request in requests[:warmup]:
         stream_request(endpoint, request)
     before = scrape(endpoint)
-    samples: list[Sample] = [stream_request(endpoint, r) for r in requests[warmup:]]
+    samples: list[Sample] = []
+    for request in requests[warmup:]:
+        if pause_s:
+            time.sleep(pause_s)
+        samples.append(stream_request(endpoint, request))
     after = scrape(endpoint)
     failed = [s.error for s in samples if not s.ok]
     if failed:
@@ -205,6 +218,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3, help="fake and null alternate")
+    parser.add_argument(
+        "--pause-ms",
+        type=float,
+        default=0.0,
+        help="the client's wait before each timed request (the server idles meanwhile)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     if args.baseline is not None and not args.baseline.is_file():
@@ -230,6 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "command": " ".join([Path(sys.executable).name, *sys.argv]),
             "machine": {"platform": platform.platform(), "python": platform.python_version()},
             "prompts": "tool chats" if args.tool_chats else f"{args.tokens}-token completions",
+            "pause_ms": args.pause_ms,
             "rounds": rounds,
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -238,12 +258,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def measure_fake(
-    binary: Path, requests: Sequence[BenchRequest], options: list[str], warmup: int
+    binary: Path,
+    requests: Sequence[BenchRequest],
+    options: list[str],
+    warmup: int,
+    pause_s: float = 0.0,
 ) -> dict[str, Any]:
     """The fake server ``binary`` (with ``options``) over ``requests``."""
     server = FakeServer(binary, *options)
     try:
-        return measure(server.url, requests, warmup)
+        return measure(server.url, requests, warmup, pause_s)
     finally:
         server.stop()
 
@@ -263,17 +287,18 @@ def measure_round(
 ) -> dict[str, Any]:
     """One round: the fake server (with ``options``), the ``--baseline`` binary's if
     given, then the null server."""
-    fake = measure_fake(args.binary, requests, options, args.warmup)
+    pause_s = args.pause_ms / 1e3
+    fake = measure_fake(args.binary, requests, options, args.warmup, pause_s)
     measured: dict[str, Any] = {"round": index, "fake": fake}
     line = f"round {index}: " + _fake_line("fake", fake)
     if args.baseline is not None:
-        baseline = measure_fake(args.baseline, requests, options, args.warmup)
+        baseline = measure_fake(args.baseline, requests, options, args.warmup, pause_s)
         measured["baseline"] = baseline
         ratio = fake["ttft_median_ms"] / baseline["ttft_median_ms"]
         line += f", {_fake_line('baseline', baseline)}, fake / baseline {ratio:.2f}"
     prompt_tokens = next((s for s in fake["prompt_tokens"] if s), args.tokens)
     with null_server(prompt_tokens, chat=args.tool_chats) as url:
-        null = measure(url, requests, args.warmup)
+        null = measure(url, requests, args.warmup, pause_s)
     measured["null"] = null
     print(f"{line}, null TTFT {null['ttft_median_ms']:.3f} ms (p99 {null['ttft_p99_ms']:.3f})")
     return measured

@@ -89,8 +89,8 @@ async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Respons
     let answer =
         super::structured::answer_schema(request.response_format.as_ref(), "response_format")?;
     let answer = answer.map(|schema| (schema, "response_format"));
-    let job = Job::chat(state, input, max_tokens, sampling, tools, answer).await?;
-    let mut generation = generation::start(state, job).await?;
+    let sent = Job::chat(state, input, max_tokens, sampling, tools, answer).await?;
+    let mut generation = generation::start(state, sent).await?;
     let header = Header {
         id: format!("chatcmpl-{request_id}"),
         created: unix_time(),

@@ -71,17 +71,17 @@ async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Respons
         Prompt::Batch(_) => return Err(invalid("prompt", "must be one prompt")),
     };
     let max_tokens = Some(request.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS));
-    // A text prompt is encoded (with the tokenizer's special tokens) and every
-    // prompt's prefix chain hashed on the preparation pool.
-    let job = generation::prepare(state, move |state| {
+    // A text prompt is encoded (with the tokenizer's special tokens), every
+    // prompt's prefix chain hashed and the job sent on the preparation pool.
+    let sent = generation::prepare(state, move |state| {
         let prompt = match text {
             Ok(text) => state.frontend().tokenizer().encode(&text, true)?,
             Err(tokens) => tokens,
         };
-        Job::new(state, prompt, max_tokens, sampling)
+        Job::new(state, prompt, max_tokens, sampling)?.send(state)
     })
     .await?;
-    let mut generation = generation::start(state, job).await?;
+    let mut generation = generation::start(state, sent).await?;
     let format = CompletionStream {
         id: format!("cmpl-{request_id}"),
         created: unix_time(),

@@ -8,7 +8,9 @@
 //! (and, before admission, inside the future waiting for it): dropping the
 //! response, or the future, drops the stream, which is the one cancellation
 //! path. Only CPU-heavy prompt preparation runs elsewhere, on the runtime's
-//! bounded blocking pool ([`prepare`]).
+//! bounded blocking pool ([`prepare`]); the thread that prepared a job sends
+//! it to the model thread ([`Job::send`]), so the model thread starts on it
+//! while the HTTP task is still being woken.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -23,7 +25,7 @@ use crate::frontend::protocol::{
 };
 use crate::frontend::{ChatInput, Detokenizer, Frontend, StopMatcher, StopStep};
 use crate::prefix::PrefixChain;
-use crate::scheduler::{Event, FinishReason, RequestSpec, RequestStream};
+use crate::scheduler::{Event, FinishReason, RequestSpec, RequestStream, Submission};
 
 /// Prompt tokens the detokenizer decodes before the output, so the first
 /// output word keeps the spacing the full decode gives it.
@@ -130,11 +132,15 @@ impl Job {
 /// mapping) on the runtime's blocking pool (bounded: see
 /// [`crate::serve::serve_http_with`]), so that a long prompt never stalls
 /// the async workers streaming other requests; its time goes to the
-/// `flare_prompt_preparation_seconds` histogram. `work` gets the state.
+/// `flare_prompt_preparation_seconds` histogram. `work` gets the state and
+/// ends by sending a job ([`Job::send`]): the model thread is told one is
+/// coming before the work starts
+/// ([`crate::scheduler::SchedulerHandle::expect_submission`]).
 pub async fn prepare<T: Send + 'static>(
     state: &AppState,
     work: impl FnOnce(&AppState) -> Result<T, HttpError> + Send + 'static,
 ) -> Result<T, HttpError> {
+    state.handle().expect_submission();
     let state = state.clone();
     tokio::task::spawn_blocking(move || {
         let started = Instant::now();
@@ -149,7 +155,8 @@ pub async fn prepare<T: Send + 'static>(
 impl Job {
     /// A job for a rendered conversation, offering the prefix cache the
     /// exact endpoints of its last [`ServeConfig::marked_messages`]
-    /// messages; the work runs on the blocking pool ([`prepare`]).
+    /// messages, sent to the model thread; the work and the sending run on
+    /// the blocking pool ([`prepare`], [`Self::send`]).
     ///
     /// [`ServeConfig::marked_messages`]: super::ServeConfig::marked_messages
     ///
@@ -166,7 +173,7 @@ impl Job {
         sampling: Sampling,
         tools: ToolRequest,
         answer: Option<(serde_json::Value, &'static str)>,
-    ) -> Result<Self, HttpError> {
+    ) -> Result<Sent, HttpError> {
         prepare(state, move |state| {
             tools.prepare(&mut input, state.frontend().protocol());
             let (mut job, text) = Self::chat_now(state, &input, max_tokens, sampling)?;
@@ -180,11 +187,46 @@ impl Job {
             };
             job.spec.grammar =
                 super::structured::grammar(state, &tools, schema, param, in_reasoning)?;
-            Ok(job)
+            job.send(state)
         })
         .await
     }
 
+    /// Sends the job to the model thread from the thread that made it (the
+    /// preparation pool's): the model thread starts on it while the HTTP
+    /// task is being woken to await its admission ([`start`]). Dropping the
+    /// result cancels the request.
+    pub fn send(self, state: &AppState) -> Result<Sent, HttpError> {
+        let prompt = &self.spec.prompt;
+        let prompt_tokens = u32::try_from(prompt.len()).unwrap_or(u32::MAX);
+        let context = &prompt[prompt.len().saturating_sub(DETOKENIZER_CONTEXT)..];
+        let delivery = Delivery {
+            frontend: Arc::clone(state.frontend()),
+            detokenizer: Detokenizer::with_context(context, true),
+            stops: self.stops,
+            parser: self.parser,
+            policy: self.policy,
+            generated: 0,
+        };
+        let submission = state.handle().send(self.spec, self.chain)?;
+        Ok(Sent {
+            submission,
+            delivery,
+            prompt_tokens,
+        })
+    }
+}
+
+/// A job the model thread has been sent ([`Job::send`]), its admission not
+/// yet awaited ([`start`]).
+#[derive(Debug)]
+pub struct Sent {
+    submission: Submission,
+    delivery: Delivery,
+    prompt_tokens: u32,
+}
+
+impl Job {
     /// The job and its prompt's text.
     fn chat_now(
         state: &AppState,
@@ -269,21 +311,16 @@ impl Generation {
     }
 }
 
-/// Submits `job` and waits for its admission (or the failure that prevents
-/// it); dropping the returned future, or the generation, cancels it.
-pub async fn start(state: &AppState, job: Job) -> Result<Generation, HttpError> {
-    let prompt_tokens = u32::try_from(job.spec.prompt.len()).unwrap_or(u32::MAX);
-    let prompt = &job.spec.prompt;
-    let context = &prompt[prompt.len().saturating_sub(DETOKENIZER_CONTEXT)..];
-    let delivery = Delivery {
-        frontend: Arc::clone(state.frontend()),
-        detokenizer: Detokenizer::with_context(context, true),
-        stops: job.stops,
-        parser: job.parser,
-        policy: job.policy,
-        generated: 0,
-    };
-    let mut stream = state.handle().submit(job.spec, job.chain).await?;
+/// Waits for a sent job's acceptance and admission (or the failure that
+/// prevents them); dropping the returned future, or the generation, cancels
+/// it.
+pub async fn start(state: &AppState, sent: Sent) -> Result<Generation, HttpError> {
+    let Sent {
+        submission,
+        delivery,
+        prompt_tokens,
+    } = sent;
+    let mut stream = submission.accepted().await?;
     let cached_tokens = wait_for_admission(&mut stream).await?;
     Ok(Generation {
         stream,

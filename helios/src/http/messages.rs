@@ -103,7 +103,7 @@ async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Respons
         kwargs: thinking_kwargs(request.thinking.as_ref())?,
         ..ChatInput::default()
     };
-    let job = Job::chat(
+    let sent = Job::chat(
         state,
         input,
         Some(request.max_tokens),
@@ -112,7 +112,7 @@ async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Respons
         None,
     )
     .await?;
-    let mut generation = generation::start(state, job).await?;
+    let mut generation = generation::start(state, sent).await?;
     let format = MessageStream {
         id: format!("msg_{request_id}"),
         model: state.config().model.clone(),

@@ -79,4 +79,6 @@ pub use latency::{
 pub use ranks::{RankFailure, RankGroup, RankPanicked, RankProblem};
 pub use request::RequestSpec;
 pub use rng::readmission_seed;
-pub use worker::{Health, RequestStream, SchedulerHandle, ShutdownMode, Status, Worker};
+pub use worker::{
+    Health, RequestStream, SchedulerHandle, ShutdownMode, Status, Submission, Worker,
+};

@@ -3,7 +3,11 @@
 //!
 //! The thread sleeps on its inbox while the scheduler is idle and otherwise
 //! alternates between taking every queued message and running one
-//! iteration. Rules:
+//! iteration. A submission being prepared may be announced
+//! ([`SchedulerHandle::expect_submission`]): an idle thread then waits for it
+//! awake, polling its inbox for at most [`EXPECTATION`], so that waking a
+//! sleeping thread (tens of microseconds to an idle core) is paid while the
+//! prompt is prepared, not after. Rules:
 //! - each request's events go to its own non-blocking channel, which async
 //!   tasks await ([`RequestStream::next`]) and plain threads block on
 //!   ([`RequestStream::next_event`]): no OS thread is held per request;
@@ -13,7 +17,8 @@
 //! - dropping a [`RequestStream`] before its terminal event is the one way
 //!   a consumer cancels (the cancellation applies at the next submission
 //!   boundary); a submission whose caller left before its id arrived is
-//!   cancelled by the model thread itself;
+//!   cancelled by the model thread itself, and one whose caller left after
+//!   it arrived by the dropped [`Submission`];
 //! - health and counters are published by the model thread into a shared
 //!   [`Status`] (at most [`PUBLISH_INTERVAL`] old while it runs, current
 //!   whenever it goes idle, and before any admission or terminal event is
@@ -74,6 +79,11 @@ pub struct Status {
 /// How stale the published [`Status`] may be while the model thread runs.
 pub const PUBLISH_INTERVAL: Duration = Duration::from_millis(5);
 
+/// How long an idle model thread polls its inbox, awake, after a
+/// submission was announced: longer than a chat's preparation usually takes
+/// (a long prompt's outlasts it, and the thread then sleeps as before).
+pub const EXPECTATION: Duration = Duration::from_millis(2);
+
 type SubmitReply = oneshot::Sender<Result<RequestId, AdmissionError>>;
 
 enum Message {
@@ -85,6 +95,8 @@ enum Message {
         reply: SubmitReply,
     },
     Cancel(RequestId),
+    /// A submission is being prepared.
+    Expect,
     Shutdown(ShutdownMode),
 }
 
@@ -116,17 +128,70 @@ impl std::fmt::Debug for Message {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Self::Submit { .. } => "Submit",
+            Self::Expect => "Expect",
             Self::Cancel(_) => "Cancel",
             Self::Shutdown(_) => "Shutdown",
         })
     }
 }
 
-/// A submission on its way to the model thread: its id's answer and the
-/// stream its events will arrive on.
-struct Pending {
-    answer: oneshot::Receiver<Result<RequestId, AdmissionError>>,
-    events: async_mpsc::UnboundedReceiver<Event>,
+/// A submission sent to the model thread, its id not yet taken.
+///
+/// Sending and awaiting are apart so that the thread that prepared a
+/// request sends it (the model thread starts on it at once) while the
+/// caller is still being woken to await the answer. Dropping it cancels
+/// the request, whether or not the model thread answered already.
+#[derive(Debug)]
+pub struct Submission {
+    /// `None` once taken (or closed by the drop).
+    answer: Option<oneshot::Receiver<Result<RequestId, AdmissionError>>>,
+    events: Option<async_mpsc::UnboundedReceiver<Event>>,
+    handle: SchedulerHandle,
+}
+
+impl Submission {
+    /// Awaits the model thread's answer: the request's stream, whose events
+    /// start with [`Event::Admitted`], or why it was refused. Dropping the
+    /// future before it resolves cancels the request.
+    pub async fn accepted(mut self) -> Result<RequestStream, AdmissionError> {
+        let answer = self.answer.as_mut().expect("an unanswered submission");
+        let id = answer.await.map_err(|_| AdmissionError::Unavailable)??;
+        Ok(self.stream(id))
+    }
+
+    /// [`Self::accepted`] for a thread outside the async runtime: blocks.
+    pub fn accepted_blocking(mut self) -> Result<RequestStream, AdmissionError> {
+        let answer = self.answer.take().expect("an unanswered submission");
+        let id = answer
+            .blocking_recv()
+            .map_err(|_| AdmissionError::Unavailable)??;
+        Ok(self.stream(id))
+    }
+
+    fn stream(&mut self, id: RequestId) -> RequestStream {
+        self.answer = None;
+        RequestStream {
+            id,
+            events: self.events.take().expect("a submission's events"),
+            handle: self.handle.clone(),
+            finished: false,
+        }
+    }
+}
+
+impl Drop for Submission {
+    fn drop(&mut self) {
+        let Some(mut answer) = self.answer.take() else {
+            return;
+        };
+        // Closed first, then read: an answer sent before the close is seen
+        // here and its request cancelled; one sent after it fails to send,
+        // and the model thread cancels the request itself.
+        answer.close();
+        if let Ok(Ok(id)) = answer.try_recv() {
+            self.handle.cancel(id);
+        }
+    }
 }
 
 impl SchedulerHandle {
@@ -147,25 +212,24 @@ impl SchedulerHandle {
         spec: RequestSpec,
         chain: Option<PrefixChain>,
     ) -> Result<RequestStream, AdmissionError> {
-        let pending = self.send_submission(spec, chain)?;
-        let id = (pending.answer.await).map_err(|_| AdmissionError::Unavailable)??;
-        Ok(self.stream(id, pending.events))
+        self.send(spec, chain)?.accepted().await
     }
 
     /// Submits a request from a thread outside the async runtime (hashing
     /// its chain there): blocks until the model thread answers.
     pub fn submit_blocking(&self, spec: RequestSpec) -> Result<RequestStream, AdmissionError> {
         let chain = self.chain(&spec.prompt);
-        let pending = self.send_submission(spec, chain)?;
-        let id = (pending.answer.blocking_recv()).map_err(|_| AdmissionError::Unavailable)??;
-        Ok(self.stream(id, pending.events))
+        self.send(spec, chain)?.accepted_blocking()
     }
 
-    fn send_submission(
+    /// Sends a request to the model thread without waiting for its answer
+    /// ([`Submission::accepted`] awaits it); fails only when the model
+    /// thread is gone.
+    pub fn send(
         &self,
         spec: RequestSpec,
         chain: Option<PrefixChain>,
-    ) -> Result<Pending, AdmissionError> {
+    ) -> Result<Submission, AdmissionError> {
         let (events, receiver) = async_mpsc::unbounded_channel();
         let (reply, answer) = oneshot::channel();
         let message = Message::Submit {
@@ -177,19 +241,17 @@ impl SchedulerHandle {
         self.inbox
             .send(message)
             .map_err(|_| AdmissionError::Unavailable)?;
-        Ok(Pending {
-            answer,
-            events: receiver,
+        Ok(Submission {
+            answer: Some(answer),
+            events: Some(receiver),
+            handle: self.clone(),
         })
     }
 
-    fn stream(&self, id: RequestId, events: async_mpsc::UnboundedReceiver<Event>) -> RequestStream {
-        RequestStream {
-            id,
-            events,
-            handle: self.clone(),
-            finished: false,
-        }
+    /// Announces a submission about to be prepared (see the module
+    /// documentation); nothing else changes if it never comes.
+    pub fn expect_submission(&self) {
+        let _ = self.inbox.send(Message::Expect);
     }
 
     /// Cancels a request at the next submission boundary.
@@ -393,6 +455,49 @@ impl Drop for GoneOnExit {
     }
 }
 
+/// Submissions announced and not yet arrived, and until when an idle model
+/// thread waits for them awake.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Expected {
+    count: u32,
+    until: Option<Instant>,
+}
+
+impl Expected {
+    fn announced(&mut self, now: Instant) {
+        self.count += 1;
+        self.until = Some(now + EXPECTATION);
+    }
+
+    /// A submission arrived: the last one expected ends the wait.
+    fn arrived(&mut self) {
+        self.count = self.count.saturating_sub(1);
+        if self.count == 0 {
+            self.until = None;
+        }
+    }
+}
+
+/// The next message for an idle model thread: polled for, awake, while a
+/// submission is expected (until the expectation ends, when it is
+/// forgotten), slept for otherwise.
+fn next_message(
+    inbox: &Receiver<Message>,
+    expected: &mut Expected,
+) -> Result<Message, mpsc::RecvError> {
+    while let Some(until) = expected.until {
+        match inbox.try_recv() {
+            Ok(message) => return Ok(message),
+            Err(mpsc::TryRecvError::Disconnected) => return Err(mpsc::RecvError),
+            Err(mpsc::TryRecvError::Empty) if Instant::now() >= until => {
+                *expected = Expected::default();
+            }
+            Err(mpsc::TryRecvError::Empty) => std::hint::spin_loop(),
+        }
+    }
+    inbox.recv()
+}
+
 /// The loop of the model thread.
 struct ModelThread<E> {
     scheduler: Scheduler<E>,
@@ -402,6 +507,8 @@ struct ModelThread<E> {
     latency: LatencyTracker,
     published: SharedStatus,
     published_at: Instant,
+    /// Announced submissions, awaited awake while idle.
+    expected: Expected,
 }
 
 impl<E: Executor> ModelThread<E> {
@@ -414,6 +521,7 @@ impl<E: Executor> ModelThread<E> {
             latency: LatencyTracker::default(),
             published,
             published_at: Instant::now(),
+            expected: Expected::default(),
         }
     }
 
@@ -424,7 +532,7 @@ impl<E: Executor> ModelThread<E> {
                 if self.stopping {
                     break;
                 }
-                match self.inbox.recv() {
+                match next_message(&self.inbox, &mut self.expected) {
                     Ok(message) => self.handle(message),
                     Err(_) => self.stop(ShutdownMode::Cancel),
                 }
@@ -460,6 +568,7 @@ impl<E: Executor> ModelThread<E> {
                 events,
                 reply,
             } => {
+                self.expected.arrived();
                 let result = if self.stopping {
                     Err(AdmissionError::ShuttingDown)
                 } else {
@@ -478,6 +587,7 @@ impl<E: Executor> ModelThread<E> {
                 }
             }
             Message::Cancel(id) => self.scheduler.cancel(id),
+            Message::Expect => self.expected.announced(Instant::now()),
             Message::Shutdown(mode) => {
                 self.stop(mode);
                 self.publish();
@@ -544,5 +654,189 @@ impl<E: Executor> ModelThread<E> {
                 self.streams.remove(&event.request);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A handle over a bare inbox: the test plays the model thread.
+    fn handle() -> (SchedulerHandle, Receiver<Message>) {
+        let (inbox, messages) = mpsc::channel();
+        let status = Arc::new(Mutex::new(Published {
+            status: Status {
+                health: Health::Ready,
+                metrics: Metrics::default(),
+                latency: Latency::default(),
+            },
+            gone: false,
+        }));
+        let handle = SchedulerHandle {
+            inbox,
+            prefix_salt: None,
+            status,
+        };
+        (handle, messages)
+    }
+
+    fn spec() -> RequestSpec {
+        RequestSpec {
+            prompt: vec![1, 2, 3],
+            max_new_tokens: 4,
+            sampling: Default::default(),
+            seed: 0,
+            message_endpoints: Vec::new(),
+            grammar: None,
+        }
+    }
+
+    fn reply_of(message: Message) -> SubmitReply {
+        match message {
+            Message::Submit { reply, .. } => reply,
+            other => panic!("expected a submission, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn dropping_an_answered_submission_cancels_its_request() {
+        let (handle, messages) = handle();
+        let submission = handle.send(spec(), None).unwrap();
+        let reply = reply_of(messages.try_recv().unwrap());
+        reply.send(Ok(RequestId(7))).unwrap();
+        // Its caller left after the answer arrived: nobody will take the
+        // stream, so the drop itself cancels the request.
+        drop(submission);
+        assert!(matches!(
+            messages.try_recv(),
+            Ok(Message::Cancel(RequestId(7)))
+        ));
+    }
+
+    #[test]
+    fn an_unanswered_submission_refuses_the_answer_once_dropped() {
+        let (handle, messages) = handle();
+        let submission = handle.send(spec(), None).unwrap();
+        drop(submission);
+        // The model thread's answer fails to send, which is how it knows to
+        // cancel the request itself; the drop sent nothing.
+        let reply = reply_of(messages.try_recv().unwrap());
+        assert!(reply.send(Ok(RequestId(3))).is_err());
+        assert!(messages.try_recv().is_err());
+    }
+
+    #[test]
+    fn an_accepted_submission_hands_its_stream_over_without_cancelling() {
+        let (handle, messages) = handle();
+        let submission = handle.send(spec(), None).unwrap();
+        let reply = reply_of(messages.try_recv().unwrap());
+        reply.send(Ok(RequestId(9))).unwrap();
+        let stream = submission.accepted_blocking().unwrap();
+        assert_eq!(stream.id(), RequestId(9));
+        assert!(messages.try_recv().is_err());
+        // Dropping the stream before its terminal event is the cancellation.
+        drop(stream);
+        assert!(matches!(
+            messages.try_recv(),
+            Ok(Message::Cancel(RequestId(9)))
+        ));
+    }
+
+    #[test]
+    fn dropping_the_wait_for_an_answer_that_arrived_cancels_its_request() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let (handle, messages) = handle();
+        let submission = handle.send(spec(), None).unwrap();
+        let mut accepted = Box::pin(submission.accepted());
+        runtime.block_on(async {
+            // Polled once, before the answer: it waits.
+            tokio::select! {
+                biased;
+                _ = &mut accepted => panic!("accepted before any answer"),
+                () = async {} => {}
+            }
+        });
+        let reply = reply_of(messages.try_recv().unwrap());
+        reply.send(Ok(RequestId(5))).unwrap();
+        // The HTTP task's future is dropped (its client left) with the
+        // answer unread.
+        drop(accepted);
+        assert!(matches!(
+            messages.try_recv(),
+            Ok(Message::Cancel(RequestId(5)))
+        ));
+    }
+
+    #[test]
+    fn an_expected_submission_is_taken_awake_until_the_expectation_ends() {
+        let (handle, messages) = handle();
+        let mut expected = Expected::default();
+        expected.announced(Instant::now() + Duration::from_secs(60));
+        let before = expected;
+        let sender = handle.clone();
+        let submitter = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(2));
+            sender.cancel(RequestId(1));
+        });
+        assert!(matches!(
+            next_message(&messages, &mut expected),
+            Ok(Message::Cancel(RequestId(1)))
+        ));
+        // Still expected: the announced submission has not come.
+        assert_eq!(expected, before);
+        expected.arrived();
+        assert_eq!(expected, Expected::default());
+        submitter.join().unwrap();
+    }
+
+    #[test]
+    fn an_expectation_that_ends_leaves_the_thread_to_sleep_on_its_inbox() {
+        let (handle, messages) = handle();
+        let mut expected = Expected::default();
+        expected.announced(Instant::now());
+        expected.announced(Instant::now());
+        let sender = handle.clone();
+        let submitter = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(20));
+            sender.cancel(RequestId(2));
+        });
+        assert!(matches!(
+            next_message(&messages, &mut expected),
+            Ok(Message::Cancel(RequestId(2)))
+        ));
+        assert_eq!(expected, Expected::default());
+        submitter.join().unwrap();
+        drop(handle);
+        expected.announced(Instant::now() + Duration::from_secs(60));
+        assert!(next_message(&messages, &mut expected).is_err());
+    }
+
+    #[test]
+    fn the_last_announced_submission_to_arrive_ends_the_wait() {
+        let mut expected = Expected::default();
+        expected.announced(Instant::now());
+        expected.announced(Instant::now());
+        expected.arrived();
+        assert!(expected.until.is_some());
+        expected.arrived();
+        assert_eq!(expected, Expected::default());
+        // One that was never announced (a blocking caller's) changes nothing.
+        expected.arrived();
+        assert_eq!(expected, Expected::default());
+    }
+
+    #[test]
+    fn a_refused_submission_cancels_nothing() {
+        let (handle, messages) = handle();
+        let submission = handle.send(spec(), None).unwrap();
+        let reply = reply_of(messages.try_recv().unwrap());
+        reply.send(Err(AdmissionError::Unavailable)).unwrap();
+        assert!(matches!(
+            submission.accepted_blocking(),
+            Err(AdmissionError::Unavailable)
+        ));
+        assert!(messages.try_recv().is_err());
     }
 }

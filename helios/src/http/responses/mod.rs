@@ -177,7 +177,7 @@ async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Respons
         "metadata": request.metadata.filter(Value::is_object).unwrap_or_else(|| json!({})),
     });
     let answer = answer.map(|schema| (schema, "text.format"));
-    let job = Job::chat(
+    let sent = Job::chat(
         state,
         input,
         request.max_output_tokens,
@@ -186,7 +186,7 @@ async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Respons
         answer,
     )
     .await?;
-    let mut generation = generation::start(state, job).await?;
+    let mut generation = generation::start(state, sent).await?;
     let mut format = ResponseStream::new(base, request.stream).with_custom_tools(custom_names);
     if store {
         format.record = Some(Record {
