@@ -37,8 +37,13 @@ a real client waits while the previous answer is generated: the server's threads
 gone idle (parked, their cores maybe asleep) when the request arrives, which
 back-to-back requests never show.
 
+With ``--launch-us US`` every launch of the fake server's executor holds its model
+thread US microseconds, so the model thread takes about as long as a device would
+(hand-offs that overlap it then leave the path, as they would on a GPU).
+
     python bench/http_overhead.py [--binary PATH] [--baseline PATH]
-        [--tokens 512 | --tool-chats] [--requests 200] [--pause-ms 0] [--out overhead.json]
+        [--tokens 512 | --tool-chats] [--requests 200] [--pause-ms 0] [--launch-us 0]
+        [--out overhead.json]
 """
 
 from __future__ import annotations
@@ -224,6 +229,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0.0,
         help="the client's wait before each timed request (the server idles meanwhile)",
     )
+    parser.add_argument(
+        "--launch-us",
+        type=int,
+        default=0,
+        help="how long each of the fake server's launches holds its model thread",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     if args.baseline is not None and not args.baseline.is_file():
@@ -242,6 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             requests = word_requests(args.tokens, count, seed=0)
             options = []
+        if args.launch_us:
+            options += ["--launch-us", str(args.launch_us)]
         for index in range(args.rounds):
             rounds.append(measure_round(args, requests, options, index))
     if args.out:
@@ -250,6 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "machine": {"platform": platform.platform(), "python": platform.python_version()},
             "prompts": "tool chats" if args.tool_chats else f"{args.tokens}-token completions",
             "pause_ms": args.pause_ms,
+            "launch_us": args.launch_us,
             "rounds": rounds,
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)

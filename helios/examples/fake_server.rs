@@ -8,9 +8,12 @@
 //!
 //! ```text
 //! cargo run -p flare-helios --example fake_server -- [--port 0] [--api-key KEY]
-//!     [--launch-ms MS] [--fail-after LAUNCHES] [--stop-every N] [--message-checkpoints N]
-//!     [--frontend FRONTEND.pb] [--script SCRIPT.json] [--no-masks]
+//!     [--launch-ms MS | --launch-us US] [--fail-after LAUNCHES] [--stop-every N]
+//!     [--message-checkpoints N] [--frontend FRONTEND.pb] [--script SCRIPT.json] [--no-masks]
 //! ```
+//!
+//! `--launch-ms` and `--launch-us` hold the model thread that long at every
+//! launch, as a device taking time would.
 //!
 //! `--no-masks` serves as an executor whose sampling takes no grammar mask
 //! does (as `flare run` does today): structured output is refused and
@@ -70,6 +73,7 @@ fn parse() -> Result<Args, String> {
             "--port" => args.port = number(value()?)? as u16,
             "--api-key" => args.api_key = Some(value()?),
             "--launch-ms" => args.launch_time = Some(Duration::from_millis(number(value()?)?)),
+            "--launch-us" => args.launch_time = Some(Duration::from_micros(number(value()?)?)),
             "--fail-after" => args.fail_after = Some(number(value()?)?),
             "--stop-every" => args.stop_every = Some(number(value()?)?),
             "--message-checkpoints" => {

@@ -283,23 +283,3 @@ fn cached_branches_stream_references_and_shutdown_drains_captures() {
         assert_eq!(log.terminal_events, 1, "{log:?}");
     }
 }
-
-#[test]
-fn announced_submissions_are_served_and_one_that_never_comes_changes_nothing() {
-    let setup = Setup::default();
-    let worker = spawn(&setup, 0);
-    let handle = worker.handle();
-    // Announced, never sent (its preparation failed): the idle thread waits
-    // awake for a while, then sleeps as before.
-    handle.expect_submission();
-    thread::sleep(std::time::Duration::from_millis(10));
-    for seed in 0..3 {
-        let request = spec(5 + seed as usize, 5, seed);
-        handle.expect_submission();
-        let log = drain(handle.submit_blocking(request.clone()).unwrap());
-        assert_eq!(log.tokens, reference(&setup, &request).tokens);
-    }
-    // Shutdown while a submission is expected still ends the thread.
-    handle.expect_submission();
-    worker.shutdown(ShutdownMode::Finish).unwrap();
-}

@@ -133,14 +133,11 @@ impl Job {
 /// [`crate::serve::serve_http_with`]), so that a long prompt never stalls
 /// the async workers streaming other requests; its time goes to the
 /// `flare_prompt_preparation_seconds` histogram. `work` gets the state and
-/// ends by sending a job ([`Job::send`]): the model thread is told one is
-/// coming before the work starts
-/// ([`crate::scheduler::SchedulerHandle::expect_submission`]).
+/// ends by sending a job ([`Job::send`]).
 pub async fn prepare<T: Send + 'static>(
     state: &AppState,
     work: impl FnOnce(&AppState) -> Result<T, HttpError> + Send + 'static,
 ) -> Result<T, HttpError> {
-    state.handle().expect_submission();
     let state = state.clone();
     tokio::task::spawn_blocking(move || {
         let started = Instant::now();

@@ -3,11 +3,7 @@
 //!
 //! The thread sleeps on its inbox while the scheduler is idle and otherwise
 //! alternates between taking every queued message and running one
-//! iteration. A submission being prepared may be announced
-//! ([`SchedulerHandle::expect_submission`]): an idle thread then waits for it
-//! awake, polling its inbox for at most [`EXPECTATION`], so that waking a
-//! sleeping thread (tens of microseconds to an idle core) is paid while the
-//! prompt is prepared, not after. Rules:
+//! iteration. Rules:
 //! - each request's events go to its own non-blocking channel, which async
 //!   tasks await ([`RequestStream::next`]) and plain threads block on
 //!   ([`RequestStream::next_event`]): no OS thread is held per request;
@@ -79,11 +75,6 @@ pub struct Status {
 /// How stale the published [`Status`] may be while the model thread runs.
 pub const PUBLISH_INTERVAL: Duration = Duration::from_millis(5);
 
-/// How long an idle model thread polls its inbox, awake, after a
-/// submission was announced: longer than a chat's preparation usually takes
-/// (a long prompt's outlasts it, and the thread then sleeps as before).
-pub const EXPECTATION: Duration = Duration::from_millis(2);
-
 type SubmitReply = oneshot::Sender<Result<RequestId, AdmissionError>>;
 
 enum Message {
@@ -95,8 +86,6 @@ enum Message {
         reply: SubmitReply,
     },
     Cancel(RequestId),
-    /// A submission is being prepared.
-    Expect,
     Shutdown(ShutdownMode),
 }
 
@@ -128,7 +117,6 @@ impl std::fmt::Debug for Message {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Self::Submit { .. } => "Submit",
-            Self::Expect => "Expect",
             Self::Cancel(_) => "Cancel",
             Self::Shutdown(_) => "Shutdown",
         })
@@ -246,12 +234,6 @@ impl SchedulerHandle {
             events: Some(receiver),
             handle: self.clone(),
         })
-    }
-
-    /// Announces a submission about to be prepared (see the module
-    /// documentation); nothing else changes if it never comes.
-    pub fn expect_submission(&self) {
-        let _ = self.inbox.send(Message::Expect);
     }
 
     /// Cancels a request at the next submission boundary.
@@ -455,49 +437,6 @@ impl Drop for GoneOnExit {
     }
 }
 
-/// Submissions announced and not yet arrived, and until when an idle model
-/// thread waits for them awake.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Expected {
-    count: u32,
-    until: Option<Instant>,
-}
-
-impl Expected {
-    fn announced(&mut self, now: Instant) {
-        self.count += 1;
-        self.until = Some(now + EXPECTATION);
-    }
-
-    /// A submission arrived: the last one expected ends the wait.
-    fn arrived(&mut self) {
-        self.count = self.count.saturating_sub(1);
-        if self.count == 0 {
-            self.until = None;
-        }
-    }
-}
-
-/// The next message for an idle model thread: polled for, awake, while a
-/// submission is expected (until the expectation ends, when it is
-/// forgotten), slept for otherwise.
-fn next_message(
-    inbox: &Receiver<Message>,
-    expected: &mut Expected,
-) -> Result<Message, mpsc::RecvError> {
-    while let Some(until) = expected.until {
-        match inbox.try_recv() {
-            Ok(message) => return Ok(message),
-            Err(mpsc::TryRecvError::Disconnected) => return Err(mpsc::RecvError),
-            Err(mpsc::TryRecvError::Empty) if Instant::now() >= until => {
-                *expected = Expected::default();
-            }
-            Err(mpsc::TryRecvError::Empty) => std::hint::spin_loop(),
-        }
-    }
-    inbox.recv()
-}
-
 /// The loop of the model thread.
 struct ModelThread<E> {
     scheduler: Scheduler<E>,
@@ -507,8 +446,6 @@ struct ModelThread<E> {
     latency: LatencyTracker,
     published: SharedStatus,
     published_at: Instant,
-    /// Announced submissions, awaited awake while idle.
-    expected: Expected,
 }
 
 impl<E: Executor> ModelThread<E> {
@@ -521,7 +458,6 @@ impl<E: Executor> ModelThread<E> {
             latency: LatencyTracker::default(),
             published,
             published_at: Instant::now(),
-            expected: Expected::default(),
         }
     }
 
@@ -532,7 +468,7 @@ impl<E: Executor> ModelThread<E> {
                 if self.stopping {
                     break;
                 }
-                match next_message(&self.inbox, &mut self.expected) {
+                match self.inbox.recv() {
                     Ok(message) => self.handle(message),
                     Err(_) => self.stop(ShutdownMode::Cancel),
                 }
@@ -568,7 +504,6 @@ impl<E: Executor> ModelThread<E> {
                 events,
                 reply,
             } => {
-                self.expected.arrived();
                 let result = if self.stopping {
                     Err(AdmissionError::ShuttingDown)
                 } else {
@@ -587,7 +522,6 @@ impl<E: Executor> ModelThread<E> {
                 }
             }
             Message::Cancel(id) => self.scheduler.cancel(id),
-            Message::Expect => self.expected.announced(Instant::now()),
             Message::Shutdown(mode) => {
                 self.stop(mode);
                 self.publish();
@@ -767,64 +701,6 @@ mod tests {
             messages.try_recv(),
             Ok(Message::Cancel(RequestId(5)))
         ));
-    }
-
-    #[test]
-    fn an_expected_submission_is_taken_awake_until_the_expectation_ends() {
-        let (handle, messages) = handle();
-        let mut expected = Expected::default();
-        expected.announced(Instant::now() + Duration::from_secs(60));
-        let before = expected;
-        let sender = handle.clone();
-        let submitter = thread::spawn(move || {
-            thread::sleep(Duration::from_millis(2));
-            sender.cancel(RequestId(1));
-        });
-        assert!(matches!(
-            next_message(&messages, &mut expected),
-            Ok(Message::Cancel(RequestId(1)))
-        ));
-        // Still expected: the announced submission has not come.
-        assert_eq!(expected, before);
-        expected.arrived();
-        assert_eq!(expected, Expected::default());
-        submitter.join().unwrap();
-    }
-
-    #[test]
-    fn an_expectation_that_ends_leaves_the_thread_to_sleep_on_its_inbox() {
-        let (handle, messages) = handle();
-        let mut expected = Expected::default();
-        expected.announced(Instant::now());
-        expected.announced(Instant::now());
-        let sender = handle.clone();
-        let submitter = thread::spawn(move || {
-            thread::sleep(Duration::from_millis(20));
-            sender.cancel(RequestId(2));
-        });
-        assert!(matches!(
-            next_message(&messages, &mut expected),
-            Ok(Message::Cancel(RequestId(2)))
-        ));
-        assert_eq!(expected, Expected::default());
-        submitter.join().unwrap();
-        drop(handle);
-        expected.announced(Instant::now() + Duration::from_secs(60));
-        assert!(next_message(&messages, &mut expected).is_err());
-    }
-
-    #[test]
-    fn the_last_announced_submission_to_arrive_ends_the_wait() {
-        let mut expected = Expected::default();
-        expected.announced(Instant::now());
-        expected.announced(Instant::now());
-        expected.arrived();
-        assert!(expected.until.is_some());
-        expected.arrived();
-        assert_eq!(expected, Expected::default());
-        // One that was never announced (a blocking caller's) changes nothing.
-        expected.arrived();
-        assert_eq!(expected, Expected::default());
     }
 
     #[test]
