@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Issue 23's measurement chain on the GPU machine, run detached (bench/detached.sh),
+# each PART in the order given, each step logged to steps.txt:
+#
+#   bash bench/detached.sh start DIR "bash bench/issue23_chain.sh PART..."
+#
+# - prefill:   the 8B geometry's random weights, then `issue23_check.sh prefill`
+#              (GPU tests, the rotary write's bench, the cold 4,096-token chunk by
+#              kernel with the fused layer and with the canonical one);
+# - 8b:        the 8B's core (concurrency 4, 8,192 tokens, layer scope) and its cold
+#              TTFT through flare at 512 and 4,096 tokens, with the decode bench and
+#              the qualification replay (`suite_gpu.sh qwen3-8b-flare`), then its report;
+# - smol:      the SmolLM2 stand-in's core, its tools (32 conversations), agent and
+#              decode (10 rounds) workloads ($SMOL_SUITE_ARGS instead, if set) through
+#              flare and the Python floor, then their report;
+# - serving:   `issue23_check.sh serving` (the serving GPU tests);
+# - attention: `bench/prefill_attention_bench.py --long-only --no-tilings`.
+#
+# The flare binary: $FLARE, else .carry/flare.xz unpacked, else .carry/flare. The
+# carried wheels: bench/chain_env.sh's. Before the first of 8b, smol and serving, a
+# preflight step: flare_heliopause and openai import and the binary runs, or the chain
+# ends there.
+set -uo pipefail
+. bench/chain_env.sh || exit 1
+out=$DETACHED_OUT
+export PYTHONPATH=$PYTHONPATH:$PWD:$PWD/tests
+flare=${FLARE:-}
+if [ -z "$flare" ] && [ -e .carry/flare.xz ]; then
+  mkdir -p BIN && python3 -c "import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" .carry/flare.xz BIN/flare && chmod +x BIN/flare
+  flare=BIN/flare
+fi
+flare=${flare:-.carry/flare}
+qwen=$WORK/qwen3-8b
+# Before the first part that serves (8b, smol, serving): the carried wheels import and
+# the binary runs, or the chain stops here rather than failing each step minutes later.
+preflight() {
+  [ -n "${preflight_done:-}" ] && return 0
+  python3 -c "import flare_heliopause, openai" > "$out/preflight.log" 2>&1 \
+    && "$flare" --help >> "$out/preflight.log" 2>&1
+  local rc=$?
+  step preflight $rc
+  [ $rc -eq 0 ] || { echo "issue23_chain.sh: preflight failed (preflight.log)" >&2; exit 1; }
+  preflight_done=1
+}
+weights() {
+  [ -e "$qwen/.complete" ] && return 0
+  python3 -m ignition.loading.random_weights --geometry qwen3-8b --out "$qwen" > /dev/null 2>&1 \
+    && touch "$qwen/.complete"
+  step 8b-weights $?
+}
+for part in "$@"; do
+  case $part in
+    prefill)
+      weights
+      bash bench/issue23_check.sh prefill "$out/prefill" "$qwen" --prompt-tokens 4096 \
+        --repeats 5 --geometry qwen3-8b --compile-scope layer > "$out/prefill.log" 2>&1
+      step prefill $?
+      ;;
+    8b)
+      preflight
+      weights
+      python3 -m ignition.cli prepare "$qwen" --out "$WORK/qwen3-8b-core" --max-concurrency 4 \
+        --context-limit 8192 --compile-scope layer > "$out/8b-prepare.log" 2>&1
+      step 8b-prepare $?
+      SUITE_ARGS="--workloads long --lengths 512 4096" \
+        bash bench/suite_gpu.sh qwen3-8b-flare "$out/8b" "$flare" > "$out/8b-flare.log" 2>&1
+      step 8b-flare $?
+      bash bench/suite_gpu.sh report "$out/8b" > "$out/8b-report.log" 2>&1
+      step 8b-report $?
+      ;;
+    smol)
+      preflight
+      python3 bench/smollm2_stand_in.py "$WORK/smolrw" > /dev/null
+      step smol-stand-in $?
+      bash bench/suite_gpu.sh smollm2-prepare "$out/smol" "$WORK/smolrw" \
+        > "$out/smol-prepare.log" 2>&1
+      step smol-prepare $?
+      export SUITE_ARGS=${SMOL_SUITE_ARGS:-"--workloads tools agent decode --decode-rounds 10 --tool-conversations 32"}
+      bash bench/suite_gpu.sh smollm2-flare "$out/smol" "$flare" > "$out/smol-flare.log" 2>&1
+      step smol-flare $?
+      bash bench/suite_gpu.sh smollm2-floor "$out/smol" > "$out/smol-floor.log" 2>&1
+      step smol-floor $?
+      unset SUITE_ARGS
+      bash bench/suite_gpu.sh report "$out/smol" > "$out/smol-report.log" 2>&1
+      step smol-report $?
+      ;;
+    serving)
+      preflight
+      bash bench/issue23_check.sh serving "$out/serving" > "$out/serving.log" 2>&1
+      step serving $?
+      ;;
+    attention)
+      python3 bench/prefill_attention_bench.py --long-only --no-tilings \
+        --out "$out/attention-long.json" > "$out/attention-long.log" 2>&1
+      step attention-long $?
+      ;;
+    *)
+      echo "issue23_chain.sh: unknown part $part (prefill, 8b, smol, serving, attention)" >&2
+      step "$part" 2
+      ;;
+  esac
+done
+echo chain done
