@@ -21,6 +21,7 @@ from ignition.parallel import logits_check
 from ignition.parallel.launch import spawn_ranks
 from ignition.parallel.shard import TensorParallel
 from ignition.preparation.prepared import prepare
+from ignition.replay.harness import Harness, Request, SamplingParams
 from recipes import llama, qwen4_exp
 
 OPTIONS = replace(CPU_OPTIONS, max_concurrency=1, context_limit=192, snapshot_rows=1)
@@ -47,6 +48,28 @@ def test_two_ranks_answer_as_one(tmp_path: Path, family: str, tie: bool, bias: b
     assert report["ranks_identical"] is True
     assert report["positions"] == 33
     assert float(report["relative_l2"]) < 1e-5, str(report)  # type: ignore[arg-type]
+
+
+def _sampling_rank(parallel: TensorParallel, path: Path, out: Path) -> None:
+    prepared = prepare(path, replace(OPTIONS, parallel=parallel))
+    # Each rank's request carries a seed of its own: left alone, their samplers part.
+    sampling = SamplingParams(temperature=1.0)
+    request = Request(0, [5, 9, 13, 17, 21], 12, sampling, seed=7 + 1000 * parallel.rank)
+    (result,) = Harness(prepared).run([request])
+    (out / f"rank-{parallel.rank}").write_text(" ".join(map(str, result.tokens)))
+
+
+def test_every_rank_follows_rank_zeros_samples(tmp_path: Path) -> None:
+    # The sampled tokens are broadcast from rank 0 before any state update, so the
+    # ranks' replicated state (pending tokens, counters, histograms) cannot part: with
+    # a seed of its own, rank 1 still commits rank 0's tokens, step after step.
+    path = write_tiny(tmp_path / "qwen3", "qwen3")
+    out = tmp_path / "out"
+    out.mkdir()
+    spawn_ranks(2, _sampling_rank, path, out)
+    tokens = [(out / f"rank-{rank}").read_text().split() for rank in range(2)]
+    assert len(tokens[0]) == 12
+    assert tokens[1] == tokens[0]
 
 
 def test_each_rank_runs_on_a_gpu_of_its_own_or_all_on_the_current_one() -> None:

@@ -93,6 +93,78 @@ def test_two_ranks_reduce_and_gather_through_each_others_storage() -> None:
         assert words[:MAX_PROGRAMS] == [calls] * MAX_PROGRAMS, (rank, words)
 
 
+def _bit_inputs(rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Float32 logits with the values a copy through arithmetic would change (NaN with
+    a payload, infinities, -0.0, a subnormal), and int64 and int32 tokens."""
+    generator = torch.Generator().manual_seed(20 + rank)
+    logits = torch.randn(2, 300, generator=generator)
+    specials = torch.tensor([float("inf"), float("-inf"), -0.0, 1e-42])
+    logits[0, :4] = specials
+    logits.view(torch.int32)[1, :2] = torch.tensor([0x7FC00123, -0x003FFFFF - 1], dtype=torch.int32)
+    tokens = torch.randint(0, 1 << 40, (5,), generator=generator)
+    small = torch.randint(-(1 << 30), 1 << 30, (3,), generator=generator, dtype=torch.int32)
+    return logits, tokens, small
+
+
+def _bit_rank(rank: int, storages: list[CollectiveStorage], results: list[torch.Tensor]) -> None:
+    torch.set_num_threads(1)
+    collectives = WindowCollectives(rank, storages[rank], storages[1 - rank])
+    logits, tokens, small = _bit_inputs(rank)
+    results[0].copy_(collectives.all_gather_last(logits))
+    results[1].copy_(collectives.broadcast_from_zero(tokens))
+    results[2].copy_(collectives.broadcast_from_zero(small))
+    results[3].copy_(collectives.all_reduce(torch.ones(4, dtype=torch.bfloat16)))
+
+
+def test_gathers_and_broadcasts_move_any_whole_element_dtype_bit_for_bit() -> None:
+    """Float32 logits gathered and int64 / int32 tokens broadcast over bfloat16
+    storage, each rank in its own process: every bit as sent (NaN payloads included),
+    and the calls keep the ranks' epochs in step for a reduce after them."""
+    storages = [_storage() for _ in range(2)]
+    for storage in storages:
+        storage.buffers.share_memory_()
+        storage.words.share_memory_()
+    shapes = [((2, 600), torch.float32), ((5,), torch.int64), ((3,), torch.int32),
+              ((4,), torch.bfloat16)]  # fmt: skip
+    results = [[torch.empty(shape, dtype=dtype).share_memory_() for shape, dtype in shapes]
+                for _ in range(2)]  # fmt: skip
+    context = multiprocessing.get_context("fork")
+    ranks = [context.Process(target=_bit_rank, args=(rank, storages, results[rank]))
+             for rank in range(2)]  # fmt: skip
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(240)
+    stuck = [rank for rank, process in enumerate(ranks) if process.exitcode is None]
+    for process in ranks:
+        process.kill()
+    assert not stuck, f"ranks {stuck} still waiting after 240 s"
+    assert [process.exitcode for process in ranks] == [0, 0]
+    (logits0, tokens0, small0), (logits1, _, _) = _bit_inputs(0), _bit_inputs(1)
+    both = torch.cat([logits0, logits1], dim=-1).view(torch.int32)
+    for rank in range(2):
+        gathered, tokens, small, total = results[rank]
+        assert torch.equal(gathered.view(torch.int32), both), rank
+        assert torch.equal(tokens, tokens0) and torch.equal(small, small0), rank
+        assert torch.equal(total, torch.full((4,), 2.0, dtype=torch.bfloat16)), rank
+    for storage in storages:
+        assert storage.words[COUNTER].item() == 4
+
+
+def test_what_does_not_travel_as_storage_elements_is_refused() -> None:
+    own, peer = _storage(), _storage()
+    collectives = WindowCollectives(0, own, peer)
+    with pytest.raises(ValueError, match=r"whole torch\.bfloat16 elements"):
+        collectives.broadcast_from_zero(torch.zeros(4, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"whole torch\.bfloat16 elements"):
+        collectives.all_gather_last(torch.zeros(4, dtype=torch.complex64))
+    with pytest.raises(ValueError, match="a sum is taken in the storage's dtype"):
+        collectives.all_reduce(torch.zeros(4))
+    with pytest.raises(ValueError, match="needs one"):
+        collectives.all_gather_last(torch.zeros((), dtype=torch.bfloat16))
+    assert own.words.count_nonzero().item() == 0  # nothing ran
+
+
 def _forked(target: Callable[..., None], args: tuple[object, ...], seconds: float) -> int | None:
     """``target(*args)`` in a forked process, its exit code (None: still running after
     ``seconds``, then killed): a wait that never ends fails the test, not hangs it."""
@@ -158,13 +230,20 @@ def test_bad_calls_are_refused() -> None:
     assert own.words.count_nonzero().item() == 0  # nothing ran
 
 
+def _tokens_of(x: torch.Tensor) -> torch.Tensor:
+    """Six int64 "tokens" made of ``x``'s first values' bits (a rank's own)."""
+    return x.flatten()[:6].float().view(torch.int32).to(torch.int64)
+
+
 @pytest.mark.gpu
 def test_two_ranks_on_one_gpu_concurrently_and_replayed() -> None:
     """Both ranks' kernels on two streams of the one device, waiting on each other:
     eager calls, then each rank's calls captured in a graph of its own and the two
-    graphs replayed together over fresh inputs, every result bitwise."""
+    graphs replayed together over fresh inputs, every result bitwise: the bf16 sums and
+    gathers, float32 gathers (logits) and int64 broadcasts (tokens)."""
     shapes = [*SHAPES, (4, 4096), (4096, 1024)]  # decode rows and a prefill chunk's
-    storages = [_storage("cuda", 4096 * 1024) for _ in range(2)]
+    capacity = 2 * 4096 * 1024  # the float32 gather of the largest
+    storages = [_storage("cuda", capacity) for _ in range(2)]
     ranks = [WindowCollectives(rank, storages[rank], storages[1 - rank]) for rank in range(2)]
     streams = [torch.cuda.Stream() for _ in range(2)]
     generator = torch.Generator(device="cuda").manual_seed(0)
@@ -174,7 +253,10 @@ def test_two_ranks_on_one_gpu_concurrently_and_replayed() -> None:
     def calls(rank: int, over: list[WindowCollectives] = ranks) -> list[torch.Tensor]:
         results = []
         for x in inputs[rank]:
-            results += [over[rank].all_reduce(x), over[rank].all_gather_last(x)]
+            collectives = over[rank]
+            results += [collectives.all_reduce(x), collectives.all_gather_last(x),
+                        collectives.all_gather_last(x.float()),
+                        collectives.broadcast_from_zero(_tokens_of(x))]  # fmt: skip
         return results
 
     def both() -> list[list[torch.Tensor]]:
@@ -190,16 +272,20 @@ def test_two_ranks_on_one_gpu_concurrently_and_replayed() -> None:
         for call, (x0, x1) in enumerate(zip(*inputs, strict=True)):
             expected = (x0.float() + x1.float()).bfloat16()
             both_sides = torch.cat([x0, x1], dim=-1)
+            wide = torch.cat([x0.float(), x1.float()], dim=-1)
             for rank in range(2):
-                assert torch.equal(results[rank][2 * call], expected), (rank, call)
-                assert torch.equal(results[rank][2 * call + 1], both_sides), (rank, call)
+                reduced, gathered, logits, tokens = results[rank][4 * call : 4 * call + 4]
+                assert torch.equal(reduced, expected), (rank, call)
+                assert torch.equal(gathered, both_sides), (rank, call)
+                assert torch.equal(logits, wide), (rank, call)
+                assert torch.equal(tokens, _tokens_of(x0)), (rank, call)
 
     # First, every kernel variant compiled and loaded, and each stream's allocator pool
     # filled, while nothing waits: loading a module can wait for the device's work to
     # drain, which a rank spinning on its peer never does. Over scratch storage whose
     # flags say every peer has long arrived: rank 0 passes each wait at once, and its
     # signals let rank 1 pass after it.
-    scratch = [_storage("cuda", 4096 * 1024) for _ in range(2)]
+    scratch = [_storage("cuda", capacity) for _ in range(2)]
     scratch[0].words[:MAX_PROGRAMS] = 1 << 40
     alone = [WindowCollectives(rank, scratch[rank], scratch[1 - rank]) for rank in range(2)]
     for rank in range(2):
@@ -223,7 +309,7 @@ def test_two_ranks_on_one_gpu_concurrently_and_replayed() -> None:
                 graphs[rank].replay()
         torch.cuda.synchronize()
         check(captured)
-    epochs = 2 * len(shapes) * (3 + 20)
+    epochs = 4 * len(shapes) * (3 + 20)
     for storage in storages:
         assert storage.words[COUNTER].item() == epochs and storage.words[DONE].item() == 0
 

@@ -2,7 +2,9 @@
 
 ``all_reduce`` sums a row-parallel projection's partial results (every rank gets the
 sum); ``all_gather_last`` concatenates each rank's slice of the last dimension in
-rank order (the vocabulary shards' logits). ``SingleRank`` is the identity: a model
+rank order (the vocabulary shards' logits); ``broadcast_from_zero`` gives every rank
+rank 0's tensor (the sampled tokens, so every rank's state update follows rank 0's
+sample). ``SingleRank`` is the identity: a model
 of one rank runs exactly the arithmetic it ran before tensor parallelism existed.
 ``GroupCollectives`` calls ``torch.distributed`` on the process group this process
 joined (Gloo, through host copies of device tensors, so ranks may share one GPU):
@@ -27,6 +29,10 @@ class Collectives(Protocol):
         """Every rank's ``x`` concatenated along the last dimension, in rank order."""
         ...
 
+    def broadcast_from_zero(self, x: torch.Tensor) -> torch.Tensor:
+        """Rank 0's ``x`` on every rank, bit for bit."""
+        ...
+
 
 class SingleRank:
     """The collectives of a group of one: each returns its input."""
@@ -35,6 +41,9 @@ class SingleRank:
         return x
 
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def broadcast_from_zero(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
 
@@ -66,3 +75,8 @@ class GroupCollectives:
         parts = [torch.empty_like(local) for _ in range(self.world)]
         self._dist.all_gather(parts, local)
         return torch.cat(parts, dim=-1).to(x.device)
+
+    def broadcast_from_zero(self, x: torch.Tensor) -> torch.Tensor:
+        ours = x.detach().to("cpu", copy=True).contiguous()
+        self._dist.broadcast(ours, src=0)
+        return ours.to(x.device)

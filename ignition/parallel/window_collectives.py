@@ -15,8 +15,8 @@ that rank's window. A call on rank ``r``, in each program:
    the program's stores);
 4. waits until its own ``words[program] >= epoch`` (acquire, system scope): the
    peer's program of the same index has written its slice;
-5. reads the peer's slice and writes the result: the sum (reduce), or both slices
-   side by side in rank order (gather);
+5. reads the peer's slice and writes the result: the sum (reduce), both slices
+   side by side in rank order (gather), or rank 0's slice (broadcast);
 6. counts itself done; the last program stores ``epoch`` into the counter and
    zeroes the count, for the next call.
 
@@ -32,8 +32,12 @@ needs native peer atomics (NVLink; not every PCIe topology has them).
 
 With two ranks, each element's sum is one rounding of ``a + b``, which is the same on
 both ranks (addition commutes exactly): the ranks' replicated state stays bitwise
-equal. This is the one-shot form (each rank reads the peer's whole partial); a
-two-shot form for long prefill rows is not built.
+equal. Gather and broadcast only move bits, so they take any dtype whose elements are
+whole storage elements (float32 logits and int64 tokens over bfloat16 storage): the
+tensor's bytes travel as storage elements and come back as its own dtype.
+
+This is the one-shot form (each rank reads the peer's whole partial); a two-shot form
+for long prefill rows is not built.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ WORDS = MAX_PROGRAMS + 2
 # The words' bytes, rounded up so that the buffers after them start aligned.
 WORDS_BYTES = (WORDS * 8 + 255) // 256 * 256
 BLOCK = 1024
+# What a call's result is (the kernel's MODE).
+REDUCE, GATHER, BROADCAST = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -128,7 +134,7 @@ def _exchange_kernel(
     capacity,
     programs,
     RANK: tl.constexpr,
-    GATHER: tl.constexpr,
+    MODE: tl.constexpr,
     BF16: tl.constexpr,
     BLOCK: tl.constexpr,
     COUNTER: tl.constexpr,
@@ -161,11 +167,16 @@ def _exchange_kernel(
         # Plain loads: thread 0's acquire, then the CTA barrier, order them after the
         # peer's stores (its release covers its whole program's, by the barrier before).
         theirs = tl.load(peer + offsets, mask=mask)
-        if GATHER:
+        if MODE == 1:  # GATHER
             row = offsets // width
             column = offsets % width
             tl.store(out_ptr + row * 2 * width + RANK * width + column, mine, mask=mask)
             tl.store(out_ptr + row * 2 * width + (1 - RANK) * width + column, theirs, mask=mask)
+        elif MODE == 2:  # BROADCAST: rank 0's bits
+            if RANK == 0:
+                tl.store(out_ptr + offsets, mine, mask=mask)
+            else:
+                tl.store(out_ptr + offsets, theirs, mask=mask)
         else:
             total = mine.to(tl.float32) + theirs.to(tl.float32)
             if BF16:  # to nearest by its bits (the interpreter's cast truncates)
@@ -194,19 +205,41 @@ class WindowCollectives:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of both ranks' ``x``, the same bits on both."""
+        if x.dtype != self.own.buffers.dtype:
+            raise ValueError(
+                f"the collective storage holds {self.own.buffers.dtype}, not {x.dtype}: "
+                "a sum is taken in the storage's dtype"
+            )
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
-        return self._exchange(x, out, gather=False)
+        return self._exchange(x, out, REDUCE)
 
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
         """Both ranks' ``x`` side by side along the last dimension, rank 0's first."""
-        out = x.new_empty(*x.shape[:-1], 2 * x.shape[-1])
-        return self._exchange(x, out, gather=True)
+        if x.dim() == 0:
+            raise ValueError("a gather along the last dimension needs one")
+        bits = self._bits(x)
+        out = bits.new_empty(*bits.shape[:-1], 2 * bits.shape[-1])
+        return self._exchange(bits, out, GATHER).view(x.dtype)
 
-    def _exchange(self, x: torch.Tensor, out: torch.Tensor, gather: bool) -> torch.Tensor:
-        if x.dtype != self.own.buffers.dtype:
+    def broadcast_from_zero(self, x: torch.Tensor) -> torch.Tensor:
+        """Rank 0's ``x`` on both ranks, bit for bit (both ranks call it)."""
+        bits = self._bits(x.reshape(-1))
+        out = torch.empty_like(bits)
+        return self._exchange(bits, out, BROADCAST).view(x.dtype).view(x.shape)
+
+    def _bits(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``'s bytes as storage elements (the last dimension widened), contiguous."""
+        storage = self.own.buffers.dtype
+        if x.dtype == storage:
+            return x
+        size, unit = x.element_size(), self.own.buffers.element_size()
+        if x.dtype.is_complex or size % unit:
             raise ValueError(
-                f"the collective storage holds {self.own.buffers.dtype}, not {x.dtype}"
+                f"{x.dtype} does not travel as whole {storage} elements of the storage"
             )
+        return x.contiguous().view(storage)
+
+    def _exchange(self, x: torch.Tensor, out: torch.Tensor, mode: int) -> torch.Tensor:
         if x.numel() > self.own.capacity:
             raise ValueError(
                 f"{x.numel()} elements exceed the collective storage's {self.own.capacity}: "
@@ -218,7 +251,7 @@ class WindowCollectives:
         _exchange_kernel[(programs,)](
             x, out, self.own.buffers, self.peer.buffers, self.own.words, self.peer.words,
             n, x.shape[-1], self.own.capacity, programs,
-            RANK=self.rank, GATHER=gather, BF16=x.dtype == torch.bfloat16, BLOCK=BLOCK,
+            RANK=self.rank, MODE=mode, BF16=x.dtype == torch.bfloat16, BLOCK=BLOCK,
             COUNTER=COUNTER, DONE=DONE,
         )  # fmt: skip
         return out

@@ -460,6 +460,9 @@ def compile_steps(
         model.logits,
         ops,
         token_masks=options.token_masks,
+        broadcast=(
+            options.parallel.collectives.broadcast_from_zero if options.parallel.sharded else None
+        ),
     )
 
 

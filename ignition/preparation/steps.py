@@ -126,9 +126,13 @@ def build_steps(
     logits: Callable[[torch.Tensor], torch.Tensor],
     ops: SamplingOps | None = None,
     token_masks: bool = True,
+    broadcast: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[GraphKey, Callable[[], None]]:
     """One zero-argument callable per catalog entry, over the fixed storage; sampling
-    reads the staged token masks unless ``token_masks`` is False."""
+    reads the staged token masks unless ``token_masks`` is False. A tensor-parallel
+    rank passes its group's ``broadcast`` (rank 0's tensor on every rank): each step's
+    state update and records then follow rank 0's sampled tokens on every rank, so the
+    ranks' replicated state cannot part, whatever their samplers did."""
     state, staging, cache = storage.state, storage.staging, storage.cache
     sampler_rows = max(catalog.decode)
     ops = ops or SamplingOps()
@@ -139,7 +143,8 @@ def build_steps(
         # Each sampled row's token mask, applied where its flag is set (the host
         # writes every row's flag each launch).
         masks = (staging.sample_mask, staging.sample_masked) if token_masks else None
-        return sampling.sample_rows(staging.logits, state, slots, sampler_rows, ops.sample, masks)
+        tokens = sampling.sample_rows(staging.logits, state, slots, sampler_rows, ops.sample, masks)
+        return tokens if broadcast is None else broadcast(tokens)
 
     def decode_step(capacity: int) -> Callable[[], None]:
         def run() -> None:
