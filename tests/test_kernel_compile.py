@@ -352,14 +352,16 @@ for stacked in (False, True):
 
 # The two-rank collectives: their system-scope and device-scope synchronization, in
 # PTX order.
-from ignition.parallel.window_collectives import COUNTER, DONE, _exchange_kernel
+from ignition.parallel.window_collectives import (
+    BROADCAST, COUNTER, DONE, GATHER, REDUCE, _exchange_kernel,
+)
 
-for gather in (False, True):
+for mode in (REDUCE, GATHER, BROADCAST):
     ptx = compile(_exchange_kernel, ["*bf16"] * 4 + ["*i64"] * 2 + ["i32"] * 4,
-                  dict(RANK=1, GATHER=gather, BF16=True, BLOCK=1024, COUNTER=COUNTER,
+                  dict(RANK=1, MODE=mode, BF16=True, BLOCK=1024, COUNTER=COUNTER,
                        DONE=DONE)).asm["ptx"]
     ops = re.findall(r"(?:atom|ld)\\.global\\.(?:sys|gpu)\\.[a-z_]+\\.[a-z]+", ptx)
-    print("exchange", gather, " ".join(ops), "x")
+    print("exchange", mode, " ".join(ops), "x")
 """
 
 
@@ -446,7 +448,7 @@ def test_the_new_kernels_compile_for_sm90() -> None:
     # and the epoch counter stay on the device (GPU scope).
     exchanges = [line.split()[2:-1] for line in done.stdout.splitlines()
                  if line.startswith("exchange ")]  # fmt: skip
-    assert len(exchanges) == 2, done.stdout
+    assert len(exchanges) == 3, done.stdout  # reduce, gather, broadcast
     for ops in exchanges:
         assert ops[0] == "atom.global.sys.release.exch", ops  # the signal
         assert set(ops[1:-3]) == {"ld.global.sys.acquire.b"}, ops  # the wait's polls
