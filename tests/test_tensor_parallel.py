@@ -50,26 +50,31 @@ def test_two_ranks_answer_as_one(tmp_path: Path, family: str, tie: bool, bias: b
     assert float(report["relative_l2"]) < 1e-5, str(report)  # type: ignore[arg-type]
 
 
-def _sampling_rank(parallel: TensorParallel, path: Path, out: Path) -> None:
+def _sampling_rank(parallel: TensorParallel, path: Path, seeds: list[int], out: Path) -> None:
     prepared = prepare(path, replace(OPTIONS, parallel=parallel))
-    # Each rank's request carries a seed of its own: left alone, their samplers part.
     sampling = SamplingParams(temperature=1.0)
-    request = Request(0, [5, 9, 13, 17, 21], 12, sampling, seed=7 + 1000 * parallel.rank)
+    request = Request(0, [5, 9, 13, 17, 21], 12, sampling, seed=seeds[parallel.rank])
     (result,) = Harness(prepared).run([request])
     (out / f"rank-{parallel.rank}").write_text(" ".join(map(str, result.tokens)))
+
+
+def _sampled(path: Path, seeds: list[int], out: Path) -> list[list[str]]:
+    out.mkdir()
+    spawn_ranks(2, _sampling_rank, path, seeds, out)
+    return [(out / f"rank-{rank}").read_text().split() for rank in range(2)]
 
 
 def test_every_rank_follows_rank_zeros_samples(tmp_path: Path) -> None:
     # The sampled tokens are broadcast from rank 0 before any state update, so the
     # ranks' replicated state (pending tokens, counters, histograms) cannot part: with
-    # a seed of its own, rank 1 still commits rank 0's tokens, step after step.
+    # a seed of its own, rank 1 still commits rank 0's tokens, step after step, the
+    # tokens both ranks commit when both hold rank 0's seed.
     path = write_tiny(tmp_path / "qwen3", "qwen3")
-    out = tmp_path / "out"
-    out.mkdir()
-    spawn_ranks(2, _sampling_rank, path, out)
-    tokens = [(out / f"rank-{rank}").read_text().split() for rank in range(2)]
-    assert len(tokens[0]) == 12
-    assert tokens[1] == tokens[0]
+    agreed = _sampled(path, [7, 7], tmp_path / "agreed")
+    assert len(agreed[0]) == 12 and agreed[1] == agreed[0]
+    assert _sampled(path, [7, 1007], tmp_path / "parted") == agreed
+    # Rank 0's seed decides: with rank 0's changed, both commit other tokens.
+    assert _sampled(path, [1007, 7], tmp_path / "swapped")[1] != agreed[0]
 
 
 def test_each_rank_runs_on_a_gpu_of_its_own_or_all_on_the_current_one() -> None:

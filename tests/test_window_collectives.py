@@ -93,9 +93,10 @@ def test_two_ranks_reduce_and_gather_through_each_others_storage() -> None:
         assert words[:MAX_PROGRAMS] == [calls] * MAX_PROGRAMS, (rank, words)
 
 
-def _bit_inputs(rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _bit_inputs(rank: int) -> tuple[torch.Tensor, ...]:
     """Float32 logits with the values a copy through arithmetic would change (NaN with
-    a payload, infinities, -0.0, a subnormal), and int64 and int32 tokens."""
+    a payload, infinities, -0.0, a subnormal), int64 and int32 tokens, a 0-dim int64,
+    a 2-D int64, a transposed float32 and a float16."""
     generator = torch.Generator().manual_seed(20 + rank)
     logits = torch.randn(2, 300, generator=generator)
     specials = torch.tensor([float("inf"), float("-inf"), -0.0, 1e-42])
@@ -103,17 +104,25 @@ def _bit_inputs(rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     logits.view(torch.int32)[1, :2] = torch.tensor([0x7FC00123, -0x003FFFFF - 1], dtype=torch.int32)
     tokens = torch.randint(0, 1 << 40, (5,), generator=generator)
     small = torch.randint(-(1 << 30), 1 << 30, (3,), generator=generator, dtype=torch.int32)
-    return logits, tokens, small
+    scalar = torch.randint(0, 1 << 50, (), generator=generator)
+    grid = torch.randint(0, 1 << 50, (2, 3), generator=generator)
+    transposed = torch.randn(5, 2, generator=generator).t()
+    half = torch.randn(3, 7, generator=generator).half()
+    return logits, tokens, small, scalar, grid, transposed, half
 
 
 def _bit_rank(rank: int, storages: list[CollectiveStorage], results: list[torch.Tensor]) -> None:
     torch.set_num_threads(1)
     collectives = WindowCollectives(rank, storages[rank], storages[1 - rank])
-    logits, tokens, small = _bit_inputs(rank)
+    logits, tokens, small, scalar, grid, transposed, half = _bit_inputs(rank)
     results[0].copy_(collectives.all_gather_last(logits))
     results[1].copy_(collectives.broadcast_from_zero(tokens))
     results[2].copy_(collectives.broadcast_from_zero(small))
     results[3].copy_(collectives.all_reduce(torch.ones(4, dtype=torch.bfloat16)))
+    results[4].copy_(collectives.broadcast_from_zero(scalar))
+    results[5].copy_(collectives.broadcast_from_zero(grid))
+    results[6].copy_(collectives.all_gather_last(transposed))
+    results[7].copy_(collectives.all_gather_last(half))
 
 
 def test_gathers_and_broadcasts_move_any_whole_element_dtype_bit_for_bit() -> None:
@@ -125,7 +134,8 @@ def test_gathers_and_broadcasts_move_any_whole_element_dtype_bit_for_bit() -> No
         storage.buffers.share_memory_()
         storage.words.share_memory_()
     shapes = [((2, 600), torch.float32), ((5,), torch.int64), ((3,), torch.int32),
-              ((4,), torch.bfloat16)]  # fmt: skip
+              ((4,), torch.bfloat16), ((), torch.int64), ((2, 3), torch.int64),
+              ((2, 10), torch.float32), ((3, 14), torch.float16)]  # fmt: skip
     results = [[torch.empty(shape, dtype=dtype).share_memory_() for shape, dtype in shapes]
                 for _ in range(2)]  # fmt: skip
     context = multiprocessing.get_context("fork")
@@ -140,15 +150,18 @@ def test_gathers_and_broadcasts_move_any_whole_element_dtype_bit_for_bit() -> No
         process.kill()
     assert not stuck, f"ranks {stuck} still waiting after 240 s"
     assert [process.exitcode for process in ranks] == [0, 0]
-    (logits0, tokens0, small0), (logits1, _, _) = _bit_inputs(0), _bit_inputs(1)
-    both = torch.cat([logits0, logits1], dim=-1).view(torch.int32)
+    zero, one = _bit_inputs(0), _bit_inputs(1)
+    both = torch.cat([zero[0], one[0]], dim=-1).view(torch.int32)
     for rank in range(2):
-        gathered, tokens, small, total = results[rank]
+        gathered, tokens, small, total, scalar, grid, transposed, half = results[rank]
         assert torch.equal(gathered.view(torch.int32), both), rank
-        assert torch.equal(tokens, tokens0) and torch.equal(small, small0), rank
+        assert torch.equal(tokens, zero[1]) and torch.equal(small, zero[2]), rank
         assert torch.equal(total, torch.full((4,), 2.0, dtype=torch.bfloat16)), rank
+        assert torch.equal(scalar, zero[3]) and torch.equal(grid, zero[4]), rank
+        assert torch.equal(transposed, torch.cat([zero[5], one[5]], dim=-1)), rank
+        assert torch.equal(half, torch.cat([zero[6], one[6]], dim=-1)), rank
     for storage in storages:
-        assert storage.words[COUNTER].item() == 4
+        assert storage.words[COUNTER].item() == 8
 
 
 def test_what_does_not_travel_as_storage_elements_is_refused() -> None:

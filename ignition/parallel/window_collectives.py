@@ -228,7 +228,9 @@ class WindowCollectives:
         return self._exchange(bits, out, BROADCAST).view(x.dtype).view(x.shape)
 
     def _bits(self, x: torch.Tensor) -> torch.Tensor:
-        """``x``'s bytes as storage elements (the last dimension widened), contiguous."""
+        """``x``'s bytes as storage elements (the last dimension widened; contiguous
+        unless ``x`` already is in the storage's dtype, which ``_exchange`` makes
+        contiguous)."""
         storage = self.own.buffers.dtype
         if x.dtype == storage:
             return x

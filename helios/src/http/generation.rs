@@ -192,7 +192,10 @@ impl Job {
     /// Sends the job to the model thread from the thread that made it (the
     /// preparation pool's): the model thread starts on it while the HTTP
     /// task is being woken to await its admission ([`start`]). Dropping the
-    /// result cancels the request.
+    /// result cancels the request. So a client that leaves during
+    /// preparation still has its request sent, then cancelled when the pool
+    /// drops the unread result: the model thread may admit it and run a
+    /// chunk in between, and `/metrics` counts it as cancelled.
     pub fn send(self, state: &AppState) -> Result<Sent, HttpError> {
         let prompt = &self.spec.prompt;
         let prompt_tokens = u32::try_from(prompt.len()).unwrap_or(u32::MAX);
