@@ -704,6 +704,21 @@ mod tests {
     }
 
     #[test]
+    fn an_awaited_answer_hands_the_stream_over_without_cancelling() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let (handle, messages) = handle();
+        let submission = handle.send(spec(), None).unwrap();
+        reply_of(messages.try_recv().unwrap())
+            .send(Ok(RequestId(4)))
+            .unwrap();
+        let stream = runtime.block_on(submission.accepted()).unwrap();
+        assert_eq!(stream.id(), RequestId(4));
+        assert!(messages.try_recv().is_err());
+    }
+
+    #[test]
     fn a_refused_submission_cancels_nothing() {
         let (handle, messages) = handle();
         let submission = handle.send(spec(), None).unwrap();
