@@ -6,7 +6,9 @@
 #       ranks (both on this GPU, over Gloo: ignition.parallel.logits_check) against
 #       one rank's, in bfloat16 with the GPU kernels (float32 is checked on the CPU,
 #       in tests/test_tensor_parallel.py: the GPU's attention kernels take 16-bit
-#       floats).
+#       floats); then the same with --collectives window: the two rank processes
+#       trade exported device memory (needs the carried flare_heliopause wheel) and
+#       run the export-safe collectives, whose logits must equal Gloo's bit for bit.
 #   bench/issue24_check.sh collectives OUT
 #       the export-safe two-rank collectives (ignition.parallel.window_collectives),
 #       tests/test_window_collectives.py's GPU tests, every result bitwise: both ranks
@@ -35,6 +37,11 @@ write_tiny(Path(sys.argv[1]), 'qwen3')" "$work/tiny-qwen3" > /dev/null || exit 1
       --dtype bfloat16 --out "$out/tp-logits-bfloat16.json" > "$out/tp-logits-bfloat16.log" 2>&1 \
       || status=1
     tail -16 "$out/tp-logits-bfloat16.log"
+    timeout 600 python3 -m ignition.parallel.logits_check "$work/tiny-qwen3" --world 2 \
+      --device cuda --dtype bfloat16 --collectives window \
+      --out "$out/tp-logits-window-bfloat16.json" > "$out/tp-logits-window-bfloat16.log" 2>&1 \
+      || status=1
+    tail -20 "$out/tp-logits-window-bfloat16.log"
     ;;
   collectives)
     # Two rank processes share the one GPU only in the Default compute mode.

@@ -50,6 +50,20 @@ def test_two_ranks_answer_as_one(tmp_path: Path, family: str, tie: bool, bias: b
     assert float(report["relative_l2"]) < 1e-5, str(report)  # type: ignore[arg-type]
 
 
+def test_two_ranks_answer_as_one_through_the_window_collectives(tmp_path: Path) -> None:
+    # The export-safe kernels (interpreted, each rank in its process, over shared
+    # memory) in place of Gloo: the sums, the logits' gather and the tokens' broadcast
+    # of every step give the Gloo group's logits bit for bit (a two-rank float32 sum is
+    # one rounding of a + b either way).
+    path = write_tiny(tmp_path / "qwen3", "qwen3")
+    report = logits_check.check(_run(path), world=2, collectives="window")
+    assert report["passed"], str(report)
+    assert report["ranks_identical"] is True
+    assert report["window_matches_group"] is True
+    with pytest.raises(ValueError, match="two ranks, not 3"):
+        logits_check.check(_run(path), world=3, collectives="window")
+
+
 def _sampling_rank(parallel: TensorParallel, path: Path, seeds: list[int], out: Path) -> None:
     prepared = prepare(path, replace(OPTIONS, parallel=parallel))
     sampling = SamplingParams(temperature=1.0)

@@ -18,7 +18,7 @@ import torch
 
 from ignition.parallel.launch import spawn_ranks
 from ignition.parallel.shard import TensorParallel
-from ignition.parallel.shared_collectives import share_collectives, span_size
+from ignition.parallel.shared_collectives import RANK_ADDRESSES, share_collectives, span_size
 from ignition.parallel.window_collectives import (
     COUNTER,
     DONE,
@@ -327,9 +327,8 @@ def test_two_ranks_on_one_gpu_concurrently_and_replayed() -> None:
         assert storage.words[COUNTER].item() == epochs and storage.words[DONE].item() == 0
 
 
-# Two fixed addresses, one per rank: granule multiples, past the windows' default base
-# and far below the host's mapped libraries.
-SHARED_ADDRESSES = (0x3000_0000_0000, 0x3000_4000_0000)
+# Two fixed addresses, one per rank.
+SHARED_ADDRESSES = RANK_ADDRESSES
 
 
 def test_shared_storage_is_whole_granules_and_two_ranks_only() -> None:

@@ -11,7 +11,16 @@ before the sum, where one rank accumulates the whole dot product. Float32: a few
 ulps through the layers (relative L2 under 1e-5, KL under 2^-20); bfloat16: each
 extra rounding is up to 2^-8 relative (relative L2 under 2^-4, KL under 2^-8).
 
+The group's collectives are Gloo's (``--collectives group``, host copies), or with
+``--collectives window`` (two ranks) also the export-safe kernels a captured graph
+replays (``ignition.parallel.window_collectives``): over shared memory on the CPU (the
+kernels interpreted), over each other's exported device memory on the GPU
+(``shared_collectives``). The window run is held to Gloo's: a two-rank sum is one
+rounding of ``a + b`` either way, so its logits must equal the Gloo group's bit for
+bit.
+
     python -m ignition.parallel.logits_check CHECKPOINT --world 2 --out F [--dtype bfloat16]
+        [--collectives group|window]
 
 Exits 1 when a bound is not met.
 """
@@ -24,12 +33,15 @@ import sys
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ignition.loading.open import open_checkpoint
 from ignition.parallel.launch import spawn_ranks
 from ignition.parallel.shard import TensorParallel
+from ignition.parallel.shared_collectives import RANK_ADDRESSES, share_collectives
+from ignition.parallel.window_collectives import CollectiveStorage, WindowCollectives
 from ignition.preparation.prepared import PrepareOptions, prepare
 from ignition.replay.teacher_forcing import compare_logits, teacher_forced_logits
 from recipes.registry import served_checkpoint
@@ -81,18 +93,72 @@ def _logits(run: Run, parallel: TensorParallel) -> torch.Tensor:
     return teacher_forced_logits(prepared, run.tokens, run.prefill, run.chunk)
 
 
-def _rank_main(parallel: TensorParallel, run: Run, out: Path) -> None:
-    torch.save(_logits(run, parallel), out / f"rank-{parallel.rank}.pt")
+def collective_capacity(run: Run) -> int:
+    """Storage elements the window collectives need for ``run``: a prefill chunk's
+    rows of the wider of the hidden size and the vocabulary, twice (float32 logits
+    travel as two 16-bit elements)."""
+    config = served_checkpoint(open_checkpoint(run.checkpoint))[0].config()
+    width = max(int(config.hidden_size), int(config.vocab_size))
+    return run.options.prefill_chunk_size * width * 2
 
 
-def check(run: Run, world: int) -> dict[str, object]:
+def _rank_main(
+    parallel: TensorParallel,
+    run: Run,
+    out: Path,
+    window: bool,
+    storages: list[CollectiveStorage] | None,
+) -> None:
+    spans: list[Any] = []
+    rank = parallel.rank
+    if window and storages is not None:  # over the parent's shared memory (the CPU)
+        parallel = TensorParallel(
+            rank, 2, WindowCollectives(rank, storages[rank], storages[1 - rank])
+        )
+    elif window:  # over each other's exported device memory
+        device = rank_device(run.options.device, rank, 2, torch.cuda.device_count(),
+                             torch.cuda.current_device())  # fmt: skip
+        torch.cuda.set_device(device)
+        collectives, spans = share_collectives(
+            rank, RANK_ADDRESSES, collective_capacity(run), run.options.dtype, device.index or 0
+        )
+        parallel = TensorParallel(rank, 2, collectives)
+    try:
+        torch.save(_logits(run, parallel), out / f"rank-{rank}.pt")
+    finally:
+        for span in spans:
+            span.close()
+
+
+def _group_logits(run: Run, world: int, out: Path, window: bool) -> list[torch.Tensor]:
+    """Each rank's logits, over Gloo or (``window``) the window collectives."""
+    out.mkdir()
+    storages = None
+    if window and run.options.device == "cpu":
+        capacity = collective_capacity(run)
+        storages = [CollectiveStorage.allocate(capacity, run.options.dtype, "cpu")
+                    for _ in range(2)]  # fmt: skip
+        for storage in storages:
+            storage.buffers.share_memory_()
+            storage.words.share_memory_()
+    spawn_ranks(world, _rank_main, run, out, window, storages)
+    return [torch.load(out / f"rank-{r}.pt") for r in range(world)]
+
+
+def check(run: Run, world: int, collectives: str = "group") -> dict[str, object]:
     """The comparison's report (``passed`` says whether every bound held)."""
+    if collectives not in ("group", "window"):
+        raise ValueError(f"collectives are group or window, not {collectives}")
+    if collectives == "window" and world != 2:
+        raise ValueError(f"the window collectives join two ranks, not {world}")
     single = _logits(run, TensorParallel())
     if torch.cuda.is_initialized():
         torch.cuda.empty_cache()  # the ranks may share this process's GPU
+    windowed = None
     with tempfile.TemporaryDirectory() as scratch:
-        spawn_ranks(world, _rank_main, run, Path(scratch))
-        ranks = [torch.load(Path(scratch) / f"rank-{r}.pt") for r in range(world)]
+        ranks = _group_logits(run, world, Path(scratch) / "group", window=False)
+        if collectives == "window":
+            windowed = _group_logits(run, world, Path(scratch) / "window", window=True)
     identical = all(torch.equal(ranks[0], other) for other in ranks[1:])
     comparison = compare_logits(ranks[0], single)
     relative_l2, kl, overlap = BOUNDS[run.options.dtype]
@@ -102,17 +168,23 @@ def check(run: Run, world: int) -> dict[str, object]:
         and comparison.kl < kl
         and comparison.top10_overlap >= overlap
     )
-    return {
+    report: dict[str, object] = {
         "checkpoint": run.checkpoint.name,
         "world": world,
         "dtype": str(run.options.dtype).removeprefix("torch."),
         "device": run.options.device,
+        "collectives": collectives,
         "positions": int(single.shape[0]),
         "ranks_identical": identical,
         **comparison.as_dict(),
         "bounds": {"relative_l2": relative_l2, "kl": kl, "top10_overlap": overlap},
-        "passed": passed,
     }
+    if windowed is not None:
+        # Every window rank's logits, bit for bit the Gloo group's.
+        report["window_matches_group"] = all(torch.equal(w, ranks[0]) for w in windowed)
+        passed = passed and bool(report["window_matches_group"])
+    report["passed"] = passed
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,8 +210,17 @@ def main(argv: list[str] | None = None) -> int:
         "--prefill", type=int, default=64, help="tokens read by prefill chunks (default 64)"
     )
     parser.add_argument("--chunk", type=int, default=32, help="prefill chunk (default 32)")
+    parser.add_argument(
+        "--collectives",
+        choices=("group", "window"),
+        default="group",
+        help="Gloo's (default), or also the export-safe window collectives (two ranks), "
+        "which must then match Gloo's bit for bit",
+    )
     parser.add_argument("--out", type=Path, help="the report, JSON")
     args = parser.parse_args(argv)
+    if args.collectives == "window" and args.world != 2:
+        parser.error("--collectives window joins two ranks: --world 2")
     if torch.device(args.device).type == "cuda" and args.dtype != "bfloat16":
         # The prepared attention kernels take 16-bit floats on the GPU.
         parser.error(f"--dtype {args.dtype} runs on the CPU only; on the GPU use bfloat16")
@@ -165,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         device=args.device,
         dtype=DTYPES[args.dtype],
     )
-    report = check(Run(args.checkpoint, options, tokens, args.prefill, args.chunk), args.world)
+    run = Run(args.checkpoint, options, tokens, args.prefill, args.chunk)
+    report = check(run, args.world, args.collectives)
     text = json.dumps(report, indent=1)
     print(text)
     if args.out is not None:

@@ -20,6 +20,10 @@ from ignition.parallel.window_collectives import CollectiveStorage, WindowCollec
 # Shared spans are whole granules of the driver's allocation granularity (2 MiB on
 # the GPUs we prepare on; the driver refuses other sizes with a typed error).
 GRANULE = 2 << 20
+# Where two rank processes put their storage when nothing else decides (the logits
+# check): granule multiples 1 GiB apart, past the windows' default base and far below
+# the host's mapped libraries.
+RANK_ADDRESSES = (0x3000_0000_0000, 0x3000_4000_0000)
 
 
 def span_size(capacity: int, dtype: torch.dtype) -> int:
@@ -36,9 +40,13 @@ def share_collectives(
     keeps open while the collectives run and closes after."""
     if len(addresses) != 2 or rank not in (0, 1):
         raise ValueError(f"two ranks share their collectives, not rank {rank} of {addresses}")
+    size = span_size(capacity, dtype)
+    if abs(addresses[1] - addresses[0]) < size:
+        raise ValueError(
+            f"spans of {size} bytes at {addresses[0]:#x} and {addresses[1]:#x} overlap"
+        )
     import flare_heliopause as hp
 
-    size = span_size(capacity, dtype)
     own = hp.SharedSpan.export(addresses[rank], size, device)
     spans = [own]
     try:
