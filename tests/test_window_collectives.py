@@ -338,6 +338,9 @@ def test_shared_storage_is_whole_granules_and_two_ranks_only() -> None:
         share_collectives(2, SHARED_ADDRESSES, 1024, torch.bfloat16, 0)
     with pytest.raises(ValueError, match="two ranks"):
         share_collectives(0, SHARED_ADDRESSES[:1], 1024, torch.bfloat16, 0)
+    close = (SHARED_ADDRESSES[0], SHARED_ADDRESSES[0] + (16 << 20))
+    with pytest.raises(ValueError, match="overlap"):
+        share_collectives(0, close, 4096 * 1024, torch.bfloat16, 0)
 
 
 def _shared_rank(parallel: TensorParallel, out: Path) -> None:
