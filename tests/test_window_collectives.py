@@ -43,6 +43,31 @@ def _inputs(rank: int) -> list[torch.Tensor]:
     return [torch.randn(*shape, generator=generator).bfloat16() for shape in SHAPES]
 
 
+def _shared_storages() -> list[CollectiveStorage]:
+    """Two ranks' storage in shared memory, for forked rank processes."""
+    storages = [_storage() for _ in range(2)]
+    for storage in storages:
+        storage.buffers.share_memory_()
+        storage.words.share_memory_()
+    return storages
+
+
+def _both_ranks(target: Callable[..., None], args: list[tuple[object, ...]]) -> None:
+    """``target(*args[rank])`` for both ranks at once, each in a forked process; a
+    rank still waiting after 240 s fails the test rather than hang it."""
+    context = multiprocessing.get_context("fork")
+    ranks = [context.Process(target=target, args=rank_args) for rank_args in args]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(240)
+    stuck = [rank for rank, process in enumerate(ranks) if process.exitcode is None]
+    for process in ranks:
+        process.kill()
+    assert not stuck, f"ranks {stuck} still waiting after 240 s"
+    assert [process.exitcode for process in ranks] == [0, 0]
+
+
 def _rank(
     rank: int,
     storages: list[CollectiveStorage],
@@ -58,26 +83,12 @@ def _rank(
 
 
 def test_two_ranks_reduce_and_gather_through_each_others_storage() -> None:
-    storages = [_storage() for _ in range(2)]
-    for storage in storages:
-        storage.buffers.share_memory_()
-        storage.words.share_memory_()
+    storages = _shared_storages()
     sums = [[torch.empty(shape, dtype=torch.bfloat16).share_memory_() for shape in SHAPES]
             for _ in range(2)]  # fmt: skip
     gathers = [[torch.empty(rows, 2 * width, dtype=torch.bfloat16).share_memory_()
                 for rows, width in SHAPES] for _ in range(2)]  # fmt: skip
-    context = multiprocessing.get_context("fork")
-    ranks = [context.Process(target=_rank, args=(rank, storages, sums[rank], gathers[rank]))
-             for rank in range(2)]  # fmt: skip
-    for process in ranks:
-        process.start()
-    for process in ranks:
-        process.join(240)
-    stuck = [rank for rank, process in enumerate(ranks) if process.exitcode is None]
-    for process in ranks:
-        process.kill()
-    assert not stuck, f"ranks {stuck} still waiting after 240 s"
-    assert [process.exitcode for process in ranks] == [0, 0]
+    _both_ranks(_rank, [(rank, storages, sums[rank], gathers[rank]) for rank in range(2)])
     for call, (x0, x1) in enumerate(zip(_inputs(0), _inputs(1), strict=True)):
         # One rounding of the fp32 sum to bfloat16, the same bits on both ranks.
         expected = (x0.float() + x1.float()).bfloat16()
@@ -129,27 +140,13 @@ def test_gathers_and_broadcasts_move_any_whole_element_dtype_bit_for_bit() -> No
     """Float32 logits gathered and int64 / int32 tokens broadcast over bfloat16
     storage, each rank in its own process: every bit as sent (NaN payloads included),
     and the calls keep the ranks' epochs in step for a reduce after them."""
-    storages = [_storage() for _ in range(2)]
-    for storage in storages:
-        storage.buffers.share_memory_()
-        storage.words.share_memory_()
+    storages = _shared_storages()
     shapes = [((2, 600), torch.float32), ((5,), torch.int64), ((3,), torch.int32),
               ((4,), torch.bfloat16), ((), torch.int64), ((2, 3), torch.int64),
               ((2, 10), torch.float32), ((3, 14), torch.float16)]  # fmt: skip
     results = [[torch.empty(shape, dtype=dtype).share_memory_() for shape, dtype in shapes]
                 for _ in range(2)]  # fmt: skip
-    context = multiprocessing.get_context("fork")
-    ranks = [context.Process(target=_bit_rank, args=(rank, storages, results[rank]))
-             for rank in range(2)]  # fmt: skip
-    for process in ranks:
-        process.start()
-    for process in ranks:
-        process.join(240)
-    stuck = [rank for rank, process in enumerate(ranks) if process.exitcode is None]
-    for process in ranks:
-        process.kill()
-    assert not stuck, f"ranks {stuck} still waiting after 240 s"
-    assert [process.exitcode for process in ranks] == [0, 0]
+    _both_ranks(_bit_rank, [(rank, storages, results[rank]) for rank in range(2)])
     zero, one = _bit_inputs(0), _bit_inputs(1)
     both = torch.cat([zero[0], one[0]], dim=-1).view(torch.int32)
     for rank in range(2):

@@ -632,19 +632,31 @@ mod tests {
         }
     }
 
+    /// Plays the model thread's answer to the submission waiting in `messages`.
+    fn answer(messages: &Receiver<Message>, answer: Result<RequestId, AdmissionError>) {
+        reply_of(messages.try_recv().unwrap()).send(answer).unwrap();
+    }
+
+    /// Whether the next message is the cancellation of `id`.
+    fn cancels(messages: &Receiver<Message>, id: RequestId) -> bool {
+        matches!(messages.try_recv(), Ok(Message::Cancel(cancelled)) if cancelled == id)
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+    }
+
     #[test]
     fn dropping_an_answered_submission_cancels_its_request() {
         let (handle, messages) = handle();
         let submission = handle.send(spec(), None).unwrap();
-        let reply = reply_of(messages.try_recv().unwrap());
-        reply.send(Ok(RequestId(7))).unwrap();
+        answer(&messages, Ok(RequestId(7)));
         // Its caller left after the answer arrived: nobody will take the
         // stream, so the drop itself cancels the request.
         drop(submission);
-        assert!(matches!(
-            messages.try_recv(),
-            Ok(Message::Cancel(RequestId(7)))
-        ));
+        assert!(cancels(&messages, RequestId(7)));
     }
 
     #[test]
@@ -663,24 +675,18 @@ mod tests {
     fn an_accepted_submission_hands_its_stream_over_without_cancelling() {
         let (handle, messages) = handle();
         let submission = handle.send(spec(), None).unwrap();
-        let reply = reply_of(messages.try_recv().unwrap());
-        reply.send(Ok(RequestId(9))).unwrap();
+        answer(&messages, Ok(RequestId(9)));
         let stream = submission.accepted_blocking().unwrap();
         assert_eq!(stream.id(), RequestId(9));
         assert!(messages.try_recv().is_err());
         // Dropping the stream before its terminal event is the cancellation.
         drop(stream);
-        assert!(matches!(
-            messages.try_recv(),
-            Ok(Message::Cancel(RequestId(9)))
-        ));
+        assert!(cancels(&messages, RequestId(9)));
     }
 
     #[test]
     fn dropping_the_wait_for_an_answer_that_arrived_cancels_its_request() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
+        let runtime = runtime();
         let (handle, messages) = handle();
         let submission = handle.send(spec(), None).unwrap();
         let mut accepted = Box::pin(submission.accepted());
@@ -692,28 +698,19 @@ mod tests {
                 () = async {} => {}
             }
         });
-        let reply = reply_of(messages.try_recv().unwrap());
-        reply.send(Ok(RequestId(5))).unwrap();
+        answer(&messages, Ok(RequestId(5)));
         // The HTTP task's future is dropped (its client left) with the
         // answer unread.
         drop(accepted);
-        assert!(matches!(
-            messages.try_recv(),
-            Ok(Message::Cancel(RequestId(5)))
-        ));
+        assert!(cancels(&messages, RequestId(5)));
     }
 
     #[test]
     fn an_awaited_answer_hands_the_stream_over_without_cancelling() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
         let (handle, messages) = handle();
         let submission = handle.send(spec(), None).unwrap();
-        reply_of(messages.try_recv().unwrap())
-            .send(Ok(RequestId(4)))
-            .unwrap();
-        let stream = runtime.block_on(submission.accepted()).unwrap();
+        answer(&messages, Ok(RequestId(4)));
+        let stream = runtime().block_on(submission.accepted()).unwrap();
         assert_eq!(stream.id(), RequestId(4));
         assert!(messages.try_recv().is_err());
     }
@@ -722,8 +719,7 @@ mod tests {
     fn a_refused_submission_cancels_nothing() {
         let (handle, messages) = handle();
         let submission = handle.send(spec(), None).unwrap();
-        let reply = reply_of(messages.try_recv().unwrap());
-        reply.send(Err(AdmissionError::Unavailable)).unwrap();
+        answer(&messages, Err(AdmissionError::Unavailable));
         assert!(matches!(
             submission.accepted_blocking(),
             Err(AdmissionError::Unavailable)
