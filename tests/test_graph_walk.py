@@ -76,6 +76,20 @@ def test_scan_finds_pointers_outside_the_window_only() -> None:
     ]
 
 
+def test_a_rank_may_point_into_its_peers_collectives_regions_only() -> None:
+    # A tensor-parallel rank's kernels read its peer's collectives storage at the
+    # peer's window address, which the serving process maps too; any other pointer
+    # outside the window is still refused.
+    peer = (OUTSIDE, 1 << 16)
+    params = _words(INSIDE, OUTSIDE + 64, OUTSIDE + (1 << 16) + 8)
+    assert pointer_words_outside(params, WINDOW, _allocated, [peer]) == [
+        PointerWord(16, OUTSIDE + (1 << 16) + 8)
+    ]
+    check_params_in_window(_words(OUTSIDE, INSIDE), WINDOW, _allocated, LABEL, 0, "k", [peer])
+    with pytest.raises(ExportError, match="1 device pointer"):
+        check_params_in_window(params, WINDOW, _allocated, LABEL, 0, "k", [peer])
+
+
 def test_scan_ignores_unaligned_bytes_and_a_short_tail() -> None:
     unaligned = b"\0" * 4 + struct.pack("<Q", OUTSIDE) + b"\0" * 4
     assert pointer_words_outside(unaligned, WINDOW, _allocated) == []

@@ -1126,6 +1126,75 @@ fn a_two_rank_core_loads_with_its_peer_in_rank_order() {
     assert_eq!(ranks, [1, 2, 3]);
 }
 
+/// A `world_size`-rank core whose windows are 64 MiB, rank `r`'s holding a
+/// 2 MiB collectives region at `offsets[r]` MiB (none where `None`).
+fn with_collectives(world_size: u32, offsets: &[Option<u64>]) -> Result<ValidCore, CoreError> {
+    const MIB: u64 = 1 << 20;
+    let region = |offset: u64| Region {
+        kind: RegionKind::Collectives as i32,
+        offset: offset * MIB,
+        size: 2 * MIB,
+        backed_bytes: 2 * MIB,
+    };
+    let mut core = tiny_core();
+    let window = core.window.as_mut().unwrap();
+    window.size = 64 * MIB;
+    window.regions.extend(offsets[0].map(region));
+    if world_size == 1 {
+        return decode(&core);
+    }
+    let mut core = helios::core::sample::with_ranks(core, world_size);
+    let layout = core.rank_layout.as_mut().unwrap();
+    for (peer, offset) in layout.peers.iter_mut().zip(&offsets[1..]) {
+        let window = peer.window.as_mut().unwrap();
+        window
+            .regions
+            .retain(|r| r.kind != RegionKind::Collectives as i32);
+        window.regions.extend(offset.map(region));
+    }
+    decode(&core)
+}
+
+#[test]
+fn every_rank_holds_its_collectives_region_where_rank_zero_does() {
+    // The same offset and size on every rank: a rank reaches its peer's region
+    // at the peer's base plus that offset.
+    let core = with_collectives(2, &[Some(40), Some(40)]).unwrap();
+    assert_eq!(core.world_size(), 2);
+    assert!(with_collectives(2, &[None, None]).is_ok());
+    let reason = rank_layout_reason(with_collectives(2, &[Some(40), Some(42)]));
+    assert!(reason.contains("rank 1's collectives region"), "{reason}");
+    let reason = rank_layout_reason(with_collectives(3, &[Some(40), Some(40), None]));
+    assert!(
+        reason.contains("rank 2's collectives region (none)"),
+        "{reason}"
+    );
+    let reason = rank_layout_reason(with_collectives(2, &[None, Some(40)]));
+    assert!(reason.contains("is not rank 0's (none)"), "{reason}");
+    // Two in one window.
+    let mut core = tiny_core();
+    let window = core.window.as_mut().unwrap();
+    window.size = 64 << 20;
+    for offset in [40u64, 44] {
+        window.regions.push(Region {
+            kind: RegionKind::Collectives as i32,
+            offset: offset << 20,
+            size: 2 << 20,
+            backed_bytes: 0,
+        });
+    }
+    let two = helios::core::sample::with_ranks(core, 2);
+    let reason = rank_layout_reason(decode(&two));
+    assert!(reason.contains("two collectives regions"), "{reason}");
+    // A core of one rank has no peer to exchange with.
+    let reason = rank_layout_reason(with_collectives(1, &[Some(40)]));
+    assert!(
+        reason.contains("collectives region, but the core has no rank layout"),
+        "{reason}"
+    );
+    assert!(with_collectives(1, &[None]).is_ok());
+}
+
 #[test]
 fn missing_and_repeated_ranks_are_rejected() {
     let layout = |c: &mut Core| c.rank_layout.as_mut().unwrap().peers.clone();

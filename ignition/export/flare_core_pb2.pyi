@@ -17,6 +17,7 @@ class RegionKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REGION_KIND_STAGING: _ClassVar[RegionKind]
     REGION_KIND_SCRATCH: _ClassVar[RegionKind]
     REGION_KIND_GRAPH_POOL: _ClassVar[RegionKind]
+    REGION_KIND_COLLECTIVES: _ClassVar[RegionKind]
 
 class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -117,6 +118,7 @@ REGION_KIND_KV_PAGES: RegionKind
 REGION_KIND_STAGING: RegionKind
 REGION_KIND_SCRATCH: RegionKind
 REGION_KIND_GRAPH_POOL: RegionKind
+REGION_KIND_COLLECTIVES: RegionKind
 DTYPE_UNSPECIFIED: DType
 DTYPE_BF16: DType
 DTYPE_F16: DType

@@ -194,16 +194,23 @@ class PointerWord:
 
 
 def pointer_words_outside(
-    params: bytes, window: Window, is_device_pointer: Callable[[int], bool]
+    params: bytes,
+    window: Window,
+    is_device_pointer: Callable[[int], bool],
+    peers: Sequence[Window] = (),
 ) -> list[PointerWord]:
     """Every 8-byte-aligned word of ``params`` that ``is_device_pointer`` accepts but
-    that lies outside the window. Words inside the window are not looked up: any value
-    there is reproduced by the mapping, pointer or not."""
+    that lies outside the window and outside every range of ``peers`` (a tensor-parallel
+    rank's view of its peers' collectives regions, which the serving process maps at
+    the same addresses with every rank's window). Words inside are not looked up: any
+    value there is reproduced by the mapping, pointer or not."""
     base, size = window
     found = []
     for offset in range(0, len(params) - WORD_BYTES + 1, WORD_BYTES):
         (value,) = struct.unpack_from("<Q", params, offset)
         if value == 0 or base <= value < base + size:
+            continue
+        if any(start <= value < start + length for start, length in peers):
             continue
         if is_device_pointer(value):
             found.append(PointerWord(offset, value))
@@ -217,9 +224,11 @@ def check_params_in_window(
     label: str,
     index: int,
     function: str,
+    peers: Sequence[Window] = (),
 ) -> None:
-    """Refuse a kernel whose parameters point at memory outside the window."""
-    outside = pointer_words_outside(params, window, is_device_pointer)
+    """Refuse a kernel whose parameters point at memory outside the window (and
+    outside ``peers``' ranges: ``pointer_words_outside``)."""
+    outside = pointer_words_outside(params, window, is_device_pointer, peers)
     if not outside:
         return
     base, size = window
@@ -383,12 +392,19 @@ def edge_message(
 
 
 def walk_graph(
-    raw_graph: int, recorder: ImageRecorder, window: tuple[int, int], kind: int, capacity: int
+    raw_graph: int,
+    recorder: ImageRecorder,
+    window: tuple[int, int],
+    kind: int,
+    capacity: int,
+    peers: Sequence[Window] = (),
 ) -> pb.Graph:
     """The manifest ``Graph`` for one captured graph (``CUDAGraph.raw_cuda_graph()``
     with ``keep_graph=True``). ``window`` is (base, size) of the fixed address window;
-    ``recorder`` must have been recording since before the graph's kernels loaded.
-    Call it on the thread that captured, whose CUDA context is current."""
+    ``peers`` the (base, size) of a tensor-parallel rank's peers' collectives regions,
+    which its kernels may also point into; ``recorder`` must have been recording since
+    before the graph's kernels loaded. Call it on the thread that captured, whose CUDA
+    context is current."""
     label = graph_label(kind, capacity)
     window = check_window(window, label)
     cu = _driver(label)
@@ -402,7 +418,7 @@ def walk_graph(
         if node_type == "KERNEL":
             launch = _kernel_launch(cu, node, recorder, label, index)
             check_params_in_window(
-                launch.params, window, is_device_pointer, label, index, launch.function
+                launch.params, window, is_device_pointer, label, index, launch.function, peers
             )
             messages.append(kernel_node(launch))
         elif node_type == "MEMSET":

@@ -115,7 +115,10 @@ impl ValidCore {
             validate::check_qualification(qualification, graphs.len(), &buffers, &names)?;
         }
         let peers = match rank_layout {
-            None => Vec::new(),
+            None => {
+                rank_layout::check_no_collectives(&window)?;
+                Vec::new()
+            }
             Some(layout) => {
                 let zero = rank_layout::RankZero {
                     window: &window,

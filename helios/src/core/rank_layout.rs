@@ -11,6 +11,10 @@
 //!   layout and one set of page and slot assignments for all of them.
 //! - Windows are disjoint: every rank's window lives in one process's virtual
 //!   address space.
+//! - Where rank 0's window holds a collectives region (the two-rank
+//!   collectives' flags and buffers), every rank's holds one at the same
+//!   offset and size: each rank's graphs reach its peer's at the peer's window
+//!   base plus that offset. A core of one rank holds none.
 //!
 //! What a rank's graphs compute (its shards of the projections, its KV heads,
 //! its collectives) stays in its graphs: nothing here interprets it.
@@ -19,7 +23,9 @@ use std::collections::BTreeMap;
 
 use super::error::CoreError;
 use super::kv_layout::{self, KvLayout};
-use super::proto::{Buffer, Graph, GraphKind, PreparedContract, RankLayout, Semantic, Window};
+use super::proto::{
+    Buffer, Graph, GraphKind, PreparedContract, RankLayout, Region, RegionKind, Semantic, Window,
+};
 use super::validate;
 
 /// One peer rank's validated bundle.
@@ -100,6 +106,54 @@ fn graph_name((kind, capacity): &(GraphKind, u32)) -> String {
     format!("{}@{capacity}", kind.as_str_name())
 }
 
+/// The window's collectives region, if any; two are refused.
+fn collectives_region(window: &Window) -> Result<Option<&Region>, CoreError> {
+    let mut found =
+        (window.regions.iter()).filter(|region| region.kind == RegionKind::Collectives as i32);
+    let first = found.next();
+    if found.next().is_some() {
+        return Err(invalid(
+            "a window holds two collectives regions; a rank has one".to_owned(),
+        ));
+    }
+    Ok(first)
+}
+
+/// A core of one rank: no collectives region (no peer would read it).
+pub(crate) fn check_no_collectives(window: &Window) -> Result<(), CoreError> {
+    match collectives_region(window)? {
+        None => Ok(()),
+        Some(_) => Err(invalid(
+            "the window holds a collectives region, but the core has no rank layout \
+             (one rank has no peer to exchange with)"
+                .to_owned(),
+        )),
+    }
+}
+
+/// Every rank's collectives region at rank 0's offset and size, or none on
+/// any rank.
+fn check_collectives(zero: &Window, peers: &[ValidRank]) -> Result<(), CoreError> {
+    let ours = collectives_region(zero)?.map(|region| (region.offset, region.size));
+    for peer in peers {
+        let theirs = collectives_region(&peer.window)?.map(|region| (region.offset, region.size));
+        if theirs != ours {
+            let show = |place: Option<(u64, u64)>| match place {
+                Some((offset, size)) => format!("at offset {offset:#x}, {size} bytes"),
+                None => "none".to_owned(),
+            };
+            return Err(invalid(format!(
+                "rank {}'s collectives region ({}) is not rank 0's ({}): a rank reaches its \
+                 peer's at the same offset in the peer's window",
+                peer.rank,
+                show(theirs),
+                show(ours)
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Validates `layout` against rank 0; returns the peers in rank order.
 pub(crate) fn check_rank_layout(
     layout: RankLayout,
@@ -153,6 +207,7 @@ pub(crate) fn check_rank_layout(
             )));
         }
     }
+    check_collectives(zero.window, &ranks)?;
     Ok(ranks)
 }
 
