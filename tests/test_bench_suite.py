@@ -610,6 +610,11 @@ def test_the_suite_cli_measures_a_server_and_the_report_compares_engines(
     parts = [metrics[f"server-{key}-long-512"] for key in ("first_launch_ms", "first_record_ms")]
     assert all(part > 0 for part in parts)
     assert sum(parts) <= metrics["server-server_ttft_ms-long-512"]
+    # The second part split again at the first sampling launch's submission.
+    halves = [metrics[f"server-{key}-long-512"]
+              for key in ("to_sampling_launch_ms", "sampling_record_ms")]  # fmt: skip
+    assert all(half >= 0 for half in halves) and halves[1] > 0
+    assert sum(halves) <= parts[1] * 1.001 + 1e-6
     assert "| long-512 | server: submission to first launch, mean (ms) |" in table
     assert "| long-512 | server: prefill chunks per request |" in table
     for label in ("chat TTFT, suite client (ms)", "chat TTFT, openai SDK (ms)"):

@@ -215,6 +215,8 @@ SERVER_ROWS = (
     ("server_ttft_ms", "server: model thread's TTFT, mean (ms)"),
     ("first_launch_ms", "server: submission to first launch, mean (ms)"),
     ("first_record_ms", "server: first launch to first token's record, mean (ms)"),
+    ("to_sampling_launch_ms", "server: first launch to first sampling launch, mean (ms)"),
+    ("sampling_record_ms", "server: sampling launch to first token's record, mean (ms)"),
     ("prefill_launches", "server: prefill chunks per request"),
     ("snapshot_launches", "server: snapshots per request"),
     ("restore_launches", "server: restores per request"),

@@ -20,14 +20,19 @@ from bench.suite.client import Endpoint
 
 PREPARATION = "flare_prompt_preparation_seconds"
 FIRST_TOKEN = "flare_time_to_first_token_seconds"
-# The model thread's time to first token split at the request's first launch.
+# The model thread's time to first token split at the request's first launch, and
+# the second part again at its first sampling launch's submission.
 FIRST_LAUNCH = "flare_first_launch_seconds"
 FIRST_RECORD = "flare_first_record_seconds"
+TO_SAMPLING = "flare_first_sampling_launch_seconds"
+SAMPLING_RECORD = "flare_sampling_launch_record_seconds"
 MEANS_MS = (
     (PREPARATION, "preparation_ms"),
     (FIRST_TOKEN, "server_ttft_ms"),
     (FIRST_LAUNCH, "first_launch_ms"),
     (FIRST_RECORD, "first_record_ms"),
+    (TO_SAMPLING, "to_sampling_launch_ms"),
+    (SAMPLING_RECORD, "sampling_record_ms"),
 )
 INTER_TOKEN = "flare_inter_token_latency_seconds"
 DELIVERED = "flare_delivered_inter_token_seconds"

@@ -132,6 +132,13 @@ async fn metrics_reports_latency_histograms() {
     assert_eq!(value("flare_first_record_seconds_count"), 1.0);
     let parts = value("flare_first_launch_seconds_sum") + value("flare_first_record_seconds_sum");
     assert!(parts > 0.0 && parts <= value("flare_time_to_first_token_seconds_sum"));
+    // The second part split at the chunk that sampled the first token: the two
+    // halves are the whole (up to the clock reads between them).
+    assert_eq!(value("flare_first_sampling_launch_seconds_count"), 1.0);
+    assert_eq!(value("flare_sampling_launch_record_seconds_count"), 1.0);
+    let halves = value("flare_first_sampling_launch_seconds_sum")
+        + value("flare_sampling_launch_record_seconds_sum");
+    assert!(halves > 0.0 && halves <= value("flare_first_record_seconds_sum") + 1e-6);
     assert!(value("flare_time_to_first_token_seconds_sum") > 0.0);
     // Buckets are cumulative: never decreasing up to +Inf.
     let buckets: Vec<f64> = text

@@ -96,6 +96,11 @@ fn message_endpoints_are_captured_after_the_one_chunk_that_holds_them() {
         unreachable!()
     };
     assert!(!chunk.samples, "a resume samples, before the captures");
+    // The first token's split places the resume as its sampling launch, once,
+    // however many resamples follow the captures.
+    let split = scheduler.first_token();
+    assert_eq!(split.to_sampling_launch.count(), 1);
+    assert_eq!(split.sampling_to_record.count(), 1);
     // The message endpoints serve extensions only; the prompt and terminal
     // endpoints are exact.
     assert_eq!(

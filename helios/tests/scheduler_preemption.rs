@@ -62,6 +62,8 @@ fn pressure(delay: u32, stop_every: Option<u64>, max_new: u32, kv_pages: u32) {
     let split = scheduler.first_token();
     assert_eq!(split.to_first_launch.count(), requests.len() as u64);
     assert_eq!(split.to_first_record.count(), requests.len() as u64);
+    assert_eq!(split.to_sampling_launch.count(), requests.len() as u64);
+    assert_eq!(split.sampling_to_record.count(), requests.len() as u64);
     assert_clean(&scheduler);
 }
 

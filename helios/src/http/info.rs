@@ -111,6 +111,20 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     );
     write_histogram(
         &mut text,
+        "flare_first_sampling_launch_seconds",
+        "A request's first launch to the submission of its first sampling launch (a chunk \
+         ending the prompt, or a resume), on the model thread",
+        &latency.first_token.to_sampling_launch,
+    );
+    write_histogram(
+        &mut text,
+        "flare_sampling_launch_record_seconds",
+        "A request's first sampling launch's submission to the retrieval of its first \
+         token's record, on the model thread",
+        &latency.first_token.sampling_to_record,
+    );
+    write_histogram(
+        &mut text,
         "flare_prompt_preparation_seconds",
         "Rendering, tokenization and endpoint mapping of a prompt, before submission",
         &state.preparation(),

@@ -1,6 +1,8 @@
 //! Retrieving completions, in submission order, and applying validated
 //! records to requests.
 
+use std::time::Instant;
+
 use super::engine::{InFlight, Row, Scheduler};
 use super::error::{ExecutionError, InvalidRecord};
 use super::events::{Event, FinishReason};
@@ -171,8 +173,15 @@ impl<E: Executor> Scheduler<E> {
                 confirmed.done = flag;
                 let first = len32(request.output.len());
                 if let (0, Some(launched)) = (first, request.first_launch) {
-                    let waited = launched.elapsed().as_secs_f64();
-                    self.first_token.to_first_record.observe(waited);
+                    let now = Instant::now();
+                    let split = &mut self.first_token;
+                    let since = |then: Instant| now.saturating_duration_since(then).as_secs_f64();
+                    split.to_first_record.observe(since(launched));
+                    if let Some(sampling) = request.sampling_launch {
+                        let before = sampling.saturating_duration_since(launched);
+                        split.to_sampling_launch.observe(before.as_secs_f64());
+                        split.sampling_to_record.observe(since(sampling));
+                    }
                 }
                 request.output.push(token);
                 let output_tokens = first + 1;

@@ -243,6 +243,7 @@ impl<E: Executor> Scheduler<E> {
             admitted: false,
             submitted: Instant::now(),
             first_launch: None,
+            sampling_launch: None,
         };
         self.queued.insert(id, request);
         Ok(id)
@@ -398,6 +399,22 @@ impl<E: Executor> Scheduler<E> {
                     self.first_token
                         .to_first_launch
                         .observe(waited.as_secs_f64());
+                }
+            }
+        }
+        for row in &rows {
+            let sampling = match *row {
+                // A request's first token comes from a chunk ending its
+                // prompt or from a resume, never from a decode step.
+                Row::Chunk {
+                    id, samples: true, ..
+                }
+                | Row::Resume { id } => id,
+                _ => continue,
+            };
+            if let Some(Placed { request, .. }) = self.placed.get_mut(&sampling) {
+                if request.sampling_launch.is_none() && request.output.is_empty() {
+                    request.sampling_launch = Some(Instant::now());
                 }
             }
         }

@@ -121,19 +121,27 @@ impl Default for Latency {
     }
 }
 
-/// The time to first token on the model thread in two parts, so a loss can
-/// be placed: from submission to the request's first launch (admission,
+/// The time to first token on the model thread in parts, so a loss can be
+/// placed: from submission to the request's first launch (admission,
 /// queueing behind other requests' launches, the prefix lookup and planning),
 /// and from that launch to the retrieval of the record holding its first
 /// token (the device's work in between, what was queued ahead of it, and the
-/// wait). Each request is observed once: its first launch is its first
-/// admission's, and its first token may come after a readmission.
+/// wait). The second is split again at the submission of the first launch
+/// that samples for the request (a chunk ending the prompt, or a resume):
+/// what was launched before it (admission, restores, chunks that do not
+/// sample), then its own way through the device and back. Each request is
+/// observed once: its first launch is its first admission's, and its first
+/// token may come after a readmission.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FirstTokenSplit {
     /// Submission to the first launch.
     pub to_first_launch: Histogram,
     /// The first launch to the first token's record.
     pub to_first_record: Histogram,
+    /// The first launch to the submission of the first sampling launch.
+    pub to_sampling_launch: Histogram,
+    /// The first sampling launch's submission to the first token's record.
+    pub sampling_to_record: Histogram,
 }
 
 impl Default for FirstTokenSplit {
@@ -141,6 +149,8 @@ impl Default for FirstTokenSplit {
         Self {
             to_first_launch: Histogram::new(&FIRST_TOKEN_PART_BUCKETS),
             to_first_record: Histogram::new(&FIRST_TOKEN_PART_BUCKETS),
+            to_sampling_launch: Histogram::new(&FIRST_TOKEN_PART_BUCKETS),
+            sampling_to_record: Histogram::new(&FIRST_TOKEN_PART_BUCKETS),
         }
     }
 }

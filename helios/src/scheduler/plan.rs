@@ -138,6 +138,7 @@ mod tests {
                 admitted: true,
                 submitted: std::time::Instant::now(),
                 first_launch: None,
+                sampling_launch: None,
             };
             let placement = Placement::new(ledger.lease(0), index as u64, history, 8);
             placed.insert(id, Placed { request, placement });

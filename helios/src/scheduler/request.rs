@@ -121,6 +121,9 @@ pub(super) struct Request {
     /// token's two parts, [`super::latency::FirstTokenSplit`]).
     pub(super) submitted: Instant,
     pub(super) first_launch: Option<Instant>,
+    /// When the first launch that samples for it was submitted (before its
+    /// first token; never changed after).
+    pub(super) sampling_launch: Option<Instant>,
 }
 
 /// A request holding a slot for one admission.
