@@ -95,7 +95,9 @@ def test_bad_requests_raise_before_touching_the_driver(hp):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="no window may be open on the GPU path")
 def test_nothing_open(hp):
     assert hp.window_info() is None
-    for call in (lambda: hp.window_select("weights"), hp.window_usage, hp.window_close):
+    calls = (lambda: hp.window_select("weights"), hp.window_usage, hp.window_close,
+             lambda: hp.window_export_region("collectives"))  # fmt: skip
+    for call in calls:
         with pytest.raises(hp.WindowError, match="no window is open"):
             call()
 

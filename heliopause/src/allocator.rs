@@ -155,6 +155,14 @@ pub fn select(name: &str) -> Result<(), String> {
     guarded("window_select", || with_window(|g| g.window.select(name)))
 }
 
+/// Maps region `name` of the global window whole with memory another process
+/// may map (`Window::export_region`): its address, size and descriptor.
+pub fn export_region(name: &str) -> Result<(u64, u64, std::os::fd::OwnedFd), String> {
+    guarded("window_export_region", || {
+        with_window(|g| g.window.export_region(name))
+    })
+}
+
 /// Per-region usage of the global window.
 pub fn usage() -> Result<Vec<RegionUsage>, String> {
     guarded("window_usage", || with_window(|g| Ok(g.window.usage())))

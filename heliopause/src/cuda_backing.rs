@@ -17,6 +17,8 @@
 //! [`Backing::release`] synchronizes the context, unmaps every span, frees
 //! the reservation and releases the primary context.
 
+use std::os::fd::OwnedFd;
+
 use helios::cuda::{PrimaryContext, Reservation};
 
 use crate::window::{Backing, WindowError};
@@ -78,6 +80,12 @@ impl Backing for CudaBacking {
         self.context.make_current_if_none()?;
         reservation.map(addr, size)?;
         Ok(())
+    }
+
+    fn map_exported(&mut self, addr: u64, size: u64) -> Result<OwnedFd, WindowError> {
+        let reservation = self.reservation.as_mut().ok_or(WindowError::NotOpen)?;
+        self.context.make_current_if_none()?;
+        Ok(reservation.map_exported(addr, size)?)
     }
 
     fn release(&mut self) -> Result<(), WindowError> {

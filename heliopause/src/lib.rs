@@ -144,6 +144,22 @@ mod flare_heliopause {
         allocator::select(name).map_err(window_err)
     }
 
+    /// Maps region `name` whole, before anything is allocated from it, with
+    /// zeroed memory another process may map (a tensor-parallel rank's
+    /// collectives storage, which its peer maps at this address with
+    /// `SharedSpan.import_`), and returns `(address, size, fd)`: the POSIX
+    /// descriptor is the caller's to pass on and close. Nothing is allocated
+    /// from the region afterwards. Raises `WindowError` for an unknown region,
+    /// one already holding memory, or a driver failure.
+    #[pyfunction]
+    fn window_export_region(py: Python<'_>, name: &str) -> PyResult<(u64, u64, i32)> {
+        use std::os::fd::IntoRawFd;
+        let (address, size, fd) = py
+            .detach(|| allocator::export_region(name))
+            .map_err(window_err)?;
+        Ok((address, size, fd.into_raw_fd()))
+    }
+
     /// One dict per region, in layout order: name, base, offset, capacity,
     /// high_water, mapped, live_bytes, live_blocks, allocations, reused,
     /// free_blocks, free_bytes, selected.

@@ -25,11 +25,18 @@
 //! lie inside their region; per region, `live_bytes + free_bytes == high_water
 //! == mapped <= capacity`.
 //!
+//! One exception: an *exported* region ([`Window::export_region`]) is mapped
+//! whole at once, with memory another process may map (the tensor-parallel
+//! collectives' storage, which each rank's peer maps at this window's
+//! address), and nothing is ever allocated from it: its `mapped` is its
+//! capacity and its `high_water` stays 0.
+//!
 //! The physical side sits behind the [`Backing`] trait so this logic is tested
 //! with a fake; `cuda_backing` implements it with Helios's CUDA layer (the
 //! driver's virtual memory API).
 
 use std::collections::HashMap;
+use std::os::fd::OwnedFd;
 
 use helios::cuda::CudaError;
 
@@ -80,6 +87,13 @@ pub enum WindowError {
     HintMismatch { hint: u64, got: u64 },
     #[error("invalid window layout: {0}")]
     Layout(String),
+    #[error(
+        "region `{region}` was exported whole (its memory is shared with another process): \
+         nothing is allocated from it"
+    )]
+    RegionExported { region: String },
+    #[error("region `{region}` already holds memory: only an untouched region is exported whole")]
+    RegionInUse { region: String },
     #[error("window still has {blocks} live blocks ({bytes} bytes); free them before closing")]
     Busy { blocks: u64, bytes: u64 },
     #[error("negative size {size}")]
@@ -105,6 +119,10 @@ pub trait Backing {
     /// Backs `[addr, addr + size)` (inside the reservation, granularity
     /// aligned, not yet mapped) with read/write device memory.
     fn map(&mut self, addr: u64, size: u64) -> Result<(), WindowError>;
+    /// Backs `[addr, addr + size)` like [`Backing::map`], with zeroed memory
+    /// that another process may map, and returns its POSIX file descriptor
+    /// (the caller's to close; closing it does not unmap anything here).
+    fn map_exported(&mut self, addr: u64, size: u64) -> Result<OwnedFd, WindowError>;
     /// Unmaps everything mapped and frees the reservation. Must be safe to call
     /// again after a partial failure, and a no-op once everything is released.
     fn release(&mut self) -> Result<(), WindowError>;
@@ -156,6 +174,8 @@ struct Region {
     free: HashMap<u64, Vec<u64>>,
     free_bytes: u64,
     free_blocks: u64,
+    /// Mapped whole by [`Window::export_region`]; never allocated from.
+    exported: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -286,6 +306,7 @@ impl<B: Backing> Window<B> {
                 free: HashMap::new(),
                 free_bytes: 0,
                 free_blocks: 0,
+                exported: false,
             });
             offset += capacity;
         }
@@ -330,21 +351,8 @@ impl<B: Backing> Window<B> {
 
     /// Makes `name` the region that subsequent allocations come from.
     pub fn select(&mut self, name: &str) -> Result<(), WindowError> {
-        match self.regions.iter().position(|r| r.name == name) {
-            Some(i) => {
-                self.current = Some(i);
-                Ok(())
-            }
-            None => Err(WindowError::UnknownRegion {
-                name: name.to_owned(),
-                known: self
-                    .regions
-                    .iter()
-                    .map(|r| r.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            }),
-        }
+        self.current = Some(self.region_index(name)?);
+        Ok(())
     }
 
     /// Number of live blocks and their bytes, over all regions.
@@ -355,11 +363,48 @@ impl<B: Backing> Window<B> {
         )
     }
 
+    /// Maps region `name` whole with zeroed memory that another process may
+    /// map, before anything was allocated from it, and returns its address,
+    /// its size (the region's capacity) and the memory's POSIX descriptor.
+    /// Nothing is allocated from it afterwards.
+    pub fn export_region(&mut self, name: &str) -> Result<(u64, u64, OwnedFd), WindowError> {
+        self.region_index(name)?;
+        let region = (self.regions.iter_mut())
+            .find(|r| r.name == name)
+            .expect("found above");
+        if region.exported || region.mapped > 0 || region.allocations > 0 {
+            return Err(WindowError::RegionInUse {
+                region: name.to_owned(),
+            });
+        }
+        let address = self.base + region.offset;
+        let fd = self.backing.map_exported(address, region.capacity)?;
+        region.mapped = region.capacity;
+        region.exported = true;
+        Ok((address, region.capacity, fd))
+    }
+
+    fn region_index(&self, name: &str) -> Result<usize, WindowError> {
+        (self.regions.iter().position(|r| r.name == name)).ok_or_else(|| {
+            WindowError::UnknownRegion {
+                name: name.to_owned(),
+                known: (self.regions.iter().map(|r| r.name.as_str()))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }
+        })
+    }
+
     /// Allocates `size` bytes (rounded up to the granularity, at least one
     /// granule) in the current region; see the module docs for the policy.
     pub fn alloc(&mut self, size: u64) -> Result<u64, WindowError> {
         let idx = self.current.ok_or(WindowError::NoRegion)?;
         let region = &mut self.regions[idx];
+        if region.exported {
+            return Err(WindowError::RegionExported {
+                region: region.name.clone(),
+            });
+        }
         let available = region.capacity - region.top;
         let Some(rounded) = size.max(1).checked_next_multiple_of(self.granularity) else {
             return Err(WindowError::RegionFull {
@@ -497,6 +542,7 @@ mod tests {
     struct FakeLog {
         reserved: Option<(u64, u64)>,
         maps: Vec<(u64, u64)>,
+        exported: Vec<(u64, u64)>,
         releases: u32,
     }
 
@@ -557,6 +603,14 @@ mod tests {
             Ok(())
         }
 
+        fn map_exported(&mut self, addr: u64, size: u64) -> Result<OwnedFd, WindowError> {
+            self.map(addr, size)?;
+            self.log.borrow_mut().exported.push((addr, size));
+            Ok(std::fs::File::open("/dev/null")
+                .expect("/dev/null opens")
+                .into())
+        }
+
         fn release(&mut self) -> Result<(), WindowError> {
             let mut log = self.log.borrow_mut();
             log.maps.clear();
@@ -578,6 +632,54 @@ mod tests {
         let (fake, log) = Fake::new(gran);
         let w = Window::open(fake, HINT, 64 * MIB, &regions()).expect("open");
         (w, log)
+    }
+
+    #[test]
+    fn an_exported_region_is_mapped_whole_once_and_never_allocated_from() {
+        let (mut w, log) = open(2 * MIB);
+        let (address, size, _fd) = w.export_region("state").expect("export");
+        // The region's whole capacity, at its place, in one exportable mapping.
+        assert_eq!((address, size), (HINT + 10 * MIB, 4 * MIB));
+        assert_eq!(log.borrow().exported, vec![(HINT + 10 * MIB, 4 * MIB)]);
+        assert_eq!(log.borrow().maps, vec![(HINT + 10 * MIB, 4 * MIB)]);
+        let state = &w.usage()[1];
+        assert_eq!(
+            (state.mapped, state.high_water, state.live_blocks),
+            (4 * MIB, 0, 0)
+        );
+        w.select("state").unwrap();
+        assert!(matches!(
+            w.alloc(MIB),
+            Err(WindowError::RegionExported { region }) if region == "state"
+        ));
+        assert!(matches!(
+            w.export_region("state"),
+            Err(WindowError::RegionInUse { .. })
+        ));
+        // Other regions allocate as before, and the window closes.
+        w.select("scratch").unwrap();
+        let ptr = w.alloc(MIB).unwrap();
+        assert_eq!(ptr, HINT + 14 * MIB);
+        w.free(ptr, MIB).unwrap();
+        w.close().expect("close");
+    }
+
+    #[test]
+    fn only_an_untouched_known_region_is_exported() {
+        let (mut w, log) = open(2 * MIB);
+        w.select("scratch").unwrap();
+        let ptr = w.alloc(MIB).unwrap();
+        w.free(ptr, MIB).unwrap();
+        // Memory already mapped there (a freed block still is).
+        assert!(matches!(
+            w.export_region("scratch"),
+            Err(WindowError::RegionInUse { region }) if region == "scratch"
+        ));
+        assert!(matches!(
+            w.export_region("collectives"),
+            Err(WindowError::UnknownRegion { .. })
+        ));
+        assert!(log.borrow().exported.is_empty());
     }
 
     #[test]
