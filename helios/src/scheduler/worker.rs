@@ -625,6 +625,12 @@ mod tests {
         }
     }
 
+    /// A submission sent over a bare inbox, and the inbox.
+    fn sent() -> (Submission, Receiver<Message>) {
+        let (handle, messages) = handle();
+        (handle.send(spec(), None).unwrap(), messages)
+    }
+
     fn reply_of(message: Message) -> SubmitReply {
         match message {
             Message::Submit { reply, .. } => reply,
@@ -650,8 +656,7 @@ mod tests {
 
     #[test]
     fn dropping_an_answered_submission_cancels_its_request() {
-        let (handle, messages) = handle();
-        let submission = handle.send(spec(), None).unwrap();
+        let (submission, messages) = sent();
         answer(&messages, Ok(RequestId(7)));
         // Its caller left after the answer arrived: nobody will take the
         // stream, so the drop itself cancels the request.
@@ -661,8 +666,7 @@ mod tests {
 
     #[test]
     fn an_unanswered_submission_refuses_the_answer_once_dropped() {
-        let (handle, messages) = handle();
-        let submission = handle.send(spec(), None).unwrap();
+        let (submission, messages) = sent();
         drop(submission);
         // The model thread's answer fails to send, which is how it knows to
         // cancel the request itself; the drop sent nothing.
@@ -673,8 +677,7 @@ mod tests {
 
     #[test]
     fn an_accepted_submission_hands_its_stream_over_without_cancelling() {
-        let (handle, messages) = handle();
-        let submission = handle.send(spec(), None).unwrap();
+        let (submission, messages) = sent();
         answer(&messages, Ok(RequestId(9)));
         let stream = submission.accepted_blocking().unwrap();
         assert_eq!(stream.id(), RequestId(9));
@@ -687,8 +690,7 @@ mod tests {
     #[test]
     fn dropping_the_wait_for_an_answer_that_arrived_cancels_its_request() {
         let runtime = runtime();
-        let (handle, messages) = handle();
-        let submission = handle.send(spec(), None).unwrap();
+        let (submission, messages) = sent();
         let mut accepted = Box::pin(submission.accepted());
         runtime.block_on(async {
             // Polled once, before the answer: it waits.
@@ -707,8 +709,7 @@ mod tests {
 
     #[test]
     fn an_awaited_answer_hands_the_stream_over_without_cancelling() {
-        let (handle, messages) = handle();
-        let submission = handle.send(spec(), None).unwrap();
+        let (submission, messages) = sent();
         answer(&messages, Ok(RequestId(4)));
         let stream = runtime().block_on(submission.accepted()).unwrap();
         assert_eq!(stream.id(), RequestId(4));
@@ -717,8 +718,7 @@ mod tests {
 
     #[test]
     fn a_refused_submission_cancels_nothing() {
-        let (handle, messages) = handle();
-        let submission = handle.send(spec(), None).unwrap();
+        let (submission, messages) = sent();
         answer(&messages, Err(AdmissionError::Unavailable));
         assert!(matches!(
             submission.accepted_blocking(),
