@@ -34,17 +34,24 @@ REGION_KINDS = {
     "kv_pages": pb.REGION_KIND_KV_PAGES,
     "snapshot_rows": pb.REGION_KIND_SNAPSHOT_ROWS,
     "scratch": pb.REGION_KIND_SCRATCH,
+    # A tensor-parallel rank's collectives storage, mapped whole with memory its peer
+    # maps too (``WindowPlacement.export_collectives``); never allocated from.
+    "collectives": pb.REGION_KIND_COLLECTIVES,
 }
+# Where rank r's window starts: rank 0's base plus r windows (``rank_base``).
+GRANULE = 2 << 20
 
 
 class WindowError(RuntimeError):
     """The window could not be opened, or an allocation escaped it."""
 
 
-def region_capacities(device_bytes: int) -> list[tuple[str, int]]:
+def region_capacities(device_bytes: int, collectives_bytes: int = 0) -> list[tuple[str, int]]:
     """Address space per region. Reserving costs no memory (backing follows use), so
     regions that scale with the model get the whole device's size and the small ones
-    a few GiB; the window is then the same shape for every model on a device."""
+    a few GiB; the window is then the same shape for every model on a device. A
+    tensor-parallel rank adds a ``collectives`` region of ``collectives_bytes`` (whole
+    granules) last, so it sits at the same offset in every rank's window."""
     small = 4 * GIB
     large = -(-device_bytes // GIB) * GIB
     sizes = {
@@ -55,7 +62,19 @@ def region_capacities(device_bytes: int) -> list[tuple[str, int]]:
         "snapshot_rows": large,
         "scratch": large,
     }
-    return [(name, sizes[name]) for name in REGIONS]
+    regions = [(name, sizes[name]) for name in REGIONS]
+    if collectives_bytes:
+        regions.append(("collectives", -(-collectives_bytes // GRANULE) * GRANULE))
+    return regions
+
+
+def rank_base(rank: int, window_size: int, base: int = DEFAULT_BASE) -> int:
+    """Rank ``rank``'s window base: the ranks' windows side by side from ``base``,
+    disjoint, so one serving process maps them all (and a rank's process maps its
+    peer's collectives region at the peer's address, free in its own space)."""
+    if rank < 0:
+        raise ValueError(f"rank {rank}")
+    return base + rank * (-(-window_size // GRANULE) * GRANULE)
 
 
 @dataclass(frozen=True)
@@ -86,7 +105,9 @@ class WindowPlacement:
         self._current: list[str] = []
 
     @classmethod
-    def open(cls, device: int = 0, base: int = DEFAULT_BASE) -> WindowPlacement:
+    def open(
+        cls, device: int = 0, base: int = DEFAULT_BASE, collectives_bytes: int = 0
+    ) -> WindowPlacement:
         try:
             import flare_heliopause as hp
         except ImportError as error:
@@ -95,7 +116,7 @@ class WindowPlacement:
                 "`maturin build --release -m heliopause/Cargo.toml` and pip install the wheel"
             ) from error
         total = torch.cuda.get_device_properties(device).total_memory
-        regions = region_capacities(total)
+        regions = region_capacities(total, collectives_bytes)
         size = sum(capacity for _, capacity in regions)
         try:
             hp.window_open(base, size, regions, device=device)
@@ -116,6 +137,15 @@ class WindowPlacement:
             self._current.pop()
             if self._current:
                 self.hp.window_select(self._current[-1])
+
+    def export_collectives(self) -> tuple[int, int, int]:
+        """Maps the ``collectives`` region whole with zeroed memory its peer may map:
+        ``(address, size, fd)``, the descriptor the caller's to pass on and close."""
+        try:
+            address, size, fd = self.hp.window_export_region("collectives")
+        except self.hp.WindowError as error:
+            raise WindowError(f"cannot export the collectives region: {error}") from error
+        return int(address), int(size), int(fd)
 
     def graph_pool(self) -> tuple[int, int]:
         if not self._current or self._current[-1] != "scratch":
