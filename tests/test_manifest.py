@@ -165,6 +165,61 @@ def test_nonzero_contents_are_found_in_bounded_chunks() -> None:
     assert not any_nonzero(torch.zeros(0), chunk_elements=7)
 
 
+def _image(data: bytes) -> tuple[pb.KernelImage, bytes]:
+    return pb.KernelImage(sha256=hashlib.sha256(data).hexdigest(), size_bytes=len(data)), data
+
+
+def test_rank_cores_merge_into_one_core_helios_reads_with_each_ranks_own_shards(
+    prepared: PreparedModel, tmp_path: Path
+) -> None:
+    # Each rank exported a core of its own (here fixtures in disjoint windows); rank
+    # 1's shards differ from rank 0's under the same names, and each has an image the
+    # other lacks. The group's core keeps both ranks' shards and every image.
+    from fake_server import build_flare
+
+    from ignition.export.ranks import merge_rank_cores, peer_tensor_name, rank_initial
+
+    zero, initial = tiny_fixture(prepared)
+    one, _ = tiny_fixture(prepared, base=zero.window.base + zero.window.size)
+    shards = {name: tensor + 1 for name, tensor in initial.items()}
+    common, mine, theirs = _image(b"both"), _image(b"rank 0"), _image(b"rank 1")
+    zero.images.extend([common[0], mine[0]])
+    one.images.extend([theirs[0], common[0]])
+    files = {image.sha256: data for image, data in (common, mine, theirs)}
+    write_core_dir(tmp_path / "r0", zero, initial, {i.sha256: files[i.sha256] for i in zero.images})
+    write_core_dir(tmp_path / "r1", one, shards, {i.sha256: files[i.sha256] for i in one.images})
+    merged = merge_rank_cores([tmp_path / "r0", tmp_path / "r1"], tmp_path / "group")
+    assert merged.rank_layout.world_size == 2
+    assert sorted(i.sha256 for i in merged.images) == sorted(
+        i[0].sha256 for i in (common, mine, theirs)
+    )
+    core, stored, images = read_core_dir(tmp_path / "group")
+    assert len(images) == 3
+    (peer,) = core.rank_layout.peers
+    named = [b.initial_tensor for b in peer.buffers if b.initial_tensor]
+    assert named and all(n == peer_tensor_name(1, n.split("/", 1)[1]) for n in named)
+    for rank, expected in ((0, initial), (1, shards)):
+        own = rank_initial(core, stored, rank)
+        assert own.keys() == expected.keys()
+        assert all(torch.equal(own[name], expected[name]) for name in expected)
+    shown = subprocess.run(
+        [str(build_flare()), "inspect", str(tmp_path / "group")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "ranks         2 (tensor parallel" in shown.stdout
+    # What the ranks share must agree.
+    other = tiny_fixture(prepared, base=zero.window.base + 2 * zero.window.size)[0]
+    other.contract.page_size *= 2
+    write_core_dir(tmp_path / "r2", other, shards, {})
+    with pytest.raises(CoreDirError, match=r"rank 1 .* differs from rank 0 in contract"):
+        merge_rank_cores([tmp_path / "r0", tmp_path / "r2"], tmp_path / "bad")
+    with pytest.raises(CoreDirError, match="two ranks or more"):
+        merge_rank_cores([tmp_path / "r0"], tmp_path / "alone")
+
+
 def test_a_rank_layout_written_here_is_what_helios_validates(
     prepared: PreparedModel, tmp_path: Path
 ) -> None:

@@ -39,7 +39,9 @@ class CoreDirError(ValueError):
 
 
 def _check(core: pb.Core, initial: dict[str, torch.Tensor], images: dict[str, bytes]) -> None:
-    for buffer in core.buffers:
+    # Rank 0's buffers, then every peer rank's (a tensor-parallel core's own shards).
+    buffers = [*core.buffers, *(b for peer in core.rank_layout.peers for b in peer.buffers)]
+    for buffer in buffers:
         if not buffer.initial_tensor:
             continue
         tensor = initial.get(buffer.initial_tensor)
