@@ -9,6 +9,12 @@
 #       floats); then the same with --collectives window: the two rank processes
 #       trade exported device memory (needs the carried flare_heliopause wheel) and
 #       run the export-safe collectives, whose logits must equal Gloo's bit for bit.
+#   bench/issue24_check.sh export OUT
+#       the tiny Qwen3 exported at two ranks on this GPU (ignition.parallel.export_ranks:
+#       each rank's window at its own base with a collectives region, the peer's
+#       region mapped at its address, compile and capture over the window
+#       collectives, each rank's core, then the group's merged core in OUT/core, read
+#       back). Needs the carried flare_heliopause wheel.
 #   bench/issue24_check.sh collectives OUT
 #       the export-safe two-rank collectives (ignition.parallel.window_collectives),
 #       tests/test_window_collectives.py's GPU tests, every result bitwise: both ranks
@@ -17,7 +23,7 @@
 #       address (ignition.parallel.shared_collectives: exported memory, descriptors
 #       passed over the process group). Needs the carried flare_heliopause wheel.
 set -uo pipefail
-usage="usage: bench/issue24_check.sh tp-logits|collectives OUT"
+usage="usage: bench/issue24_check.sh tp-logits|export|collectives OUT"
 part=${1:?$usage}
 out=${2:?$usage}
 mkdir -p "$out"
@@ -42,6 +48,19 @@ write_tiny(Path(sys.argv[1]), 'qwen3')" "$work/tiny-qwen3" > /dev/null || exit 1
       --out "$out/tp-logits-window-bfloat16.json" > "$out/tp-logits-window-bfloat16.log" 2>&1 \
       || status=1
     tail -20 "$out/tp-logits-window-bfloat16.log"
+    ;;
+  export)
+    python3 -c "import sys; from pathlib import Path; from checkpoints import write_tiny; \
+write_tiny(Path(sys.argv[1]), 'qwen3')" "$work/tiny-qwen3" > /dev/null || exit 1
+    rm -rf "$out/core"
+    timeout 900 python3 -m ignition.parallel.export_ranks "$work/tiny-qwen3" --out "$out/core" \
+      --max-concurrency 4 --context-limit 512 > "$out/export.log" 2>&1 || status=1
+    tail -20 "$out/export.log"
+    python3 -c "import sys; from pathlib import Path; from ignition.export.core_dir import \
+read_core_dir; core = read_core_dir(Path(sys.argv[1]))[0]; \
+print('world', core.rank_layout.world_size, 'graphs', len(core.graphs), 'images', len(core.images))" \
+      "$out/core" 2>&1 | tee "$out/core-summary.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     ;;
   collectives)
     # Two rank processes share the one GPU only in the Default compute mode.

@@ -17,10 +17,11 @@ from ignition.components.kv_cache import PagedKvCache
 from ignition.loading.mapping import Shard
 from ignition.loading.open import open_checkpoint
 from ignition.loading.source import CheckpointError
-from ignition.parallel import logits_check
+from ignition.parallel import export_ranks, logits_check
 from ignition.parallel.launch import spawn_ranks
 from ignition.parallel.shard import TensorParallel
-from ignition.preparation.prepared import prepare
+from ignition.parallel.window_collectives import CollectiveStorage, WindowCollectives
+from ignition.preparation.prepared import plan, prepare
 from ignition.replay.harness import Harness, Request, SamplingParams
 from recipes import llama, qwen4_exp
 
@@ -91,6 +92,16 @@ def test_every_rank_follows_rank_zeros_samples(tmp_path: Path) -> None:
     assert _sampled(path, [1007, 7], tmp_path / "swapped")[1] != agreed[0]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without one")
+def test_a_group_export_says_at_once_that_it_needs_a_gpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        export_ranks.main([str(tmp_path), "--out", str(tmp_path / "core")])
+    assert exit_.value.code == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
 def test_each_rank_runs_on_a_gpu_of_its_own_or_all_on_the_current_one() -> None:
     # One H200 and two ranks: both on the current GPU (an unindexed "cuda" made
     # set_device fail in every rank on the GPU machine).
@@ -143,9 +154,14 @@ def test_what_does_not_divide_or_shard_is_refused(tmp_path: Path) -> None:
     config = open_checkpoint(path).config()
     with pytest.raises(CheckpointError, match=r"KV heads \(2\) do not divide among 4"):
         llama.RECIPE.layout(config, torch.float32, TensorParallel(0, 4))
-    # A rank prepares eagerly: torch.distributed's collectives cannot be captured.
+    # Over Gloo a rank prepares eagerly: torch.distributed's collectives cannot be
+    # captured. Over the window collectives (every operand at a fixed address) it may
+    # compile and capture.
     with pytest.raises(CheckpointError, match="compile and capture off"):
         prepare(path, replace(OPTIONS, compile=True, parallel=TensorParallel(0, 2)))
+    storages = [CollectiveStorage.allocate(1024, torch.float32, "cpu") for _ in range(2)]
+    window = TensorParallel(0, 2, WindowCollectives(0, *storages))
+    assert plan(path, replace(OPTIONS, compile=True, capture=True, parallel=window)).catalog
     hybrid = Qwen4ExpTextConfig(**TINY_HYBRID)
     with pytest.raises(CheckpointError, match="not sharded for tensor parallelism"):
         qwen4_exp.RECIPE.layout(hybrid, torch.float32, TensorParallel(0, 2))

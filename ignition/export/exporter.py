@@ -16,9 +16,10 @@ import hashlib
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -42,6 +43,7 @@ from ignition.export.qualification import (
     run_workload,
 )
 from ignition.export.window import REGION_KINDS, WindowPlacement
+from ignition.parallel.shard import TensorParallel
 from ignition.preparation.catalog import GraphKey, GraphKind
 from ignition.preparation.prepared import PreparedModel, PrepareOptions, prepare
 from ignition.preparation.progress import console, phase
@@ -192,18 +194,45 @@ def decode_floor(prepared: PreparedModel, capacity: int, steps: int = 256) -> di
     }
 
 
+class RankGroupSetup(Protocol):
+    """One rank's part in a tensor-parallel export
+    (``ignition.parallel.export_ranks.RankSetup``)."""
+
+    rank: int
+
+    @property
+    def collectives_bytes(self) -> int:
+        """Bytes of the rank's collectives region."""
+        ...
+
+    def attach(self, window: WindowPlacement) -> tuple[TensorParallel, list[tuple[int, int]]]:
+        """The rank's collectives over its window's region and its peer's, and the
+        peer's region as the graph walk's ``peers``."""
+        ...
+
+    def close(self) -> None:
+        """Unmaps what ``attach`` mapped outside the window."""
+        ...
+
+
 def export_core(
     model: Path,
     options: PrepareOptions,
     out: Path,
     device: int = 0,
     after_export: Callable[[PreparedModel], None] | None = None,
+    group: RankGroupSetup | None = None,
 ) -> ExportReport:
     """Prepare ``model`` in the window and write its runtime core to ``out``.
 
     ``after_export``, when given, runs once the core is written, with the prepared
     model reset to its initial state: the Python harness answering prompts over the
     very graphs exported, without a second preparation (timed as ``after_export_s``).
+
+    ``group``: this process is one rank of a tensor-parallel group
+    (``ignition.parallel.export_ranks``): its window opens at the rank's base with a
+    collectives region, the group's collectives are attached over it, and the graph
+    walk accepts pointers into the peer's region.
     """
     if torch.cuda.is_initialized():
         raise ExportError(
@@ -214,9 +243,18 @@ def export_core(
     t0 = time.perf_counter()
     recorder = ImageRecorder()
     recorder.start()
-    window = WindowPlacement.open(device)
+    if group is None:
+        window = WindowPlacement.open(device)
+    else:
+        window = WindowPlacement.open(
+            device, collectives_bytes=group.collectives_bytes, rank=group.rank
+        )
     prepared: PreparedModel | None = None
+    peers: Sequence[tuple[int, int]] = ()
     try:
+        if group is not None:
+            parallel, peers = group.attach(window)
+            options = replace(options, parallel=parallel)
         with window.region("scratch"):
             options = replace(options, keep_graphs=True, capture=True, device="cuda")
             prepared = prepare(model, options, placement=window)
@@ -253,7 +291,7 @@ def export_core(
                 for key in keys:
                     raw = prepared.graphs[key].raw_cuda_graph()
                     graphs.append(
-                        walk_graph(raw, recorder, span, GRAPH_KINDS[key.kind], key.capacity)
+                        walk_graph(raw, recorder, span, GRAPH_KINDS[key.kind], key.capacity, peers)
                     )
                     advance(1)
             report.timings["walk_s"] = time.perf_counter() - t2
@@ -296,5 +334,7 @@ def export_core(
         if prepared is not None:
             prepared.close()
         del prepared
+        if group is not None:
+            group.close()
         window.close()
         recorder.stop()

@@ -106,8 +106,14 @@ class WindowPlacement:
 
     @classmethod
     def open(
-        cls, device: int = 0, base: int = DEFAULT_BASE, collectives_bytes: int = 0
+        cls,
+        device: int = 0,
+        base: int = DEFAULT_BASE,
+        collectives_bytes: int = 0,
+        rank: int = 0,
     ) -> WindowPlacement:
+        """The window on ``device``: rank ``rank``'s of a group (``rank_base`` from
+        ``base``), with a collectives region of ``collectives_bytes`` when nonzero."""
         try:
             import flare_heliopause as hp
         except ImportError as error:
@@ -118,6 +124,7 @@ class WindowPlacement:
         total = torch.cuda.get_device_properties(device).total_memory
         regions = region_capacities(total, collectives_bytes)
         size = sum(capacity for _, capacity in regions)
+        base = rank_base(rank, size, base)
         try:
             hp.window_open(base, size, regions, device=device)
         except hp.WindowError as error:

@@ -40,7 +40,11 @@ import torch
 from ignition.loading.open import open_checkpoint
 from ignition.parallel.launch import spawn_ranks
 from ignition.parallel.shard import TensorParallel
-from ignition.parallel.shared_collectives import RANK_ADDRESSES, share_collectives
+from ignition.parallel.shared_collectives import (
+    RANK_ADDRESSES,
+    share_collectives,
+    storage_elements,
+)
 from ignition.parallel.window_collectives import CollectiveStorage, WindowCollectives
 from ignition.preparation.prepared import PrepareOptions, prepare
 from ignition.replay.teacher_forcing import compare_logits, teacher_forced_logits
@@ -94,12 +98,12 @@ def _logits(run: Run, parallel: TensorParallel) -> torch.Tensor:
 
 
 def collective_capacity(run: Run) -> int:
-    """Storage elements the window collectives need for ``run``: a prefill chunk's
-    rows of the wider of the hidden size and the vocabulary, twice (float32 logits
-    travel as two 16-bit elements)."""
+    """Storage elements the window collectives need for ``run``
+    (``shared_collectives.storage_elements``)."""
     config = served_checkpoint(open_checkpoint(run.checkpoint))[0].config()
-    width = max(int(config.hidden_size), int(config.vocab_size))
-    return run.options.prefill_chunk_size * width * 2
+    hidden, vocab = int(config.hidden_size), int(config.vocab_size)
+    options = run.options
+    return storage_elements(hidden, vocab, options.prefill_chunk_size, options.max_concurrency)
 
 
 def _rank_main(

@@ -26,6 +26,14 @@ GRANULE = 2 << 20
 RANK_ADDRESSES = (0x3000_0000_0000, 0x3000_4000_0000)
 
 
+def storage_elements(hidden: int, vocab: int, chunk_rows: int, decode_rows: int) -> int:
+    """16-bit storage elements the largest call of two ranks needs: a prefill chunk's
+    all-reduce (``chunk_rows`` x ``hidden``), or a decode step's logits gather (each
+    rank's ``vocab / 2`` float32 columns, two elements each, for ``decode_rows`` rows;
+    a chunk gathers only its last row's). The tokens' broadcast is smaller."""
+    return max(chunk_rows * hidden, decode_rows * vocab)
+
+
 def span_size(capacity: int, dtype: torch.dtype) -> int:
     """One rank's span: its storage rounded up to whole granules."""
     return -(-CollectiveStorage.span_bytes(capacity, dtype) // GRANULE) * GRANULE

@@ -194,6 +194,9 @@ class WindowCollectives:
     """Rank ``rank`` of two (the ``Collectives`` of ``ignition.parallel``) over its
     own storage and its peer's, both addressable from this rank's device."""
 
+    # Every operand at a fixed address: a rank may compile and capture over them.
+    capturable = True
+
     def __init__(self, rank: int, own: CollectiveStorage, peer: CollectiveStorage) -> None:
         if rank not in (0, 1):
             raise ValueError(f"window collectives join two ranks; rank {rank} is neither")

@@ -99,8 +99,9 @@ class PrepareOptions:
     device: str = "cuda"
     dtype: torch.dtype = torch.bfloat16
     # This process's rank of a tensor-parallel group (ignition.parallel): the model is
-    # its shard. A group of more than one prepares eagerly (compile and capture off):
-    # its collectives are torch.distributed's, which an exported graph cannot hold.
+    # its shard. Over torch.distributed's collectives (Gloo), which an exported graph
+    # cannot hold, a rank prepares eagerly (compile and capture off); over the window
+    # collectives (``capturable``) it compiles and captures.
     parallel: TensorParallel = ONE_RANK
 
 
@@ -270,10 +271,12 @@ class PreparationPlan:
 
 def plan(path: Path, options: PrepareOptions) -> PreparationPlan:
     """Validates the checkpoint at ``path`` against its recipe and plans the catalog."""
-    if options.parallel.sharded and (options.compile or options.capture):
+    capturable = getattr(options.parallel.collectives, "capturable", False)
+    if options.parallel.sharded and (options.compile or options.capture) and not capturable:
         raise CheckpointError(
-            "a tensor-parallel rank prepares with compile and capture off: export-safe "
-            "collectives are not built yet"
+            "a tensor-parallel rank compiles and captures only over export-safe collectives "
+            "(ignition.parallel.window_collectives, as ignition.parallel.export_ranks "
+            "sets them up); over Gloo it prepares with compile and capture off"
         )
     source, recipe = served_checkpoint(open_checkpoint(path))
     config = source.config()

@@ -1,0 +1,155 @@
+"""A tensor-parallel group's runtime core: one process per rank exports its own core
+over the export-safe collectives, then the cores are merged.
+
+Each rank (``ignition.parallel.launch``; both on GPU 0 for now: choosing a rank's own
+device must happen before CUDA starts in its process, which is not built yet):
+
+1. opens its window at its own base (``window.rank_base``: the ranks' windows side by
+   side) with a ``collectives`` region last, at the same offset on every rank;
+2. maps that region whole with exportable memory (``export_collectives``), passes its
+   descriptor to its peer over the process group, and maps the peer's region at the
+   peer's window address (``flare_heliopause.SharedSpan``), free in its own space;
+3. prepares its shard with compile and capture on, its model's collectives the
+   window collectives over the two regions (``window_collectives``): warm-up, capture
+   and the qualification run the same calls in the same order on both ranks, which
+   rendezvous in every collective;
+4. walks its graphs accepting pointers into the peer's region, and writes its core.
+
+Then ``ranks.merge_rank_cores`` writes the group's core. Two ranks (the window
+collectives join two).
+
+    python -m ignition.parallel.export_ranks CHECKPOINT --out CORE
+        [--max-concurrency 4] [--context-limit 4096]
+
+Not yet run on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ignition.export.exporter import export_core
+from ignition.export.ranks import merge_rank_cores
+from ignition.export.window import WindowPlacement, rank_base
+from ignition.loading.open import open_checkpoint
+from ignition.parallel.handles import exchange_group_handles
+from ignition.parallel.launch import spawn_ranks
+from ignition.parallel.shard import TensorParallel
+from ignition.parallel.shared_collectives import storage_elements
+from ignition.parallel.window_collectives import CollectiveStorage, WindowCollectives
+from ignition.preparation.prepared import PrepareOptions
+from recipes.llama import PAGE_SIZE
+from recipes.registry import served_checkpoint
+
+WORLD = 2
+
+
+@dataclass
+class RankSetup:
+    """One rank's part in ``export_core``: its window's place and collectives region,
+    and, once the window is open, the collectives over its and its peer's regions."""
+
+    rank: int
+    capacity: int
+    dtype: torch.dtype
+    device: int
+    spans: list[Any] = field(default_factory=list)
+
+    @property
+    def collectives_bytes(self) -> int:
+        return CollectiveStorage.span_bytes(self.capacity, self.dtype)
+
+    def attach(self, window: WindowPlacement) -> tuple[TensorParallel, list[tuple[int, int]]]:
+        """Exports this rank's collectives region, maps its peer's at the peer's
+        address, and returns the rank's ``TensorParallel`` over the window collectives
+        and the peer's region as the graph walk's ``peers``."""
+        import flare_heliopause as hp
+
+        address, size, fd = window.export_collectives()
+        try:
+            received = exchange_group_handles(self.rank, WORLD, fd)
+        finally:
+            os.close(fd)
+        peer = 1 - self.rank
+        own_base = rank_base(self.rank, window.size)
+        if own_base != window.base:
+            raise RuntimeError(
+                f"rank {self.rank}'s window is at {window.base:#x}, not {own_base:#x}"
+            )
+        peer_address = rank_base(peer, window.size) + (address - window.base)
+        try:
+            span = hp.SharedSpan.import_(peer_address, size, received[peer], self.device)
+            self.spans.append(span)
+        finally:
+            os.close(received[peer])
+        cuda = torch.device("cuda", self.device)
+        own = CollectiveStorage.over(address, self.capacity, self.dtype, cuda)
+        theirs = CollectiveStorage.over(peer_address, self.capacity, self.dtype, cuda)
+        collectives = WindowCollectives(self.rank, own, theirs)
+        return TensorParallel(self.rank, WORLD, collectives), [(peer_address, size)]
+
+    def close(self) -> None:
+        for span in self.spans:
+            span.close()
+        self.spans.clear()
+
+
+def _rank_main(
+    parallel: TensorParallel, checkpoint: Path, options: PrepareOptions, out: Path
+) -> None:
+    config = served_checkpoint(open_checkpoint(checkpoint))[0].config()
+    hidden, vocab = int(config.hidden_size), int(config.vocab_size)
+    capacity = storage_elements(hidden, vocab, options.prefill_chunk_size, options.max_concurrency)
+    setup = RankSetup(parallel.rank, capacity, options.dtype, device=0)
+    export_core(checkpoint, options, out / f"rank-{parallel.rank}", device=0, group=setup)
+
+
+def export_group(checkpoint: Path, options: PrepareOptions, out: Path) -> Path:
+    """Exports ``checkpoint`` at two ranks into ``out``/rank-R, then the group's core
+    into ``out``; returns ``out``."""
+    if torch.cuda.is_initialized():
+        raise RuntimeError("CUDA is already initialized in this process: the ranks export")
+    ranks = out / "ranks"
+    ranks.mkdir(parents=True, exist_ok=True)
+    spawn_ranks(WORLD, _rank_main, checkpoint, options, ranks)
+    merge_rank_cores([ranks / f"rank-{rank}" for rank in range(WORLD)], out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "checkpoint", type=Path, help="a dense (llama recipe) model's checkpoint directory"
+    )
+    parser.add_argument("--out", type=Path, required=True, help="the group's core directory")
+    parser.add_argument("--max-concurrency", type=int, default=4)
+    parser.add_argument("--context-limit", type=int, default=4096)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("a tensor-parallel export needs a CUDA GPU (both ranks may share one)")
+    pages_per_request = -(-args.context_limit // PAGE_SIZE)
+    options = PrepareOptions(
+        max_concurrency=args.max_concurrency,
+        prefill_chunk_size=min(4096, args.context_limit),
+        context_limit=args.context_limit,
+        # The requests' pages and the null page, not what free memory allows: the
+        # ranks may share one GPU.
+        kv_pages=args.max_concurrency * pages_per_request + 1,
+        # Fusing the norms into the decode step needs the whole hidden row on one
+        # rank; a rank's residual fusion is its own.
+        decode_fusion="residuals",
+    )
+    export_group(args.checkpoint, options, args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
