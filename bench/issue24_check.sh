@@ -14,7 +14,8 @@
 #       each rank's window at its own base with a collectives region, the peer's
 #       region mapped at its address, compile and capture over the window
 #       collectives, each rank's core, then the group's merged core in OUT/core, read
-#       back). Needs the carried flare_heliopause wheel.
+#       back, and `$FLARE inspect` on it when FLARE names a flare binary). Needs the
+#       carried flare_heliopause wheel.
 #   bench/issue24_check.sh collectives OUT
 #       the export-safe two-rank collectives (ignition.parallel.window_collectives),
 #       tests/test_window_collectives.py's GPU tests, every result bitwise: both ranks
@@ -61,6 +62,12 @@ read_core_dir; core = read_core_dir(Path(sys.argv[1]))[0]; \
 print('world', core.rank_layout.world_size, 'graphs', len(core.graphs), 'images', len(core.images))" \
       "$out/core" 2>&1 | tee "$out/core-summary.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    # Helios's own validation of the group's core (rank layout, collectives regions,
+    # images), when a flare binary is given.
+    if [ -n "${FLARE:-}" ]; then
+      "$FLARE" inspect "$out/core" > "$out/inspect.txt" 2>&1 || status=1
+      tail -12 "$out/inspect.txt"
+    fi
     ;;
   collectives)
     # Two rank processes share the one GPU only in the Default compute mode.

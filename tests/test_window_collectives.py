@@ -161,6 +161,14 @@ def test_gathers_and_broadcasts_move_any_whole_element_dtype_bit_for_bit() -> No
         assert storage.words[COUNTER].item() == 8
 
 
+def test_the_exchange_is_never_traced_by_torch_compile() -> None:
+    # Compiled, storage laid out at an address (words and buffers in one storage) would
+    # have Inductor hand the kernel a clone of the words: it would wait on the clone
+    # while its peer signals the real words. The call runs as is, between compiled
+    # regions (the two-process GPU test compiles a call over such storage).
+    assert getattr(WindowCollectives._exchange, "_torchdynamo_disable", False)
+
+
 def test_what_does_not_travel_as_storage_elements_is_refused() -> None:
     own, peer = _storage(), _storage()
     collectives = WindowCollectives(0, own, peer)
@@ -345,10 +353,13 @@ def _shared_rank(parallel: TensorParallel, out: Path) -> None:
         parallel.rank, SHARED_ADDRESSES, 4096 * 1024, torch.bfloat16, 0
     )
     try:
+        # As a compiled model calls it, over storage laid out at an address.
+        compiled = torch.compile(lambda x: collectives.all_reduce(x * 1), dynamic=False)
         for call, shape in enumerate([*SHAPES, (4, 4096), (4096, 1024)]):
             xs = [torch.randn(*shape, generator=torch.Generator().manual_seed(100 * call + r))
                   .bfloat16().cuda() for r in range(2)]  # fmt: skip
-            total = collectives.all_reduce(xs[parallel.rank])
+            reduce = compiled if call == 0 else collectives.all_reduce
+            total = reduce(xs[parallel.rank])
             gathered = collectives.all_gather_last(xs[parallel.rank])
             assert torch.equal(total, (xs[0].float() + xs[1].float()).bfloat16()), call
             assert torch.equal(gathered, torch.cat(xs, dim=-1)), call

@@ -9,6 +9,7 @@ import pytest
 
 from ignition.export import flare_core_pb2 as pb
 from ignition.export.window import (
+    COLLECTIVES_MINIMUM,
     DEFAULT_BASE,
     GRANULE,
     REGION_KINDS,
@@ -25,9 +26,12 @@ def test_a_rank_adds_its_collectives_region_last_in_whole_granules() -> None:
     assert [name for name, _ in one] == list(REGIONS)
     ranked = region_capacities(H200, collectives_bytes=GRANULE + 1)
     # Every other region keeps its place, so the collectives region sits at the same
-    # offset in every rank's window (their devices are alike).
+    # offset in every rank's window (their devices are alike). It takes at least the
+    # 32 MiB its peer's reservation of it does, so that reservation stays inside it.
     assert ranked[:-1] == one
-    assert ranked[-1] == ("collectives", 2 * GRANULE)
+    assert ranked[-1] == ("collectives", COLLECTIVES_MINIMUM)
+    wide = COLLECTIVES_MINIMUM + GRANULE + 1
+    assert region_capacities(H200, wide)[-1] == ("collectives", COLLECTIVES_MINIMUM + 2 * GRANULE)
     assert REGION_KINDS["collectives"] == pb.REGION_KIND_COLLECTIVES
 
 

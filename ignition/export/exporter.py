@@ -243,12 +243,16 @@ def export_core(
     t0 = time.perf_counter()
     recorder = ImageRecorder()
     recorder.start()
-    if group is None:
-        window = WindowPlacement.open(device)
-    else:
-        window = WindowPlacement.open(
-            device, collectives_bytes=group.collectives_bytes, rank=group.rank
-        )
+    try:
+        if group is None:
+            window = WindowPlacement.open(device)
+        else:
+            window = WindowPlacement.open(
+                device, collectives_bytes=group.collectives_bytes, rank=group.rank
+            )
+    except BaseException:
+        recorder.stop()
+        raise
     prepared: PreparedModel | None = None
     peers: Sequence[tuple[int, int]] = ()
     try:
@@ -331,10 +335,14 @@ def export_core(
         report.timings["export_s"] = written - t0
         return report
     finally:
-        if prepared is not None:
-            prepared.close()
-        del prepared
-        if group is not None:
-            group.close()
-        window.close()
-        recorder.stop()
+        try:
+            if prepared is not None:
+                prepared.close()
+            del prepared
+            if group is not None:
+                group.close()
+        finally:
+            try:
+                window.close()
+            finally:
+                recorder.stop()

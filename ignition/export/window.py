@@ -40,6 +40,11 @@ REGION_KINDS = {
 }
 # Where rank r's window starts: rank 0's base plus r windows (``rank_base``).
 GRANULE = 2 << 20
+# The least a collectives region takes: its peer maps it with a reservation of its own
+# at its exact address, which the driver honours only from 32 MiB (SharedSpan); a
+# smaller region laid out last would have that reservation run into the next rank's
+# window.
+COLLECTIVES_MINIMUM = 32 << 20
 
 
 class WindowError(RuntimeError):
@@ -51,7 +56,8 @@ def region_capacities(device_bytes: int, collectives_bytes: int = 0) -> list[tup
     regions that scale with the model get the whole device's size and the small ones
     a few GiB; the window is then the same shape for every model on a device. A
     tensor-parallel rank adds a ``collectives`` region of ``collectives_bytes`` (whole
-    granules) last, so it sits at the same offset in every rank's window."""
+    granules, at least ``COLLECTIVES_MINIMUM``) last, so it sits at the same offset in
+    every rank's window."""
     small = 4 * GIB
     large = -(-device_bytes // GIB) * GIB
     sizes = {
@@ -64,7 +70,8 @@ def region_capacities(device_bytes: int, collectives_bytes: int = 0) -> list[tup
     }
     regions = [(name, sizes[name]) for name in REGIONS]
     if collectives_bytes:
-        regions.append(("collectives", -(-collectives_bytes // GRANULE) * GRANULE))
+        size = max(COLLECTIVES_MINIMUM, -(-collectives_bytes // GRANULE) * GRANULE)
+        regions.append(("collectives", size))
     return regions
 
 

@@ -16,7 +16,8 @@ device must happen before CUDA starts in its process, which is not built yet):
 4. walks its graphs accepting pointers into the peer's region, and writes its core.
 
 Then ``ranks.merge_rank_cores`` writes the group's core. Two ranks (the window
-collectives join two).
+collectives join two). A rank's own core (``CORE/ranks/rank-R``) holds a collectives
+region but no rank layout: Helios refuses it alone, and reads only the group's.
 
     python -m ignition.parallel.export_ranks CHECKPOINT --out CORE
         [--max-concurrency 4] [--context-limit 4096]
@@ -71,20 +72,32 @@ class RankSetup:
         address, and returns the rank's ``TensorParallel`` over the window collectives
         and the peer's region as the graph walk's ``peers``."""
         import flare_heliopause as hp
+        import torch.distributed as dist
 
-        address, size, fd = window.export_collectives()
-        try:
-            received = exchange_group_handles(self.rank, WORLD, fd)
-        finally:
-            os.close(fd)
-        peer = 1 - self.rank
         own_base = rank_base(self.rank, window.size)
         if own_base != window.base:
             raise RuntimeError(
                 f"rank {self.rank}'s window is at {window.base:#x}, not {own_base:#x}"
             )
-        peer_address = rank_base(peer, window.size) + (address - window.base)
+        address, size, fd = window.export_collectives()
         try:
+            # Each rank's window and region as it laid them out: the peer's region is
+            # mapped where the peer put it, and the two must agree in shape.
+            places: list[Any] = [None] * WORLD
+            dist.all_gather_object(places, (window.base, address - window.base, size))
+            received = exchange_group_handles(self.rank, WORLD, fd)
+        finally:
+            os.close(fd)
+        peer = 1 - self.rank
+        peer_base, peer_offset, peer_size = places[peer]
+        try:
+            if (peer_offset, peer_size) != (address - window.base, size):
+                raise RuntimeError(
+                    f"rank {peer}'s collectives region ({peer_size} bytes at offset "
+                    f"{peer_offset:#x}) is not rank {self.rank}'s ({size} bytes at "
+                    f"{address - window.base:#x})"
+                )
+            peer_address = peer_base + peer_offset
             span = hp.SharedSpan.import_(peer_address, size, received[peer], self.device)
             self.spans.append(span)
         finally:

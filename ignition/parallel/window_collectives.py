@@ -244,6 +244,12 @@ class WindowCollectives:
             )
         return x.contiguous().view(storage)
 
+    # Never traced by torch.compile: Inductor reinplaces one mutated argument per
+    # storage, and storage laid out at an address (``CollectiveStorage.over``) keeps the
+    # words and buffers in one, so a compiled call would spin on a clone of the words
+    # while the peer signals the real ones (a hang). Run as is, the kernel still lands
+    # in the captured graph between the compiled regions.
+    @torch.compiler.disable
     def _exchange(self, x: torch.Tensor, out: torch.Tensor, mode: int) -> torch.Tensor:
         if x.numel() > self.own.capacity:
             raise ValueError(
