@@ -40,13 +40,11 @@ from ignition.export.exporter import export_core
 from ignition.export.ranks import merge_rank_cores
 from ignition.export.window import WindowPlacement, rank_base
 from ignition.loading.open import open_checkpoint
-from ignition.parallel.handles import exchange_group_handles
 from ignition.parallel.launch import spawn_ranks
 from ignition.parallel.shard import TensorParallel
-from ignition.parallel.shared_collectives import storage_elements
-from ignition.parallel.window_collectives import CollectiveStorage, WindowCollectives
+from ignition.parallel.shared_collectives import join_peer, storage_elements
+from ignition.parallel.window_collectives import CollectiveStorage
 from ignition.preparation.prepared import PrepareOptions
-from recipes.llama import PAGE_SIZE
 from recipes.registry import served_checkpoint
 
 WORLD = 2
@@ -71,7 +69,6 @@ class RankSetup:
         """Exports this rank's collectives region, maps its peer's at the peer's
         address, and returns the rank's ``TensorParallel`` over the window collectives
         and the peer's region as the graph walk's ``peers``."""
-        import flare_heliopause as hp
         import torch.distributed as dist
 
         own_base = rank_base(self.rank, window.size)
@@ -80,32 +77,27 @@ class RankSetup:
                 f"rank {self.rank}'s window is at {window.base:#x}, not {own_base:#x}"
             )
         address, size, fd = window.export_collectives()
+        offset = address - window.base
         try:
             # Each rank's window and region as it laid them out: the peer's region is
             # mapped where the peer put it, and the two must agree in shape.
             places: list[Any] = [None] * WORLD
-            dist.all_gather_object(places, (window.base, address - window.base, size))
-            received = exchange_group_handles(self.rank, WORLD, fd)
-        finally:
-            os.close(fd)
-        peer = 1 - self.rank
-        peer_base, peer_offset, peer_size = places[peer]
-        try:
-            if (peer_offset, peer_size) != (address - window.base, size):
+            dist.all_gather_object(places, (window.base, offset, size))
+            peer = 1 - self.rank
+            peer_base, peer_offset, peer_size = places[peer]
+            if (peer_offset, peer_size) != (offset, size):
                 raise RuntimeError(
                     f"rank {peer}'s collectives region ({peer_size} bytes at offset "
-                    f"{peer_offset:#x}) is not rank {self.rank}'s ({size} bytes at "
-                    f"{address - window.base:#x})"
+                    f"{peer_offset:#x}) is not rank {self.rank}'s ({size} bytes at {offset:#x})"
                 )
-            peer_address = peer_base + peer_offset
-            span = hp.SharedSpan.import_(peer_address, size, received[peer], self.device)
-            self.spans.append(span)
-        finally:
-            os.close(received[peer])
-        cuda = torch.device("cuda", self.device)
-        own = CollectiveStorage.over(address, self.capacity, self.dtype, cuda)
-        theirs = CollectiveStorage.over(peer_address, self.capacity, self.dtype, cuda)
-        collectives = WindowCollectives(self.rank, own, theirs)
+        except BaseException:
+            os.close(fd)
+            raise
+        peer_address = peer_base + peer_offset
+        collectives, span = join_peer(
+            self.rank, address, peer_address, size, fd, self.capacity, self.dtype, self.device
+        )
+        self.spans.append(span)
         return TensorParallel(self.rank, WORLD, collectives), [(peer_address, size)]
 
     def close(self) -> None:
@@ -139,7 +131,7 @@ def export_group(checkpoint: Path, options: PrepareOptions, out: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "checkpoint", type=Path, help="a dense (llama recipe) model's checkpoint directory"
+        "checkpoint", type=Path, help="a checkpoint directory of a recipe that shards"
     )
     parser.add_argument("--out", type=Path, required=True, help="the group's core directory")
     parser.add_argument("--max-concurrency", type=int, default=4)
@@ -147,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("a tensor-parallel export needs a CUDA GPU (both ranks may share one)")
-    pages_per_request = -(-args.context_limit // PAGE_SIZE)
+    # The recipe's page size, not a family's constant.
+    page_size = served_checkpoint(open_checkpoint(args.checkpoint))[1].page_size
+    pages_per_request = -(-args.context_limit // page_size)
     options = PrepareOptions(
         max_concurrency=args.max_concurrency,
         prefill_chunk_size=min(4096, args.context_limit),

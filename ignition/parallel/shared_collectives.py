@@ -56,23 +56,44 @@ def share_collectives(
     import flare_heliopause as hp
 
     own = hp.SharedSpan.export(addresses[rank], size, device)
-    spans = [own]
     try:
-        fd = own.take_fd()
-        try:
-            received = exchange_group_handles(rank, 2, fd)
-        finally:
-            os.close(fd)
-        peer_rank = 1 - rank
-        try:
-            spans.append(hp.SharedSpan.import_(addresses[peer_rank], size, received[peer_rank],
-                                               device))  # fmt: skip
-        finally:
-            os.close(received[peer_rank])
-        cuda = torch.device("cuda", device)
-        storages = [CollectiveStorage.over(address, capacity, dtype, cuda) for address in addresses]
-        return WindowCollectives(rank, storages[rank], storages[peer_rank]), spans
+        collectives, peer = join_peer(
+            rank, addresses[rank], addresses[1 - rank], size, own.take_fd(), capacity, dtype,
+            device,
+        )  # fmt: skip
     except BaseException:
-        for span in spans:
-            span.close()
+        own.close()
         raise
+    return collectives, [own, peer]
+
+
+def join_peer(
+    rank: int,
+    own_address: int,
+    peer_address: int,
+    size: int,
+    fd: int,
+    capacity: int,
+    dtype: torch.dtype,
+    device: int,
+) -> tuple[WindowCollectives, Any]:
+    """Rank ``rank`` of two, whose storage of ``size`` bytes at ``own_address`` was
+    exported as ``fd`` (closed here): trades descriptors with its peer over the process
+    group, maps the peer's memory at ``peer_address`` and returns the collectives over
+    both, with the peer's span (``flare_heliopause.SharedSpan``), which the caller
+    keeps open while the collectives run and closes after."""
+    import flare_heliopause as hp
+
+    try:
+        received = exchange_group_handles(rank, 2, fd)
+    finally:
+        os.close(fd)
+    peer_rank = 1 - rank
+    try:
+        span = hp.SharedSpan.import_(peer_address, size, received[peer_rank], device)
+    finally:
+        os.close(received[peer_rank])
+    cuda = torch.device("cuda", device)
+    own = CollectiveStorage.over(own_address, capacity, dtype, cuda)
+    theirs = CollectiveStorage.over(peer_address, capacity, dtype, cuda)
+    return WindowCollectives(rank, own, theirs), span
