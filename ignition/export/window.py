@@ -38,7 +38,8 @@ REGION_KINDS = {
     # maps too (``WindowPlacement.export_collectives``); never allocated from.
     "collectives": pb.REGION_KIND_COLLECTIVES,
 }
-# Where rank r's window starts: rank 0's base plus r windows (``rank_base``).
+# The driver's allocation granularity on the GPUs we prepare on (it refuses other
+# sizes with a typed error): window layouts and shared spans are whole granules.
 GRANULE = 2 << 20
 # The least a collectives region takes: its peer maps it with a reservation of its own
 # at its exact address, which the driver honours only from 32 MiB (SharedSpan); a

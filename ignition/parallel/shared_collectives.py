@@ -14,12 +14,10 @@ from typing import Any
 
 import torch
 
+from ignition.export.window import GRANULE
 from ignition.parallel.handles import exchange_group_handles
 from ignition.parallel.window_collectives import CollectiveStorage, WindowCollectives
 
-# Shared spans are whole granules of the driver's allocation granularity (2 MiB on
-# the GPUs we prepare on; the driver refuses other sizes with a typed error).
-GRANULE = 2 << 20
 # Where two rank processes put their storage when nothing else decides (the logits
 # check): granule multiples 1 GiB apart, past the windows' default base and far below
 # the host's mapped libraries.
