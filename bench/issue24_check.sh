@@ -14,7 +14,9 @@
 #       each rank's window at its own base with a collectives region, the peer's
 #       region mapped at its address, compile and capture over the window
 #       collectives, each rank's core, then the group's merged core in OUT/core, read
-#       back, and `$FLARE inspect` on it when FLARE names a flare binary). Needs the
+#       back; when FLARE names a flare binary, `$FLARE inspect` on it and `$FLARE
+#       replay --check --rank-devices 0,0`: both ranks in one process, their
+#       qualification sequences replayed in lockstep, bitwise per rank). Needs the
 #       carried flare_heliopause wheel.
 #   bench/issue24_check.sh collectives OUT
 #       the export-safe two-rank collectives (ignition.parallel.window_collectives),
@@ -67,6 +69,12 @@ print('world', core.rank_layout.world_size, 'graphs', len(core.graphs), 'images'
     if [ -n "${FLARE:-}" ]; then
       "$FLARE" inspect "$out/core" > "$out/inspect.txt" 2>&1 || status=1
       tail -12 "$out/inspect.txt"
+      # Both ranks loaded in one process on this GPU and their qualification
+      # sequences replayed in lockstep, every digest of every rank compared.
+      timeout 300 "$FLARE" replay "$out/core" --check --rank-devices 0,0 \
+        --json "$out/replay-check.json" > "$out/replay-check.txt" 2>&1 || status=1
+      grep -E "^(rank|result)" "$out/replay-check.txt"
+      tail -3 "$out/replay-check.txt"
     fi
     ;;
   collectives)

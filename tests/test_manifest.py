@@ -186,6 +186,11 @@ def test_rank_cores_merge_into_one_core_helios_reads_with_each_ranks_own_shards(
     zero.images.extend([common[0], mine[0]])
     one.images.extend([theirs[0], common[0]])
     files = {image.sha256: data for image, data in (common, mine, theirs)}
+    # Each rank's own qualification sequence (its digests differ) travels with it:
+    # Helios replays the ranks in lockstep.
+    for core, fill in ((zero, "0"), (one, "1")):
+        step = core.qualification.steps.add(graph=0)
+        step.digests.add(buffer=core.buffers[0].name, sha256=fill * 64)
     write_core_dir(tmp_path / "r0", zero, initial, {i.sha256: files[i.sha256] for i in zero.images})
     write_core_dir(tmp_path / "r1", one, shards, {i.sha256: files[i.sha256] for i in one.images})
     merged = merge_rank_cores([tmp_path / "r0", tmp_path / "r1"], tmp_path / "group")
@@ -196,6 +201,8 @@ def test_rank_cores_merge_into_one_core_helios_reads_with_each_ranks_own_shards(
     core, stored, images = read_core_dir(tmp_path / "group")
     assert len(images) == 3
     (peer,) = core.rank_layout.peers
+    assert peer.qualification == one.qualification
+    assert core.qualification == zero.qualification
     named = [b.initial_tensor for b in peer.buffers if b.initial_tensor]
     assert named and all(n == peer_tensor_name(1, n.split("/", 1)[1]) for n in named)
     for rank, expected in ((0, initial), (1, shards)):
@@ -210,6 +217,18 @@ def test_rank_cores_merge_into_one_core_helios_reads_with_each_ranks_own_shards(
     )
     assert shown.returncode == 0, shown.stderr
     assert "ranks         2 (tensor parallel" in shown.stdout
+    # A rank without a sequence beside one with: Helios refuses the group's core.
+    one.ClearField("qualification")
+    write_core_dir(tmp_path / "r1", one, shards, {i.sha256: files[i.sha256] for i in one.images})
+    merge_rank_cores([tmp_path / "r0", tmp_path / "r1"], tmp_path / "unqualified")
+    refused = subprocess.run(
+        [str(build_flare()), "inspect", str(tmp_path / "unqualified")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2
+    assert "rank 0 carries a qualification sequence and rank 1 none" in refused.stderr
     # What the ranks share must agree.
     other = tiny_fixture(prepared, base=zero.window.base + 2 * zero.window.size)[0]
     other.contract.page_size *= 2

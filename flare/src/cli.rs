@@ -109,7 +109,10 @@ pub enum Command {
     /// restore graphs' device time per replay. --isolate runs the qualification sequence with every
     /// graph node launched alone and waited for, and names the first node
     /// the device rejects (a kernel fault poisons the process's CUDA
-    /// context, so only the first can be seen). Exit status: 0 when every digest matches (or no node faults),
+    /// context, so only the first can be seen). A tensor-parallel core loads
+    /// every rank, each on its device (--rank-devices), and --check replays
+    /// the ranks' sequences in lockstep, every rank's digests compared;
+    /// --isolate and --bench-decode take one-rank cores. Exit status: 0 when every digest matches (or no node faults),
     /// 1 when one differs (or a node faults), 2 when the core cannot be
     /// loaded or replayed.
     #[command(group(
@@ -144,9 +147,15 @@ pub enum Command {
         /// Also write the report as JSON to PATH.
         #[arg(long, value_name = "PATH")]
         json: Option<PathBuf>,
-        /// CUDA device ordinal.
+        /// CUDA device ordinal (rank 0's, for a tensor-parallel core).
         #[arg(long, default_value_t = 0)]
         device: i32,
+        /// For a tensor-parallel core: the device of every rank, rank 0's
+        /// first, comma-separated (ranks may share one: `0,0`). Default: rank
+        /// R on device --device + R. --check replays the ranks' qualification
+        /// sequences in lockstep (their collectives wait for each other).
+        #[arg(long, value_name = "DEVICES", value_delimiter = ',')]
+        rank_devices: Vec<i32>,
     },
 }
 
@@ -192,12 +201,14 @@ pub fn execute(command: Command) -> Result<Outcome, HeliosError> {
             gpu_reserve,
             json,
             device,
+            rank_devices,
             ..
         } => {
             let options = CheckOptions {
                 load: LoadOptions {
                     device,
                     kv: kv_backing(gpu_reserve),
+                    rank_devices,
                 },
                 qualification: check,
                 bench_decode: bench_decode.map(|c| (c, steps)),

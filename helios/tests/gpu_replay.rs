@@ -9,7 +9,7 @@ use std::rc::Rc;
 
 use helios::core::proto::{
     node::Op, BufferDigest, BufferWrite, Core, Dim3, Edge, EmptyNode, Graph as GraphDesc,
-    GraphKind, KernelNode, MemcpyNode, MemsetNode, Node, QualificationStep,
+    GraphKind, KernelNode, MemcpyNode, MemsetNode, Node, QualificationStep, RankBundle, RankLayout,
 };
 use helios::core::sample::{tiny_core, SAMPLE_BASE};
 use helios::core::ValidCore;
@@ -285,16 +285,26 @@ fn kernel_nodes_replay_with_kernel_params_extra_and_programmatic_edges() {
     assert_eq!(words(&out[..16]), [12, 22, 32, 0]);
 }
 
+/// The one report of a one-rank core's check.
+fn only_rank(
+    reports: Result<Vec<helios::replay::QualificationReport>, ReplayError>,
+) -> helios::replay::QualificationReport {
+    let mut reports = reports.unwrap();
+    assert_eq!(reports.len(), 1, "one rank, one report");
+    reports.remove(0)
+}
+
 /// The sample core at `base`, made runnable: decode@1 adds one to the
 /// decode slots (a PTX kernel) and copies them into the completion records;
-/// `state.stop_tokens` has initial contents; two qualification steps with
-/// digests computed here. Returns the directory.
-fn runnable_core(name: &str, base: u64, change: impl FnOnce(&mut Core)) -> std::path::PathBuf {
+/// `state.stop_tokens` has initial contents (the tensor `stop`, counting
+/// from `seed`); two qualification steps, the first writing `first` into
+/// the slots, with digests computed here.
+fn runnable(base: u64, first: [u32; 2], seed: u8) -> (Core, Tensor) {
     let mut core = tiny_core();
     core.window.as_mut().unwrap().base = base;
     let sha = use_image(&mut core, ADD_ONE_PTX.as_bytes());
     give_initial(&mut core, "state.stop_tokens", "stop");
-    let stop = Tensor::counting("stop", Dtype::I32, &[4, 4], 3);
+    let stop = Tensor::counting("stop", Dtype::I32, &[4, 4], seed);
 
     let valid = ValidCore::new(core.clone()).unwrap();
     let at = |name: &str| base + valid.buffer_named(name).unwrap().offset;
@@ -319,30 +329,134 @@ fn runnable_core(name: &str, base: u64, change: impl FnOnce(&mut Core)) -> std::
         bytes.resize(48, 0);
         bytes
     };
+    let [a, b] = first;
     core.qualification.as_mut().unwrap().steps = vec![
         QualificationStep {
             graph: 0,
             writes: vec![BufferWrite {
                 buffer: "staging.decode_slots".to_owned(),
                 offset: 0,
-                data: le(&[1, 2]),
+                data: le(&first),
             }],
             digests: vec![
-                digest("staging.decode_slots", &le(&[2, 3, 1, 1])),
-                digest("staging.completions", &records_after(&[2, 3, 1, 1])),
+                digest("staging.decode_slots", &le(&[a + 1, b + 1, 1, 1])),
+                digest("staging.completions", &records_after(&[a + 1, b + 1, 1, 1])),
                 digest("state.stop_tokens", &stop.data),
             ],
         },
         QualificationStep {
             graph: 0,
             writes: Vec::new(),
-            digests: vec![digest("staging.decode_slots", &le(&[3, 4, 2, 2]))],
+            digests: vec![digest("staging.decode_slots", &le(&[a + 2, b + 2, 2, 2]))],
         },
     ];
+    (core, stop)
+}
+
+/// [`runnable`] at `base` with `change` applied, written; returns the
+/// directory.
+fn runnable_core(name: &str, base: u64, change: impl FnOnce(&mut Core)) -> std::path::PathBuf {
+    let (mut core, stop) = runnable(base, [1, 2], 3);
     change(&mut core);
     let dir = fresh_dir(&format!("gpu-replay-{name}"));
     write_core(&dir, &core, &[stop], &[ADD_ONE_PTX.as_bytes()]);
     dir
+}
+
+/// Two ranks of [`runnable`] side by side from `base`, with their own slot
+/// values and initial contents (rank 1's stored as `rank1/stop`, as
+/// Ignition's merge names a peer's), `change` applied to the group's
+/// manifest; returns the directory.
+fn two_rank_core(name: &str, base: u64, change: impl FnOnce(&mut Core)) -> std::path::PathBuf {
+    let (mut zero, stop) = runnable(base, [1, 2], 3);
+    let size = zero.window.as_ref().unwrap().size;
+    let (mut one, mut peer_stop) = runnable(base + size, [40, 50], 9);
+    peer_stop.name = "rank1/stop".to_owned();
+    for buffer in &mut one.buffers {
+        if buffer.initial_tensor == "stop" {
+            buffer.initial_tensor = peer_stop.name.clone();
+        }
+    }
+    zero.rank_layout = Some(RankLayout {
+        world_size: 2,
+        peers: vec![RankBundle {
+            rank: 1,
+            window: one.window,
+            buffers: one.buffers,
+            graphs: one.graphs,
+            qualification: one.qualification,
+        }],
+    });
+    change(&mut zero);
+    let dir = fresh_dir(&format!("gpu-replay-{name}"));
+    write_core(&dir, &zero, &[stop, peer_stop], &[ADD_ONE_PTX.as_bytes()]);
+    dir
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_two_rank_core_loads_both_windows_and_checks_each_rank_in_lockstep() {
+    // Both ranks on this device (what one GPU allows): two windows in one
+    // process, each rank's initial contents and graphs its own.
+    let on_one = LoadOptions {
+        rank_devices: vec![0, 0],
+        ..LoadOptions::default()
+    };
+    let dir = two_rank_core("two-ranks", base(11), |_| {});
+    let mut loaded = LoadedCore::load(&dir, &on_one).unwrap();
+    let reports = loaded.reports().to_vec();
+    assert_eq!(reports.len(), 2);
+    assert_eq!((reports[0].rank, reports[1].rank), (0, 1));
+    assert_eq!(
+        reports[1].window_base,
+        reports[0].window_base + reports[0].window_reserved
+    );
+    let checks = loaded.check().unwrap();
+    assert_eq!(checks.len(), 2);
+    for check in &checks {
+        assert!(check.passed(), "{check:?}");
+        assert_eq!(check.total_steps, 2);
+    }
+    // One rank alone would wait for its peers' collectives forever.
+    let err = loaded
+        .bench_decode(1, NonZeroU32::new(4).unwrap())
+        .unwrap_err();
+    assert!(
+        matches!(err, ReplayError::OneRankOnly { world_size: 2, .. }),
+        "{err:?}"
+    );
+    drop(loaded);
+
+    // A peer's own digest differing is reported on that rank alone.
+    let dir = two_rank_core("two-ranks-mismatch", base(13), |core| {
+        let peer = &mut core.rank_layout.as_mut().unwrap().peers[0];
+        peer.qualification.as_mut().unwrap().steps[1].digests[0].sha256 =
+            sha256_hex(b"something else");
+    });
+    let checks = LoadedCore::load(&dir, &on_one).unwrap().check().unwrap();
+    assert!(checks[0].passed(), "{:?}", checks[0]);
+    assert!(!checks[1].passed());
+    assert_eq!(checks[1].steps[1].mismatched, vec!["staging.decode_slots"]);
+
+    // Devices for a group name one per rank.
+    let err = LoadedCore::load(
+        &dir,
+        &LoadOptions {
+            rank_devices: vec![0],
+            ..LoadOptions::default()
+        },
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ReplayError::RankDevices {
+                given: 1,
+                world_size: 2
+            }
+        ),
+        "{err:?}"
+    );
 }
 
 #[test]
@@ -355,7 +469,7 @@ fn a_core_loads_checks_bitwise_and_benches() {
     assert_eq!((load.images, load.initial_tensors), (1, 1));
     assert_eq!(load.graphs, 9);
     assert!(load.backed_bytes >= 32 * MIB);
-    let report = loaded.check().unwrap();
+    let report = only_rank(loaded.check());
     assert!(report.passed(), "{report:?}");
     assert_eq!(report.total_steps, 2);
     // Free memory is not compared: tests in this binary map windows in
@@ -379,13 +493,14 @@ fn kv_pages_sized_from_free_memory_are_mapped_after_the_graphs() {
     let free = |reserve_bytes| LoadOptions {
         device: 0,
         kv: KvBacking::FromFreeMemory { reserve_bytes },
+        rank_devices: Vec::new(),
     };
     let mut loaded = LoadedCore::load(&dir, &free(0)).unwrap();
     let load = loaded.report().clone();
     assert_eq!((loaded.kv_pages(), load.kv_pages_prepared), (8, 8));
     assert_eq!(load.kv_tokens, 7 * 16);
     assert_eq!(load.kv_reserve_bytes, Some(0));
-    assert!(loaded.check().unwrap().passed());
+    assert!(only_rank(loaded.check()).passed());
     drop(loaded);
 
     let total = load.device.total_memory;
@@ -405,7 +520,7 @@ fn kv_pages_sized_from_free_memory_are_mapped_after_the_graphs() {
     // The failed load released its window: the prepared extent loads.
     let mut prepared = LoadedCore::load(&dir, &LoadOptions::default()).unwrap();
     assert_eq!(prepared.report().kv_reserve_bytes, None);
-    assert!(prepared.check().unwrap().passed());
+    assert!(only_rank(prepared.check()).passed());
 }
 
 #[test]
@@ -416,7 +531,7 @@ fn a_differing_digest_is_reported_not_raised() {
         steps[1].digests[0].sha256 = sha256_hex(b"something else");
     });
     let mut loaded = LoadedCore::load(&dir, &LoadOptions::default()).unwrap();
-    let report = loaded.check().unwrap();
+    let report = only_rank(loaded.check());
     assert!(!report.passed());
     assert!(report.steps[0].ok);
     assert_eq!(report.steps[1].mismatched, vec!["staging.decode_slots"]);
@@ -434,7 +549,7 @@ fn a_core_loads_again_once_the_first_is_dropped_and_not_while_it_lives() {
     );
     drop(first);
     let mut again = LoadedCore::load(&dir, &LoadOptions::default()).unwrap();
-    assert!(again.check().unwrap().passed());
+    assert!(only_rank(again.check()).passed());
 }
 
 #[test]

@@ -1307,6 +1307,74 @@ fn overlapping_windows_and_invalid_peer_bundles_are_rejected() {
 }
 
 #[test]
+fn every_rank_carries_a_qualification_that_replays_in_lockstep_with_rank_zeros() {
+    // Each rank's own sequence travels with its bundle and round-trips.
+    let core = ranked(2, |_| {}).unwrap();
+    let peer = &core.peers()[0];
+    assert_eq!(peer.qualification(), core.qualification());
+    let again = decode(&core.clone().into_core()).unwrap();
+    assert!(again.peers()[0].qualification().is_some());
+    assert!(ranked(2, |c| {
+        c.qualification = None;
+        c.rank_layout.as_mut().unwrap().peers[0].qualification = None;
+    })
+    .is_ok());
+    // One without the other.
+    let peer_lacks = rank_layout_reason(ranked(2, |c| {
+        c.rank_layout.as_mut().unwrap().peers[0].qualification = None;
+    }));
+    assert!(
+        peer_lacks.contains("rank 0 carries a qualification sequence and rank 1 none"),
+        "{peer_lacks}"
+    );
+    let zero_lacks = rank_layout_reason(ranked(3, |c| c.qualification = None));
+    assert!(
+        zero_lacks.contains("rank 1 carries a qualification sequence and rank 0 none"),
+        "{zero_lacks}"
+    );
+    // Not as long.
+    let longer = rank_layout_reason(ranked(2, |c| {
+        let steps = &mut c.rank_layout.as_mut().unwrap().peers[0]
+            .qualification
+            .as_mut()
+            .unwrap()
+            .steps;
+        steps.push(steps[0].clone());
+    }));
+    assert!(
+        longer.contains("rank 1's qualification has 2 steps, rank 0's 1"),
+        "{longer}"
+    );
+    // Another graph at a step: its collectives would wait for rank 0's forever.
+    let other = rank_layout_reason(ranked(2, |c| {
+        let peer = &mut c.rank_layout.as_mut().unwrap().peers[0];
+        let prefill = (peer.graphs.iter())
+            .position(|g| g.kind == GraphKind::Prefill as i32)
+            .unwrap();
+        peer.qualification.as_mut().unwrap().steps[0].graph = prefill as u32;
+    }));
+    assert!(
+        other.contains("qualification step 0 launches GRAPH_KIND_PREFILL@")
+            && other.contains("on rank 1 but GRAPH_KIND_DECODE@"),
+        "{other}"
+    );
+    // The peer's own steps are checked against its own buffers, naming it.
+    let err = ranked(2, |c| {
+        let steps = &mut c.rank_layout.as_mut().unwrap().peers[0]
+            .qualification
+            .as_mut()
+            .unwrap()
+            .steps;
+        steps[0].writes[0].buffer = "nope".into();
+    })
+    .unwrap_err();
+    assert!(
+        matches!(&err, CoreError::InRank { rank: 1, source } if matches!(**source, CoreError::UnknownReference { .. })),
+        "{err}"
+    );
+}
+
+#[test]
 fn the_continuation_state_is_read_as_declared_and_unspecified_as_rows() {
     let declared = |value: ContinuationState| {
         mutated(|core| contract(core).continuation = value as i32)

@@ -9,7 +9,9 @@ use std::path::Path;
 use helios::core::proto::Core;
 use helios::core::sample::tiny_core;
 use helios::core::CoreError;
-use helios::replay::{image_path, CoreDir, LoadOptions, LoadedCore, ReplayError, BUFFERS_FILE};
+use helios::replay::{
+    image_path, CoreDir, KvBacking, LoadOptions, LoadedCore, ReplayError, BUFFERS_FILE,
+};
 use safetensors::Dtype;
 use support::{fresh_dir, give_initial, use_image, write_core, Tensor};
 
@@ -51,7 +53,7 @@ fn a_complete_core_dir_reads() {
     assert_eq!(read.images()[0].bytes, IMAGE);
     assert_eq!(read.images()[0].sha256, core.images[0].sha256);
 
-    let initial = read.initial();
+    let initial = &read.initial()[0];
     assert_eq!(initial.uploads().len(), 2);
     assert_eq!(initial.bytes(), 256 * 64 * 2 + 4 * 4 * 4);
     let mut reader = initial.reader().unwrap();
@@ -72,7 +74,7 @@ fn pieces_read_by_several_threads_reassemble_every_tensor() {
     let (core, tensors) = sample();
     let dir = written("pieces", &core, &tensors, &[IMAGE]);
     let read = CoreDir::read(&dir).unwrap();
-    let initial = read.initial();
+    let initial = &read.initial()[0];
     for (piece_bytes, readers) in [(7, 3), (1000, 1), (1 << 20, 4)] {
         let mut rebuilt: Vec<Vec<u8>> = initial
             .uploads()
@@ -104,13 +106,58 @@ fn pieces_read_by_several_threads_reassemble_every_tensor() {
 }
 
 #[test]
+fn every_rank_of_a_tensor_parallel_core_has_its_initial_contents_located() {
+    // A peer's buffers name their tensors under `rank1/`, as Ignition's merge
+    // stores a peer's shards; each rank's contents are located on its own.
+    let (core, mut tensors) = sample();
+    let mut core = helios::core::sample::with_ranks(core, 2);
+    let peer = &mut core.rank_layout.as_mut().unwrap().peers[0];
+    for buffer in &mut peer.buffers {
+        if !buffer.initial_tensor.is_empty() {
+            buffer.initial_tensor = format!("rank1/{}", buffer.initial_tensor);
+        }
+    }
+    let peer_tensors: Vec<Tensor> = (tensors.iter())
+        .map(|tensor| {
+            Tensor::counting(
+                &format!("rank1/{}", tensor.name),
+                tensor.dtype,
+                &tensor.shape,
+                11,
+            )
+        })
+        .collect();
+    tensors.extend(peer_tensors.iter().cloned());
+    let dir = written("two-ranks", &core, &tensors, &[IMAGE]);
+    let read = CoreDir::read(&dir).unwrap();
+    let initial = read.initial();
+    assert_eq!(initial.len(), 2);
+    for (rank, wanted) in [(0, &tensors[..2]), (1, &peer_tensors[..])] {
+        let mut reader = initial[rank].reader().unwrap();
+        let mut bytes = Vec::new();
+        let mut found = Vec::new();
+        for upload in initial[rank].uploads() {
+            reader.read(upload, &mut bytes).unwrap();
+            found.push(bytes.clone());
+        }
+        let expected: Vec<Vec<u8>> = wanted.iter().map(|tensor| tensor.data.clone()).collect();
+        assert_eq!(found, expected, "rank {rank}");
+    }
+    // A peer's tensor missing from the file is named.
+    tensors.truncate(3);
+    let dir = written("two-ranks-missing", &core, &tensors, &[IMAGE]);
+    assert!(
+        matches!(read_err(&dir), ReplayError::InitialTensorMissing { ref tensor, .. } if tensor == "rank1/stop"),
+    );
+}
+
+#[test]
 fn a_failed_piece_stops_the_reading_with_its_error() {
     let (core, tensors) = sample();
     let dir = written("pieces-fail", &core, &tensors, &[IMAGE]);
     let read = CoreDir::read(&dir).unwrap();
     let mut consumed = 0;
-    let err = read
-        .initial()
+    let err = read.initial()[0]
         .read_pieces(16, 3, |_, _| {
             consumed += 1;
             if consumed == 5 {
@@ -131,8 +178,7 @@ fn a_failed_piece_stops_the_reading_with_its_error() {
         .open(dir.join(BUFFERS_FILE))
         .unwrap();
     file.set_len(64).unwrap();
-    let err = read
-        .initial()
+    let err = read.initial()[0]
         .read_pieces(16, 2, |_, _| Ok(()))
         .unwrap_err();
     assert!(
@@ -146,10 +192,10 @@ fn the_committed_fixture_reads() {
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-core");
     let read = CoreDir::read(&fixture).unwrap();
     assert!(read.images().is_empty());
-    assert!(!read.initial().uploads().is_empty());
-    let mut reader = read.initial().reader().unwrap();
+    assert!(!read.initial()[0].uploads().is_empty());
+    let mut reader = read.initial()[0].reader().unwrap();
     let mut bytes = Vec::new();
-    for upload in read.initial().uploads() {
+    for upload in read.initial()[0].uploads() {
         reader.read(upload, &mut bytes).unwrap();
         let buffer = &read.core().buffers()[upload.buffer];
         assert_eq!(bytes.len() as u64, buffer.size_bytes, "{}", buffer.name);
@@ -162,7 +208,7 @@ fn a_core_without_initial_contents_needs_no_tensor_file() {
     use_image(&mut core, IMAGE);
     let dir = written("no-initial", &core, &[], &[IMAGE]);
     let read = CoreDir::read(&dir).unwrap();
-    assert!(read.initial().uploads().is_empty());
+    assert!(read.initial()[0].uploads().is_empty());
 }
 
 #[test]
@@ -338,13 +384,19 @@ fn loading_reports_file_errors_before_any_cuda_work() {
 }
 
 #[test]
-fn a_tensor_parallel_core_is_refused_before_any_cuda_work() {
-    // Its rank layout validates (tests/manifest.rs), but this engine rebuilds one
-    // rank: loading says so, typed, instead of serving rank 0 alone.
+fn a_tensor_parallel_core_is_refused_for_serving_before_any_cuda_work() {
+    // Its rank layout validates (tests/manifest.rs) and `flare replay` loads
+    // every rank with its prepared pages (tests/gpu_replay.rs); KV pages sized
+    // from free memory, what serving does, are not built for several ranks:
+    // loading says so, typed, instead of serving rank 0 alone.
     let (core, tensors) = sample();
     let core = helios::core::sample::with_ranks(core, 2);
     let dir = written("load-two-ranks", &core, &tensors, &[IMAGE]);
-    let err = LoadedCore::load(&dir, &LoadOptions::default()).unwrap_err();
+    let serving = LoadOptions {
+        kv: KvBacking::FromFreeMemory { reserve_bytes: 0 },
+        ..LoadOptions::default()
+    };
+    let err = LoadedCore::load(&dir, &serving).unwrap_err();
     assert!(
         matches!(err, ReplayError::TensorParallel { world_size: 2 }),
         "{err:?}"
@@ -352,5 +404,21 @@ fn a_tensor_parallel_core_is_refused_before_any_cuda_work() {
     assert!(
         err.to_string().contains("tensor parallelism over 2 GPUs"),
         "{err}"
+    );
+    // Devices for the ranks name one per rank.
+    let three = LoadOptions {
+        rank_devices: vec![0, 1, 2],
+        ..LoadOptions::default()
+    };
+    let err = LoadedCore::load(&dir, &three).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ReplayError::RankDevices {
+                given: 3,
+                world_size: 2
+            }
+        ),
+        "{err:?}"
     );
 }

@@ -218,16 +218,18 @@ class RankLayout(_message.Message):
     def __init__(self, world_size: _Optional[int] = ..., peers: _Optional[_Iterable[_Union[RankBundle, _Mapping]]] = ...) -> None: ...
 
 class RankBundle(_message.Message):
-    __slots__ = ("rank", "window", "buffers", "graphs")
+    __slots__ = ("rank", "window", "buffers", "graphs", "qualification")
     RANK_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     BUFFERS_FIELD_NUMBER: _ClassVar[int]
     GRAPHS_FIELD_NUMBER: _ClassVar[int]
+    QUALIFICATION_FIELD_NUMBER: _ClassVar[int]
     rank: int
     window: Window
     buffers: _containers.RepeatedCompositeFieldContainer[Buffer]
     graphs: _containers.RepeatedCompositeFieldContainer[Graph]
-    def __init__(self, rank: _Optional[int] = ..., window: _Optional[_Union[Window, _Mapping]] = ..., buffers: _Optional[_Iterable[_Union[Buffer, _Mapping]]] = ..., graphs: _Optional[_Iterable[_Union[Graph, _Mapping]]] = ...) -> None: ...
+    qualification: Qualification
+    def __init__(self, rank: _Optional[int] = ..., window: _Optional[_Union[Window, _Mapping]] = ..., buffers: _Optional[_Iterable[_Union[Buffer, _Mapping]]] = ..., graphs: _Optional[_Iterable[_Union[Graph, _Mapping]]] = ..., qualification: _Optional[_Union[Qualification, _Mapping]] = ...) -> None: ...
 
 class Identity(_message.Message):
     __slots__ = ("engine_version", "recipe", "checkpoint_fingerprint", "config_fingerprint", "tokenizer_fingerprint", "device_name", "compute_capability_major", "compute_capability_minor", "sm_count", "driver_version", "cuda_version")

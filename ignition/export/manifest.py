@@ -237,10 +237,15 @@ def with_rank_layout(core: pb.Core, peers: list[pb.Core]) -> pb.Core:
     """``core`` as rank 0 of a tensor-parallel core whose ranks 1.. are ``peers``, in
     order: each a one-rank manifest of the same preparation on its own device, whose
     window, buffers and graphs become that rank's bundle (kernel images, contract,
-    frontend and identity are rank 0's, shared)."""
+    frontend and identity are rank 0's, shared). A peer's qualification sequence
+    travels with its bundle: ``flare replay --check`` replays the ranks in lockstep."""
     layout = pb.RankLayout(world_size=1 + len(peers))
     for rank, peer in enumerate(peers, start=1):
-        layout.peers.add(rank=rank, window=peer.window, buffers=peer.buffers, graphs=peer.graphs)
+        bundle = layout.peers.add(
+            rank=rank, window=peer.window, buffers=peer.buffers, graphs=peer.graphs
+        )
+        if peer.HasField("qualification"):
+            bundle.qualification.CopyFrom(peer.qualification)
     core.rank_layout.CopyFrom(layout)
     return core
 

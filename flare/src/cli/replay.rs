@@ -29,6 +29,13 @@ impl fmt::Display for Text<'_> {
         if let Some(bench) = &report.decode_bench {
             write_bench(f, bench)?;
         }
+        for peer in &report.peers {
+            writeln!(f, "rank          {}", peer.load.rank)?;
+            write_load(f, &peer.load)?;
+            if let Some(qualification) = &peer.qualification {
+                write_qualification(f, qualification)?;
+            }
+        }
         Ok(())
     }
 }
@@ -194,6 +201,7 @@ mod tests {
 
     fn load() -> LoadReport {
         LoadReport {
+            rank: 0,
             device: DeviceInfo {
                 ordinal: 0,
                 name: "NVIDIA H200".to_owned(),
@@ -252,6 +260,7 @@ mod tests {
             load: load(),
             qualification,
             decode_bench: bench,
+            peers: Vec::new(),
         })
         .to_string()
     }
@@ -260,6 +269,7 @@ mod tests {
     fn a_check_lists_every_step_and_the_verdict() {
         let out = text(
             Some(QualificationReport {
+                rank: 0,
                 steps: vec![step(true), step(false)],
                 total_steps: 2,
                 matched_steps: 1,
@@ -289,6 +299,41 @@ mod tests {
     }
 
     #[test]
+    fn every_peer_rank_reports_its_load_and_its_qualification() {
+        let qualification = |rank, ok| QualificationReport {
+            rank,
+            steps: vec![step(ok)],
+            total_steps: 1,
+            matched_steps: usize::from(ok),
+            free_before: 100 << 30,
+            free_after: 100 << 30,
+            allocation_free: true,
+        };
+        let mut peer_load = load();
+        peer_load.rank = 1;
+        peer_load.window_base = 0x2000_4000_0000;
+        let report = ReplayReport {
+            core: "tp.core".to_owned(),
+            load: load(),
+            qualification: Some(qualification(0, true)),
+            decode_bench: None,
+            peers: vec![helios::replay::PeerReport {
+                load: peer_load,
+                qualification: Some(qualification(1, false)),
+            }],
+        };
+        // A peer's mismatch fails the whole check.
+        assert!(!report.passed());
+        let out = Text(&report).to_string();
+        let (zero, one) = out
+            .split_once("rank          1\n")
+            .expect("a section for rank 1");
+        assert!(zero.contains("1 of 1 steps match\n"), "{out}");
+        assert!(one.contains("base 0x200040000000"), "{out}");
+        assert!(one.contains("0 of 1 steps match: DIGESTS DIFFER"), "{out}");
+    }
+
+    #[test]
     fn pages_sized_from_free_memory_report_the_reserve_and_the_skipped_check() {
         let mut load = load();
         load.kv_pages = 17;
@@ -300,6 +345,7 @@ mod tests {
             load,
             qualification: None,
             decode_bench: None,
+            peers: Vec::new(),
         })
         .to_string();
         assert!(

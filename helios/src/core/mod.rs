@@ -123,6 +123,8 @@ impl ValidCore {
                 let zero = rank_layout::RankZero {
                     window: &window,
                     buffers: &buffers,
+                    graphs: &graphs,
+                    qualification: qualification.as_ref(),
                     catalog: &catalog,
                     bound: &bound,
                 };
@@ -146,6 +148,44 @@ impl ValidCore {
             kv_layout,
             peers,
         })
+    }
+
+    /// Rank `rank`'s part of the core (rank 0's is the core's own window,
+    /// buffers and graphs), or `None` past the world size.
+    pub fn rank(&self, rank: u32) -> Option<RankView<'_>> {
+        if rank == 0 {
+            return Some(RankView {
+                rank,
+                window: &self.window,
+                buffers: &self.buffers,
+                graphs: &self.graphs,
+                qualification: self.qualification.as_ref(),
+                kv_layout: self.kv_layout.as_ref(),
+                contract: &self.contract,
+            });
+        }
+        let peer = self.peers.get(rank as usize - 1)?;
+        Some(RankView {
+            rank,
+            window: peer.window(),
+            buffers: peer.buffers(),
+            graphs: peer.graphs(),
+            qualification: peer.qualification(),
+            kv_layout: peer.kv_layout(),
+            contract: &self.contract,
+        })
+    }
+
+    /// Rank 0's part: the core's own window, buffers and graphs.
+    pub fn view(&self) -> RankView<'_> {
+        self.rank(0).expect("every core has rank 0")
+    }
+
+    /// Every rank's part, in rank order (one for a one-rank core).
+    pub fn ranks(&self) -> Vec<RankView<'_>> {
+        (0..self.world_size())
+            .filter_map(|rank| self.rank(rank))
+            .collect()
     }
 
     /// Ranks the core was prepared for: 1, or its rank layout's world size.
@@ -291,6 +331,64 @@ impl ValidCore {
                 peers: self.peers.into_iter().map(ValidRank::into_bundle).collect(),
             }),
         }
+    }
+}
+
+/// One rank's part of a validated core: its window, buffers, graphs, KV
+/// layout and qualification sequence, with the contract every rank shares.
+/// What loading and replaying a rank needs, the same for rank 0 (the core's
+/// own) and a peer of its rank layout.
+#[derive(Debug, Clone, Copy)]
+pub struct RankView<'a> {
+    rank: u32,
+    window: &'a Window,
+    buffers: &'a [Buffer],
+    graphs: &'a [Graph],
+    qualification: Option<&'a Qualification>,
+    kv_layout: Option<&'a KvLayout>,
+    contract: &'a PreparedContract,
+}
+
+impl<'a> RankView<'a> {
+    /// The rank's number (0 for the core's own part).
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// The rank's fixed virtual-address window.
+    pub fn window(&self) -> &'a Window {
+        self.window
+    }
+
+    /// The rank's buffers, in manifest order.
+    pub fn buffers(&self) -> &'a [Buffer] {
+        self.buffers
+    }
+
+    /// The rank's graphs, in manifest order.
+    pub fn graphs(&self) -> &'a [Graph] {
+        self.graphs
+    }
+
+    /// The rank's qualification sequence, when the core carries one.
+    pub fn qualification(&self) -> Option<&'a Qualification> {
+        self.qualification
+    }
+
+    /// The rank's KV pages buffer as slabs of pages (see
+    /// [`ValidCore::kv_layout`]).
+    pub fn kv_layout(&self) -> Option<&'a KvLayout> {
+        self.kv_layout
+    }
+
+    /// The contract every rank shares.
+    pub fn contract(&self) -> &'a PreparedContract {
+        self.contract
+    }
+
+    /// The rank's buffer called `name`, if any.
+    pub fn buffer_named(&self, name: &str) -> Option<&'a Buffer> {
+        self.buffers.iter().find(|buffer| buffer.name == name)
     }
 }
 

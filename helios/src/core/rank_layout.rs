@@ -11,6 +11,9 @@
 //!   layout and one set of page and slot assignments for all of them.
 //! - Windows are disjoint: every rank's window lives in one process's virtual
 //!   address space.
+//! - Every rank carries a qualification sequence exactly when rank 0 does, as
+//!   long as rank 0's and launching the same (kind, capacity) at every step:
+//!   the ranks' collectives rendezvous, so the check replays them in lockstep.
 //! - Where rank 0's window holds a collectives region (the two-rank
 //!   collectives' flags and buffers), every rank's holds one at the same
 //!   offset and size: each rank's graphs reach its peer's at the peer's window
@@ -24,7 +27,8 @@ use std::collections::BTreeMap;
 use super::error::CoreError;
 use super::kv_layout::{self, KvLayout};
 use super::proto::{
-    Buffer, Graph, GraphKind, PreparedContract, RankLayout, Region, RegionKind, Semantic, Window,
+    Buffer, Graph, GraphKind, PreparedContract, Qualification, RankLayout, Region, RegionKind,
+    Semantic, Window,
 };
 use super::validate;
 
@@ -35,6 +39,7 @@ pub struct ValidRank {
     window: Window,
     buffers: Vec<Buffer>,
     graphs: Vec<Graph>,
+    qualification: Option<Qualification>,
     bound: BTreeMap<Semantic, usize>,
     catalog: BTreeMap<(GraphKind, u32), usize>,
     kv_layout: Option<KvLayout>,
@@ -59,6 +64,17 @@ impl ValidRank {
     /// The rank's graphs, in manifest order.
     pub fn graphs(&self) -> &[Graph] {
         &self.graphs
+    }
+
+    /// The rank's own qualification sequence (its graph indices and
+    /// buffers), present exactly when rank 0's is.
+    pub fn qualification(&self) -> Option<&Qualification> {
+        self.qualification.as_ref()
+    }
+
+    /// The buffer called `name` on this rank, if any.
+    pub fn buffer_named(&self, name: &str) -> Option<&Buffer> {
+        self.buffers.iter().find(|buffer| buffer.name == name)
     }
 
     /// The buffer bound to `semantic` on this rank.
@@ -86,6 +102,7 @@ impl ValidRank {
             window: Some(self.window),
             buffers: self.buffers,
             graphs: self.graphs,
+            qualification: self.qualification,
         }
     }
 }
@@ -94,6 +111,8 @@ impl ValidRank {
 pub(crate) struct RankZero<'a> {
     pub window: &'a Window,
     pub buffers: &'a [Buffer],
+    pub graphs: &'a [Graph],
+    pub qualification: Option<&'a Qualification>,
     pub catalog: &'a BTreeMap<(GraphKind, u32), usize>,
     pub bound: &'a BTreeMap<Semantic, usize>,
 }
@@ -226,12 +245,16 @@ fn check_bundle(
     let catalog = validate::check_graphs(&bundle.graphs, images, &window)?;
     let kv_layout = kv_layout::check_kv_layout(contract, &bundle.buffers, &window.regions)?;
     let bound = validate::check_bindings(&contract.bindings, &names)?;
+    if let Some(qualification) = &bundle.qualification {
+        validate::check_qualification(qualification, bundle.graphs.len(), &bundle.buffers, &names)?;
+    }
     drop(names);
     Ok(ValidRank {
         rank,
         window,
         buffers: bundle.buffers,
         graphs: bundle.graphs,
+        qualification: bundle.qualification,
         bound,
         catalog,
         kv_layout,
@@ -253,6 +276,7 @@ fn check_agreement(peer: &ValidRank, zero: &RankZero<'_>) -> Result<(), CoreErro
             graph_name(key)
         )));
     }
+    check_lockstep(peer, zero)?;
     for (semantic, &index) in zero.bound {
         let ours = &zero.buffers[index];
         let theirs = peer
@@ -271,6 +295,58 @@ fn check_agreement(peer: &ValidRank, zero: &RankZero<'_>) -> Result<(), CoreErro
                 theirs.shape,
                 ours.name,
                 ours.shape
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The (kind, capacity) of the graph a qualification step launches.
+fn launched(graphs: &[Graph], graph: u32) -> (GraphKind, u32) {
+    let graph = &graphs[graph as usize];
+    (
+        GraphKind::try_from(graph.kind).unwrap_or_default(),
+        graph.capacity,
+    )
+}
+
+/// The peer's qualification sequence replays in lockstep with rank 0's: both
+/// or neither recorded, as long, the same graph launched at every step.
+fn check_lockstep(peer: &ValidRank, zero: &RankZero<'_>) -> Result<(), CoreError> {
+    let rank = peer.rank;
+    let (ours, theirs) = match (zero.qualification, &peer.qualification) {
+        (None, None) => return Ok(()),
+        (Some(ours), Some(theirs)) => (ours, theirs),
+        (ours, _) => {
+            let (with, without) = if ours.is_some() {
+                ("rank 0".to_owned(), format!("rank {rank}"))
+            } else {
+                (format!("rank {rank}"), "rank 0".to_owned())
+            };
+            return Err(invalid(format!(
+                "{with} carries a qualification sequence and {without} none: every rank \
+                 replays its own in lockstep"
+            )));
+        }
+    };
+    if ours.steps.len() != theirs.steps.len() {
+        return Err(invalid(format!(
+            "rank {rank}'s qualification has {} steps, rank 0's {}: the ranks replay in lockstep",
+            theirs.steps.len(),
+            ours.steps.len()
+        )));
+    }
+    for (index, (a, b)) in ours.steps.iter().zip(&theirs.steps).enumerate() {
+        let (a, b) = (
+            launched(zero.graphs, a.graph),
+            launched(&peer.graphs, b.graph),
+        );
+        if a != b {
+            return Err(invalid(format!(
+                "qualification step {index} launches {} on rank {rank} but {} on rank 0: the \
+                 ranks' collectives rendezvous, so every step launches the same graph",
+                graph_name(&b),
+                graph_name(&a)
             )));
         }
     }

@@ -341,8 +341,9 @@ pub fn ranked_core(world_size: u32) -> Core {
     with_ranks(tiny_core(), world_size)
 }
 
-/// `core` prepared for `world_size` ranks: each peer has rank 0's buffers and
-/// graphs in a window of its own, right after the previous rank's.
+/// `core` prepared for `world_size` ranks: each peer has rank 0's buffers,
+/// graphs and qualification sequence in a window of its own, right after the
+/// previous rank's.
 pub fn with_ranks(mut core: Core, world_size: u32) -> Core {
     let window = core.window.clone().expect("the sample has a window");
     let peers = (1..world_size)
@@ -354,6 +355,7 @@ pub fn with_ranks(mut core: Core, world_size: u32) -> Core {
             }),
             buffers: core.buffers.clone(),
             graphs: core.graphs.clone(),
+            qualification: core.qualification.clone(),
         })
         .collect();
     core.rank_layout = Some(RankLayout { world_size, peers });

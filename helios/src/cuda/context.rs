@@ -141,6 +141,20 @@ impl Context {
         })
     }
 
+    /// Whether this context's device can read and write `peer`'s device's
+    /// memory (always for the same device).
+    pub fn can_access_peer(&self, peer: &Context) -> Result<bool, CudaError> {
+        if self.device() == peer.device() {
+            return Ok(true);
+        }
+        let mut can: c_int = 0;
+        // SAFETY: the out-pointer points to a local.
+        check("cuDeviceCanAccessPeer", unsafe {
+            sys::cuDeviceCanAccessPeer(&mut can, self.device(), peer.device())
+        })?;
+        Ok(can != 0)
+    }
+
     /// Free and total device memory.
     pub fn mem_get_info(&self) -> Result<MemoryInfo, CudaError> {
         let (mut free, mut total) = (0usize, 0usize);

@@ -293,6 +293,35 @@ impl Reservation {
         Ok(fd)
     }
 
+    /// Grants device `ordinal` read/write access to `[addr, addr + len)`,
+    /// which lies in mapped spans of this reservation (a peer device reading
+    /// and signalling this device's memory; needs peer access between the
+    /// two, [`super::Context::can_access_peer`]).
+    pub fn grant_access(&mut self, addr: u64, len: u64, ordinal: i32) -> Result<(), CudaError> {
+        let offset = addr.wrapping_sub(self.base);
+        let len = to_len(offset, len, "the span length exceeds usize")?;
+        let end = addr.checked_add(len as u64);
+        let inside = self.mapped.iter().any(|&(start, mapped)| {
+            addr >= start && end.is_some_and(|end| end <= start + mapped as u64)
+        });
+        if !self.reserved || !inside {
+            return Err(CudaError::InvalidSpan {
+                offset,
+                len: len as u64,
+                reason: "access is granted to one mapped span, or to part of one",
+            });
+        }
+        let access = sys::CUmemAccessDesc {
+            location: location(ordinal),
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: the range lies in one mapped span (checked above); one
+        // access descriptor.
+        check("cuMemSetAccess", unsafe {
+            sys::cuMemSetAccess(addr, len, &access, 1)
+        })
+    }
+
     /// Waits for the current context's work, unmaps every span (newest
     /// first) and frees the range. Retryable after a failure; a no-op once
     /// everything is released.

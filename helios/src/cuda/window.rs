@@ -208,6 +208,19 @@ impl Window {
         Ok(())
     }
 
+    /// Grants device `ordinal` (a peer rank's) read/write access to `span`,
+    /// which lies in one mapped span of this owned window.
+    pub fn grant_access(&mut self, span: Span, ordinal: i32) -> Result<(), CudaError> {
+        let Some(reservation) = self.reservation.as_mut() else {
+            return Err(CudaError::InvalidSpan {
+                offset: span.offset,
+                len: span.len,
+                reason: "a borrowed window's access is its owner's",
+            });
+        };
+        reservation.grant_access(self.base + span.offset, span.len, ordinal)
+    }
+
     /// Copies `data` to device address `addr` (synchronous, on the null
     /// stream).
     pub fn write(&self, addr: u64, data: &[u8]) -> Result<(), CudaError> {

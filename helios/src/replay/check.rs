@@ -22,7 +22,7 @@ use super::error::ReplayError;
 use super::isolate::IsolationReport;
 use super::kv_backing::KvBacking;
 use super::loaded::{LoadOptions, LoadedCore};
-use super::report::ReplayReport;
+use super::report::{PeerReport, ReplayReport};
 use crate::core::proto::GraphKind;
 
 /// What [`check_core`] runs once the core is loaded.
@@ -44,6 +44,7 @@ impl CheckOptions {
             load: LoadOptions {
                 device,
                 kv: KvBacking::Prepared,
+                rank_devices: Vec::new(),
             },
             qualification: true,
             bench_decode: None,
@@ -72,20 +73,30 @@ pub fn check_core(path: &Path, options: &CheckOptions) -> Result<ReplayReport, R
         }
     }
     let every_page = loaded.kv_pages() == core.contract().kv_pages;
-    let qualification = if options.runs_qualification(core.qualification().is_some(), every_page) {
-        Some(loaded.check()?)
-    } else {
-        None
-    };
+    // One per rank, rank 0's first (replayed in lockstep).
+    let mut qualifications =
+        if options.runs_qualification(core.qualification().is_some(), every_page) {
+            loaded.check()?.into_iter().map(Some).collect()
+        } else {
+            vec![None; loaded.reports().len()]
+        };
     let decode_bench: Option<DecodeBench> = match options.bench_decode {
         Some((capacity, steps)) => Some(loaded.bench_decode(capacity, steps)?),
         None => None,
     };
+    let peers = (loaded.reports().iter().skip(1))
+        .zip(qualifications.drain(1..))
+        .map(|(load, qualification)| PeerReport {
+            load: load.clone(),
+            qualification,
+        })
+        .collect();
     Ok(ReplayReport {
         core: path.display().to_string(),
         load: loaded.report().clone(),
-        qualification,
+        qualification: qualifications.remove(0),
         decode_bench,
+        peers,
     })
 }
 
@@ -96,6 +107,7 @@ pub fn isolate_core(path: &Path, device: i32) -> Result<IsolationReport, ReplayE
     let load = LoadOptions {
         device,
         kv: KvBacking::Prepared,
+        rank_devices: Vec::new(),
     };
     LoadedCore::load(path, &load)?.isolate()
 }

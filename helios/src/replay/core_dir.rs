@@ -36,13 +36,15 @@ pub struct CoreDir {
     path: PathBuf,
     core: ValidCore,
     images: Vec<ImageBytes>,
-    initial: InitialContents,
+    /// Every rank's, in rank order.
+    initial: Vec<InitialContents>,
 }
 
 impl CoreDir {
     /// Reads the manifest, every kernel image (checking its length and
     /// digest) and the header of the initial contents (checking every
-    /// buffer's tensor). The tensors' bytes are read later, when uploaded.
+    /// rank's buffers' tensors). The tensors' bytes are read later, when
+    /// uploaded.
     pub fn read(path: &Path) -> Result<Self, ReplayError> {
         let core = load_manifest(path)?;
         let images = core
@@ -50,7 +52,9 @@ impl CoreDir {
             .iter()
             .map(|image| read_image(path, &image.sha256, image.size_bytes))
             .collect::<Result<Vec<_>, _>>()?;
-        let initial = InitialContents::locate(path, &core)?;
+        let initial = (core.ranks().into_iter())
+            .map(|rank| InitialContents::locate(path, rank))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             path: path.to_owned(),
             core,
@@ -74,13 +78,13 @@ impl CoreDir {
         &self.images
     }
 
-    /// Where every buffer's initial contents lie.
-    pub fn initial(&self) -> &InitialContents {
+    /// Where every buffer's initial contents lie, per rank in rank order.
+    pub fn initial(&self) -> &[InitialContents] {
         &self.initial
     }
 
-    /// The manifest, the images and the initial contents.
-    pub fn into_parts(self) -> (ValidCore, Vec<ImageBytes>, InitialContents) {
+    /// The manifest, the images and every rank's initial contents.
+    pub fn into_parts(self) -> (ValidCore, Vec<ImageBytes>, Vec<InitialContents>) {
         (self.core, self.images, self.initial)
     }
 }

@@ -116,15 +116,56 @@ pub enum ReplayError {
         /// Free device memory.
         free: u64,
     },
-    /// The core was prepared for several GPUs; this engine rebuilds one
-    /// rank's graphs on one device.
+    /// The core was prepared for several GPUs, and loading it with KV pages
+    /// sized from free memory (what serving does) is not built yet: every
+    /// rank must back the same pages. `flare replay` loads every rank with
+    /// its prepared pages.
     #[error(
         "the core was prepared for tensor parallelism over {world_size} GPUs, which this engine \
-         does not serve yet: prepare it for one GPU"
+         does not serve yet (flare replay checks it): prepare it for one GPU"
     )]
     TensorParallel {
         /// The core's rank layout's world size.
         world_size: u32,
+    },
+    /// An operation that runs one rank alone was asked of a tensor-parallel
+    /// core, whose ranks' graphs wait for each other.
+    #[error(
+        "{what} runs one rank alone, and this core has {world_size} ranks that wait for each other"
+    )]
+    OneRankOnly {
+        /// The operation.
+        what: &'static str,
+        /// The core's ranks.
+        world_size: u32,
+    },
+    /// The devices given for a tensor-parallel core's ranks do not name one
+    /// per rank.
+    #[error("{given} rank devices given for a core of {world_size} ranks: name one per rank")]
+    RankDevices {
+        /// Devices given.
+        given: usize,
+        /// The core's ranks.
+        world_size: u32,
+    },
+    /// A rank's device cannot reach a peer rank's device memory, where the
+    /// rank's graphs read and signal the peer's collectives region.
+    #[error(
+        "device {from} cannot access device {to}'s memory (no peer access between them): the \
+         ranks' collectives need it; place the ranks on devices connected by NVLink or PCIe P2P"
+    )]
+    NoPeerAccess {
+        /// The device that would read.
+        from: i32,
+        /// The device whose memory it would read.
+        to: i32,
+    },
+    /// A rank's collectives region is not backed whole, so peers could not
+    /// reach all of it.
+    #[error("rank {rank}'s collectives region is not backed whole: re-export the core")]
+    CollectivesUnbacked {
+        /// The rank.
+        rank: u32,
     },
     /// Free device memory, after everything else was loaded and the reserve
     /// and driver margin set aside, backs fewer KV pages than one request of

@@ -20,7 +20,7 @@ use safetensors::Dtype;
 
 use super::error::ReplayError;
 use crate::core::proto::{Buffer, DType};
-use crate::core::ValidCore;
+use crate::core::RankView;
 
 /// File name of the initial contents inside a core directory.
 pub const BUFFERS_FILE: &str = "buffers.safetensors";
@@ -85,12 +85,13 @@ pub struct InitialContents {
 }
 
 impl InitialContents {
-    /// Locates the initial tensor of every buffer that names one and checks
+    /// Locates the initial tensor of every buffer of `rank` that names one
+    /// (a peer's are stored under names of their own) and checks
     /// it: present, with the buffer's dtype and shape, and the buffer
     /// contiguous. The file is not needed when no buffer names a tensor.
-    pub fn locate(core_dir: &Path, core: &ValidCore) -> Result<Self, ReplayError> {
+    pub fn locate(core_dir: &Path, rank: RankView<'_>) -> Result<Self, ReplayError> {
         let path = core_dir.join(BUFFERS_FILE);
-        let wanted: Vec<(usize, &Buffer)> = (core.buffers().iter().enumerate())
+        let wanted: Vec<(usize, &Buffer)> = (rank.buffers().iter().enumerate())
             .filter(|(_, buffer)| !buffer.initial_tensor.is_empty())
             .collect();
         if wanted.is_empty() {

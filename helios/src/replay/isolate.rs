@@ -174,7 +174,7 @@ pub fn isolate<D: NodeDevice>(
     };
     for (index, step) in qualification.steps.iter().enumerate() {
         for write in &step.writes {
-            let (addr, _) = locate(core, &write.buffer)?;
+            let (addr, _) = locate(core.view(), &write.buffer)?;
             device.write(addr + write.offset, &write.data)?;
         }
         let graph_index = step.graph as usize;

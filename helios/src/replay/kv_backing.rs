@@ -12,7 +12,7 @@
 use super::error::ReplayError;
 use super::spans::{granule_spans, span_bytes, subtract};
 use crate::core::proto::{PreparedContract, RegionKind};
-use crate::core::{KvLayout, ValidCore};
+use crate::core::{KvLayout, RankView};
 use crate::cuda::Span;
 
 /// Device memory always left free after the KV pages are backed, for the
@@ -92,7 +92,7 @@ pub fn kv_budget(free: u64, reserve_bytes: u64) -> u64 {
 
 /// The granules of the KV page regions' recorded extent (as preparation
 /// backed them) that are not mapped yet.
-fn prepared_spans(core: &ValidCore, window: KvWindow<'_>) -> Result<Vec<Span>, ReplayError> {
+fn prepared_spans(core: RankView<'_>, window: KvWindow<'_>) -> Result<Vec<Span>, ReplayError> {
     let kv = (core.window().regions.iter())
         .filter(|region| region.kind == RegionKind::KvPages as i32)
         .map(|region| {
@@ -105,7 +105,7 @@ fn prepared_spans(core: &ValidCore, window: KvWindow<'_>) -> Result<Vec<Span>, R
 }
 
 /// [`KvBacking::Prepared`]: every prepared page.
-pub fn plan_kv_prepared(core: &ValidCore, window: KvWindow<'_>) -> Result<KvPlan, ReplayError> {
+pub fn plan_kv_prepared(core: RankView<'_>, window: KvWindow<'_>) -> Result<KvPlan, ReplayError> {
     Ok(KvPlan {
         pages: core.contract().kv_pages,
         spans: prepared_spans(core, window)?,
@@ -129,7 +129,7 @@ pub fn page_spans(
 /// must hold: every slab's last page rounds up to a whole granule, which for
 /// a few hundred slabs is hundreds of MiB.
 pub fn plan_kv_from_free(
-    core: &ValidCore,
+    core: RankView<'_>,
     window: KvWindow<'_>,
     free: u64,
     reserve_bytes: u64,
@@ -182,6 +182,7 @@ mod tests {
     use super::*;
     use crate::core::proto::{BufferRole, Core};
     use crate::core::sample::tiny_core;
+    use crate::core::ValidCore;
 
     const K: u64 = 1 << 10;
     const MIB: u64 = 1 << 20;
@@ -229,11 +230,11 @@ mod tests {
     #[test]
     fn the_prepared_extent_is_the_regions_recorded_one() {
         let core = core(2, 64, 8 * MIB, Some(2), 2);
-        let plan = plan_kv_prepared(&core, window(&[])).unwrap();
+        let plan = plan_kv_prepared(core.view(), window(&[])).unwrap();
         assert_eq!(plan.pages, 64);
         assert_eq!(plan.spans, [span(8 * MIB, 8 * MIB)]);
         let mapped = [span(8 * MIB, G)];
-        let plan = plan_kv_prepared(&core, window(&mapped)).unwrap();
+        let plan = plan_kv_prepared(core.view(), window(&mapped)).unwrap();
         assert_eq!(plan.spans, [span(8 * MIB + G, 8 * MIB - G)]);
     }
 
@@ -280,11 +281,11 @@ mod tests {
         // 1..=32 pages cost one granule per slab (256 KiB), 33..=64 two.
         let core = core(2, 64, 8 * MIB, Some(2), 2);
         for (budget, pages) in [(4 * G, 32), (8 * G - 1, 32), (8 * G, 64)] {
-            let plan = plan_kv_from_free(&core, window(&[]), free(budget), 0).unwrap();
+            let plan = plan_kv_from_free(core.view(), window(&[]), free(budget), 0).unwrap();
             assert_eq!(plan.pages, pages, "budget {budget}");
             assert!(plan.mapped_bytes() <= budget);
         }
-        let err = plan_kv_from_free(&core, window(&[]), free(4 * G - 1), 0).unwrap_err();
+        let err = plan_kv_from_free(core.view(), window(&[]), free(4 * G - 1), 0).unwrap_err();
         assert!(matches!(
             err,
             ReplayError::InsufficientKvPages { backable: 0, .. }
@@ -294,7 +295,7 @@ mod tests {
     #[test]
     fn the_reserve_comes_off_the_budget() {
         let core = core(2, 64, 8 * MIB, Some(2), 2);
-        let plan = plan_kv_from_free(&core, window(&[]), free(8 * G), G).unwrap();
+        let plan = plan_kv_from_free(core.view(), window(&[]), free(8 * G), G).unwrap();
         assert_eq!(plan.pages, 32);
         assert_eq!(plan.spans.len(), 4);
     }
@@ -302,7 +303,7 @@ mod tests {
     #[test]
     fn fewer_pages_than_one_request_needs_are_refused() {
         let core = core(2, 64, 8 * MIB, Some(2), 40);
-        let err = plan_kv_from_free(&core, window(&[]), free(4 * G), 0).unwrap_err();
+        let err = plan_kv_from_free(core.view(), window(&[]), free(4 * G), 0).unwrap_err();
         assert!(matches!(
             err,
             ReplayError::InsufficientKvPages {
@@ -317,7 +318,7 @@ mod tests {
     #[test]
     fn never_more_pages_than_prepared() {
         let core = core(2, 64, 8 * MIB, Some(2), 2);
-        let plan = plan_kv_from_free(&core, window(&[]), 100 << 30, 0).unwrap();
+        let plan = plan_kv_from_free(core.view(), window(&[]), 100 << 30, 0).unwrap();
         assert_eq!(plan.pages, 64);
         assert_eq!(plan.spans, [span(8 * MIB, 8 * G)]);
     }
@@ -326,7 +327,7 @@ mod tests {
     fn already_mapped_granules_cost_nothing() {
         let core = core(2, 64, 8 * MIB, Some(2), 2);
         let mapped = [span(8 * MIB, 8 * G)];
-        let plan = plan_kv_from_free(&core, window(&mapped), free(0), 0).unwrap();
+        let plan = plan_kv_from_free(core.view(), window(&mapped), free(0), 0).unwrap();
         assert_eq!(plan.pages, 64);
         assert!(plan.spans.is_empty());
     }
@@ -335,10 +336,10 @@ mod tests {
     fn an_older_core_backs_all_or_nothing() {
         let core = core(2, 64, 8 * MIB, None, 2);
         assert!(core.kv_layout().is_none());
-        let plan = plan_kv_from_free(&core, window(&[]), free(8 * MIB), 0).unwrap();
+        let plan = plan_kv_from_free(core.view(), window(&[]), free(8 * MIB), 0).unwrap();
         assert_eq!(plan.pages, 64);
         assert_eq!(plan.spans, [span(8 * MIB, 8 * MIB)]);
-        let err = plan_kv_from_free(&core, window(&[]), free(8 * MIB), 1).unwrap_err();
+        let err = plan_kv_from_free(core.view(), window(&[]), free(8 * MIB), 1).unwrap_err();
         assert!(matches!(
             err,
             ReplayError::InsufficientKvPages {

@@ -14,24 +14,44 @@ use super::identity::check_device;
 use super::initial::{InitialContents, PIECE_BYTES, READERS};
 use super::isolate::{isolate, IsolationReport, NodeDevice};
 use super::kv_backing::{plan_kv_from_free, plan_kv_prepared, KvBacking, KvPlan, KvWindow};
-use super::qualify::{qualify, QualificationReport, ReplayDevice};
+use super::qualify::{qualify_ranks, QualificationReport, ReplayDevice};
 use super::report::LoadReport;
 use super::spans::{
     check_backed, check_initial_backed, check_qualification_backed, merged, plan_spans_of,
     span_bytes,
 };
 use crate::core::proto::{self, GraphKind, RegionKind};
-use crate::core::ValidCore;
+use crate::core::{RankView, ValidCore};
+use crate::cuda::{covered, Span};
 use crate::cuda::{Context, CudaError, Event, Graph, GraphExec, Modules, Stream, Window};
 
 /// How to load a core.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LoadOptions {
-    /// CUDA device ordinal.
+    /// CUDA device ordinal (rank 0's, for a tensor-parallel core).
     pub device: i32,
     /// How many KV pages to back: the prepared extent (what the
     /// qualification covers) or as many as free memory holds.
     pub kv: KvBacking,
+    /// The device of every rank of a tensor-parallel core, rank 0's first;
+    /// empty: rank `r` on `device + r`. Ranks may share a device.
+    pub rank_devices: Vec<i32>,
+}
+
+impl LoadOptions {
+    /// The device of each of `world_size` ranks.
+    pub fn devices(&self, world_size: u32) -> Result<Vec<i32>, ReplayError> {
+        if self.rank_devices.is_empty() {
+            return Ok((0..world_size as i32).map(|r| self.device + r).collect());
+        }
+        if self.rank_devices.len() != world_size as usize {
+            return Err(ReplayError::RankDevices {
+                given: self.rank_devices.len(),
+                world_size,
+            });
+        }
+        Ok(self.rank_devices.clone())
+    }
 }
 
 /// When the KV pages are mapped.
@@ -70,12 +90,16 @@ impl Drop for Gpu {
     }
 }
 
+/// Every operation binds the rank's context first: a tensor-parallel core's
+/// ranks are replayed from one thread.
 impl ReplayDevice for Gpu {
     fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), ReplayError> {
+        self.context.bind()?;
         Ok(self.window.write(addr, data)?)
     }
 
     fn launch(&mut self, graph: usize) -> Result<(), ReplayError> {
+        self.context.bind()?;
         let exec = self.execs.get(graph).ok_or(ReplayError::NoGraph {
             index: graph,
             count: self.execs.len(),
@@ -84,14 +108,17 @@ impl ReplayDevice for Gpu {
     }
 
     fn synchronize(&mut self) -> Result<(), ReplayError> {
+        self.context.bind()?;
         Ok(self.stream.synchronize()?)
     }
 
     fn read(&mut self, addr: u64, out: &mut [u8]) -> Result<(), ReplayError> {
+        self.context.bind()?;
         Ok(self.window.read(addr, out)?)
     }
 
     fn free_memory(&mut self) -> Result<u64, ReplayError> {
+        self.context.bind()?;
         Ok(self.context.mem_get_info()?.free)
     }
 
@@ -124,17 +151,29 @@ impl NodeDevice for Gpu {
 }
 
 /// A runtime core on the GPU, ready to replay. It stays on the thread that
-/// loaded it.
+/// loaded it. A tensor-parallel core holds every rank, each on its device.
 pub struct LoadedCore {
     core: ValidCore,
-    report: LoadReport,
-    gpu: Gpu,
+    /// Rank 0's first, in rank order (one for a one-rank core).
+    reports: Vec<LoadReport>,
+    gpus: Vec<Gpu>,
+}
+
+impl Drop for LoadedCore {
+    /// Every rank's work drains before any rank's window goes: a rank's
+    /// graphs reach its peers' collectives regions.
+    fn drop(&mut self) {
+        for gpu in &self.gpus {
+            let _ = gpu.context.bind();
+            let _ = gpu.stream.synchronize();
+        }
+    }
 }
 
 impl std::fmt::Debug for LoadedCore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LoadedCore")
-            .field("report", &self.report)
+            .field("reports", &self.reports)
             .finish_non_exhaustive()
     }
 }
@@ -150,7 +189,7 @@ struct UploadTimes {
 }
 
 fn upload_initial(
-    core: &ValidCore,
+    rank: RankView<'_>,
     initial: &InitialContents,
     window: &Window,
 ) -> Result<UploadTimes, ReplayError> {
@@ -161,9 +200,9 @@ fn upload_initial(
     if initial.uploads().is_empty() {
         return Ok(times);
     }
-    let base = core.window().base;
+    let base = rank.window().base;
     let pieces = initial.read_pieces(PIECE_BYTES, READERS, |piece, bytes| {
-        let buffer = &core.buffers()[piece.upload.buffer];
+        let buffer = &rank.buffers()[piece.upload.buffer];
         window.write(base + buffer.offset + piece.offset, bytes)?;
         Ok(())
     })?;
@@ -173,7 +212,7 @@ fn upload_initial(
     Ok(times)
 }
 
-fn load_modules(context: &Rc<Context>, images: Vec<ImageBytes>) -> Result<Modules, ReplayError> {
+fn load_modules(context: &Rc<Context>, images: &[ImageBytes]) -> Result<Modules, ReplayError> {
     let mut modules = Modules::new();
     for image in images {
         modules
@@ -186,158 +225,69 @@ fn load_modules(context: &Rc<Context>, images: Vec<ImageBytes>) -> Result<Module
     Ok(modules)
 }
 
+/// The window's collectives region as a span, if it holds one.
+fn collectives_span(window: &proto::Window) -> Option<Span> {
+    (window.regions.iter())
+        .find(|region| region.kind == RegionKind::Collectives as i32)
+        .map(|region| Span {
+            offset: region.offset,
+            len: region.size,
+        })
+}
+
 impl LoadedCore {
-    /// Loads the core directory at `path` onto device `options.device`.
+    /// Loads the core directory at `path`: rank 0 onto device
+    /// `options.device`, and every further rank of a tensor-parallel core
+    /// onto its device ([`LoadOptions::devices`]).
     ///
-    /// Every file is read and checked before any CUDA work; then the device
-    /// is checked against the core's identity, the window reserved at its
-    /// exact base and the backed spans of every region but the KV page
-    /// region mapped and zeroed, the initial contents uploaded, the kernel
-    /// images loaded and every graph rebuilt, instantiated and uploaded.
-    /// The KV pages are mapped with the other regions for
+    /// Every file is read and checked before any CUDA work; then, rank by
+    /// rank, the device is checked against the core's identity, the window
+    /// reserved at its exact base and the backed spans of every region but
+    /// the KV page region mapped and zeroed (a collectives region among
+    /// them: its flags start at zero), the initial contents uploaded, the
+    /// kernel images loaded and every graph rebuilt, instantiated and
+    /// uploaded. The KV pages are mapped with the other regions for
     /// [`KvBacking::Prepared`]; for [`KvBacking::FromFreeMemory`] they are
-    /// mapped last, as many as the free memory measured then holds.
+    /// mapped last, as many as the free memory measured then holds (one
+    /// rank only: [`ReplayError::TensorParallel`] otherwise). Last, each
+    /// rank's collectives region is opened to every other rank's device.
     pub fn load(path: &Path, options: &LoadOptions) -> Result<Self, ReplayError> {
         let started = Instant::now();
         let dir = CoreDir::read(path)?;
-        let mut read = started.elapsed();
+        let read = started.elapsed();
         let (core, images, initial) = dir.into_parts();
-        if core.world_size() > 1 {
-            return Err(ReplayError::TensorParallel {
-                world_size: core.world_size(),
-            });
+        let world_size = core.world_size();
+        if world_size > 1 && options.kv != KvBacking::Prepared {
+            return Err(ReplayError::TensorParallel { world_size });
         }
+        let devices = options.devices(world_size)?;
         let image_bytes = images.iter().map(|image| image.bytes.len() as u64).sum();
-        let image_count = images.len();
-
-        let context = Context::new(options.device)?;
-        let device = context.info()?;
-        check_device(core.identity(), &device)?;
-        let granularity = context.granularity()?;
-        let not_kv = |region: &proto::Region| region.kind != RegionKind::KvPages as i32;
-        let plan = plan_spans_of(core.window(), granularity, not_kv)?;
-        let kv_window = |mapped| KvWindow {
-            granularity,
-            reservation: plan.reservation,
-            mapped,
-        };
-        let mut early = plan.spans.clone();
-        let stage = match options.kv {
-            KvBacking::Prepared => {
-                let kv = plan_kv_prepared(&core, kv_window(&plan.spans))?;
-                early = merged([early, kv.spans.clone()].concat());
-                check_backed(&core, &early)?;
-                KvStage::Early(kv)
-            }
-            KvBacking::FromFreeMemory { reserve_bytes } => {
-                // The qualification is checked when it runs: with fewer
-                // pages than prepared it cannot.
-                check_initial_backed(&core, &early)?;
-                KvStage::Late { reserve_bytes }
-            }
-        };
-        let free = context.mem_get_info()?.free;
-        if span_bytes(&early) > free {
-            return Err(ReplayError::InsufficientMemory {
-                needed: span_bytes(&early),
-                free,
-            });
-        }
-
-        // On failure the locals drop in reverse order of declaration:
-        // executable graphs, graphs, stream, modules, window, context, the
-        // same safe order as `Gpu`.
-        let mapping = Instant::now();
-        let mut window = Window::reserve(&context, core.window().base, plan.reservation)?;
-        for &span in &early {
-            window.map(span)?;
-        }
-        context.synchronize()?;
-        let mut map = mapping.elapsed();
-
-        let times = upload_initial(&core, &initial, &window)?;
-        context.synchronize()?;
-        read += times.read;
-
-        let loading = Instant::now();
-        let modules = load_modules(&context, images)?;
-        let module_load = loading.elapsed();
-
-        let building = Instant::now();
-        let stream = Stream::new(&context)?;
-        let mut graphs = Vec::with_capacity(core.graphs().len());
-        let mut execs = Vec::with_capacity(core.graphs().len());
-        for (index, description) in core.graphs().iter().enumerate() {
-            let wrap = |source: CudaError| ReplayError::Graph {
-                index,
-                kind: GraphKind::try_from(description.kind)
-                    .unwrap_or_default()
-                    .as_str_name(),
-                capacity: description.capacity,
-                source,
+        let mut reports = Vec::with_capacity(devices.len());
+        let mut gpus: Vec<Gpu> = Vec::with_capacity(devices.len());
+        for ((rank, initial), &device) in core.ranks().into_iter().zip(&initial).zip(&devices) {
+            // The files were read once, for every rank.
+            let read = if rank.rank() == 0 {
+                read
+            } else {
+                Duration::ZERO
             };
-            let graph = Graph::build(&context, description, &modules, &window).map_err(wrap)?;
-            let exec = graph.instantiate().map_err(wrap)?;
-            exec.upload(&stream).map_err(wrap)?;
-            graphs.push(graph);
-            execs.push(exec);
+            let (gpu, report) = load_rank(&core, rank, device, &images, initial, options.kv).map(
+                |(gpu, mut report)| {
+                    report.read_ms += ms(read);
+                    report.image_bytes = image_bytes;
+                    (gpu, report)
+                },
+            )?;
+            reports.push(report);
+            gpus.push(gpu);
         }
-        stream.synchronize()?;
-        let graph_build = building.elapsed();
-
-        let (kv, kv_reserve_bytes) = match stage {
-            KvStage::Early(kv) => (kv, None),
-            KvStage::Late { reserve_bytes } => {
-                let free = context.mem_get_info()?.free;
-                let kv = plan_kv_from_free(&core, kv_window(window.mapped()), free, reserve_bytes)?;
-                let mapping = Instant::now();
-                for &span in &kv.spans {
-                    window.map(span)?;
-                }
-                context.synchronize()?;
-                map += mapping.elapsed();
-                (kv, Some(reserve_bytes))
-            }
-        };
-        let contract = core.contract();
-
-        let report = LoadReport {
-            device,
-            read_ms: ms(read),
-            map_ms: ms(map),
-            upload_ms: ms(times.upload),
-            module_load_ms: ms(module_load),
-            graph_build_ms: ms(graph_build),
-            total_ms: ms(started.elapsed()),
-            window_base: window.base(),
-            window_reserved: window.size(),
-            backed_bytes: window.mapped_bytes(),
-            spans: window.mapped().len(),
-            granularity,
-            initial_tensors: initial.uploads().len(),
-            initial_bytes: initial.bytes(),
-            images: image_count,
-            image_bytes,
-            graphs: graphs.len(),
-            nodes: graphs.iter().map(Graph::node_count).sum(),
-            free_after_load: context.mem_get_info()?.free,
-            kv_pages: kv.pages,
-            kv_pages_prepared: contract.kv_pages,
-            kv_bytes: u64::from(kv.pages) * contract.bytes_per_page,
-            kv_tokens: u64::from(kv.pages.saturating_sub(1)) * u64::from(contract.page_size),
-            kv_reserve_bytes,
-        };
+        open_collectives(&core, &mut gpus)?;
+        // Rank 0's total covers every rank's load.
+        reports[0].total_ms = ms(started.elapsed());
         Ok(Self {
             core,
-            report,
-            gpu: Gpu {
-                execs,
-                _graphs: graphs,
-                _modules: modules,
-                stream,
-                window,
-                context,
-            },
+            reports,
+            gpus,
         })
     }
 
@@ -346,71 +296,262 @@ impl LoadedCore {
         &self.core
     }
 
-    /// What loading did and how long it took.
+    /// What loading did and how long it took (rank 0's; its `total_ms`
+    /// covers every rank).
     pub fn report(&self) -> &LoadReport {
-        &self.report
+        &self.reports[0]
+    }
+
+    /// Every rank's load report, in rank order.
+    pub fn reports(&self) -> &[LoadReport] {
+        &self.reports
     }
 
     /// KV pages backed in every slab, the null page included: the host may
     /// hand out pages `1..kv_pages()` only. At most the prepared pages.
     pub fn kv_pages(&self) -> u32 {
-        self.report.kv_pages
+        self.reports[0].kv_pages
     }
 
-    /// Replays the recorded qualification sequence and compares every
-    /// digest. Meant for the freshly loaded core: the sequence starts from
-    /// the initial contents. Its digests cover the whole KV pages buffer, so
-    /// a core loaded with fewer KV pages than prepared is refused
+    /// Replays every rank's recorded qualification sequence, in lockstep
+    /// ([`qualify_ranks`]), and compares every digest; one report per rank,
+    /// in rank order. Meant for the freshly loaded core: the sequence starts
+    /// from the initial contents. Its digests cover the whole KV pages
+    /// buffer, so a core loaded with fewer KV pages than prepared is refused
     /// ([`ReplayError::Unbacked`]).
-    pub fn check(&mut self) -> Result<QualificationReport, ReplayError> {
-        check_qualification_backed(&self.core, self.gpu.window.mapped())?;
-        qualify(&self.core, &mut self.gpu)
+    pub fn check(&mut self) -> Result<Vec<QualificationReport>, ReplayError> {
+        let ranks = self.core.ranks();
+        for (rank, gpu) in ranks.iter().zip(&self.gpus) {
+            check_qualification_backed(*rank, gpu.window.mapped())?;
+        }
+        qualify_ranks(&ranks, &mut self.gpus)
     }
 
     /// Runs the qualification sequence with every node of every graph
     /// launched alone (topological order, waiting after each) and reports
     /// the first node the device rejects. A fault poisons the context, so
     /// this is the only use of a core after it. Refused, as
-    /// [`LoadedCore::check`], with fewer KV pages than prepared.
+    /// [`LoadedCore::check`], with fewer KV pages than prepared, and for a
+    /// tensor-parallel core (a node alone would wait for its peers forever).
     pub fn isolate(&mut self) -> Result<IsolationReport, ReplayError> {
-        check_qualification_backed(&self.core, self.gpu.window.mapped())?;
-        isolate(&self.core, &mut self.gpu)
+        self.one_rank("fault isolation")?;
+        check_qualification_backed(self.core.view(), self.gpus[0].window.mapped())?;
+        isolate(&self.core, &mut self.gpus[0])
     }
 
     /// Replays the decode graph of `capacity` `steps` times, each step
     /// waiting for it and copying the completion records to the host; run
     /// after [`LoadedCore::check`] so the decode slots hold real requests.
+    /// One rank only.
     pub fn bench_decode(
         &mut self,
         capacity: u32,
         steps: NonZeroU32,
     ) -> Result<DecodeBench, ReplayError> {
-        bench_decode(&self.core, &mut self.gpu, capacity, steps)
+        self.one_rank("the decode bench")?;
+        bench_decode(&self.core, &mut self.gpus[0], capacity, steps)
     }
+
+    fn one_rank(&self, what: &'static str) -> Result<(), ReplayError> {
+        match self.core.world_size() {
+            1 => Ok(()),
+            world_size => Err(ReplayError::OneRankOnly { what, world_size }),
+        }
+    }
+}
+
+/// Loads one rank onto `device` (see [`LoadedCore::load`]); the report's
+/// `read_ms` counts only the initial tensors' wait, `total_ms` this rank.
+fn load_rank(
+    core: &ValidCore,
+    rank: RankView<'_>,
+    device: i32,
+    images: &[ImageBytes],
+    initial: &InitialContents,
+    kv_backing: KvBacking,
+) -> Result<(Gpu, LoadReport), ReplayError> {
+    let started = Instant::now();
+    let context = Context::new(device)?;
+    let device = context.info()?;
+    check_device(core.identity(), &device)?;
+    let granularity = context.granularity()?;
+    let not_kv = |region: &proto::Region| region.kind != RegionKind::KvPages as i32;
+    let plan = plan_spans_of(rank.window(), granularity, not_kv)?;
+    if let Some(collectives) = collectives_span(rank.window()) {
+        if !covered(&plan.spans, collectives.offset, collectives.len) {
+            return Err(ReplayError::CollectivesUnbacked { rank: rank.rank() });
+        }
+    }
+    let kv_window = |mapped| KvWindow {
+        granularity,
+        reservation: plan.reservation,
+        mapped,
+    };
+    let mut early = plan.spans.clone();
+    let stage = match kv_backing {
+        KvBacking::Prepared => {
+            let kv = plan_kv_prepared(rank, kv_window(&plan.spans))?;
+            early = merged([early, kv.spans.clone()].concat());
+            check_backed(rank, &early)?;
+            KvStage::Early(kv)
+        }
+        KvBacking::FromFreeMemory { reserve_bytes } => {
+            // The qualification is checked when it runs: with fewer
+            // pages than prepared it cannot.
+            check_initial_backed(rank, &early)?;
+            KvStage::Late { reserve_bytes }
+        }
+    };
+    let free = context.mem_get_info()?.free;
+    if span_bytes(&early) > free {
+        return Err(ReplayError::InsufficientMemory {
+            needed: span_bytes(&early),
+            free,
+        });
+    }
+
+    // On failure the locals drop in reverse order of declaration:
+    // executable graphs, graphs, stream, modules, window, context, the
+    // same safe order as `Gpu`.
+    let mapping = Instant::now();
+    let mut window = Window::reserve(&context, rank.window().base, plan.reservation)?;
+    for &span in &early {
+        window.map(span)?;
+    }
+    context.synchronize()?;
+    let mut map = mapping.elapsed();
+
+    let times = upload_initial(rank, initial, &window)?;
+    context.synchronize()?;
+
+    let loading = Instant::now();
+    let modules = load_modules(&context, images)?;
+    let module_load = loading.elapsed();
+
+    let building = Instant::now();
+    let stream = Stream::new(&context)?;
+    let mut graphs = Vec::with_capacity(rank.graphs().len());
+    let mut execs = Vec::with_capacity(rank.graphs().len());
+    for (index, description) in rank.graphs().iter().enumerate() {
+        let wrap = |source: CudaError| ReplayError::Graph {
+            index,
+            kind: GraphKind::try_from(description.kind)
+                .unwrap_or_default()
+                .as_str_name(),
+            capacity: description.capacity,
+            source,
+        };
+        let graph = Graph::build(&context, description, &modules, &window).map_err(wrap)?;
+        let exec = graph.instantiate().map_err(wrap)?;
+        exec.upload(&stream).map_err(wrap)?;
+        graphs.push(graph);
+        execs.push(exec);
+    }
+    stream.synchronize()?;
+    let graph_build = building.elapsed();
+
+    let (kv, kv_reserve_bytes) = match stage {
+        KvStage::Early(kv) => (kv, None),
+        KvStage::Late { reserve_bytes } => {
+            let free = context.mem_get_info()?.free;
+            let kv = plan_kv_from_free(rank, kv_window(window.mapped()), free, reserve_bytes)?;
+            let mapping = Instant::now();
+            for &span in &kv.spans {
+                window.map(span)?;
+            }
+            context.synchronize()?;
+            map += mapping.elapsed();
+            (kv, Some(reserve_bytes))
+        }
+    };
+    let contract = core.contract();
+
+    let report = LoadReport {
+        rank: rank.rank(),
+        device,
+        read_ms: ms(times.read),
+        map_ms: ms(map),
+        upload_ms: ms(times.upload),
+        module_load_ms: ms(module_load),
+        graph_build_ms: ms(graph_build),
+        total_ms: ms(started.elapsed()),
+        window_base: window.base(),
+        window_reserved: window.size(),
+        backed_bytes: window.mapped_bytes(),
+        spans: window.mapped().len(),
+        granularity,
+        initial_tensors: initial.uploads().len(),
+        initial_bytes: initial.bytes(),
+        images: images.len(),
+        image_bytes: 0,
+        graphs: graphs.len(),
+        nodes: graphs.iter().map(Graph::node_count).sum(),
+        free_after_load: context.mem_get_info()?.free,
+        kv_pages: kv.pages,
+        kv_pages_prepared: contract.kv_pages,
+        kv_bytes: u64::from(kv.pages) * contract.bytes_per_page,
+        kv_tokens: u64::from(kv.pages.saturating_sub(1)) * u64::from(contract.page_size),
+        kv_reserve_bytes,
+    };
+    let gpu = Gpu {
+        execs,
+        _graphs: graphs,
+        _modules: modules,
+        stream,
+        window,
+        context,
+    };
+    Ok((gpu, report))
+}
+
+/// Opens each rank's collectives region to every other rank's device (the
+/// peers' graphs read and signal it). Ranks on the same device need nothing.
+fn open_collectives(core: &ValidCore, gpus: &mut [Gpu]) -> Result<(), ReplayError> {
+    let ranks = core.ranks();
+    for owner in 0..gpus.len() {
+        let Some(span) = collectives_span(ranks[owner].window()) else {
+            continue;
+        };
+        for peer in 0..gpus.len() {
+            let (to, from) = (gpus[owner].context.ordinal(), gpus[peer].context.ordinal());
+            if peer == owner || from == to {
+                continue;
+            }
+            if !gpus[peer].context.can_access_peer(&gpus[owner].context)? {
+                return Err(ReplayError::NoPeerAccess { from, to });
+            }
+            gpus[owner].context.bind()?;
+            gpus[owner].window.grant_access(span, from)?;
+        }
+    }
+    Ok(())
 }
 
 /// What the serving executor drives: the core's stream, window and graphs.
 impl LoadedCore {
     /// The CUDA context the core lives in.
     pub fn context(&self) -> &Rc<Context> {
-        &self.gpu.context
+        &self.gpus[0].context
     }
 
     /// The stream every graph of the core runs on.
     pub fn stream(&self) -> &Stream {
-        &self.gpu.stream
+        &self.gpus[0].stream
     }
 
     /// The window, mapped at its exact base.
     pub fn window(&self) -> &Window {
-        &self.gpu.window
+        &self.gpus[0].window
     }
 
     /// Queues the graph at manifest position `index` on [`Self::stream`].
     pub fn launch_graph(&self, index: usize) -> Result<(), CudaError> {
-        let exec = self.gpu.execs.get(index).ok_or(CudaError::InvalidNode {
-            reason: format!("no graph at position {index}"),
-        })?;
-        exec.launch(&self.gpu.stream)
+        let exec = self.gpus[0]
+            .execs
+            .get(index)
+            .ok_or(CudaError::InvalidNode {
+                reason: format!("no graph at position {index}"),
+            })?;
+        exec.launch(&self.gpus[0].stream)
     }
 }

@@ -51,7 +51,7 @@ pub use kv_backing::{
 };
 pub use loaded::{LoadOptions, LoadedCore};
 pub use qualify::{qualify, QualificationReport, ReplayDevice, StepReport};
-pub use report::{LoadReport, ReplayReport};
+pub use report::{LoadReport, PeerReport, ReplayReport};
 pub use spans::{
     check_backed, check_initial_backed, check_qualification_backed, plan_spans, plan_spans_of,
     SpanPlan,

@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::digest::sha256_hex;
 use super::error::ReplayError;
 use crate::core::proto::GraphKind;
-use crate::core::{CoreError, ValidCore};
+use crate::core::{CoreError, RankView, ValidCore};
 
 /// What a replay does to a device: host copies at absolute window addresses,
 /// graph launches by manifest position, and free memory.
@@ -54,6 +54,8 @@ pub struct StepReport {
 /// The result of the whole qualification sequence.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct QualificationReport {
+    /// The rank whose sequence this is (0 for a one-rank core).
+    pub rank: u32,
     /// Every step, in order.
     pub steps: Vec<StepReport>,
     /// Number of steps.
@@ -76,68 +78,104 @@ impl QualificationReport {
     }
 }
 
-/// Absolute address and extent of buffer `name`, which validation
-/// guarantees exists and lies in the window (so the sum cannot overflow).
-pub(crate) fn locate(core: &ValidCore, name: &str) -> Result<(u64, u64), ReplayError> {
-    let buffer = core
+/// Absolute address and extent of buffer `name` on `rank`, which validation
+/// guarantees exists and lies in the rank's window (so the sum cannot
+/// overflow).
+pub(crate) fn locate(rank: RankView<'_>, name: &str) -> Result<(u64, u64), ReplayError> {
+    let buffer = rank
         .buffer_named(name)
         .ok_or_else(|| CoreError::UnknownReference {
             what: "buffer",
             name: name.to_owned(),
         })?;
-    Ok((core.window().base + buffer.offset, buffer.size_bytes))
+    Ok((rank.window().base + buffer.offset, buffer.size_bytes))
 }
 
-/// Replays `core`'s qualification sequence on `device`, which must hold the
-/// freshly loaded core: per step, the writes, one launch, a synchronize, then
-/// every digest compared.
+/// Replays `core`'s qualification sequence (rank 0's) on `device`, which must
+/// hold the freshly loaded core: per step, the writes, one launch, a
+/// synchronize, then every digest compared.
 pub fn qualify<D: ReplayDevice>(
     core: &ValidCore,
     device: &mut D,
 ) -> Result<QualificationReport, ReplayError> {
-    let qualification = core.qualification().ok_or(ReplayError::NoQualification)?;
-    let free_before = device.free_memory()?;
+    let mut reports = qualify_ranks(&[core.view()], std::slice::from_mut(device))?;
+    Ok(reports.remove(0))
+}
+
+/// Replays every rank's qualification sequence, `ranks[r]` on `devices[r]`,
+/// in lockstep: per step, each rank's writes and launch are queued (the
+/// ranks' collectives rendezvous inside the graphs, so no rank waits before
+/// every rank's launch is queued), then each rank is synchronized and its
+/// digests compared. Validation holds every rank's sequence to rank 0's
+/// length and graphs. One report per rank, in rank order.
+pub fn qualify_ranks<D: ReplayDevice>(
+    ranks: &[RankView<'_>],
+    devices: &mut [D],
+) -> Result<Vec<QualificationReport>, ReplayError> {
+    assert_eq!(ranks.len(), devices.len(), "one device per rank");
+    let sequences = (ranks.iter())
+        .map(|rank| rank.qualification().ok_or(ReplayError::NoQualification))
+        .collect::<Result<Vec<_>, _>>()?;
+    let free_before = (devices.iter_mut())
+        .map(ReplayDevice::free_memory)
+        .collect::<Result<Vec<_>, _>>()?;
+    let length = sequences.iter().map(|q| q.steps.len()).min().unwrap_or(0);
     let mut contents = Vec::new();
-    let mut steps = Vec::with_capacity(qualification.steps.len());
-    for (index, step) in qualification.steps.iter().enumerate() {
-        for write in &step.writes {
-            let (addr, _) = locate(core, &write.buffer)?;
-            device.write(addr + write.offset, &write.data)?;
-        }
-        let graph_index = step.graph as usize;
-        device.launch(graph_index)?;
-        device.synchronize()?;
-        let mut mismatched = Vec::new();
-        for digest in &step.digests {
-            let (addr, len) = locate(core, &digest.buffer)?;
-            contents.resize(len as usize, 0);
-            device.read(addr, &mut contents)?;
-            if sha256_hex(&contents) != digest.sha256 {
-                mismatched.push(digest.buffer.clone());
+    let mut steps: Vec<Vec<StepReport>> = vec![Vec::with_capacity(length); ranks.len()];
+    for index in 0..length {
+        for ((rank, sequence), device) in ranks.iter().zip(&sequences).zip(devices.iter_mut()) {
+            let step = &sequence.steps[index];
+            for write in &step.writes {
+                let (addr, _) = locate(*rank, &write.buffer)?;
+                device.write(addr + write.offset, &write.data)?;
             }
+            device.launch(step.graph as usize)?;
         }
-        let graph = core.graphs().get(graph_index);
-        steps.push(StepReport {
-            step: index,
-            graph: graph_index,
-            kind: graph
-                .and_then(|g| GraphKind::try_from(g.kind).ok())
-                .unwrap_or_default()
-                .as_str_name(),
-            capacity: graph.map_or(0, |g| g.capacity),
-            writes: step.writes.len(),
-            digests: step.digests.len(),
-            ok: mismatched.is_empty(),
-            mismatched,
+        for (((rank, sequence), device), reports) in
+            (ranks.iter().zip(&sequences).zip(devices.iter_mut())).zip(&mut steps)
+        {
+            let step = &sequence.steps[index];
+            device.synchronize()?;
+            let mut mismatched = Vec::new();
+            for digest in &step.digests {
+                let (addr, len) = locate(*rank, &digest.buffer)?;
+                contents.resize(len as usize, 0);
+                device.read(addr, &mut contents)?;
+                if sha256_hex(&contents) != digest.sha256 {
+                    mismatched.push(digest.buffer.clone());
+                }
+            }
+            let graph_index = step.graph as usize;
+            let graph = rank.graphs().get(graph_index);
+            reports.push(StepReport {
+                step: index,
+                graph: graph_index,
+                kind: graph
+                    .and_then(|g| GraphKind::try_from(g.kind).ok())
+                    .unwrap_or_default()
+                    .as_str_name(),
+                capacity: graph.map_or(0, |g| g.capacity),
+                writes: step.writes.len(),
+                digests: step.digests.len(),
+                ok: mismatched.is_empty(),
+                mismatched,
+            });
+        }
+    }
+    let mut reports = Vec::with_capacity(ranks.len());
+    for (((rank, steps), device), free_before) in
+        (ranks.iter().zip(steps).zip(devices.iter_mut())).zip(free_before)
+    {
+        let free_after = device.free_memory()?;
+        reports.push(QualificationReport {
+            rank: rank.rank(),
+            total_steps: steps.len(),
+            matched_steps: steps.iter().filter(|step| step.ok).count(),
+            steps,
+            free_before,
+            free_after,
+            allocation_free: free_before == free_after,
         });
     }
-    let free_after = device.free_memory()?;
-    Ok(QualificationReport {
-        total_steps: steps.len(),
-        matched_steps: steps.iter().filter(|step| step.ok).count(),
-        steps,
-        free_before,
-        free_after,
-        allocation_free: free_before == free_after,
-    })
+    Ok(reports)
 }

@@ -9,6 +9,8 @@ use crate::cuda::DeviceInfo;
 /// What loading a core onto the GPU did, and how long each part took.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LoadReport {
+    /// The rank loaded (0 for a one-rank core).
+    pub rank: u32,
     /// The device the core was loaded on.
     pub device: DeviceInfo,
     /// Reading the core from disk: manifest, kernel images, the initial
@@ -76,13 +78,28 @@ pub struct ReplayReport {
     pub qualification: Option<QualificationReport>,
     /// The decode bench, when it ran.
     pub decode_bench: Option<DecodeBench>,
+    /// Ranks 1.. of a tensor-parallel core (the fields above are rank 0's),
+    /// in rank order; absent for a one-rank core.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub peers: Vec<PeerReport>,
+}
+
+/// A peer rank's part of a [`ReplayReport`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PeerReport {
+    /// Loading the rank.
+    pub load: LoadReport,
+    /// Its qualification check, replayed in lockstep with rank 0's, when it
+    /// ran.
+    pub qualification: Option<QualificationReport>,
 }
 
 impl ReplayReport {
     /// Whether every digest of the qualification matched (also when it did
     /// not run).
     pub fn passed(&self) -> bool {
-        self.qualification.as_ref().is_none_or(|q| q.passed())
+        let passed = |q: &Option<QualificationReport>| q.as_ref().is_none_or(|q| q.passed());
+        passed(&self.qualification) && self.peers.iter().all(|peer| passed(&peer.qualification))
     }
 
     /// The report as pretty-printed JSON.

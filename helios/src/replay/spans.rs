@@ -8,7 +8,7 @@
 
 use super::error::ReplayError;
 use crate::core::proto::{Region, Window};
-use crate::core::ValidCore;
+use crate::core::RankView;
 use crate::cuda::{covered, Span};
 
 /// The reservation and the spans to back, for one device's granularity.
@@ -144,13 +144,13 @@ pub(super) fn span_bytes(spans: &[Span]) -> u64 {
 
 /// Checks that every buffer the host touches (initial contents, the
 /// qualification's writes and digests) lies in backed memory.
-pub fn check_backed(core: &ValidCore, spans: &[Span]) -> Result<(), ReplayError> {
+pub fn check_backed(core: RankView<'_>, spans: &[Span]) -> Result<(), ReplayError> {
     check_initial_backed(core, spans)?;
     check_qualification_backed(core, spans)
 }
 
 /// Checks that every buffer with initial contents lies in backed memory.
-pub fn check_initial_backed(core: &ValidCore, spans: &[Span]) -> Result<(), ReplayError> {
+pub fn check_initial_backed(core: RankView<'_>, spans: &[Span]) -> Result<(), ReplayError> {
     let initial = (core.buffers().iter())
         .filter(|buffer| !buffer.initial_tensor.is_empty())
         .map(|buffer| buffer.name.as_str());
@@ -160,7 +160,7 @@ pub fn check_initial_backed(core: &ValidCore, spans: &[Span]) -> Result<(), Repl
 /// Checks that every buffer the qualification writes or digests lies in
 /// backed memory: with fewer KV pages backed than prepared, the KV pages
 /// buffer does not.
-pub fn check_qualification_backed(core: &ValidCore, spans: &[Span]) -> Result<(), ReplayError> {
+pub fn check_qualification_backed(core: RankView<'_>, spans: &[Span]) -> Result<(), ReplayError> {
     let steps = core
         .qualification()
         .map(|q| q.steps.as_slice())
@@ -173,7 +173,7 @@ pub fn check_qualification_backed(core: &ValidCore, spans: &[Span]) -> Result<()
 }
 
 fn check_named<'a>(
-    core: &ValidCore,
+    core: RankView<'_>,
     spans: &[Span],
     touched: impl Iterator<Item = &'a str>,
 ) -> Result<(), ReplayError> {
@@ -296,6 +296,7 @@ mod tests {
     #[test]
     fn a_qualification_over_unbacked_kv_pages_is_refused_when_it_runs() {
         use crate::core::proto::BufferDigest;
+        use crate::core::ValidCore;
         let mut core = crate::core::sample::tiny_core();
         let kv = core.buffers.iter().find(|b| b.name == "kv.pages").unwrap();
         let kv_end = kv.offset + kv.size_bytes;
@@ -307,11 +308,11 @@ mod tests {
             });
         let core = ValidCore::new(core).unwrap();
         let everything = [span(0, 32 << 20)];
-        check_qualification_backed(&core, &everything).unwrap();
+        check_qualification_backed(core.view(), &everything).unwrap();
         // The KV region backed up to the buffer's last page only.
         let short = [span(0, kv_end - 1), span(kv_end, (32 << 20) - kv_end)];
-        check_initial_backed(&core, &short).unwrap();
-        let err = check_qualification_backed(&core, &short).unwrap_err();
+        check_initial_backed(core.view(), &short).unwrap();
+        let err = check_qualification_backed(core.view(), &short).unwrap_err();
         assert!(matches!(err, ReplayError::Unbacked { ref buffer } if buffer == "kv.pages"));
     }
 

@@ -138,6 +138,7 @@ pub fn run(options: RunOptions) -> Result<(), ServeError> {
         kv: KvBacking::FromFreeMemory {
             reserve_bytes: options.gpu_reserve_mib * MIB,
         },
+        rank_devices: Vec::new(),
     };
     let worker = Worker::spawn_with(plan.scheduler, move || {
         let loaded = LoadedCore::load(&path, &load).map_err(load_failure)?;

@@ -21,6 +21,7 @@ pub fn fresh_dir(name: &str) -> PathBuf {
 }
 
 /// One initial tensor as it goes into `buffers.safetensors`.
+#[derive(Clone)]
 pub struct Tensor {
     pub name: String,
     pub dtype: Dtype,
