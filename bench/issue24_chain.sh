@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Issue 24's single-GPU checks on the GPU machine, run detached (bench/detached.sh),
-# each PART of `bench/issue24_check.sh` in the order given (default: export tp-logits
-# collectives), each step logged to steps.txt, results under DETACHED_OUT/issue24/PART:
+# each PART of `bench/issue24_check.sh` in the order given (default: helios-gpu export
+# tp-logits collectives), each step logged to steps.txt, results under
+# DETACHED_OUT/issue24/PART. One PART of its own, helios-gpu: Helios's loader GPU tests
+# (`cargo test --release -p flare-helios --test gpu_replay --no-run`'s binary, stripped
+# and carried as .carry/gpu_replay.xz: no cargo there) with --ignored, among them a
+# two-rank core on this GPU checked in lockstep:
 #
 #   bash bench/detached.sh start DIR "bash bench/issue24_chain.sh [PART...]"
 #
@@ -16,8 +20,16 @@ if [ -z "${FLARE:-}" ] && [ -e .carry/flare.xz ]; then
   export FLARE=$PWD/BIN/flare
 fi
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(export tp-logits collectives)
+[ ${#parts[@]} -gt 0 ] || parts=(helios-gpu export tp-logits collectives)
 for part in "${parts[@]}"; do
+  if [ "$part" = helios-gpu ]; then
+    mkdir -p "$out/helios-gpu" BIN
+    python3 -c "import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
+      .carry/gpu_replay.xz BIN/gpu_replay && chmod +x BIN/gpu_replay \
+      && timeout 300 BIN/gpu_replay --ignored --test-threads=1 > "$out/helios-gpu/gpu-replay.log" 2>&1
+    step issue24-helios-gpu $?
+    continue
+  fi
   WORK=${WORK24:-/tmp/w24} timeout 600 bash bench/issue24_check.sh "$part" "$out/$part" \
     > "$out/$part.log" 2>&1
   step "issue24-$part" $?
