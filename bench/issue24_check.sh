@@ -16,8 +16,13 @@
 #       collectives, each rank's core, then the group's merged core in OUT/core, read
 #       back; when FLARE names a flare binary, `$FLARE inspect` on it and `$FLARE
 #       replay --check --rank-devices 0,0`: both ranks in one process, their
-#       qualification sequences replayed in lockstep, bitwise per rank). Needs the
-#       carried flare_heliopause wheel.
+#       qualification sequences replayed in lockstep, bitwise per rank). The Python
+#       harness answers the first 8 agent prompts over the exported graphs
+#       (OUT/python.json). Needs the carried flare_heliopause wheel.
+#   bench/issue24_check.sh serve OUT
+#       `FLARE run` serving export's group core (OUT/../export) with both ranks on
+#       this GPU, checked with the OpenAI client against the harness's answers and
+#       with the prefix cache (see the part below).
 #   bench/issue24_check.sh collectives OUT
 #       the export-safe two-rank collectives (ignition.parallel.window_collectives),
 #       tests/test_window_collectives.py's GPU tests, every result bitwise: both ranks
@@ -26,7 +31,7 @@
 #       address (ignition.parallel.shared_collectives: exported memory, descriptors
 #       passed over the process group). Needs the carried flare_heliopause wheel.
 set -uo pipefail
-usage="usage: bench/issue24_check.sh tp-logits|export|collectives OUT"
+usage="usage: bench/issue24_check.sh tp-logits|export|serve|collectives OUT"
 part=${1:?$usage}
 out=${2:?$usage}
 mkdir -p "$out"
@@ -35,6 +40,8 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/flare-triton
 work=${WORK:-/tmp/flare-issue24}
+# The harness's requests at export, and what serve_clients.py sends.
+sampling=(--temperature 0.7 --top-k 40 --top-p 0.9 --min-p 0 --seed 1000 --max-new-tokens 32)
 mkdir -p "$work"
 status=0
 
@@ -56,8 +63,10 @@ write_tiny(Path(sys.argv[1]), 'qwen3')" "$work/tiny-qwen3" > /dev/null || exit 1
     python3 -c "import sys; from pathlib import Path; from checkpoints import write_tiny; \
 write_tiny(Path(sys.argv[1]), 'qwen3')" "$work/tiny-qwen3" > /dev/null || exit 1
     rm -rf "$out/core"
+    head -8 bench/prompts/agent50.jsonl > "$out/prompts.jsonl"
     timeout 900 python3 -m ignition.parallel.export_ranks "$work/tiny-qwen3" --out "$out/core" \
-      --max-concurrency 4 --context-limit 512 > "$out/export.log" 2>&1 || status=1
+      --max-concurrency 4 --context-limit 512 --replay-out "$out/python.json" \
+      --prompts "$out/prompts.jsonl" "${sampling[@]}" > "$out/export.log" 2>&1 || status=1
     tail -20 "$out/export.log"
     python3 -c "import sys; from pathlib import Path; from ignition.export.core_dir import \
 read_core_dir; core = read_core_dir(Path(sys.argv[1]))[0]; \
@@ -76,6 +85,44 @@ print('world', core.rank_layout.world_size, 'graphs', len(core.graphs), 'images'
       grep -E "^(rank|result)" "$out/replay-check.txt"
       tail -3 "$out/replay-check.txt"
     fi
+    ;;
+  serve)
+    # The group's core that `export` wrote (OUT/../export/core), served by `flare run
+    # --rank-devices 0,0`: both ranks in one process on this GPU, one execution
+    # thread each. bench/serve_clients.py streams with the OpenAI client, sends the
+    # prompts at concurrency 1, 2 and 4 and compares every answer with the Python
+    # harness's over the same graphs (export's python.json), token for token, and
+    # disconnects a stream mid-way; SIGTERM must drain and exit 0. Then with the
+    # prefix cache: each prompt twice (the repeat restores the whole prompt and answers
+    # identically) and a next turn that restores the first.
+    exported=$(dirname "$out")/export
+    [ -f "$exported/core/manifest.pb" ] || { echo "no core in $exported: run export first"; exit 1; }
+    : "${FLARE:?serve needs FLARE, a flare binary}"
+    . bench/flare_run.sh
+    for part in corpus prefix; do
+      if [ $part = corpus ]; then
+        flare_run "$FLARE" "$exported/core" "$out/flare-run.log" --rank-devices 0,0 \
+          --no-prefix-cache || exit 1
+        timeout 300 python3 bench/serve_clients.py --url "$url" --prompts "$exported/prompts.jsonl" \
+          --python "$exported/python.json" --out "$out/serve.json" --seed 1000 --max-tokens 32 \
+          > "$out/flare-run.client.log" 2>&1 || status=1
+      else
+        flare_run "$FLARE" "$exported/core" "$out/flare-run-prefix.log" --rank-devices 0,0 \
+          || exit 1
+        timeout 300 python3 bench/serve_clients.py --url "$url" --prompts "$exported/prompts.jsonl" \
+          --prefix-check --out "$out/serve-prefix.json" --seed 1000 --max-tokens 32 \
+          --sampling '{"temperature": 0.7, "top_k": 40, "top_p": 0.9, "min_p": 0}' \
+          > "$out/flare-run-prefix.client.log" 2>&1 || status=1
+      fi
+      name=flare-run
+      [ $part = prefix ] && name=flare-run-prefix
+      tail -6 "$out/$name.client.log"
+      kill -TERM $pid
+      wait $pid
+      code=$?
+      echo "flare run ($part) exited with $code after SIGTERM"
+      [ $code -eq 0 ] || status=1
+    done
     ;;
   collectives)
     # Two rank processes share the one GPU only in the Default compute mode.

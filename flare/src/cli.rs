@@ -64,9 +64,16 @@ pub enum Command {
         /// Requests the admission queue holds (more are refused with 503).
         #[arg(long, default_value_t = 1024)]
         queue_capacity: usize,
-        /// CUDA device ordinal.
+        /// CUDA device ordinal (rank 0's, for a tensor-parallel core).
         #[arg(long, default_value_t = 0)]
         device: i32,
+        /// For a tensor-parallel core: the device of every rank, rank 0's
+        /// first, comma-separated (ranks may share one: `0,0`). Default: rank
+        /// R on device --device + R. Each rank loads on an execution thread of
+        /// its own and backs the KV pages its device holds; the server uses
+        /// the fewest.
+        #[arg(long, value_name = "DEVICES", value_delimiter = ',')]
+        rank_devices: Vec<i32>,
         /// Do not reuse exact prefix checkpoints across requests (every
         /// prompt is prefilled from its first token).
         #[arg(long)]
@@ -226,6 +233,7 @@ pub fn execute(command: Command) -> Result<Outcome, HeliosError> {
             max_body_bytes,
             queue_capacity,
             device,
+            rank_devices,
             no_prefix_cache,
             message_checkpoints,
         } => {
@@ -235,6 +243,7 @@ pub fn execute(command: Command) -> Result<Outcome, HeliosError> {
                 port,
                 api_key,
                 device,
+                rank_devices,
                 gpu_reserve_mib: gpu_reserve,
                 model,
                 aliases,

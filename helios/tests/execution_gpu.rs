@@ -559,7 +559,7 @@ fn launch_calls(state: &Shared) -> Vec<Call> {
 #[test]
 fn the_ring_is_allocated_once_with_room_for_the_largest_launch() {
     let core = fixture();
-    let staging = StagingLayout::new(&core).unwrap();
+    let staging = StagingLayout::new(core.view()).unwrap();
     let (device, state) = FakeDevice::new(&core);
     let _executor = GpuExecutor::new(device).unwrap();
     let calls = state.borrow().calls.clone();
@@ -585,7 +585,7 @@ fn the_ring_is_allocated_once_with_room_for_the_largest_launch() {
 #[test]
 fn a_launch_copies_its_staging_then_launches_then_copies_the_records_back_then_records() {
     let core = fixture();
-    let staging = StagingLayout::new(&core).unwrap();
+    let staging = StagingLayout::new(core.view()).unwrap();
     let (device, state) = FakeDevice::new(&core);
     let mut executor = GpuExecutor::new(device).unwrap();
     let launch = decode([2, 1, 0, 0]);

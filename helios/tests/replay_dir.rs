@@ -384,27 +384,25 @@ fn loading_reports_file_errors_before_any_cuda_work() {
 }
 
 #[test]
-fn a_tensor_parallel_core_is_refused_for_serving_before_any_cuda_work() {
+fn every_rank_at_once_loads_its_prepared_pages_and_names_one_device_per_rank() {
     // Its rank layout validates (tests/manifest.rs) and `flare replay` loads
     // every rank with its prepared pages (tests/gpu_replay.rs); KV pages sized
-    // from free memory, what serving does, are not built for several ranks:
-    // loading says so, typed, instead of serving rank 0 alone.
+    // from free memory are one rank's (serving loads each rank on its thread),
+    // so loading every rank at once with them is refused, typed, before any
+    // CUDA work.
     let (core, tensors) = sample();
     let core = helios::core::sample::with_ranks(core, 2);
     let dir = written("load-two-ranks", &core, &tensors, &[IMAGE]);
-    let serving = LoadOptions {
+    let sized = LoadOptions {
         kv: KvBacking::FromFreeMemory { reserve_bytes: 0 },
         ..LoadOptions::default()
     };
-    let err = LoadedCore::load(&dir, &serving).unwrap_err();
+    let err = LoadedCore::load(&dir, &sized).unwrap_err();
     assert!(
-        matches!(err, ReplayError::TensorParallel { world_size: 2 }),
+        matches!(err, ReplayError::RanksFromFreeMemory { world_size: 2 }),
         "{err:?}"
     );
-    assert!(
-        err.to_string().contains("tensor parallelism over 2 GPUs"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("drop --gpu-reserve"), "{err}");
     // Devices for the ranks name one per rank.
     let three = LoadOptions {
         rank_devices: vec![0, 1, 2],

@@ -498,6 +498,106 @@ fn ranks_whose_records_diverge_fail_the_step() {
     assert!(scheduler.step().is_err());
 }
 
+/// A rank whose executor must stay on the thread that built it, as a loaded
+/// core's CUDA objects must (`Rc`s): only `RankGroup::spawn` can serve it.
+struct ThreadBound {
+    rank: Rank,
+    _here: std::rc::Rc<()>,
+}
+
+impl helios::scheduler::Executor for ThreadBound {
+    fn submit(
+        &mut self,
+        launch: &helios::scheduler::Launch,
+    ) -> Result<helios::scheduler::Ticket, ExecutionError> {
+        self.rank.submit(launch)
+    }
+    fn poll(
+        &mut self,
+        ticket: helios::scheduler::Ticket,
+    ) -> Result<Option<helios::scheduler::Completion>, ExecutionError> {
+        self.rank.poll(ticket)
+    }
+    fn wait(
+        &mut self,
+        ticket: helios::scheduler::Ticket,
+    ) -> Result<helios::scheduler::Completion, ExecutionError> {
+        self.rank.wait(ticket)
+    }
+}
+
+#[test]
+fn ranks_built_on_their_own_threads_serve_and_one_failing_to_build_ends_them_all() {
+    use helios::scheduler::RankGroup;
+    let setup = Setup::default();
+    let dropped: Vec<Dropped> = (0..2).map(|_| Dropped::default()).collect();
+    let (flags, executor_setup) = (dropped.clone(), setup.clone());
+    let bound = move |rank: usize| ThreadBound {
+        rank: Rank {
+            inner: executor_setup.executor(),
+            launches: Launches::default(),
+            fail_at: None,
+            dropped: flags[rank].clone(),
+        },
+        _here: std::rc::Rc::new(()),
+    };
+    let make = bound.clone();
+    let (group, known) = RankGroup::spawn(2, move |rank| {
+        let thread = std::thread::current().name().map(str::to_owned);
+        Ok((make(rank), (rank, thread)))
+    })
+    .unwrap();
+    // Each rank was built on its own execution thread; what each reported
+    // comes back in rank order.
+    assert_eq!(
+        known,
+        [
+            (0, Some("helios-rank-0".to_owned())),
+            (1, Some("helios-rank-1".to_owned()))
+        ]
+    );
+    let mut scheduler = Scheduler::new(setup.geometry(), setup.config.clone(), group).unwrap();
+    let request = spec(12, 20, 5);
+    scheduler.submit(request.clone()).unwrap();
+    let mut transcript = Transcript::default();
+    transcript.run(&mut scheduler, 10_000).unwrap();
+    assert_eq!(
+        transcript.get(RequestId(0)).tokens,
+        reference(&setup, &request).tokens
+    );
+    drop(scheduler);
+    assert!(dropped
+        .iter()
+        .all(|d| d.load(std::sync::atomic::Ordering::SeqCst)));
+
+    // Rank 1 cannot build (its device is missing): the group is not made,
+    // rank 0's executor is dropped and its thread joined before spawn returns.
+    for flag in &dropped {
+        flag.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+    let make = bound.clone();
+    let err = RankGroup::spawn(2, move |rank| {
+        if rank == 1 {
+            return Err(ExecutionError::Device {
+                operation: "core load",
+                source: std::sync::Arc::new(std::io::Error::other("no device 1")),
+            });
+        }
+        Ok((make(rank), ()))
+    })
+    .map(|_| ())
+    .unwrap_err();
+    let ExecutionError::Device { source, .. } = err else {
+        panic!("not a device failure: {err:?}")
+    };
+    let failure = source
+        .downcast_ref::<helios::scheduler::RankFailure>()
+        .unwrap();
+    assert_eq!(failure.rank, 1);
+    assert!(failure.to_string().contains("no device 1"), "{failure}");
+    assert!(dropped[0].load(std::sync::atomic::Ordering::SeqCst));
+}
+
 #[test]
 fn the_model_thread_serves_two_ranks_and_its_shutdown_joins_both() {
     use helios::scheduler::{ShutdownMode, Worker};
@@ -514,10 +614,7 @@ fn the_model_thread_serves_two_ranks_and_its_shutdown_joins_both() {
                 dropped: flag.clone(),
             })
             .collect();
-        helios::scheduler::RankGroup::new(ranks).map_err(|err| ExecutionError::Device {
-            operation: "rank threads",
-            source: std::sync::Arc::new(err),
-        })
+        helios::scheduler::RankGroup::new(ranks)
     })
     .unwrap();
     let request = spec(12, 20, 5);

@@ -14,7 +14,7 @@ use helios::scheduler::{Launch, Operation, Restore, Slot, Snapshot};
 fn snapshot_and_restore_pack_into_the_exported_maintenance_buffers() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-core");
     let core = load_manifest(&dir).unwrap();
-    let staging = StagingLayout::new(&core).unwrap();
+    let staging = StagingLayout::new(core.view()).unwrap();
     let base = core.window().base;
     let buffer = |semantic: Semantic| {
         let buffer = core.buffer(semantic).unwrap();

@@ -21,6 +21,14 @@ region but no rank layout: Helios refuses it alone, and reads only the group's.
 
     python -m ignition.parallel.export_ranks CHECKPOINT --out CORE
         [--max-concurrency 4] [--context-limit 4096]
+        [--replay-out ANSWERS.json --prompts P.jsonl --max-new-tokens N --seed S ...]
+
+With ``--replay-out``, once the cores are written every rank answers the prompts with
+the Python replay harness over the very graphs it exported (reset to the core's
+initial contents; the ranks run the same harness steps, their collectives meeting),
+and rank 0 writes the answers as ``ignition prepare --replay-out`` does: what
+``flare run`` serving the group's core must answer token for token
+(``bench/serve_clients.py --python``).
 
 Not yet run on a GPU.
 """
@@ -28,6 +36,9 @@ Not yet run on a GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -36,6 +47,7 @@ from typing import Any
 
 import torch
 
+from ignition.cli import _add_requests, load_prompts
 from ignition.export.exporter import export_core
 from ignition.export.ranks import merge_rank_cores
 from ignition.export.window import WindowPlacement, rank_base
@@ -106,24 +118,62 @@ class RankSetup:
         self.spans.clear()
 
 
+@dataclass
+class Answers:
+    """The harness's requests (``ignition prepare``'s request flags, as parsed) and
+    where rank 0 writes their answers."""
+
+    requests: argparse.Namespace
+    prompts: list[dict[str, object]]
+    out: Path
+
+
 def _rank_main(
-    parallel: TensorParallel, checkpoint: Path, options: PrepareOptions, out: Path
+    parallel: TensorParallel,
+    checkpoint: Path,
+    options: PrepareOptions,
+    out: Path,
+    answers: Answers | None,
 ) -> None:
+    from ignition.cli import answer_prompts
+
     config = served_checkpoint(open_checkpoint(checkpoint))[0].config()
     hidden, vocab = int(config.hidden_size), int(config.vocab_size)
     capacity = storage_elements(hidden, vocab, options.prefill_chunk_size, options.max_concurrency)
     setup = RankSetup(parallel.rank, capacity, options.dtype, device=0)
-    export_core(checkpoint, options, out / f"rank-{parallel.rank}", device=0, group=setup)
+    after = None
+    if answers is not None:
+
+        def after(prepared: Any) -> None:
+            # Every rank runs the harness (its launches meet the peer's collectives);
+            # rank 0's tokens are every rank's (broadcast before any state update).
+            quiet = contextlib.redirect_stdout(io.StringIO()) if parallel.rank else None
+            with quiet or contextlib.nullcontext():
+                result = answer_prompts(prepared, answers.requests, answers.prompts)
+            if parallel.rank == 0:
+                answers.out.write_text(json.dumps(result, indent=1))
+
+    export_core(
+        checkpoint,
+        options,
+        out / f"rank-{parallel.rank}",
+        device=0,
+        after_export=after,
+        group=setup,
+    )
 
 
-def export_group(checkpoint: Path, options: PrepareOptions, out: Path) -> Path:
+def export_group(
+    checkpoint: Path, options: PrepareOptions, out: Path, answers: Answers | None = None
+) -> Path:
     """Exports ``checkpoint`` at two ranks into ``out``/rank-R, then the group's core
-    into ``out``; returns ``out``."""
+    into ``out``; returns ``out``. With ``answers``, the harness's answers over the
+    exported graphs are written too."""
     if torch.cuda.is_initialized():
         raise RuntimeError("CUDA is already initialized in this process: the ranks export")
     ranks = out / "ranks"
     ranks.mkdir(parents=True, exist_ok=True)
-    spawn_ranks(WORLD, _rank_main, checkpoint, options, ranks)
+    spawn_ranks(WORLD, _rank_main, checkpoint, options, ranks, answers)
     merge_rank_cores([ranks / f"rank-{rank}" for rank in range(WORLD)], out)
     return out
 
@@ -136,6 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="the group's core directory")
     parser.add_argument("--max-concurrency", type=int, default=4)
     parser.add_argument("--context-limit", type=int, default=4096)
+    parser.add_argument(
+        "--replay-out",
+        type=Path,
+        help="also answer the requests below with the Python harness over the exported "
+        "graphs, written here as `ignition prepare --replay-out` writes them",
+    )
+    _add_requests(parser.add_argument_group("requests for --replay-out"))
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("a tensor-parallel export needs a CUDA GPU (both ranks may share one)")
@@ -153,7 +210,12 @@ def main(argv: list[str] | None = None) -> int:
         # rank; a rank's residual fusion is its own.
         decode_fusion="residuals",
     )
-    export_group(args.checkpoint, options, args.out)
+    answers = None
+    if args.replay_out is not None:
+        # Read now: a bad prompts file must fail before minutes of preparation.
+        prompts = load_prompts(args.prompts, args.prompt or [])
+        answers = Answers(args, prompts, args.replay_out.resolve())
+    export_group(args.checkpoint, options, args.out, answers)
     print(f"wrote {args.out}")
     return 0
 

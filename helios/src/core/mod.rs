@@ -158,6 +158,7 @@ impl ValidCore {
                 rank,
                 window: &self.window,
                 buffers: &self.buffers,
+                bound: &self.bound,
                 graphs: &self.graphs,
                 qualification: self.qualification.as_ref(),
                 kv_layout: self.kv_layout.as_ref(),
@@ -169,6 +170,7 @@ impl ValidCore {
             rank,
             window: peer.window(),
             buffers: peer.buffers(),
+            bound: peer.bound(),
             graphs: peer.graphs(),
             qualification: peer.qualification(),
             kv_layout: peer.kv_layout(),
@@ -343,6 +345,7 @@ pub struct RankView<'a> {
     rank: u32,
     window: &'a Window,
     buffers: &'a [Buffer],
+    bound: &'a BTreeMap<Semantic, usize>,
     graphs: &'a [Graph],
     qualification: Option<&'a Qualification>,
     kv_layout: Option<&'a KvLayout>,
@@ -389,6 +392,22 @@ impl<'a> RankView<'a> {
     /// The rank's buffer called `name`, if any.
     pub fn buffer_named(&self, name: &str) -> Option<&'a Buffer> {
         self.buffers.iter().find(|buffer| buffer.name == name)
+    }
+
+    /// The rank's buffer bound to `semantic` (every rank binds the same
+    /// semantics to views of the same name, shape and dtype).
+    pub fn buffer(&self, semantic: Semantic) -> Option<&'a Buffer> {
+        self.bound
+            .get(&semantic)
+            .and_then(|&position| self.buffers.get(position))
+    }
+
+    /// Whether the sampling graphs take token masks (see
+    /// [`ValidCore::takes_token_masks`]).
+    pub fn takes_token_masks(&self) -> bool {
+        OPTIONAL_SEMANTICS
+            .iter()
+            .all(|semantic| self.bound.contains_key(semantic))
     }
 }
 

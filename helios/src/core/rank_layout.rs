@@ -84,6 +84,11 @@ impl ValidRank {
             .and_then(|&index| self.buffers.get(index))
     }
 
+    /// Which buffer each semantic value is bound to, by position.
+    pub(crate) fn bound(&self) -> &BTreeMap<Semantic, usize> {
+        &self.bound
+    }
+
     /// The graph of `kind` at exactly `capacity` on this rank.
     pub fn graph(&self, kind: GraphKind, capacity: u32) -> Option<&Graph> {
         self.catalog

@@ -141,16 +141,21 @@ impl Context {
         })
     }
 
-    /// Whether this context's device can read and write `peer`'s device's
+    /// Whether this context's device can read and write device `peer`'s
     /// memory (always for the same device).
-    pub fn can_access_peer(&self, peer: &Context) -> Result<bool, CudaError> {
-        if self.device() == peer.device() {
+    pub fn can_access_peer(&self, peer: i32) -> Result<bool, CudaError> {
+        if peer == self.ordinal() {
             return Ok(true);
         }
+        let mut device: sys::CUdevice = 0;
+        // SAFETY: the out-pointer points to a local; the driver is loaded.
+        check("cuDeviceGet", unsafe {
+            sys::cuDeviceGet(&mut device, peer)
+        })?;
         let mut can: c_int = 0;
         // SAFETY: the out-pointer points to a local.
         check("cuDeviceCanAccessPeer", unsafe {
-            sys::cuDeviceCanAccessPeer(&mut can, self.device(), peer.device())
+            sys::cuDeviceCanAccessPeer(&mut can, self.device(), device)
         })?;
         Ok(can != 0)
     }

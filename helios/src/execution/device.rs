@@ -38,6 +38,11 @@ pub trait LaunchDevice {
 
     /// The validated manifest whose contract the launches follow.
     fn core(&self) -> &ValidCore;
+    /// The rank of [`Self::core`] whose window the launches use (0 for a
+    /// one-rank core).
+    fn rank(&self) -> u32 {
+        0
+    }
     /// Allocates `len` bytes of host memory for asynchronous copies.
     fn host_buffer(&mut self, len: usize) -> Result<Self::Host, CudaError>;
     /// Creates a completion marker.
@@ -90,6 +95,10 @@ impl<T: GraphTarget> LaunchDevice for T {
 
     fn core(&self) -> &ValidCore {
         GraphTarget::core(self)
+    }
+
+    fn rank(&self) -> u32 {
+        GraphTarget::rank(self)
     }
 
     fn host_buffer(&mut self, len: usize) -> Result<PinnedBuffer, CudaError> {

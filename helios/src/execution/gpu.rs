@@ -35,6 +35,11 @@ use crate::scheduler::{Completion, ExecutionError, Executor, Launch, Ticket, MAX
 pub trait GraphTarget {
     /// The validated manifest (contract, bindings, graph catalog).
     fn core(&self) -> &ValidCore;
+    /// The rank of [`Self::core`] whose window and graphs these are (0 for a
+    /// one-rank core).
+    fn rank(&self) -> u32 {
+        0
+    }
     /// The CUDA context the graphs live in.
     fn context(&self) -> &Rc<Context>;
     /// The stream the graphs and copies run on.
@@ -48,6 +53,10 @@ pub trait GraphTarget {
 impl GraphTarget for LoadedCore {
     fn core(&self) -> &ValidCore {
         LoadedCore::core(self)
+    }
+
+    fn rank(&self) -> u32 {
+        LoadedCore::rank(self)
     }
 
     fn context(&self) -> &Rc<Context> {
@@ -122,7 +131,9 @@ fn staging(error: StagingError) -> ExecutionError {
 impl<D: LaunchDevice> GpuExecutor<D> {
     /// An executor over `device`, with its pinned ring allocated.
     pub fn new(mut device: D) -> Result<Self, ExecutionError> {
-        let staging_layout = StagingLayout::new(device.core()).map_err(staging)?;
+        let rank =
+            (device.core().rank(device.rank())).expect("a target's rank is one of its core's");
+        let staging_layout = StagingLayout::new(rank).map_err(staging)?;
         let input_bytes = staging_layout.max_packed_bytes();
         let output_bytes =
             staging_layout.record_bytes(staging_layout.max_rows()) + StagingLayout::STATUS_BYTES;

@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 
 use crate::core::proto::{AdmitFloatField, AdmitIntField, Buffer, DType, GraphKind, Semantic};
-use crate::core::ValidCore;
+use crate::core::RankView;
 use crate::prefix::SnapshotRow;
 use crate::scheduler::{
     Completion, CompletionRecord, Launch, Operation, PageTableUpdate, SamplingParams, Slot,
@@ -233,9 +233,9 @@ fn binding_error(semantic: Semantic, buffer: &Buffer, reason: &'static str) -> S
 }
 
 impl StagingLayout {
-    /// Resolves `core`'s bindings and checks each has the dtype and shape
-    /// its semantic needs.
-    pub fn new(core: &ValidCore) -> Result<Self, StagingError> {
+    /// Resolves `core`'s bindings (one rank's: its window and buffers) and
+    /// checks each has the dtype and shape its semantic needs.
+    pub fn new(core: RankView<'_>) -> Result<Self, StagingError> {
         let base = core.window().base;
         let resolve = |semantic: Semantic| -> Result<(&Buffer, View), StagingError> {
             // Validation binds every semantic value to an existing buffer.

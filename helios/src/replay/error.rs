@@ -116,16 +116,17 @@ pub enum ReplayError {
         /// Free device memory.
         free: u64,
     },
-    /// The core was prepared for several GPUs, and loading it with KV pages
-    /// sized from free memory (what serving does) is not built yet: every
-    /// rank must back the same pages. `flare replay` loads every rank with
-    /// its prepared pages.
+    /// Every rank of a tensor-parallel core was to be loaded in one thread
+    /// with KV pages sized from free memory: that is how one rank loads
+    /// ([`super::LoadedCore::load_rank`], one thread per rank when
+    /// serving); loading every rank at once (`flare replay`) backs their
+    /// prepared pages.
     #[error(
-        "the core was prepared for tensor parallelism over {world_size} GPUs, which this engine \
-         does not serve yet (flare replay checks it): prepare it for one GPU"
+        "the core has {world_size} ranks: flare replay loads them with their prepared KV \
+         pages (drop --gpu-reserve)"
     )]
-    TensorParallel {
-        /// The core's rank layout's world size.
+    RanksFromFreeMemory {
+        /// The core's ranks.
         world_size: u32,
     },
     /// An operation that runs one rank alone was asked of a tensor-parallel

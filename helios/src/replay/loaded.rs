@@ -154,7 +154,10 @@ impl NodeDevice for Gpu {
 /// loaded it. A tensor-parallel core holds every rank, each on its device.
 pub struct LoadedCore {
     core: ValidCore,
-    /// Rank 0's first, in rank order (one for a one-rank core).
+    /// The rank of `gpus[0]`: 0, or the one rank a serving thread loaded
+    /// ([`LoadedCore::load_rank`]).
+    first_rank: u32,
+    /// The loaded ranks' reports, in rank order.
     reports: Vec<LoadReport>,
     gpus: Vec<Gpu>,
 }
@@ -248,47 +251,75 @@ impl LoadedCore {
     /// kernel images loaded and every graph rebuilt, instantiated and
     /// uploaded. The KV pages are mapped with the other regions for
     /// [`KvBacking::Prepared`]; for [`KvBacking::FromFreeMemory`] they are
-    /// mapped last, as many as the free memory measured then holds (one
-    /// rank only: [`ReplayError::TensorParallel`] otherwise). Last, each
-    /// rank's collectives region is opened to every other rank's device.
+    /// mapped last, as many as the free memory measured then holds (a
+    /// one-rank core only here: [`ReplayError::RanksFromFreeMemory`]; a
+    /// served group loads each rank on its thread, [`Self::load_rank`]).
+    /// Each rank's collectives region is opened to every other rank's
+    /// device.
     pub fn load(path: &Path, options: &LoadOptions) -> Result<Self, ReplayError> {
         let started = Instant::now();
         let dir = CoreDir::read(path)?;
         let read = started.elapsed();
-        let (core, images, initial) = dir.into_parts();
-        let world_size = core.world_size();
+        let world_size = dir.core().world_size();
         if world_size > 1 && options.kv != KvBacking::Prepared {
-            return Err(ReplayError::TensorParallel { world_size });
+            return Err(ReplayError::RanksFromFreeMemory { world_size });
         }
-        let devices = options.devices(world_size)?;
+        let mut loaded = Self::load_ranks(&dir, 0..world_size, options, read)?;
+        // Rank 0's total covers every rank's load.
+        loaded.reports[0].total_ms = ms(started.elapsed());
+        Ok(loaded)
+    }
+
+    /// Loads rank `rank` of the core read as `dir` onto its device
+    /// ([`LoadOptions::devices`]), alone: what each execution thread of a
+    /// served tensor-parallel core does (its CUDA objects stay on the thread
+    /// that made them). Its collectives region is opened to every other
+    /// rank's device. With [`KvBacking::FromFreeMemory`] each rank backs what
+    /// its device holds; the group serves the fewest.
+    pub fn load_rank(dir: &CoreDir, rank: u32, options: &LoadOptions) -> Result<Self, ReplayError> {
+        Self::load_ranks(dir, rank..rank + 1, options, Duration::ZERO)
+    }
+
+    fn load_ranks(
+        dir: &CoreDir,
+        ranks: std::ops::Range<u32>,
+        options: &LoadOptions,
+        read: Duration,
+    ) -> Result<Self, ReplayError> {
+        let core = dir.core();
+        let devices = options.devices(core.world_size())?;
+        let images = dir.images();
         let image_bytes = images.iter().map(|image| image.bytes.len() as u64).sum();
-        let mut reports = Vec::with_capacity(devices.len());
-        let mut gpus: Vec<Gpu> = Vec::with_capacity(devices.len());
-        for ((rank, initial), &device) in core.ranks().into_iter().zip(&initial).zip(&devices) {
+        let mut reports = Vec::with_capacity(ranks.len());
+        let mut gpus: Vec<Gpu> = Vec::with_capacity(ranks.len());
+        for rank in ranks.clone() {
+            let view = core.rank(rank).ok_or(ReplayError::RankDevices {
+                given: devices.len(),
+                world_size: core.world_size(),
+            })?;
+            let device = devices[rank as usize];
+            let initial = &dir.initial()[rank as usize];
+            let (mut gpu, mut report) = load_rank(core, view, device, images, initial, options.kv)?;
+            grant_peers(&mut gpu, view, &devices)?;
             // The files were read once, for every rank.
-            let read = if rank.rank() == 0 {
-                read
-            } else {
-                Duration::ZERO
-            };
-            let (gpu, report) = load_rank(&core, rank, device, &images, initial, options.kv).map(
-                |(gpu, mut report)| {
-                    report.read_ms += ms(read);
-                    report.image_bytes = image_bytes;
-                    (gpu, report)
-                },
-            )?;
+            if rank == ranks.start {
+                report.read_ms += ms(read);
+            }
+            report.image_bytes = image_bytes;
             reports.push(report);
             gpus.push(gpu);
         }
-        open_collectives(&core, &mut gpus)?;
-        // Rank 0's total covers every rank's load.
-        reports[0].total_ms = ms(started.elapsed());
         Ok(Self {
-            core,
+            core: core.clone(),
+            first_rank: ranks.start,
             reports,
             gpus,
         })
+    }
+
+    /// The rank of the first (for a serving thread, the only) rank loaded.
+    pub fn rank(&self) -> u32 {
+        self.first_rank
     }
 
     /// The core's validated manifest.
@@ -504,25 +535,28 @@ fn load_rank(
     Ok((gpu, report))
 }
 
-/// Opens each rank's collectives region to every other rank's device (the
-/// peers' graphs read and signal it). Ranks on the same device need nothing.
-fn open_collectives(core: &ValidCore, gpus: &mut [Gpu]) -> Result<(), ReplayError> {
-    let ranks = core.ranks();
-    for owner in 0..gpus.len() {
-        let Some(span) = collectives_span(ranks[owner].window()) else {
+/// Opens `rank`'s collectives region (in `gpu`'s window) to every other
+/// rank's device, whose graphs read and signal it. Ranks on the same device
+/// need nothing.
+fn grant_peers(gpu: &mut Gpu, rank: RankView<'_>, devices: &[i32]) -> Result<(), ReplayError> {
+    let Some(span) = collectives_span(rank.window()) else {
+        return Ok(());
+    };
+    let own = gpu.context.ordinal();
+    let mut granted = Vec::new();
+    for (peer, &device) in devices.iter().enumerate() {
+        if peer as u32 == rank.rank() || device == own || granted.contains(&device) {
             continue;
-        };
-        for peer in 0..gpus.len() {
-            let (to, from) = (gpus[owner].context.ordinal(), gpus[peer].context.ordinal());
-            if peer == owner || from == to {
-                continue;
-            }
-            if !gpus[peer].context.can_access_peer(&gpus[owner].context)? {
-                return Err(ReplayError::NoPeerAccess { from, to });
-            }
-            gpus[owner].context.bind()?;
-            gpus[owner].window.grant_access(span, from)?;
         }
+        if !gpu.context.can_access_peer(device)? {
+            return Err(ReplayError::NoPeerAccess {
+                from: device,
+                to: own,
+            });
+        }
+        gpu.context.bind()?;
+        gpu.window.grant_access(span, device)?;
+        granted.push(device);
     }
     Ok(())
 }

@@ -2,7 +2,9 @@
 //!
 //! [`RankGroup`] is an [`Executor`] over one executor per rank, each owned by
 //! an execution thread of its own (a rank's device work never waits on
-//! another's host thread). Every launch goes to every rank in the same order,
+//! another's host thread). [`RankGroup::spawn`] builds each rank's executor on
+//! its thread, so an executor that must stay on the thread that made it (a
+//! loaded core's CUDA objects) can serve a rank. Every launch goes to every rank in the same order,
 //! with the same page and slot assignments: the scheduler plans once. A
 //! launch's completion is rank 0's records, once every rank finished it; the
 //! ranks' graphs broadcast rank 0's sample before any state update, so a rank
@@ -97,15 +99,17 @@ enum Reply {
     Waited(Result<Completion, ExecutionError>),
 }
 
-struct RankThread<E> {
+struct RankThread {
     commands: Option<Sender<Command>>,
     replies: Receiver<Reply>,
-    handle: Option<JoinHandle<E>>,
+    handle: Option<JoinHandle<()>>,
 }
 
 /// An [`Executor`] over one executor per rank, each on its own thread.
-pub struct RankGroup<E: Executor + Send + 'static> {
-    ranks: Vec<RankThread<E>>,
+pub struct RankGroup<E: Executor + 'static> {
+    ranks: Vec<RankThread>,
+    /// The ranks' executors live on their threads.
+    _executors: std::marker::PhantomData<fn() -> E>,
     applies_masks: bool,
     /// The oldest launch's completions from the ranks that finished it.
     finished: Vec<Option<Completion>>,
@@ -113,7 +117,7 @@ pub struct RankGroup<E: Executor + Send + 'static> {
     failed: Option<usize>,
 }
 
-impl<E: Executor + Send + 'static> fmt::Debug for RankGroup<E> {
+impl<E: Executor + 'static> fmt::Debug for RankGroup<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RankGroup")
             .field("ranks", &self.ranks.len())
@@ -121,7 +125,7 @@ impl<E: Executor + Send + 'static> fmt::Debug for RankGroup<E> {
     }
 }
 
-fn serve<E: Executor>(mut executor: E, commands: Receiver<Command>, replies: Sender<Reply>) -> E {
+fn serve<E: Executor>(mut executor: E, commands: Receiver<Command>, replies: Sender<Reply>) {
     while let Ok(command) = commands.recv() {
         let reply = match command {
             Command::Submit(launch) => Reply::Submitted(executor.submit(&launch)),
@@ -132,7 +136,6 @@ fn serve<E: Executor>(mut executor: E, commands: Receiver<Command>, replies: Sen
             break;
         }
     }
-    executor
 }
 
 fn failed(rank: usize, source: RankProblem) -> ExecutionError {
@@ -144,29 +147,104 @@ fn failed(rank: usize, source: RankProblem) -> ExecutionError {
 
 impl<E: Executor + Send + 'static> RankGroup<E> {
     /// Starts one execution thread per rank; `executors[0]` is rank 0.
-    pub fn new(executors: Vec<E>) -> std::io::Result<Self> {
+    pub fn new(executors: Vec<E>) -> Result<Self, ExecutionError> {
         assert!(!executors.is_empty(), "a rank group has at least rank 0");
-        let applies_masks = executors.iter().all(Executor::applies_masks);
-        let mut ranks = Vec::with_capacity(executors.len());
-        for (rank, executor) in executors.into_iter().enumerate() {
+        let world_size = executors.len();
+        let executors = std::sync::Mutex::new(executors.into_iter().map(Some).collect::<Vec<_>>());
+        let (group, _) = Self::spawn(world_size, move |rank| {
+            let mut executors = executors
+                .lock()
+                .expect("no rank panics while taking its own");
+            Ok((executors[rank].take().expect("each rank takes its own"), ()))
+        })?;
+        Ok(group)
+    }
+}
+
+impl<E: Executor + 'static> RankGroup<E> {
+    /// Starts one execution thread per rank and builds rank `r`'s executor
+    /// there with `make(r)`, which also returns what the caller needs to know
+    /// of the rank (a loaded core's KV pages), given back in rank order once
+    /// every rank is built. The ranks build at the same time. If any fails,
+    /// the ranks already built are ended and joined, and the first failure in
+    /// rank order is returned, naming its rank.
+    pub fn spawn<T, F>(world_size: usize, make: F) -> Result<(Self, Vec<T>), ExecutionError>
+    where
+        T: Send + 'static,
+        F: Fn(usize) -> Result<(E, T), ExecutionError> + Send + Sync + 'static,
+    {
+        assert!(world_size > 0, "a rank group has at least rank 0");
+        let make = Arc::new(make);
+        let mut ranks = Vec::with_capacity(world_size);
+        let mut built = Vec::with_capacity(world_size);
+        let group = |ranks| Self {
+            ranks,
+            _executors: std::marker::PhantomData,
+            applies_masks: false,
+            finished: vec![None; world_size],
+            failed: None,
+        };
+        for rank in 0..world_size {
             let (command_tx, command_rx) = channel();
             let (reply_tx, reply_rx) = channel();
-            let handle = std::thread::Builder::new()
+            let (ready_tx, ready_rx) = channel();
+            let make = Arc::clone(&make);
+            let spawned = std::thread::Builder::new()
                 .name(format!("helios-rank-{rank}"))
-                .spawn(move || serve(executor, command_rx, reply_tx))?;
+                .spawn(move || match make(rank) {
+                    Ok((executor, known)) => {
+                        let applies_masks = executor.applies_masks();
+                        if ready_tx.send(Ok((known, applies_masks))).is_ok() {
+                            serve(executor, command_rx, reply_tx);
+                        }
+                    }
+                    Err(err) => {
+                        let _ = ready_tx.send(Err(err));
+                    }
+                });
+            let handle = match spawned {
+                Ok(handle) => handle,
+                Err(err) => {
+                    // The threads started so far end with the partial group.
+                    drop(group(ranks));
+                    return Err(ExecutionError::Device {
+                        operation: "rank threads",
+                        source: Arc::new(err),
+                    });
+                }
+            };
             ranks.push(RankThread {
                 commands: Some(command_tx),
                 replies: reply_rx,
                 handle: Some(handle),
             });
+            built.push(ready_rx);
         }
-        let finished = vec![None; ranks.len()];
-        Ok(Self {
-            ranks,
-            applies_masks,
-            finished,
-            failed: None,
-        })
+        let mut known = Vec::with_capacity(world_size);
+        let mut applies_masks = true;
+        let mut first_failure = None;
+        for (rank, ready) in built.into_iter().enumerate() {
+            match ready.recv() {
+                Ok(Ok((value, masks))) => {
+                    known.push(value);
+                    applies_masks &= masks;
+                }
+                Ok(Err(err)) => {
+                    first_failure =
+                        first_failure.or(Some(failed(rank, RankProblem::Execution(err))))
+                }
+                Err(_) => {
+                    first_failure = first_failure.or(Some(failed(rank, RankProblem::ThreadEnded)))
+                }
+            }
+        }
+        let mut group = group(ranks);
+        if let Some(failure) = first_failure {
+            // Dropping the group ends and joins every rank's thread.
+            return Err(failure);
+        }
+        group.applies_masks = applies_masks;
+        Ok((group, known))
     }
 
     /// Ranks in the group.
@@ -174,20 +252,17 @@ impl<E: Executor + Send + 'static> RankGroup<E> {
         self.ranks.len()
     }
 
-    /// Ends every rank's thread and joins it; gives back each rank's
-    /// executor, rank 0 first.
-    pub fn join(mut self) -> Result<Vec<E>, RankPanicked> {
-        let mut executors = Vec::with_capacity(self.ranks.len());
+    /// Ends every rank's thread and joins it.
+    pub fn join(mut self) -> Result<(), RankPanicked> {
         let mut panicked = None;
         for (rank, thread) in self.ranks.iter_mut().enumerate() {
             thread.commands = None;
             let handle = thread.handle.take().expect("joined once");
-            match handle.join() {
-                Ok(executor) => executors.push(executor),
-                Err(_) => panicked = panicked.or(Some(RankPanicked { rank })),
+            if handle.join().is_err() {
+                panicked = panicked.or(Some(RankPanicked { rank }));
             }
         }
-        panicked.map_or(Ok(executors), Err)
+        panicked.map_or(Ok(()), Err)
     }
 
     /// Sends `command` to every rank whose `pending` is set, then collects
@@ -242,7 +317,7 @@ impl<E: Executor + Send + 'static> RankGroup<E> {
     }
 }
 
-impl<E: Executor + Send + 'static> Executor for RankGroup<E> {
+impl<E: Executor + 'static> Executor for RankGroup<E> {
     fn submit(&mut self, launch: &Launch) -> Result<Ticket, ExecutionError> {
         self.guarded(|group| group.submit_once(launch))
     }
@@ -260,7 +335,7 @@ impl<E: Executor + Send + 'static> Executor for RankGroup<E> {
     }
 }
 
-impl<E: Executor + Send + 'static> RankGroup<E> {
+impl<E: Executor + 'static> RankGroup<E> {
     /// Runs `step` unless a rank failed before; a failure ends the group's
     /// service (the scheduler stops after it too).
     fn guarded<T>(
@@ -337,7 +412,7 @@ impl<E: Executor + Send + 'static> RankGroup<E> {
     }
 }
 
-impl<E: Executor + Send + 'static> Drop for RankGroup<E> {
+impl<E: Executor + 'static> Drop for RankGroup<E> {
     /// Closes every rank's commands and joins its thread. A rank blocked in a
     /// launch that never completes (a collective whose peer refused the launch)
     /// would hold the join; the device layer's own failure ends such a wait.

@@ -15,16 +15,16 @@ use std::sync::Arc;
 use axum::serve::ListenerExt;
 
 mod in_process;
+mod load;
 mod plan;
 
 pub use in_process::{start_in_process, InProcessConfig, InProcessServer};
 
 use self::plan::{plan, Admission};
 use crate::core::{load_manifest, CoreError};
-use crate::execution::GpuExecutor;
 use crate::frontend::FrontendError;
 use crate::http::{router, AppState};
-use crate::replay::{KvBacking, LoadOptions, LoadedCore};
+use crate::replay::{KvBacking, LoadOptions};
 use crate::scheduler::{
     ExecutionError, GeometryError, SchedulerError, SchedulerHandle, ShutdownMode, Worker,
 };
@@ -42,8 +42,11 @@ pub struct RunOptions {
     pub port: u16,
     /// When set, every `/v1` route requires it.
     pub api_key: Option<String>,
-    /// CUDA device ordinal.
+    /// CUDA device ordinal (rank 0's, for a tensor-parallel core).
     pub device: i32,
+    /// For a tensor-parallel core: every rank's device, rank 0's first;
+    /// empty: rank `r` on `device + r`.
+    pub rank_devices: Vec<i32>,
     /// GPU memory left free after the KV pages are backed, in MiB.
     pub gpu_reserve_mib: u64,
     /// The model id `/v1/models` lists (default: the core directory's name).
@@ -98,13 +101,6 @@ pub enum ServeError {
     Worker(SchedulerError),
 }
 
-fn load_failure(error: crate::replay::ReplayError) -> ExecutionError {
-    ExecutionError::Device {
-        operation: "core load",
-        source: Arc::new(error),
-    }
-}
-
 /// The model id of a core served without `--model`: its directory's name.
 fn default_model_name(core: &std::path::Path) -> String {
     core.canonicalize()
@@ -138,28 +134,34 @@ pub fn run(options: RunOptions) -> Result<(), ServeError> {
         kv: KvBacking::FromFreeMemory {
             reserve_bytes: options.gpu_reserve_mib * MIB,
         },
-        rank_devices: Vec::new(),
+        rank_devices: options.rank_devices.clone(),
     };
     let worker = Worker::spawn_with(plan.scheduler, move || {
-        let loaded = LoadedCore::load(&path, &load).map_err(load_failure)?;
-        let report = loaded.report();
-        eprintln!(
-            "flare: loaded {} in {:.0} ms: {} graphs ({} nodes), {} KV pages, {} MiB free",
-            path.display(),
-            report.total_ms,
-            report.graphs,
-            report.nodes,
-            loaded.kv_pages(),
-            report.free_after_load / MIB,
-        );
+        let loaded = load::load(&path, &load)?;
+        for report in &loaded.reports {
+            let rank = if loaded.reports.len() > 1 {
+                format!(" rank {} on device {}", report.rank, report.device.ordinal)
+            } else {
+                String::new()
+            };
+            eprintln!(
+                "flare: loaded {}{rank} in {:.0} ms: {} graphs ({} nodes), {} KV pages, {} MiB free",
+                path.display(),
+                report.total_ms,
+                report.graphs,
+                report.nodes,
+                report.kv_pages,
+                report.free_after_load / MIB,
+            );
+        }
         let geometry =
             prepared
-                .with_kv_pages(loaded.kv_pages())
+                .with_kv_pages(loaded.kv_pages)
                 .map_err(|error| ExecutionError::Device {
                     operation: "core load",
                     source: Arc::new(error),
                 })?;
-        Ok((GpuExecutor::new(loaded)?, geometry))
+        Ok((loaded.executor, geometry))
     })
     .map_err(ServeError::Start)?;
 
@@ -307,6 +309,7 @@ mod tests {
             port: 0,
             api_key: None,
             device: 0,
+            rank_devices: Vec::new(),
             gpu_reserve_mib: 0,
             model: None,
             aliases: Vec::new(),

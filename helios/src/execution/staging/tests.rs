@@ -26,7 +26,7 @@ fn buffer_mut<'c>(core: &'c mut Core, name: &str) -> &'c mut Buffer {
 }
 
 fn layout(core: Core) -> Result<StagingLayout, StagingError> {
-    StagingLayout::new(&ValidCore::new(core).unwrap())
+    StagingLayout::new(crate::core::ValidCore::new(core).unwrap().view())
 }
 
 fn addr_of(core: &Core, name: &str) -> u64 {
