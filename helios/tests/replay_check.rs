@@ -345,3 +345,168 @@ fn the_bench_needs_a_decode_graph_of_that_capacity() {
     ));
     assert!(device.calls.is_empty());
 }
+
+// ------------------------------------------------ ranks replayed in lockstep
+
+/// What every rank of a group on one device shares: each rank's launched
+/// steps not yet synchronized. A rank's graph meets its peers' in a
+/// collective, so it completes only once every rank launched the same step;
+/// a synchronous host copy waits for every stream of the shared context.
+/// Either wait that could never end fails the fake instead of hanging.
+#[derive(Default)]
+struct SharedContext {
+    /// Per rank, how many launches it queued, and how many of them ended.
+    launched: Vec<usize>,
+    synchronized: Vec<usize>,
+    /// Every rank's calls, in the order they were made.
+    log: Vec<(usize, Call)>,
+}
+
+struct RankDevice {
+    rank: usize,
+    inner: FakeDevice,
+    shared: std::rc::Rc<std::cell::RefCell<SharedContext>>,
+}
+
+impl RankDevice {
+    fn hang(what: &str) -> ReplayError {
+        CudaError::InvalidNode {
+            reason: format!("{what} would wait forever"),
+        }
+        .into()
+    }
+
+    /// A synchronous copy waits for every rank's queued graphs; those can end
+    /// only if every rank launched as many steps.
+    fn copy_waits(&self) -> Result<(), ReplayError> {
+        let shared = self.shared.borrow();
+        let pending = (shared.launched.iter().zip(&shared.synchronized)).any(|(l, s)| l > s);
+        let most = shared.launched.iter().max().copied().unwrap_or(0);
+        let behind = shared.launched.iter().any(|&l| l < most);
+        if pending && behind {
+            return Err(Self::hang("a host copy behind a collective"));
+        }
+        Ok(())
+    }
+}
+
+impl ReplayDevice for RankDevice {
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), ReplayError> {
+        self.copy_waits()?;
+        self.shared
+            .borrow_mut()
+            .log
+            .push((self.rank, Call::Write(addr, data.len())));
+        self.inner.write(addr, data)
+    }
+
+    fn launch(&mut self, graph: usize) -> Result<(), ReplayError> {
+        let mut shared = self.shared.borrow_mut();
+        shared.launched[self.rank] += 1;
+        shared.log.push((self.rank, Call::Launch(graph)));
+        drop(shared);
+        self.inner.launch(graph)
+    }
+
+    fn synchronize(&mut self) -> Result<(), ReplayError> {
+        let mut shared = self.shared.borrow_mut();
+        let mine = shared.launched[self.rank];
+        if shared.launched.iter().any(|&l| l < mine) {
+            return Err(Self::hang("a collective whose peer has not launched"));
+        }
+        shared.synchronized[self.rank] = mine;
+        shared.log.push((self.rank, Call::Synchronize));
+        drop(shared);
+        self.inner.synchronize()
+    }
+
+    fn read(&mut self, addr: u64, out: &mut [u8]) -> Result<(), ReplayError> {
+        self.copy_waits()?;
+        self.shared
+            .borrow_mut()
+            .log
+            .push((self.rank, Call::Read(addr, out.len())));
+        self.inner.read(addr, out)
+    }
+
+    fn free_memory(&mut self) -> Result<u64, ReplayError> {
+        self.inner.free_memory()
+    }
+
+    fn time_back_to_back(&mut self, graph: usize, launches: u32) -> Result<f64, ReplayError> {
+        self.inner.time_back_to_back(graph, launches)
+    }
+}
+
+#[test]
+fn ranks_sharing_a_device_replay_in_lockstep_without_waiting_on_a_peer() {
+    use helios::replay::qualify_ranks;
+    // Two ranks of the qualified core (the peer at its own window), both on
+    // one device: every rank's writes, then every launch, then every
+    // synchronize, then the reads. Writing rank 1's slots while rank 0's
+    // first graph waits for rank 1's launch would never return.
+    let zero = qualified_core();
+    let core = helios::core::sample::with_ranks(zero.clone().into_core(), 2);
+    let core = ValidCore::new(core).unwrap();
+    let shared = std::rc::Rc::new(std::cell::RefCell::new(SharedContext {
+        launched: vec![0; 2],
+        synchronized: vec![0; 2],
+        log: Vec::new(),
+    }));
+    let ranks = core.ranks();
+    let mut devices: Vec<RankDevice> = (0..2)
+        .map(|rank| {
+            // The peer's buffers lie at the same offsets in its own window.
+            let mut inner = device(&zero);
+            inner.core = ValidCore::new({
+                let mut one = zero.clone().into_core();
+                one.window.as_mut().unwrap().base = ranks[rank].window().base;
+                one
+            })
+            .unwrap();
+            RankDevice {
+                rank,
+                inner,
+                shared: shared.clone(),
+            }
+        })
+        .collect();
+    let reports = qualify_ranks(&ranks, &mut devices).unwrap();
+    assert_eq!(reports.len(), 2);
+    for (rank, report) in reports.iter().enumerate() {
+        assert_eq!(report.rank, rank as u32);
+        assert!(report.passed(), "rank {rank}: {report:?}");
+    }
+    // Per step: writes, launches, synchronizes, reads, never interleaved.
+    let kinds: Vec<(usize, &str)> = (shared.borrow().log.iter())
+        .map(|(rank, call)| {
+            let kind = match call {
+                Call::Write(..) => "write",
+                Call::Launch(_) => "launch",
+                Call::Synchronize => "sync",
+                Call::Read(..) => "read",
+                Call::BackToBack(..) => "bench",
+            };
+            (*rank, kind)
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (0, "write"),
+            (1, "write"),
+            (0, "launch"),
+            (1, "launch"),
+            (0, "sync"),
+            (1, "sync"),
+            (0, "read"),
+            (1, "read"),
+            (0, "launch"),
+            (1, "launch"),
+            (0, "sync"),
+            (1, "sync"),
+            (0, "read"),
+            (1, "read"),
+        ]
+    );
+}

@@ -50,7 +50,7 @@ pub use kv_backing::{
     KvWindow, DRIVER_MARGIN,
 };
 pub use loaded::{LoadOptions, LoadedCore};
-pub use qualify::{qualify, QualificationReport, ReplayDevice, StepReport};
+pub use qualify::{qualify, qualify_ranks, QualificationReport, ReplayDevice, StepReport};
 pub use report::{LoadReport, PeerReport, ReplayReport};
 pub use spans::{
     check_backed, check_initial_backed, check_qualification_backed, plan_spans, plan_spans_of,

@@ -103,11 +103,18 @@ pub fn qualify<D: ReplayDevice>(
 }
 
 /// Replays every rank's qualification sequence, `ranks[r]` on `devices[r]`,
-/// in lockstep: per step, each rank's writes and launch are queued (the
-/// ranks' collectives rendezvous inside the graphs, so no rank waits before
-/// every rank's launch is queued), then each rank is synchronized and its
-/// digests compared. Validation holds every rank's sequence to rank 0's
-/// length and graphs. One report per rank, in rank order.
+/// in lockstep: per step, every rank's writes, then every rank's launch,
+/// then every rank synchronized, then each rank's digests compared.
+/// Validation holds every rank's sequence to rank 0's length and graphs.
+/// One report per rank, in rank order.
+///
+/// The ranks' collectives rendezvous inside the graphs, so no rank may wait
+/// while a launch of this step is still unqueued: host copies
+/// ([`ReplayDevice::write`], [`ReplayDevice::read`]) are synchronous and, for
+/// ranks sharing a device (one context), wait for every stream of it, a peer
+/// rank's graph spinning on a collective included. So the copies run only
+/// while nothing is queued on any rank: the writes after the previous step
+/// finished everywhere, the reads after this one did.
 pub fn qualify_ranks<D: ReplayDevice>(
     ranks: &[RankView<'_>],
     devices: &mut [D],
@@ -124,18 +131,21 @@ pub fn qualify_ranks<D: ReplayDevice>(
     let mut steps: Vec<Vec<StepReport>> = vec![Vec::with_capacity(length); ranks.len()];
     for index in 0..length {
         for ((rank, sequence), device) in ranks.iter().zip(&sequences).zip(devices.iter_mut()) {
-            let step = &sequence.steps[index];
-            for write in &step.writes {
+            for write in &sequence.steps[index].writes {
                 let (addr, _) = locate(*rank, &write.buffer)?;
                 device.write(addr + write.offset, &write.data)?;
             }
-            device.launch(step.graph as usize)?;
+        }
+        for (sequence, device) in sequences.iter().zip(devices.iter_mut()) {
+            device.launch(sequence.steps[index].graph as usize)?;
+        }
+        for device in devices.iter_mut() {
+            device.synchronize()?;
         }
         for (((rank, sequence), device), reports) in
             (ranks.iter().zip(&sequences).zip(devices.iter_mut())).zip(&mut steps)
         {
             let step = &sequence.steps[index];
-            device.synchronize()?;
             let mut mismatched = Vec::new();
             for digest in &step.digests {
                 let (addr, len) = locate(*rank, &digest.buffer)?;
