@@ -65,7 +65,7 @@ write_tiny(Path(sys.argv[1]), 'qwen3')" "$work/tiny-qwen3" > /dev/null || exit 1
     rm -rf "$out/core"
     head -8 bench/prompts/agent50.jsonl > "$out/prompts.jsonl"
     timeout 900 python3 -m ignition.parallel.export_ranks "$work/tiny-qwen3" --out "$out/core" \
-      --max-concurrency 4 --context-limit 512 --replay-out "$out/python.json" \
+      --max-concurrency 4 --context-limit 2048 --replay-out "$out/python.json" \
       --prompts "$out/prompts.jsonl" "${sampling[@]}" > "$out/export.log" 2>&1 || status=1
     tail -20 "$out/export.log"
     python3 -c "import sys; from pathlib import Path; from ignition.export.core_dir import \

@@ -201,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     pages_per_request = -(-args.context_limit // page_size)
     options = PrepareOptions(
         max_concurrency=args.max_concurrency,
-        prefill_chunk_size=min(4096, args.context_limit),
+        # A chunk at most half the context: the qualification workload prompts every
+        # prefill capacity exactly, plus output tokens.
+        prefill_chunk_size=min(4096, args.context_limit // 2),
         context_limit=args.context_limit,
         # The requests' pages and the null page, not what free memory allows: the
         # ranks may share one GPU.
