@@ -10,7 +10,8 @@ use helios::core::proto::Core;
 use helios::core::sample::tiny_core;
 use helios::core::CoreError;
 use helios::replay::{
-    image_path, CoreDir, KvBacking, LoadOptions, LoadedCore, ReplayError, BUFFERS_FILE,
+    check_core, image_path, isolate_core, CheckOptions, CoreDir, KvBacking, LoadOptions,
+    LoadedCore, ReplayError, BUFFERS_FILE,
 };
 use safetensors::Dtype;
 use support::{fresh_dir, give_initial, use_image, write_core, Tensor};
@@ -414,6 +415,46 @@ fn every_rank_at_once_loads_its_prepared_pages_and_names_one_device_per_rank() {
             err,
             ReplayError::RankDevices {
                 given: 3,
+                world_size: 2
+            }
+        ),
+        "{err:?}"
+    );
+    // What runs one rank alone is refused before any rank loads.
+    let bench = CheckOptions {
+        bench_decode: Some((1, std::num::NonZeroU32::new(4).unwrap())),
+        ..CheckOptions::qualification(0)
+    };
+    let err = check_core(&dir, &bench).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ReplayError::OneRankOnly {
+                what: "the decode bench",
+                world_size: 2
+            }
+        ),
+        "{err:?}"
+    );
+    let err = isolate_core(&dir, 0).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ReplayError::OneRankOnly {
+                what: "fault isolation",
+                world_size: 2
+            }
+        ),
+        "{err:?}"
+    );
+    // A rank past the world size, for a serving thread.
+    let read = CoreDir::read(&dir).unwrap();
+    let err = LoadedCore::load_rank(&read, 2, &LoadOptions::default()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ReplayError::NoRank {
+                rank: 2,
                 world_size: 2
             }
         ),

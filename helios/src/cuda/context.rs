@@ -141,9 +141,10 @@ impl Context {
         })
     }
 
-    /// Whether this context's device can read and write device `peer`'s
-    /// memory (always for the same device).
-    pub fn can_access_peer(&self, peer: i32) -> Result<bool, CudaError> {
+    /// Whether device `peer` can read and write this context's device's
+    /// memory (always for the same device): what granting `peer` access to
+    /// memory mapped here needs.
+    pub fn peer_can_access(&self, peer: i32) -> Result<bool, CudaError> {
         if peer == self.ordinal() {
             return Ok(true);
         }
@@ -153,9 +154,10 @@ impl Context {
             sys::cuDeviceGet(&mut device, peer)
         })?;
         let mut can: c_int = 0;
-        // SAFETY: the out-pointer points to a local.
+        // SAFETY: the out-pointer points to a local. The first device is the
+        // one that would access the second's memory.
         check("cuDeviceCanAccessPeer", unsafe {
-            sys::cuDeviceCanAccessPeer(&mut can, self.device(), device)
+            sys::cuDeviceCanAccessPeer(&mut can, device, self.device())
         })?;
         Ok(can != 0)
     }

@@ -62,6 +62,9 @@ impl CheckOptions {
 /// Loads the core at `path` and runs what `options` asks for: the
 /// qualification check, then the decode bench.
 pub fn check_core(path: &Path, options: &CheckOptions) -> Result<ReplayReport, ReplayError> {
+    if options.bench_decode.is_some() {
+        one_rank(path, "the decode bench")?;
+    }
     let mut loaded = LoadedCore::load(path, &options.load)?;
     let core = loaded.core();
     if let Some((capacity, _)) = options.bench_decode {
@@ -104,12 +107,22 @@ pub fn check_core(path: &Path, options: &CheckOptions) -> Result<ReplayReport, R
 /// backed and runs its qualification node by node
 /// ([`LoadedCore::isolate`]).
 pub fn isolate_core(path: &Path, device: i32) -> Result<IsolationReport, ReplayError> {
+    one_rank(path, "fault isolation")?;
     let load = LoadOptions {
         device,
         kv: KvBacking::Prepared,
         rank_devices: Vec::new(),
     };
     LoadedCore::load(path, &load)?.isolate()
+}
+
+/// Refuses a tensor-parallel core before any rank is loaded, for what runs
+/// one rank alone.
+fn one_rank(path: &Path, what: &'static str) -> Result<(), ReplayError> {
+    match crate::core::load_manifest(path)?.world_size() {
+        1 => Ok(()),
+        world_size => Err(ReplayError::OneRankOnly { what, world_size }),
+    }
 }
 
 #[cfg(test)]

@@ -140,6 +140,14 @@ pub enum ReplayError {
         /// The core's ranks.
         world_size: u32,
     },
+    /// A rank past the core's world size was asked for.
+    #[error("rank {rank} asked for, and the core has {world_size} ranks")]
+    NoRank {
+        /// The rank asked for.
+        rank: u32,
+        /// The core's ranks.
+        world_size: u32,
+    },
     /// The devices given for a tensor-parallel core's ranks do not name one
     /// per rank.
     #[error("{given} rank devices given for a core of {world_size} ranks: name one per rank")]

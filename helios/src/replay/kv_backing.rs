@@ -134,8 +134,19 @@ pub fn plan_kv_from_free(
     free: u64,
     reserve_bytes: u64,
 ) -> Result<KvPlan, ReplayError> {
+    plan_kv_within(core, window, kv_budget(free, reserve_bytes))
+}
+
+/// The most pages whose unmapped granules fit in `budget` bytes, at most the
+/// prepared ones and at least what one request of the context limit needs
+/// ([`plan_kv_from_free`] with the budget given: a rank sharing its device
+/// with other ranks takes its share of [`kv_budget`]).
+pub fn plan_kv_within(
+    core: RankView<'_>,
+    window: KvWindow<'_>,
+    budget: u64,
+) -> Result<KvPlan, ReplayError> {
     let contract = core.contract();
-    let budget = kv_budget(free, reserve_bytes);
     let short = |needed, backable| ReplayError::InsufficientKvPages {
         needed,
         backable,

@@ -13,7 +13,7 @@ use super::error::ReplayError;
 use super::identity::check_device;
 use super::initial::{InitialContents, PIECE_BYTES, READERS};
 use super::isolate::{isolate, IsolationReport, NodeDevice};
-use super::kv_backing::{plan_kv_from_free, plan_kv_prepared, KvBacking, KvPlan, KvWindow};
+use super::kv_backing::{kv_budget, plan_kv_prepared, plan_kv_within, KvBacking, KvPlan, KvWindow};
 use super::qualify::{qualify_ranks, QualificationReport, ReplayDevice};
 use super::report::LoadReport;
 use super::spans::{
@@ -293,13 +293,15 @@ impl LoadedCore {
         let mut reports = Vec::with_capacity(ranks.len());
         let mut gpus: Vec<Gpu> = Vec::with_capacity(ranks.len());
         for rank in ranks.clone() {
-            let view = core.rank(rank).ok_or(ReplayError::RankDevices {
-                given: devices.len(),
+            let view = core.rank(rank).ok_or(ReplayError::NoRank {
+                rank,
                 world_size: core.world_size(),
             })?;
             let device = devices[rank as usize];
             let initial = &dir.initial()[rank as usize];
-            let (mut gpu, mut report) = load_rank(core, view, device, images, initial, options.kv)?;
+            let sharing = devices.iter().filter(|&&other| other == device).count() as u64;
+            let (mut gpu, mut report) =
+                load_rank(core, view, device, images, initial, options.kv, sharing)?;
             grant_peers(&mut gpu, view, &devices)?;
             // The files were read once, for every rank.
             if rank == ranks.start {
@@ -327,8 +329,8 @@ impl LoadedCore {
         &self.core
     }
 
-    /// What loading did and how long it took (rank 0's; its `total_ms`
-    /// covers every rank).
+    /// What loading did and how long it took (the first loaded rank's: rank
+    /// 0's, whose `total_ms` covers every rank, or a serving thread's one).
     pub fn report(&self) -> &LoadReport {
         &self.reports[0]
     }
@@ -351,6 +353,13 @@ impl LoadedCore {
     /// buffer, so a core loaded with fewer KV pages than prepared is refused
     /// ([`ReplayError::Unbacked`]).
     pub fn check(&mut self) -> Result<Vec<QualificationReport>, ReplayError> {
+        // A serving thread's one rank of a group would wait for its peers.
+        if self.gpus.len() != self.core.world_size() as usize {
+            return Err(ReplayError::OneRankOnly {
+                what: "the qualification check",
+                world_size: self.core.world_size(),
+            });
+        }
         let ranks = self.core.ranks();
         for (rank, gpu) in ranks.iter().zip(&self.gpus) {
             check_qualification_backed(*rank, gpu.window.mapped())?;
@@ -393,6 +402,12 @@ impl LoadedCore {
 
 /// Loads one rank onto `device` (see [`LoadedCore::load`]); the report's
 /// `read_ms` counts only the initial tensors' wait, `total_ms` this rank.
+///
+/// With [`KvBacking::FromFreeMemory`], `sharing` ranks load onto this device
+/// (serving threads, at the same time): this rank takes `1 / sharing` of the
+/// budget measured after its graphs are built, the reserve counted once. A
+/// peer that mapped its pages first leaves less to share, so ranks sharing a
+/// device may back fewer pages than they could, never more than fit.
 fn load_rank(
     core: &ValidCore,
     rank: RankView<'_>,
@@ -400,6 +415,7 @@ fn load_rank(
     images: &[ImageBytes],
     initial: &InitialContents,
     kv_backing: KvBacking,
+    sharing: u64,
 ) -> Result<(Gpu, LoadReport), ReplayError> {
     let started = Instant::now();
     let context = Context::new(device)?;
@@ -485,7 +501,8 @@ fn load_rank(
         KvStage::Early(kv) => (kv, None),
         KvStage::Late { reserve_bytes } => {
             let free = context.mem_get_info()?.free;
-            let kv = plan_kv_from_free(rank, kv_window(window.mapped()), free, reserve_bytes)?;
+            let budget = kv_budget(free, reserve_bytes) / sharing.max(1);
+            let kv = plan_kv_within(rank, kv_window(window.mapped()), budget)?;
             let mapping = Instant::now();
             for &span in &kv.spans {
                 window.map(span)?;
@@ -548,7 +565,7 @@ fn grant_peers(gpu: &mut Gpu, rank: RankView<'_>, devices: &[i32]) -> Result<(),
         if peer as u32 == rank.rank() || device == own || granted.contains(&device) {
             continue;
         }
-        if !gpu.context.can_access_peer(device)? {
+        if !gpu.context.peer_can_access(device)? {
             return Err(ReplayError::NoPeerAccess {
                 from: device,
                 to: own,

@@ -46,8 +46,8 @@ pub use isolate::{
     isolate, topological_order, IsolationReport, NodeDevice, NodeFailure, NodeSummary,
 };
 pub use kv_backing::{
-    kv_budget, min_kv_pages, page_spans, plan_kv_from_free, plan_kv_prepared, KvBacking, KvPlan,
-    KvWindow, DRIVER_MARGIN,
+    kv_budget, min_kv_pages, page_spans, plan_kv_from_free, plan_kv_prepared, plan_kv_within,
+    KvBacking, KvPlan, KvWindow, DRIVER_MARGIN,
 };
 pub use loaded::{LoadOptions, LoadedCore};
 pub use qualify::{qualify, qualify_ranks, QualificationReport, ReplayDevice, StepReport};

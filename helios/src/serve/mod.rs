@@ -154,6 +154,13 @@ pub fn run(options: RunOptions) -> Result<(), ServeError> {
                 report.free_after_load / MIB,
             );
         }
+        if loaded.reports.len() > 1 {
+            eprintln!(
+                "flare: serving {} ranks with {} KV pages each (the fewest any rank backs)",
+                loaded.reports.len(),
+                loaded.kv_pages
+            );
+        }
         let geometry =
             prepared
                 .with_kv_pages(loaded.kv_pages)
