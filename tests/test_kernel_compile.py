@@ -353,15 +353,16 @@ for stacked in (False, True):
 # The two-rank collectives: their system-scope and device-scope synchronization, in
 # PTX order.
 from ignition.parallel.window_collectives import (
-    BROADCAST, COUNTER, DONE, GATHER, REDUCE, _exchange_kernel,
+    BROADCAST, COUNTER, DONE, GATHER, LIMIT, REDUCE, _exchange_kernel,
 )
 
 for mode in (REDUCE, GATHER, BROADCAST):
     ptx = compile(_exchange_kernel, ["*bf16"] * 4 + ["*i64"] * 2 + ["i32"] * 4,
                   dict(RANK=1, MODE=mode, BF16=True, BLOCK=1024, COUNTER=COUNTER,
-                       DONE=DONE)).asm["ptx"]
+                       DONE=DONE, LIMIT=LIMIT, TIMED=True)).asm["ptx"]
     ops = re.findall(r"(?:atom|ld)\\.global\\.(?:sys|gpu)\\.[a-z_]+\\.[a-z]+", ptx)
     print("exchange", mode, " ".join(ops), "x")
+    print("bounded", mode, ptx.count("%globaltimer"), ptx.count("trap;"), "x")
 """
 
 
@@ -449,6 +450,12 @@ def test_the_new_kernels_compile_for_sm90() -> None:
     exchanges = [line.split()[2:-1] for line in done.stdout.splitlines()
                  if line.startswith("exchange ")]  # fmt: skip
     assert len(exchanges) == 3, done.stdout  # reduce, gather, broadcast
+    # The wait is bounded: the global timer read before and during it, and a trap.
+    bounded = [line.split()[2:-1] for line in done.stdout.splitlines()
+               if line.startswith("bounded ")]  # fmt: skip
+    assert len(bounded) == 3 and all(
+        int(timers) >= 2 and int(traps) >= 1 for timers, traps in bounded
+    ), done.stdout
     for ops in exchanges:
         assert ops[0] == "atom.global.sys.release.exch", ops  # the signal
         assert set(ops[1:-3]) == {"ld.global.sys.acquire.b"}, ops  # the wait's polls

@@ -10,6 +10,9 @@ from CUDA graphs."""
 from __future__ import annotations
 
 import multiprocessing
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -262,6 +265,8 @@ def test_two_ranks_on_one_gpu_concurrently_and_replayed() -> None:
     shapes = [*SHAPES, (4, 4096), (4096, 1024)]  # decode rows and a prefill chunk's
     capacity = 2 * 4096 * 1024  # the float32 gather of the largest
     storages = [_storage("cuda", capacity) for _ in range(2)]
+    for storage in storages:  # bounded waits, as Helios loads them: none runs out
+        storage.set_wait_limit(10 * 10**9)
     ranks = [WindowCollectives(rank, storages[rank], storages[1 - rank]) for rank in range(2)]
     streams = [torch.cuda.Stream() for _ in range(2)]
     generator = torch.Generator(device="cuda").manual_seed(0)
@@ -398,3 +403,38 @@ def test_a_shared_span_refuses_what_it_cannot_map() -> None:
     if not torch.cuda.is_available():
         with pytest.raises(hp.WindowError, match="CUDA driver cannot be loaded"):
             hp.SharedSpan.export(SHARED_ADDRESSES[0], 2 << 20, 0)
+
+
+LONE_RANK = """
+import sys, time, torch
+from ignition.parallel.window_collectives import CollectiveStorage, WindowCollectives
+own, peer = (CollectiveStorage.allocate(4096, torch.bfloat16, "cuda") for _ in range(2))
+own.set_wait_limit(int(sys.argv[1]))
+collectives = WindowCollectives(0, own, peer)
+x = torch.ones(4, 1024, device="cuda", dtype=torch.bfloat16)
+torch.cuda.synchronize()
+started = time.perf_counter()
+try:
+    collectives.all_reduce(x)
+    torch.cuda.synchronize()
+except RuntimeError as error:
+    print(f"trapped after {time.perf_counter() - started:.3f} s: {error}")
+    sys.exit(0)
+print("returned without its peer")
+sys.exit(1)
+"""
+
+
+@pytest.mark.gpu
+def test_a_rank_whose_peer_never_arrives_traps_after_its_wait_limit() -> None:
+    """A rank alone (its peer faulted, or never launched): its wait runs out after the
+    limit in its storage and the launch fails with a device error instead of hanging
+    (in a process of its own: the error ends that process's CUDA context)."""
+    done = subprocess.run(
+        [sys.executable, "-c", LONE_RANK, str(200 * 10**6)],  # 200 ms
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    waited = float(done.stdout.split("trapped after ")[1].split(" s")[0])
+    assert 0.2 <= waited < 30, done.stdout

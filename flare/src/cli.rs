@@ -74,6 +74,12 @@ pub enum Command {
         /// the fewest.
         #[arg(long, value_name = "DEVICES", value_delimiter = ',')]
         rank_devices: Vec<i32>,
+        /// For a tensor-parallel core: the longest a rank's collective waits
+        /// for its peer before its step fails with a device error, in
+        /// milliseconds (a peer that faulted then fails the step on every rank
+        /// instead of hanging it; 0 waits forever).
+        #[arg(long, value_name = "MS", default_value_t = 10_000)]
+        collectives_timeout_ms: u64,
         /// Do not reuse exact prefix checkpoints across requests (every
         /// prompt is prefilled from its first token).
         #[arg(long)]
@@ -216,6 +222,7 @@ pub fn execute(command: Command) -> Result<Outcome, HeliosError> {
                     device,
                     kv: kv_backing(gpu_reserve),
                     rank_devices,
+                    collectives_wait_limit_ns: helios::replay::COLLECTIVES_WAIT_LIMIT_NS,
                 },
                 qualification: check,
                 bench_decode: bench_decode.map(|c| (c, steps)),
@@ -234,6 +241,7 @@ pub fn execute(command: Command) -> Result<Outcome, HeliosError> {
             queue_capacity,
             device,
             rank_devices,
+            collectives_timeout_ms,
             no_prefix_cache,
             message_checkpoints,
         } => {
@@ -244,6 +252,7 @@ pub fn execute(command: Command) -> Result<Outcome, HeliosError> {
                 api_key,
                 device,
                 rank_devices,
+                collectives_timeout_ms,
                 gpu_reserve_mib: gpu_reserve,
                 model,
                 aliases,

@@ -10,6 +10,7 @@ use std::rc::Rc;
 use helios::core::proto::{
     node::Op, BufferDigest, BufferWrite, Core, Dim3, Edge, EmptyNode, Graph as GraphDesc,
     GraphKind, KernelNode, MemcpyNode, MemsetNode, Node, QualificationStep, RankBundle, RankLayout,
+    Region, RegionKind,
 };
 use helios::core::sample::{tiny_core, SAMPLE_BASE};
 use helios::core::ValidCore;
@@ -363,14 +364,34 @@ fn runnable_core(name: &str, base: u64, change: impl FnOnce(&mut Core)) -> std::
     dir
 }
 
+/// Where the two-rank core's collectives region lies in each window, and its
+/// wait limit's word in it.
+const COLLECTIVES_AT: u64 = 32 * MIB;
+const WAIT_LIMIT_AT: u64 = 528;
+
+/// [`runnable`] with a 2 MiB collectives region after the sample's regions.
+fn ranked_runnable(base: u64, first: [u32; 2], seed: u8) -> (Core, Tensor) {
+    let (mut core, stop) = runnable(base, first, seed);
+    let window = core.window.as_mut().unwrap();
+    window.size = COLLECTIVES_AT + 2 * MIB;
+    window.regions.push(Region {
+        kind: RegionKind::Collectives as i32,
+        offset: COLLECTIVES_AT,
+        size: 2 * MIB,
+        backed_bytes: 2 * MIB,
+    });
+    (core, stop)
+}
+
 /// Two ranks of [`runnable`] side by side from `base`, with their own slot
 /// values and initial contents (rank 1's stored as `rank1/stop`, as
-/// Ignition's merge names a peer's), `change` applied to the group's
-/// manifest; returns the directory.
+/// Ignition's merge names a peer's) and a collectives region each, whose
+/// wait limit the layout names; `change` applied to the group's manifest;
+/// returns the directory.
 fn two_rank_core(name: &str, base: u64, change: impl FnOnce(&mut Core)) -> std::path::PathBuf {
-    let (mut zero, stop) = runnable(base, [1, 2], 3);
+    let (mut zero, stop) = ranked_runnable(base, [1, 2], 3);
     let size = zero.window.as_ref().unwrap().size;
-    let (mut one, mut peer_stop) = runnable(base + size, [40, 50], 9);
+    let (mut one, mut peer_stop) = ranked_runnable(base + size, [40, 50], 9);
     peer_stop.name = "rank1/stop".to_owned();
     for buffer in &mut one.buffers {
         if buffer.initial_tensor == "stop" {
@@ -386,6 +407,7 @@ fn two_rank_core(name: &str, base: u64, change: impl FnOnce(&mut Core)) -> std::
             graphs: one.graphs,
             qualification: one.qualification,
         }],
+        collectives_wait_limit_offset: Some(WAIT_LIMIT_AT),
     });
     change(&mut zero);
     let dir = fresh_dir(&format!("gpu-replay-{name}"));
@@ -400,6 +422,7 @@ fn a_two_rank_core_loads_both_windows_and_checks_each_rank_in_lockstep() {
     // process, each rank's initial contents and graphs its own.
     let on_one = LoadOptions {
         rank_devices: vec![0, 0],
+        collectives_wait_limit_ns: 123_456_789,
         ..LoadOptions::default()
     };
     let dir = two_rank_core("two-ranks", base(11), |_| {});
@@ -411,6 +434,18 @@ fn a_two_rank_core_loads_both_windows_and_checks_each_rank_in_lockstep() {
         reports[1].window_base,
         reports[0].window_base + reports[0].window_reserved
     );
+    // Each rank's collectives region is mapped, zeroed, its wait limit written.
+    for window in loaded.windows() {
+        let region = window.base() + COLLECTIVES_AT;
+        let mut words = vec![0xFFu8; 1024];
+        window.read(region, &mut words).unwrap();
+        let limit = WAIT_LIMIT_AT as usize;
+        assert_eq!(words[limit..limit + 8], 123_456_789u64.to_le_bytes());
+        assert!(words[..limit]
+            .iter()
+            .chain(&words[limit + 8..])
+            .all(|&b| b == 0));
+    }
     let checks = loaded.check().unwrap();
     assert_eq!(checks.len(), 2);
     for check in &checks {
@@ -491,9 +526,8 @@ fn kv_pages_sized_from_free_memory_are_mapped_after_the_graphs() {
         core.contract.as_mut().unwrap().context_limit = 64;
     });
     let free = |reserve_bytes| LoadOptions {
-        device: 0,
         kv: KvBacking::FromFreeMemory { reserve_bytes },
-        rank_devices: Vec::new(),
+        ..LoadOptions::default()
     };
     let mut loaded = LoadedCore::load(&dir, &free(0)).unwrap();
     let load = loaded.report().clone();

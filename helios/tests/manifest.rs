@@ -1196,6 +1196,40 @@ fn every_rank_holds_its_collectives_region_where_rank_zero_does() {
 }
 
 #[test]
+fn the_collectives_wait_limit_is_an_aligned_word_inside_the_region() {
+    const MIB: u64 = 1 << 20;
+    // Every rank's 2 MiB collectives region at 40 MiB of a 64 MiB window, the
+    // layout naming the wait limit's offset.
+    let layout = |offset: Option<u64>, regions: bool| {
+        let mut core = tiny_core();
+        let window = core.window.as_mut().unwrap();
+        window.size = 64 * MIB;
+        if regions {
+            window.regions.push(Region {
+                kind: RegionKind::Collectives as i32,
+                offset: 40 * MIB,
+                size: 2 * MIB,
+                backed_bytes: 2 * MIB,
+            });
+        }
+        let mut core = helios::core::sample::with_ranks(core, 2);
+        core.rank_layout.as_mut().unwrap().collectives_wait_limit_offset = offset;
+        decode(&core)
+    };
+    let core = layout(Some(528), true).unwrap();
+    assert_eq!(core.collectives_wait_limit_offset(), Some(528));
+    let again = decode(&core.into_core()).unwrap();
+    assert_eq!(again.collectives_wait_limit_offset(), Some(528));
+    assert_eq!(layout(None, true).unwrap().collectives_wait_limit_offset(), None);
+    for offset in [3, 2 * MIB - 4, 2 * MIB, u64::MAX - 3] {
+        let reason = rank_layout_reason(layout(Some(offset), true));
+        assert!(reason.contains("not an aligned 8-byte word"), "{offset}: {reason}");
+    }
+    let reason = rank_layout_reason(layout(Some(528), false));
+    assert!(reason.contains("no window holds a collectives region"), "{reason}");
+}
+
+#[test]
 fn missing_and_repeated_ranks_are_rejected() {
     let layout = |c: &mut Core| c.rank_layout.as_mut().unwrap().peers.clone();
     let missing = rank_layout_reason(ranked(3, |c| {

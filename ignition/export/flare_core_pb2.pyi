@@ -210,12 +210,14 @@ class Core(_message.Message):
     def __init__(self, abi_version: _Optional[int] = ..., identity: _Optional[_Union[Identity, _Mapping]] = ..., window: _Optional[_Union[Window, _Mapping]] = ..., buffers: _Optional[_Iterable[_Union[Buffer, _Mapping]]] = ..., images: _Optional[_Iterable[_Union[KernelImage, _Mapping]]] = ..., graphs: _Optional[_Iterable[_Union[Graph, _Mapping]]] = ..., contract: _Optional[_Union[PreparedContract, _Mapping]] = ..., frontend: _Optional[_Union[Frontend, _Mapping]] = ..., qualification: _Optional[_Union[Qualification, _Mapping]] = ..., rank_layout: _Optional[_Union[RankLayout, _Mapping]] = ...) -> None: ...
 
 class RankLayout(_message.Message):
-    __slots__ = ("world_size", "peers")
+    __slots__ = ("world_size", "peers", "collectives_wait_limit_offset")
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     PEERS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVES_WAIT_LIMIT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     world_size: int
     peers: _containers.RepeatedCompositeFieldContainer[RankBundle]
-    def __init__(self, world_size: _Optional[int] = ..., peers: _Optional[_Iterable[_Union[RankBundle, _Mapping]]] = ...) -> None: ...
+    collectives_wait_limit_offset: int
+    def __init__(self, world_size: _Optional[int] = ..., peers: _Optional[_Iterable[_Union[RankBundle, _Mapping]]] = ..., collectives_wait_limit_offset: _Optional[int] = ...) -> None: ...
 
 class RankBundle(_message.Message):
     __slots__ = ("rank", "window", "buffers", "graphs", "qualification")

@@ -32,11 +32,16 @@ def peer_tensor_name(rank: int, name: str) -> str:
     return f"rank{rank}/{name}"
 
 
-def merge_rank_cores(ranks: Sequence[Path], out: Path) -> pb.Core:
+def merge_rank_cores(
+    ranks: Sequence[Path], out: Path, wait_limit_offset: int | None = None
+) -> pb.Core:
     """Writes the group's core to ``out`` from each rank's core directory, rank 0's
     first, and returns its manifest. Refuses ranks that disagree on what they share
     (``CoreDirError``, naming the rank and the part); the written core is checked as
-    every core is (``write_core_dir``), and Helios validates its rank layout on load."""
+    every core is (``write_core_dir``), and Helios validates its rank layout on load.
+    ``wait_limit_offset``: where the collectives' wait limit lies in every rank's
+    collectives region (``window_collectives.LIMIT_OFFSET``), which Helios writes at
+    load."""
     if len(ranks) < 2:
         raise CoreDirError(f"a tensor-parallel core joins two ranks or more, not {len(ranks)}")
     read = [read_core_dir(path) for path in ranks]
@@ -67,6 +72,8 @@ def merge_rank_cores(ranks: Sequence[Path], out: Path) -> pb.Core:
     merged = pb.Core()
     merged.CopyFrom(zero)
     with_rank_layout(merged, peers)
+    if wait_limit_offset is not None:
+        merged.rank_layout.collectives_wait_limit_offset = wait_limit_offset
     del merged.images[:]
     merged.images.extend(declared[digest] for digest in sorted(declared))
     write_core_dir(out, merged, initial, images)

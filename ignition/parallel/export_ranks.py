@@ -55,7 +55,7 @@ from ignition.loading.open import open_checkpoint
 from ignition.parallel.launch import spawn_ranks
 from ignition.parallel.shard import TensorParallel
 from ignition.parallel.shared_collectives import join_peer, storage_elements
-from ignition.parallel.window_collectives import CollectiveStorage
+from ignition.parallel.window_collectives import LIMIT_OFFSET, CollectiveStorage
 from ignition.preparation.prepared import PrepareOptions
 from recipes.registry import served_checkpoint
 
@@ -174,7 +174,7 @@ def export_group(
     ranks = out / "ranks"
     ranks.mkdir(parents=True, exist_ok=True)
     spawn_ranks(WORLD, _rank_main, checkpoint, options, ranks, answers)
-    merge_rank_cores([ranks / f"rank-{rank}" for rank in range(WORLD)], out)
+    merge_rank_cores([ranks / f"rank-{rank}" for rank in range(WORLD)], out, LIMIT_OFFSET)
     return out
 
 

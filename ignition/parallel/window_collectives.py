@@ -14,7 +14,13 @@ that rank's window. A call on rank ``r``, in each program:
 3. signals the peer: ``peer.words[program] = epoch`` (release, system scope, after
    the program's stores);
 4. waits until its own ``words[program] >= epoch`` (acquire, system scope): the
-   peer's program of the same index has written its slice;
+   peer's program of the same index has written its slice. A wait longer than
+   ``words[LIMIT]`` nanoseconds (by the device's global timer; 0, what zeroed storage
+   holds, waits forever) traps: the launch fails with a device error instead of
+   hanging, so a rank whose peer faulted or never launched fails its step. Preparation
+   leaves it at 0 (a rank waits in a collective while its peer compiles); the serving
+   process sets it at load (the rank layout names the word's offset, ``LIMIT_OFFSET``).
+   Under Triton's interpreter the wait is unbounded;
 5. reads the peer's slice and writes the result: the sum (reduce), both slices
    side by side in rank order (gather), or rank 0's slice (broadcast);
 6. counts itself done; the last program stores ``epoch`` into the counter and
@@ -47,15 +53,20 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 
 from ignition.components.triton_kv_write import _rounded
 
 # Words of a rank's int64 array: one arrival flag per program, then the epoch
-# counter and the count of programs done with the current call.
+# counter, the count of programs done with the current call, and the longest wait in
+# nanoseconds before a trap (0: forever).
 MAX_PROGRAMS = 64
 COUNTER = MAX_PROGRAMS
 DONE = MAX_PROGRAMS + 1
-WORDS = MAX_PROGRAMS + 2
+LIMIT = MAX_PROGRAMS + 2
+WORDS = MAX_PROGRAMS + 3
+# Where the wait limit lies from the storage's (the collectives region's) start.
+LIMIT_OFFSET = LIMIT * 8
 # The words' bytes, rounded up so that the buffers after them start aligned.
 WORDS_BYTES = (WORDS * 8 + 255) // 256 * 256
 BLOCK = 1024
@@ -83,6 +94,11 @@ class CollectiveStorage:
     @property
     def capacity(self) -> int:
         return self.buffers.shape[1]
+
+    def set_wait_limit(self, nanoseconds: int) -> None:
+        """The longest a call on this rank waits for its peer before it traps (0:
+        forever). What Helios writes at ``LIMIT_OFFSET`` when it loads a core."""
+        self.words[LIMIT] = nanoseconds
 
     @staticmethod
     def span_bytes(capacity: int, dtype: torch.dtype) -> int:
@@ -122,6 +138,21 @@ class _DeviceMemory:
 
 
 @triton.jit
+def _global_time(anchor):
+    """The device's global timer in nanoseconds (``anchor``, any scalar, gives the
+    inline assembly an operand)."""
+    return tl.inline_asm_elementwise(
+        "mov.u64 $0, %globaltimer;", "=l,l", [anchor], dtype=tl.int64, is_pure=False, pack=1
+    )
+
+
+@triton.jit
+def _trap(anchor):
+    """Ends the launch with a device error (``anchor`` as in ``_global_time``)."""
+    tl.inline_asm_elementwise("trap;", "=r,l", [anchor], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _exchange_kernel(
     x_ptr,
     out_ptr,
@@ -139,6 +170,8 @@ def _exchange_kernel(
     BLOCK: tl.constexpr,
     COUNTER: tl.constexpr,
     DONE: tl.constexpr,
+    LIMIT: tl.constexpr,
+    TIMED: tl.constexpr,
 ):
     pid = tl.program_id(0)
     epoch = tl.load(own_words_ptr + COUNTER) + 1
@@ -156,8 +189,17 @@ def _exchange_kernel(
     tl.debug_barrier()  # the program's stores are done before its signal
     tl.atomic_xchg(peer_words_ptr + pid, epoch, sem="release", scope="sys")
     seen = tl.atomic_add(own_words_ptr + pid, 0, sem="acquire", scope="sys")
-    while seen < epoch:
-        seen = tl.atomic_add(own_words_ptr + pid, 0, sem="acquire", scope="sys")
+    if TIMED:
+        limit = tl.load(own_words_ptr + LIMIT)
+        started = _global_time(epoch)
+        while seen < epoch:
+            seen = tl.atomic_add(own_words_ptr + pid, 0, sem="acquire", scope="sys")
+            if limit > 0:
+                if _global_time(seen) - started > limit:
+                    _trap(seen)
+    else:
+        while seen < epoch:
+            seen = tl.atomic_add(own_words_ptr + pid, 0, sem="acquire", scope="sys")
     tl.debug_barrier()
     block = pid
     while block < blocks:
@@ -188,6 +230,10 @@ def _exchange_kernel(
     if done == programs - 1:
         tl.atomic_xchg(own_words_ptr + DONE, 0, sem="relaxed", scope="gpu")
         tl.atomic_xchg(own_words_ptr + COUNTER, epoch, sem="release", scope="gpu")
+
+
+# The bounded wait reads the device's timer, which Triton's interpreter cannot.
+TIMED = not isinstance(_exchange_kernel, InterpretedFunction)
 
 
 class WindowCollectives:
@@ -263,6 +309,6 @@ class WindowCollectives:
             x, out, self.own.buffers, self.peer.buffers, self.own.words, self.peer.words,
             n, x.shape[-1], self.own.capacity, programs,
             RANK=self.rank, MODE=mode, BF16=x.dtype == torch.bfloat16, BLOCK=BLOCK,
-            COUNTER=COUNTER, DONE=DONE,
+            COUNTER=COUNTER, DONE=DONE, LIMIT=LIMIT, TIMED=TIMED,
         )  # fmt: skip
         return out

@@ -78,6 +78,9 @@ pub struct ValidCore {
     kv_layout: Option<KvLayout>,
     /// Ranks 1 .. world_size - 1 of a tensor-parallel core, in rank order.
     peers: Vec<ValidRank>,
+    /// Where the collectives' wait limit lies in every rank's collectives
+    /// region, when the layout names it.
+    wait_limit_offset: Option<u64>,
 }
 
 impl ValidCore {
@@ -114,10 +117,10 @@ impl ValidCore {
         if let Some(qualification) = &qualification {
             validate::check_qualification(qualification, graphs.len(), &buffers, &names)?;
         }
-        let peers = match rank_layout {
+        let (peers, wait_limit_offset) = match rank_layout {
             None => {
                 rank_layout::check_no_collectives(&window)?;
-                Vec::new()
+                (Vec::new(), None)
             }
             Some(layout) => {
                 let zero = rank_layout::RankZero {
@@ -128,7 +131,8 @@ impl ValidCore {
                     catalog: &catalog,
                     bound: &bound,
                 };
-                rank_layout::check_rank_layout(layout, &zero, &contract, &digests)?
+                let layout = rank_layout::check_rank_layout(layout, &zero, &contract, &digests)?;
+                (layout.peers, layout.wait_limit_offset)
             }
         };
 
@@ -147,7 +151,15 @@ impl ValidCore {
             catalog,
             kv_layout,
             peers,
+            wait_limit_offset,
         })
+    }
+
+    /// Where, from the start of every rank's collectives region, the
+    /// collectives' wait limit lies (an int64 of nanoseconds a loader writes;
+    /// 0 waits forever), when the rank layout names it.
+    pub fn collectives_wait_limit_offset(&self) -> Option<u64> {
+        self.wait_limit_offset
     }
 
     /// Rank `rank`'s part of the core (rank 0's is the core's own window,
@@ -331,6 +343,7 @@ impl ValidCore {
             rank_layout: (!self.peers.is_empty()).then(|| proto::RankLayout {
                 world_size: 1 + self.peers.len() as u32,
                 peers: self.peers.into_iter().map(ValidRank::into_bundle).collect(),
+                collectives_wait_limit_offset: self.wait_limit_offset,
             }),
         }
     }

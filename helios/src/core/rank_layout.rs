@@ -178,14 +178,25 @@ fn check_collectives(zero: &Window, peers: &[ValidRank]) -> Result<(), CoreError
     Ok(())
 }
 
-/// Validates `layout` against rank 0; returns the peers in rank order.
+/// A validated rank layout: the peers in rank order, and where the
+/// collectives' wait limit lies in each rank's collectives region.
+pub(crate) struct ValidLayout {
+    pub peers: Vec<ValidRank>,
+    pub wait_limit_offset: Option<u64>,
+}
+
+/// Validates `layout` against rank 0.
 pub(crate) fn check_rank_layout(
     layout: RankLayout,
     zero: &RankZero<'_>,
     contract: &PreparedContract,
     images: &std::collections::HashSet<&str>,
-) -> Result<Vec<ValidRank>, CoreError> {
-    let RankLayout { world_size, peers } = layout;
+) -> Result<ValidLayout, CoreError> {
+    let RankLayout {
+        world_size,
+        peers,
+        collectives_wait_limit_offset,
+    } = layout;
     if world_size < 2 {
         return Err(invalid(format!(
             "world_size {world_size}: a core of one rank has no rank layout"
@@ -232,7 +243,35 @@ pub(crate) fn check_rank_layout(
         }
     }
     check_collectives(zero.window, &ranks)?;
-    Ok(ranks)
+    check_wait_limit(zero.window, collectives_wait_limit_offset)?;
+    Ok(ValidLayout {
+        peers: ranks,
+        wait_limit_offset: collectives_wait_limit_offset,
+    })
+}
+
+/// The wait limit's word lies whole, aligned, inside the collectives region
+/// (the same on every rank, checked above).
+fn check_wait_limit(zero: &Window, offset: Option<u64>) -> Result<(), CoreError> {
+    let Some(offset) = offset else {
+        return Ok(());
+    };
+    let Some(region) = collectives_region(zero)? else {
+        return Err(invalid(
+            "the layout names a collectives wait limit, but no window holds a collectives \
+             region"
+                .to_owned(),
+        ));
+    };
+    let inside = offset.checked_add(8).is_some_and(|end| end <= region.size);
+    if !offset.is_multiple_of(8) || !inside {
+        return Err(invalid(format!(
+            "the collectives wait limit at offset {offset:#x} is not an aligned 8-byte word \
+             inside the {}-byte collectives region",
+            region.size
+        )));
+    }
+    Ok(())
 }
 
 /// One peer's window, buffers, graphs and bindings, as a one-rank core's.

@@ -358,7 +358,11 @@ pub fn with_ranks(mut core: Core, world_size: u32) -> Core {
             qualification: core.qualification.clone(),
         })
         .collect();
-    core.rank_layout = Some(RankLayout { world_size, peers });
+    core.rank_layout = Some(RankLayout {
+        world_size,
+        peers,
+        collectives_wait_limit_offset: None,
+    });
     core
 }
 

@@ -21,7 +21,7 @@ use super::bench::DecodeBench;
 use super::error::ReplayError;
 use super::isolate::IsolationReport;
 use super::kv_backing::KvBacking;
-use super::loaded::{LoadOptions, LoadedCore};
+use super::loaded::{LoadOptions, LoadedCore, COLLECTIVES_WAIT_LIMIT_NS};
 use super::report::{PeerReport, ReplayReport};
 use crate::core::proto::GraphKind;
 
@@ -45,6 +45,7 @@ impl CheckOptions {
                 device,
                 kv: KvBacking::Prepared,
                 rank_devices: Vec::new(),
+                collectives_wait_limit_ns: COLLECTIVES_WAIT_LIMIT_NS,
             },
             qualification: true,
             bench_decode: None,
@@ -112,6 +113,7 @@ pub fn isolate_core(path: &Path, device: i32) -> Result<IsolationReport, ReplayE
         device,
         kv: KvBacking::Prepared,
         rank_devices: Vec::new(),
+        collectives_wait_limit_ns: COLLECTIVES_WAIT_LIMIT_NS,
     };
     LoadedCore::load(path, &load)?.isolate()
 }

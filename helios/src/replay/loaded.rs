@@ -25,6 +25,11 @@ use crate::core::{RankView, ValidCore};
 use crate::cuda::{covered, Span};
 use crate::cuda::{Context, CudaError, Event, Graph, GraphExec, Modules, Stream, Window};
 
+/// The collectives' wait limit `flare replay` and `flare run` load by default:
+/// far longer than a rank ever waits for its peer's arrival while both run (a
+/// step's skew), short enough that a rank whose peer faulted fails its step.
+pub const COLLECTIVES_WAIT_LIMIT_NS: u64 = 10_000_000_000;
+
 /// How to load a core.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LoadOptions {
@@ -36,6 +41,10 @@ pub struct LoadOptions {
     /// The device of every rank of a tensor-parallel core, rank 0's first;
     /// empty: rank `r` on `device + r`. Ranks may share a device.
     pub rank_devices: Vec<i32>,
+    /// The longest a rank's collective waits for its peer before it traps,
+    /// in nanoseconds, written where the rank layout names the word; 0
+    /// leaves it at 0 (waits forever).
+    pub collectives_wait_limit_ns: u64,
 }
 
 impl LoadOptions {
@@ -247,7 +256,8 @@ impl LoadedCore {
     /// rank, the device is checked against the core's identity, the window
     /// reserved at its exact base and the backed spans of every region but
     /// the KV page region mapped and zeroed (a collectives region among
-    /// them: its flags start at zero), the initial contents uploaded, the
+    /// them: its flags start at zero, then its wait limit is written), the
+    /// initial contents uploaded, the
     /// kernel images loaded and every graph rebuilt, instantiated and
     /// uploaded. The KV pages are mapped with the other regions for
     /// [`KvBacking::Prepared`]; for [`KvBacking::FromFreeMemory`] they are
@@ -300,8 +310,10 @@ impl LoadedCore {
             let device = devices[rank as usize];
             let initial = &dir.initial()[rank as usize];
             let sharing = devices.iter().filter(|&&other| other == device).count() as u64;
-            let (mut gpu, mut report) =
-                load_rank(core, view, device, images, initial, options.kv, sharing)?;
+            let wait_limit = options.collectives_wait_limit_ns;
+            let (mut gpu, mut report) = load_rank(
+                core, view, device, images, initial, options.kv, sharing, wait_limit,
+            )?;
             grant_peers(&mut gpu, view, &devices)?;
             // The files were read once, for every rank.
             if rank == ranks.start {
@@ -416,6 +428,7 @@ fn load_rank(
     initial: &InitialContents,
     kv_backing: KvBacking,
     sharing: u64,
+    wait_limit_ns: u64,
 ) -> Result<(Gpu, LoadReport), ReplayError> {
     let started = Instant::now();
     let context = Context::new(device)?;
@@ -469,6 +482,15 @@ fn load_rank(
     let mut map = mapping.elapsed();
 
     let times = upload_initial(rank, initial, &window)?;
+    if let (Some(region), Some(offset)) = (
+        collectives_span(rank.window()),
+        core.collectives_wait_limit_offset(),
+    ) {
+        if wait_limit_ns > 0 {
+            let addr = rank.window().base + region.offset + offset;
+            window.write(addr, &wait_limit_ns.to_le_bytes())?;
+        }
+    }
     context.synchronize()?;
 
     let loading = Instant::now();
@@ -593,6 +615,11 @@ impl LoadedCore {
     /// The window, mapped at its exact base.
     pub fn window(&self) -> &Window {
         &self.gpus[0].window
+    }
+
+    /// Every loaded rank's window, in rank order.
+    pub fn windows(&self) -> impl Iterator<Item = &Window> {
+        self.gpus.iter().map(|gpu| &gpu.window)
     }
 
     /// Queues the graph at manifest position `index` on [`Self::stream`].

@@ -47,6 +47,9 @@ pub struct RunOptions {
     /// For a tensor-parallel core: every rank's device, rank 0's first;
     /// empty: rank `r` on `device + r`.
     pub rank_devices: Vec<i32>,
+    /// The longest a rank's collective waits for its peer before its step
+    /// fails, in milliseconds (0: forever).
+    pub collectives_timeout_ms: u64,
     /// GPU memory left free after the KV pages are backed, in MiB.
     pub gpu_reserve_mib: u64,
     /// The model id `/v1/models` lists (default: the core directory's name).
@@ -135,6 +138,7 @@ pub fn run(options: RunOptions) -> Result<(), ServeError> {
             reserve_bytes: options.gpu_reserve_mib * MIB,
         },
         rank_devices: options.rank_devices.clone(),
+        collectives_wait_limit_ns: options.collectives_timeout_ms.saturating_mul(1_000_000),
     };
     let worker = Worker::spawn_with(plan.scheduler, move || {
         let loaded = load::load(&path, &load)?;
@@ -317,6 +321,7 @@ mod tests {
             api_key: None,
             device: 0,
             rank_devices: Vec::new(),
+            collectives_timeout_ms: 10_000,
             gpu_reserve_mib: 0,
             model: None,
             aliases: Vec::new(),
