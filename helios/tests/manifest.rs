@@ -1213,20 +1213,32 @@ fn the_collectives_wait_limit_is_an_aligned_word_inside_the_region() {
             });
         }
         let mut core = helios::core::sample::with_ranks(core, 2);
-        core.rank_layout.as_mut().unwrap().collectives_wait_limit_offset = offset;
+        core.rank_layout
+            .as_mut()
+            .unwrap()
+            .collectives_wait_limit_offset = offset;
         decode(&core)
     };
     let core = layout(Some(528), true).unwrap();
     assert_eq!(core.collectives_wait_limit_offset(), Some(528));
     let again = decode(&core.into_core()).unwrap();
     assert_eq!(again.collectives_wait_limit_offset(), Some(528));
-    assert_eq!(layout(None, true).unwrap().collectives_wait_limit_offset(), None);
+    assert_eq!(
+        layout(None, true).unwrap().collectives_wait_limit_offset(),
+        None
+    );
     for offset in [3, 2 * MIB - 4, 2 * MIB, u64::MAX - 3] {
         let reason = rank_layout_reason(layout(Some(offset), true));
-        assert!(reason.contains("not an aligned 8-byte word"), "{offset}: {reason}");
+        assert!(
+            reason.contains("not an aligned 8-byte word"),
+            "{offset}: {reason}"
+        );
     }
     let reason = rank_layout_reason(layout(Some(528), false));
-    assert!(reason.contains("no window holds a collectives region"), "{reason}");
+    assert!(
+        reason.contains("no window holds a collectives region"),
+        "{reason}"
+    );
 }
 
 #[test]

@@ -309,11 +309,12 @@ impl LoadedCore {
             })?;
             let device = devices[rank as usize];
             let initial = &dir.initial()[rank as usize];
-            let sharing = devices.iter().filter(|&&other| other == device).count() as u64;
-            let wait_limit = options.collectives_wait_limit_ns;
-            let (mut gpu, mut report) = load_rank(
-                core, view, device, images, initial, options.kv, sharing, wait_limit,
-            )?;
+            let how = RankLoad {
+                kv: options.kv,
+                sharing: devices.iter().filter(|&&other| other == device).count() as u64,
+                wait_limit_ns: options.collectives_wait_limit_ns,
+            };
+            let (mut gpu, mut report) = load_rank(core, view, device, images, initial, how)?;
             grant_peers(&mut gpu, view, &devices)?;
             // The files were read once, for every rank.
             if rank == ranks.start {
@@ -412,6 +413,16 @@ impl LoadedCore {
     }
 }
 
+/// How [`load_rank`] backs a rank's KV pages and collectives.
+#[derive(Debug, Clone, Copy)]
+struct RankLoad {
+    kv: KvBacking,
+    /// Ranks loading onto the same device (their KV budget is shared).
+    sharing: u64,
+    /// Written as the collectives' wait limit where the layout names it.
+    wait_limit_ns: u64,
+}
+
 /// Loads one rank onto `device` (see [`LoadedCore::load`]); the report's
 /// `read_ms` counts only the initial tensors' wait, `total_ms` this rank.
 ///
@@ -426,10 +437,13 @@ fn load_rank(
     device: i32,
     images: &[ImageBytes],
     initial: &InitialContents,
-    kv_backing: KvBacking,
-    sharing: u64,
-    wait_limit_ns: u64,
+    how: RankLoad,
 ) -> Result<(Gpu, LoadReport), ReplayError> {
+    let RankLoad {
+        kv: kv_backing,
+        sharing,
+        wait_limit_ns,
+    } = how;
     let started = Instant::now();
     let context = Context::new(device)?;
     let device = context.info()?;
