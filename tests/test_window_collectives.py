@@ -237,6 +237,16 @@ def test_a_strided_input_is_summed_in_its_logical_order() -> None:
     assert torch.equal(total, (x.float() + theirs.float()).bfloat16())
 
 
+def test_a_wait_limit_is_zero_or_positive_nanoseconds() -> None:
+    storage = _storage(capacity=16)
+    storage.set_wait_limit(5 * 10**9)
+    assert int(storage.words[-1]) == 5 * 10**9  # the last word, after the counters
+    storage.set_wait_limit(0)
+    for bad in (-1, 2**63):
+        with pytest.raises(ValueError, match="0 \\(forever\\) or positive"):
+            storage.set_wait_limit(bad)
+
+
 def test_bad_calls_are_refused() -> None:
     own, peer = _storage(), _storage()
     with pytest.raises(ValueError, match="rank 2"):

@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use clap::{ArgGroup, Parser, Subcommand};
 use helios::core::proto::FloatRange;
 use helios::core::CoreSummary;
-use helios::replay::{check_core, isolate_core, CheckOptions, KvBacking, LoadOptions};
+use helios::replay::{
+    check_core, isolate_core, CheckOptions, KvBacking, LoadOptions, COLLECTIVES_WAIT_LIMIT_MS,
+};
 use helios::HeliosError;
 
 /// Flare: serve a runtime core prepared by Ignition, without Python.
@@ -78,7 +80,7 @@ pub enum Command {
         /// for its peer before its step fails with a device error, in
         /// milliseconds (a peer that faulted then fails the step on every rank
         /// instead of hanging it; 0 waits forever).
-        #[arg(long, value_name = "MS", default_value_t = 10_000)]
+        #[arg(long, value_name = "MS", default_value_t = COLLECTIVES_WAIT_LIMIT_MS)]
         collectives_timeout_ms: u64,
         /// Do not reuse exact prefix checkpoints across requests (every
         /// prompt is prefilled from its first token).
@@ -169,6 +171,12 @@ pub enum Command {
         /// sequences in lockstep (their collectives wait for each other).
         #[arg(long, value_name = "DEVICES", value_delimiter = ',')]
         rank_devices: Vec<i32>,
+        /// For a tensor-parallel core: the longest a rank's collective waits
+        /// for its peer before the replay fails with a device error, in
+        /// milliseconds (0 waits forever: for runs slowed down by a debugger
+        /// or sanitizer).
+        #[arg(long, value_name = "MS", default_value_t = COLLECTIVES_WAIT_LIMIT_MS)]
+        collectives_timeout_ms: u64,
     },
 }
 
@@ -215,6 +223,7 @@ pub fn execute(command: Command) -> Result<Outcome, HeliosError> {
             json,
             device,
             rank_devices,
+            collectives_timeout_ms,
             ..
         } => {
             let options = CheckOptions {
@@ -222,7 +231,7 @@ pub fn execute(command: Command) -> Result<Outcome, HeliosError> {
                     device,
                     kv: kv_backing(gpu_reserve),
                     rank_devices,
-                    collectives_wait_limit_ns: helios::replay::COLLECTIVES_WAIT_LIMIT_NS,
+                    collectives_wait_limit_ns: collectives_timeout_ms.saturating_mul(1_000_000),
                 },
                 qualification: check,
                 bench_decode: bench_decode.map(|c| (c, steps)),

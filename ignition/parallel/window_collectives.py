@@ -98,6 +98,8 @@ class CollectiveStorage:
     def set_wait_limit(self, nanoseconds: int) -> None:
         """The longest a call on this rank waits for its peer before it traps (0:
         forever). What Helios writes at ``LIMIT_OFFSET`` when it loads a core."""
+        if not 0 <= nanoseconds < 2**63:
+            raise ValueError(f"a wait limit is 0 (forever) or positive nanoseconds: {nanoseconds}")
         self.words[LIMIT] = nanoseconds
 
     @staticmethod
@@ -194,7 +196,7 @@ def _exchange_kernel(
         started = _global_time(epoch)
         while seen < epoch:
             seen = tl.atomic_add(own_words_ptr + pid, 0, sem="acquire", scope="sys")
-            if limit > 0:
+            if limit > 0 and seen < epoch:  # an arrival on the last poll counts
                 if _global_time(seen) - started > limit:
                     _trap(seen)
     else:

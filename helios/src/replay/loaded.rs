@@ -28,7 +28,9 @@ use crate::cuda::{Context, CudaError, Event, Graph, GraphExec, Modules, Stream, 
 /// The collectives' wait limit `flare replay` and `flare run` load by default:
 /// far longer than a rank ever waits for its peer's arrival while both run (a
 /// step's skew), short enough that a rank whose peer faulted fails its step.
-pub const COLLECTIVES_WAIT_LIMIT_NS: u64 = 10_000_000_000;
+pub const COLLECTIVES_WAIT_LIMIT_NS: u64 = COLLECTIVES_WAIT_LIMIT_MS * 1_000_000;
+/// [`COLLECTIVES_WAIT_LIMIT_NS`] in milliseconds, as the command line takes it.
+pub const COLLECTIVES_WAIT_LIMIT_MS: u64 = 10_000;
 
 /// How to load a core.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -42,8 +44,9 @@ pub struct LoadOptions {
     /// empty: rank `r` on `device + r`. Ranks may share a device.
     pub rank_devices: Vec<i32>,
     /// The longest a rank's collective waits for its peer before it traps,
-    /// in nanoseconds, written where the rank layout names the word; 0
-    /// leaves it at 0 (waits forever).
+    /// in nanoseconds (at most `i64::MAX`), written where the rank layout
+    /// names the word; 0, the default here, leaves it at 0: waits forever
+    /// (`flare run` and `flare replay` load [`COLLECTIVES_WAIT_LIMIT_NS`]).
     pub collectives_wait_limit_ns: u64,
 }
 
@@ -501,8 +504,10 @@ fn load_rank(
         core.collectives_wait_limit_offset(),
     ) {
         if wait_limit_ns > 0 {
+            // The kernels read a signed word: past i64::MAX would mean forever.
+            let limit = wait_limit_ns.min(i64::MAX as u64);
             let addr = rank.window().base + region.offset + offset;
-            window.write(addr, &wait_limit_ns.to_le_bytes())?;
+            window.write(addr, &limit.to_le_bytes())?;
         }
     }
     context.synchronize()?;

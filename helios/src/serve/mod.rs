@@ -321,7 +321,7 @@ mod tests {
             api_key: None,
             device: 0,
             rank_devices: Vec::new(),
-            collectives_timeout_ms: 10_000,
+            collectives_timeout_ms: crate::replay::COLLECTIVES_WAIT_LIMIT_MS,
             gpu_reserve_mib: 0,
             model: None,
             aliases: Vec::new(),
