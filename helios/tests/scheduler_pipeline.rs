@@ -470,6 +470,38 @@ fn a_rank_failure_fails_the_step_on_every_rank_and_shutdown_joins_both() {
 }
 
 #[test]
+fn every_rank_that_fails_a_step_is_named() {
+    // Both ranks fail the same launch (a peer's fault, then the other rank's
+    // collective running out of its wait): the failure names the lowest and
+    // lists the other, so the cause is not hidden behind rank 0's error.
+    let setup = Setup::default();
+    let ranks: Vec<Rank> = (0..2)
+        .map(|_| Rank {
+            inner: setup.executor(),
+            launches: Launches::default(),
+            fail_at: Some(3),
+            dropped: Dropped::default(),
+        })
+        .collect();
+    let group = helios::scheduler::RankGroup::new(ranks).unwrap();
+    let mut scheduler = Scheduler::new(setup.geometry(), setup.config.clone(), group).unwrap();
+    scheduler.submit(spec(5, 30, 0)).unwrap();
+    let mut transcript = Transcript::default();
+    let source = device_failure(transcript.run(&mut scheduler, 1000).unwrap_err());
+    let failure = source
+        .downcast_ref::<helios::scheduler::RankFailure>()
+        .unwrap();
+    assert_eq!(failure.rank, 0);
+    assert_eq!(failure.also.len(), 1);
+    assert!(failure.also[0].starts_with("rank 1: "), "{failure}");
+    let shown = failure.to_string();
+    assert!(
+        shown.starts_with("rank 0: ") && shown.contains("; also rank 1: "),
+        "{shown}"
+    );
+}
+
+#[test]
 fn ranks_whose_records_diverge_fail_the_step() {
     let setup = Setup::default();
     let mut ranks: Vec<TestExecutor> = (0..2).map(|_| setup.executor()).collect();

@@ -25,10 +25,14 @@ use super::executor::{Completion, Executor, Launch, Ticket};
 /// A rank's failure, named with its rank.
 #[derive(Debug)]
 pub struct RankFailure {
-    /// The rank that failed.
+    /// The rank that failed (the lowest, when several failed one step).
     pub rank: usize,
     /// What failed there.
     pub source: RankProblem,
+    /// Every other rank that failed the same step, as `rank R: what`: a rank
+    /// whose peer faulted fails too once its collective's wait runs out, so
+    /// the lowest rank's failure need not be the cause.
+    pub also: Vec<String>,
 }
 
 /// What went wrong on one rank.
@@ -54,6 +58,16 @@ pub enum RankProblem {
 
 impl fmt::Display for RankFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.fmt_own(f)?;
+        for other in &self.also {
+            write!(f, "; also {other}")?;
+        }
+        Ok(())
+    }
+}
+
+impl RankFailure {
+    fn fmt_own(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let rank = self.rank;
         match &self.source {
             RankProblem::Execution(err) => write!(f, "rank {rank}: {err}"),
@@ -139,9 +153,26 @@ fn serve<E: Executor>(mut executor: E, commands: Receiver<Command>, replies: Sen
 }
 
 fn failed(rank: usize, source: RankProblem) -> ExecutionError {
+    failed_together(vec![(rank, source)])
+}
+
+/// The step's failure on every rank that failed it (at least one), named by
+/// the lowest rank, the others listed.
+fn failed_together(mut failures: Vec<(usize, RankProblem)>) -> ExecutionError {
+    let (rank, source) = failures.remove(0);
+    let also = (failures.into_iter())
+        .map(|(rank, source)| {
+            RankFailure {
+                rank,
+                source,
+                also: Vec::new(),
+            }
+            .to_string()
+        })
+        .collect();
     ExecutionError::Device {
         operation: "tensor-parallel step",
-        source: Arc::new(RankFailure { rank, source }),
+        source: Arc::new(RankFailure { rank, source, also }),
     }
 }
 
@@ -357,14 +388,18 @@ impl<E: Executor + 'static> RankGroup<E> {
         let all = vec![true; self.ranks.len()];
         let replies = self.broadcast(|| Command::Submit(Box::new(launch.clone())), &all)?;
         let mut tickets = Vec::with_capacity(replies.len());
+        let mut failures = Vec::new();
         for (rank, reply) in replies.into_iter().enumerate() {
             match reply {
                 Some(Reply::Submitted(Ok(ticket))) => tickets.push(ticket),
                 Some(Reply::Submitted(Err(err))) => {
-                    return Err(failed(rank, RankProblem::Execution(err)))
+                    failures.push((rank, RankProblem::Execution(err)))
                 }
-                _ => return Err(failed(rank, RankProblem::ThreadEnded)),
+                _ => failures.push((rank, RankProblem::ThreadEnded)),
             }
+        }
+        if !failures.is_empty() {
+            return Err(failed_together(failures));
         }
         let zero = tickets[0];
         if let Some((rank, ticket)) = (tickets.iter().enumerate()).find(|(_, t)| **t != zero) {
@@ -382,15 +417,17 @@ impl<E: Executor + 'static> RankGroup<E> {
     fn poll_once(&mut self, ticket: Ticket) -> Result<Option<Completion>, ExecutionError> {
         let pending = self.pending();
         let replies = self.broadcast(|| Command::Poll(ticket), &pending)?;
+        let mut failures = Vec::new();
         for (rank, reply) in replies.into_iter().enumerate() {
             match reply {
                 None => {}
                 Some(Reply::Polled(Ok(done))) => self.finished[rank] = done,
-                Some(Reply::Polled(Err(err))) => {
-                    return Err(failed(rank, RankProblem::Execution(err)))
-                }
-                Some(_) => return Err(failed(rank, RankProblem::ThreadEnded)),
+                Some(Reply::Polled(Err(err))) => failures.push((rank, RankProblem::Execution(err))),
+                Some(_) => failures.push((rank, RankProblem::ThreadEnded)),
             }
+        }
+        if !failures.is_empty() {
+            return Err(failed_together(failures));
         }
         self.gather()
     }
@@ -398,15 +435,17 @@ impl<E: Executor + 'static> RankGroup<E> {
     fn wait_once(&mut self, ticket: Ticket) -> Result<Completion, ExecutionError> {
         let pending = self.pending();
         let replies = self.broadcast(|| Command::Wait(ticket), &pending)?;
+        let mut failures = Vec::new();
         for (rank, reply) in replies.into_iter().enumerate() {
             match reply {
                 None => {}
                 Some(Reply::Waited(Ok(done))) => self.finished[rank] = Some(done),
-                Some(Reply::Waited(Err(err))) => {
-                    return Err(failed(rank, RankProblem::Execution(err)))
-                }
-                Some(_) => return Err(failed(rank, RankProblem::ThreadEnded)),
+                Some(Reply::Waited(Err(err))) => failures.push((rank, RankProblem::Execution(err))),
+                Some(_) => failures.push((rank, RankProblem::ThreadEnded)),
             }
+        }
+        if !failures.is_empty() {
+            return Err(failed_together(failures));
         }
         Ok(self.gather()?.expect("every rank finished the launch"))
     }
@@ -414,8 +453,9 @@ impl<E: Executor + 'static> RankGroup<E> {
 
 impl<E: Executor + 'static> Drop for RankGroup<E> {
     /// Closes every rank's commands and joins its thread. A rank blocked in a
-    /// launch that never completes (a collective whose peer refused the launch)
-    /// would hold the join; the device layer's own failure ends such a wait.
+    /// launch whose peer never joins its collective holds the join until the
+    /// collective's bounded wait traps (the limit Helios loads) or the device
+    /// layer fails otherwise.
     fn drop(&mut self) {
         for thread in &mut self.ranks {
             thread.commands = None;
