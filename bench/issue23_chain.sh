@@ -14,7 +14,12 @@
 #              decode (10 rounds) workloads ($SMOL_SUITE_ARGS instead, if set) through
 #              flare and the Python floor, then their report;
 # - serving:   `issue23_check.sh serving` (the serving GPU tests);
-# - attention: `bench/prefill_attention_bench.py --long-only --no-tilings`.
+# - attention: `bench/prefill_attention_bench.py --long-only --no-tilings`;
+# - concurrency, concurrency-8b: prepared concurrency as an option, for SmolLM2's
+#              stand-in or the 8B: per N of $CONCURRENCY_OPTIONS (default 8 16 32), a
+#              core prepared with --max-concurrency N and `flare replay --bench-decode
+#              N`, then `bench/concurrency_options.py summarize` (capture time, memory
+#              by region, the step at full capacity and tokens per second).
 #
 # The flare binary: $FLARE, else .carry/flare.xz unpacked, else .carry/flare. The
 # carried wheels: bench/chain_env.sh's. Before the first of 8b, smol and serving, a
@@ -89,13 +94,40 @@ for part in "$@"; do
       bash bench/issue23_check.sh serving "$out/serving" > "$out/serving.log" 2>&1
       step serving $?
       ;;
+    concurrency|concurrency-8b)
+      preflight
+      if [ "$part" = concurrency ]; then
+        [ -e "$WORK/smolrw/config.json" ] || python3 bench/smollm2_stand_in.py "$WORK/smolrw" > /dev/null
+        checkpoint=$WORK/smolrw model=smollm2-135m scope=()
+      else
+        weights
+        # As the 8B's served core is prepared (the 8b part).
+        checkpoint=$qwen model=qwen3-8b scope=(--compile-scope layer)
+      fi
+      for n in ${CONCURRENCY_OPTIONS:-8 16 32}; do
+        dir=$out/$part/c$n
+        mkdir -p "$dir"
+        rm -rf "$WORK/core-c$n"
+        python3 -m ignition.cli prepare "$checkpoint" --out "$WORK/core-c$n" --max-concurrency "$n" \
+          --context-limit 8192 "${scope[@]}" > "$dir/prepare.log" 2>&1
+        step "$part-c$n-prepare" $?
+        "$flare" replay "$WORK/core-c$n" --bench-decode "$n" --steps 256 \
+          --json "$dir/replay.json" > "$dir/replay.log" 2>&1
+        step "$part-c$n-bench" $?
+        rm -rf "$WORK/core-c$n"
+      done
+      python3 bench/concurrency_options.py summarize "$out/$part" --model "$model" \
+        > "$out/$part/summary.md" 2>&1
+      step "$part-summary" $?
+      ;;
     attention)
       python3 bench/prefill_attention_bench.py --long-only --no-tilings \
         --out "$out/attention-long.json" > "$out/attention-long.log" 2>&1
       step attention-long $?
       ;;
     *)
-      echo "issue23_chain.sh: unknown part $part (prefill, 8b, smol, serving, attention)" >&2
+      echo "issue23_chain.sh: unknown part $part (prefill, 8b, smol, serving, attention," \
+        "concurrency, concurrency-8b)" >&2
       step "$part" 2
       ;;
   esac
