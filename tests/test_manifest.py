@@ -217,27 +217,23 @@ def test_rank_cores_merge_into_one_core_helios_reads_with_each_ranks_own_shards(
     )
     assert shown.returncode == 0, shown.stderr
     assert "ranks         2 (tensor parallel" in shown.stdout
+
     # The collectives' wait limit's place, which Helios writes at load, needs a
     # collectives region (these fixtures have none): Helios refuses it without.
+    def inspect(core: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(build_flare()), "inspect", str(core)], capture_output=True, text=True, timeout=120
+        )
+
     merge_rank_cores([tmp_path / "r0", tmp_path / "r1"], tmp_path / "limited", 528)
-    limited = subprocess.run(
-        [str(build_flare()), "inspect", str(tmp_path / "limited")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    limited = inspect(tmp_path / "limited")
     assert limited.returncode == 2
     assert "no window holds a collectives region" in limited.stderr
     # A rank without a sequence beside one with: Helios refuses the group's core.
     one.ClearField("qualification")
     write_core_dir(tmp_path / "r1", one, shards, {i.sha256: files[i.sha256] for i in one.images})
     merge_rank_cores([tmp_path / "r0", tmp_path / "r1"], tmp_path / "unqualified")
-    refused = subprocess.run(
-        [str(build_flare()), "inspect", str(tmp_path / "unqualified")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    refused = inspect(tmp_path / "unqualified")
     assert refused.returncode == 2
     assert "rank 0 carries a qualification sequence and rank 1 none" in refused.stderr
     # What the ranks share must agree.

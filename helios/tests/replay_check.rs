@@ -390,13 +390,19 @@ impl RankDevice {
     }
 }
 
+impl RankDevice {
+    /// A host copy: it waits (or fails where it would never end), then is
+    /// logged.
+    fn copy(&mut self, call: Call) -> Result<(), ReplayError> {
+        self.copy_waits()?;
+        self.shared.borrow_mut().log.push((self.rank, call));
+        Ok(())
+    }
+}
+
 impl ReplayDevice for RankDevice {
     fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), ReplayError> {
-        self.copy_waits()?;
-        self.shared
-            .borrow_mut()
-            .log
-            .push((self.rank, Call::Write(addr, data.len())));
+        self.copy(Call::Write(addr, data.len()))?;
         self.inner.write(addr, data)
     }
 
@@ -421,11 +427,7 @@ impl ReplayDevice for RankDevice {
     }
 
     fn read(&mut self, addr: u64, out: &mut [u8]) -> Result<(), ReplayError> {
-        self.copy_waits()?;
-        self.shared
-            .borrow_mut()
-            .log
-            .push((self.rank, Call::Read(addr, out.len())));
+        self.copy(Call::Read(addr, out.len()))?;
         self.inner.read(addr, out)
     }
 

@@ -277,22 +277,18 @@ impl ValidCore {
     /// The buffer bound to `semantic`. Every semantic value is bound, so this
     /// is `None` only for [`Semantic::Unspecified`].
     pub fn buffer(&self, semantic: Semantic) -> Option<&Buffer> {
-        self.bound
-            .get(&semantic)
-            .and_then(|&position| self.buffers.get(position))
+        self.view().buffer(semantic)
     }
 
     /// Whether the sampling graphs take token masks (the core binds
     /// [`OPTIONAL_SEMANTICS`]): only then can decoding be constrained.
     pub fn takes_token_masks(&self) -> bool {
-        OPTIONAL_SEMANTICS
-            .iter()
-            .all(|semantic| self.bound.contains_key(semantic))
+        self.view().takes_token_masks()
     }
 
     /// The buffer called `name`, if any.
     pub fn buffer_named(&self, name: &str) -> Option<&Buffer> {
-        self.buffers.iter().find(|buffer| buffer.name == name)
+        self.view().buffer_named(name)
     }
 
     /// The graph recorded for `kind` at `capacity`, if any. Every decode and
