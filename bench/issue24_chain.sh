@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 24's single-GPU checks on the GPU machine, run detached (bench/detached.sh),
-# each PART of `bench/issue24_check.sh` in the order given (default: helios-gpu export
-# serve tp-logits collectives), each step logged to steps.txt, results under
+# each PART of `bench/issue24_check.sh` in the order given (default: helios-gpu
+# collectives export serve agent tp-logits), each step logged to steps.txt, results under
 # DETACHED_OUT/issue24/PART. One PART of its own, helios-gpu: Helios's loader GPU tests
 # (`cargo test --release -p flare-helios --test gpu_replay --no-run`'s binary, stripped
 # and carried as .carry/gpu_replay.xz: no cargo there) with --ignored, among them a
@@ -20,7 +20,7 @@ if [ -z "${FLARE:-}" ] && [ -e .carry/flare.xz ]; then
   export FLARE=$PWD/BIN/flare
 fi
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(helios-gpu export serve tp-logits collectives)
+[ ${#parts[@]} -gt 0 ] || parts=(helios-gpu collectives export serve agent tp-logits)
 for part in "${parts[@]}"; do
   if [ "$part" = helios-gpu ]; then
     mkdir -p "$out/helios-gpu" BIN

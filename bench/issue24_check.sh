@@ -23,6 +23,9 @@
 #       `FLARE run` serving export's group core (OUT/../export) with both ranks on
 #       this GPU, checked with the OpenAI client against the harness's answers and
 #       with the prefix cache (see the part below).
+#   bench/issue24_check.sh agent OUT
+#       the suite's agent trace against export's group core (TP2) and a TP1 core of the
+#       same checkpoint, both served by `FLARE run` (see the part below).
 #   bench/issue24_check.sh collectives OUT
 #       the export-safe two-rank collectives (ignition.parallel.window_collectives),
 #       tests/test_window_collectives.py's GPU tests, every result bitwise: both ranks
@@ -31,7 +34,7 @@
 #       address (ignition.parallel.shared_collectives: exported memory, descriptors
 #       passed over the process group). Needs the carried flare_heliopause wheel.
 set -uo pipefail
-usage="usage: bench/issue24_check.sh tp-logits|export|serve|collectives OUT"
+usage="usage: bench/issue24_check.sh tp-logits|export|serve|agent|collectives OUT"
 part=${1:?$usage}
 out=${2:?$usage}
 mkdir -p "$out"
@@ -123,6 +126,36 @@ print('world', core.rank_layout.world_size, 'graphs', len(core.graphs), 'images'
       echo "flare run ($part) exited with $code after SIGTERM"
       [ $code -eq 0 ] || status=1
     done
+    ;;
+  agent)
+    # The agent trace (bench.suite's agent workload: a growing tool conversation, a
+    # fork sharing its history, and repeats that a prefix cache restores exactly) against
+    # the group's core that `export` wrote (TP2, both ranks on this GPU) and against the
+    # same checkpoint prepared for one rank (TP1, made here), each through `FLARE run`
+    # with the prefix cache; `python -m bench.suite.report` puts both engines' turns side
+    # by side (OUT/report/summary.md): prompt, cached and prefilled tokens per turn, and
+    # the repeats' checks.
+    exported=$(dirname "$out")/export
+    [ -f "$exported/core/manifest.pb" ] || { echo "no core in $exported: run export first"; exit 1; }
+    : "${FLARE:?agent needs FLARE, a flare binary}"
+    rm -rf "$work/tp1-core"
+    python3 -m ignition.cli prepare "$work/tiny-qwen3" --out "$work/tp1-core" --max-concurrency 4 \
+      --context-limit 2048 --prefill-chunk-size 1024 > "$out/tp1-prepare.log" 2>&1 \
+      || { tail -20 "$out/tp1-prepare.log"; exit 1; }
+    port=18424
+    for engine in flare-tp1 flare-tp2; do
+      core=$work/tp1-core options=""
+      [ $engine = flare-tp2 ] && core=$exported/core options="--rank-devices 0,0"
+      timeout 600 python3 -m bench.suite --url "http://127.0.0.1:$port/v1" \
+        --launch "$FLARE run $core --port $port $options" --engine $engine \
+        --out "$out/$engine.json" --workloads agent --agent-tokens 1500 \
+        --tokenizer "$work/tiny-qwen3" --geometry "$work/tiny-qwen3/config.json" \
+        --context-limit 2048 > "$out/$engine.log" 2>&1 || status=1
+      tail -3 "$out/$engine.log"
+    done
+    python3 -m bench.suite.report "$out/flare-tp1.json" "$out/flare-tp2.json" --flare flare-tp2 \
+      --out-dir "$out/report" > "$out/report.log" 2>&1 || status=1
+    grep -A40 "Agent trace" "$out/report/summary.md" | head -80
     ;;
   collectives)
     # Two rank processes share the one GPU only in the Default compute mode.
