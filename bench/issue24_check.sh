@@ -15,7 +15,7 @@
 #       region mapped at its address, compile and capture over the window
 #       collectives, each rank's core, then the group's merged core in OUT/core, read
 #       back; when FLARE names a flare binary, `$FLARE inspect` on it and `$FLARE
-#       replay --check --rank-devices 0,0`: both ranks in one process, their
+#       replay --check --rank-devices 0,0` by default, RANK_DEVICES otherwise: both ranks in one process, their
 #       qualification sequences replayed in lockstep, bitwise per rank). The Python
 #       harness answers the first 8 agent prompts over the exported graphs
 #       (OUT/python.json). Needs the carried flare_heliopause wheel.
@@ -43,6 +43,9 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/flare-triton
 work=${WORK:-/tmp/flare-issue24}
+# Each rank's device (RANK_DEVICES, default 0,0: both ranks on this GPU), for the export,
+# the replay and serving alike.
+devices=${RANK_DEVICES:-0,0}
 # The harness's requests at export, and what serve_clients.py sends.
 sampling=(--temperature 0.7 --top-k 40 --top-p 0.9 --min-p 0 --seed 1000 --max-new-tokens 32)
 mkdir -p "$work"
@@ -68,7 +71,8 @@ write_tiny(Path(sys.argv[1]), 'qwen3')" "$work/tiny-qwen3" > /dev/null || exit 1
     rm -rf "$out/core"
     head -8 bench/prompts/agent50.jsonl > "$out/prompts.jsonl"
     timeout 900 python3 -m ignition.parallel.export_ranks "$work/tiny-qwen3" --out "$out/core" \
-      --max-concurrency 4 --context-limit 2048 --replay-out "$out/python.json" \
+      --max-concurrency 4 --context-limit 2048 --rank-devices "$devices" \
+      --replay-out "$out/python.json" \
       --prompts "$out/prompts.jsonl" "${sampling[@]}" > "$out/export.log" 2>&1 || status=1
     tail -20 "$out/export.log"
     python3 -c "import sys; from pathlib import Path; from ignition.export.core_dir import \
@@ -83,7 +87,7 @@ print('world', core.rank_layout.world_size, 'graphs', len(core.graphs), 'images'
       tail -12 "$out/inspect.txt"
       # Both ranks loaded in one process on this GPU and their qualification
       # sequences replayed in lockstep, every digest of every rank compared.
-      timeout 300 "$FLARE" replay "$out/core" --check --rank-devices 0,0 \
+      timeout 300 "$FLARE" replay "$out/core" --check --rank-devices $devices \
         --json "$out/replay-check.json" > "$out/replay-check.txt" 2>&1 || status=1
       grep -E "^(rank|result)" "$out/replay-check.txt"
       tail -3 "$out/replay-check.txt"
@@ -104,13 +108,13 @@ print('world', core.rank_layout.world_size, 'graphs', len(core.graphs), 'images'
     . bench/flare_run.sh
     for part in corpus prefix; do
       if [ $part = corpus ]; then
-        flare_run "$FLARE" "$exported/core" "$out/flare-run.log" --rank-devices 0,0 \
+        flare_run "$FLARE" "$exported/core" "$out/flare-run.log" --rank-devices $devices \
           --no-prefix-cache || exit 1
         timeout 300 python3 bench/serve_clients.py --url "$url" --prompts "$exported/prompts.jsonl" \
           --python "$exported/python.json" --out "$out/serve.json" --seed 1000 --max-tokens 32 \
           > "$out/flare-run.client.log" 2>&1 || status=1
       else
-        flare_run "$FLARE" "$exported/core" "$out/flare-run-prefix.log" --rank-devices 0,0 \
+        flare_run "$FLARE" "$exported/core" "$out/flare-run-prefix.log" --rank-devices $devices \
           || exit 1
         timeout 300 python3 bench/serve_clients.py --url "$url" --prompts "$exported/prompts.jsonl" \
           --prefix-check --out "$out/serve-prefix.json" --seed 1000 --max-tokens 32 \
@@ -145,7 +149,7 @@ print('world', core.rank_layout.world_size, 'graphs', len(core.graphs), 'images'
     port=18424
     for engine in flare-tp1 flare-tp2; do
       core=$work/tp1-core options=""
-      [ $engine = flare-tp2 ] && core=$exported/core options="--rank-devices 0,0"
+      [ $engine = flare-tp2 ] && core=$exported/core options="--rank-devices $devices"
       timeout 600 python3 -m bench.suite --url "http://127.0.0.1:$port/v1" \
         --launch "$FLARE run $core --port $port $options" --engine $engine \
         --out "$out/$engine.json" --workloads agent --agent-tokens 1500 \

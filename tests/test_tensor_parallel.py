@@ -102,6 +102,18 @@ def test_a_group_export_says_at_once_that_it_needs_a_gpu(
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
+def test_a_group_export_takes_one_device_per_rank(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert export_ranks._devices("0,1") == (0, 1)
+    assert export_ranks._devices("0,0") == (0, 0)
+    for bad in ("0", "0,1,2", "a,b", "-1,0"):
+        with pytest.raises(SystemExit) as exit_:
+            export_ranks.main([str(tmp_path), f"--out={tmp_path / 'c'}", f"--rank-devices={bad}"])
+        assert exit_.value.code == 2
+        assert "name 2 device ordinals" in capsys.readouterr().err
+
+
 def test_each_rank_runs_on_a_gpu_of_its_own_or_all_on_the_current_one() -> None:
     # One H200 and two ranks: both on the current GPU (an unindexed "cuda" made
     # set_device fail in every rank on the GPU machine).

@@ -256,6 +256,8 @@ def export_core(
     prepared: PreparedModel | None = None
     peers: Sequence[tuple[int, int]] = ()
     try:
+        # Torch's work goes where the window is ("cuda" is the current device).
+        torch.cuda.set_device(device)
         if group is not None:
             parallel, peers = group.attach(window)
             options = replace(options, parallel=parallel)

@@ -1,8 +1,8 @@
 """A tensor-parallel group's runtime core: one process per rank exports its own core
 over the export-safe collectives, then the cores are merged.
 
-Each rank (``ignition.parallel.launch``; both on GPU 0 for now: choosing a rank's own
-device must happen before CUDA starts in its process, which is not built yet):
+Each rank (``ignition.parallel.launch``), on its device of ``--rank-devices`` (both on
+GPU 0 by default; two devices need peer access between them, and have not run yet):
 
 1. opens its window at its own base (``window.rank_base``: the ranks' windows side by
    side) with a ``collectives`` region last, at the same offset on every rank;
@@ -20,7 +20,7 @@ collectives join two). A rank's own core (``CORE/ranks/rank-R``) holds a collect
 region but no rank layout: Helios refuses it alone, and reads only the group's.
 
     python -m ignition.parallel.export_ranks CHECKPOINT --out CORE
-        [--max-concurrency 4] [--context-limit 4096]
+        [--max-concurrency 4] [--context-limit 4096] [--rank-devices 0,0]
         [--replay-out ANSWERS.json --prompts P.jsonl --max-new-tokens N --seed S ...]
 
 With ``--replay-out``, once the cores are written every rank answers the prompts with
@@ -30,7 +30,6 @@ and rank 0 writes the answers as ``ignition prepare --replay-out`` does: what
 ``flare run`` serving the group's core must answer token for token
 (``bench/serve_clients.py --python``).
 
-Not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -134,13 +133,15 @@ def _rank_main(
     options: PrepareOptions,
     out: Path,
     answers: Answers | None,
+    devices: tuple[int, int],
 ) -> None:
     from ignition.cli import answer_prompts
 
     config = served_checkpoint(open_checkpoint(checkpoint))[0].config()
     hidden, vocab = int(config.hidden_size), int(config.vocab_size)
     capacity = storage_elements(hidden, vocab, options.prefill_chunk_size, options.max_concurrency)
-    setup = RankSetup(parallel.rank, capacity, options.dtype, device=0)
+    device = devices[parallel.rank]
+    setup = RankSetup(parallel.rank, capacity, options.dtype, device=device)
     after = None
     if answers is not None:
 
@@ -157,14 +158,18 @@ def _rank_main(
         checkpoint,
         options,
         out / f"rank-{parallel.rank}",
-        device=0,
+        device=device,
         after_export=after,
         group=setup,
     )
 
 
 def export_group(
-    checkpoint: Path, options: PrepareOptions, out: Path, answers: Answers | None = None
+    checkpoint: Path,
+    options: PrepareOptions,
+    out: Path,
+    answers: Answers | None = None,
+    devices: tuple[int, int] = (0, 0),
 ) -> Path:
     """Exports ``checkpoint`` at two ranks into ``out``/rank-R, then the group's core
     into ``out``; returns ``out``. With ``answers``, the harness's answers over the
@@ -173,9 +178,17 @@ def export_group(
         raise RuntimeError("CUDA is already initialized in this process: the ranks export")
     ranks = out / "ranks"
     ranks.mkdir(parents=True, exist_ok=True)
-    spawn_ranks(WORLD, _rank_main, checkpoint, options, ranks, answers)
+    spawn_ranks(WORLD, _rank_main, checkpoint, options, ranks, answers, devices)
     merge_rank_cores([ranks / f"rank-{rank}" for rank in range(WORLD)], out, LIMIT_OFFSET)
     return out
+
+
+def _devices(text: str) -> tuple[int, int]:
+    """``--rank-devices``: two comma-separated device ordinals."""
+    parts = text.split(",")
+    if len(parts) != WORLD or not all(part.strip().isdigit() for part in parts):
+        raise argparse.ArgumentTypeError(f"name {WORLD} device ordinals, as 0,1: {text!r}")
+    return (int(parts[0]), int(parts[1]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,6 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="the group's core directory")
     parser.add_argument("--max-concurrency", type=int, default=4)
     parser.add_argument("--context-limit", type=int, default=4096)
+    parser.add_argument(
+        "--rank-devices",
+        type=_devices,
+        default=(0, 0),
+        help="each rank's CUDA device, rank 0's first (default 0,0: both on one GPU)",
+    )
     parser.add_argument(
         "--replay-out",
         type=Path,
@@ -217,7 +236,12 @@ def main(argv: list[str] | None = None) -> int:
         # Read now: a bad prompts file must fail before minutes of preparation.
         prompts = load_prompts(args.prompts, args.prompt or [])
         answers = Answers(args, prompts, args.replay_out.resolve())
-    export_group(args.checkpoint, options, args.out, answers)
+    if max(args.rank_devices) >= torch.cuda.device_count():
+        parser.error(
+            f"--rank-devices {args.rank_devices} names a device this machine lacks "
+            f"({torch.cuda.device_count()} visible)"
+        )
+    export_group(args.checkpoint, options, args.out, answers, args.rank_devices)
     print(f"wrote {args.out}")
     return 0
 
