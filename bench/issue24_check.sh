@@ -15,8 +15,9 @@
 #       region mapped at its address, compile and capture over the window
 #       collectives, each rank's core, then the group's merged core in OUT/core, read
 #       back; when FLARE names a flare binary, `$FLARE inspect` on it and `$FLARE
-#       replay --check --rank-devices 0,0` by default, RANK_DEVICES otherwise: both ranks in one process, their
-#       qualification sequences replayed in lockstep, bitwise per rank). The Python
+#       replay --check --rank-devices RANK_DEVICES`: both ranks in one process, their
+#       qualification sequences replayed in lockstep, bitwise per rank). RANK_DEVICES
+#       (default 0,0: both ranks on this GPU) places the ranks in every part. The Python
 #       harness answers the first 8 agent prompts over the exported graphs
 #       (OUT/python.json). Needs the carried flare_heliopause wheel.
 #   bench/issue24_check.sh serve OUT
