@@ -779,6 +779,34 @@ fn a_ring_slot_is_reused_only_after_its_marker_was_seen_complete() {
     assert!(state.violations.is_empty(), "{:?}", state.violations);
 }
 
+#[test]
+fn draining_waits_for_the_newest_launch_and_retrieves_nothing() {
+    let core = fixture();
+    let (device, state) = FakeDevice::new(&core);
+    let mut executor = GpuExecutor::new(device).unwrap();
+    executor.drain().unwrap(); // nothing in flight: nothing waited for
+    assert!(!state
+        .borrow()
+        .calls
+        .iter()
+        .any(|c| matches!(c, Call::Wait(_))));
+    let tickets: Vec<Ticket> = (0..3)
+        .map(|i| executor.submit(&decode([i, 0, 0, 0])).unwrap())
+        .collect();
+    executor.drain().unwrap();
+    // One wait, on the newest launch's marker (slot 2): the stream ran them all.
+    let waits: Vec<Call> = (state.borrow().calls.iter())
+        .filter(|c| matches!(c, Call::Wait(_)))
+        .cloned()
+        .collect();
+    assert_eq!(waits, [Call::Wait(2)]);
+    // Nothing was retrieved: the completions still come back, oldest first.
+    for (i, &ticket) in tickets.iter().enumerate() {
+        let completion = executor.poll(ticket).unwrap().expect("complete");
+        assert_eq!(completion.records, expected_records(&core, i as i32 + 1, 4));
+    }
+}
+
 /// The fake catches the misuse the executor must avoid: touching a slot's
 /// host bytes before its marker was seen complete.
 #[test]

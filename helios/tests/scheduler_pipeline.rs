@@ -469,6 +469,78 @@ fn a_rank_failure_fails_the_step_on_every_rank_and_shutdown_joins_both() {
         .all(|d| d.load(std::sync::atomic::Ordering::SeqCst)));
 }
 
+/// A rank whose drain and drop are logged, rank 1's drain slow.
+struct Draining {
+    rank: usize,
+    inner: TestExecutor,
+    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl helios::scheduler::Executor for Draining {
+    fn submit(
+        &mut self,
+        launch: &helios::scheduler::Launch,
+    ) -> Result<helios::scheduler::Ticket, ExecutionError> {
+        self.inner.submit(launch)
+    }
+    fn poll(
+        &mut self,
+        ticket: helios::scheduler::Ticket,
+    ) -> Result<Option<helios::scheduler::Completion>, ExecutionError> {
+        self.inner.poll(ticket)
+    }
+    fn wait(
+        &mut self,
+        ticket: helios::scheduler::Ticket,
+    ) -> Result<helios::scheduler::Completion, ExecutionError> {
+        self.inner.wait(ticket)
+    }
+    fn drain(&mut self) -> Result<(), ExecutionError> {
+        if self.rank == 1 {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("drained {}", self.rank));
+        Ok(())
+    }
+}
+
+impl Drop for Draining {
+    fn drop(&mut self) {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("dropped {}", self.rank));
+    }
+}
+
+#[test]
+fn no_rank_releases_its_executor_before_every_rank_drained() {
+    // Rank 0 drains at once, rank 1 slowly: rank 0's executor (its memory,
+    // which rank 1's launches may read) goes only after rank 1 drained.
+    let setup = Setup::default();
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let ranks: Vec<Draining> = (0..2)
+        .map(|rank| Draining {
+            rank,
+            inner: setup.executor(),
+            log: log.clone(),
+        })
+        .collect();
+    let group = helios::scheduler::RankGroup::new(ranks).unwrap();
+    group.join().unwrap();
+    let log = log.lock().unwrap().clone();
+    assert_eq!(log.len(), 4, "{log:?}");
+    let first_drop = log.iter().position(|e| e.starts_with("dropped")).unwrap();
+    assert!(
+        log[..first_drop].contains(&"drained 0".to_owned())
+            && log[..first_drop].contains(&"drained 1".to_owned()),
+        "{log:?}"
+    );
+}
+
 #[test]
 fn every_rank_that_fails_a_step_is_named() {
     // Both ranks fail the same launch (a peer's fault, then the other rank's

@@ -259,4 +259,15 @@ impl<D: LaunchDevice> Executor for GpuExecutor<D> {
         done.map_err(device("wait"))?;
         Ok(self.retrieve())
     }
+
+    fn drain(&mut self) -> Result<(), ExecutionError> {
+        // The newest launch's marker completes after every earlier one (one
+        // stream, issue order).
+        match self.in_flight.back() {
+            Some(newest) => {
+                (self.device.wait(&self.ring[newest.slot].done)).map_err(device("drain"))
+            }
+            None => Ok(()),
+        }
+    }
 }

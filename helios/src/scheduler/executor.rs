@@ -339,4 +339,12 @@ pub trait Executor {
     fn applies_masks(&self) -> bool {
         false
     }
+
+    /// Waits until every launch submitted so far has finished on the device,
+    /// retrieving none: what a tensor-parallel rank does before any rank's
+    /// memory is released (a peer's launch may still read it). Nothing to do
+    /// for an executor without a device.
+    fn drain(&mut self) -> Result<(), ExecutionError> {
+        Ok(())
+    }
 }

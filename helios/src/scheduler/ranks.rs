@@ -11,7 +11,10 @@
 //! that reports other records has diverged, and the group fails. A failure on
 //! any rank fails the step on all of them (the scheduler then fails every
 //! admitted request and stops, as for one device). Dropping the group, or
-//! [`RankGroup::join`], ends every rank's thread and joins it.
+//! [`RankGroup::join`], ends every rank's thread and joins it: each rank
+//! drains its launches ([`Executor::drain`]), then waits for every rank to
+//! have drained (at most 30 s) before its executor, and its memory, goes: a
+//! peer's launch may still read it.
 
 use std::error::Error;
 use std::fmt;
@@ -139,7 +142,7 @@ impl<E: Executor + 'static> fmt::Debug for RankGroup<E> {
     }
 }
 
-fn serve<E: Executor>(mut executor: E, commands: Receiver<Command>, replies: Sender<Reply>) {
+fn serve<E: Executor>(executor: &mut E, commands: Receiver<Command>, replies: Sender<Reply>) {
     while let Ok(command) = commands.recv() {
         let reply = match command {
             Command::Submit(launch) => Reply::Submitted(executor.submit(&launch)),
@@ -149,6 +152,52 @@ fn serve<E: Executor>(mut executor: E, commands: Receiver<Command>, replies: Sen
         if replies.send(reply).is_err() {
             break;
         }
+    }
+}
+
+/// How long a rank that has drained waits for its peers to drain before it
+/// releases its memory anyway (a peer stuck past its collectives' wait
+/// limit, or gone).
+const TEARDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The ranks' meeting point before any releases its memory: each arrives once
+/// it drained (or ended without an executor), then waits for every rank to
+/// have arrived, at most [`TEARDOWN_WAIT`].
+struct Teardown {
+    arrived: std::sync::Mutex<usize>,
+    all: std::sync::Condvar,
+    ranks: usize,
+}
+
+impl Teardown {
+    fn new(ranks: usize) -> Self {
+        Self {
+            arrived: std::sync::Mutex::new(0),
+            all: std::sync::Condvar::new(),
+            ranks,
+        }
+    }
+
+    fn arrive(&self) {
+        let mut arrived = self.arrived.lock().unwrap_or_else(|e| e.into_inner());
+        *arrived += 1;
+        self.all.notify_all();
+    }
+
+    fn wait(&self) {
+        let arrived = self.arrived.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = self
+            .all
+            .wait_timeout_while(arrived, TEARDOWN_WAIT, |arrived| *arrived < self.ranks);
+    }
+}
+
+/// A rank thread's arrival at the [`Teardown`], made when dropped.
+struct Arrival<'a>(&'a Teardown);
+
+impl Drop for Arrival<'_> {
+    fn drop(&mut self) {
+        self.0.arrive();
     }
 }
 
@@ -206,6 +255,7 @@ impl<E: Executor + 'static> RankGroup<E> {
     {
         assert!(world_size > 0, "a rank group has at least rank 0");
         let make = Arc::new(make);
+        let teardown = Arc::new(Teardown::new(world_size));
         let mut ranks = Vec::with_capacity(world_size);
         let mut built = Vec::with_capacity(world_size);
         let group = |ranks| Self {
@@ -220,17 +270,29 @@ impl<E: Executor + 'static> RankGroup<E> {
             let (reply_tx, reply_rx) = channel();
             let (ready_tx, ready_rx) = channel();
             let make = Arc::clone(&make);
+            let teardown = Arc::clone(&teardown);
             let spawned = std::thread::Builder::new()
                 .name(format!("helios-rank-{rank}"))
-                .spawn(move || match make(rank) {
-                    Ok((executor, known)) => {
-                        let applies_masks = executor.applies_masks();
-                        if ready_tx.send(Ok((known, applies_masks))).is_ok() {
-                            serve(executor, command_rx, reply_tx);
+                .spawn(move || {
+                    // Arrives at the teardown however this thread ends, a panic
+                    // included, so no peer waits for it in vain.
+                    let arrival = Arrival(&teardown);
+                    match make(rank) {
+                        Ok((mut executor, known)) => {
+                            let applies_masks = executor.applies_masks();
+                            if ready_tx.send(Ok((known, applies_masks))).is_ok() {
+                                serve(&mut executor, command_rx, reply_tx);
+                            }
+                            // The rank's launches finish, then every rank's have,
+                            // before its memory goes (a peer's may read it).
+                            let _ = executor.drain();
+                            drop(arrival);
+                            teardown.wait();
+                            drop(executor);
                         }
-                    }
-                    Err(err) => {
-                        let _ = ready_tx.send(Err(err));
+                        Err(err) => {
+                            let _ = ready_tx.send(Err(err));
+                        }
                     }
                 });
             let handle = match spawned {
@@ -286,8 +348,11 @@ impl<E: Executor + 'static> RankGroup<E> {
     /// Ends every rank's thread and joins it.
     pub fn join(mut self) -> Result<(), RankPanicked> {
         let mut panicked = None;
-        for (rank, thread) in self.ranks.iter_mut().enumerate() {
+        // Every rank's commands end first: each waits for the others to drain.
+        for thread in &mut self.ranks {
             thread.commands = None;
+        }
+        for (rank, thread) in self.ranks.iter_mut().enumerate() {
             let handle = thread.handle.take().expect("joined once");
             if handle.join().is_err() {
                 panicked = panicked.or(Some(RankPanicked { rank }));
