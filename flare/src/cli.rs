@@ -33,7 +33,9 @@ pub enum Command {
     /// --gpu-reserve) and serves POST /v1/chat/completions, /v1/completions,
     /// /v1/messages and /v1/responses (streamed as server-sent events or
     /// not; tool calls and reasoning parsed by the core's output protocol),
-    /// GET /v1/models, /health and /metrics. A core that cannot load fails before
+    /// GET /v1/models, /health and /metrics. A tensor-parallel core loads each
+    /// rank on its device (--rank-devices), driven by an execution thread of its
+    /// own; every step runs on every rank. A core that cannot load fails before
     /// the socket is bound (exit status 2). SIGINT or SIGTERM stops
     /// admission, lets running requests finish (a second signal cancels
     /// them), drains the GPU and exits 0.
