@@ -72,8 +72,8 @@ pub enum Command {
         #[arg(long, default_value_t = 0)]
         device: i32,
         /// For a tensor-parallel core: the device of every rank, rank 0's
-        /// first, comma-separated (ranks may share one: `0,0`). Default: rank
-        /// R on device --device + R. Each rank loads on an execution thread of
+        /// first, comma-separated (ranks may share one: `0,0`), in place of
+        /// --device. Default: rank R on device --device + R. Each rank loads on an execution thread of
         /// its own and backs the KV pages its device holds; the server uses
         /// the fewest.
         #[arg(long, value_name = "DEVICES", value_delimiter = ',')]
@@ -168,8 +168,8 @@ pub enum Command {
         #[arg(long, default_value_t = 0)]
         device: i32,
         /// For a tensor-parallel core: the device of every rank, rank 0's
-        /// first, comma-separated (ranks may share one: `0,0`). Default: rank
-        /// R on device --device + R. --check replays the ranks' qualification
+        /// first, comma-separated (ranks may share one: `0,0`), in place of
+        /// --device. Default: rank R on device --device + R. --check replays the ranks' qualification
         /// sequences in lockstep (their collectives wait for each other).
         #[arg(long, value_name = "DEVICES", value_delimiter = ',')]
         rank_devices: Vec<i32>,
