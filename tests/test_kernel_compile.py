@@ -363,6 +363,9 @@ for mode in (REDUCE, GATHER, BROADCAST):
     ops = re.findall(r"(?:atom|ld)\\.global\\.(?:sys|gpu)\\.[a-z_]+\\.[a-z]+", ptx)
     print("exchange", mode, " ".join(ops), "x")
     print("bounded", mode, ptx.count("%globaltimer"), ptx.count("trap;"), "x")
+    # Inside the wait: the last poll, then a timer read, then the trap.
+    print("order", mode, ptx.rindex("ld.global.sys.acquire") < ptx.rindex("%globaltimer")
+          < ptx.rindex("trap;"), "x")
 """
 
 
@@ -456,6 +459,8 @@ def test_the_new_kernels_compile_for_sm90() -> None:
     assert len(bounded) == 3 and all(
         int(timers) >= 2 and int(traps) >= 1 for timers, traps in bounded
     ), done.stdout
+    order = [line.split()[2] for line in done.stdout.splitlines() if line.startswith("order ")]
+    assert order == ["True"] * 3, done.stdout
     for ops in exchanges:
         assert ops[0] == "atom.global.sys.release.exch", ops  # the signal
         assert set(ops[1:-3]) == {"ld.global.sys.acquire.b"}, ops  # the wait's polls
