@@ -469,6 +469,30 @@ fn a_rank_failure_fails_the_step_on_every_rank_and_shutdown_joins_both() {
         .all(|d| d.load(std::sync::atomic::Ordering::SeqCst)));
 }
 
+/// A test rank's `submit`, `poll` and `wait`, passed to its executor `$field`.
+macro_rules! steps_of {
+    ($field:ident) => {
+        fn submit(
+            &mut self,
+            launch: &helios::scheduler::Launch,
+        ) -> Result<helios::scheduler::Ticket, ExecutionError> {
+            self.$field.submit(launch)
+        }
+        fn poll(
+            &mut self,
+            ticket: helios::scheduler::Ticket,
+        ) -> Result<Option<helios::scheduler::Completion>, ExecutionError> {
+            self.$field.poll(ticket)
+        }
+        fn wait(
+            &mut self,
+            ticket: helios::scheduler::Ticket,
+        ) -> Result<helios::scheduler::Completion, ExecutionError> {
+            self.$field.wait(ticket)
+        }
+    };
+}
+
 /// A rank whose drain and drop are logged, rank 1's drain slow.
 struct Draining {
     rank: usize,
@@ -477,24 +501,7 @@ struct Draining {
 }
 
 impl helios::scheduler::Executor for Draining {
-    fn submit(
-        &mut self,
-        launch: &helios::scheduler::Launch,
-    ) -> Result<helios::scheduler::Ticket, ExecutionError> {
-        self.inner.submit(launch)
-    }
-    fn poll(
-        &mut self,
-        ticket: helios::scheduler::Ticket,
-    ) -> Result<Option<helios::scheduler::Completion>, ExecutionError> {
-        self.inner.poll(ticket)
-    }
-    fn wait(
-        &mut self,
-        ticket: helios::scheduler::Ticket,
-    ) -> Result<helios::scheduler::Completion, ExecutionError> {
-        self.inner.wait(ticket)
-    }
+    steps_of!(inner);
     fn drain(&mut self) -> Result<(), ExecutionError> {
         if self.rank == 1 {
             std::thread::sleep(std::time::Duration::from_millis(100));
@@ -610,24 +617,7 @@ struct ThreadBound {
 }
 
 impl helios::scheduler::Executor for ThreadBound {
-    fn submit(
-        &mut self,
-        launch: &helios::scheduler::Launch,
-    ) -> Result<helios::scheduler::Ticket, ExecutionError> {
-        self.rank.submit(launch)
-    }
-    fn poll(
-        &mut self,
-        ticket: helios::scheduler::Ticket,
-    ) -> Result<Option<helios::scheduler::Completion>, ExecutionError> {
-        self.rank.poll(ticket)
-    }
-    fn wait(
-        &mut self,
-        ticket: helios::scheduler::Ticket,
-    ) -> Result<helios::scheduler::Completion, ExecutionError> {
-        self.rank.wait(ticket)
-    }
+    steps_of!(rank);
 }
 
 #[test]

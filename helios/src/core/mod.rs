@@ -398,6 +398,12 @@ impl<'a> RankView<'a> {
         self.contract
     }
 
+    /// The rank's collectives region (a tensor-parallel rank's; validation
+    /// allows at most one).
+    pub fn collectives_region(&self) -> Option<&'a proto::Region> {
+        rank_layout::collectives_region(self.window).ok().flatten()
+    }
+
     /// The rank's buffer called `name`, if any.
     pub fn buffer_named(&self, name: &str) -> Option<&'a Buffer> {
         self.buffers.iter().find(|buffer| buffer.name == name)

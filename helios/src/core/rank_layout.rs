@@ -131,7 +131,7 @@ fn graph_name((kind, capacity): &(GraphKind, u32)) -> String {
 }
 
 /// The window's collectives region, if any; two are refused.
-fn collectives_region(window: &Window) -> Result<Option<&Region>, CoreError> {
+pub(crate) fn collectives_region(window: &Window) -> Result<Option<&Region>, CoreError> {
     let mut found =
         (window.regions.iter()).filter(|region| region.kind == RegionKind::Collectives as i32);
     let first = found.next();

@@ -240,16 +240,6 @@ fn load_modules(context: &Rc<Context>, images: &[ImageBytes]) -> Result<Modules,
     Ok(modules)
 }
 
-/// The window's collectives region as a span, if it holds one.
-fn collectives_span(window: &proto::Window) -> Option<Span> {
-    (window.regions.iter())
-        .find(|region| region.kind == RegionKind::Collectives as i32)
-        .map(|region| Span {
-            offset: region.offset,
-            len: region.size,
-        })
-}
-
 impl LoadedCore {
     /// Loads the core directory at `path`: rank 0 onto device
     /// `options.device`, and every further rank of a tensor-parallel core
@@ -302,7 +292,6 @@ impl LoadedCore {
         let core = dir.core();
         let devices = options.devices(core.world_size())?;
         let images = dir.images();
-        let image_bytes = images.iter().map(|image| image.bytes.len() as u64).sum();
         let mut reports = Vec::with_capacity(ranks.len());
         let mut gpus: Vec<Gpu> = Vec::with_capacity(ranks.len());
         for rank in ranks.clone() {
@@ -323,7 +312,6 @@ impl LoadedCore {
             if rank == ranks.start {
                 report.read_ms += ms(read);
             }
-            report.image_bytes = image_bytes;
             reports.push(report);
             gpus.push(gpu);
         }
@@ -454,8 +442,8 @@ fn load_rank(
     let granularity = context.granularity()?;
     let not_kv = |region: &proto::Region| region.kind != RegionKind::KvPages as i32;
     let plan = plan_spans_of(rank.window(), granularity, not_kv)?;
-    if let Some(collectives) = collectives_span(rank.window()) {
-        if !covered(&plan.spans, collectives.offset, collectives.len) {
+    if let Some(collectives) = rank.collectives_region() {
+        if !covered(&plan.spans, collectives.offset, collectives.size) {
             return Err(ReplayError::CollectivesUnbacked { rank: rank.rank() });
         }
     }
@@ -500,7 +488,7 @@ fn load_rank(
 
     let times = upload_initial(rank, initial, &window)?;
     if let (Some(region), Some(offset)) = (
-        collectives_span(rank.window()),
+        rank.collectives_region(),
         core.collectives_wait_limit_offset(),
     ) {
         if wait_limit_ns > 0 {
@@ -572,7 +560,7 @@ fn load_rank(
         initial_tensors: initial.uploads().len(),
         initial_bytes: initial.bytes(),
         images: images.len(),
-        image_bytes: 0,
+        image_bytes: images.iter().map(|image| image.bytes.len() as u64).sum(),
         graphs: graphs.len(),
         nodes: graphs.iter().map(Graph::node_count).sum(),
         free_after_load: context.mem_get_info()?.free,
@@ -597,8 +585,12 @@ fn load_rank(
 /// rank's device, whose graphs read and signal it. Ranks on the same device
 /// need nothing.
 fn grant_peers(gpu: &mut Gpu, rank: RankView<'_>, devices: &[i32]) -> Result<(), ReplayError> {
-    let Some(span) = collectives_span(rank.window()) else {
+    let Some(region) = rank.collectives_region() else {
         return Ok(());
+    };
+    let span = Span {
+        offset: region.offset,
+        len: region.size,
     };
     let own = gpu.context.ordinal();
     let mut granted = Vec::new();

@@ -20,7 +20,9 @@ use std::error::Error;
 use std::fmt;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
+use std::sync::{Condvar, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use super::error::ExecutionError;
 use super::executor::{Completion, Executor, Launch, Ticket};
@@ -158,22 +160,22 @@ fn serve<E: Executor>(executor: &mut E, commands: Receiver<Command>, replies: Se
 /// How long a rank that has drained waits for its peers to drain before it
 /// releases its memory anyway (a peer stuck past its collectives' wait
 /// limit, or gone).
-const TEARDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+const TEARDOWN_WAIT: Duration = Duration::from_secs(30);
 
 /// The ranks' meeting point before any releases its memory: each arrives once
 /// it drained (or ended without an executor), then waits for every rank to
 /// have arrived, at most [`TEARDOWN_WAIT`].
 struct Teardown {
-    arrived: std::sync::Mutex<usize>,
-    all: std::sync::Condvar,
+    arrived: Mutex<usize>,
+    all: Condvar,
     ranks: usize,
 }
 
 impl Teardown {
     fn new(ranks: usize) -> Self {
         Self {
-            arrived: std::sync::Mutex::new(0),
-            all: std::sync::Condvar::new(),
+            arrived: Mutex::new(0),
+            all: Condvar::new(),
             ranks,
         }
     }
@@ -199,6 +201,41 @@ impl Drop for Arrival<'_> {
     fn drop(&mut self) {
         self.0.arrive();
     }
+}
+
+/// One rank's execution thread: builds its executor with `make`, reports
+/// that to the spawner, serves the commands until they end, then drains,
+/// meets the other ranks at `teardown` and only then drops the executor.
+fn rank_thread<E, T, F>(
+    rank: usize,
+    make: &F,
+    ready: &Sender<Result<(T, bool), ExecutionError>>,
+    commands: Receiver<Command>,
+    replies: Sender<Reply>,
+    teardown: &Teardown,
+) where
+    E: Executor,
+    F: Fn(usize) -> Result<(E, T), ExecutionError>,
+{
+    // Arrives at the teardown however this thread ends, a panic included, so
+    // no peer waits for it in vain.
+    let arrival = Arrival(teardown);
+    let (mut executor, known) = match make(rank) {
+        Ok(built) => built,
+        Err(err) => {
+            let _ = ready.send(Err(err));
+            return;
+        }
+    };
+    if ready.send(Ok((known, executor.applies_masks()))).is_ok() {
+        serve(&mut executor, commands, replies);
+    }
+    // The rank's launches finish, then every rank's have, before its memory
+    // goes (a peer's may read it).
+    let _ = executor.drain();
+    drop(arrival);
+    teardown.wait();
+    drop(executor);
 }
 
 fn failed(rank: usize, source: RankProblem) -> ExecutionError {
@@ -230,7 +267,7 @@ impl<E: Executor + Send + 'static> RankGroup<E> {
     pub fn new(executors: Vec<E>) -> Result<Self, ExecutionError> {
         assert!(!executors.is_empty(), "a rank group has at least rank 0");
         let world_size = executors.len();
-        let executors = std::sync::Mutex::new(executors.into_iter().map(Some).collect::<Vec<_>>());
+        let executors = Mutex::new(executors.into_iter().map(Some).collect::<Vec<_>>());
         let (group, _) = Self::spawn(world_size, move |rank| {
             let mut executors = executors
                 .lock()
@@ -244,10 +281,10 @@ impl<E: Executor + Send + 'static> RankGroup<E> {
 impl<E: Executor + 'static> RankGroup<E> {
     /// Starts one execution thread per rank and builds rank `r`'s executor
     /// there with `make(r)`, which also returns what the caller needs to know
-    /// of the rank (a loaded core's KV pages), given back in rank order once
-    /// every rank is built. The ranks build at the same time. If any fails,
-    /// the ranks already built are ended and joined, and the first failure in
-    /// rank order is returned, naming its rank.
+    /// of the rank (a loaded core's load report), given back in rank order
+    /// once every rank is built. The ranks build at the same time. If any
+    /// fails, the ranks already built are ended and joined, and the failure
+    /// names every rank that failed to build.
     pub fn spawn<T, F>(world_size: usize, make: F) -> Result<(Self, Vec<T>), ExecutionError>
     where
         T: Send + 'static,
@@ -270,35 +307,20 @@ impl<E: Executor + 'static> RankGroup<E> {
             let (reply_tx, reply_rx) = channel();
             let (ready_tx, ready_rx) = channel();
             let make = Arc::clone(&make);
-            let teardown = Arc::clone(&teardown);
+            let meeting = Arc::clone(&teardown);
             let spawned = std::thread::Builder::new()
                 .name(format!("helios-rank-{rank}"))
                 .spawn(move || {
-                    // Arrives at the teardown however this thread ends, a panic
-                    // included, so no peer waits for it in vain.
-                    let arrival = Arrival(&teardown);
-                    match make(rank) {
-                        Ok((mut executor, known)) => {
-                            let applies_masks = executor.applies_masks();
-                            if ready_tx.send(Ok((known, applies_masks))).is_ok() {
-                                serve(&mut executor, command_rx, reply_tx);
-                            }
-                            // The rank's launches finish, then every rank's have,
-                            // before its memory goes (a peer's may read it).
-                            let _ = executor.drain();
-                            drop(arrival);
-                            teardown.wait();
-                            drop(executor);
-                        }
-                        Err(err) => {
-                            let _ = ready_tx.send(Err(err));
-                        }
-                    }
+                    rank_thread(rank, &*make, &ready_tx, command_rx, reply_tx, &meeting)
                 });
             let handle = match spawned {
                 Ok(handle) => handle,
                 Err(err) => {
-                    // The threads started so far end with the partial group.
+                    // The threads started so far end with the partial group; the
+                    // ranks never started count as arrived at the teardown.
+                    for _ in rank..world_size {
+                        teardown.arrive();
+                    }
                     drop(group(ranks));
                     return Err(ExecutionError::Device {
                         operation: "rank threads",
@@ -315,26 +337,21 @@ impl<E: Executor + 'static> RankGroup<E> {
         }
         let mut known = Vec::with_capacity(world_size);
         let mut applies_masks = true;
-        let mut first_failure = None;
+        let mut failures = Vec::new();
         for (rank, ready) in built.into_iter().enumerate() {
             match ready.recv() {
                 Ok(Ok((value, masks))) => {
                     known.push(value);
                     applies_masks &= masks;
                 }
-                Ok(Err(err)) => {
-                    first_failure =
-                        first_failure.or(Some(failed(rank, RankProblem::Execution(err))))
-                }
-                Err(_) => {
-                    first_failure = first_failure.or(Some(failed(rank, RankProblem::ThreadEnded)))
-                }
+                Ok(Err(err)) => failures.push((rank, RankProblem::Execution(err))),
+                Err(_) => failures.push((rank, RankProblem::ThreadEnded)),
             }
         }
         let mut group = group(ranks);
-        if let Some(failure) = first_failure {
+        if !failures.is_empty() {
             // Dropping the group ends and joins every rank's thread.
-            return Err(failure);
+            return Err(failed_together(failures));
         }
         group.applies_masks = applies_masks;
         Ok((group, known))

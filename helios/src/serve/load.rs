@@ -3,8 +3,8 @@
 //! one execution thread per rank, each loading its rank onto its device
 //! ([`LoadedCore::load_rank`]) and driving it.
 //!
-//! Every rank backs as many KV pages as its device holds beside the reserve;
-//! the group serves the fewest, so a page the scheduler hands out is backed
+//! Every rank backs as many KV pages as its device holds beside the reserve
+//! (ranks sharing a device share it); the group serves the fewest, so a page the scheduler hands out is backed
 //! on every rank (the ranks take the same page and slot assignments).
 
 use std::path::Path;
@@ -53,12 +53,17 @@ impl Executor for Served {
     }
 }
 
-/// A loaded executor, the KV pages every rank backs, and each rank's load
-/// report in rank order.
+/// A loaded executor and each rank's load report in rank order.
 pub(super) struct Loaded {
     pub(super) executor: Served,
-    pub(super) kv_pages: u32,
     pub(super) reports: Vec<LoadReport>,
+}
+
+impl Loaded {
+    /// The KV pages every rank backs: the fewest any rank does.
+    pub(super) fn kv_pages(&self) -> u32 {
+        (self.reports.iter().map(|report| report.kv_pages).min()).expect("at least rank 0")
+    }
 }
 
 pub(super) fn load_failure(error: ReplayError) -> ExecutionError {
@@ -78,10 +83,9 @@ pub(super) fn load(path: &Path, options: &LoadOptions) -> Result<Loaded, Executi
     let world_size = dir.core().world_size();
     let mut loaded = if world_size == 1 {
         let loaded = LoadedCore::load_rank(&dir, 0, options).map_err(load_failure)?;
-        let (kv_pages, reports) = (loaded.kv_pages(), loaded.reports().to_vec());
+        let reports = loaded.reports().to_vec();
         Loaded {
             executor: Served::One(Box::new(GpuExecutor::new(loaded)?)),
-            kv_pages,
             reports,
         }
     } else {
@@ -102,15 +106,13 @@ fn load_ranks(
     options.devices(world_size).map_err(load_failure)?;
     let dir = Arc::new(dir);
     let options = options.clone();
-    let (group, known) = RankGroup::spawn(world_size as usize, move |rank| {
+    let (group, reports) = RankGroup::spawn(world_size as usize, move |rank| {
         let loaded = LoadedCore::load_rank(&dir, rank as u32, &options).map_err(load_failure)?;
-        let known = (loaded.kv_pages(), loaded.report().clone());
-        Ok((GpuExecutor::new(loaded)?, known))
+        let report = loaded.report().clone();
+        Ok((GpuExecutor::new(loaded)?, report))
     })?;
-    let kv_pages = (known.iter().map(|(pages, _)| *pages).min()).expect("at least rank 0");
     Ok(Loaded {
         executor: Served::Ranks(group),
-        kv_pages,
-        reports: known.into_iter().map(|(_, report)| report).collect(),
+        reports,
     })
 }

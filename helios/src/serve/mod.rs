@@ -162,12 +162,12 @@ pub fn run(options: RunOptions) -> Result<(), ServeError> {
             eprintln!(
                 "flare: serving {} ranks with {} KV pages each (the fewest any rank backs)",
                 loaded.reports.len(),
-                loaded.kv_pages
+                loaded.kv_pages()
             );
         }
         let geometry =
             prepared
-                .with_kv_pages(loaded.kv_pages)
+                .with_kv_pages(loaded.kv_pages())
                 .map_err(|error| ExecutionError::Device {
                     operation: "core load",
                     source: Arc::new(error),
