@@ -296,7 +296,7 @@ impl Reservation {
     /// Grants device `ordinal` read/write access to `[addr, addr + len)`,
     /// which lies in mapped spans of this reservation (a peer device reading
     /// and signalling this device's memory; needs peer access between the
-    /// two, [`super::Context::can_access_peer`]).
+    /// two, [`super::Context::peer_can_access`]).
     pub fn grant_access(&mut self, addr: u64, len: u64, ordinal: i32) -> Result<(), CudaError> {
         let offset = addr.wrapping_sub(self.base);
         let len = to_len(offset, len, "the span length exceeds usize")?;

@@ -32,6 +32,7 @@ mod isolate;
 mod kv_backing;
 mod loaded;
 mod qualify;
+mod rank_load;
 mod report;
 mod spans;
 
