@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Issue 24's checks that one GPU allows. Results go to OUT.
 #
+# MODEL=tiny-hybrid runs every part on the tiny hybrid (qwen4_exp) in place of the
+# tiny Qwen3.
+#
 #   bench/issue24_check.sh tp-logits OUT
 #       a tiny Qwen3 checkpoint's teacher-forced logits from two tensor-parallel
 #       ranks (both on this GPU, over Gloo: ignition.parallel.logits_check) against
@@ -51,27 +54,38 @@ devices=${RANK_DEVICES:-0,0}
 sampling=(--temperature 0.7 --top-k 40 --top-p 0.9 --min-p 0 --seed 1000 --max-new-tokens 32)
 mkdir -p "$work"
 status=0
+# The checkpoint (MODEL): tiny-qwen3 (default: the dense recipe) or tiny-hybrid (the
+# qwen4_exp recipe: GDN, QSA, experts, hyperconnections and PLE).
+model=${MODEL:-tiny-qwen3}
+ckpt=$work/$model
+write_checkpoint() {
+  case $model in
+    tiny-qwen3) python3 -c "import sys; from pathlib import Path; from checkpoints import \
+write_tiny; write_tiny(Path(sys.argv[1]), 'qwen3')" "$ckpt" > /dev/null ;;
+    tiny-hybrid) python3 -c "import sys; from pathlib import Path; from checkpoints import \
+write_tiny_hybrid; write_tiny_hybrid(Path(sys.argv[1]))" "$ckpt" > /dev/null ;;
+    *) echo "MODEL is tiny-qwen3 or tiny-hybrid, not $model"; return 1 ;;
+  esac
+}
 
 case $part in
   tp-logits)
-    python3 -c "import sys; from pathlib import Path; from checkpoints import write_tiny; \
-write_tiny(Path(sys.argv[1]), 'qwen3')" "$work/tiny-qwen3" > /dev/null || exit 1
-    python3 -m ignition.parallel.logits_check "$work/tiny-qwen3" --world 2 --device cuda \
+    write_checkpoint || exit 1
+    python3 -m ignition.parallel.logits_check "$ckpt" --world 2 --device cuda \
       --dtype bfloat16 --out "$out/tp-logits-bfloat16.json" > "$out/tp-logits-bfloat16.log" 2>&1 \
       || status=1
     tail -16 "$out/tp-logits-bfloat16.log"
-    timeout 600 python3 -m ignition.parallel.logits_check "$work/tiny-qwen3" --world 2 \
+    timeout 600 python3 -m ignition.parallel.logits_check "$ckpt" --world 2 \
       --device cuda --dtype bfloat16 --collectives window \
       --out "$out/tp-logits-window-bfloat16.json" > "$out/tp-logits-window-bfloat16.log" 2>&1 \
       || status=1
     tail -20 "$out/tp-logits-window-bfloat16.log"
     ;;
   export)
-    python3 -c "import sys; from pathlib import Path; from checkpoints import write_tiny; \
-write_tiny(Path(sys.argv[1]), 'qwen3')" "$work/tiny-qwen3" > /dev/null || exit 1
+    write_checkpoint || exit 1
     rm -rf "$out/core"
     head -8 bench/prompts/agent50.jsonl > "$out/prompts.jsonl"
-    timeout 900 python3 -m ignition.parallel.export_ranks "$work/tiny-qwen3" --out "$out/core" \
+    timeout 900 python3 -m ignition.parallel.export_ranks "$ckpt" --out "$out/core" \
       --max-concurrency 4 --context-limit 2048 --rank-devices "$devices" \
       --replay-out "$out/python.json" \
       --prompts "$out/prompts.jsonl" "${sampling[@]}" > "$out/export.log" 2>&1 || status=1
@@ -144,7 +158,7 @@ print('world', core.rank_layout.world_size, 'graphs', len(core.graphs), 'images'
     [ -f "$exported/core/manifest.pb" ] || { echo "no core in $exported: run export first"; exit 1; }
     : "${FLARE:?agent needs FLARE, a flare binary}"
     rm -rf "$work/tp1-core"
-    python3 -m ignition.cli prepare "$work/tiny-qwen3" --out "$work/tp1-core" --max-concurrency 4 \
+    python3 -m ignition.cli prepare "$ckpt" --out "$work/tp1-core" --max-concurrency 4 \
       --context-limit 2048 --prefill-chunk-size 1024 > "$out/tp1-prepare.log" 2>&1 \
       || { tail -20 "$out/tp1-prepare.log"; exit 1; }
     port=18424
@@ -154,7 +168,7 @@ print('world', core.rank_layout.world_size, 'graphs', len(core.graphs), 'images'
       timeout 600 python3 -m bench.suite --url "http://127.0.0.1:$port/v1" \
         --launch "$FLARE run $core --port $port $options" --engine $engine \
         --out "$out/$engine.json" --workloads agent --agent-tokens 1500 \
-        --tokenizer "$work/tiny-qwen3" --geometry "$work/tiny-qwen3/config.json" \
+        --tokenizer "$ckpt" --geometry "$ckpt/config.json" \
         --context-limit 2048 > "$out/$engine.log" 2>&1 || status=1
       tail -3 "$out/$engine.log"
     done

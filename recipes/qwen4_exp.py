@@ -50,6 +50,14 @@ pick their strategy by the row count. On the H200 the served
 50-prompt corpus matched the harness for none of its prompts at concurrency 1 before
 (the harness decodes in batches of up to 4; cuBLAS picks its kernel by row count).
 
+Tensor parallel (``ignition.parallel``): rank r of n builds the canonical model from
+its own counts (``local_config``: GDN's key and value heads, QSA's heads and KV heads,
+the routed and shared experts' intermediate sizes divided by n) and loads its part of
+each checkpoint tensor (``shards``). The GDN, QSA and MoE blocks all-reduce their
+outputs; the indexer, router, hyperconnections and PLE run whole on every rank, so
+every rank selects the same blocks and routes to the same experts. The vocabulary
+head's shards are gathered.
+
 The rotary table is the canonical interleaved-mRoPE module's output with its three
 position rows equal (text only).
 
@@ -60,9 +68,12 @@ chunk's capacity (``step.start``, ``step.n_valid``), decode is one token per row
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import math
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -85,8 +96,9 @@ from ignition.components.kv_cache import AttentionStep, PagedField, PagedKvCache
 from ignition.components.linear import invariant_project, project_linears
 from ignition.components.rotary import RotaryTable
 from ignition.components.row_reduce import last_sum, mean_square
-from ignition.loading.mapping import WeightMapping
+from ignition.loading.mapping import Shard, WeightMapping
 from ignition.loading.source import CheckpointError
+from ignition.parallel.collectives import Collectives
 from ignition.parallel.shard import ONE_RANK, TensorParallel
 from ignition.preparation.compile_flags import DecodeFusion
 from recipes.composition import check_placed, place_rotary, set_parameter
@@ -139,6 +151,15 @@ MERGED = {
 # The PLE n-gram hash's persistent buffers, which Transformers computes from the
 # config (and saves); preparation computes them the same way.
 NGRAM_CONSTANTS = ("layer_multipliers", "ngram_heads_vocab_sizes", "ngram_heads_offsets")
+# The config's counts a tensor-parallel rank holds its part of (``local_config``).
+SHARDED_COUNTS = (
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+)
 LINEAR = "linear_attention"
 SPARSE = "qwen_sparse_attention"
 
@@ -205,6 +226,19 @@ class HybridGeometry:
             ple_conv_history=(config.ple_conv_kernel_size - 1) * config.ngram_size,
         )
 
+    def local(self, parallel: TensorParallel) -> HybridGeometry:
+        """What one rank of ``parallel`` holds (``shards``): its GDN key and value
+        heads, its QSA heads and KV heads. The indexer, the hyperconnections and PLE
+        are whole on every rank, and so is the vocabulary (the vocabulary head's rows
+        are sharded, its logits gathered)."""
+        return dataclasses.replace(
+            self,
+            key_heads=parallel.part(self.key_heads, "linear_num_key_heads"),
+            value_heads=parallel.part(self.value_heads, "linear_num_value_heads"),
+            heads=parallel.part(self.heads, "attention heads"),
+            kv_heads=parallel.part(self.kv_heads, "KV heads"),
+        )
+
     @property
     def linear_layers(self) -> tuple[int, ...]:
         return tuple(i for i, t in enumerate(self.layer_types) if t == LINEAR)
@@ -269,6 +303,75 @@ def validate_config(config: PretrainedConfig) -> None:
             f"indexer_compress_ratio {config.indexer_compress_ratio} does not divide the "
             f"{PAGE_SIZE}-token page"
         )
+
+
+def local_config(config: PretrainedConfig, parallel: TensorParallel) -> PretrainedConfig:
+    """``config`` with the head and intermediate counts of one rank of ``parallel``:
+    the canonical model built from it has this rank's shapes."""
+    if not parallel.sharded:
+        return config
+    local = copy.deepcopy(config)
+    for field in SHARDED_COUNTS:
+        setattr(local, field, parallel.part(getattr(config, field), field))
+    return local
+
+
+def shards(config: PretrainedConfig, parallel: TensorParallel) -> Callable[[str], Shard | None]:
+    """Where rank ``parallel``'s part of each checkpoint tensor lies, by the tensor's
+    name (``None``: whole on every rank). Column-parallel: GDN's query, key and value
+    rows (and their convolution channels) by key and value head, its gate, decay and
+    step rows by value head; QSA's query (with its gate, interleaved per head), key
+    and value rows by head; every expert's and the shared expert's gate and up rows
+    by intermediate row; the vocabulary head's rows. Row-parallel (dimension 1): the
+    output projections of GDN and QSA and the down projections, whose partial sums
+    the layer all-reduces. The router, the shared expert's gate, the indexer, the
+    norms, the hyperconnections, PLE and the embeddings are replicated."""
+    if not parallel.sharded:
+        return lambda name: None
+    g = HybridGeometry.from_config(config)
+    key_heads = (g.key_heads, g.key_dim, "linear_num_key_heads")
+    value_heads = (g.value_heads, g.value_dim, "linear_num_value_heads")
+    packed = parallel.spans((key_heads, key_heads, value_heads))
+    value_rows = parallel.span(g.value_heads, "linear_num_value_heads", g.value_dim)
+    per_value_head = parallel.span(g.value_heads, "linear_num_value_heads")
+    heads = parallel.span(g.heads, "attention heads", unit=g.head_dim)
+    kv_heads = parallel.span(g.kv_heads, "KV heads", unit=g.head_dim)
+    expert = parallel.span(config.moe_intermediate_size, "moe_intermediate_size")
+    shared = parallel.span(
+        config.shared_expert_intermediate_size, "shared_expert_intermediate_size"
+    )
+    columns = dataclasses.replace
+    by_suffix = {
+        "linear_attn.in_proj_qkv.weight": packed,
+        "linear_attn.conv1d.weight": packed,
+        "linear_attn.in_proj_z.weight": value_rows,
+        "linear_attn.in_proj_b.weight": per_value_head,
+        "linear_attn.in_proj_a.weight": per_value_head,
+        "linear_attn.dt_bias": per_value_head,
+        "linear_attn.A_log": per_value_head,
+        "linear_attn.out_proj.weight": columns(value_rows, dim=1),
+        # The query projection's rows are each head's query, then its gate.
+        "self_attn.q_proj.weight": parallel.span(g.heads, "attention heads", 2 * g.head_dim),
+        "self_attn.k_proj.weight": kv_heads,
+        "self_attn.v_proj.weight": kv_heads,
+        "self_attn.o_proj.weight": columns(heads, dim=1),
+        # Each expert's (``mlp.experts.E.gate_proj.weight``, the index dropped).
+        "mlp.experts.gate_proj.weight": expert,
+        "mlp.experts.up_proj.weight": expert,
+        "mlp.experts.down_proj.weight": columns(expert, dim=1),
+        "mlp.shared_expert.gate_proj.weight": shared,
+        "mlp.shared_expert.up_proj.weight": shared,
+        "mlp.shared_expert.down_proj.weight": columns(shared, dim=1),
+    }
+    vocab = parallel.span(g.vocab, "vocab_size")
+
+    def shard(name: str) -> Shard | None:
+        if name == "lm_head.weight":
+            return vocab
+        name = re.sub(r"\.experts\.\d+\.", ".experts.", name)
+        return next((s for end, s in by_suffix.items() if name.endswith(f".{end}")), None)
+
+    return shard
 
 
 @dataclass
@@ -381,13 +484,20 @@ class StepContext:
 class PreparedGatedDeltaNet(nn.Module):
     """The canonical GDN module's projections and norms over continuation rows."""
 
-    def __init__(self, module: nn.Module, in_proj: torch.Tensor) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        in_proj: torch.Tensor,
+        collectives: Collectives = ONE_RANK.collectives,
+    ) -> None:
         """``in_proj``: the merged input projections (``MERGED``), whose row views
         are the canonical ``in_proj_qkv``, ``in_proj_z``, ``in_proj_b`` and
-        ``in_proj_a`` weights."""
+        ``in_proj_a`` weights. ``collectives`` sums a rank's output projection with
+        the other ranks'."""
         super().__init__()
         self.canonical = module
         self.in_proj = nn.Parameter(in_proj, requires_grad=False)
+        self.collectives = collectives
 
     def forward(
         self,
@@ -429,21 +539,30 @@ class PreparedGatedDeltaNet(nn.Module):
             state = final.unsqueeze(0)
         ctx.write("gdn_state", state)
         out = m.norm(out.reshape(-1, m.head_v_dim), z.reshape(-1, m.head_v_dim))
-        return m.out_proj(out.reshape(1, tokens, -1))
+        return self.collectives.all_reduce(m.out_proj(out.reshape(1, tokens, -1)))
 
 
 class PreparedSparseAttention(nn.Module):
     """The canonical QSA module (gated attention with its indexer) over paged K/V,
     selector pages and the continuation row's ring."""
 
-    def __init__(self, module: nn.Module, geometry: HybridGeometry, in_proj: torch.Tensor) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        geometry: HybridGeometry,
+        in_proj: torch.Tensor,
+        collectives: Collectives = ONE_RANK.collectives,
+    ) -> None:
         """``in_proj``: the merged input projections (``MERGED``), whose row views
         are the canonical ``q_proj``, ``k_proj``, ``v_proj`` and indexer
-        ``index_qk_proj`` weights."""
+        ``index_qk_proj`` weights. ``geometry``: this rank's (its heads); every rank
+        runs the whole indexer and selects the same blocks. ``collectives`` sums a
+        rank's output projection with the other ranks'."""
         super().__init__()
         self.canonical = module
         self.geometry = geometry
         self.in_proj = nn.Parameter(in_proj, requires_grad=False)
+        self.collectives = collectives
         self.selection = selector.SelectorGeometry(geometry.ratio, geometry.budget, PAGE_SIZE)
         # Resolved here, not in the forward (Dynamo would trace through the cache).
         self.apply_rotary = canonical().apply_rotary_pos_emb
@@ -519,7 +638,7 @@ class PreparedSparseAttention(nn.Module):
             query, kv, tables, per_row, blocks, positions, g.ratio, m.scaling
         )
         out = out.reshape(tokens, -1) * torch.sigmoid(gate)
-        return m.o_proj(out).unsqueeze(0), None
+        return self.collectives.all_reduce(m.o_proj(out).unsqueeze(0)), None
 
 
 def route(router: nn.Module, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -538,13 +657,21 @@ class PreparedMoe(nn.Module):
     gate) with the shared expert's three input projections and the router's as one
     GEMM."""
 
-    def __init__(self, module: nn.Module, shared_in: torch.Tensor) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        shared_in: torch.Tensor,
+        collectives: Collectives = ONE_RANK.collectives,
+    ) -> None:
         """``shared_in``: the merged projections (``MERGED``), whose row views are
         the canonical ``shared_expert.gate_proj``, ``up_proj``,
-        ``shared_expert_gate`` and router (``gate``) weights."""
+        ``shared_expert_gate`` and router (``gate``) weights. ``collectives`` sums a
+        rank's part (its rows of every expert's intermediate, routed and shared; the
+        router and the shared gate are whole on every rank) with the other ranks'."""
         super().__init__()
         self.canonical = module
         self.shared_in = nn.Parameter(shared_in, requires_grad=False)
+        self.collectives = collectives
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         m = self.canonical
@@ -557,7 +684,9 @@ class PreparedMoe(nn.Module):
         shared = m.shared_expert.down_proj(m.shared_expert.act_fn(gate) * up)
         routing_weights, selected_experts = route(m.gate, logits)
         routed = m.experts(x, selected_experts, routing_weights)
-        return (routed + torch.sigmoid(shared_gate) * shared).reshape(shape)
+        return self.collectives.all_reduce(
+            (routed + torch.sigmoid(shared_gate) * shared).reshape(shape)
+        )
 
 
 class PreparedGatedResidual(nn.Module):
@@ -804,15 +933,21 @@ class HybridModel:
         dtype: torch.dtype,
         device: torch.device,
         positions: int | None = None,
+        parallel: TensorParallel = ONE_RANK,
     ) -> None:
         """``cache``: the QSA layers' pages (``layout``), whose tensors preparation
-        allocates after the weights; ``continuation``: the rows of ``row_fields``."""
+        allocates after the weights; ``continuation``: the rows of ``row_fields``;
+        ``parallel``: the rank whose shards (``shards``) this model holds."""
         validate_config(config)
         self.config = config
-        self.geometry = g = HybridGeometry.from_config(config)
+        self.parallel = parallel
+        self.geometry = HybridGeometry.from_config(config)
+        g = self.geometry.local(parallel)
+        shard = shards(config, parallel)
+        collectives = parallel.collectives
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(
-                config, dtype=dtype, experts_implementation="grouped_mm"
+                local_config(config, parallel), dtype=dtype, experts_implementation="grouped_mm"
             )
         model.eval()
         self.mapping = WeightMapping()
@@ -834,16 +969,24 @@ class HybridModel:
         for name, param in parameters.items():
             real = views.get(name)
             if real is None:
-                real = torch.empty(param.shape, dtype=dtype, device=device)
+                shape = tuple(param.shape)
+                if name == "lm_head.weight" and (vocab := shard(name)) is not None:
+                    shape = vocab.shape(shape)  # the local config keeps the whole vocabulary
+                real = torch.empty(shape, dtype=dtype, device=device)
                 self.weights[name] = real
             set_parameter(model, name, real)
             for stored, target in checkpoint_views(name, real, config):
-                self.mapping.place(stored, target)
+                self.mapping.place(stored, target, shard(stored))
         for name, _ in model.named_buffers():
             if name.rsplit(".", 1)[-1] in NGRAM_CONSTANTS:
                 self.mapping.ignore(name, "an n-gram hash constant, derived from the config")
         if config.tie_word_embeddings:
-            model.lm_head.weight = model.model.embed_tokens.weight
+            embeddings = model.model.embed_tokens.weight
+            if (vocab := shard("lm_head.weight")) is not None:
+                # This rank's vocabulary rows of the embeddings (replicated whole).
+                set_parameter(model, "lm_head.weight", vocab.of(embeddings.data))
+            else:
+                model.lm_head.weight = embeddings
             self.mapping.ignore(
                 "lm_head.weight", "tied to model.embed_tokens.weight (tie_word_embeddings)"
             )
@@ -858,14 +1001,14 @@ class HybridModel:
         for i, layer in enumerate(model.model.layers):
             if i in g.linear_layers:
                 in_proj = self.merged[i]["linear_attn.in_proj"]
-                layer.linear_attn = PreparedGatedDeltaNet(layer.linear_attn, in_proj)
+                layer.linear_attn = PreparedGatedDeltaNet(layer.linear_attn, in_proj, collectives)
             else:
                 in_proj = self.merged[i]["self_attn.in_proj"]
-                layer.self_attn = PreparedSparseAttention(layer.self_attn, g, in_proj)
+                layer.self_attn = PreparedSparseAttention(layer.self_attn, g, in_proj, collectives)
             if i in g.ple_layers:
                 layer.ple = PreparedPle(layer.ple)
             layer.mlp.experts = PreparedExperts(layer.mlp.experts)
-            layer.mlp = PreparedMoe(layer.mlp, self.merged[i]["mlp.shared_in"])
+            layer.mlp = PreparedMoe(layer.mlp, self.merged[i]["mlp.shared_in"], collectives)
             for site in ("attn", "mlp"):
                 name = f"{site}_hyper_connection"
                 mix_in = self.merged[i][f"{name}.mix_in"]
@@ -908,8 +1051,10 @@ class HybridModel:
         return text.hyper_connection_mixer(h)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 vocabulary logits of final hidden vectors."""
-        return self.model.lm_head(hidden).float()  # a ProjectedLinear
+        """Float32 vocabulary logits of final hidden vectors (each rank projects its
+        vocabulary rows; the shards are gathered in rank order)."""
+        logits = self.model.lm_head(hidden).float()  # a ProjectedLinear
+        return self.parallel.collectives.all_gather_last(logits)
 
     def compile_layers(self, **options: object) -> None:
         """Regional compilation: each decoder layer as its own compiled region
@@ -919,13 +1064,6 @@ class HybridModel:
         The embedding, the final mixer and the vocabulary head run as they are."""
         for layer in self.model.model.layers:
             layer.compile(**options)
-
-
-def _one_rank(parallel: TensorParallel) -> None:
-    if parallel.sharded:
-        raise CheckpointError(
-            f"the {NAME} recipe is not sharded for tensor parallelism yet: prepare it on one rank"
-        )
 
 
 class Qwen4ExpRecipe:
@@ -943,8 +1081,7 @@ class Qwen4ExpRecipe:
     def layout(
         self, config: PretrainedConfig, dtype: torch.dtype, parallel: TensorParallel = ONE_RANK
     ) -> StateLayout:
-        _one_rank(parallel)
-        g = HybridGeometry.from_config(config)
+        g = HybridGeometry.from_config(config).local(parallel)
         eos = config.eos_token_id
         eos = eos[0] if isinstance(eos, list) else eos
         return StateLayout(
@@ -974,8 +1111,7 @@ class Qwen4ExpRecipe:
     ) -> HybridModel:
         """``decode_fusion`` does not apply: the decoder layer's residuals are
         hyperconnection injections, with no projection epilogue to fuse them into."""
-        _one_rank(parallel)
-        return HybridModel(config, cache, rows, dtype, device, positions)
+        return HybridModel(config, cache, rows, dtype, device, positions, parallel)
 
     def sampling_defaults(self, fingerprint: str) -> SamplingDefaults:
         return SamplingDefaults()

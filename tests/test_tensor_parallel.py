@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoints import CPU_OPTIONS, TINY_HYBRID, write_tiny
+from checkpoints import CPU_OPTIONS, TINY_HYBRID, write_tiny, write_tiny_hybrid
 from transformers.models.qwen4_exp.configuration_qwen4_exp import Qwen4ExpTextConfig
 
 from ignition.components.kv_cache import PagedKvCache
@@ -174,9 +174,77 @@ def test_what_does_not_divide_or_shard_is_refused(tmp_path: Path) -> None:
     storages = [CollectiveStorage.allocate(1024, torch.float32, "cpu") for _ in range(2)]
     window = TensorParallel(0, 2, WindowCollectives(0, *storages))
     assert plan(path, replace(OPTIONS, compile=True, capture=True, parallel=window)).catalog
-    hybrid = Qwen4ExpTextConfig(**TINY_HYBRID)
-    with pytest.raises(CheckpointError, match="not sharded for tensor parallelism"):
-        qwen4_exp.RECIPE.layout(hybrid, torch.float32, TensorParallel(0, 2))
+    hybrid = Qwen4ExpTextConfig(**TINY_HYBRID)  # 2 GDN key heads, 2 KV heads
+    with pytest.raises(CheckpointError, match=r"linear_num_key_heads \(2\) do not divide among 4"):
+        qwen4_exp.RECIPE.layout(hybrid, torch.float32, TensorParallel(0, 4))
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_two_hybrid_ranks_answer_as_one(tmp_path: Path, tie: bool) -> None:
+    # GDN (its packed query, key and value rows and their convolution channels split
+    # by head), QSA (heads split, the indexer whole on both ranks), routed and shared
+    # experts split by intermediate row, hyperconnections and PLE whole: the group's
+    # logits are the single rank's up to the order of the row-parallel sums.
+    path = write_tiny_hybrid(tmp_path / "hybrid", tie_word_embeddings=tie)
+    report = logits_check.check(_run(path), world=2)
+    assert report["passed"], str(report)
+    assert report["ranks_identical"] is True
+    assert float(report["relative_l2"]) < 1e-5, str(report)  # type: ignore[arg-type]
+
+
+def test_a_hybrid_rank_holds_its_shards() -> None:
+    config = Qwen4ExpTextConfig(**TINY_HYBRID)
+    shard = qwen4_exp.shards(config, TensorParallel(1, 2))
+    layer = "model.layers.0."
+    # GDN: 2 key heads and 4 value heads of 16; rank 1 holds key head 1 of the query
+    # and of the key rows, and value heads 2 and 3 (rows 64 to 128 of the value rows).
+    packed = Shard(0, 16, 32, ((48, 64), (96, 128)))
+    assert shard(f"{layer}linear_attn.in_proj_qkv.weight") == packed
+    assert shard(f"{layer}linear_attn.conv1d.weight") == packed
+    assert shard(f"{layer}linear_attn.in_proj_z.weight") == Shard(0, 32, 64)
+    assert shard(f"{layer}linear_attn.in_proj_a.weight") == Shard(0, 2, 4)
+    assert shard(f"{layer}linear_attn.A_log") == Shard(0, 2, 4)
+    assert shard(f"{layer}linear_attn.out_proj.weight") == Shard(1, 32, 64)
+    assert shard(f"{layer}linear_attn.norm.weight") is None
+    # QSA: 4 heads of 16, each head's query then its gate; 2 KV heads.
+    qsa = "model.layers.3.self_attn."
+    assert shard(f"{qsa}q_proj.weight") == Shard(0, 64, 128)
+    assert shard(f"{qsa}k_proj.weight") == Shard(0, 16, 32)
+    assert shard(f"{qsa}o_proj.weight") == Shard(1, 32, 64)
+    assert shard(f"{qsa}indexer.index_qk_proj.weight") is None
+    # Experts of intermediate 32 and the shared expert of 32; the router is whole.
+    assert shard(f"{layer}mlp.experts.5.gate_proj.weight") == Shard(0, 16, 32)
+    assert shard(f"{layer}mlp.experts.5.down_proj.weight") == Shard(1, 16, 32)
+    assert shard(f"{layer}mlp.shared_expert.up_proj.weight") == Shard(0, 16, 32)
+    assert shard(f"{layer}mlp.shared_expert.down_proj.weight") == Shard(1, 16, 32)
+    assert shard(f"{layer}mlp.gate.weight") is None
+    assert shard(f"{layer}mlp.shared_expert_gate.weight") is None
+    assert shard(f"{layer}attn_hyper_connection.input_mix_weight_down.weight") is None
+    assert shard("lm_head.weight") == Shard(0, 256, 512)
+    assert shard("model.embed_tokens.weight") is None
+    # The state a rank keeps: its value heads' recurrent matrices, its channels'
+    # convolution history and its KV heads; the selectors and PLE are whole.
+    layout = qwen4_exp.RECIPE.layout(config, torch.float32, TensorParallel(1, 2))
+    whole = qwen4_exp.RECIPE.layout(config, torch.float32)
+    rows = {f.name: f.shape for f in layout.rows}
+    assert rows["gdn_state"] == (3, 2, 16, 16)
+    assert rows["gdn_conv"] == (3, 64, 3)
+    assert rows["ple_conv"] == {f.name: f.shape for f in whole.rows}["ple_conv"]
+    assert layout.kv_heads == 1 and layout.vocab == 512
+    assert layout.paged == whole.paged
+    # A group of one shards nothing.
+    assert qwen4_exp.shards(config, TensorParallel())("lm_head.weight") is None
+
+
+def test_a_shard_of_several_ranges_is_their_concatenation() -> None:
+    tensor = torch.arange(24.0).view(12, 2)
+    shard = Shard(0, 2, 4, ((6, 7), (10, 12)))
+    assert shard.shape((12, 2)) == (5, 2)
+    assert torch.equal(shard.of(tensor), tensor[[2, 3, 6, 10, 11]])
+    with pytest.raises(CheckpointError, match=r"shard \[10, 13\) of dimension 0"):
+        Shard(0, 2, 4, ((10, 13),)).shape((12, 2))
+    groups = ((2, 16, "key heads"), (2, 16, "key heads"), (4, 16, "value heads"))
+    assert TensorParallel(0, 2).spans(groups) == Shard(0, 0, 16, ((32, 48), (64, 96)))
 
 
 def _rank_one_fails(parallel: TensorParallel) -> None:

@@ -4,7 +4,9 @@ A recipe declares, for each canonical checkpoint tensor name, the destination vi
 it is copied into (often a slice of a packed projection). Loading streams tensors
 one at a time through that table, so the only intermediate is the tensor in flight.
 A tensor-parallel rank places its shard of a tensor: a range along one dimension
-(``place(name, target, shard=Shard(dim, start, stop))``). A checkpoint tensor the
+(``place(name, target, shard=Shard(dim, start, stop))``), or several ranges of one
+dimension, concatenated (``Shard.more``: its part of each head group a tensor packs).
+A checkpoint tensor the
 table does not place, or a placed tensor the checkpoint lacks, fails loading with its
 name. A recipe may also fold loaded tensors into each other once every tensor is in
 (``finish``: an RMSNorm's gain into the projection that reads it).
@@ -22,21 +24,33 @@ from ignition.loading.source import CheckpointError, CheckpointSource
 
 @dataclass(frozen=True)
 class Shard:
-    """The range ``[start, stop)`` of a checkpoint tensor's dimension ``dim``."""
+    """The range ``[start, stop)`` of a checkpoint tensor's dimension ``dim``, and the
+    ranges ``more`` of the same dimension after it, in order: a rank's rows of a tensor
+    that packs several groups it shards (GDN's query, key and value rows)."""
 
     dim: int
     start: int
     stop: int
+    more: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def ranges(self) -> tuple[tuple[int, int], ...]:
+        return ((self.start, self.stop), *self.more)
 
     def of(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.narrow(self.dim, self.start, self.stop - self.start)
+        """The shard of ``tensor``: a view when it is one range, else the ranges
+        concatenated."""
+        pieces = [tensor.narrow(self.dim, lo, hi - lo) for lo, hi in self.ranges]
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=self.dim)
 
     def shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        if not 0 <= self.start < self.stop <= shape[self.dim]:
-            raise CheckpointError(
-                f"shard [{self.start}, {self.stop}) of dimension {self.dim} is outside {shape}"
-            )
-        return (*shape[: self.dim], self.stop - self.start, *shape[self.dim + 1 :])
+        for lo, hi in self.ranges:
+            if not 0 <= lo < hi <= shape[self.dim]:
+                raise CheckpointError(
+                    f"shard [{lo}, {hi}) of dimension {self.dim} is outside {shape}"
+                )
+        length = sum(hi - lo for lo, hi in self.ranges)
+        return (*shape[: self.dim], length, *shape[self.dim + 1 :])
 
 
 @dataclass

@@ -46,5 +46,18 @@ class TensorParallel:
         share = self.part(total, what)
         return Shard(0, self.rank * share * unit, (self.rank + 1) * share * unit)
 
+    def spans(self, groups: tuple[tuple[int, int, str], ...]) -> Shard:
+        """This rank's range of each of the consecutive ``groups`` a tensor packs
+        along dimension 0, each ``(units, unit, what)`` (``span``'s arguments), in one
+        shard: the rows of a projection whose output is several groups of heads."""
+        ranges = []
+        offset = 0
+        for total, unit, what in groups:
+            part = self.span(total, what, unit)
+            ranges.append((offset + part.start, offset + part.stop))
+            offset += total * unit
+        (start, stop), *more = ranges
+        return Shard(0, start, stop, tuple(more))
+
 
 ONE_RANK = TensorParallel()
