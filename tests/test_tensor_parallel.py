@@ -79,12 +79,17 @@ def _sampled(path: Path, seeds: list[int], out: Path) -> list[list[str]]:
     return [(out / f"rank-{rank}").read_text().split() for rank in range(2)]
 
 
-def test_every_rank_follows_rank_zeros_samples(tmp_path: Path) -> None:
+@pytest.mark.parametrize("family", ["qwen3", "hybrid"])
+def test_every_rank_follows_rank_zeros_samples(tmp_path: Path, family: str) -> None:
     # The sampled tokens are broadcast from rank 0 before any state update, so the
-    # ranks' replicated state (pending tokens, counters, histograms) cannot part: with
-    # a seed of its own, rank 1 still commits rank 0's tokens, step after step, the
-    # tokens both ranks commit when both hold rank 0's seed.
-    path = write_tiny(tmp_path / "qwen3", "qwen3")
+    # ranks' replicated state (pending tokens, counters, histograms; the hybrid's
+    # recurrent rows, selector ring and PLE token history, which every step's tokens
+    # feed) cannot part: with a seed of its own, rank 1 still commits rank 0's tokens,
+    # step after step, the tokens both ranks commit when both hold rank 0's seed.
+    if family == "hybrid":
+        path = write_tiny_hybrid(tmp_path / family)
+    else:
+        path = write_tiny(tmp_path / family, family)
     agreed = _sampled(path, [7, 7], tmp_path / "agreed")
     assert len(agreed[0]) == 12 and agreed[1] == agreed[0]
     assert _sampled(path, [7, 1007], tmp_path / "parted") == agreed
