@@ -9,11 +9,15 @@
 #
 #   bash bench/detached.sh start DIR "bash bench/issue24_chain.sh [PART...]"
 #
+# With MODEL=tiny-hybrid (bench/issue24_check.sh's), results under
+# DETACHED_OUT/issue24-tiny-hybrid/PART.
+#
 # The flare binary for `export`'s `flare inspect`: $FLARE, else .carry/flare.xz unpacked
 # to BIN/flare. The carried wheels: bench/chain_env.sh's. Each part is bounded (600 s).
 set -uo pipefail
 . bench/chain_env.sh || exit 1
-out=$DETACHED_OUT/issue24
+# MODEL (bench/issue24_check.sh's): tiny-hybrid's results go to issue24-tiny-hybrid.
+out=$DETACHED_OUT/issue24${MODEL:+-$MODEL}
 mkdir -p "$out"
 if [ -z "${FLARE:-}" ] && [ -e .carry/flare.xz ]; then
   mkdir -p BIN && python3 -c "import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" .carry/flare.xz BIN/flare && chmod +x BIN/flare
