@@ -368,17 +368,23 @@ fn runnable_core(name: &str, base: u64, change: impl FnOnce(&mut Core)) -> std::
 /// wait limit's word in it.
 const COLLECTIVES_AT: u64 = 32 * MIB;
 const WAIT_LIMIT_AT: u64 = 528;
+/// The collectives region's size: Ignition's least (`COLLECTIVES_MINIMUM`),
+/// so each window is a whole number of 32 MiB. The driver honours a
+/// reservation's requested address at that granularity only: on the H100
+/// a 34 MiB window left rank 1's base, 34 MiB further, taken (the driver
+/// placed rank 1 at 64 MiB).
+const COLLECTIVES_SIZE: u64 = 32 * MIB;
 
-/// [`runnable`] with a 2 MiB collectives region after the sample's regions.
+/// [`runnable`] with a collectives region after the sample's regions.
 fn ranked_runnable(base: u64, first: [u32; 2], seed: u8) -> (Core, Tensor) {
     let (mut core, stop) = runnable(base, first, seed);
     let window = core.window.as_mut().unwrap();
-    window.size = COLLECTIVES_AT + 2 * MIB;
+    window.size = COLLECTIVES_AT + COLLECTIVES_SIZE;
     window.regions.push(Region {
         kind: RegionKind::Collectives as i32,
         offset: COLLECTIVES_AT,
-        size: 2 * MIB,
-        backed_bytes: 2 * MIB,
+        size: COLLECTIVES_SIZE,
+        backed_bytes: COLLECTIVES_SIZE,
     });
     (core, stop)
 }
