@@ -640,7 +640,7 @@ class LlamaModel:
             embeddings = model.model.embed_tokens.weight
             if parallel.sharded:
                 # This rank's vocabulary rows of the embeddings (replicated whole).
-                set_parameter(model, "lm_head.weight", vocab.of(embeddings.data))
+                set_parameter(model, "lm_head.weight", vocab.view(embeddings.data))
             else:
                 model.lm_head.weight = embeddings
             self.mapping.ignore(

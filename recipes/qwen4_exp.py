@@ -984,7 +984,7 @@ class HybridModel:
             embeddings = model.model.embed_tokens.weight
             if (vocab := shard("lm_head.weight")) is not None:
                 # This rank's vocabulary rows of the embeddings (replicated whole).
-                set_parameter(model, "lm_head.weight", vocab.of(embeddings.data))
+                set_parameter(model, "lm_head.weight", vocab.view(embeddings.data))
             else:
                 model.lm_head.weight = embeddings
             self.mapping.ignore(

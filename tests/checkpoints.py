@@ -170,12 +170,20 @@ def write_tiny_multimodal_hybrid(
 
 def perturb_zero_initialized(model: torch.nn.Module, scale: float = 0.2) -> None:
     """Transformers initializes ``qwen4_exp``'s RMSNorm gains (``1 + w``) and PLE
-    convolution to zero, which would leave those weights' arithmetic untested: give
-    them the spread of a trained checkpoint's."""
+    convolution to zero, and GDN's ``dt_bias`` to ones, which would leave those
+    weights' arithmetic untested (any rank's slice of a constant ``dt_bias`` is every
+    other's): give them the spread of a trained checkpoint's."""
+    # dt_bias's spread from a generator of its own: the global stream draws what it
+    # drew before dt_bias was spread, so every other weight keeps its value.
+    spread = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "norm" in name or name.endswith("ple.conv1d.weight"):
                 param.add_(torch.randn_like(param) * scale)
+            elif name.endswith("dt_bias"):
+                # A trained dt_bias spreads over units (the step sizes' range).
+                noise = torch.randn(param.shape, generator=spread, dtype=param.dtype)
+                param.add_(noise.to(param.device))
 
 
 def write_tiny_hybrid(path: Path, *, seed: int = 0, **overrides: object) -> Path:

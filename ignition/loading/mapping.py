@@ -43,6 +43,13 @@ class Shard:
         pieces = [tensor.narrow(self.dim, lo, hi - lo) for lo, hi in self.ranges]
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=self.dim)
 
+    def view(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The shard of ``tensor`` as a view of it (one range only): what a tied
+        weight aliases, whose values arrive when ``tensor``'s do."""
+        if self.more:
+            raise ValueError(f"a shard of {len(self.ranges)} ranges is no view: {self}")
+        return self.of(tensor)
+
     def shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         for lo, hi in self.ranges:
             if not 0 <= lo < hi <= shape[self.dim]:
