@@ -23,6 +23,7 @@ from ignition.parallel.shard import TensorParallel
 from ignition.parallel.window_collectives import CollectiveStorage, WindowCollectives
 from ignition.preparation.prepared import plan, prepare
 from ignition.replay.harness import Harness, Request, SamplingParams
+from ignition.replay.teacher_forcing import compare_logits
 from recipes import llama, qwen4_exp
 
 OPTIONS = replace(CPU_OPTIONS, max_concurrency=1, context_limit=192, snapshot_rows=1)
@@ -215,6 +216,20 @@ def test_two_hybrid_ranks_answer_as_one(
     # Under the float32 bound (1e-5) by far: about 4e-8 measured, where a rank taking
     # another rank's dt_bias rows gave 6e-5.
     assert float(report["relative_l2"]) < 1e-6, str(report)  # type: ignore[arg-type]
+
+
+def test_compiled_hybrid_ranks_answer_as_one_over_the_window_collectives(tmp_path: Path) -> None:
+    # What a group's export compiles: each decoder layer a compiled region (Inductor
+    # here) with the window collectives inside, each rank in its process. The ranks
+    # agree bit for bit and stay within the eager bound of the single rank (Inductor's
+    # fusions round differently: about 9e-8 measured, 5e-8 eager).
+    path = write_tiny_hybrid(tmp_path / "hybrid")
+    run = _run(path)
+    compiled = replace(run, options=replace(run.options, compile=True, compile_scope="layer"))
+    ranks = logits_check._group_logits(compiled, 2, tmp_path / "ranks", window=True)
+    assert torch.equal(ranks[0], ranks[1])
+    single = logits_check._logits(run, TensorParallel())
+    assert compare_logits(ranks[0], single).relative_l2 < 1e-6
 
 
 def test_a_hybrid_rank_holds_its_shards() -> None:
