@@ -460,4 +460,22 @@ fn every_rank_at_once_loads_its_prepared_pages_and_names_one_device_per_rank() {
         ),
         "{err:?}"
     );
+    // Loading every rank, the rank that failed is named (here the first: no
+    // device, or the sample's identity is no real device's); a serving
+    // thread's one rank is named by its group, not again here.
+    let err = LoadedCore::load(&dir, &LoadOptions::default()).unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            ReplayError::Rank {
+                rank: 0,
+                world_size: 2,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().starts_with("rank 0 of 2: "), "{err}");
+    let err = LoadedCore::load_rank(&read, 1, &LoadOptions::default()).unwrap_err();
+    assert!(!matches!(err, ReplayError::Rank { .. }), "{err:?}");
 }

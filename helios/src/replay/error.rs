@@ -140,6 +140,18 @@ pub enum ReplayError {
         /// The core's ranks.
         world_size: u32,
     },
+    /// Loading one rank of a tensor-parallel core failed (a core of one rank
+    /// reports the failure itself).
+    #[error("rank {rank} of {world_size}: {source}")]
+    Rank {
+        /// The rank that failed to load.
+        rank: u32,
+        /// The core's ranks.
+        world_size: u32,
+        /// Why.
+        #[source]
+        source: Box<ReplayError>,
+    },
     /// A rank past the core's world size was asked for.
     #[error("rank {rank} asked for, and the core has {world_size} ranks")]
     NoRank {

@@ -143,6 +143,7 @@ impl LoadedCore {
         let images = dir.images();
         let mut reports = Vec::with_capacity(ranks.len());
         let mut gpus: Vec<Gpu> = Vec::with_capacity(ranks.len());
+        let several = ranks.len() > 1;
         for rank in ranks.clone() {
             let view = core.rank(rank).ok_or(ReplayError::NoRank {
                 rank,
@@ -155,8 +156,21 @@ impl LoadedCore {
                 sharing: devices.iter().filter(|&&other| other == device).count() as u64,
                 wait_limit_ns: options.collectives_wait_limit_ns,
             };
-            let (mut gpu, mut report) = load_rank(core, view, device, images, initial, how)?;
-            grant_peers(&mut gpu, view, &devices)?;
+            // Loading several ranks here, the failing one is named here (a
+            // serving thread's one rank is named by its group).
+            let in_rank = |source: ReplayError| {
+                if !several {
+                    return source;
+                }
+                ReplayError::Rank {
+                    rank,
+                    world_size: core.world_size(),
+                    source: Box::new(source),
+                }
+            };
+            let (mut gpu, mut report) =
+                load_rank(core, view, device, images, initial, how).map_err(in_rank)?;
+            grant_peers(&mut gpu, view, &devices).map_err(in_rank)?;
             // The files were read once, for every rank.
             if rank == ranks.start {
                 report.read_ms += ms(read);
