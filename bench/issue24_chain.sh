@@ -16,7 +16,6 @@
 # to BIN/flare. The carried wheels: bench/chain_env.sh's. Each part is bounded (600 s).
 set -uo pipefail
 . bench/chain_env.sh || exit 1
-# MODEL (bench/issue24_check.sh's): tiny-hybrid's results go to issue24-tiny-hybrid.
 out=$DETACHED_OUT/issue24${MODEL:+-$MODEL}
 mkdir -p "$out"
 if [ -z "${FLARE:-}" ] && [ -e .carry/flare.xz ]; then
