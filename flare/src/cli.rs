@@ -13,7 +13,11 @@ use helios::core::CoreSummary;
 use helios::replay::{
     check_core, isolate_core, CheckOptions, KvBacking, LoadOptions, COLLECTIVES_WAIT_LIMIT_MS,
 };
+use helios::scheduler::COLLECTIVES_WAIT_LIMIT_MAX;
 use helios::HeliosError;
+
+/// `flare run --collectives-timeout-ms`'s largest value.
+const SERVED_WAIT_LIMIT_MAX_MS: u64 = COLLECTIVES_WAIT_LIMIT_MAX.as_millis() as u64;
 
 /// Flare: serve a runtime core prepared by Ignition, without Python.
 #[derive(Debug, Parser)]
@@ -80,9 +84,15 @@ pub enum Command {
         rank_devices: Vec<i32>,
         /// For a tensor-parallel core: the longest a rank's collective waits
         /// for its peer before its step fails with a device error, in
-        /// milliseconds (a peer that faulted then fails the step on every rank
-        /// instead of hanging it; 0 waits forever).
-        #[arg(long, value_name = "MS", default_value_t = COLLECTIVES_WAIT_LIMIT_MS)]
+        /// milliseconds, from 1 to 20000 (a peer that faulted then fails the
+        /// step on every rank instead of hanging it; at shutdown a rank waits
+        /// longer than that for its peers before releasing its memory).
+        #[arg(
+            long,
+            value_name = "MS",
+            default_value_t = COLLECTIVES_WAIT_LIMIT_MS,
+            value_parser = clap::value_parser!(u64).range(1..=SERVED_WAIT_LIMIT_MAX_MS)
+        )]
         collectives_timeout_ms: u64,
         /// Do not reuse exact prefix checkpoints across requests (every
         /// prompt is prefilled from its first token).
@@ -687,6 +697,28 @@ mod tests {
             Some(0)
         );
         assert!(Cli::try_parse_from(["flare", "run", "c", "--message-checkpoints", "-1"]).is_err());
+    }
+
+    #[test]
+    fn a_served_collectives_wait_is_bounded_below_the_teardown_wait() {
+        // A rank releases its memory at most 30 s after it drained; a peer's
+        // collective still polling it must have trapped by then.
+        let timeout = |ms: &str| {
+            Cli::try_parse_from(["flare", "run", "c", "--collectives-timeout-ms", ms]).map(|cli| {
+                match cli.command {
+                    Command::Run {
+                        collectives_timeout_ms,
+                        ..
+                    } => collectives_timeout_ms,
+                    other => panic!("expected run, got {other:?}"),
+                }
+            })
+        };
+        assert_eq!(timeout("20000").unwrap(), 20_000);
+        for refused in ["0", "20001"] {
+            let err = timeout(refused).unwrap_err().to_string();
+            assert!(err.contains("is not in 1..=20000"), "{err}");
+        }
     }
 
     #[test]

@@ -76,7 +76,7 @@ pub use latency::{
     FirstTokenSplit, Histogram, Latency, FIRST_TOKEN_PART_BUCKETS, INTER_TOKEN_BUCKETS,
     MASK_BUCKETS, PREPARATION_BUCKETS, TTFT_BUCKETS,
 };
-pub use ranks::{RankFailure, RankGroup, RankPanicked, RankProblem};
+pub use ranks::{RankFailure, RankGroup, RankPanicked, RankProblem, COLLECTIVES_WAIT_LIMIT_MAX};
 pub use request::RequestSpec;
 pub use rng::readmission_seed;
 pub use worker::{

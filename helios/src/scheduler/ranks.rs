@@ -157,10 +157,17 @@ fn serve<E: Executor>(executor: &mut E, commands: Receiver<Command>, replies: Se
     }
 }
 
+/// The longest collectives' wait limit a served group may load (`flare run
+/// --collectives-timeout-ms`): a peer stuck in a collective traps within it,
+/// before [`TEARDOWN_WAIT`] ends and a drained rank releases the memory that
+/// collective polls. Without a limit (0) a stuck peer would poll it forever.
+pub const COLLECTIVES_WAIT_LIMIT_MAX: Duration = Duration::from_secs(20);
+
 /// How long a rank that has drained waits for its peers to drain before it
 /// releases its memory anyway (a peer stuck past its collectives' wait
-/// limit, or gone).
+/// limit, or gone): longer than [`COLLECTIVES_WAIT_LIMIT_MAX`].
 const TEARDOWN_WAIT: Duration = Duration::from_secs(30);
+const _: () = assert!(TEARDOWN_WAIT.as_secs() > COLLECTIVES_WAIT_LIMIT_MAX.as_secs());
 
 /// The ranks' meeting point before any releases its memory: each arrives once
 /// it drained (or ended without an executor), then waits for every rank to
