@@ -121,10 +121,7 @@ pub fn isolate_core(path: &Path, device: i32) -> Result<IsolationReport, ReplayE
 /// Refuses a tensor-parallel core before any rank is loaded, for what runs
 /// one rank alone.
 fn one_rank(path: &Path, what: &'static str) -> Result<(), ReplayError> {
-    match crate::core::load_manifest(path)?.world_size() {
-        1 => Ok(()),
-        world_size => Err(ReplayError::OneRankOnly { what, world_size }),
-    }
+    super::loaded::one_rank(&crate::core::load_manifest(path)?, what)
 }
 
 #[cfg(test)]

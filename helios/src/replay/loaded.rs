@@ -260,10 +260,16 @@ impl LoadedCore {
     }
 
     fn one_rank(&self, what: &'static str) -> Result<(), ReplayError> {
-        match self.core.world_size() {
-            1 => Ok(()),
-            world_size => Err(ReplayError::OneRankOnly { what, world_size }),
-        }
+        one_rank(&self.core, what)
+    }
+}
+
+/// Refuses a tensor-parallel `core` for `what`, which runs one rank alone
+/// (its ranks' graphs wait for each other).
+pub(super) fn one_rank(core: &ValidCore, what: &'static str) -> Result<(), ReplayError> {
+    match core.world_size() {
+        1 => Ok(()),
+        world_size => Err(ReplayError::OneRankOnly { what, world_size }),
     }
 }
 
