@@ -51,6 +51,15 @@ impl Executor for Served {
             Served::Ranks(group) => group.applies_masks(),
         }
     }
+
+    fn drain(&mut self) -> Result<(), ExecutionError> {
+        match self {
+            Served::One(one) => one.drain(),
+            // Each rank drains on its own thread when the group is joined,
+            // before the ranks' teardown meeting.
+            Served::Ranks(_) => Ok(()),
+        }
+    }
 }
 
 /// A loaded executor and each rank's load report in rank order.
