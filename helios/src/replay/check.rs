@@ -21,7 +21,7 @@ use super::bench::DecodeBench;
 use super::error::ReplayError;
 use super::isolate::IsolationReport;
 use super::kv_backing::KvBacking;
-use super::loaded::{LoadOptions, LoadedCore, COLLECTIVES_WAIT_LIMIT_NS};
+use super::loaded::{LoadOptions, LoadedCore};
 use super::report::{PeerReport, ReplayReport};
 use crate::core::proto::GraphKind;
 
@@ -44,8 +44,7 @@ impl CheckOptions {
             load: LoadOptions {
                 device,
                 kv: KvBacking::Prepared,
-                rank_devices: Vec::new(),
-                collectives_wait_limit_ns: COLLECTIVES_WAIT_LIMIT_NS,
+                ..LoadOptions::default()
             },
             qualification: true,
             bench_decode: None,
@@ -112,8 +111,7 @@ pub fn isolate_core(path: &Path, device: i32) -> Result<IsolationReport, ReplayE
     let load = LoadOptions {
         device,
         kv: KvBacking::Prepared,
-        rank_devices: Vec::new(),
-        collectives_wait_limit_ns: COLLECTIVES_WAIT_LIMIT_NS,
+        ..LoadOptions::default()
     };
     LoadedCore::load(path, &load)?.isolate()
 }

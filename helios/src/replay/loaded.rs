@@ -25,7 +25,7 @@ pub const COLLECTIVES_WAIT_LIMIT_NS: u64 = COLLECTIVES_WAIT_LIMIT_MS * 1_000_000
 pub const COLLECTIVES_WAIT_LIMIT_MS: u64 = 10_000;
 
 /// How to load a core.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoadOptions {
     /// CUDA device ordinal (rank 0's, for a tensor-parallel core).
     pub device: i32,
@@ -37,9 +37,22 @@ pub struct LoadOptions {
     pub rank_devices: Vec<i32>,
     /// The longest a rank's collective waits for its peer before it traps,
     /// in nanoseconds (at most `i64::MAX`), written where the rank layout
-    /// names the word; 0, the default here, leaves it at 0: waits forever
-    /// (`flare run` and `flare replay` load [`COLLECTIVES_WAIT_LIMIT_NS`]).
+    /// names the word; 0 leaves it at 0: waits forever. By default
+    /// [`COLLECTIVES_WAIT_LIMIT_NS`].
     pub collectives_wait_limit_ns: u64,
+}
+
+impl Default for LoadOptions {
+    /// Device 0, the prepared KV pages, rank `r` on device `r`, the default
+    /// collectives' wait limit.
+    fn default() -> Self {
+        Self {
+            device: 0,
+            kv: KvBacking::default(),
+            rank_devices: Vec::new(),
+            collectives_wait_limit_ns: COLLECTIVES_WAIT_LIMIT_NS,
+        }
+    }
 }
 
 impl LoadOptions {
