@@ -245,6 +245,21 @@ fn rank_thread<E, T, F>(
     drop(executor);
 }
 
+/// Takes each rank's item (its reply) in rank order; the step's failure on
+/// every rank whose item `take` refused.
+fn each_rank<T>(
+    items: impl IntoIterator<Item = T>,
+    mut take: impl FnMut(usize, T) -> Result<(), RankProblem>,
+) -> Result<(), ExecutionError> {
+    let failures: Vec<_> = (items.into_iter().enumerate())
+        .filter_map(|(rank, item)| take(rank, item).err().map(|problem| (rank, problem)))
+        .collect();
+    if failures.is_empty() {
+        return Ok(());
+    }
+    Err(failed_together(failures))
+}
+
 fn failed(rank: usize, source: RankProblem) -> ExecutionError {
     failed_together(vec![(rank, source)])
 }
@@ -344,22 +359,19 @@ impl<E: Executor + 'static> RankGroup<E> {
         }
         let mut known = Vec::with_capacity(world_size);
         let mut applies_masks = true;
-        let mut failures = Vec::new();
-        for (rank, ready) in built.into_iter().enumerate() {
-            match ready.recv() {
-                Ok(Ok((value, masks))) => {
-                    known.push(value);
-                    applies_masks &= masks;
-                }
-                Ok(Err(err)) => failures.push((rank, RankProblem::Execution(err))),
-                Err(_) => failures.push((rank, RankProblem::ThreadEnded)),
+        let readiness = (built.iter()).map(Receiver::recv);
+        let ready = each_rank(readiness, |_, ready| match ready {
+            Ok(Ok((value, masks))) => {
+                known.push(value);
+                applies_masks &= masks;
+                Ok(())
             }
-        }
+            Ok(Err(err)) => Err(RankProblem::Execution(err)),
+            Err(_) => Err(RankProblem::ThreadEnded),
+        });
         let mut group = group(ranks);
-        if !failures.is_empty() {
-            // Dropping the group ends and joins every rank's thread.
-            return Err(failed_together(failures));
-        }
+        // On a failure, dropping the group ends and joins every rank's thread.
+        ready?;
         group.applies_masks = applies_masks;
         Ok((group, known))
     }
@@ -477,19 +489,14 @@ impl<E: Executor + 'static> RankGroup<E> {
         let all = vec![true; self.ranks.len()];
         let replies = self.broadcast(|| Command::Submit(Box::new(launch.clone())), &all)?;
         let mut tickets = Vec::with_capacity(replies.len());
-        let mut failures = Vec::new();
-        for (rank, reply) in replies.into_iter().enumerate() {
-            match reply {
-                Some(Reply::Submitted(Ok(ticket))) => tickets.push(ticket),
-                Some(Reply::Submitted(Err(err))) => {
-                    failures.push((rank, RankProblem::Execution(err)))
-                }
-                _ => failures.push((rank, RankProblem::ThreadEnded)),
+        each_rank(replies, |_, reply| match reply {
+            Some(Reply::Submitted(Ok(ticket))) => {
+                tickets.push(ticket);
+                Ok(())
             }
-        }
-        if !failures.is_empty() {
-            return Err(failed_together(failures));
-        }
+            Some(Reply::Submitted(Err(err))) => Err(RankProblem::Execution(err)),
+            _ => Err(RankProblem::ThreadEnded),
+        })?;
         let zero = tickets[0];
         if let Some((rank, ticket)) = (tickets.iter().enumerate()).find(|(_, t)| **t != zero) {
             return Err(failed(
@@ -506,36 +513,32 @@ impl<E: Executor + 'static> RankGroup<E> {
     fn poll_once(&mut self, ticket: Ticket) -> Result<Option<Completion>, ExecutionError> {
         let pending = self.pending();
         let replies = self.broadcast(|| Command::Poll(ticket), &pending)?;
-        let mut failures = Vec::new();
-        for (rank, reply) in replies.into_iter().enumerate() {
-            match reply {
-                None => {}
-                Some(Reply::Polled(Ok(done))) => self.finished[rank] = done,
-                Some(Reply::Polled(Err(err))) => failures.push((rank, RankProblem::Execution(err))),
-                Some(_) => failures.push((rank, RankProblem::ThreadEnded)),
+        let finished = &mut self.finished;
+        each_rank(replies, |rank, reply| match reply {
+            None => Ok(()),
+            Some(Reply::Polled(Ok(done))) => {
+                finished[rank] = done;
+                Ok(())
             }
-        }
-        if !failures.is_empty() {
-            return Err(failed_together(failures));
-        }
+            Some(Reply::Polled(Err(err))) => Err(RankProblem::Execution(err)),
+            Some(_) => Err(RankProblem::ThreadEnded),
+        })?;
         self.gather()
     }
 
     fn wait_once(&mut self, ticket: Ticket) -> Result<Completion, ExecutionError> {
         let pending = self.pending();
         let replies = self.broadcast(|| Command::Wait(ticket), &pending)?;
-        let mut failures = Vec::new();
-        for (rank, reply) in replies.into_iter().enumerate() {
-            match reply {
-                None => {}
-                Some(Reply::Waited(Ok(done))) => self.finished[rank] = Some(done),
-                Some(Reply::Waited(Err(err))) => failures.push((rank, RankProblem::Execution(err))),
-                Some(_) => failures.push((rank, RankProblem::ThreadEnded)),
+        let finished = &mut self.finished;
+        each_rank(replies, |rank, reply| match reply {
+            None => Ok(()),
+            Some(Reply::Waited(Ok(done))) => {
+                finished[rank] = Some(done);
+                Ok(())
             }
-        }
-        if !failures.is_empty() {
-            return Err(failed_together(failures));
-        }
+            Some(Reply::Waited(Err(err))) => Err(RankProblem::Execution(err)),
+            Some(_) => Err(RankProblem::ThreadEnded),
+        })?;
         Ok(self.gather()?.expect("every rank finished the launch"))
     }
 }
