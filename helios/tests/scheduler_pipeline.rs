@@ -572,7 +572,14 @@ fn every_rank_that_fails_a_step_is_named() {
         .unwrap();
     assert_eq!(failure.rank, 0);
     assert_eq!(failure.also.len(), 1);
-    assert!(failure.also[0].starts_with("rank 1: "), "{failure}");
+    assert_eq!(failure.also[0].0, 1, "{failure}");
+    assert!(
+        matches!(
+            failure.also[0].1,
+            helios::scheduler::RankProblem::Execution(_)
+        ),
+        "{failure}"
+    );
     let shown = failure.to_string();
     assert!(
         shown.starts_with("rank 0: ") && shown.contains("; also rank 1: "),

@@ -34,10 +34,10 @@ pub struct RankFailure {
     pub rank: usize,
     /// What failed there.
     pub source: RankProblem,
-    /// Every other rank that failed the same step, as `rank R: what`: a rank
-    /// whose peer faulted fails too once its collective's wait runs out, so
-    /// the lowest rank's failure need not be the cause.
-    pub also: Vec<String>,
+    /// Every other rank that failed the same step, with what failed there, in
+    /// rank order: a rank whose peer faulted fails too once its collective's
+    /// wait runs out, so the lowest rank's failure need not be the cause.
+    pub also: Vec<(usize, RankProblem)>,
 }
 
 /// What went wrong on one rank.
@@ -63,18 +63,19 @@ pub enum RankProblem {
 
 impl fmt::Display for RankFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.fmt_own(f)?;
-        for other in &self.also {
-            write!(f, "; also {other}")?;
+        self.source.fmt_at(self.rank, f)?;
+        for (rank, problem) in &self.also {
+            f.write_str("; also ")?;
+            problem.fmt_at(*rank, f)?;
         }
         Ok(())
     }
 }
 
-impl RankFailure {
-    fn fmt_own(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let rank = self.rank;
-        match &self.source {
+impl RankProblem {
+    /// What failed, named with the rank it failed on.
+    fn fmt_at(&self, rank: usize, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
             RankProblem::Execution(err) => write!(f, "rank {rank}: {err}"),
             RankProblem::ThreadEnded => write!(f, "rank {rank}'s execution thread ended"),
             RankProblem::TicketDiverged { expected, found } => write!(
@@ -268,19 +269,13 @@ fn failed(rank: usize, source: RankProblem) -> ExecutionError {
 /// the lowest rank, the others listed.
 fn failed_together(mut failures: Vec<(usize, RankProblem)>) -> ExecutionError {
     let (rank, source) = failures.remove(0);
-    let also = (failures.into_iter())
-        .map(|(rank, source)| {
-            RankFailure {
-                rank,
-                source,
-                also: Vec::new(),
-            }
-            .to_string()
-        })
-        .collect();
     ExecutionError::Device {
         operation: "tensor-parallel step",
-        source: Arc::new(RankFailure { rank, source, also }),
+        source: Arc::new(RankFailure {
+            rank,
+            source,
+            also: failures,
+        }),
     }
 }
 
