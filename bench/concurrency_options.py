@@ -7,8 +7,9 @@ ending with the export report, ``replay.json``). This summarizes them:
 
     python3 bench/concurrency_options.py summarize DIR --model NAME
 
-writes ``DIR/summary.json`` and prints a table, per option: graphs captured, the
-time preparation took to warm up, compile and capture them (and the whole export),
+writes ``DIR/summary.json`` and prints a table, per option: graphs captured, whether
+the compile caches were cold or held an earlier option's kernels (``cN/caches.txt``),
+the time preparation took to warm up, compile and capture them (and the whole export),
 the device memory each region backs (weights, KV pages, snapshot rows, scratch with
 the graph pool, the rest), and the decode step at full capacity: median and p99, and
 tokens per second (N tokens a step).
@@ -44,6 +45,10 @@ def option(directory: Path) -> dict[str, Any]:
     if bench["capacity"] != capacity:
         raise ValueError(f"{directory}: the bench ran capacity {bench['capacity']}")
     regions = {name: usage["backed"] for name, usage in report["regions"].items()}
+    # The compile caches' state before this option's preparation (cold, or warm with
+    # an earlier option's kernels), where the chain recorded it.
+    caches_file = directory / "caches.txt"
+    caches = caches_file.read_text().strip() if caches_file.exists() else None
     named = ("weights", "kv_pages", "snapshot_rows", "scratch")
     median = bench["step"]["median_ms"]
     return {
@@ -51,6 +56,7 @@ def option(directory: Path) -> dict[str, Any]:
         "graphs": report["graphs"],
         "nodes": report["nodes"],
         "compile_capture_s": report["timings"].get("compile_capture_s"),
+        "caches": caches,
         "prepare_s": report["timings"]["prepare_s"],
         "export_s": report["timings"]["export_s"],
         "backed_gib": {
@@ -80,15 +86,15 @@ def summarize(directory: Path, model: str) -> dict[str, Any]:
 def table(summary: dict[str, Any]) -> str:
     lines = [
         f"{summary['model']}: prepared concurrency options",
-        "| N | graphs | capture s | export s | weights GiB | KV GiB | snapshots GiB "
+        "| N | graphs | caches | capture s | export s | weights GiB | KV GiB | snapshots GiB "
         "| scratch GiB | total GiB | step ms (p99) | tokens/s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in summary["options"]:
         backed = row["backed_gib"]
         capture = row["compile_capture_s"]
         lines.append(
-            f"| {row['max_concurrency']} | {row['graphs']} | "
+            f"| {row['max_concurrency']} | {row['graphs']} | {row['caches'] or '-'} | "
             f"{'-' if capture is None else f'{capture:.1f}'} | {row['export_s']:.1f} | "
             f"{backed['weights']:.2f} | {backed['kv_pages']:.2f} | "
             f"{backed['snapshot_rows']:.2f} | {backed['scratch']:.2f} | {backed['total']:.2f} | "

@@ -19,7 +19,9 @@
 #              stand-in or the 8B: per N of $CONCURRENCY_OPTIONS (default 8 16 32), a
 #              core prepared with --max-concurrency N and `flare replay --bench-decode
 #              N`, then `bench/concurrency_options.py summarize` (capture time, memory
-#              by region, the step at full capacity and tokens per second).
+#              by region, the step at full capacity and tokens per second). Options run
+#              in the order given; each records whether the compile caches were cold
+#              or held an earlier option's kernels (cN/caches.txt).
 #
 # The flare binary: $FLARE, else .carry/flare.xz unpacked, else .carry/flare. The
 # carried wheels: bench/chain_env.sh's. Before the first of 8b, smol and serving, a
@@ -108,6 +110,11 @@ for part in "$@"; do
         dir=$out/$part/c$n
         mkdir -p "$dir"
         rm -rf "$WORK/core-c$n"
+        # Whether this option compiled from scratch or found an earlier option's
+        # kernels in the compile caches (options run in the order given).
+        caches=cold
+        [ -n "$(ls -A "$TORCHINDUCTOR_CACHE_DIR" 2>/dev/null)" ] && caches=warm
+        echo "$caches" > "$dir/caches.txt"
         python3 -m ignition.cli prepare "$checkpoint" --out "$WORK/core-c$n" --max-concurrency "$n" \
           --context-limit 8192 "${scope[@]}" > "$dir/prepare.log" 2>&1
         step "$part-c$n-prepare" $?

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.concurrency_options import export_report, main, summarize
+from bench.concurrency_options import export_report, main, summarize, table
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "bench/results/issue23/2026-12-05b-h200-head/smol-core"
@@ -29,6 +29,7 @@ def test_each_option_reports_capture_memory_and_throughput(tmp_path: Path) -> No
     assert row["max_concurrency"] == 4 and row["graphs"] == 13
     # An older export's report predates the capture time: absent, not invented.
     assert row["compile_capture_s"] is None and row["export_s"] == pytest.approx(179.83, abs=0.01)
+    assert row["caches"] is None
     backed = row["backed_gib"]
     assert backed["weights"] == pytest.approx(325058560 / 2**30)
     assert backed["total"] == pytest.approx(
@@ -39,6 +40,14 @@ def test_each_option_reports_capture_memory_and_throughput(tmp_path: Path) -> No
     assert main(["summarize", str(tmp_path), "--model", "smollm2-135m"]) == 0
     written = json.loads((tmp_path / "summary.json").read_text())
     assert written["options"][0]["step_median_ms"] == pytest.approx(0.782611)
+
+
+def test_each_option_names_its_compile_caches_state(tmp_path: Path) -> None:
+    _option(tmp_path, 4, "bench-decode-c4.json")
+    (tmp_path / "c4/caches.txt").write_text("warm\n")
+    (row,) = summarize(tmp_path, "smollm2-135m")["options"]
+    assert row["caches"] == "warm"
+    assert "| 4 | 13 | warm |" in table(summarize(tmp_path, "smollm2-135m"))
 
 
 def test_a_bench_of_another_capacity_or_no_option_is_refused(tmp_path: Path) -> None:
