@@ -106,6 +106,9 @@ for part in "$@"; do
         # As the 8B's served core is prepared (the 8b part).
         checkpoint=$qwen model=qwen3-8b scope=(--compile-scope layer)
       fi
+      # Compile caches of this part's own: its first option compiles from scratch even
+      # after other parts ran on the machine.
+      export TORCHINDUCTOR_CACHE_DIR=/tmp/flare-inductor-$part TRITON_CACHE_DIR=/tmp/flare-triton-$part
       for n in ${CONCURRENCY_OPTIONS:-8 16 32}; do
         dir=$out/$part/c$n
         mkdir -p "$dir"
