@@ -6,18 +6,21 @@ use std::fmt;
 use std::io::Write;
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::{ArgGroup, Parser, Subcommand};
 use helios::core::proto::FloatRange;
 use helios::core::CoreSummary;
 use helios::replay::{
-    check_core, isolate_core, CheckOptions, KvBacking, LoadOptions, COLLECTIVES_WAIT_LIMIT_MS,
+    check_core, isolate_core, CheckOptions, KvBacking, LoadOptions, COLLECTIVES_WAIT_LIMIT,
 };
 use helios::scheduler::COLLECTIVES_WAIT_LIMIT_MAX;
 use helios::HeliosError;
 
 /// `flare run --collectives-timeout-ms`'s largest value.
 const SERVED_WAIT_LIMIT_MAX_MS: u64 = COLLECTIVES_WAIT_LIMIT_MAX.as_millis() as u64;
+/// The default wait limit in milliseconds, as the command line takes it.
+const WAIT_LIMIT_MS: u64 = COLLECTIVES_WAIT_LIMIT.as_millis() as u64;
 
 /// Flare: serve a runtime core prepared by Ignition, without Python.
 #[derive(Debug, Parser)]
@@ -90,7 +93,7 @@ pub enum Command {
         #[arg(
             long,
             value_name = "MS",
-            default_value_t = COLLECTIVES_WAIT_LIMIT_MS,
+            default_value_t = WAIT_LIMIT_MS,
             value_parser = clap::value_parser!(u64).range(1..=SERVED_WAIT_LIMIT_MAX_MS)
         )]
         collectives_timeout_ms: u64,
@@ -187,7 +190,7 @@ pub enum Command {
         /// for its peer before the replay fails with a device error, in
         /// milliseconds (0 waits forever: for runs slowed down by a debugger
         /// or sanitizer).
-        #[arg(long, value_name = "MS", default_value_t = COLLECTIVES_WAIT_LIMIT_MS)]
+        #[arg(long, value_name = "MS", default_value_t = WAIT_LIMIT_MS)]
         collectives_timeout_ms: u64,
     },
 }
@@ -243,7 +246,7 @@ pub fn execute(command: Command) -> Result<Outcome, HeliosError> {
                     device,
                     kv: kv_backing(gpu_reserve),
                     rank_devices,
-                    collectives_wait_limit_ns: collectives_timeout_ms.saturating_mul(1_000_000),
+                    collectives_wait_limit: replay_wait_limit(collectives_timeout_ms),
                 },
                 qualification: check,
                 bench_decode: bench_decode.map(|c| (c, steps)),
@@ -273,7 +276,7 @@ pub fn execute(command: Command) -> Result<Outcome, HeliosError> {
                 api_key,
                 device,
                 rank_devices,
-                collectives_timeout_ms,
+                collectives_wait_limit: Duration::from_millis(collectives_timeout_ms),
                 gpu_reserve_mib: gpu_reserve,
                 model,
                 aliases,
@@ -285,6 +288,12 @@ pub fn execute(command: Command) -> Result<Outcome, HeliosError> {
             Ok(Outcome::Success)
         }
     }
+}
+
+/// `flare replay --collectives-timeout-ms MS` as a wait limit: 0 waits
+/// forever (for runs a debugger or sanitizer slows down).
+fn replay_wait_limit(ms: u64) -> Option<Duration> {
+    (ms > 0).then(|| Duration::from_millis(ms))
 }
 
 /// `--gpu-reserve MIB` as a KV backing: absent, the prepared extent.
@@ -697,6 +706,23 @@ mod tests {
             Some(0)
         );
         assert!(Cli::try_parse_from(["flare", "run", "c", "--message-checkpoints", "-1"]).is_err());
+    }
+
+    #[test]
+    fn a_replay_waits_forever_only_when_told_0() {
+        assert_eq!(replay_wait_limit(0), None);
+        assert_eq!(replay_wait_limit(1), Some(Duration::from_millis(1)));
+        let cli = Cli::try_parse_from(["flare", "replay", "c", "--check"]).unwrap();
+        match cli.command {
+            Command::Replay {
+                collectives_timeout_ms,
+                ..
+            } => assert_eq!(
+                replay_wait_limit(collectives_timeout_ms),
+                Some(COLLECTIVES_WAIT_LIMIT)
+            ),
+            other => panic!("expected replay, got {other:?}"),
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@ mod support;
 
 use std::num::NonZeroU32;
 use std::rc::Rc;
+use std::time::Duration;
 
 use helios::core::proto::{
     node::Op, BufferDigest, BufferWrite, Core, Dim3, Edge, EmptyNode, Graph as GraphDesc,
@@ -428,7 +429,7 @@ fn a_two_rank_core_loads_both_windows_and_checks_each_rank_in_lockstep() {
     // process, each rank's initial contents and graphs its own.
     let on_one = LoadOptions {
         rank_devices: vec![0, 0],
-        collectives_wait_limit_ns: 123_456_789,
+        collectives_wait_limit: Some(Duration::from_nanos(123_456_789)),
         ..LoadOptions::default()
     };
     let dir = two_rank_core("two-ranks", base(11), |_| {});

@@ -20,9 +20,7 @@ use crate::cuda::{Context, CudaError, Stream, Window};
 /// The collectives' wait limit `flare replay` and `flare run` load by default:
 /// far longer than a rank ever waits for its peer's arrival while both run (a
 /// step's skew), short enough that a rank whose peer faulted fails its step.
-pub const COLLECTIVES_WAIT_LIMIT_NS: u64 = COLLECTIVES_WAIT_LIMIT_MS * 1_000_000;
-/// [`COLLECTIVES_WAIT_LIMIT_NS`] in milliseconds, as the command line takes it.
-pub const COLLECTIVES_WAIT_LIMIT_MS: u64 = 10_000;
+pub const COLLECTIVES_WAIT_LIMIT: Duration = Duration::from_secs(10);
 
 /// How to load a core.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,10 +34,10 @@ pub struct LoadOptions {
     /// empty: rank `r` on `device + r`. Ranks may share a device.
     pub rank_devices: Vec<i32>,
     /// The longest a rank's collective waits for its peer before it traps,
-    /// in nanoseconds (at most `i64::MAX`), written where the rank layout
-    /// names the word; 0 leaves it at 0: waits forever. By default
-    /// [`COLLECTIVES_WAIT_LIMIT_NS`].
-    pub collectives_wait_limit_ns: u64,
+    /// written in nanoseconds where the rank layout names the word (at most
+    /// `i64::MAX`, at least 1); `None` leaves the word at 0: waits forever.
+    /// By default [`COLLECTIVES_WAIT_LIMIT`].
+    pub collectives_wait_limit: Option<Duration>,
 }
 
 impl Default for LoadOptions {
@@ -50,7 +48,7 @@ impl Default for LoadOptions {
             device: 0,
             kv: KvBacking::default(),
             rank_devices: Vec::new(),
-            collectives_wait_limit_ns: COLLECTIVES_WAIT_LIMIT_NS,
+            collectives_wait_limit: Some(COLLECTIVES_WAIT_LIMIT),
         }
     }
 }
@@ -167,7 +165,7 @@ impl LoadedCore {
             let how = RankLoad {
                 kv: options.kv,
                 sharing: devices.iter().filter(|&&other| other == device).count() as u64,
-                wait_limit_ns: options.collectives_wait_limit_ns,
+                wait_limit: options.collectives_wait_limit,
             };
             // Loading several ranks here, the failing one is named here (a
             // serving thread's one rank is named by its group).

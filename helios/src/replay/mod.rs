@@ -50,7 +50,7 @@ pub use kv_backing::{
     kv_budget, min_kv_pages, page_spans, plan_kv_from_free, plan_kv_prepared, plan_kv_within,
     KvBacking, KvPlan, KvWindow, DRIVER_MARGIN,
 };
-pub use loaded::{LoadOptions, LoadedCore, COLLECTIVES_WAIT_LIMIT_MS, COLLECTIVES_WAIT_LIMIT_NS};
+pub use loaded::{LoadOptions, LoadedCore, COLLECTIVES_WAIT_LIMIT};
 pub use qualify::{qualify, qualify_ranks, QualificationReport, ReplayDevice, StepReport};
 pub use report::{LoadReport, PeerReport, ReplayReport};
 pub use spans::{

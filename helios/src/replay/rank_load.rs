@@ -171,8 +171,9 @@ pub(super) struct RankLoad {
     pub(super) kv: KvBacking,
     /// Ranks loading onto the same device (their KV budget is shared).
     pub(super) sharing: u64,
-    /// Written as the collectives' wait limit where the layout names it.
-    pub(super) wait_limit_ns: u64,
+    /// Written as the collectives' wait limit where the layout names it
+    /// (`None`: left at 0, waits forever).
+    pub(super) wait_limit: Option<Duration>,
 }
 
 /// Loads one rank onto `device` (see [`LoadedCore::load`]); the report's
@@ -194,7 +195,7 @@ pub(super) fn load_rank(
     let RankLoad {
         kv: kv_backing,
         sharing,
-        wait_limit_ns,
+        wait_limit,
     } = how;
     let started = Instant::now();
     let context = Context::new(device)?;
@@ -252,9 +253,10 @@ pub(super) fn load_rank(
         rank.collectives_region(),
         core.collectives_wait_limit_offset(),
     ) {
-        if wait_limit_ns > 0 {
-            // The kernels read a signed word: past i64::MAX would mean forever.
-            let limit = wait_limit_ns.min(i64::MAX as u64);
+        if let Some(wait_limit) = wait_limit {
+            // The kernels read signed nanoseconds, 0 meaning forever: a limit
+            // rounds up to 1 ns and down to i64::MAX.
+            let limit = wait_limit.as_nanos().clamp(1, i64::MAX as u128) as u64;
             let addr = rank.window().base + region.offset + offset;
             window.write(addr, &limit.to_le_bytes())?;
         }

@@ -11,6 +11,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::serve::ListenerExt;
 
@@ -48,8 +49,9 @@ pub struct RunOptions {
     /// empty: rank `r` on `device + r`.
     pub rank_devices: Vec<i32>,
     /// The longest a rank's collective waits for its peer before its step
-    /// fails, in milliseconds (0: forever).
-    pub collectives_timeout_ms: u64,
+    /// fails (at most [`crate::scheduler::COLLECTIVES_WAIT_LIMIT_MAX`]: a
+    /// drained rank's memory goes after a longer teardown wait).
+    pub collectives_wait_limit: Duration,
     /// GPU memory left free after the KV pages are backed, in MiB.
     pub gpu_reserve_mib: u64,
     /// The model id `/v1/models` lists (default: the core directory's name).
@@ -138,7 +140,7 @@ pub fn run(options: RunOptions) -> Result<(), ServeError> {
             reserve_bytes: options.gpu_reserve_mib * MIB,
         },
         rank_devices: options.rank_devices.clone(),
-        collectives_wait_limit_ns: options.collectives_timeout_ms.saturating_mul(1_000_000),
+        collectives_wait_limit: Some(options.collectives_wait_limit),
     };
     let worker = Worker::spawn_with(plan.scheduler, move || {
         let loaded = load::load(&path, &load)?;
@@ -321,7 +323,7 @@ mod tests {
             api_key: None,
             device: 0,
             rank_devices: Vec::new(),
-            collectives_timeout_ms: crate::replay::COLLECTIVES_WAIT_LIMIT_MS,
+            collectives_wait_limit: crate::replay::COLLECTIVES_WAIT_LIMIT,
             gpu_reserve_mib: 0,
             model: None,
             aliases: Vec::new(),
