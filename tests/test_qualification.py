@@ -138,3 +138,16 @@ def test_the_workload_fits_a_prefill_chunk_smaller_than_its_prefix_prompt(tiny: 
     qualification, buffers, keys = _record(small)
     assert {keys[step.graph] for step in qualification.steps} == set(keys)
     assert replay_qualification(small, qualification, buffers, keys) == []
+
+
+def test_the_workload_runs_every_decode_capacity_of_a_wide_preparation(tiny: Path) -> None:
+    # At --max-concurrency 32 the serving-like requests (one per prefill capacity and
+    # four more) never decoded more than ten rows together, and the export refused
+    # the core: "the qualification workload never ran decode[32], decode[16]" (an
+    # H100, 2026-12-06r). Here 16 rows against seven requests.
+    wide = prepare(tiny, replace(OPTIONS, max_concurrency=16))
+    assert 16 > len(wide.catalog.prefill) + 4
+    qualification, buffers, keys = _record(wide)
+    used = {keys[step.graph] for step in qualification.steps}
+    assert used == set(keys), set(keys) - used
+    assert replay_qualification(wide, qualification, buffers, keys) == []

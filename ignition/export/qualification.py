@@ -15,7 +15,9 @@ of different lengths (multi-chunk prompts included) and sampling settings throug
 the replay harness, so decode capacities and slot assignments change between steps,
 then a prefix snapshot, a restore into another slot, a resume and decodes of both,
 then decodes of both under token masks (all-ones, a few tokens per row, one row
-masked beside an unmasked one).
+masked beside an unmasked one). Where those requests never decode as many rows
+together as the widest decode graph holds (a wide --max-concurrency), as many short
+requests as it has rows follow them, so every decode capacity runs.
 """
 
 from __future__ import annotations
@@ -222,7 +224,30 @@ def run_workload(prepared: PreparedModel, execute: Callable[[GraphKey], None]) -
         Request(i, _prompt(gen, n, vocab), 4 + 2 * i, samplings[i % len(samplings)], 500 + i)
         for i, n in enumerate(lengths)
     ]
-    Harness(prepared, execute=execute).run(requests)
+    ran: set[GraphKey] = set()
+
+    def noted(key: GraphKey) -> None:
+        ran.add(key)
+        execute(key)
+
+    Harness(prepared, execute=noted).run(requests)
+    # A wide preparation (more decode rows than those requests ever decode together):
+    # as many short requests as it has rows, each decoding until all were admitted (one
+    # prefill chunk an iteration), then ending one by one, so the batch passes through
+    # every capacity from the largest down.
+    widest = catalog.decode[-1]
+    if any(GraphKey(GraphKind.DECODE, c) not in ran for c in catalog.decode):
+        short = [
+            Request(
+                len(requests) + i,
+                _prompt(gen, 5 + i % 7, vocab),
+                widest + 1 + i,
+                samplings[i % len(samplings)],
+                700 + i,
+            )
+            for i in range(widest)
+        ]
+        Harness(prepared, execute=noted).run(short)
 
     # Prefix operations: prompt into slot 1, snapshot its tail, restore into slot 2
     # (sharing the full pages), resume slot 2 from the hidden vector, decode both.
