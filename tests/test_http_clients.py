@@ -196,6 +196,26 @@ def test_anthropic_messages_streamed_and_not(server: Server) -> None:
     assert final.stop_reason in ("end_turn", "max_tokens", "stop_sequence")
 
 
+def test_anthropic_messages_under_a_seed_answer_as_chat_does(server: Server) -> None:
+    # `seed` is an extension on Messages as on chat and Responses: the same prompt,
+    # sampling and seed give the same tokens whichever route and SDK sent it. Before,
+    # Messages ignored the field and drew a random seed.
+    chat = _openai(server).chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=10, seed=21, temperature=0.8, top_p=0.9
+    )
+    expected = chat.choices[0].message.content
+    client = _anthropic(server)
+    # This SDK's `create` no longer names the sampling fields: they go as extra fields.
+    sampling = {"temperature": 0.8, "top_p": 0.9}
+    request = {"model": MODEL, "max_tokens": 10, "messages": MESSAGES}
+    whole = client.messages.create(**request, extra_body={**sampling, "seed": 21})
+    assert "".join(b.text for b in whole.content if b.type == "text") == expected
+    with client.messages.stream(**request, extra_body={**sampling, "seed": 21}) as stream:
+        assert "".join(stream.text_stream) == expected
+    with pytest.raises(anthropic.BadRequestError, match="seed"):
+        client.messages.create(**request, extra_body={**sampling, "seed": -1})
+
+
 def _transformers_prompt(messages: list[dict[str, str]], **options: bool) -> list[int]:
     """The prompt Transformers renders for the fake server's core (the tiny core
     fixture's tokenizer, template and named special tokens)."""

@@ -25,7 +25,17 @@ async fn invalid_requests_are_400_with_the_envelope() {
         (
             chat_body("w1", json!({"temperature": "hot"})),
             "invalid_json",
-            None,
+            Some("temperature"),
+        ),
+        (
+            chat_body("w1", json!({"seed": -1})),
+            "invalid_json",
+            Some("seed"),
+        ),
+        (
+            chat_body("w1", json!({"stream_options": {"include_usage": "yes"}})),
+            "invalid_json",
+            Some("stream_options.include_usage"),
         ),
         (json!({"model": "tiny"}).to_string(), "invalid_json", None),
         (

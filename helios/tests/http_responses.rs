@@ -538,7 +538,7 @@ async fn invalid_requests_are_refused_in_the_openai_envelope() {
             json!({"input": "w1", "max_output_tokens": "many"}),
             StatusCode::BAD_REQUEST,
             "invalid_json",
-            None,
+            Some("max_output_tokens"),
         ),
     ];
     let before = server.admissions.lock().unwrap().len();

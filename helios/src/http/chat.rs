@@ -16,7 +16,9 @@ use super::generation::{self, Collected, Finish, Job};
 use super::sampling::SamplingFields;
 use super::sse::{self, json_event, StreamFormat, Usage};
 use super::tools::{call_id, ToolChoice, ToolRequest};
-use super::{new_request_id, parse_body, respond, unix_time, AppState, Body, StreamOptions};
+use super::{
+    new_request_id, parse_sampled_body, respond, unix_time, AppState, Body, StreamOptions,
+};
 use crate::frontend::protocol::{OutputEvent, ParsedOutput};
 use crate::frontend::ChatInput;
 
@@ -54,7 +56,7 @@ pub async fn completions(State(state): State<AppState>, body: Body) -> Response 
 }
 
 async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Response, HttpError> {
-    let request: ChatRequest = parse_body(body)?;
+    let request: ChatRequest = parse_sampled_body(body)?;
     conversation::check_model(state.config(), request.model.as_deref())?;
     if request.n.is_some_and(|n| n != 1) {
         return Err(HttpError::InvalidParameter {

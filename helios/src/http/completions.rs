@@ -12,7 +12,9 @@ use super::error::HttpError;
 use super::generation::{self, Finish, Job};
 use super::sampling::SamplingFields;
 use super::sse::{self, json_event, StreamFormat, Usage};
-use super::{new_request_id, parse_body, respond, unix_time, AppState, Body, StreamOptions};
+use super::{
+    new_request_id, parse_sampled_body, respond, unix_time, AppState, Body, StreamOptions,
+};
 use crate::frontend::protocol::OutputEvent;
 
 /// OpenAI's default output limit for completions.
@@ -55,7 +57,7 @@ fn invalid(param: &'static str, reason: &'static str) -> HttpError {
 }
 
 async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Response, HttpError> {
-    let request: CompletionRequest = parse_body(body)?;
+    let request: CompletionRequest = parse_sampled_body(body)?;
     conversation::check_model(state.config(), request.model.as_deref())?;
     if request.n.is_some_and(|n| n != 1) {
         return Err(invalid("n", "must be 1"));

@@ -93,8 +93,11 @@ pub enum HttpError {
         reason: String,
     },
     /// The body does not parse as the endpoint's request.
-    #[error("invalid request body: {reason}")]
+    #[error("invalid request body{}: {reason}", field.as_ref().map(|f| format!(" at `{f}`")).unwrap_or_default())]
     InvalidJson {
+        /// The field whose value does not parse (`messages[2].content`),
+        /// when the failure is inside one.
+        field: Option<String>,
         /// The parser's message.
         reason: String,
     },
@@ -278,6 +281,7 @@ impl HttpError {
             Self::InvalidParameter { param, .. } => param,
             Self::ModelNotFound { .. } => "model",
             Self::InvalidRole { index, .. } => return Some(format!("messages[{index}].role")),
+            Self::InvalidJson { field, .. } => return field.clone(),
             Self::UnsupportedContent { at, .. } => at,
             Self::InvalidTools(
                 crate::frontend::protocol::ToolSetError::NotAFunction { index }

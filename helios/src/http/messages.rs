@@ -2,7 +2,9 @@
 //! `tool_result` blocks, `tools` and `tool_choice`, `thinking` blocks
 //! (replayed ones accepted; `thinking: {type: enabled | disabled}` reaches
 //! the template as `enable_thinking`); a conversation ending in an
-//! assistant turn is continued (prefill).
+//! assistant turn is continued (prefill). `seed` is accepted as a Helios
+//! extension (as on chat and Responses): the same prompt, sampling and seed
+//! give the same tokens on every route.
 
 use axum::extract::State;
 use axum::response::sse::Event;
@@ -45,6 +47,8 @@ struct MessagesRequest {
     temperature: Option<f32>,
     top_p: Option<f32>,
     top_k: Option<i64>,
+    /// Helios's extension: the request's random seed.
+    seed: Option<u64>,
     tools: Option<Vec<Value>>,
     tool_choice: Option<Value>,
     thinking: Option<Value>,
@@ -86,6 +90,7 @@ async fn serve(state: &AppState, body: Body, request_id: &str) -> Result<Respons
         temperature: request.temperature,
         top_p: request.top_p,
         top_k: request.top_k,
+        seed: request.seed,
         stop: request.stop_sequences.clone().map(Stop::Many),
         ..SamplingFields::default()
     })?;

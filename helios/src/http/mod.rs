@@ -224,14 +224,53 @@ fn new_request_id() -> String {
 /// not be read (too large for the body limit).
 type Body = Result<Bytes, BytesRejection>;
 
-/// Parses a request body; the parser's message names the field.
+/// Parses a request body; a value of the wrong type or range is named by
+/// its field (`HttpError::param`).
 fn parse_body<T: DeserializeOwned>(body: Body) -> Result<T, HttpError> {
-    let body = body.map_err(|rejection| HttpError::UnreadableBody {
-        reason: rejection.body_text(),
-    })?;
-    serde_json::from_slice(&body).map_err(|error| HttpError::InvalidJson {
-        reason: error.to_string(),
+    parse_json(&read_body(body)?)
+}
+
+/// [`parse_body`] for a request that flattens [`sampling::SamplingFields`]
+/// (chat, text completions): a flattened parse cannot place a failure inside
+/// those fields, so on a failure with no field they are parsed alone to name
+/// it (the success path parses once).
+fn parse_sampled_body<T: DeserializeOwned>(body: Body) -> Result<T, HttpError> {
+    let bytes = read_body(body)?;
+    parse_json(&bytes).map_err(|error| match error {
+        HttpError::InvalidJson { field: None, .. } => {
+            match parse_json::<sampling::SamplingFields>(&bytes) {
+                Err(named @ HttpError::InvalidJson { field: Some(_), .. }) => named,
+                _ => error,
+            }
+        }
+        other => other,
     })
+}
+
+fn read_body(body: Body) -> Result<Bytes, HttpError> {
+    body.map_err(|rejection| HttpError::UnreadableBody {
+        reason: rejection.body_text(),
+    })
+}
+
+fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, HttpError> {
+    let mut json = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut json).map_err(|error| {
+        // The field whose value has the wrong type or range, as the request
+        // spells it ("." at the top); none where the JSON itself is broken.
+        let at = error.path().to_string();
+        let data = error.inner().classify() == serde_json::error::Category::Data;
+        HttpError::InvalidJson {
+            field: (data && at != ".").then_some(at),
+            reason: error.into_inner().to_string(),
+        }
+    })?;
+    // Nothing but whitespace after the value, as `serde_json::from_slice`.
+    json.end().map_err(|error| HttpError::InvalidJson {
+        field: None,
+        reason: error.to_string(),
+    })?;
+    Ok(value)
 }
 
 /// A generation response from a handler's result: a failure is logged and
