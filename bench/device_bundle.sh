@@ -2,9 +2,11 @@
 # Builds, on a machine with cargo and a package registry, what the GPU machine (no
 # registry, no cargo, Python 3.12) needs beyond its torch, triton and transformers:
 # the stripped release `flare` binary, the stripped flare_heliopause wheel, and the
-# wheels of fla-core 0.6.0 (the hybrid's GDN kernels), einops, gguf, and the openai
-# and anthropic clients with their httpx2 stack (bench/serve_clients.py, the suite).
-# The binary goes compressed (DIR/flare.xz, 3 MB against 10): about 17 MB in all.
+# wheels of fla-core 0.6.0 (the hybrid's GDN kernels), einops, gguf, the openai and
+# anthropic clients with their httpx2 stack (bench/serve_clients.py, the suite) and the
+# OpenAI Agents SDK with what it imports (mcp and its server stack;
+# bench/sdk_agreement.py). The binary goes compressed (DIR/flare.xz, 3 MB against 10):
+# about 22 MB in all.
 # Carry DIR with a device call, then on the GPU machine
 #   python3 -m pip install --no-index --no-deps --target SITE DIR/wheels/*.whl
 #   export PYTHONPATH=SITE:$PWD:$PWD/tests
@@ -19,9 +21,11 @@ mkdir -p "$dir/wheels"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
   -d "$dir/wheels" \
-  fla-core==0.6.0 einops gguf openai anthropic anyio distro httpx2 httpcore2 jiter sniffio \
+  fla-core==0.6.0 einops gguf openai==3.57.0 anthropic==2.14.0 anyio distro httpx2 httpcore2 jiter sniffio \
   pydantic pydantic-core annotated-types typing-inspection typing-extensions h11 idna \
-  certifi truststore docstring-parser opentelemetry-api importlib-metadata zipp
+  certifi truststore docstring-parser opentelemetry-api importlib-metadata zipp \
+  openai-agents==0.24.0 griffelib mcp mcp-types jsonschema jsonschema-specifications referencing \
+  rpds-py pyjwt python-multipart sse-starlette starlette uvicorn websockets
 cargo build --release -p flare
 cp target/release/flare "$dir/flare"
 strip "$dir/flare"

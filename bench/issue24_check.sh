@@ -114,7 +114,9 @@ print('world', core.rank_layout.world_size, 'graphs', len(core.graphs), 'images'
     # thread each. bench/serve_clients.py streams with the OpenAI client, sends the
     # prompts at concurrency 1, 2 and 4 and compares every answer with the Python
     # harness's over the same graphs (export's python.json), token for token, and
-    # disconnects a stream mid-way; SIGTERM must drain and exit 0. Then with the
+    # disconnects a stream mid-way, and the first prompt goes through every stock client
+    # and route (chat, Responses, anthropic Messages, the Agents SDK), streamed and not,
+    # each answering as chat (--sdks); SIGTERM must drain and exit 0. Then with the
     # prefix cache: each prompt twice (the repeat restores the whole prompt and answers
     # identically) and a next turn that restores the first.
     exported=$(dirname "$out")/export
@@ -127,7 +129,7 @@ print('world', core.rank_layout.world_size, 'graphs', len(core.graphs), 'images'
           --no-prefix-cache || exit 1
         timeout 300 python3 bench/serve_clients.py --url "$url" --prompts "$exported/prompts.jsonl" \
           --python "$exported/python.json" --out "$out/serve.json" --seed 1000 --max-tokens 32 \
-          > "$out/flare-run.client.log" 2>&1 || status=1
+          --sdks > "$out/flare-run.client.log" 2>&1 || status=1
       else
         flare_run "$FLARE" "$exported/core" "$out/flare-run-prefix.log" --rank-devices $devices \
           || exit 1

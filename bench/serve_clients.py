@@ -9,6 +9,11 @@
    request cancelled and its slot and pages free (pages the prefix cache holds
    stay used).
 
+With ``--sdks``, the first prompt under the run's temperature, top-p and ``--seed``
+also goes through every stock client and route, streamed and not (chat, Responses,
+Anthropic Messages, the OpenAI Agents SDK; ``bench/sdk_agreement.py``): every answer
+must be chat's.
+
 With ``--prefix-check`` (a server with the prefix cache), step 2 becomes: each prompt
 is sent twice with the same seed, and the repeat must restore the whole prompt
 (usage reports every prompt token cached) and answer exactly as the first request
@@ -16,7 +21,8 @@ did; then the conversation continues with that answer and a new user turn, which
 must restore at least the first prompt.
 
     python3 bench/serve_clients.py --url http://127.0.0.1:8080 --prompts P.jsonl \\
-        (--python python.json | --prefix-check) --out serve.json [--concurrency 1 2 4]
+        (--python python.json | --prefix-check) --out serve.json [--concurrency 1 2 4] \\
+        [--sdks]
 """
 
 from __future__ import annotations
@@ -244,6 +250,9 @@ def main() -> None:
         "--sampling", type=json.loads, help="with --prefix-check: temperature, top_k, ..."
     )
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--sdks", action="store_true", help="the first prompt through every client and route"
+    )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--seed", type=int, default=1000, help="the harness's --seed")
     parser.add_argument("--max-tokens", type=int, default=64, help="the harness's --max-new-tokens")
@@ -271,6 +280,11 @@ def main() -> None:
     }
     report: dict[str, Any] = {"model": model, "streamed": stream_one(client, model), "runs": {}}
     print("streamed:", json.dumps(report["streamed"]))
+    if args.sdks:
+        from sdk_agreement import sdk_agreement
+
+        report["sdks"] = sdk_agreement(args.url, model, prompts[0]["messages"], sampling)
+        print("sdks:", json.dumps({k: v for k, v in report["sdks"].items() if k != "answers"}))
     if args.prefix_check:
         report["prefix"] = prefix_check(client, model, prompts, sampling)
         summary = {k: v for k, v in report["prefix"].items() if k != "cases"}
@@ -302,6 +316,8 @@ def main() -> None:
     failed = [f"concurrency {c}" for c, run in report["runs"].items() if run["mismatches"]]
     if not (report["disconnect"]["cancelled"] and report["disconnect"]["freed"]):
         failed.append("disconnect")
+    if "sdks" in report and not report["sdks"]["agree"]:
+        failed.append("sdks")
     prefix = report.get("prefix")
     if prefix and (
         prefix["hits_not_whole"] or prefix["hits_not_equal"] or prefix["next_turns_short"]
