@@ -241,7 +241,7 @@ def run_workload(prepared: PreparedModel, execute: Callable[[GraphKey], None]) -
             Request(
                 len(requests) + i,
                 _prompt(gen, 5 + i % 7, vocab),
-                widest + 1 + i,
+                min(widest + 1 + i, catalog.context_limit - (5 + i % 7)),
                 samplings[i % len(samplings)],
                 700 + i,
             )
