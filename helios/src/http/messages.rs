@@ -3,8 +3,8 @@
 //! (replayed ones accepted; `thinking: {type: enabled | disabled}` reaches
 //! the template as `enable_thinking`); a conversation ending in an
 //! assistant turn is continued (prefill). `seed` is accepted as a Helios
-//! extension (as on chat and Responses): the same prompt, sampling and seed
-//! give the same tokens on every route.
+//! extension (chat's field, as on Responses): the same prompt, sampling and
+//! seed give the same tokens on every route.
 
 use axum::extract::State;
 use axum::response::sse::Event;
