@@ -254,23 +254,27 @@ fn read_body(body: Body) -> Result<Bytes, HttpError> {
 }
 
 fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, HttpError> {
-    let mut json = serde_json::Deserializer::from_slice(bytes);
-    let value = serde_path_to_error::deserialize(&mut json).map_err(|error| {
-        // The field whose value has the wrong type or range, as the request
-        // spells it ("." at the top); none where the JSON itself is broken.
-        let at = error.path().to_string();
-        let data = error.inner().classify() == serde_json::error::Category::Data;
-        HttpError::InvalidJson {
-            field: (data && at != ".").then_some(at),
-            reason: error.into_inner().to_string(),
-        }
-    })?;
-    // Nothing but whitespace after the value, as `serde_json::from_slice`.
-    json.end().map_err(|error| HttpError::InvalidJson {
-        field: None,
+    serde_json::from_slice(bytes).map_err(|error| HttpError::InvalidJson {
+        field: failing_field::<T>(bytes, &error),
         reason: error.to_string(),
-    })?;
-    Ok(value)
+    })
+}
+
+/// The field whose value has the wrong type or range, as the request spells
+/// it; none at the top or where the JSON itself is broken. Found by parsing
+/// again with the path tracked, on failure only: tracking it costs a success
+/// about a third more time (a 138 KB conversation on the development CPU:
+/// 56 us against 40).
+fn failing_field<T: DeserializeOwned>(bytes: &[u8], error: &serde_json::Error) -> Option<String> {
+    if error.classify() != serde_json::error::Category::Data {
+        return None;
+    }
+    let mut json = serde_json::Deserializer::from_slice(bytes);
+    let at = serde_path_to_error::deserialize::<_, T>(&mut json)
+        .err()?
+        .path()
+        .to_string();
+    (at != ".").then_some(at)
 }
 
 /// A generation response from a handler's result: a failure is logged and
