@@ -237,15 +237,16 @@ def run_workload(prepared: PreparedModel, execute: Callable[[GraphKey], None]) -
     # every capacity from the largest down.
     widest = catalog.decode[-1]
     if any(GraphKey(GraphKind.DECODE, c) not in ran for c in catalog.decode):
+        prompts = [_prompt(gen, 5 + i % 7, vocab) for i in range(widest)]
         short = [
             Request(
                 len(requests) + i,
-                _prompt(gen, 5 + i % 7, vocab),
-                min(widest + 1 + i, catalog.context_limit - (5 + i % 7)),
+                prompt,
+                min(widest + 1 + i, catalog.context_limit - len(prompt)),
                 samplings[i % len(samplings)],
                 700 + i,
             )
-            for i in range(widest)
+            for i, prompt in enumerate(prompts)
         ]
         Harness(prepared, execute=noted).run(short)
 
