@@ -14,6 +14,8 @@
 #              decode (10 rounds) workloads ($SMOL_SUITE_ARGS instead, if set) through
 #              flare and the Python floor, then their report;
 # - serving:   `issue23_check.sh serving` (the serving GPU tests);
+# - maintenance: the GPU tests of admission, snapshot and restore in their own launches
+#              (bitwise against the eager code);
 # - attention: `bench/prefill_attention_bench.py --long-only --no-tilings`;
 # - concurrency, concurrency-8b: prepared concurrency as an option, for SmolLM2's
 #              stand-in or the 8B: per N of $CONCURRENCY_OPTIONS (default 8 16 32), a
@@ -96,6 +98,12 @@ for part in "$@"; do
       bash bench/issue23_check.sh serving "$out/serving" > "$out/serving.log" 2>&1
       step serving $?
       ;;
+    maintenance)
+      # Admission, snapshot and restore in their launches against the eager code.
+      python3 -m pytest -m gpu tests/test_triton_admission.py tests/test_triton_state_transfer.py \
+        -q -p no:cacheprovider -rs > "$out/maintenance-gpu.log" 2>&1
+      step maintenance-gpu $?
+      ;;
     concurrency|concurrency-8b)
       preflight
       if [ "$part" = concurrency ]; then
@@ -137,7 +145,7 @@ for part in "$@"; do
       ;;
     *)
       echo "issue23_chain.sh: unknown part $part (prefill, 8b, smol, serving, attention," \
-        "concurrency, concurrency-8b)" >&2
+        "concurrency, concurrency-8b, maintenance)" >&2
       step "$part" 2
       ;;
   esac

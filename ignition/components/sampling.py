@@ -38,6 +38,7 @@ from ignition.components.token_state import (
     RequestState,
     StagingInputs,
 )
+from ignition.components.triton_admission import triton_admit
 from ignition.export import flare_core_pb2 as pb
 
 _MASK32 = 0xFFFFFFFF
@@ -233,7 +234,16 @@ def commit_samples(
 
 def admit(state: RequestState, staging: StagingInputs) -> None:
     """Initialize a slot for a new request: sampling parameters, seed, counters, and
-    the penalty histogram built once from the whole prompt (also on a prefix hit)."""
+    the penalty histogram built once from the whole prompt (also on a prefix hit). On
+    the GPU in two launches (``triton_admission``); elsewhere ``admit_reference``."""
+    if state.histogram.is_cuda:
+        triton_admit(state, staging)
+    else:
+        admit_reference(state, staging)
+
+
+def admit_reference(state: RequestState, staging: StagingInputs) -> None:
+    """``admit`` in eager torch: what the two launches write, in about 22 kernels."""
     slot = staging.admit_slot
     tokens = staging.admit_tokens
     present = (torch.arange(tokens.shape[0], device=tokens.device) < staging.admit_len).to(

@@ -21,6 +21,7 @@ import torch
 from ignition.components.continuation import ContinuationRows, RowField
 from ignition.components.kv_cache import NULL_PAGE, PagedKvCache
 from ignition.components.token_state import RequestState, StagingInputs
+from ignition.components.triton_state_transfer import launches, triton_restore, triton_snapshot
 
 
 @dataclass
@@ -87,15 +88,29 @@ def snapshot(
     live: ContinuationRows | None = None,
 ) -> None:
     """Freeze the slot's exact consumed state into snapshot row ``maint_row``
-    (``live``: the slots' continuation rows, when the model has any)."""
+    (``live``: the slots' continuation rows, when the model has any). On the GPU the
+    pages, hidden vector and count take one launch (``triton_state_transfer``)."""
+    if launches(state, cache, rows):
+        triton_snapshot(state, cache, rows, staging)
+    else:
+        snapshot_reference(state, cache, rows, staging)
+    slot, row = staging.maint_slot, staging.maint_row
+    if cache.extra:
+        page = _tail_page(state, slot, state.consumed.index_select(0, slot), cache.page_size)
+        for name, paged in cache.extra.items():
+            rows.pages[name].index_copy_(0, row, paged.index_select(1, page).transpose(0, 1))
+    if live is not None and live.fields:
+        rows.continuation.copy_from(live, slot, row)
+
+
+def snapshot_reference(
+    state: RequestState, cache: PagedKvCache, rows: SnapshotRows, staging: StagingInputs
+) -> None:
+    """``snapshot``'s K/V tail page, hidden vector, count and status in eager torch."""
     slot, row = staging.maint_slot, staging.maint_row
     consumed = state.consumed.index_select(0, slot)
     page = _tail_page(state, slot, consumed, cache.page_size)
     rows.kv.index_copy_(0, row, cache.kv.index_select(2, page).permute(2, 0, 1, 3, 4, 5))
-    for name, paged in cache.extra.items():
-        rows.pages[name].index_copy_(0, row, paged.index_select(1, page).transpose(0, 1))
-    if live is not None:
-        rows.continuation.copy_from(live, slot, row)
     rows.hidden.index_copy_(0, row, state.hidden.index_select(0, slot))
     rows.consumed.index_copy_(0, row, consumed)
     staging.maint_status.fill_(1)
@@ -110,7 +125,30 @@ def restore(
 ) -> None:
     """Install snapshot row ``maint_row`` into the slot, whose page table the host has
     pointed at the shared full pages and a private tail page. Applies only when the
-    row holds the consumed count the scheduler expects (``maint_status`` says)."""
+    row holds the consumed count the scheduler expects (``maint_status`` says). On
+    the GPU the pages, hidden vector and count take one launch."""
+    if launches(state, cache, rows):
+        triton_restore(state, cache, rows, staging)
+    else:
+        restore_reference(state, cache, rows, staging)
+    if not cache.extra and (live is None or not live.fields):
+        return
+    slot, row = staging.maint_slot, staging.maint_row
+    consumed = rows.consumed.index_select(0, row)
+    ok = consumed == staging.maint_expect
+    page = torch.where(ok, _tail_page(state, slot, consumed, cache.page_size), NULL_PAGE)
+    for name, paged in cache.extra.items():
+        current = paged.index_select(1, page)
+        saved = rows.pages[name].index_select(0, row).transpose(0, 1)
+        paged.index_copy_(1, page, torch.where(ok, saved, current))
+    if live is not None:
+        live.copy_from(rows.continuation, row, slot, apply=ok)
+
+
+def restore_reference(
+    state: RequestState, cache: PagedKvCache, rows: SnapshotRows, staging: StagingInputs
+) -> None:
+    """``restore``'s K/V tail page, hidden vector, count and status in eager torch."""
     slot, row = staging.maint_slot, staging.maint_row
     consumed = rows.consumed.index_select(0, row)
     ok = consumed == staging.maint_expect
@@ -118,12 +156,6 @@ def restore(
     current = cache.kv.index_select(2, page)
     saved = rows.kv.index_select(0, row).permute(1, 2, 0, 3, 4, 5)
     cache.kv.index_copy_(2, page, torch.where(ok, saved, current))
-    for name, paged in cache.extra.items():
-        current = paged.index_select(1, page)
-        saved = rows.pages[name].index_select(0, row).transpose(0, 1)
-        paged.index_copy_(1, page, torch.where(ok, saved, current))
-    if live is not None:
-        live.copy_from(rows.continuation, row, slot, apply=ok)
     hidden = state.hidden.index_select(0, slot)
     state.hidden.index_copy_(0, slot, torch.where(ok, rows.hidden.index_select(0, row), hidden))
     state.consumed.index_copy_(
