@@ -15,7 +15,7 @@
 #              flare and the Python floor, then their report;
 # - serving:   `issue23_check.sh serving` (the serving GPU tests);
 # - maintenance: the GPU tests of admission, snapshot and restore in their own launches
-#              (bitwise against the eager code);
+#              and of the compiled step I/O (bitwise against the eager code);
 # - attention: `bench/prefill_attention_bench.py --long-only --no-tilings`;
 # - concurrency, concurrency-8b: prepared concurrency as an option, for SmolLM2's
 #              stand-in or the 8B: per N of $CONCURRENCY_OPTIONS (default 8 16 32), a
@@ -99,8 +99,10 @@ for part in "$@"; do
       step serving $?
       ;;
     maintenance)
-      # Admission, snapshot and restore in their launches against the eager code.
+      # Admission, snapshot and restore in their launches, and the compiled step I/O,
+      # against the eager code.
       python3 -m pytest -m gpu tests/test_triton_admission.py tests/test_triton_state_transfer.py \
+        tests/test_step_io.py \
         -q -p no:cacheprovider -rs > "$out/maintenance-gpu.log" 2>&1
       step maintenance-gpu $?
       ;;

@@ -43,8 +43,9 @@ def add_compile_options(parser: argparse.ArgumentParser, prefix: str = "") -> No
         f"--{prefix}compile-sampling",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="compile the sampler and commit (default: as the forwards; it is small, and "
-        "run eagerly it adds a few hundred kernels to every step)",
+        help="compile the sampler and commit, and each step's reads and writes of request "
+        "state around its forward (default: as the forwards; they are small, and run "
+        "eagerly they add a few hundred kernels to every step)",
     )
     parser.add_argument(
         f"--{prefix}decode-fusion",

@@ -36,6 +36,7 @@ from ignition.preparation.placement import DefaultPlacement, Placement
 from ignition.preparation.progress import console, phase
 from ignition.preparation.steps import (
     SamplingOps,
+    StepIo,
     Storage,
     build_steps,
     decode_forward,
@@ -118,7 +119,8 @@ def snapshot_rows(options: PrepareOptions, row_bytes: int = 0) -> int:
 
 
 def compiles_sampling(options: PrepareOptions) -> bool:
-    """Whether ``options`` compile the sampler and commit."""
+    """Whether ``options`` compile the sampler and commit, and the reads and writes
+    around each step's forward (``StepIo``)."""
     if options.compile_sampling is None:
         return options.compile
     return options.compile_sampling
@@ -454,14 +456,15 @@ def compile_steps(
         else:
             decode = torch.compile(decode, fullgraph=False, dynamic=False)
             prefill = torch.compile(prefill, fullgraph=False, dynamic=False)
-    ops = SamplingOps.compiled() if compiles_sampling(options) else SamplingOps()
+    compiled = compiles_sampling(options)
     return build_steps(
         plan.catalog,
         allocation.storage,
         decode,
         prefill,
         model.logits,
-        ops,
+        SamplingOps.compiled() if compiled else SamplingOps(),
+        StepIo.compiled() if compiled else StepIo(),
         token_masks=options.token_masks,
         broadcast=(
             options.parallel.collectives.broadcast_from_zero if options.parallel.sharded else None

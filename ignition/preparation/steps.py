@@ -72,6 +72,75 @@ class SamplingOps:
         )
 
 
+def _save_hidden(state: RequestState, slots: torch.Tensor, live: torch.Tensor, h: torch.Tensor):
+    old = state.hidden.index_select(0, slots)
+    state.hidden.index_copy_(0, slots, torch.where(live.unsqueeze(1), h, old))
+
+
+def decode_reads(
+    state: RequestState, slots: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What a decode step reads of its rows' request state before its forward: which
+    rows are live, their consumed counts, positions, pending tokens and page tables."""
+    active = (slots != NULL_SLOT) & (state.done.index_select(0, slots) == RUNNING)
+    consumed = state.consumed.index_select(0, slots)
+    positions = torch.where(active, consumed, 0).to(torch.int64)
+    tokens = state.pending.index_select(0, slots)
+    return active, consumed, positions, tokens, state.page_table.index_select(0, slots)
+
+
+def chunk_reads(
+    state: RequestState, staging: StagingInputs
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What a prefill chunk reads before its forward: whether its slot is live, its
+    real tokens, the slot's consumed count and page table, and whether it samples
+    (it ends the prompt)."""
+    slot = staging.chunk_slot
+    live = slot != NULL_SLOT
+    n_valid = torch.where(live, staging.chunk_len, 0)
+    start = state.consumed.index_select(0, slot)
+    ends_prompt = live & (staging.chunk_sample != 0) & (n_valid > 0)
+    return live, n_valid, start, state.page_table.index_select(0, slot), ends_prompt
+
+
+def step_writes(
+    state: RequestState,
+    staging: StagingInputs,
+    slots: torch.Tensor,
+    live: torch.Tensor,
+    hidden: torch.Tensor,
+    consumed: torch.Tensor,
+    added: torch.Tensor,
+    logits: torch.Tensor,
+) -> None:
+    """What a step writes after its forward, before sampling: each live row's hidden
+    vector, its consumed count (``consumed`` before the step, ``added`` by it), and the
+    rows' logits into the staging buffer the sampler reads."""
+    _save_hidden(state, slots, live, hidden)
+    state.consumed.index_copy_(0, slots, consumed + added.to(torch.int32))
+    staging.logits[: logits.shape[0]].copy_(logits)
+
+
+@dataclass(frozen=True)
+class StepIo:
+    """The reads of request state around a step's forward and its writes after it
+    (``decode_reads``, ``chunk_reads``, ``step_writes``). Eager they are a dozen small
+    kernels a step, each a graph node of a few microseconds; preparation compiles
+    them as whole graphs when it compiles the sampler. Gathers, selections and copies:
+    exact however they are fused."""
+
+    decode_reads: Callable[..., tuple[torch.Tensor, ...]] = decode_reads
+    chunk_reads: Callable[..., tuple[torch.Tensor, ...]] = chunk_reads
+    writes: Callable[..., None] = step_writes
+
+    @staticmethod
+    def compiled() -> StepIo:
+        def compile(fn: Callable[..., object]) -> Callable[..., object]:
+            return torch.compile(fn, fullgraph=True, dynamic=False)
+
+        return StepIo(compile(decode_reads), compile(chunk_reads), compile(step_writes))
+
+
 def decode_forward(model: TextModel, page_size: int) -> ForwardFn:
     """Forward for ``rows`` pending tokens, one per request: (hidden, logits)."""
 
@@ -113,11 +182,6 @@ def prefill_forward(model: TextModel, page_size: int) -> ForwardFn:
     return forward
 
 
-def _save_hidden(state: RequestState, slots: torch.Tensor, live: torch.Tensor, h: torch.Tensor):
-    old = state.hidden.index_select(0, slots)
-    state.hidden.index_copy_(0, slots, torch.where(live.unsqueeze(1), h, old))
-
-
 def build_steps(
     catalog: Catalog,
     storage: Storage,
@@ -125,6 +189,7 @@ def build_steps(
     prefill: ForwardFn,
     logits: Callable[[torch.Tensor], torch.Tensor],
     ops: SamplingOps | None = None,
+    io: StepIo | None = None,
     token_masks: bool = True,
     broadcast: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[GraphKey, Callable[[], None]]:
@@ -136,6 +201,7 @@ def build_steps(
     state, staging, cache = storage.state, storage.staging, storage.cache
     sampler_rows = max(catalog.decode)
     ops = ops or SamplingOps()
+    io = io or StepIo()
 
     def sample(slots: torch.Tensor) -> torch.Tensor:
         # The step's logits are in staging.logits (one row per slot, then stale rows,
@@ -149,19 +215,9 @@ def build_steps(
     def decode_step(capacity: int) -> Callable[[], None]:
         def run() -> None:
             slots = staging.decode_slots[:capacity]
-            active = (slots != NULL_SLOT) & (state.done.index_select(0, slots) == RUNNING)
-            consumed = state.consumed.index_select(0, slots)
-            positions = torch.where(active, consumed, 0).to(torch.int64)
-            hidden, row_logits = decode(
-                state.pending.index_select(0, slots),
-                positions,
-                active,
-                state.page_table.index_select(0, slots),
-                slots,
-            )
-            _save_hidden(state, slots, active, hidden)
-            state.consumed.index_copy_(0, slots, consumed + active.to(torch.int32))
-            staging.logits[:capacity].copy_(row_logits)
+            active, consumed, positions, pending, page_tables = io.decode_reads(state, slots)
+            hidden, row_logits = decode(pending, positions, active, page_tables, slots)
+            io.writes(state, staging, slots, active, hidden, consumed, active, row_logits)
             tokens = sample(slots)
             ops.commit(state, slots, tokens, active, staging.completions)
 
@@ -170,20 +226,10 @@ def build_steps(
     def prefill_step(capacity: int) -> Callable[[], None]:
         def run() -> None:
             slot = staging.chunk_slot
-            live = slot != NULL_SLOT
-            n_valid = torch.where(live, staging.chunk_len, 0)
-            start = state.consumed.index_select(0, slot)
-            hidden, row_logits = prefill(
-                staging.chunk_tokens[:capacity],
-                start,
-                n_valid,
-                state.page_table.index_select(0, slot),
-                slot,
-            )
-            _save_hidden(state, slot, live, hidden)
-            state.consumed.index_copy_(0, slot, start + n_valid)
-            staging.logits[:1].copy_(row_logits)
-            ends_prompt = live & (staging.chunk_sample != 0) & (n_valid > 0)
+            live, n_valid, start, page_table, ends_prompt = io.chunk_reads(state, staging)
+            chunk = staging.chunk_tokens[:capacity]
+            hidden, row_logits = prefill(chunk, start, n_valid, page_table, slot)
+            io.writes(state, staging, slot, live, hidden, start, n_valid, row_logits)
             tokens = sample(slot)
             ops.commit(state, slot, tokens, ends_prompt, staging.completions)
 
