@@ -72,3 +72,12 @@ def test_two_launches_write_what_eager_admission_writes_on_the_gpu(
 ) -> None:
     # Through ``admit``, which takes the two launches where the state is on a GPU.
     _check("cuda", vocab, context, sampling.admit)
+
+
+def test_a_token_outside_the_vocabulary_counts_in_no_other_slots_row_interpreted() -> None:
+    state, staging = _filled("cpu", 300, 40, seed=3)
+    others = state.histogram[[0, 1, 3]].clone()
+    staging.admit_tokens[4] = 300 + 7  # past the row's end: slot 3's column 7
+    triton_admit(state, staging)
+    assert torch.equal(state.histogram[[0, 1, 3]], others)
+    assert int(state.histogram[2].sum()) == 40 - 3 - 1

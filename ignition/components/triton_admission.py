@@ -70,17 +70,19 @@ def _clear_kernel(
 
 @triton.jit
 def _count_kernel(
-    slot_ptr, tokens_ptr, len_ptr, histogram_ptr, stride_h, BLOCK: tl.constexpr
+    slot_ptr, tokens_ptr, len_ptr, histogram_ptr, stride_h, vocab, BLOCK: tl.constexpr
 ):  # fmt: skip
     """One count in the slot's row for each token at positions ``program_id(0) *
-    BLOCK`` on, before the prompt's length."""
+    BLOCK`` on, before the prompt's length. A token outside the vocabulary (which the
+    server never stages) counts nothing rather than another slot's column."""
     slot = tl.load(slot_ptr)
     n = tl.load(len_ptr)
     positions = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     present = positions < n
     tokens = tl.load(tokens_ptr + positions, mask=present, other=0)
+    counted = present & (tokens >= 0) & (tokens < vocab)
     ones = tl.full([BLOCK], 1, tl.int32)
-    tl.atomic_add(histogram_ptr + slot * stride_h + tokens, ones, mask=present, sem="relaxed")
+    tl.atomic_add(histogram_ptr + slot * stride_h + tokens, ones, mask=counted, sem="relaxed")
 
 
 def triton_admit(state: RequestState, staging: StagingInputs) -> None:
@@ -103,6 +105,6 @@ def triton_admit(state: RequestState, staging: StagingInputs) -> None:
     )  # fmt: skip
     tokens = staging.admit_tokens
     _count_kernel[(triton.cdiv(tokens.shape[0], BLOCK),)](
-        staging.admit_slot, tokens, staging.admit_len, histogram, histogram.stride(0),
+        staging.admit_slot, tokens, staging.admit_len, histogram, histogram.stride(0), vocab,
         BLOCK=BLOCK, num_warps=4,
     )  # fmt: skip

@@ -45,9 +45,11 @@ BLOCK = 4096
 @triton.jit
 def _tail_page(page_table_ptr, stride_t, slot, consumed, PAGE_SIZE: tl.constexpr, NULL_PAGE):
     """The slot's physical page holding position ``consumed``, or the null page when
-    ``consumed`` is a multiple of the page size (no tail)."""
-    page = tl.load(page_table_ptr + slot * stride_t + consumed // PAGE_SIZE).to(tl.int64)
-    return tl.where(consumed % PAGE_SIZE != 0, page, NULL_PAGE)
+    ``consumed`` is a multiple of the page size (no tail; the table is not read, as
+    at a full context its entry would lie past the slot's row)."""
+    tail = consumed % PAGE_SIZE != 0
+    at = page_table_ptr + slot * stride_t + consumed // PAGE_SIZE
+    return tl.load(at, mask=tail, other=NULL_PAGE).to(tl.int64)
 
 
 @triton.jit
