@@ -13,6 +13,12 @@
 # - smol:      the SmolLM2 stand-in's core, its tools (32 conversations), agent and
 #              decode (10 rounds) workloads ($SMOL_SUITE_ARGS instead, if set) through
 #              flare and the Python floor, then their report;
+# - smol-before: the smol part's preparation and flare stage again (tools and decode
+#              workloads, $BEFORE_SUITE_ARGS instead, if set; no floor) from a copy of
+#              the tree with the files under $BEFORE_FILES laid over it (a folder
+#              mirroring the tree: an earlier commit's versions of the files a change
+#              touched), results under smol-before/: the change against the tree before
+#              it, in one run on one card;
 # - serving:   `issue23_check.sh serving` (the serving GPU tests);
 # - maintenance: the GPU tests of admission, snapshot and restore in their own launches
 #              and of the compiled step I/O (bitwise against the eager code);
@@ -93,6 +99,25 @@ for part in "$@"; do
       bash bench/suite_gpu.sh report "$out/smol" > "$out/smol-report.log" 2>&1
       step smol-report $?
       ;;
+    smol-before)
+      preflight
+      [ -d "${BEFORE_FILES:-}" ] || { echo "issue23_chain.sh: smol-before needs BEFORE_FILES" >&2; step smol-before-tree 2; continue; }
+      [ -e "$WORK/smolrw/config.json" ] || python3 bench/smollm2_stand_in.py "$WORK/smolrw" > /dev/null
+      files=$(realpath "$BEFORE_FILES") before=$WORK/before-src checkpoint=$WORK/smolrw
+      mkdir -p "$out/smol-before"
+      (cd "$files" && find . -type f) > "$out/smol-before/files.txt"
+      rm -rf "$before" && mkdir -p "$before" \
+        && tar --exclude=./BIN -cf - . | tar -xf - -C "$before" && cp -r "$files/." "$before/"
+      step smol-before-tree $?
+      ( cd "$before" || exit 1
+        export PYTHONPATH=$SITE:$before:$before/tests WORK=$WORK/before
+        bash bench/suite_gpu.sh smollm2-prepare "$out/smol-before" "$checkpoint" \
+          > "$out/smol-before-prepare.log" 2>&1 || exit 1
+        SUITE_ARGS=${BEFORE_SUITE_ARGS:-"--workloads tools decode --decode-rounds 10 --tool-conversations 32"} \
+          bash bench/suite_gpu.sh smollm2-flare "$out/smol-before" "$(realpath "$flare")" \
+          > "$out/smol-before-flare.log" 2>&1 )
+      step smol-before $?
+      ;;
     serving)
       preflight
       bash bench/issue23_check.sh serving "$out/serving" > "$out/serving.log" 2>&1
@@ -146,7 +171,7 @@ for part in "$@"; do
       step attention-long $?
       ;;
     *)
-      echo "issue23_chain.sh: unknown part $part (prefill, 8b, smol, serving, attention," \
+      echo "issue23_chain.sh: unknown part $part (prefill, 8b, smol, smol-before, serving, attention," \
         "concurrency, concurrency-8b, maintenance)" >&2
       step "$part" 2
       ;;
