@@ -12,7 +12,9 @@ the compile caches were cold or held an earlier option's kernels (``cN/caches.tx
 the time preparation took to warm up, compile and capture them (and the whole export),
 the device memory each region backs (weights, KV pages, snapshot rows, scratch with
 the graph pool, the rest), and the decode step at full capacity: median and p99, and
-tokens per second (N tokens a step).
+tokens per second (N tokens a step). An option whose preparation or bench did not
+finish (a run that ran out of time: no export report, or no ``replay.json``) is
+listed as unfinished, with what it lacks, below the options that did.
 """
 
 from __future__ import annotations
@@ -73,14 +75,34 @@ def option(directory: Path) -> dict[str, Any]:
     }
 
 
+def unfinished(directory: Path) -> str | None:
+    """What option ``directory`` lacks to be summarized, or ``None``: a preparation
+    cut off before its export report, or a bench that wrote no report."""
+    log = directory / "prepare.log"
+    if not log.exists() or not re.search(r"^\{$", log.read_text(), flags=re.MULTILINE):
+        return "preparation did not finish (no export report in prepare.log)"
+    if not (directory / "replay.json").exists():
+        return "the decode bench did not finish (no replay.json)"
+    return None
+
+
 def summarize(directory: Path, model: str) -> dict[str, Any]:
-    rows = sorted(
-        (option(d) for d in directory.iterdir() if d.is_dir() and re.fullmatch(r"c\d+", d.name)),
-        key=lambda row: row["max_concurrency"],
+    folders = sorted(
+        (d for d in directory.iterdir() if d.is_dir() and re.fullmatch(r"c\d+", d.name)),
+        key=lambda d: int(d.name.removeprefix("c")),
     )
-    if not rows:
+    if not folders:
         raise ValueError(f"{directory} holds no option (cN folders)")
-    return {"model": model, "options": rows}
+    missing = {d: unfinished(d) for d in folders}
+    return {
+        "model": model,
+        "options": [option(d) for d in folders if missing[d] is None],
+        "unfinished": [
+            {"max_concurrency": int(d.name.removeprefix("c")), "reason": reason}
+            for d, reason in missing.items()
+            if reason is not None
+        ],
+    }
 
 
 def table(summary: dict[str, Any]) -> str:
@@ -101,6 +123,10 @@ def table(summary: dict[str, Any]) -> str:
             f"{row['step_median_ms']:.3f} ({row['step_p99_ms']:.3f}) | "
             f"{row['tokens_per_s']:.0f} |"
         )
+    lines += [
+        f"- {row['max_concurrency']}: unfinished, {row['reason']}"
+        for row in summary.get("unfinished", [])
+    ]
     return "\n".join(lines)
 
 

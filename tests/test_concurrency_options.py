@@ -60,3 +60,23 @@ def test_a_bench_of_another_capacity_or_no_option_is_refused(tmp_path: Path) -> 
     (tmp_path / "log").write_text("no report here\n")
     with pytest.raises(ValueError, match="holds no export report"):
         export_report(tmp_path / "log")
+
+
+def test_an_option_cut_off_is_listed_as_unfinished_beside_the_finished(tmp_path: Path) -> None:
+    # A run that ran out of time: c4 finished, c16's preparation stopped in its capture
+    # and c8's bench never wrote its report. Before, the summary failed on c16.
+    _option(tmp_path, 4, "bench-decode-c4.json")
+    (tmp_path / "c16").mkdir()
+    (tmp_path / "c16/prepare.log").write_text("warm-up and capture: 3/16\n")
+    (tmp_path / "c8").mkdir()
+    shutil.copy(RUN / "prepare.log", tmp_path / "c8/prepare.log")
+    summary = summarize(tmp_path, "smollm2-135m")
+    assert [row["max_concurrency"] for row in summary["options"]] == [4]
+    assert summary["unfinished"] == [
+        {"max_concurrency": 8, "reason": "the decode bench did not finish (no replay.json)"},
+        {
+            "max_concurrency": 16,
+            "reason": "preparation did not finish (no export report in prepare.log)",
+        },
+    ]
+    assert "- 16: unfinished, preparation did not finish" in table(summary)
