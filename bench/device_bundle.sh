@@ -4,9 +4,9 @@
 # the stripped release `flare` binary, the stripped flare_heliopause wheel, and the
 # wheels of fla-core 0.6.0 (the hybrid's GDN kernels), einops, gguf, the openai and
 # anthropic clients with their httpx2 stack (bench/serve_clients.py, the suite) and the
-# OpenAI Agents SDK with what it imports (mcp and its server stack;
+# OpenAI Agents SDK with what it imports (mcp and its server stack, cryptography among it;
 # bench/sdk_agreement.py). The binary goes compressed (DIR/flare.xz, 3 MB against 10):
-# about 22 MB in all.
+# about 25 MB in all.
 # Carry DIR with a device call, then on the GPU machine
 #   python3 -m pip install --no-index --no-deps --target SITE DIR/wheels/*.whl
 #   export PYTHONPATH=SITE:$PWD:$PWD/tests
@@ -25,7 +25,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   pydantic pydantic-core annotated-types typing-inspection typing-extensions h11 idna \
   certifi truststore docstring-parser opentelemetry-api importlib-metadata zipp \
   openai-agents==0.24.0 griffelib mcp mcp-types jsonschema jsonschema-specifications referencing \
-  rpds-py pyjwt python-multipart sse-starlette starlette uvicorn websockets
+  rpds-py pyjwt python-multipart sse-starlette starlette uvicorn websockets cryptography cffi pycparser
 cargo build --release -p flare
 cp target/release/flare "$dir/flare"
 strip "$dir/flare"

@@ -103,7 +103,9 @@ for part in "$@"; do
       preflight
       [ -d "${BEFORE_FILES:-}" ] || { echo "issue23_chain.sh: smol-before needs BEFORE_FILES" >&2; step smol-before-tree 2; continue; }
       [ -e "$WORK/smolrw/config.json" ] || python3 bench/smollm2_stand_in.py "$WORK/smolrw" > /dev/null
+      # Absolute before the subshell's cd: once, a relative binary path failed there.
       files=$(realpath "$BEFORE_FILES") before=$WORK/before-src checkpoint=$WORK/smolrw
+      binary=$(realpath "$flare")
       mkdir -p "$out/smol-before"
       (cd "$files" && find . -type f) > "$out/smol-before/files.txt"
       rm -rf "$before" && mkdir -p "$before" \
@@ -114,7 +116,7 @@ for part in "$@"; do
         bash bench/suite_gpu.sh smollm2-prepare "$out/smol-before" "$checkpoint" \
           > "$out/smol-before-prepare.log" 2>&1 || exit 1
         SUITE_ARGS=${BEFORE_SUITE_ARGS:-"--workloads tools decode --decode-rounds 10 --tool-conversations 32"} \
-          bash bench/suite_gpu.sh smollm2-flare "$out/smol-before" "$(realpath "$flare")" \
+          bash bench/suite_gpu.sh smollm2-flare "$out/smol-before" "$binary" \
           > "$out/smol-before-flare.log" 2>&1 )
       step smol-before $?
       ;;
