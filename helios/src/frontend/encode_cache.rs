@@ -173,6 +173,37 @@ impl EncodeCache {
     }
 }
 
+/// The length of `a` and `b`'s common prefix. Compared a block at a time
+/// (each block one `memcmp`), then byte by byte inside the first block that
+/// differs: the cache compares a long conversation with each of its entries
+/// on every request.
 fn shared_prefix(a: &[u8], b: &[u8]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+    const BLOCK: usize = 64;
+    let len = a.len().min(b.len());
+    let mut at = 0;
+    while at + BLOCK <= len && a[at..at + BLOCK] == b[at..at + BLOCK] {
+        at += BLOCK;
+    }
+    at + (a[at..len].iter().zip(&b[at..len]))
+        .take_while(|(x, y)| x == y)
+        .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shared_prefix;
+
+    #[test]
+    fn the_shared_prefix_is_counted_to_the_byte_across_blocks() {
+        let a: Vec<u8> = (0..300u32).map(|i| (i % 251) as u8).collect();
+        for cut in [0, 1, 63, 64, 65, 127, 128, 200, 299] {
+            let mut b = a.clone();
+            b[cut] ^= 1;
+            assert_eq!(shared_prefix(&a, &b), cut, "differing at {cut}");
+        }
+        assert_eq!(shared_prefix(&a, &a), 300);
+        assert_eq!(shared_prefix(&a[..130], &a), 130);
+        assert_eq!(shared_prefix(&a, &a[..64]), 64);
+        assert_eq!(shared_prefix(b"", &a), 0);
+    }
 }

@@ -102,6 +102,11 @@ pub fn grammar(
     // Under `auto`, calls follow their tools' schemas; where one that is not
     // strict does not compile, such tools' arguments are any object.
     let auto = |loose: bool| -> Result<Option<Grammar>, HttpError> {
+        // No schema and no strict tool: nothing to hold (and no set to build,
+        // as every plain `auto` request would).
+        if answer.is_none() && !tools.any_strict() {
+            return Ok(None);
+        }
         let calls = tools.auto_calls(loose).filter(|_| protocol.tools.is_some());
         match (answer, calls) {
             (Some(schema), Some((set, parallel))) => {

@@ -23,8 +23,8 @@ use serde_json::Value;
 use super::error::HttpError;
 use super::generation::Finish;
 use crate::frontend::protocol::{
-    instructed_input, CustomInput, OutputEvent, OutputProtocol, ToolFormat, ToolInstruction,
-    ToolSet,
+    instructed_input_showing, CustomInput, OutputEvent, OutputProtocol, ToolFormat,
+    ToolInstruction, ToolSet,
 };
 use crate::frontend::ChatInput;
 
@@ -181,21 +181,23 @@ impl ToolRequest {
     /// protocol needs (the template's `tools`, or the server's instruction),
     /// and `required`'s instruction.
     pub fn prepare(&self, input: &mut ChatInput, protocol: &OutputProtocol) {
-        let shown: Vec<Value> = match &self.choice {
+        let shown: Vec<&Value> = match &self.choice {
             ToolChoice::None => Vec::new(),
             ToolChoice::Named(name) => (self.definitions.iter())
                 .filter(|tool| tool["function"]["name"].as_str() == Some(name.as_str()))
-                .cloned()
                 .collect(),
-            ToolChoice::Auto | ToolChoice::Required => self.definitions.clone(),
+            ToolChoice::Auto | ToolChoice::Required => self.definitions.iter().collect(),
         };
-        input.tools = (!shown.is_empty()).then_some(shown);
-        if let Some(syntax) = &protocol.tools {
-            if let (ToolFormat::JsonInstructed, Some(start), Some(end)) =
-                (syntax.format, &syntax.call_start, &syntax.call_end)
-            {
-                instructed_input(input, &start.text, &end.text);
+        let instructed = (protocol.tools.as_ref()).and_then(|syntax| {
+            match (syntax.format, &syntax.call_start, &syntax.call_end) {
+                (ToolFormat::JsonInstructed, Some(start), Some(end)) => Some((start, end)),
+                _ => None,
             }
+        });
+        match instructed {
+            // The server writes the declarations from the request's own values.
+            Some((start, end)) => instructed_input_showing(input, &shown, &start.text, &end.text),
+            None => input.tools = (!shown.is_empty()).then(|| shown.into_iter().cloned().collect()),
         }
         if self.choice == ToolChoice::Required {
             ToolInstruction::RequireCall.apply(input);

@@ -39,15 +39,29 @@ impl ToolInstruction {
 /// the tools it shows are declared in the system message with that format.
 /// `input.tools` is cleared.
 pub fn instructed_input(input: &mut ChatInput, call_start: &str, call_end: &str) {
+    let tools = input.tools.take().unwrap_or_default();
+    let shown: Vec<&Value> = tools.iter().collect();
+    instructed_input_showing(input, &shown, call_start, call_end);
+}
+
+/// [`instructed_input`] declaring `tools` (borrowed from the request, not
+/// copied into `input` first); `input.tools` is cleared.
+pub fn instructed_input_showing(
+    input: &mut ChatInput,
+    tools: &[&Value],
+    call_start: &str,
+    call_end: &str,
+) {
+    input.tools = None;
     let messages = std::mem::take(&mut input.messages);
     input.messages = messages
         .into_iter()
         .map(|message| written_out(message, call_start, call_end))
         .collect();
-    let Some(tools) = input.tools.take().filter(|tools| !tools.is_empty()) else {
+    if tools.is_empty() {
         return;
-    };
-    let declarations: Vec<String> = tools.iter().map(python_json).collect();
+    }
+    let declarations: Vec<String> = tools.iter().map(|tool| python_json(tool)).collect();
     let instruction = format!(
         "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n\
          You are provided with function signatures within <tools></tools> XML tags:\n\

@@ -18,7 +18,7 @@ mod scan;
 mod tools;
 mod xml_call;
 
-pub use instruction::{instructed_input, ToolInstruction};
+pub use instruction::{instructed_input, instructed_input_showing, ToolInstruction};
 pub use parser::{OutputEvent, OutputParser, ParsedOutput, ParsedToolCall};
 pub use tools::{schema_type, CustomInput, ToolSet, ToolSetError, CUSTOM_INPUT_KEY};
 

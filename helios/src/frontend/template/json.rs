@@ -115,6 +115,44 @@ pub(crate) fn dumps(value: &Value, style: &JsonStyle) -> Result<String, Error> {
     Ok(out)
 }
 
+/// Serializes a JSON request value as `dumps` does its template value
+/// ([`super::value::from_json`]), written straight from the JSON: a prompt
+/// declaring tools writes each of them on every request, and building
+/// template values first cost most of that.
+pub(crate) fn dumps_json(value: &serde_json::Value, style: &JsonStyle) -> Result<String, Error> {
+    let mut out = String::new();
+    write_json(&mut out, value, style, 0)?;
+    Ok(out)
+}
+
+fn write_json(
+    out: &mut String,
+    value: &serde_json::Value,
+    style: &JsonStyle,
+    depth: usize,
+) -> Result<(), Error> {
+    use serde_json::Value as Json;
+    match value {
+        Json::Null => out.push_str("null"),
+        Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        // Numbers are the template value's own (integer or float, as parsed).
+        Json::Number(_) => out.push_str(&number(&super::value::from_json(value))?),
+        Json::String(text) => write_string(out, text, style),
+        Json::Array(items) => {
+            write_container(out, ('[', ']'), items, style, depth, |out, item, depth| {
+                write_json(out, item, style, depth)
+            })?;
+        }
+        Json::Object(map) => {
+            let entries: Vec<(&String, &Json)> = map.iter().collect();
+            write_object(out, entries, style, depth, |out, item, depth| {
+                write_json(out, item, style, depth)
+            })?;
+        }
+    }
+    Ok(())
+}
+
 fn not_serializable(value: &Value) -> Error {
     Error::new(
         ErrorKind::BadSerialization,
@@ -141,29 +179,49 @@ fn write_value(
         }
         ValueKind::Map => {
             let mut entries = Vec::new();
-            for key in value.try_iter()? {
-                let item = value.get_item(&key)?;
-                entries.push((key_text(&key)?, item));
+            // Key and value together where the map gives them, else by lookup.
+            if let Some(pairs) = value.as_object().and_then(|map| map.try_iter_pairs()) {
+                for (key, item) in pairs {
+                    entries.push((key_text(&key)?, item));
+                }
+            } else {
+                for key in value.try_iter()? {
+                    let item = value.get_item(&key)?;
+                    entries.push((key_text(&key)?, item));
+                }
             }
-            if style.sort_keys {
-                entries.sort_by(|a, b| a.0.cmp(&b.0));
-            }
-            write_container(
-                out,
-                ('{', '}'),
-                &entries,
-                style,
-                depth,
-                |out, (key, item), depth| {
-                    write_string(out, key, style);
-                    out.push_str(&style.key_separator);
-                    write_value(out, item, style, depth)
-                },
-            )?;
+            write_object(out, entries, style, depth, |out, item, depth| {
+                write_value(out, item, style, depth)
+            })?;
         }
         _ => return Err(not_serializable(value)),
     }
     Ok(())
+}
+
+/// An object's `(key, value)` entries, sorted by key when `style` asks.
+fn write_object<K: AsRef<str>, V>(
+    out: &mut String,
+    mut entries: Vec<(K, V)>,
+    style: &JsonStyle,
+    depth: usize,
+    mut write_item: impl FnMut(&mut String, &V, usize) -> Result<(), Error>,
+) -> Result<(), Error> {
+    if style.sort_keys {
+        entries.sort_by(|a, b| a.0.as_ref().cmp(b.0.as_ref()));
+    }
+    write_container(
+        out,
+        ('{', '}'),
+        &entries,
+        style,
+        depth,
+        |out, (key, item), depth| {
+            write_string(out, key.as_ref(), style);
+            out.push_str(&style.key_separator);
+            write_item(out, item, depth)
+        },
+    )
 }
 
 fn write_container<T>(
@@ -247,29 +305,39 @@ fn write_string(out: &mut String, s: &str, style: &JsonStyle) {
 }
 
 fn write_escaped(out: &mut String, s: &str, style: &JsonStyle) {
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            c if (c as u32) < 0x20 => push_escape(out, c as u32),
-            c if style.ensure_ascii && !(' '..='~').contains(&c) => {
+    // Runs of characters written as they are go in one copy each.
+    let mut run = 0;
+    for (at, c) in s.char_indices() {
+        let escape = match c {
+            '"' => Some("\\\""),
+            '\\' => Some("\\\\"),
+            '\n' => Some("\\n"),
+            '\r' => Some("\\r"),
+            '\t' => Some("\\t"),
+            '\u{8}' => Some("\\b"),
+            '\u{c}' => Some("\\f"),
+            c if (c as u32) < 0x20 || (style.ensure_ascii && !(' '..='~').contains(&c)) => None,
+            _ => continue,
+        };
+        out.push_str(&s[run..at]);
+        run = at + c.len_utf8();
+        match escape {
+            Some(text) => out.push_str(text),
+            None => {
                 let mut units = [0u16; 2];
                 for unit in c.encode_utf16(&mut units) {
                     push_escape(out, u32::from(*unit));
                 }
             }
-            c => out.push(c),
         }
     }
+    out.push_str(&s[run..]);
 }
 
 fn push_escape(out: &mut String, unit: u32) {
-    out.push_str(&format!("\\u{unit:04x}"));
+    use std::fmt::Write as _;
+    // Writing to a String cannot fail.
+    let _ = write!(out, "\\u{unit:04x}");
 }
 
 #[cfg(test)]
@@ -316,6 +384,89 @@ mod tests {
         assert_eq!(
             dumps(&text, &ascii).unwrap(),
             "\"\\\"\\\\\\n\\u0001\\u007f\\u00e9\\ud83d\\ude00\""
+        );
+    }
+
+    /// A JSON value drawn from `seed`: nested arrays and objects (keys out
+    /// of order, some repeated across levels), strings with escapes, control
+    /// and non-ASCII characters, integers past `i64`, and floats Python
+    /// writes in exponent form.
+    fn drawn(seed: &mut u64, depth: usize) -> serde_json::Value {
+        fn next(seed: &mut u64, n: u64) -> u64 {
+            *seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (*seed >> 33) % n
+        }
+        let pieces = [
+            "a", "é", "😀", "\"", "\\", "\n", "\u{1}", "\u{7f}", " ", "<tool>", "\t",
+        ];
+        let floats = [0.5, -0.0, 1.0, 1e16, 1.5e-7, 123456.789, f64::MAX, 3.0e-310];
+        match next(seed, if depth == 0 { 6 } else { 8 }) {
+            0 => serde_json::Value::Null,
+            1 => serde_json::Value::Bool(next(seed, 2) == 1),
+            2 => serde_json::json!(next(seed, 1000) as i64 - 500),
+            3 => serde_json::json!(u64::MAX - next(seed, 10)),
+            4 => serde_json::json!(floats[next(seed, floats.len() as u64) as usize]),
+            5 => serde_json::Value::String(
+                (0..next(seed, 6))
+                    .map(|_| pieces[next(seed, pieces.len() as u64) as usize])
+                    .collect(),
+            ),
+            6 => serde_json::Value::Array(
+                (0..next(seed, 4)).map(|_| drawn(seed, depth - 1)).collect(),
+            ),
+            _ => {
+                let mut map = serde_json::Map::new();
+                for _ in 0..next(seed, 5) {
+                    let key = ["z", "b", "name", "é", "a\"b", "type"][next(seed, 6) as usize];
+                    map.insert(key.to_owned(), drawn(seed, depth - 1));
+                }
+                serde_json::Value::Object(map)
+            }
+        }
+    }
+
+    #[test]
+    fn json_values_are_written_as_their_template_values_are() {
+        let styles = [
+            JsonStyle::default(),
+            JsonStyle {
+                ensure_ascii: true,
+                indent: Some("  ".to_owned()),
+                item_separator: ",".to_owned(),
+                key_separator: ": ".to_owned(),
+                sort_keys: true,
+            },
+            JsonStyle {
+                item_separator: ",".to_owned(),
+                key_separator: ":".to_owned(),
+                sort_keys: true,
+                ..JsonStyle::default()
+            },
+        ];
+        let mut seed = 7;
+        let mut nested = 0;
+        for _ in 0..2000 {
+            let value = drawn(&mut seed, 4);
+            nested += usize::from(value.is_object() || value.is_array());
+            for style in &styles {
+                let through_template = dumps(&super::super::value::from_json(&value), style);
+                assert_eq!(
+                    dumps_json(&value, style).unwrap(),
+                    through_template.unwrap()
+                );
+            }
+        }
+        assert!(nested > 500, "the draws were nested {nested} times");
+        let tool = serde_json::json!({"type": "function", "function": {
+            "name": "read_file", "parameters": {"type": "object", "required": ["path"],
+            "properties": {"path": {"type": "string", "description": "a \"quoted\" path"}}}}});
+        assert_eq!(
+            dumps_json(&tool, &JsonStyle::default()).unwrap(),
+            "{\"type\": \"function\", \"function\": {\"name\": \"read_file\", \"parameters\": \
+             {\"type\": \"object\", \"required\": [\"path\"], \"properties\": {\"path\": \
+             {\"type\": \"string\", \"description\": \"a \\\"quoted\\\" path\"}}}}}"
         );
     }
 

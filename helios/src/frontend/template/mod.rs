@@ -26,8 +26,7 @@ pub use marks::RenderedChat;
 /// layout: `", "` and `": "`, non-ASCII kept), so text the server writes
 /// into a prompt matches what templates write.
 pub fn python_json(value: &serde_json::Value) -> String {
-    json::dumps(&value::from_json(value), &json::JsonStyle::default())
-        .unwrap_or_else(|_| value.to_string())
+    json::dumps_json(value, &json::JsonStyle::default()).unwrap_or_else(|_| value.to_string())
 }
 
 /// The named special tokens Transformers passes to every template
