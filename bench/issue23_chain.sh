@@ -19,6 +19,12 @@
 #              mirroring the tree: an earlier commit's versions of the files a change
 #              touched), results under smol-before/: the change against the tree before
 #              it, in one run on one card;
+# - sampler:   `issue23_check.sh sampler` (the thresholds' GPU tests, the compiled
+#              sampler with them and with a sort's, the thresholds alone per chunk);
+# - sampler-before: `bench/sampler_bench.py` from the before tree ($BEFORE_FILES, as
+#              smol-before), results under sampler-before/: the sampler before the
+#              change, in the same run on the same card (the sort's times in both are
+#              the same kernels: the drift between the two runs);
 # - serving:   `issue23_check.sh serving` (the serving GPU tests);
 # - maintenance: the GPU tests of admission, snapshot and restore in their own launches
 #              and of the compiled step I/O (bitwise against the eager code);
@@ -63,6 +69,23 @@ weights() {
     && touch "$qwen/.complete"
   step 8b-weights $?
 }
+# The tree before a change, once: a copy of this one with the files under
+# $BEFORE_FILES laid over it (their list under DIR), at $before.
+before_tree() {
+  local dir=$out/$1
+  mkdir -p "$dir"
+  [ -d "${BEFORE_FILES:-}" ] || { echo "issue23_chain.sh: $1 needs BEFORE_FILES" >&2; step "$1-tree" 2; return 1; }
+  local files
+  files=$(realpath "$BEFORE_FILES")
+  before=$WORK/before-src
+  (cd "$files" && find . -type f) > "$dir/files.txt"
+  [ -n "${before_done:-}" ] && return 0
+  rm -rf "$before" && mkdir -p "$before" \
+    && tar --exclude=./BIN -cf - . | tar -xf - -C "$before" && cp -r "$files/." "$before/"
+  local rc=$?
+  step before-tree $rc
+  [ $rc -eq 0 ] && before_done=1
+}
 for part in "$@"; do
   case $part in
     prefill)
@@ -101,16 +124,10 @@ for part in "$@"; do
       ;;
     smol-before)
       preflight
-      [ -d "${BEFORE_FILES:-}" ] || { echo "issue23_chain.sh: smol-before needs BEFORE_FILES" >&2; step smol-before-tree 2; continue; }
+      before_tree smol-before || continue
       [ -e "$WORK/smolrw/config.json" ] || python3 bench/smollm2_stand_in.py "$WORK/smolrw" > /dev/null
       # Absolute before the subshell's cd: once, a relative binary path failed there.
-      files=$(realpath "$BEFORE_FILES") before=$WORK/before-src checkpoint=$WORK/smolrw
-      binary=$(realpath "$flare")
-      mkdir -p "$out/smol-before"
-      (cd "$files" && find . -type f) > "$out/smol-before/files.txt"
-      rm -rf "$before" && mkdir -p "$before" \
-        && tar --exclude=./BIN -cf - . | tar -xf - -C "$before" && cp -r "$files/." "$before/"
-      step smol-before-tree $?
+      checkpoint=$WORK/smolrw binary=$(realpath "$flare")
       ( cd "$before" || exit 1
         export PYTHONPATH=$SITE:$before:$before/tests WORK=$WORK/before
         bash bench/suite_gpu.sh smollm2-prepare "$out/smol-before" "$checkpoint" \
@@ -119,6 +136,17 @@ for part in "$@"; do
           bash bench/suite_gpu.sh smollm2-flare "$out/smol-before" "$binary" \
           > "$out/smol-before-flare.log" 2>&1 )
       step smol-before $?
+      ;;
+    sampler)
+      bash bench/issue23_check.sh sampler "$out/sampler" > "$out/sampler.log" 2>&1
+      step sampler $?
+      ;;
+    sampler-before)
+      before_tree sampler-before || continue
+      ( cd "$before" && PYTHONPATH=$SITE:$before:$before/tests \
+          python3 bench/sampler_bench.py --out "$out/sampler-before/sampler.json" ) \
+        > "$out/sampler-before.log" 2>&1
+      step sampler-before $?
       ;;
     serving)
       preflight
@@ -173,8 +201,8 @@ for part in "$@"; do
       step attention-long $?
       ;;
     *)
-      echo "issue23_chain.sh: unknown part $part (prefill, 8b, smol, smol-before, serving, attention," \
-        "concurrency, concurrency-8b, maintenance)" >&2
+      echo "issue23_chain.sh: unknown part $part (prefill, 8b, smol, smol-before, sampler," \
+        "sampler-before, serving, attention, concurrency, concurrency-8b, maintenance)" >&2
       step "$part" 2
       ;;
   esac

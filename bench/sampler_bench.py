@@ -4,9 +4,10 @@ scan and gathers the served sampler used before), each captured in a CUDA graph 
 replayed, in alternating blocks, at the served vocabularies and row counts.
 
     python bench/sampler_bench.py [--vocabs 49152 151936] [--rows 1 4] \\
-        [--replays 200] [--chunks 1024 2048 4096] --out sampler.json
+        [--replays 200] [--chunks 1024 2048 4096] [--digits 4 5] --out sampler.json
 
-Then the thresholds alone at each chunk of columns a program histograms.
+Then the thresholds alone at each chunk of columns a program histograms and each
+digit's bits a pass decides.
 
 Three cases: sampling parameters as agents send them (temperature 0.7, top-k 20,
 top-p 0.95, peaked rows), flat rows (temperature 1, top-k off, top-p 0.95: a nucleus
@@ -109,17 +110,18 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             top_k = torch.full((rows,), 20, dtype=torch.int32, device="cuda")
             top_p = torch.full((rows,), 0.95, device="cuda")
             for chunk in args.chunks:
-                for _ in range(2):
-                    triton_sampling_thresholds(probs, top_k, top_p, chunk)
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with programmatic_launch(), torch.cuda.graph(graph):
-                    triton_sampling_thresholds(probs, top_k, top_p, chunk)
-                values = [ms * 1e3 for ms in replay_ms(graph, args.replays)]
-                row = {"vocab": vocab, "rows": rows, "chunk": chunk}
-                row["median_us"] = statistics.median(values)
-                results["chunks"].append(row)
-                print(json.dumps(row), file=sys.stderr)
+                for digit in args.digits:
+                    for _ in range(2):
+                        triton_sampling_thresholds(probs, top_k, top_p, chunk, digit)
+                    torch.cuda.synchronize()
+                    graph = torch.cuda.CUDAGraph()
+                    with programmatic_launch(), torch.cuda.graph(graph):
+                        triton_sampling_thresholds(probs, top_k, top_p, chunk, digit)
+                    values = [ms * 1e3 for ms in replay_ms(graph, args.replays)]
+                    row = {"vocab": vocab, "rows": rows, "chunk": chunk, "digit": digit}
+                    row["median_us"] = statistics.median(values)
+                    results["chunks"].append(row)
+                    print(json.dumps(row), file=sys.stderr)
     return results
 
 
@@ -134,6 +136,13 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         default=[1024, 2048, 4096],
         help="columns a thresholds program histograms, each timed alone",
+    )
+    parser.add_argument(
+        "--digits",
+        type=int,
+        nargs="+",
+        default=[4, 5],
+        help="bits a thresholds pass decides, each timed alone at each chunk",
     )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)

@@ -197,9 +197,10 @@ from ignition.components import sampling_thresholds as st
 def unordered(ptx):
     return len(re.findall(r"atom\\.global|red\\.global|atom\\.[a-z.]*f32", ptx))
 
-from ignition.components.sampling_thresholds import BINS, CHUNK, PASSES
+from ignition.components.sampling_thresholds import BINS, BITS, DIGIT, PASSES
 k = compile(st._pass_kernel, ["*fp32", "*i32", "*fp32", "*i32", "*fp32", "*i32", "*fp32"]
-            + ["i32"] * 5, dict(PROGRAMS=128, BINS=BINS, CHUNK=CHUNK, PDL=True), num_warps=4,
+            + ["i32"] * 5, dict(PROGRAMS=128, BINS=BINS, CHUNK=2048, DIGIT=DIGIT, BITS=BITS,
+            PDL=True), num_warps=4,
             launch_pdl=True)
 print("pdl thresholds", True, *programmatic_order(k.asm["ptx"]), k.metadata.launch_pdl)
 print("thresholds pass", len(k.asm["cubin"]), unordered(k.asm["ptx"]))

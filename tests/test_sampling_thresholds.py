@@ -9,8 +9,11 @@ import torch
 from ignition.components import sampling_thresholds as radix
 from ignition.components.sampling_thresholds import (
     BINS,
-    CHUNK,
+    BITS,
+    DIGIT,
+    MIN_CHUNK,
     PASSES,
+    chunk_columns,
     sampling_thresholds,
     sorted_thresholds,
     triton_sampling_thresholds,
@@ -54,7 +57,7 @@ def _check(device: str, vocab: int, top_ks: tuple[int, ...], top_ps: tuple[float
 
 
 # Two and a half chunks, and one partial chunk.
-@pytest.mark.parametrize("vocab", [5 * CHUNK // 2, 64])
+@pytest.mark.parametrize("vocab", [5 * MIN_CHUNK // 2, 64])
 def test_thresholds_match_the_sorted_rows_interpreted(vocab: int) -> None:
     _check("cpu", vocab, (0, 1, 40, vocab + 5), (0.05, 0.9, 1.0))
 
@@ -62,9 +65,9 @@ def test_thresholds_match_the_sorted_rows_interpreted(vocab: int) -> None:
 def test_tokens_tied_at_a_threshold_all_stay_interpreted() -> None:
     # Six tokens tied at the second-largest value, spread over three chunks; the
     # rest far below. Top-2 keeps all seven; a nucleus ending inside the tie too.
-    vocab = 3 * CHUNK
+    vocab = 3 * MIN_CHUNK
     logits = torch.full((1, vocab), -20.0)
-    tied = [5, 700, CHUNK + 3, CHUNK + 900, 2 * CHUNK + 1, 3 * CHUNK - 1]
+    tied = [5, 700, MIN_CHUNK + 3, MIN_CHUNK + 900, 2 * MIN_CHUNK + 1, 3 * MIN_CHUNK - 1]
     logits[0, 11] = 2.0
     logits[0, tied] = 1.0
     probs = torch.softmax(logits, dim=-1)
@@ -88,6 +91,25 @@ def test_masked_tokens_never_count_toward_top_k_interpreted() -> None:
     )
     assert threshold_k[0] == 0 and threshold_p[0] == 0
     assert torch.nonzero(probs[1] >= threshold_k[1]).flatten().tolist() == [3, 30]
+
+
+def test_a_certain_row_and_values_past_one_keep_their_order_interpreted() -> None:
+    # Row 0: one token holds all the mass (1.0, the largest value of a distribution).
+    # Row 1 is no distribution: values of 2 and more saturate to the largest 30-bit
+    # pattern, still above every value below 2, so top-1 keeps them (tied there) and
+    # nothing else.
+    vocab = 3 * MIN_CHUNK
+    probs = torch.zeros(2, vocab)
+    probs[0, 77] = 1.0
+    probs[1, :] = 1e-5
+    probs[1, [9, MIN_CHUNK + 4]] = torch.tensor([3.0, 2.0])
+    probs[1, 2 * MIN_CHUNK] = 1.5
+    threshold_k, threshold_p = triton_sampling_thresholds(
+        probs, torch.tensor([1, 1]), torch.tensor([0.5, 1.0])
+    )
+    assert threshold_k[0] == 1.0 and threshold_p[0] == 1.0
+    assert torch.nonzero(probs[1] >= threshold_k[1]).flatten().tolist() == [9, MIN_CHUNK + 4]
+    assert 1.5 < threshold_k[1] <= 2.0
 
 
 def test_a_top_p_of_zero_or_less_keeps_the_largest_interpreted() -> None:
@@ -144,7 +166,7 @@ def test_a_row_that_filters_nothing_keeps_every_token_and_writes_nothing_interpr
     # Top-k off (0), at the vocabulary or past it, with top-p 1: every token is kept,
     # both thresholds 0 (the sort's too), and the row's programs write no histogram:
     # the default request's row, and a padding row, cost each pass only its wait.
-    vocab = 3 * CHUNK
+    vocab = 3 * MIN_CHUNK
     probs = _probs("cpu", vocab, [1.0, 2.0, 3.0, 1.5], seed=5)
     ks = torch.tensor([0, vocab, vocab + 9, 20])
     ps = torch.tensor([1.0, 1.0, 1.5, 0.9])
@@ -161,11 +183,24 @@ def test_a_row_that_filters_nothing_keeps_every_token_and_writes_nothing_interpr
     above = torch.zeros(PASSES - 1, 4)
     radix._pass_kernel[(4, 3)](
         probs, ks, ps, counts, masses, state, above, vocab, probs.stride(0), 4, 3, 0,
-        PROGRAMS=4, BINS=BINS, CHUNK=CHUNK,
+        PROGRAMS=4, BINS=BINS, CHUNK=MIN_CHUNK, DIGIT=DIGIT, BITS=BITS,
     )  # fmt: skip
     assert (counts[0, :3] == sentinel).all() and (masses[0, :3] == sentinel).all()
     # The filtering row: its chunks' counts cover the row.
     assert int(counts[0, 3].sum()) == vocab and (masses[0, 3] >= 0).all()
+
+
+def test_a_programs_chunk_follows_the_vocabulary() -> None:
+    # At least MIN_CHUNK columns a program, at most MAX_PROGRAMS programs a row: SmolLM2's
+    # vocabulary in 48 programs of 1,024, Qwen3's in 75 of 2,048.
+    assert [chunk_columns(v) for v in (64, 49152, 131072, 131073, 151936, 300000)] == [
+        MIN_CHUNK,
+        1024,
+        1024,
+        2048,
+        2048,
+        4096,
+    ]
 
 
 def test_the_operator_takes_the_sort_on_the_cpu() -> None:

@@ -5,17 +5,30 @@ A filter keeps every token whose probability is at least its threshold
 (``ignition.components.sampling``). Top-k's threshold is the k-th largest
 probability; top-p's is the largest probability ``v`` whose tokens at or above it
 hold at least ``top_p`` of the mass (the nucleus, with every token tied at its edge).
-Both are found without ordering the row: probabilities are never negative, so their
-float32 bits order as they do, and each threshold is built four bits at a time from
-the top. In pass ``j`` every program histograms the ``BINS`` values of bits
-``28 - 4j`` up of its ``CHUNK`` columns, among the columns whose higher bits are the
-threshold's so far: counts for top-k, masses for top-p. The next pass's programs each
-sum those histograms over the row's programs (one fixed tree) and take the highest
-digit at which what lies at or above it still reaches k (or ``top_p``), and the first
-of them records the decision for the pass after. Eight passes and a last decision
-give all 32 bits: nine launches of small programs over every SM, where the sort took
-four radix passes of the whole row plus its fills (about 80 us of a Qwen3-8B decode
-step with its gaps, 75 of SmolLM2's, on the H200).
+Both are found without ordering the row: probabilities are never negative and at
+most 1, so their float32 bits order as they do and the top two bits are 0. Each
+threshold is built ``DIGIT`` bits at a time from the top of ``BITS`` (thirty rounded
+up to whole digits: 32 for four-bit digits). In pass ``j`` every program histograms
+the ``BINS`` values of the ``j``-th digit of its chunk's columns, among the columns
+whose higher bits are the threshold's so far: counts for top-k, masses for top-p.
+The next pass's programs each sum those histograms over the row's programs (one
+fixed tree) and take the highest digit at which what lies at or above it still
+reaches k (or ``top_p``), and the first of them records the decision for the pass
+after. Eight passes of four bits and a last decision: nine launches of small
+programs over every SM, where the sort took four radix passes of the whole row plus
+its fills (about 80 us of a Qwen3-8B decode step with its gaps, 75 of SmolLM2's, on
+the H200). A value of 2 or more (none in a distribution; a NaN's bits) saturates to
+the largest 30-bit pattern, so the order stays that of the values.
+
+What a pass costs is its reductions across the program's threads, not its reads: a
+pass summed each bin's mass by its own masked sum (sixteen reductions, each with its
+barriers), and the nine launches took 51 us at SmolLM2's vocabulary on an H100. A pass
+now accumulates the masses ``SUB`` columns at a time in a ``[BINS, SUB]`` tile and
+reduces it once: 41 us at the same chunk of 2,048 columns. Five-bit digits (six
+passes of 32 bins) lost to four: each column meets twice the bins. The chunk a program
+histograms follows the vocabulary (``chunk_columns``): at most 128 programs a row,
+each of at least 1,024 columns; 33 us at SmolLM2's vocabulary (48 programs of 1,024),
+43 at Qwen3's (75 of 2,048). (``bench/results/issue23/2026-12-07d-h100-sampler``.)
 
 The result never depends on the batch: a row's programs, their histograms and the
 order of every sum follow the vocabulary alone. Masses are float32 sums in a fixed
@@ -48,12 +61,36 @@ import triton.language as tl
 
 from ignition.components.programmatic_launch import await_producer, kernel_options
 
-# Bits decided a pass, the histogram's bins, the passes over 32 bits, and the columns
-# a program histograms.
+# Bits decided a pass; the histogram's bins, the bits a threshold is built of (a
+# probability's top two are 0: thirty, rounded up to whole digits) and the passes over
+# them follow (``radix_digits``). A program histograms at least ``MIN_CHUNK`` columns,
+# and a row has at most ``MAX_PROGRAMS`` programs (``chunk_columns``).
 DIGIT = 4
-BINS = 1 << DIGIT
-PASSES = 32 // DIGIT
-CHUNK = 2048
+MIN_CHUNK = 1024
+MAX_PROGRAMS = 128
+# The largest pattern of 30 bits: a value of 2 or more (or a NaN) reads as it.
+SATURATED = tl.constexpr((1 << 30) - 1)
+
+
+def radix_digits(digit: int) -> tuple[int, int, int]:
+    """For digits of ``digit`` bits: the histogram's bins, the bits a threshold is
+    built of (30 rounded up to whole digits), and the passes over them."""
+    if not 3 <= digit <= 6:
+        raise ValueError(f"digits of {digit} bits: 3 to 6 bits")
+    bits = -(-30 // digit) * digit
+    return 1 << digit, bits, bits // digit
+
+
+BINS, BITS, PASSES = radix_digits(DIGIT)
+
+
+def chunk_columns(vocab: int) -> int:
+    """The columns a program histograms for a row of ``vocab``: the smallest power of
+    two of at least ``MIN_CHUNK`` that needs at most ``MAX_PROGRAMS`` programs."""
+    chunk = MIN_CHUNK
+    while triton.cdiv(vocab, chunk) > MAX_PROGRAMS:
+        chunk *= 2
+    return chunk
 
 
 @triton.jit
@@ -121,15 +158,30 @@ def _row_start(top_k_ptr, top_p_ptr, row, V, PDL: tl.constexpr):
 
 
 @triton.jit
+def _digits(p, shift, DIGIT: tl.constexpr, BINS: tl.constexpr):
+    """The bits above the digit at ``shift`` and the digit, of each value's bits (a
+    value of 2 or more saturated)."""
+    bits = tl.minimum(p.to(tl.int32, bitcast=True) & 0x7FFFFFFF, SATURATED)
+    return bits >> tl.minimum(shift + DIGIT, 31), (bits >> shift) & (BINS - 1)
+
+
+@triton.jit
 def _pass_kernel(
     p_ptr, top_k_ptr, top_p_ptr, count_ptr, mass_ptr, state_ptr, above_ptr, V, stride_p,
     rows, programs, digit, PROGRAMS: tl.constexpr, BINS: tl.constexpr, CHUNK: tl.constexpr,
+    DIGIT: tl.constexpr, BITS: tl.constexpr, SUB: tl.constexpr = 128,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Pass ``digit`` of row ``program_id(0)``, columns ``program_id(1)``: the decisions
-    of the digit before (the row's first program records them for the next pass),
-    then this chunk's histograms of bits ``28 - 4 * digit`` up among the columns on
-    the thresholds' way: counts on top-k's, masses on top-p's."""
+    of the digit before, then this chunk's histograms of the ``DIGIT`` bits below the
+    ``digit * DIGIT`` decided ones (of ``BITS``) among the columns on the thresholds'
+    way: counts on top-k's, masses on top-p's. The row's first program records the
+    decisions for the next pass last, so that no write stands between the reads.
+
+    The masses: each bin's sum over ``SUB`` columns at a time, accumulated in a
+    ``[BINS, SUB]`` tile and reduced once at the end (a bin's own masked sum over
+    the chunk is a reduction across the program's threads each: sixteen of them took
+    most of a pass)."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     k, top_p, filters = _row_start(top_k_ptr, top_p_ptr, row, V, PDL)
@@ -138,6 +190,29 @@ def _pass_kernel(
             count_ptr, mass_ptr, state_ptr, above_ptr, row, rows, digit - 1, programs, k,
             top_p, PROGRAMS, BINS,
         )  # fmt: skip
+        shift = BITS - DIGIT * (digit + 1)
+        bins = tl.arange(0, BINS)
+        # Counts: one histogram of the chunk. A filter that is off histograms nothing:
+        # its zeros select digit 0 every pass, so its threshold is 0 (every token kept).
+        cols = chunk * CHUNK + tl.arange(0, CHUNK)
+        p = tl.load(p_ptr + row * stride_p + cols, mask=cols < V, other=0.0)
+        high, values = _digits(p, shift, DIGIT, BINS)
+        on_k = (cols < V) & (k < V) & ((digit == 0) | (high == prefix_k))
+        counts = tl.histogram(values, BINS, mask=on_k)
+        # Masses: SUB columns at a time into a [BINS, SUB] tile, reduced once.
+        masses = tl.zeros([BINS, SUB], tl.float32)
+        if top_p < float("inf"):
+            for part in tl.static_range(CHUNK // SUB):
+                # (Names of their own: an ``if`` may not give one two shapes.)
+                part_cols = chunk * CHUNK + part * SUB + tl.arange(0, SUB)
+                part_p = tl.load(p_ptr + row * stride_p + part_cols, mask=part_cols < V, other=0.0)
+                part_high, part_values = _digits(part_p, shift, DIGIT, BINS)
+                on_p = (part_cols < V) & ((digit == 0) | (part_high == prefix_p))
+                hit = (part_values[None, :] == bins[:, None]) & on_p[None, :]
+                masses += tl.where(hit, part_p[None, :], 0.0)
+        at_hist = ((digit * rows + row) * programs + chunk) * BINS
+        tl.store(count_ptr + at_hist + bins, counts)
+        tl.store(mass_ptr + at_hist + bins, tl.sum(masses, axis=1))
         if chunk == 0:
             at = ((digit - 1) * rows + row) * 3
             recorded = digit > 0
@@ -145,27 +220,6 @@ def _pass_kernel(
             tl.store(state_ptr + at + 1, above_k, mask=recorded)
             tl.store(state_ptr + at + 2, prefix_p, mask=recorded)
             tl.store(above_ptr + (digit - 1) * rows + row, above_p, mask=recorded)
-        cols = chunk * CHUNK + tl.arange(0, CHUNK)
-        inside = cols < V
-        p = tl.load(p_ptr + row * stride_p + cols, mask=inside, other=0.0)
-        bits = p.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-        shift = 28 - 4 * digit
-        high = bits >> tl.minimum(shift + 4, 31)
-        values = (bits >> shift) & (BINS - 1)
-        # A filter that is off histograms nothing: its zeros select digit 0 every
-        # pass, so its threshold is 0 (every token kept).
-        on_k = inside & (k < V) & ((digit == 0) | (high == prefix_k))
-        on_p = inside & ((digit == 0) | (high == prefix_p))
-        at_hist = ((digit * rows + row) * programs + chunk) * BINS
-        bins = tl.arange(0, BINS)
-        tl.store(count_ptr + at_hist + bins, tl.histogram(values, BINS, mask=on_k))
-        if top_p < float("inf"):
-            # Each bin's mass by its own masked sum: a [CHUNK, BINS] selection
-            # spilled on SM90.
-            for bin in tl.static_range(BINS):
-                tl.store(mass_ptr + at_hist + bin, tl.sum(tl.where(on_p & (values == bin), p, 0.0)))
-        else:
-            tl.store(mass_ptr + at_hist + bins, tl.zeros([BINS], tl.float32))
 
 
 @triton.jit
@@ -190,39 +244,47 @@ def _finish_kernel(
 
 
 def triton_sampling_thresholds(
-    probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, chunk: int = CHUNK
+    probs: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    chunk: int | None = None,
+    digit: int = DIGIT,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's top-k and top-p thresholds (float32 ``[rows]`` each) of ``probs``
     (float32 ``[rows, V]``, each row a distribution), for its ``top_k`` (0 or more than
-    V: off) and ``top_p`` (``[rows]``). ``chunk``: the columns a program histograms
-    (a power of two; ``bench/sampler_bench.py`` times others against ``CHUNK``)."""
+    V: off) and ``top_p`` (``[rows]``). ``chunk``: the columns a program histograms (a
+    power of two; by default ``chunk_columns``); ``digit``: the bits a pass decides
+    (``bench/sampler_bench.py`` times others against the defaults)."""
     if probs.dim() != 2 or probs.dtype != torch.float32:
         raise ValueError(f"thresholds take 2-D float32 probabilities, not {probs.dtype}")
     rows, vocab = probs.shape
     if top_k.shape != (rows,) or top_p.shape != (rows,):
         raise ValueError(f"{rows} rows take [rows] top_k and top_p")
     probs = probs.contiguous()
+    chunk = chunk_columns(vocab) if chunk is None else chunk
     if chunk & (chunk - 1) or chunk < 16:
         raise ValueError(f"a chunk of {chunk} columns is not a power of two of at least 16")
+    bins, bits, passes = radix_digits(digit)
     programs = triton.cdiv(vocab, chunk)
     device = probs.device
-    counts = torch.empty(PASSES, rows, programs, BINS, dtype=torch.int32, device=device)
-    masses = torch.empty(PASSES, rows, programs, BINS, dtype=torch.float32, device=device)
+    counts = torch.empty(passes, rows, programs, bins, dtype=torch.int32, device=device)
+    masses = torch.empty(passes, rows, programs, bins, dtype=torch.float32, device=device)
     # The decisions of every digit but the last, which the last launch returns.
-    state = torch.empty(PASSES - 1, rows, 3, dtype=torch.int32, device=device)
-    above = torch.empty(PASSES - 1, rows, dtype=torch.float32, device=device)
+    state = torch.empty(passes - 1, rows, 3, dtype=torch.int32, device=device)
+    above = torch.empty(passes - 1, rows, dtype=torch.float32, device=device)
     top_k, top_p = top_k.contiguous(), top_p.contiguous()
-    fixed = dict(PROGRAMS=triton.next_power_of_2(programs), BINS=BINS)
-    for digit in range(PASSES):
+    fixed = dict(PROGRAMS=triton.next_power_of_2(programs), BINS=bins)
+    radix = dict(CHUNK=chunk, SUB=min(chunk, 128), DIGIT=digit, BITS=bits)
+    for at in range(passes):
         _pass_kernel[(rows, programs)](
             probs, top_k, top_p, counts, masses, state, above, vocab, probs.stride(0), rows,
-            programs, digit, CHUNK=chunk, num_warps=4, **fixed, **kernel_options(device),
+            programs, at, num_warps=4, **fixed, **radix, **kernel_options(device),
         )  # fmt: skip
     out_k = torch.empty(rows, dtype=torch.float32, device=device)
     out_p = torch.empty(rows, dtype=torch.float32, device=device)
     _finish_kernel[(rows,)](
         top_k, top_p, counts, masses, state, above, out_k, out_p, vocab, rows, programs,
-        PASSES=PASSES, num_warps=1, **fixed, **kernel_options(device),
+        PASSES=passes, num_warps=1, **fixed, **kernel_options(device),
     )  # fmt: skip
     return out_k, out_p
 
