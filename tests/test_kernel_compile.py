@@ -204,6 +204,7 @@ k = compile(st._pass_kernel, ["*fp32", "*i32", "*fp32", "*i32", "*fp32", "*i32",
             launch_pdl=True)
 print("pdl thresholds", True, *programmatic_order(k.asm["ptx"]), k.metadata.launch_pdl)
 print("thresholds pass", len(k.asm["cubin"]), unordered(k.asm["ptx"]))
+print("barriers thresholds pass", k.asm["ptx"].count("bar.sync"), "-")
 k = compile(st._finish_kernel, ["*i32", "*fp32", "*i32", "*fp32", "*i32", "*fp32", "*fp32", "*fp32"]
             + ["i32"] * 3, dict(PASSES=PASSES, PROGRAMS=128, BINS=BINS, PDL=True), num_warps=1,
             launch_pdl=True)
@@ -417,6 +418,11 @@ def test_the_new_kernels_compile_for_sm90() -> None:
     for part in ("pass", "finish"):
         cubin, atomics = found[("thresholds", part)]
         assert int(cubin) > 0 and int(atomics) == 0, done.stdout
+    # A pass's reductions across its threads, each with its barriers, are what it
+    # costs: the masses in one tile reduced once, the decisions in four reductions for
+    # both filters (a masked sum a bin and eight in the decisions gave 62 barriers).
+    barriers, _ = found[("barriers", "thresholds", "pass")]
+    assert int(barriers) <= 13, done.stdout
     for dtype in ("fp32", "bf16"):
         cubin, atomics = found[("row_sum", dtype)]
         assert int(cubin) > 0 and int(atomics) == 0, done.stdout

@@ -28,7 +28,10 @@ reduces it once: 41 us at the same chunk of 2,048 columns. Five-bit digits (six
 passes of 32 bins) lost to four: each column meets twice the bins. The chunk a program
 histograms follows the vocabulary (``chunk_columns``): at most 128 programs a row,
 each of at least 1,024 columns; 33 us at SmolLM2's vocabulary (48 programs of 1,024),
-43 at Qwen3's (75 of 2,048). (``bench/results/issue23/2026-12-07d-h100-sampler``.)
+43 at Qwen3's (75 of 2,048) (``bench/results/issue23/2026-12-07e-h100-sampler-tiles``).
+The decisions then took most of a pass's remaining barriers (11 of 19 in its SM90
+PTX): they now reduce top-k's and top-p's histograms side by side, four reductions
+where there were eight (13 barriers a pass; not yet timed on a GPU).
 
 The result never depends on the batch: a row's programs, their histograms and the
 order of every sum follow the vocabulary alone. Masses are float32 sums in a fixed
@@ -94,14 +97,6 @@ def chunk_columns(vocab: int) -> int:
 
 
 @triton.jit
-def _suffix_sums(values, BINS: tl.constexpr):
-    """``[BINS]``: ``values[d:]``'s sum for each ``d``, each by one masked tree."""
-    bins = tl.arange(0, BINS)
-    at_or_above = bins[None, :] >= bins[:, None]
-    return tl.sum(tl.where(at_or_above, values[None, :], tl.zeros_like(values)[None, :]), axis=1)
-
-
-@triton.jit
 def _decide(
     count_ptr, mass_ptr, state_ptr, above_ptr, row, rows, digit, programs, k, top_p,
     PROGRAMS: tl.constexpr, BINS: tl.constexpr,
@@ -111,7 +106,13 @@ def _decide(
     top-p's mass above; none before the first) and its histograms, summed over the
     row's ``programs``. Each select takes the highest digit at which what lies at or
     above still reaches its target (top-p: none, then the lowest). Before the first
-    digit (``digit`` -1, the first pass), nothing: zeros."""
+    digit (``digit`` -1, the first pass), nothing: zeros.
+
+    Top-k's and top-p's columns side by side (``[BINS, 2]``: counts as float32, exact
+    below 2**24, and masses), so that each step is one reduction across the program's
+    threads for both: the sum over programs, the suffix sums, the select, the sum
+    above it. Every program of a pass runs the same reductions on the same
+    histograms, so all take the same decision."""
     before = digit - 1
     decided = digit > 0
     at = (before * rows + row) * 3
@@ -123,12 +124,20 @@ def _decide(
     rb = tl.arange(0, BINS)
     at_hist = ((digit * rows + row) * programs + rp[:, None]) * BINS + rb[None, :]
     present = (rp[:, None] < programs) & (digit >= 0)
-    counts = tl.sum(tl.load(count_ptr + at_hist, mask=present, other=0), axis=0)
-    masses = tl.sum(tl.load(mass_ptr + at_hist, mask=present, other=0.0), axis=0)
-    digit_k = tl.max(tl.where(above_k + _suffix_sums(counts, BINS) >= k, rb, 0), axis=0)
-    digit_p = tl.max(tl.where(above_p + _suffix_sums(masses, BINS) >= top_p, rb, 0), axis=0)
-    above_k += tl.sum(tl.where(rb > digit_k, counts, 0), axis=0)
-    above_p += tl.sum(tl.where(rb > digit_p, masses, 0.0), axis=0)
+    counts = tl.load(count_ptr + at_hist, mask=present, other=0).to(tl.float32)
+    masses = tl.load(mass_ptr + at_hist, mask=present, other=0.0)
+    hist = tl.sum(tl.join(counts, masses), axis=0)
+    at_or_above = (rb[None, :] >= rb[:, None])[:, :, None]
+    suffix = tl.sum(tl.where(at_or_above, hist[None, :, :], 0.0), axis=1)
+    is_k = tl.arange(0, 2)[None, :] == 0
+    above = tl.where(is_k, above_k.to(tl.float32), above_p)
+    target = tl.where(is_k, k.to(tl.float32), top_p)
+    digits = tl.max(tl.where(above + suffix >= target, rb[:, None], 0), axis=0)
+    more = tl.sum(tl.where(rb[:, None] > digits[None, :], hist, 0.0), axis=0)
+    digit_k, digit_p = tl.split(digits)
+    more_k, more_p = tl.split(more)
+    above_k += more_k.to(tl.int32)
+    above_p += more_p
     return prefix_k * BINS + digit_k, above_k, prefix_p * BINS + digit_p, above_p
 
 
