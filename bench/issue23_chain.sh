@@ -24,7 +24,8 @@
 # - sampler-before: `bench/sampler_bench.py` from the before tree ($BEFORE_FILES, as
 #              smol-before), results under sampler-before/: the sampler before the
 #              change, in the same run on the same card (the sort's times in both are
-#              the same kernels: the drift between the two runs);
+#              the same kernels: the drift between the two runs; the bench is this
+#              tree's, with the sampler's own digit, which an earlier tree's takes);
 # - serving:   `issue23_check.sh serving` (the serving GPU tests);
 # - maintenance: the GPU tests of admission, snapshot and restore in their own launches
 #              and of the compiled step I/O (bitwise against the eager code);

@@ -110,13 +110,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             top_k = torch.full((rows,), 20, dtype=torch.int32, device="cuda")
             top_p = torch.full((rows,), 0.95, device="cuda")
             for chunk in args.chunks:
-                for digit in args.digits:
+                for digit in args.digits or [None]:
+                    # No --digits: the function's own digit, not passed (a tree before
+                    # digits were a parameter times the same way).
+                    digits = {} if digit is None else {"digit": digit}
                     for _ in range(2):
-                        triton_sampling_thresholds(probs, top_k, top_p, chunk, digit)
+                        triton_sampling_thresholds(probs, top_k, top_p, chunk, **digits)
                     torch.cuda.synchronize()
                     graph = torch.cuda.CUDAGraph()
                     with programmatic_launch(), torch.cuda.graph(graph):
-                        triton_sampling_thresholds(probs, top_k, top_p, chunk, digit)
+                        triton_sampling_thresholds(probs, top_k, top_p, chunk, **digits)
                     values = [ms * 1e3 for ms in replay_ms(graph, args.replays)]
                     row = {"vocab": vocab, "rows": rows, "chunk": chunk, "digit": digit}
                     row["median_us"] = statistics.median(values)
@@ -141,8 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         "--digits",
         type=int,
         nargs="+",
-        default=[4, 5],
-        help="bits a thresholds pass decides, each timed alone at each chunk",
+        default=None,
+        help="bits a thresholds pass decides, each timed alone at each chunk "
+        "(default: the sampler's own, not passed)",
     )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)

@@ -208,9 +208,11 @@ def _pass_kernel(
         high, values = _digits(p, shift, DIGIT, BINS)
         on_k = (cols < V) & (k < V) & ((digit == 0) | (high == prefix_k))
         counts = tl.histogram(values, BINS, mask=on_k)
-        # Masses: SUB columns at a time into a [BINS, SUB] tile, reduced once.
-        masses = tl.zeros([BINS, SUB], tl.float32)
+        # Masses: SUB columns at a time into a [BINS, SUB] tile, reduced once (none
+        # for a row whose top-p is off: zeros).
+        masses = tl.zeros([BINS], tl.float32)
         if top_p < float("inf"):
+            tile = tl.zeros([BINS, SUB], tl.float32)
             for part in tl.static_range(CHUNK // SUB):
                 # (Names of their own: an ``if`` may not give one two shapes.)
                 part_cols = chunk * CHUNK + part * SUB + tl.arange(0, SUB)
@@ -218,10 +220,11 @@ def _pass_kernel(
                 part_high, part_values = _digits(part_p, shift, DIGIT, BINS)
                 on_p = (part_cols < V) & ((digit == 0) | (part_high == prefix_p))
                 hit = (part_values[None, :] == bins[:, None]) & on_p[None, :]
-                masses += tl.where(hit, part_p[None, :], 0.0)
+                tile += tl.where(hit, part_p[None, :], 0.0)
+            masses = tl.sum(tile, axis=1)
         at_hist = ((digit * rows + row) * programs + chunk) * BINS
         tl.store(count_ptr + at_hist + bins, counts)
-        tl.store(mass_ptr + at_hist + bins, tl.sum(masses, axis=1))
+        tl.store(mass_ptr + at_hist + bins, masses)
         if chunk == 0:
             at = ((digit - 1) * rows + row) * 3
             recorded = digit > 0
