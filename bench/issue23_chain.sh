@@ -30,6 +30,9 @@
 # - maintenance: the GPU tests of admission, snapshot and restore in their own launches
 #              and of the compiled step I/O (bitwise against the eager code);
 # - attention: `bench/prefill_attention_bench.py --long-only --no-tilings`;
+# - timeline:  SmolLM2's stand-in's decode step by kernel and by gap at capacities 1
+#              and 4 (`bench/kernel_timeline.py`, 50 profiled steps), results under
+#              timeline/smol.json and .md;
 # - concurrency, concurrency-8b: prepared concurrency as an option, for SmolLM2's
 #              stand-in or the 8B: per N of $CONCURRENCY_OPTIONS (default 8 16 32), a
 #              core prepared with --max-concurrency N and `flare replay --bench-decode
@@ -196,6 +199,14 @@ for part in "$@"; do
         > "$out/$part/summary.md" 2>&1
       step "$part-summary" $?
       ;;
+    timeline)
+      [ -e "$WORK/smolrw/config.json" ] || python3 bench/smollm2_stand_in.py "$WORK/smolrw" > /dev/null
+      mkdir -p "$out/timeline"
+      python3 bench/kernel_timeline.py "$WORK/smolrw" --capacities 1 4 --geometry smollm2-135m \
+        --prompt-tokens 128 --prefill-chunk-size 128 --context-limit 4096 \
+        --out "$out/timeline/smol.json" > "$out/timeline.log" 2>&1
+      step timeline $?
+      ;;
     attention)
       python3 bench/prefill_attention_bench.py --long-only --no-tilings \
         --out "$out/attention-long.json" > "$out/attention-long.log" 2>&1
@@ -203,7 +214,7 @@ for part in "$@"; do
       ;;
     *)
       echo "issue23_chain.sh: unknown part $part (prefill, 8b, smol, smol-before, sampler," \
-        "sampler-before, serving, attention, concurrency, concurrency-8b, maintenance)" >&2
+        "sampler-before, serving, attention, timeline, concurrency, concurrency-8b, maintenance)" >&2
       step "$part" 2
       ;;
   esac

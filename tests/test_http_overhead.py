@@ -4,9 +4,11 @@ against Helios's real server over the test executor and a null socket server."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
-from fake_server import build_fake_server
+import pytest
+from fake_server import ROOT, FakeServer, build_fake_server
 
 from bench import http_overhead
 
@@ -75,3 +77,20 @@ def test_a_baseline_binary_is_timed_in_every_round(tmp_path: Path) -> None:
         for server in (measured["fake"], measured["baseline"]):
             assert server["requests"] == 3 and all(t > 0 for t in server["ttft_ms"])
             assert server["server"]["prefill_launches"] == 1
+
+
+def test_the_fake_server_loads_the_core_named_by_core(tmp_path: Path) -> None:
+    # A binary run away from the tree it was built in (the GPU machine's copy) finds
+    # the tiny core where --core says, and only there.
+    binary = build_fake_server()
+    core = tmp_path / "core"
+    shutil.copytree(ROOT / "helios" / "tests" / "fixtures" / "tiny-core", core)
+    server = FakeServer(binary, "--core", str(core))
+    try:
+        assert server.metrics()["flare_requests_failed_total"] == 0
+    finally:
+        assert server.stop() == 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(AssertionError, match="did not start"):
+        FakeServer(binary, "--core", str(empty))

@@ -109,6 +109,12 @@ pub enum Command {
         /// and fewer trade branch points for fewer prefill launches.
         #[arg(long, value_name = "N")]
         message_checkpoints: Option<usize>,
+        /// Once no request is left, the model thread polls for the next one
+        /// this many milliseconds (keeping a core busy) before it sleeps: a
+        /// request arriving within them skips the thread's wake-up, as an
+        /// agent's next turn after a short tool call does. 0 sleeps at once.
+        #[arg(long, value_name = "MS", default_value_t = 50)]
+        idle_spin_ms: u64,
     },
     /// Print a runtime core's identity, regions, graphs and contract.
     ///
@@ -268,6 +274,7 @@ pub fn execute(command: Command) -> Result<Outcome, HeliosError> {
             collectives_timeout_ms,
             no_prefix_cache,
             message_checkpoints,
+            idle_spin_ms,
         } => {
             helios::serve::run(helios::serve::RunOptions {
                 core,
@@ -284,6 +291,7 @@ pub fn execute(command: Command) -> Result<Outcome, HeliosError> {
                 queue_capacity,
                 prefix_cache: !no_prefix_cache,
                 message_checkpoints,
+                idle_spin: Duration::from_millis(idle_spin_ms),
             })?;
             Ok(Outcome::Success)
         }

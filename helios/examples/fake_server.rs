@@ -10,7 +10,16 @@
 //! cargo run -p flare-helios --example fake_server -- [--port 0] [--api-key KEY]
 //!     [--launch-ms MS | --launch-us US] [--fail-after LAUNCHES] [--stop-every N]
 //!     [--message-checkpoints N] [--frontend FRONTEND.pb] [--script SCRIPT.json] [--no-masks]
+//!     [--core DIR] [--idle-spin-ms MS]
 //! ```
+//!
+//! `--idle-spin-ms` has the model thread poll for work that long once idle
+//! before it sleeps, as `flare run --idle-spin-ms` (default 0: it sleeps at
+//! once).
+//!
+//! `--core` loads the tiny core fixture from DIR instead of the source tree's
+//! `tests/fixtures/tiny-core` (a binary run away from the tree it was built in,
+//! as on the GPU machine).
 //!
 //! `--launch-ms` and `--launch-us` hold the model thread that long at every
 //! launch, as a device taking time would.
@@ -61,6 +70,8 @@ struct Args {
     frontend: Option<PathBuf>,
     script: Option<PathBuf>,
     no_masks: bool,
+    core: Option<PathBuf>,
+    idle_spin: Duration,
 }
 
 fn parse() -> Result<Args, String> {
@@ -82,6 +93,8 @@ fn parse() -> Result<Args, String> {
             "--frontend" => args.frontend = Some(PathBuf::from(value()?)),
             "--script" => args.script = Some(PathBuf::from(value()?)),
             "--no-masks" => args.no_masks = true,
+            "--core" => args.core = Some(PathBuf::from(value()?)),
+            "--idle-spin-ms" => args.idle_spin = Duration::from_millis(number(value()?)?),
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -203,7 +216,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let core_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-core");
+    let core_dir = (args.core.clone()).unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-core")
+    });
     let core = load_manifest(&core_dir).expect("the tiny core fixture loads");
     let core_frontend = match &args.frontend {
         None => core.frontend().clone(),
@@ -247,6 +262,7 @@ fn main() -> ExitCode {
     );
     let config = SchedulerConfig {
         prefix,
+        idle_spin: args.idle_spin,
         ..SchedulerConfig::default()
     };
     let worker = Worker::spawn(geometry.clone(), config, move || {

@@ -79,6 +79,7 @@ fn random_setup(rng: &mut Rng, requests: &[RequestSpec]) -> (Setup, u32) {
             max_bypass: choose(rng, &[0, 1, 4, 8]),
             decode_depth: choose(rng, &[1, 2]),
             prefix: None,
+            idle_spin: std::time::Duration::ZERO,
         },
         snapshot_rows: 0,
     };

@@ -4,6 +4,7 @@
 mod scheduler_support;
 
 use std::thread;
+use std::time::{Duration, Instant};
 
 use helios::scheduler::test_executor::{RequestLog, Transcript};
 use helios::scheduler::{
@@ -282,4 +283,31 @@ fn cached_branches_stream_references_and_shutdown_drains_captures() {
         let log = drain(stream);
         assert_eq!(log.terminal_events, 1, "{log:?}");
     }
+}
+
+#[test]
+fn a_polling_model_thread_serves_requests_within_and_after_its_poll() {
+    let setup = Setup {
+        config: SchedulerConfig {
+            idle_spin: Duration::from_millis(200),
+            ..SchedulerConfig::default()
+        },
+        ..Setup::default()
+    };
+    let worker = spawn(&setup, 0);
+    let handle = worker.handle();
+    // Back to back, then inside the poll, then once the thread sleeps again.
+    for (seed, pause) in [(0, 0), (1, 5), (2, 400)] {
+        thread::sleep(Duration::from_millis(pause));
+        let request = spec(8, 12, seed);
+        let log = drain(handle.submit_blocking(request.clone()).unwrap());
+        let expected = reference(&setup, &request);
+        assert_eq!(log.tokens, expected.tokens);
+        assert_eq!(log.finish, Some(expected.reason));
+    }
+    // A shutdown sent while the thread polls ends it as one sent to a sleeping
+    // thread does.
+    let started = Instant::now();
+    worker.shutdown(ShutdownMode::Finish).unwrap();
+    assert!(started.elapsed() < Duration::from_secs(10));
 }

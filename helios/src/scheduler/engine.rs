@@ -21,7 +21,7 @@
 //! changes (`validate.rs`).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::admission::AdmissionQueue;
 use super::checkpoints::{Cache, Maintenance, PrefixConfig};
@@ -60,6 +60,10 @@ pub struct SchedulerConfig {
     /// Exact prefix checkpoints over the core's snapshot rows; `None` (or
     /// no row) disables the cache.
     pub prefix: Option<PrefixConfig>,
+    /// How long the model thread polls its inbox once idle before it
+    /// sleeps on it: a request arriving within it skips the thread's
+    /// wake-up. Zero sleeps at once.
+    pub idle_spin: Duration,
 }
 
 impl Default for SchedulerConfig {
@@ -69,6 +73,7 @@ impl Default for SchedulerConfig {
             max_bypass: 8,
             decode_depth: 2,
             prefix: None,
+            idle_spin: Duration::ZERO,
         }
     }
 }

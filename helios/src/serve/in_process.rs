@@ -119,6 +119,7 @@ pub unsafe fn start_in_process(
         queue_capacity: config.queue_capacity,
         prefix_cache: config.prefix_cache,
         message_checkpoints: None,
+        idle_spin: std::time::Duration::ZERO,
     };
     let plan = plan(&core, admission)?;
     drop(core);

@@ -70,6 +70,10 @@ pub struct RunOptions {
     /// offered endpoint ends a prefill chunk; 0 keeps only the prompt's and
     /// the answer's ends.
     pub message_checkpoints: Option<usize>,
+    /// How long the model thread polls for work once idle before it sleeps
+    /// (a request arriving within it skips the thread's wake-up; zero
+    /// sleeps at once).
+    pub idle_spin: Duration,
 }
 
 /// Why the server could not start or stopped with a failure.
@@ -128,6 +132,7 @@ pub fn run(options: RunOptions) -> Result<(), ServeError> {
         queue_capacity: options.queue_capacity,
         prefix_cache: options.prefix_cache,
         message_checkpoints: options.message_checkpoints,
+        idle_spin: options.idle_spin,
     };
     let plan = plan(&core, admission)?;
     drop(core);
@@ -331,6 +336,7 @@ mod tests {
             queue_capacity: 16,
             prefix_cache: true,
             message_checkpoints: None,
+            idle_spin: Duration::ZERO,
         }
     }
 

@@ -28,6 +28,8 @@ pub(super) struct Admission {
     /// Offer the cache the endpoints of at most this many last messages of
     /// a chat (None: as many as a request may capture).
     pub(super) message_checkpoints: Option<usize>,
+    /// How long the model thread polls for work once idle before sleeping.
+    pub(super) idle_spin: std::time::Duration,
 }
 
 /// A core's serving plan.
@@ -65,6 +67,7 @@ pub(super) fn plan(core: &ValidCore, admission: Admission) -> Result<Plan, Serve
     let scheduler = SchedulerConfig {
         queue_capacity: admission.queue_capacity,
         prefix,
+        idle_spin: admission.idle_spin,
         ..SchedulerConfig::default()
     };
     Ok(Plan {
