@@ -11,7 +11,8 @@
 #                                                    GGUF's tokenizer and template, random
 #                                                    weights, 3.4 MB to carry)
 #   bench/suite_gpu.sh smollm2-flare     OUT FLARE   flare run (cache on, off, without message
-#                                                    checkpoints), decode bench
+#                                                    checkpoints, without the idle poll),
+#                                                    decode bench
 #   bench/suite_gpu.sh smollm2-baselines OUT [ENGINE] transformers serve (continuous batching:
 #                                                    ENGINE cb), the static-cache generate loop
 #                                                    (static); both without ENGINE
@@ -133,6 +134,10 @@ flare_stage() {
   # The cache capturing only prompt and answer ends: one prefill chunk per agent turn.
   suite_http flare-no-message-checkpoints "$flare run $core --port $port --message-checkpoints 0" \
     "$geometry" "$checkpoint" --workloads prefix agent tools "$@"
+  # The model thread sleeping at once when idle (flare run's poll off, --idle-spin-ms
+  # 0): the default's first tokens against a sleeping thread's.
+  suite_http flare-no-idle-spin "$flare run $core --port $port --idle-spin-ms 0" \
+    "$geometry" "$checkpoint" --workloads tools "$@"
   # Native decode steps (after the suite: each replay first checks the qualification,
   # which hashes every buffer, 16 GiB of weights for the 8B).
   mkdir -p "$out/decode-bench"
