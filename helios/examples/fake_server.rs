@@ -216,10 +216,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let core_dir = (args.core.clone()).unwrap_or_else(|| {
+    let core_dir = args.core.clone().unwrap_or_else(|| {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-core")
     });
-    let core = load_manifest(&core_dir).expect("the tiny core fixture loads");
+    let core = load_manifest(&core_dir)
+        .unwrap_or_else(|error| panic!("the tiny core at {} loads: {error}", core_dir.display()));
     let core_frontend = match &args.frontend {
         None => core.frontend().clone(),
         Some(path) => {

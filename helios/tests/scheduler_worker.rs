@@ -287,27 +287,30 @@ fn cached_branches_stream_references_and_shutdown_drains_captures() {
 
 #[test]
 fn a_polling_model_thread_serves_requests_within_and_after_its_poll() {
-    let setup = Setup {
-        config: SchedulerConfig {
-            idle_spin: Duration::from_millis(200),
-            ..SchedulerConfig::default()
-        },
-        ..Setup::default()
-    };
-    let worker = spawn(&setup, 0);
-    let handle = worker.handle();
-    // Back to back, then inside the poll, then once the thread sleeps again.
-    for (seed, pause) in [(0, 0), (1, 5), (2, 400)] {
-        thread::sleep(Duration::from_millis(pause));
-        let request = spec(8, 12, seed);
-        let log = drain(handle.submit_blocking(request.clone()).unwrap());
-        let expected = reference(&setup, &request);
-        assert_eq!(log.tokens, expected.tokens);
-        assert_eq!(log.finish, Some(expected.reason));
+    // A long poll: requests and the shutdown are taken as they come, never after
+    // the poll ends. A short one: a request after it wakes the sleeping thread.
+    for (spin, pauses) in [(30_000, [0, 5]), (20, [0, 200])] {
+        let setup = Setup {
+            config: SchedulerConfig {
+                idle_spin: Duration::from_millis(spin),
+                ..SchedulerConfig::default()
+            },
+            ..Setup::default()
+        };
+        let worker = spawn(&setup, 0);
+        let handle = worker.handle();
+        for (seed, pause) in pauses.into_iter().enumerate() {
+            thread::sleep(Duration::from_millis(pause));
+            let started = Instant::now();
+            let request = spec(8, 12, seed as u64);
+            let log = drain(handle.submit_blocking(request.clone()).unwrap());
+            assert!(started.elapsed() < Duration::from_secs(10));
+            let expected = reference(&setup, &request);
+            assert_eq!(log.tokens, expected.tokens);
+            assert_eq!(log.finish, Some(expected.reason));
+        }
+        let started = Instant::now();
+        worker.shutdown(ShutdownMode::Finish).unwrap();
+        assert!(started.elapsed() < Duration::from_secs(10));
     }
-    // A shutdown sent while the thread polls ends it as one sent to a sleeping
-    // thread does.
-    let started = Instant::now();
-    worker.shutdown(ShutdownMode::Finish).unwrap();
-    assert!(started.elapsed() < Duration::from_secs(10));
 }

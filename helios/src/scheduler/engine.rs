@@ -60,9 +60,9 @@ pub struct SchedulerConfig {
     /// Exact prefix checkpoints over the core's snapshot rows; `None` (or
     /// no row) disables the cache.
     pub prefix: Option<PrefixConfig>,
-    /// How long the model thread polls its inbox once idle before it
-    /// sleeps on it: a request arriving within it skips the thread's
-    /// wake-up. Zero sleeps at once.
+    /// How long the model thread ([`super::Worker`]) polls its inbox once
+    /// idle before it sleeps on it: a request arriving within it skips the
+    /// thread's wake-up. Zero sleeps at once.
     pub idle_spin: Duration,
 }
 

@@ -361,7 +361,6 @@ impl Worker {
             gone: false,
         }));
         let published = Arc::clone(&status);
-        let config_spin = config.idle_spin;
         let thread = thread::Builder::new()
             .name("helios-model".to_owned())
             .spawn(move || {
@@ -373,8 +372,7 @@ impl Worker {
                     .and_then(|(executor, geometry)| Scheduler::new(geometry, config, executor));
                 match scheduler {
                     Ok(scheduler) => {
-                        let mut model =
-                            ModelThread::new(scheduler, messages, published, config_spin);
+                        let mut model = ModelThread::new(scheduler, messages, published);
                         model.publish();
                         let _ = ready.send(Ok(()));
                         model.run()
@@ -440,9 +438,8 @@ impl Drop for GoneOnExit {
     }
 }
 
-/// The next message of `inbox`: polled for up to `spin` (the core yielded
-/// between polls, so other threads of a small machine still run), then
-/// waited for asleep. A message sent within `spin` is taken without the
+/// The next message of `inbox`: polled for up to `spin` (yielding the core
+/// between polls), then waited for asleep. A message sent within `spin` is taken without the
 /// sleeping thread's wake-up: on a 16-core GPU host, with the client
 /// pausing 20 ms before each request, the fake server's time to first
 /// token was 0.94 to 0.96x that of parking at once (50 ms of polling, as
@@ -470,17 +467,10 @@ struct ModelThread<E> {
     latency: LatencyTracker,
     published: SharedStatus,
     published_at: Instant,
-    /// How long to poll the inbox once idle before sleeping on it.
-    idle_spin: Duration,
 }
 
 impl<E: Executor> ModelThread<E> {
-    fn new(
-        scheduler: Scheduler<E>,
-        inbox: Receiver<Message>,
-        published: SharedStatus,
-        idle_spin: Duration,
-    ) -> Self {
+    fn new(scheduler: Scheduler<E>, inbox: Receiver<Message>, published: SharedStatus) -> Self {
         Self {
             scheduler,
             inbox,
@@ -489,7 +479,6 @@ impl<E: Executor> ModelThread<E> {
             latency: LatencyTracker::default(),
             published,
             published_at: Instant::now(),
-            idle_spin,
         }
     }
 
@@ -500,7 +489,7 @@ impl<E: Executor> ModelThread<E> {
                 if self.stopping {
                     break;
                 }
-                match receive_after_polling(&self.inbox, self.idle_spin) {
+                match receive_after_polling(&self.inbox, self.scheduler.config.idle_spin) {
                     Ok(message) => self.handle(message),
                     Err(_) => self.stop(ShutdownMode::Cancel),
                 }
@@ -770,8 +759,8 @@ mod tests {
     #[test]
     fn a_message_sent_while_polling_is_taken_without_waiting_out_the_poll() {
         let (sender, inbox) = mpsc::channel();
-        send_later(sender, 7_u32, Duration::from_millis(5));
         let started = Instant::now();
+        send_later(sender, 7_u32, Duration::from_millis(5));
         assert_eq!(
             receive_after_polling(&inbox, Duration::from_secs(30)),
             Ok(7)
@@ -782,8 +771,8 @@ mod tests {
     #[test]
     fn a_message_sent_after_the_poll_wakes_the_sleeping_receiver() {
         let (sender, inbox) = mpsc::channel();
-        send_later(sender, 8_u32, Duration::from_millis(60));
         let started = Instant::now();
+        send_later(sender, 8_u32, Duration::from_millis(60));
         assert_eq!(
             receive_after_polling(&inbox, Duration::from_millis(5)),
             Ok(8)
