@@ -30,7 +30,10 @@ with one chat chunk.
 
 With ``--baseline PATH`` each round also times a second fake server binary on the
 same requests right after the first (an A/B of two builds in one run), and reports
-their TTFTs' ratio.
+their TTFTs' ratio. ``--server-args`` and ``--baseline-args`` add fake server options
+(one shell-quoted string each) to the first and to the baseline; with
+``--baseline-args`` and no ``--baseline``, the baseline is the first binary itself (an
+A/B of two settings of one build, e.g. ``--idle-spin-ms 50`` against ``0``).
 
 With ``--pause-ms MS`` the client waits MS milliseconds before each timed request, as
 a real client waits while the previous answer is generated: the server's threads have
@@ -42,6 +45,7 @@ thread US microseconds, so the model thread takes about as long as a device woul
 (hand-offs that overlap it then leave the path, as they would on a GPU).
 
     python bench/http_overhead.py [--binary PATH] [--baseline PATH]
+        [--server-args ARGS] [--baseline-args ARGS]
         [--tokens 512 | --tool-chats] [--requests 200] [--pause-ms 0] [--launch-us 0]
         [--out overhead.json]
 """
@@ -52,6 +56,7 @@ import argparse
 import json
 import platform
 import random
+import shlex
 import socket
 import sys
 import tempfile
@@ -214,6 +219,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a second fake_server binary, timed on the same requests right after "
         "--binary in every round (an A/B of two builds in one run)",
     )
+    parser.add_argument(
+        "--server-args",
+        default="",
+        help="more fake_server options for --binary, one shell-quoted string "
+        "(--server-args=--flag where it is a single option)",
+    )
+    parser.add_argument(
+        "--baseline-args",
+        help="fake_server options for the baseline, one shell-quoted string; without "
+        "--baseline, the baseline is --binary with these",
+    )
     parser.add_argument("--tokens", type=int, default=512, help="prompt tokens")
     parser.add_argument(
         "--tool-chats",
@@ -237,6 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    if args.baseline is None and args.baseline_args is not None:
+        args.baseline = args.binary
     if args.baseline is not None and not args.baseline.is_file():
         parser.error(f"--baseline {args.baseline} not found")
     if not args.binary.is_file():
@@ -264,6 +282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "prompts": "tool chats" if args.tool_chats else f"{args.tokens}-token completions",
             "pause_ms": args.pause_ms,
             "launch_us": args.launch_us,
+            "server_args": args.server_args,
+            "baseline_args": args.baseline_args,
             "rounds": rounds,
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -302,11 +322,13 @@ def measure_round(
     """One round: the fake server (with ``options``), the ``--baseline`` binary's if
     given, then the null server."""
     pause_s = args.pause_ms / 1e3
-    fake = measure_fake(args.binary, requests, options, args.warmup, pause_s)
+    own = [*options, *shlex.split(args.server_args)]
+    fake = measure_fake(args.binary, requests, own, args.warmup, pause_s)
     measured: dict[str, Any] = {"round": index, "fake": fake}
     line = f"round {index}: " + _fake_line("fake", fake)
     if args.baseline is not None:
-        baseline = measure_fake(args.baseline, requests, options, args.warmup, pause_s)
+        theirs = [*options, *shlex.split(args.baseline_args or "")]
+        baseline = measure_fake(args.baseline, requests, theirs, args.warmup, pause_s)
         measured["baseline"] = baseline
         ratio = fake["ttft_median_ms"] / baseline["ttft_median_ms"]
         line += f", {_fake_line('baseline', baseline)}, fake / baseline {ratio:.2f}"

@@ -94,3 +94,22 @@ def test_the_fake_server_loads_the_core_named_by_core(tmp_path: Path) -> None:
     empty.mkdir()
     with pytest.raises(AssertionError, match="did not start"):
         FakeServer(binary, "--core", str(empty))
+
+
+def test_one_binary_is_timed_against_itself_under_other_options(tmp_path: Path) -> None:
+    out = tmp_path / "overhead.json"
+    binary = str(build_fake_server())
+    args = ["--binary", binary, "--tokens", "64", "--requests", "3", "--warmup", "1"]
+    settings = ["--server-args", "--idle-spin-ms 50", "--baseline-args", "--idle-spin-ms 0"]
+    assert http_overhead.main([*args, *settings, "--rounds", "1", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert (result["server_args"], result["baseline_args"]) == (
+        "--idle-spin-ms 50",
+        "--idle-spin-ms 0",
+    )
+    (measured,) = result["rounds"]
+    for server in (measured["fake"], measured["baseline"]):
+        assert server["requests"] == 3 and all(t > 0 for t in server["ttft_ms"])
+    # The options reach the server: one it does not know stops it from starting.
+    with pytest.raises(AssertionError, match="did not start"):
+        http_overhead.main([*args, "--baseline-args=--no-such-option", "--rounds", "1"])
