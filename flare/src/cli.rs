@@ -21,8 +21,7 @@ use helios::HeliosError;
 const SERVED_WAIT_LIMIT_MAX_MS: u64 = COLLECTIVES_WAIT_LIMIT_MAX.as_millis() as u64;
 /// The default wait limit in milliseconds, as the command line takes it.
 const WAIT_LIMIT_MS: u64 = COLLECTIVES_WAIT_LIMIT.as_millis() as u64;
-/// `flare run --idle-spin-ms`: its default and its largest value.
-const IDLE_SPIN_MS: u64 = 50;
+/// `flare run --idle-spin-ms`'s largest value.
 const IDLE_SPIN_MAX_MS: u64 = 1000;
 
 /// Flare: serve a runtime core prepared by Ignition, without Python.
@@ -115,16 +114,15 @@ pub enum Command {
         /// Once no request is left, the model thread polls for the next one
         /// this many milliseconds (keeping a core busy) before it sleeps: a
         /// request arriving within them skips the thread's wake-up, as an
-        /// agent's next turn after a short tool call does. 0 sleeps at once
-        /// (on a host of few cores, where the poll competes with the HTTP
-        /// threads, 0 may answer sooner). At most 1000.
+        /// agent's next turn after a short tool call does. 0 sleeps at once.
+        /// Default: 50 on a host of 8 or more cores, else 0 (with fewer the
+        /// poll takes a core from the HTTP threads). At most 1000.
         #[arg(
             long,
             value_name = "MS",
-            default_value_t = IDLE_SPIN_MS,
             value_parser = clap::value_parser!(u64).range(0..=IDLE_SPIN_MAX_MS)
         )]
-        idle_spin_ms: u64,
+        idle_spin_ms: Option<u64>,
     },
     /// Print a runtime core's identity, regions, graphs and contract.
     ///
@@ -301,7 +299,10 @@ pub fn execute(command: Command) -> Result<Outcome, HeliosError> {
                 queue_capacity,
                 prefix_cache: !no_prefix_cache,
                 message_checkpoints,
-                idle_spin: Duration::from_millis(idle_spin_ms),
+                idle_spin: idle_spin_ms.map_or_else(
+                    helios::serve::idle_spin_for_this_machine,
+                    Duration::from_millis,
+                ),
             })?;
             Ok(Outcome::Success)
         }
@@ -710,17 +711,20 @@ mod tests {
     }
 
     #[test]
-    fn the_idle_poll_defaults_to_50_ms_and_is_bounded() {
+    fn the_idle_poll_is_the_machines_unless_given_and_is_bounded() {
         let run = |args: &[&str]| match Cli::try_parse_from(args).map(|cli| cli.command) {
             Ok(Command::Run { idle_spin_ms, .. }) => Ok(idle_spin_ms),
             Ok(other) => panic!("expected run, got {other:?}"),
             Err(error) => Err(error.kind()),
         };
-        assert_eq!(run(&["flare", "run", "c"]), Ok(50));
-        assert_eq!(run(&["flare", "run", "c", "--idle-spin-ms", "0"]), Ok(0));
+        assert_eq!(run(&["flare", "run", "c"]), Ok(None));
+        assert_eq!(
+            run(&["flare", "run", "c", "--idle-spin-ms", "0"]),
+            Ok(Some(0))
+        );
         assert_eq!(
             run(&["flare", "run", "c", "--idle-spin-ms", "1000"]),
-            Ok(1000)
+            Ok(Some(1000))
         );
         assert_eq!(
             run(&["flare", "run", "c", "--idle-spin-ms", "1001"]),

@@ -234,6 +234,30 @@ impl ServerThreads {
     }
 }
 
+/// The least cores for which [`idle_spin_for`] polls.
+pub const IDLE_SPIN_CORES: usize = 8;
+/// The model thread's poll where it polls.
+pub const IDLE_SPIN: Duration = Duration::from_millis(50);
+
+/// The model thread's idle poll ([`RunOptions::idle_spin`]) by default on a
+/// host of `cores` cores: [`IDLE_SPIN`] from [`IDLE_SPIN_CORES`] up, where a
+/// busy core leaves the HTTP threads and the client theirs (on a 16-core
+/// host the fake server's TTFT was 0.94 to 0.96x parking at once), else
+/// none (on 2 cores the poll took one from them: 0.95 to 1.12x;
+/// `bench/results/issue23/2026-12-07g-h100-host-spin`).
+pub fn idle_spin_for(cores: usize) -> Duration {
+    if cores >= IDLE_SPIN_CORES {
+        IDLE_SPIN
+    } else {
+        Duration::ZERO
+    }
+}
+
+/// [`idle_spin_for`] this machine's cores.
+pub fn idle_spin_for_this_machine() -> Duration {
+    idle_spin_for(std::thread::available_parallelism().map_or(1, usize::from))
+}
+
 /// Binds `address`, calls `on_bound` with the bound address and serves
 /// `app` until `shutdown` resolves, then lets open responses finish, on a
 /// runtime of [`ServerThreads::for_this_machine`]. Blocks the calling
@@ -338,6 +362,14 @@ mod tests {
             message_checkpoints: None,
             idle_spin: Duration::ZERO,
         }
+    }
+
+    #[test]
+    fn the_model_thread_polls_by_default_only_on_hosts_of_many_cores() {
+        assert_eq!(idle_spin_for(16), IDLE_SPIN);
+        assert_eq!(idle_spin_for(IDLE_SPIN_CORES), Duration::from_millis(50));
+        assert_eq!(idle_spin_for(IDLE_SPIN_CORES - 1), Duration::ZERO);
+        assert_eq!(idle_spin_for(2), Duration::ZERO);
     }
 
     #[test]
