@@ -439,11 +439,12 @@ impl Drop for GoneOnExit {
 }
 
 /// The next message of `inbox`: polled for up to `spin` (yielding the core
-/// between polls), then waited for asleep. A message sent within `spin` is taken without the
-/// sleeping thread's wake-up: on a 16-core GPU host, with the client
-/// pausing 20 ms before each request, the fake server's time to first
-/// token was 0.94 to 0.96x that of parking at once (50 ms of polling, as
-/// measured without yielding; `bench/results/issue23/2026-12-07g-h100-host-spin`).
+/// between polls), then waited for asleep. A message sent within `spin` is
+/// taken without the sleeping thread's wake-up: on a 16-core GPU host, with
+/// the client pausing 20 ms before each request, the fake server's time to
+/// first token was 0.94 to 0.96x that of parking at once (50 ms of polling,
+/// measured without yielding; on 2 cores it lost: `bench/results/issue23/
+/// 2026-12-07g-h100-host-spin`, and `crate::serve::idle_spin_for`).
 fn receive_after_polling<T>(inbox: &Receiver<T>, spin: Duration) -> Result<T, mpsc::RecvError> {
     if !spin.is_zero() {
         let deadline = Instant::now() + spin;
