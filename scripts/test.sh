@@ -29,9 +29,16 @@ cargo clippy --workspace --all-targets -- -D warnings
 # turn on: what the flare binary and the Heliopause wheel are built from.
 cargo clippy --workspace -- -D warnings
 cargo test --workspace
-maturin build --release -m heliopause/Cargo.toml -o target/wheels
+# The tests' wheel in the dev profile, over the dependencies `cargo test` just built
+# (the release build, thin LTO in one codegen unit, took CI 6 minutes); the GPU
+# machine's wheel is a release build (bench/device_bundle.sh).
+maturin build --profile dev -m heliopause/Cargo.toml -o target/wheels
 pip_install --force-reinstall --no-deps target/wheels/flare_heliopause-*.whl
 
 ruff check .
 ruff format --check .
-python -m pytest -q
+# The suite over every core (at most four workers, each file on one worker, so that a
+# module's fixtures are built once), then alone the few tests that time a server
+# against a bound (marked ``serial``), where no other test shares the cores.
+python -m pytest -q -n auto --maxprocesses 4 --dist loadfile -m "not serial"
+python -m pytest -q -m serial

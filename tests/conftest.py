@@ -15,6 +15,14 @@ import torch
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    import interpreter_patching
+
+    interpreter_patching.install()
+
+# Under pytest-xdist (scripts/test.sh runs ``-n auto``), each worker takes its share of
+# the cores for torch's CPU threads, so that the workers do not oversubscribe them.
+if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

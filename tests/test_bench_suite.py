@@ -379,6 +379,7 @@ def instant_server(fake_server_binary: Path) -> Iterator[FakeServer]:
     assert running.stop() == 0
 
 
+@pytest.mark.serial
 def test_the_openai_sdk_and_the_suite_client_time_the_same_chats(
     instant_server: FakeServer,
 ) -> None:

@@ -9,11 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from fake_server import FakeServer, build_fake_server
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.serial
 def test_the_first_delta_check_passes_and_reports_both_lengths(tmp_path: Path) -> None:
     server = FakeServer(build_fake_server(), "--launch-ms", "1")
     try:

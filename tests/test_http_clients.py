@@ -98,6 +98,7 @@ def test_openai_chat_streamed_and_not_agree_under_a_seed(server: Server) -> None
     assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens
 
 
+@pytest.mark.serial
 def test_the_first_content_delta_follows_the_first_event_at_once(server: Server) -> None:
     """Through httpx (the ``openai`` SDK's transport), as stock clients read a stream:
     each SSE event is a small write, and without TCP_NODELAY the second one waited for

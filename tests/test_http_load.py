@@ -58,6 +58,7 @@ def test_a_probe_line_cut_by_the_probers_end_is_left_out() -> None:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc for the thread count")
+@pytest.mark.serial
 def test_two_thousand_requests_at_concurrency_one_thousand() -> None:
     server = FakeServer(build_fake_server(), "--launch-ms", "1")
     try:

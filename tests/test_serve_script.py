@@ -62,6 +62,7 @@ def repo_copy(tmp_path: Path) -> tuple[Path, Path, Path]:
     return repo, calls, shims
 
 
+@pytest.mark.serial
 def test_serve_refuses_in_one_line_without_an_nvidia_driver(
     repo_copy: tuple[Path, Path, Path],
 ) -> None:

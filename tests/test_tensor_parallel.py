@@ -29,9 +29,15 @@ from recipes import llama, qwen4_exp
 OPTIONS = replace(CPU_OPTIONS, max_concurrency=1, context_limit=192, snapshot_rows=1)
 
 
-def _run(path: Path) -> logits_check.Run:
-    tokens = torch.randint(3, 512, (96,), generator=torch.Generator().manual_seed(4)).tolist()
-    return logits_check.Run(path, OPTIONS, tokens, prefill=64, chunk=32)
+# The hybrid's decode steps after its prefill: each runs through Triton's interpreter
+# on both ranks and the single rank, about 1.5 s apiece without a GPU; eight span two
+# of its selector groups (of four tokens), and after 64 tokens of prefill a new page.
+HYBRID_DECODE = 8
+
+
+def _run(path: Path, length: int = 96, prefill: int = 64) -> logits_check.Run:
+    tokens = torch.randint(3, 512, (length,), generator=torch.Generator().manual_seed(4)).tolist()
+    return logits_check.Run(path, OPTIONS, tokens, prefill=prefill, chunk=32)
 
 
 @pytest.mark.parametrize(
@@ -208,11 +214,11 @@ def test_two_hybrid_ranks_answer_as_one(
     # 32-token chunk the decode experts' kernel.
     overrides = WIDER_HEADS if wide else {}
     path = write_tiny_hybrid(tmp_path / "hybrid", tie_word_embeddings=tie, **overrides)
-    run = replace(_run(path), prefill=prefill, chunk=chunk)
+    run = replace(_run(path, prefill + HYBRID_DECODE, prefill), chunk=chunk)
     report = logits_check.check(run, world=2)
     assert report["passed"], str(report)
     assert report["ranks_identical"] is True
-    assert report["positions"] == 96 - prefill + 1
+    assert report["positions"] == HYBRID_DECODE + 1
     # Under the float32 bound (1e-5) by far: about 4e-8 measured, where a rank taking
     # another rank's dt_bias rows gave 6e-5.
     assert float(report["relative_l2"]) < 1e-6, str(report)  # type: ignore[arg-type]
@@ -224,7 +230,7 @@ def test_compiled_hybrid_ranks_answer_as_one_over_the_window_collectives(tmp_pat
     # agree bit for bit and stay within the eager bound of the single rank (Inductor's
     # fusions round differently: about 9e-8 measured, 5e-8 eager).
     path = write_tiny_hybrid(tmp_path / "hybrid")
-    run = _run(path)
+    run = _run(path, 64 + HYBRID_DECODE)
     compiled = replace(run, options=replace(run.options, compile=True, compile_scope="layer"))
     ranks = logits_check._group_logits(compiled, 2, tmp_path / "ranks", window=True)
     assert torch.equal(ranks[0], ranks[1])
