@@ -54,12 +54,11 @@ def install() -> None:
             scope = patch(fn)
             state.patched = _langs(fn)
             return scope
-        langs = _langs(fn)
-        if state.patched is None:
-            return patch(fn)
-        if langs <= state.patched:
-            return interpreter._LangPatchScope()  # nothing set, nothing to restore
-        state.patched |= langs
+        if state.patched is not None:  # a helper inside a launch
+            langs = _langs(fn)
+            if langs <= state.patched:
+                return interpreter._LangPatchScope()  # nothing set, nothing to restore
+            state.patched |= langs
         return patch(fn)
 
     @functools.wraps(launch)
