@@ -19,6 +19,8 @@
 #              mirroring the tree: an earlier commit's versions of the files a change
 #              touched), results under smol-before/: the change against the tree before
 #              it, in one run on one card;
+# - 8b-before: the 8b part's preparation and flare stage (no report) from the tree
+#              before a change ($BEFORE_FILES, as smol-before), results under 8b-before/;
 # - sampler:   `issue23_check.sh sampler` (the thresholds' GPU tests, the compiled
 #              sampler with them and with a sort's, the thresholds alone per chunk);
 # - sampler-before: `bench/sampler_bench.py` from the before tree ($BEFORE_FILES, as
@@ -126,6 +128,22 @@ for part in "$@"; do
       bash bench/suite_gpu.sh report "$out/smol" > "$out/smol-report.log" 2>&1
       step smol-report $?
       ;;
+    8b-before)
+      preflight
+      before_tree 8b-before || continue
+      weights
+      binary=$(realpath "$flare")
+      ( cd "$before" || exit 1
+        export PYTHONPATH=$SITE:$before:$before/tests WORK=$WORK/before
+        # suite_gpu.sh finds the weights and the core under WORK.
+        mkdir -p "$WORK" && ln -sfn "$qwen" "$WORK/qwen3-8b"
+        python3 -m ignition.cli prepare "$qwen" --out "$WORK/qwen3-8b-core" --max-concurrency 4 \
+          --context-limit 8192 --compile-scope layer > "$out/8b-before-prepare.log" 2>&1 || exit 1
+        SUITE_ARGS="--workloads long --lengths 512 4096" \
+          bash bench/suite_gpu.sh qwen3-8b-flare "$out/8b-before" "$binary" \
+          > "$out/8b-before-flare.log" 2>&1 )
+      step 8b-before $?
+      ;;
     smol-before)
       preflight
       before_tree smol-before || continue
@@ -213,7 +231,7 @@ for part in "$@"; do
       step attention-long $?
       ;;
     *)
-      echo "issue23_chain.sh: unknown part $part (prefill, 8b, smol, smol-before, sampler," \
+      echo "issue23_chain.sh: unknown part $part (prefill, 8b, 8b-before, smol, smol-before, sampler," \
         "sampler-before, serving, attention, timeline, concurrency, concurrency-8b, maintenance)" >&2
       step "$part" 2
       ;;

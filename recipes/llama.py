@@ -89,8 +89,8 @@ from ignition.components.kv_cache import (
     AttentionStep,
     PagedKvCache,
     decode_attention,
-    prefill_attention,
     rope_decode_attention,
+    rope_prefill_attention,
     rope_write_kv,
 )
 from ignition.components.linear import (
@@ -314,15 +314,8 @@ class PagedAttention(nn.Module):
             out = decode_attention(q, kv, 0, step.page_tables, step.seq_lens, self.scaling)
         else:
             assert step.start is not None and step.n_valid is not None
-            q = rope_write_kv(kv, 0, *finish)
-            out = prefill_attention(
-                q,
-                kv,
-                0,
-                step.page_tables,
-                step.start,
-                step.n_valid,
-                self.scaling,
+            out = rope_prefill_attention(
+                kv, 0, *finish, step.page_tables, step.start, step.n_valid, self.scaling
             )
         return out.reshape(qkv.shape[0], g.heads * g.head_dim)
 

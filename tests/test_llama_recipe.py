@@ -246,13 +246,17 @@ def test_decode_fuses_the_rotary_write_into_attention_only_without_qk_norms(
     (``flare::rope_decode_attention``) where the layers have no q/k norms (Llama's);
     with them (Qwen3's) it launches ``flare::rope_write_kv`` then the split: the
     norms' statistic summed in every split program made the 8B's split slower than
-    both launches on the GPU. Prefill chunks always take the two."""
+    both launches on the GPU. A prefill chunk's layer launches one
+    ``flare::rope_prefill_attention``, the write and the attention (on CUDA the one
+    Triton kernel after the write, or for long chunks the flash kernel within the
+    chunk and the Triton kernel over its history)."""
     prepared = _prepare(checkpoint)
     layers = prepared.model.model.model.layers
     norms = layers[0].self_attn.q_norm is not None
     staging = _admit_one(prepared)
     chunk = [name for name, _ in step_ops(prepared, GraphKey(GraphKind.PREFILL, 128))]
-    assert chunk.count("flare.rope_write_kv") == len(layers), chunk
+    assert chunk.count("flare.rope_prefill_attention") == len(layers), chunk
+    assert chunk.count("flare.rope_write_kv") == 0, chunk
     pack_decode(staging, [1], 1)
     names = [name for name, _ in step_ops(prepared, GraphKey(GraphKind.DECODE, 1))]
     fused, written = names.count("flare.rope_decode_attention"), names.count("flare.rope_write_kv")

@@ -28,6 +28,7 @@ __all__ = [
     "triton_paged_decode_attention",
     "triton_paged_decode_attention_rope",
     "triton_paged_prefill_attention",
+    "triton_paged_prefill_attention_rope",
 ]
 
 DEFAULT_NUM_SPLITS = 16
@@ -131,6 +132,33 @@ def triton_paged_prefill_attention(
         num_warps=num_warps,
         num_stages=num_stages,
         longest_first=longest_first,
+    )
+
+
+def triton_paged_prefill_attention_rope(
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    rows: torch.Tensor,
+    kv: torch.Tensor,
+    page_table_row: torch.Tensor,
+    start: torch.Tensor,
+    n_valid: torch.Tensor,
+    scale: float,
+    heads: int,
+) -> torch.Tensor:
+    """``triton_paged_prefill_attention`` of a long chunk's packed projection ``qkv``,
+    finished and written to the cache first: the chunk's attention within itself by
+    PyTorch's flash kernel, its history by the Triton kernel, the two merged
+    (``triton_attention.triton_paged_prefill_attention_rope``)."""
+    from ignition.components import triton_attention
+
+    rope = triton_attention.RopeInputs(qkv, q_weight, k_weight, eps, cos, sin, rows)
+    return triton_attention.triton_paged_prefill_attention_rope(
+        rope, kv, page_table_row, start, n_valid, scale, heads
     )
 
 

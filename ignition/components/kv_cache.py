@@ -349,6 +349,82 @@ def _rope_decode_attention_fake(
     return qkv.new_empty(qkv.shape[0], heads, kv.shape[-1])
 
 
+@torch.library.custom_op("flare::rope_prefill_attention", mutates_args=("kv",))
+def rope_prefill_attention(
+    kv: torch.Tensor,
+    layer: int,
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    rows: torch.Tensor,
+    heads: int,
+    page_table_row: torch.Tensor,
+    start: torch.Tensor,
+    n_valid: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """``rope_write_kv`` then ``prefill_attention`` of one request's chunk. On CUDA, a
+    long chunk (``triton_attention.flash_chunk_applies``, by shapes) attends within
+    itself by the flash kernel and to its history by the Triton kernel, merged
+    (``attention.triton_paged_prefill_attention_rope``)."""
+    q = rope_write_kv(kv, layer, qkv, q_weight, k_weight, eps, cos, sin, rows, heads)
+    return prefill_attention(q, kv, layer, page_table_row, start, n_valid, scale)
+
+
+@rope_prefill_attention.register_kernel("cuda")
+def _rope_prefill_attention_cuda(
+    kv: torch.Tensor,
+    layer: int,
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    rows: torch.Tensor,
+    heads: int,
+    page_table_row: torch.Tensor,
+    start: torch.Tensor,
+    n_valid: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    from ignition.components.triton_attention import flash_chunk_applies
+
+    kv_heads, head_dim = kv.shape[-2], kv.shape[-1]
+    if not flash_chunk_applies(qkv.shape[0], heads, kv_heads, head_dim, kv.dtype, kv.device):
+        q = triton_rope_write_kv(kv[layer], qkv, q_weight, k_weight, eps, cos, sin, rows, heads)
+        return attention.triton_paged_prefill_attention(
+            q, kv[layer], page_table_row, start, n_valid, scale
+        )
+    return attention.triton_paged_prefill_attention_rope(
+        qkv, q_weight, k_weight, eps, cos, sin, rows, kv[layer], page_table_row, start,
+        n_valid, scale, heads,
+    )  # fmt: skip
+
+
+@rope_prefill_attention.register_fake
+def _rope_prefill_attention_fake(
+    kv: torch.Tensor,
+    layer: int,
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    rows: torch.Tensor,
+    heads: int,
+    page_table_row: torch.Tensor,
+    start: torch.Tensor,
+    n_valid: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    return qkv.new_empty(qkv.shape[0], heads, kv.shape[-1])
+
+
 @torch.library.custom_op("flare::prefill_attention", mutates_args=())
 def prefill_attention(
     q: torch.Tensor,

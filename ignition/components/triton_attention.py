@@ -21,6 +21,18 @@ program per (token tile, kv head) walks the tile's whole context and normalises 
 and, for short chunks after a long history (too few tiles to fill the GPU), the split-KV
 pair ``_prefill_split_kernel`` + ``_prefill_combine_kernel``.
 
+A long chunk can take its attention in two parts instead
+(``triton_paged_prefill_attention_rope``, where ``flash_chunk_applies``): within the
+chunk, causal, by PyTorch's flash kernel over the chunk's finished keys and values
+(the rotary write leaves them beside the queries), and over the history before it
+by ``_prefill_history_kernel``, which merges its partial softmax into the flash
+output in place through the flash kernel's log-sum-exp. One graph serves every
+history: with none, the history kernel reads nothing and leaves the flash rows as
+they are. The flash kernel read a 4,096-token chunk of the 8B's heads with no history
+in 0.259 ms against this kernel's 0.346 on an H100 (SDPA in
+``bench/results/issue23/2026-12-06j-h100-fold-tma/``), about 5 ms of the 8B's cold
+4K chunk; off (``FLASH_CHUNK_TOKENS``) until the two parts are measured on the GPU.
+
 All kernels work in the log2 domain (``exp2`` of the scores times ``scale * log2(e)``),
 accumulate in fp32, and cast the softmax probabilities to the cache dtype for the P @ V
 product. Decode scales the scores before their row maxima; prefill keeps the dot's raw
@@ -45,6 +57,7 @@ from ignition.components.triton_kv_write import _norm_rope, _write_kv
 from ignition.components.triton_support import fix_interpreter_loop_bounds
 
 LOG2E = 1.4426950408889634
+_LOG2E = tl.constexpr(LOG2E)
 
 # Default number of KV splits per (row, kv head) in decode: with 8 kv heads, 16 splits
 # give 128 programs for a single request, about one per SM on an H200 (132 SMs).
@@ -422,6 +435,7 @@ def _prefill_tile(
     NUM_SPLITS: tl.constexpr,
     KEY_PAGES: tl.constexpr,
     UPCAST: tl.constexpr,
+    HISTORY: tl.constexpr = False,
 ):
     """Attention of one (token tile, kv head) over split ``split`` of NUM_SPLITS
     contiguous ranges of the tile's key steps (KEY_PAGES pages each): BLOCK_T tokens x
@@ -435,7 +449,11 @@ def _prefill_tile(
     argument, ``exp2(s * qk_scale - m)``, one fused multiply-add an element, so each
     argument is rounded once (scaling the scores first, a multiply and a subtraction,
     rounded it twice: other bits). The unmasked and the masked steps do the same
-    arithmetic, so a token's result does not depend on its tile."""
+    arithmetic, so a token's result does not depend on its tile.
+
+    With ``HISTORY``, only the keys before the chunk, ``[0, start)``, which every row
+    sees (``_prefill_history_kernel``): no key of the chunk and no query is read when
+    there are none (start 0)."""
     BLOCK_R: tl.constexpr = BLOCK_T * GROUP_PAD
 
     start = tl.load(start_ptr)
@@ -455,9 +473,12 @@ def _prefill_tile(
 
     # Padding tokens (which may hold garbage) are loaded as zeros; rows are independent
     # in both dots, so they could not affect other rows anyway.
+    q_ok = row_valid
+    if HISTORY:
+        q_ok = q_ok & (start > 0)
     q = tl.load(
         q_ptr + t[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
-        mask=row_valid[:, None],
+        mask=q_ok[:, None],
         other=0.0,
     )
 
@@ -468,10 +489,14 @@ def _prefill_tile(
     # of [0, total_steps), empty for late splits of short ranges.
     tile_first = tile * BLOCK_T
     n_tile = tl.minimum(tl.maximum(n_valid - tile_first, 0), BLOCK_T)
-    kv_end = tl.where(n_tile > 0, start + tile_first + n_tile, 0)
+    if HISTORY:
+        kv_end = tl.where(n_tile > 0, start, 0)
+        full_steps = kv_end // BLOCK_S
+    else:
+        kv_end = tl.where(n_tile > 0, start + tile_first + n_tile, 0)
+        full_steps = tl.where(n_tile > 0, (start + tile_first + 1) // BLOCK_S, 0)
     total_pages = tl.cdiv(kv_end, PAGE_SIZE)
     total_steps = tl.cdiv(kv_end, BLOCK_S)
-    full_steps = tl.where(n_tile > 0, (start + tile_first + 1) // BLOCK_S, 0)
     per_split = tl.cdiv(total_steps, NUM_SPLITS)
     step_lo = split * per_split
     step_hi = tl.minimum(step_lo + per_split, total_steps)
@@ -581,6 +606,73 @@ def _prefill_kernel(
         out_ptr + t[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
         out.to(out_ptr.dtype.element_ty),
         mask=row_real[:, None],
+    )
+
+
+@triton.jit
+def _prefill_history_kernel(
+    q_ptr,
+    kv_ptr,
+    page_table_ptr,
+    start_ptr,
+    n_valid_ptr,
+    out_ptr,
+    lse_ptr,
+    qk_scale,
+    T,
+    stride_qt,
+    stride_qh,
+    stride_qd,
+    stride_kv,
+    stride_kvp,
+    stride_kvs,
+    stride_kvh,
+    stride_kvd,
+    stride_ptp,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    stride_lh,
+    stride_lt,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    KEY_PAGES: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """One (kv head, token tile): the tile's rows against the keys before the chunk
+    (``_prefill_tile`` with ``HISTORY``), merged in place into ``out``, which holds
+    their attention within the chunk, normalised, with its natural-log sum ``lse``
+    (``[heads, T]``, of the scaled scores). In the log2 domain that sum is ``lse *
+    log2(e)``, one more partial softmax of weight ``2 ** (lse * log2(e))``. With no
+    history (start 0) a valid row is left as it is, unread; padding rows become 0."""
+    t, heads, row_real, row_valid, m_i, l_i, acc = _prefill_tile(
+        q_ptr, kv_ptr, page_table_ptr, start_ptr, n_valid_ptr, qk_scale, T,
+        stride_qt, stride_qh, stride_qd, stride_kv, stride_kvp, stride_kvs, stride_kvh,
+        stride_kvd, stride_ptp, tl.program_id(1), tl.program_id(0), 0,
+        GROUP, GROUP_PAD, BLOCK_T, HEAD_DIM, PAGE_SIZE, 1, KEY_PAGES, UPCAST, True,
+    )  # fmt: skip
+    offs_d = tl.arange(0, HEAD_DIM)
+    merge = row_valid & (tl.load(start_ptr) > 0)
+    out_ptrs = (
+        out_ptr + t[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :] * stride_od
+    )
+    chunk = tl.load(out_ptrs, mask=merge[:, None], other=0.0).to(tl.float32)
+    chunk_m = tl.load(lse_ptr + heads * stride_lh + t * stride_lt, mask=merge, other=0.0) * _LOG2E
+    # A merged row saw at least one key of the history (m_i finite) and itself (chunk_m
+    # finite); the other rows' values are never stored.
+    m_new = tl.maximum(m_i, chunk_m)
+    history_w = tl.exp2(m_i - m_new)
+    chunk_w = tl.exp2(chunk_m - m_new)
+    denom = l_i * history_w + chunk_w
+    out = (acc * history_w[:, None] + chunk * chunk_w[:, None]) / denom[:, None]
+    out = tl.where(row_valid[:, None], out, 0.0)
+    tl.store(
+        out_ptrs,
+        out.to(out_ptr.dtype.element_ty),
+        mask=(row_real & (merge | ~row_valid))[:, None],
     )
 
 
@@ -1091,4 +1183,108 @@ def triton_paged_prefill_attention(
         BLOCK_T=PREFILL_COMBINE_TOKENS,
         num_warps=4,
     )
+    return out
+
+
+# Chunks of at least this many tokens attend within themselves through PyTorch's
+# flash kernel (``triton_paged_prefill_attention_rope``); None: none do. Off until the
+# two parts are measured on the GPU against the one kernel (``bench/
+# prefill_two_parts_bench.py``) and prepared and served through a runtime core there
+# (the flash kernel's image exported like cuBLAS's); the interpreter checks them on
+# the CPU (``tests/test_prefill_flash.py``).
+FLASH_CHUNK_TOKENS: int | None = None
+# The flash kernel's head widths: multiples of 8 up to 256.
+FLASH_MAX_HEAD_DIM = 256
+
+
+def flash_chunk_applies(
+    tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+    device: torch.device, min_tokens: int | None = FLASH_CHUNK_TOKENS,
+) -> bool:  # fmt: skip
+    """Whether a prefill chunk of ``tokens`` (its captured capacity) takes
+    ``triton_paged_prefill_attention_rope``: shapes and the device only. Chunks of
+    at least ``min_tokens`` (None: none) that the single-pass kernel serves (one
+    split), of a 16-bit dtype and a head width the flash kernel takes, on an SM80 or
+    later GPU, or on the CPU (its flash kernel, for the tests)."""
+    if min_tokens is None or tokens < min_tokens:
+        return False
+    if head_dim % 8 or head_dim > FLASH_MAX_HEAD_DIM:
+        return False
+    if dtype not in (torch.bfloat16, torch.float16) or heads % kv_heads:
+        return False
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
+        return False
+    group_pad = triton.next_power_of_2(heads // kv_heads)
+    block_t = max(prefill_tiling(tokens, group_pad, head_dim).rows // group_pad, 1)
+    block_t = max(block_t, math.ceil(_MIN_DOT / group_pad))
+    return prefill_splits(tokens, block_t, kv_heads) == 1
+
+
+def _chunk_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal attention of a chunk's ``[T, heads, D]`` queries over its own ``[T,
+    kv_heads, D]`` keys and values (unit last stride), by PyTorch's flash kernel: the
+    normalised output ``[T, heads, D]`` and the natural log of each row's sum of
+    exponentials of its scaled scores, ``[heads, T]`` fp32. On CUDA the kernel of
+    ``aten::_flash_attention_forward`` (grouped heads natively), on the CPU its CPU
+    counterpart."""
+    tokens = q.shape[0]
+    if q.device.type == "cuda":
+        out, lse, *_ = torch.ops.aten._flash_attention_forward(
+            q[None], k[None], v[None], None, None, tokens, tokens, 0.0, True, False,
+            scale=scale,
+        )  # fmt: skip
+        return out[0], lse[0]
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], 0.0, True,
+        scale=scale,
+    )  # fmt: skip
+    return out[0].transpose(0, 1), lse[0]
+
+
+def triton_paged_prefill_attention_rope(
+    rope: RopeInputs,
+    kv: torch.Tensor,
+    page_table_row: torch.Tensor,
+    start: torch.Tensor,
+    n_valid: torch.Tensor,
+    scale: float,
+    heads: int,
+) -> torch.Tensor:
+    """A long prefill chunk's attention from its packed projection: ``triton_rope_
+    write_kv`` (the cache written as always) leaving the whole projection finished,
+    the chunk's attention within itself by the flash kernel (``_chunk_attention``:
+    causal, so a real token never sees the padding after it, whose keys and values
+    are zeros as in the cache), then ``_prefill_history_kernel``: the keys before the
+    chunk, merged into that output in place (none read at start 0). The same
+    contract as ``triton_paged_prefill_attention`` after the write: ``[T, heads,
+    head_dim]``, padding rows 0. Take it where ``flash_chunk_applies``."""
+    from ignition.components.triton_kv_write import triton_rope_write_kv
+
+    kv_heads, head_dim, page_size = kv.shape[3], kv.shape[4], kv.shape[2]
+    _check_index("page_table_row", page_table_row, 1, kv.device)
+    _check_index("start", start, 1, kv.device)
+    _check_index("n_valid", n_valid, 1, kv.device)
+    finished = triton_rope_write_kv(
+        kv, rope.qkv, rope.q_weight, rope.k_weight, rope.eps, rope.cos, rope.sin, rope.rows,
+        heads, finished=True,
+    )  # fmt: skip
+    q, k, v = finished.split([heads, kv_heads, kv_heads], dim=1)
+    num_heads, num_kv_heads, _, _ = _check_cache(q, kv)
+    tokens = q.shape[0]
+    out, lse = _chunk_attention(q, k, v, scale)
+    if tokens == 0:
+        return out
+    group = num_heads // num_kv_heads
+    group_pad = triton.next_power_of_2(group)
+    tiling = prefill_tiling(tokens, group_pad, head_dim)
+    block_t = max(max(1, tiling.rows // group_pad), math.ceil(_MIN_DOT / group_pad))
+    _prefill_history_kernel[(num_kv_heads, triton.cdiv(tokens, block_t))](
+        q, kv, page_table_row, start, n_valid, out, lse, scale * LOG2E, tokens,
+        *q.stride(), *kv.stride(), *page_table_row.stride(), *out.stride(), *lse.stride(),
+        GROUP=group, GROUP_PAD=group_pad, BLOCK_T=block_t, HEAD_DIM=head_dim,
+        PAGE_SIZE=page_size, KEY_PAGES=tiling.key_pages, UPCAST=_INTERPRETED,
+        num_warps=tiling.num_warps, num_stages=tiling.num_stages,
+    )  # fmt: skip
     return out

@@ -123,17 +123,23 @@ def _write_kv(
     """One kv head of a block of tokens into the cache: their keys normalized and
     rotated (``_norm_rope``) to ``k_dst``, their values as projected to ``v_dst``;
     zeros where a token's flat ``row`` lies in the null page (rows below PAGE_SIZE).
-    Pointers and rows as ``_norm_rope`` takes them (``[ROWS, 1]``, or one row's)."""
+    Pointers and rows as ``_norm_rope`` takes them (``[ROWS, 1]``, or one row's).
+    Returns the halves stored (keys, then values), in the cache's dtype."""
     half: tl.constexpr = HEAD_DIM // 2
     live = row >= PAGE_SIZE
     k1, k2 = _norm_rope(k_src, k_w_ptr, cos_ptr, sin_ptr, eps, offs, ok, HEAD_DIM, HAS_NORM)
     v1 = tl.load(v_src + offs, mask=ok, other=0.0)
     v2 = tl.load(v_src + half + offs, mask=ok, other=0.0)
     out_ty = k_dst.dtype.element_ty
-    tl.store(k_dst + offs, tl.where(live, k1, 0.0).to(out_ty), mask=ok)
-    tl.store(k_dst + half + offs, tl.where(live, k2, 0.0).to(out_ty), mask=ok)
-    tl.store(v_dst + offs, tl.where(live, v1, 0.0).to(out_ty), mask=ok)
-    tl.store(v_dst + half + offs, tl.where(live, v2, 0.0).to(out_ty), mask=ok)
+    k1 = tl.where(live, k1, 0.0).to(out_ty)
+    k2 = tl.where(live, k2, 0.0).to(out_ty)
+    v1 = tl.where(live, v1, 0.0).to(out_ty)
+    v2 = tl.where(live, v2, 0.0).to(out_ty)
+    tl.store(k_dst + offs, k1, mask=ok)
+    tl.store(k_dst + half + offs, k2, mask=ok)
+    tl.store(v_dst + offs, v1, mask=ok)
+    tl.store(v_dst + half + offs, v2, mask=ok)
+    return k1, k2, v1, v2
 
 
 @triton.jit
@@ -158,11 +164,15 @@ def _rope_write_kv_kernel(
     BLOCK_T: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     HAS_NORM: tl.constexpr,
+    FINISHED: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     """Tokens ``BLOCK_T * program_id(0)`` on (of ``tokens``), head ``program_id(1)``
-    (the module's docs). With ``PDL``, launched programmatically: the wait before
-    anything else (``programmatic_launch``)."""
+    (the module's docs). With ``FINISHED``, ``q_ptr`` is the whole projection finished,
+    ``[tokens, HEADS + 2 * KV_HEADS, HEAD_DIM]``: the queries, then the keys and
+    values as the cache holds them. With ``PDL``, launched programmatically: the wait
+    before anything else (``programmatic_launch``)."""
+    OUT_HEADS: tl.constexpr = HEADS + 2 * KV_HEADS if FINISHED else HEADS
     if PDL:
         await_producer()
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]
@@ -176,7 +186,7 @@ def _rope_write_kv_kernel(
     sin = sin_ptr + t * stride_cos
     if h < HEADS:
         o1, o2 = _norm_rope(src, q_w_ptr, cos, sin, eps, offs, ok, HEAD_DIM, HAS_NORM)
-        q_dst = q_ptr + (t * HEADS + h) * HEAD_DIM
+        q_dst = q_ptr + (t * OUT_HEADS + h) * HEAD_DIM
         tl.store(q_dst + offs, o1, mask=ok)
         tl.store(q_dst + half + offs, o2, mask=ok)
     else:
@@ -184,10 +194,17 @@ def _rope_write_kv_kernel(
         row = tl.load(rows_ptr + t, mask=present, other=0).to(tl.int64)
         k_dst = cache_k_ptr + (row * KV_HEADS + j) * HEAD_DIM
         v_dst = cache_v_ptr + (row * KV_HEADS + j) * HEAD_DIM
-        _write_kv(
+        k1, k2, v1, v2 = _write_kv(
             src, src + KV_HEADS * HEAD_DIM, k_w_ptr, cos, sin, eps, row, k_dst, v_dst, offs, ok,
             HEAD_DIM, PAGE_SIZE, HAS_NORM,
         )  # fmt: skip
+        if FINISHED:
+            k_out = q_ptr + (t * OUT_HEADS + h) * HEAD_DIM
+            v_out = k_out + KV_HEADS * HEAD_DIM
+            tl.store(k_out + offs, k1, mask=ok)
+            tl.store(k_out + half + offs, k2, mask=ok)
+            tl.store(v_out + offs, v1, mask=ok)
+            tl.store(v_out + half + offs, v2, mask=ok)
 
 
 def rope_tile(tokens: int) -> tuple[int, int]:
@@ -207,13 +224,17 @@ def triton_rope_write_kv(
     rows: torch.Tensor,
     heads: int,
     tile: tuple[int, int] | None = None,
+    *,
+    finished: bool = False,
 ) -> torch.Tensor:
     """Queries ``[tokens, heads, head_dim]`` of the packed projection ``qkv``, and its
     keys and values written to ``layer_kv [2, pages, page_size, kv_heads, head_dim]``
     (contiguous) at flat ``rows`` (int64). ``cos``/``sin``: ``[tokens, head_dim]``;
     ``q_weight``/``k_weight``: the ``[head_dim]`` norm weights, both or neither.
     ``tile``: (tokens a program, a power of two; warps), ``rope_tile``'s by default;
-    a token's bits never depend on it."""
+    a token's bits never depend on it. With ``finished``, the whole projection
+    finished, ``[tokens, heads + 2 * kv_heads, head_dim]``: the queries, then the keys
+    and values as written (zeros for tokens in the null page)."""
     _, _, page_size, kv_heads, head_dim = layer_kv.shape
     tokens = qkv.shape[0]
     if not layer_kv.is_contiguous():
@@ -229,7 +250,8 @@ def triton_rope_write_kv(
         raise ValueError("rotary tables need unit column stride over an even head_dim")
     if (q_weight is None) != (k_weight is None):
         raise ValueError("q and k norms come together or not at all")
-    q = torch.empty(tokens, heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    out_heads = heads + 2 * kv_heads if finished else heads
+    q = torch.empty(tokens, out_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     if tokens == 0:
         return q
     has_norm = q_weight is not None
@@ -241,6 +263,6 @@ def triton_rope_write_kv(
         q, layer_kv[0], layer_kv[1], eps, qkv.stride(0), cos.stride(0), tokens,
         HEADS=heads, KV_HEADS=kv_heads, HEAD_DIM=head_dim,
         BLOCK=triton.next_power_of_2(head_dim // 2), BLOCK_T=block_t, PAGE_SIZE=page_size,
-        HAS_NORM=has_norm, num_warps=warps, **kernel_options(qkv.device),
+        HAS_NORM=has_norm, FINISHED=finished, num_warps=warps, **kernel_options(qkv.device),
     )  # fmt: skip
     return q
