@@ -53,7 +53,15 @@ from ignition.preparation.compile_flags import compile_options
 # Substrings of the kernel names of matrix products: cuBLAS's (``nvjet``, ``xmma``,
 # ``gemm``), CUTLASS's, and Triton matmuls that Inductor names ``mm``.
 GEMM_MARKS = ("nvjet", "gemm", "xmma", "cutlass", "triton_tem_fused_mm", "_mm_")
-ATTENTION_MARKS = ("_prefill_kernel", "_prefill_split_kernel", "_prefill_combine_kernel")
+# The prefill attention kernels: Flare's, and PyTorch's flash kernel, which a long
+# chunk's two parts launch (``triton_attention.triton_paged_prefill_attention_rope``).
+ATTENTION_MARKS = (
+    "_prefill_kernel",
+    "_prefill_split_kernel",
+    "_prefill_combine_kernel",
+    "_prefill_history_kernel",
+    "flash_fwd",
+)
 CLASSES = ("gemm", "attention", "other")
 
 

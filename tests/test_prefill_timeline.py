@@ -15,6 +15,9 @@ def test_kernels_fall_in_their_classes() -> None:
     assert kernel_class("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64") == "gemm"
     assert kernel_class("_prefill_kernel") == "attention"
     assert kernel_class("_prefill_split_kernel") == "attention"
+    assert kernel_class("_prefill_history_kernel") == "attention"
+    name = "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>>"
+    assert kernel_class(name) == "attention"
     assert kernel_class("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0") == "other"
     assert kernel_class("_kv_write_kernel") == "other"
 
