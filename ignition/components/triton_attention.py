@@ -1215,9 +1215,14 @@ def flash_chunk_applies(
     if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
         return False
     group_pad = triton.next_power_of_2(heads // kv_heads)
-    block_t = max(prefill_tiling(tokens, group_pad, head_dim).rows // group_pad, 1)
-    block_t = max(block_t, math.ceil(_MIN_DOT / group_pad))
+    block_t = _tile_tokens(prefill_tiling(tokens, group_pad, head_dim), group_pad)
     return prefill_splits(tokens, block_t, kv_heads) == 1
+
+
+def _tile_tokens(tiling: PrefillTiling, group_pad: int) -> int:
+    """The tokens of a prefill tile at ``tiling``'s default as launched: its rows over
+    the padded group, at least one, and at least ``tl.dot``'s 16 rows."""
+    return max(max(1, tiling.rows // group_pad), math.ceil(_MIN_DOT / group_pad))
 
 
 def _chunk_attention(
@@ -1262,7 +1267,6 @@ def triton_paged_prefill_attention_rope(
     head_dim]``, padding rows 0. Take it where ``flash_chunk_applies``."""
     from ignition.components.triton_kv_write import triton_rope_write_kv
 
-    kv_heads, head_dim, page_size = kv.shape[3], kv.shape[4], kv.shape[2]
     _check_index("page_table_row", page_table_row, 1, kv.device)
     _check_index("start", start, 1, kv.device)
     _check_index("n_valid", n_valid, 1, kv.device)
@@ -1270,16 +1274,16 @@ def triton_paged_prefill_attention_rope(
         kv, rope.qkv, rope.q_weight, rope.k_weight, rope.eps, rope.cos, rope.sin, rope.rows,
         heads, finished=True,
     )  # fmt: skip
-    q, k, v = finished.split([heads, kv_heads, kv_heads], dim=1)
-    num_heads, num_kv_heads, _, _ = _check_cache(q, kv)
+    q, k, v = finished.split([heads, kv.shape[3], kv.shape[3]], dim=1)
+    num_heads, num_kv_heads, head_dim, page_size = _check_cache(q, kv)
     tokens = q.shape[0]
-    out, lse = _chunk_attention(q, k, v, scale)
     if tokens == 0:
-        return out
+        return torch.empty_like(q, memory_format=torch.contiguous_format)
+    out, lse = _chunk_attention(q, k, v, scale)
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
     tiling = prefill_tiling(tokens, group_pad, head_dim)
-    block_t = max(max(1, tiling.rows // group_pad), math.ceil(_MIN_DOT / group_pad))
+    block_t = _tile_tokens(tiling, group_pad)
     _prefill_history_kernel[(num_kv_heads, triton.cdiv(tokens, block_t))](
         q, kv, page_table_row, start, n_valid, out, lse, scale * LOG2E, tokens,
         *q.stride(), *kv.stride(), *page_table_row.stride(), *out.stride(), *lse.stride(),
