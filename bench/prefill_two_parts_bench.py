@@ -10,6 +10,16 @@ For Qwen3-8B's heads (32 query, 8 kv, 128 wide, with q/k norms), chunks of 2,048
 - ``two``: ``triton_paged_prefill_attention_rope``: the write leaving the projection
   finished, the flash kernel within the chunk, the history kernel merging in place;
 - ``flash``: the flash kernel alone, over the same finished projection;
+- ``cudnn``: PyTorch's cuDNN attention over the same projection (causal, the
+  log-sum-exp kept; its grouped heads natively, else expanded first, timed with the
+  expansion): a candidate for the within-chunk part, with its largest difference from
+  the flash kernel's output and log-sum-exp (``cudnn`` holds the error where cuDNN
+  declines the shape);
+- ``gathered_flash``, ``gathered_cudnn`` (after a history): the history's and the
+  chunk's keys gathered from their pages into one contiguous tensor, then one causal
+  attention of the chunk's queries over all of them (the mask aligned to the last key),
+  timed with the gather: what a path through either library's kernel would cost at
+  long histories (the 64K line), with each output's largest difference from ``two``'s;
 
 with the largest difference between the two outputs and each one's against the
 float32 reference where the history is short enough to gather. Then the kernels one
@@ -79,6 +89,74 @@ def _two(c: dict) -> torch.Tensor:
     )
 
 
+def _cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, expand: bool) -> tuple:
+    """cuDNN's attention over ``[T, heads, D]`` operands: the output ``[T, heads, D]``
+    and the log-sum-exp ``[heads, T]``."""
+    if expand:
+        group = q.shape[1] // k.shape[1]
+        k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+    out, lse, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+        None, True, 0.0, True, False, scale=DIM**-0.5,
+    )  # fmt: skip
+    return out[0].transpose(0, 1), lse[0].reshape(q.shape[1], q.shape[0])
+
+
+def _cudnn_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict:
+    """The cuDNN arm: grouped heads natively if cuDNN takes them, else expanded."""
+    flash_out, flash_lse = _chunk_attention(q, k, v, DIM**-0.5)
+    errors = []
+    for expand in (False, True):
+        try:
+            out, lse = _cudnn(q, k, v, expand)
+            ms = median_graph_ms([partial(_cudnn, q, k, v, expand)])
+        except RuntimeError as error:
+            errors.append(f"expand={expand}: {str(error).splitlines()[0][:200]}")
+            continue
+        return dict(
+            cudnn_ms=ms, cudnn_expanded=expand,
+            cudnn_out_diff=(out.float() - flash_out.float()).abs().max().item(),
+            cudnn_lse_diff=(lse.float() - flash_lse.float()).abs().max().item(),
+        )  # fmt: skip
+    return dict(cudnn=errors)
+
+
+def _gathered(c: dict, q: torch.Tensor, history: int, backend: str) -> torch.Tensor:
+    """The chunk's queries over the history's and the chunk's keys, gathered from
+    their pages, by one causal attention aligned to the last key."""
+    chunk = q.shape[0]
+    total = history + chunk
+    pages = c["table"][: -(-total // PAGE)].long()
+    k, v = (c["kv"][i, pages].reshape(-1, KV_HEADS, DIM)[:total] for i in (0, 1))
+    if backend == "flash":
+        out, *_ = torch.ops.aten._flash_attention_forward(
+            q[None], k[None], v[None], None, None, chunk, total, 0.0, True, False,
+            scale=DIM**-0.5,
+        )  # fmt: skip
+        return out[0]
+    group = HEADS // KV_HEADS
+    k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+    out, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+        None, False, 0.0, True, False, scale=DIM**-0.5,
+    )  # fmt: skip
+    return out[0].transpose(0, 1)
+
+
+def _gathered_rows(c: dict, q: torch.Tensor, history: int, two: torch.Tensor) -> dict:
+    row: dict = {}
+    for backend in ("flash", "cudnn"):
+        try:
+            out = _gathered(c, q, history, backend)
+            row[f"gathered_{backend}_diff"] = (out.float() - two.float()).abs().max().item()
+            row[f"gathered_{backend}_ms"] = median_graph_ms(
+                [partial(_gathered, c, q, history, backend)]
+            )
+        except RuntimeError as error:
+            row[f"gathered_{backend}"] = str(error).splitlines()[0][:200]
+    return row
+
+
 def _kernels(call: partial) -> list[tuple[str, float]]:
     """Each kernel one call launches and its device microseconds."""
     from torch.profiler import ProfilerActivity, profile
@@ -126,6 +204,10 @@ def main() -> None:
             row["one_ms"] = median_graph_ms([partial(_one, c)])
             row["two_ms"] = median_graph_ms([partial(_two, c)])
             row["flash_ms"] = median_graph_ms([partial(_chunk_attention, q, k, v, DIM**-0.5)])
+            if history == 0:
+                row.update(_cudnn_row(q, k, v))
+            else:
+                row.update(_gathered_rows(c, q, history, two))
             tflop = causal_flops(HEADS, DIM, chunk, history) / 1e12
             row["tflop"] = tflop
             rows.append(row)
@@ -143,6 +225,23 @@ def main() -> None:
                 )
                 + ("" if applies else " (the rule keeps one)")
             )
+            if "cudnn_ms" in row:
+                print(
+                    f"  cudnn alone {row['cudnn_ms']:.3f} ms (expanded: {row['cudnn_expanded']}"
+                    f"), max |cudnn - flash| {row['cudnn_out_diff']:.3g}, log-sum-exp "
+                    f"{row['cudnn_lse_diff']:.3g}"
+                )
+            elif "cudnn" in row:
+                print(f"  cudnn declined: {row['cudnn']}")
+            for backend in ("flash", "cudnn"):
+                if f"gathered_{backend}_ms" in row:
+                    print(
+                        f"  gathered, {backend}: {row[f'gathered_{backend}_ms']:.3f} ms "
+                        f"({tflop / row[f'gathered_{backend}_ms'] * 1e3:.0f} TFLOP/s), max "
+                        f"|it - two| {row[f'gathered_{backend}_diff']:.3g}"
+                    )
+                elif f"gathered_{backend}" in row:
+                    print(f"  gathered, {backend}: declined: {row[f'gathered_{backend}']}")
             del c, q, k, v, finished
     c = _case(4096, 4096, device)
     kernels = _kernels(partial(_two, c))
