@@ -73,8 +73,8 @@
 #       prefill attention against SDPA and its tile orders
 #       (tests/test_attention.py), the residual additions summed into the residual
 #       by cuBLAS (tests/test_accumulate_linear.py), a long chunk's attention in two
-#       parts, flash within the chunk and Triton over its history
-#       (tests/test_prefill_flash.py); the write at every tile
+#       parts, cuDNN within the chunk and Triton over its history
+#       (tests/test_prefill_two_parts.py); the write at every tile
 #       (bench/rope_write_bench.py, OUT/rope-write.json); the two parts against the
 #       one kernel (bench/prefill_two_parts_bench.py, OUT/two-parts.json); then MODEL's cold
 #       prefill chunks by kernel (bench/prefill_timeline.py, OUT/timeline.json), and
@@ -225,13 +225,13 @@ case $part in
     shift
     timeout 300 python3 -m pytest -m gpu tests/test_kv_write.py tests/test_rope_decode_attention.py \
       "tests/test_attention.py::test_prefill_long_chunk_default_gpu" \
-      tests/test_accumulate_linear.py tests/test_prefill_flash.py -q -p no:cacheprovider -rsP \
+      tests/test_accumulate_linear.py tests/test_prefill_two_parts.py -q -p no:cacheprovider -rsP \
       2>&1 | tee "$out/pytest-gpu.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     timeout 180 python3 -m bench.rope_write_bench --out "$out/rope-write.json" \
       > "$out/rope-write.log" 2>&1 || status=1
     cat "$out/rope-write.log"
-    timeout 240 python3 -m bench.prefill_two_parts_bench --out "$out/two-parts.json" \
+    timeout 300 python3 -m bench.prefill_two_parts_bench --out "$out/two-parts.json" \
       > "$out/two-parts.log" 2>&1 || status=1
     cat "$out/two-parts.log"
     timeout 300 python3 bench/prefill_timeline.py "$model" --out "$out/timeline.json" "$@" \

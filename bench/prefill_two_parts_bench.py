@@ -8,18 +8,24 @@ For Qwen3-8B's heads (32 query, 8 kv, 128 wide, with q/k norms), chunks of 2,048
 
 - ``one``: the rotary write, then ``triton_paged_prefill_attention`` (before);
 - ``two``: ``triton_paged_prefill_attention_rope``: the write leaving the projection
-  finished, the flash kernel within the chunk, the history kernel merging in place;
-- ``flash``: the flash kernel alone, over the same finished projection;
-- ``cudnn``: PyTorch's cuDNN attention over the same projection (causal, the
-  log-sum-exp kept; its grouped heads natively, else expanded first, timed with the
-  expansion): a candidate for the within-chunk part, with its largest difference from
-  the flash kernel's output and log-sum-exp (``cudnn`` holds the error where cuDNN
-  declines the shape);
-- ``gathered_flash``, ``gathered_cudnn`` (after a history): the history's and the
-  chunk's keys gathered from their pages into one contiguous tensor, then one causal
-  attention of the chunk's queries over all of them (the mask aligned to the last key),
-  timed with the gather: what a path through either library's kernel would cost at
-  long histories (the 64K line), with each output's largest difference from ``two``'s;
+  finished, cuDNN's kernel within the chunk, the history kernel merging in place;
+- ``two_flash``: the same with PyTorch's flash kernel within the chunk (the first
+  library tried: ``bench/results/issue23/2026-12-07i-h100-two-parts/``);
+- ``cudnn``, ``flash``: each library's kernel alone over the same finished
+  projection, with their outputs' and log-sum-exps' largest differences;
+- ``history_cudnn``, ``history_flash`` (after a history): the history's keys gathered
+  from their pages into one contiguous tensor, then one attention of the chunk's
+  queries over all of them with no mask (every history key precedes every query),
+  timed with the gather: the history part through either library (the 64K line's
+  candidate), with TFLOP/s over the history's share alone and the largest
+  difference from ``one`` of its merge (in fp32, by the log-sum-exps) with cuDNN's
+  part within the chunk;
+- ``history_varlen``: cuDNN's ragged form (``aten::_cudnn_attention_forward``) over
+  the same history held in a buffer of ``VARLEN_KEYS`` keys, its length read on the
+  device (``cum_seq_k``): whether one graph could serve every history at the cost of
+  the keys it has rather than the buffer's, with its output's and log-sum-exp's
+  largest differences from ``history_cudnn``'s (the latter in whichever layout, heads
+  first or tokens first, matches: ``history_varlen_lse_layout``);
 
 with the largest difference between the two outputs and each one's against the
 float32 reference where the history is short enough to gather. Then the kernels one
@@ -41,9 +47,9 @@ from ignition.components.attention import paged_prefill_attention_ref
 from ignition.components.triton_attention import (
     RopeInputs,
     _chunk_attention,
-    flash_chunk_applies,
     triton_paged_prefill_attention,
     triton_paged_prefill_attention_rope,
+    two_parts_apply,
 )
 from ignition.components.triton_kv_write import triton_rope_write_kv
 
@@ -51,6 +57,7 @@ PAGE = 64
 HEADS, KV_HEADS, DIM = 32, 8, 128
 CASES = [(2048, [0, 4096, 16384]), (4096, [0, 4096, 16384, 61440])]
 REFERENCE_KEYS = 8192
+VARLEN_KEYS = 65536
 EPS = 1e-6
 
 
@@ -89,71 +96,95 @@ def _two(c: dict) -> torch.Tensor:
     )
 
 
-def _cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, expand: bool) -> tuple:
-    """cuDNN's attention over ``[T, heads, D]`` operands: the output ``[T, heads, D]``
-    and the log-sum-exp ``[heads, T]``."""
-    if expand:
-        group = q.shape[1] // k.shape[1]
-        k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
-    out, lse, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(
-        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-        None, True, 0.0, True, False, scale=DIM**-0.5,
-    )  # fmt: skip
-    return out[0].transpose(0, 1), lse[0].reshape(q.shape[1], q.shape[0])
+def _two_flash(c: dict) -> torch.Tensor:
+    return triton_paged_prefill_attention_rope(
+        c["rope"], c["kv"], c["table"], c["start"], c["n_valid"], DIM**-0.5, HEADS, "flash"
+    )
 
 
-def _cudnn_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict:
-    """The cuDNN arm: grouped heads natively if cuDNN takes them, else expanded."""
-    flash_out, flash_lse = _chunk_attention(q, k, v, DIM**-0.5)
-    errors = []
-    for expand in (False, True):
-        try:
-            out, lse = _cudnn(q, k, v, expand)
-            ms = median_graph_ms([partial(_cudnn, q, k, v, expand)])
-        except RuntimeError as error:
-            errors.append(f"expand={expand}: {str(error).splitlines()[0][:200]}")
-            continue
-        return dict(
-            cudnn_ms=ms, cudnn_expanded=expand,
-            cudnn_out_diff=(out.float() - flash_out.float()).abs().max().item(),
-            cudnn_lse_diff=(lse.float() - flash_lse.float()).abs().max().item(),
-        )  # fmt: skip
-    return dict(cudnn=errors)
-
-
-def _gathered(c: dict, q: torch.Tensor, history: int, backend: str) -> torch.Tensor:
-    """The chunk's queries over the history's and the chunk's keys, gathered from
-    their pages, by one causal attention aligned to the last key."""
+def _history(c: dict, q: torch.Tensor, history: int, library: str) -> tuple:
+    """The chunk's queries over the history's keys, gathered from their pages, with no
+    mask: the normalised output ``[T, heads, D]`` and the log-sum-exp ``[heads, T]``."""
+    pages = c["table"][: -(-history // PAGE)].long()
+    k, v = (c["kv"][i, pages].reshape(-1, KV_HEADS, DIM)[:history] for i in (0, 1))
     chunk = q.shape[0]
-    total = history + chunk
-    pages = c["table"][: -(-total // PAGE)].long()
-    k, v = (c["kv"][i, pages].reshape(-1, KV_HEADS, DIM)[:total] for i in (0, 1))
-    if backend == "flash":
-        out, *_ = torch.ops.aten._flash_attention_forward(
-            q[None], k[None], v[None], None, None, chunk, total, 0.0, True, False,
+    if library == "flash":
+        out, lse, *_ = torch.ops.aten._flash_attention_forward(
+            q[None], k[None], v[None], None, None, chunk, history, 0.0, False, False,
             scale=DIM**-0.5,
         )  # fmt: skip
-        return out[0]
-    group = HEADS // KV_HEADS
-    k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
-    out, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(
+        return out[0], lse[0]
+    out, lse, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-        None, False, 0.0, True, False, scale=DIM**-0.5,
+        None, True, 0.0, False, False, scale=DIM**-0.5,
     )  # fmt: skip
-    return out[0].transpose(0, 1)
+    return out[0].transpose(0, 1), lse[0].reshape(HEADS, chunk)
 
 
-def _gathered_rows(c: dict, q: torch.Tensor, history: int, two: torch.Tensor) -> dict:
+def _history_varlen(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum_q: torch.Tensor, cum_k: torch.Tensor
+) -> tuple:
+    """cuDNN's ragged attention of the chunk's queries over the first ``cum_k[1]`` of
+    ``k``/``v``'s ``VARLEN_KEYS`` rows, no mask."""
+    out, lse, *_ = torch.ops.aten._cudnn_attention_forward(
+        q, k, v, None, cum_q, cum_k, q.shape[0], k.shape[0], True, 0.0, False, False,
+        scale=DIM**-0.5,
+    )  # fmt: skip
+    return out, lse
+
+
+def _varlen_row(c: dict, q: torch.Tensor, history: int) -> dict:
+    pages = c["table"][: -(-history // PAGE)].long()
+    k, v = (
+        torch.zeros(VARLEN_KEYS, KV_HEADS, DIM, device=q.device, dtype=q.dtype) for _ in range(2)
+    )
+    for i, buffer in enumerate((k, v)):
+        buffer[:history] = c["kv"][i, pages].reshape(-1, KV_HEADS, DIM)[:history]
+    cum_q = torch.tensor([0, q.shape[0]], dtype=torch.int32, device=q.device)
+    cum_k = torch.tensor([0, history], dtype=torch.int32, device=q.device)
+    try:
+        out, lse = _history_varlen(q, k, v, cum_q, cum_k)
+        ms = median_graph_ms([partial(_history_varlen, q, k, v, cum_q, cum_k)])
+    except RuntimeError as error:
+        return dict(history_varlen=str(error).splitlines()[0][:200])
+    static_out, static_lse = _history(c, q, history, "cudnn")
+    row = dict(
+        history_varlen_ms=ms,
+        history_varlen_out_diff=(out.float() - static_out.float()).abs().max().item(),
+        history_varlen_lse_shape=list(lse.shape),
+    )
+    for layout, view in (
+        ("heads first", lse.reshape(HEADS, -1)),
+        ("tokens first", lse.reshape(-1, HEADS).T),
+    ):
+        if view.shape == static_lse.shape:
+            diff = (view.float() - static_lse.float()).abs().max().item()
+            if diff < row.get("history_varlen_lse_diff", float("inf")):
+                row.update(history_varlen_lse_diff=diff, history_varlen_lse_layout=layout)
+    return row
+
+
+def _merged(parts: list[tuple]) -> torch.Tensor:
+    """Normalised partial attentions merged by their natural-log sums, in fp32."""
+    lse = torch.stack([p[1].float().transpose(0, 1) for p in parts])  # [n, T, heads]
+    weights = torch.softmax(lse, dim=0)[..., None]
+    return sum(w * p[0].float() for w, p in zip(weights, parts, strict=True))
+
+
+def _history_rows(
+    c: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, history: int, one: torch.Tensor
+) -> dict:
     row: dict = {}
-    for backend in ("flash", "cudnn"):
+    within = _chunk_attention(q, k, v, DIM**-0.5)
+    for library in ("cudnn", "flash"):
         try:
-            out = _gathered(c, q, history, backend)
-            row[f"gathered_{backend}_diff"] = (out.float() - two.float()).abs().max().item()
-            row[f"gathered_{backend}_ms"] = median_graph_ms(
-                [partial(_gathered, c, q, history, backend)]
+            merged = _merged([_history(c, q, history, library), within])
+            row[f"history_{library}_diff"] = (merged - one.float()).abs().max().item()
+            row[f"history_{library}_ms"] = median_graph_ms(
+                [partial(_history, c, q, history, library)]
             )
         except RuntimeError as error:
-            row[f"gathered_{backend}"] = str(error).splitlines()[0][:200]
+            row[f"history_{library}"] = str(error).splitlines()[0][:200]
     return row
 
 
@@ -179,7 +210,7 @@ def main() -> None:
     device = torch.device("cuda")
     rows = []
     for chunk, histories in CASES:
-        applies = flash_chunk_applies(
+        applies = two_parts_apply(
             chunk, HEADS, KV_HEADS, DIM, torch.bfloat16, device, min_tokens=chunk
         )
         for history in histories:
@@ -203,11 +234,18 @@ def main() -> None:
             q, k, v = finished.split([HEADS, KV_HEADS, KV_HEADS], dim=1)
             row["one_ms"] = median_graph_ms([partial(_one, c)])
             row["two_ms"] = median_graph_ms([partial(_two, c)])
-            row["flash_ms"] = median_graph_ms([partial(_chunk_attention, q, k, v, DIM**-0.5)])
-            if history == 0:
-                row.update(_cudnn_row(q, k, v))
-            else:
-                row.update(_gathered_rows(c, q, history, two))
+            row["two_flash_ms"] = median_graph_ms([partial(_two_flash, c)])
+            for library in ("cudnn", "flash"):
+                row[f"{library}_ms"] = median_graph_ms(
+                    [partial(_chunk_attention, q, k, v, DIM**-0.5, library)]
+                )
+            cudnn = _chunk_attention(q, k, v, DIM**-0.5)
+            flash = _chunk_attention(q, k, v, DIM**-0.5, "flash")
+            row["cudnn_flash_out_diff"] = (cudnn[0].float() - flash[0].float()).abs().max().item()
+            row["cudnn_flash_lse_diff"] = (cudnn[1] - flash[1]).abs().max().item()
+            if history:
+                row.update(_history_rows(c, q, k, v, history, one))
+                row.update(_varlen_row(c, q, history))
             tflop = causal_flops(HEADS, DIM, chunk, history) / 1e12
             row["tflop"] = tflop
             rows.append(row)
@@ -215,8 +253,8 @@ def main() -> None:
                 f"chunk {chunk} history {history:6}: one {row['one_ms']:.3f} ms "
                 f"({tflop / row['one_ms'] * 1e3:.0f} TFLOP/s), two {row['two_ms']:.3f} "
                 f"({tflop / row['two_ms'] * 1e3:.0f}), two / one "
-                f"{row['two_ms'] / row['one_ms']:.3f}; flash alone {row['flash_ms']:.3f}; "
-                f"max |one - two| {diff:.3g}"
+                f"{row['two_ms'] / row['one_ms']:.3f}, with flash within "
+                f"{row['two_flash_ms'] / row['one_ms']:.3f}; max |one - two| {diff:.3g}"
                 + (
                     f", against the reference: one {row['ref_diff_one']:.3g}, "
                     f"two {row['ref_diff_two']:.3g}"
@@ -225,23 +263,35 @@ def main() -> None:
                 )
                 + ("" if applies else " (the rule keeps one)")
             )
-            if "cudnn_ms" in row:
-                print(
-                    f"  cudnn alone {row['cudnn_ms']:.3f} ms (expanded: {row['cudnn_expanded']}"
-                    f"), max |cudnn - flash| {row['cudnn_out_diff']:.3g}, log-sum-exp "
-                    f"{row['cudnn_lse_diff']:.3g}"
-                )
-            elif "cudnn" in row:
-                print(f"  cudnn declined: {row['cudnn']}")
-            for backend in ("flash", "cudnn"):
-                if f"gathered_{backend}_ms" in row:
+            print(
+                f"  within the chunk alone: cudnn {row['cudnn_ms']:.3f} ms, flash "
+                f"{row['flash_ms']:.3f}; max |cudnn - flash| {row['cudnn_flash_out_diff']:.3g}"
+                f", log-sum-exp {row['cudnn_flash_lse_diff']:.3g}"
+            )
+            history_tflop = 4 * HEADS * DIM * chunk * history / 1e12
+            for library in ("cudnn", "flash"):
+                if f"history_{library}_ms" in row:
+                    ms = row[f"history_{library}_ms"]
                     print(
-                        f"  gathered, {backend}: {row[f'gathered_{backend}_ms']:.3f} ms "
-                        f"({tflop / row[f'gathered_{backend}_ms'] * 1e3:.0f} TFLOP/s), max "
-                        f"|it - two| {row[f'gathered_{backend}_diff']:.3g}"
+                        f"  history by {library}, gathered: {ms:.3f} ms "
+                        f"({history_tflop / ms * 1e3:.0f} TFLOP/s of the history's share), "
+                        f"merged with cudnn's within: max |it - one| "
+                        f"{row[f'history_{library}_diff']:.3g}"
                     )
-                elif f"gathered_{backend}" in row:
-                    print(f"  gathered, {backend}: declined: {row[f'gathered_{backend}']}")
+                elif f"history_{library}" in row:
+                    print(f"  history by {library}: declined: {row[f'history_{library}']}")
+            if "history_varlen_ms" in row:
+                ms = row["history_varlen_ms"]
+                print(
+                    f"  history by cudnn's ragged form in {VARLEN_KEYS} keys: {ms:.3f} ms "
+                    f"({history_tflop / ms * 1e3:.0f} TFLOP/s), max |it - gathered| "
+                    f"{row['history_varlen_out_diff']:.3g}, log-sum-exp "
+                    f"{row.get('history_varlen_lse_diff', float('nan')):.3g} "
+                    f"({row.get('history_varlen_lse_layout', 'no layout matched')}, shape "
+                    f"{row['history_varlen_lse_shape']})"
+                )
+            elif "history_varlen" in row:
+                print(f"  history by cudnn's ragged form: declined: {row['history_varlen']}")
             del c, q, k, v, finished
     c = _case(4096, 4096, device)
     kernels = _kernels(partial(_two, c))

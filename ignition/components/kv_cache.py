@@ -367,8 +367,8 @@ def rope_prefill_attention(
     scale: float,
 ) -> torch.Tensor:
     """``rope_write_kv`` then ``prefill_attention`` of one request's chunk. On CUDA, a
-    long chunk (``triton_attention.flash_chunk_applies``, by shapes) attends within
-    itself by the flash kernel and to its history by the Triton kernel, merged
+    long chunk (``triton_attention.two_parts_apply``, by shapes) attends within
+    itself by a library kernel and to its history by the Triton kernel, merged
     (``attention.triton_paged_prefill_attention_rope``)."""
     q = rope_write_kv(kv, layer, qkv, q_weight, k_weight, eps, cos, sin, rows, heads)
     return prefill_attention(q, kv, layer, page_table_row, start, n_valid, scale)
@@ -391,10 +391,10 @@ def _rope_prefill_attention_cuda(
     n_valid: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    from ignition.components.triton_attention import flash_chunk_applies
+    from ignition.components.triton_attention import two_parts_apply
 
     kv_heads, head_dim = kv.shape[-2], kv.shape[-1]
-    if not flash_chunk_applies(qkv.shape[0], heads, kv_heads, head_dim, kv.dtype, kv.device):
+    if not two_parts_apply(qkv.shape[0], heads, kv_heads, head_dim, kv.dtype, kv.device):
         q = triton_rope_write_kv(kv[layer], qkv, q_weight, k_weight, eps, cos, sin, rows, heads)
         return attention.triton_paged_prefill_attention(
             q, kv[layer], page_table_row, start, n_valid, scale

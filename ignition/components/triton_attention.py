@@ -22,16 +22,21 @@ and, for short chunks after a long history (too few tiles to fill the GPU), the 
 pair ``_prefill_split_kernel`` + ``_prefill_combine_kernel``.
 
 A long chunk can take its attention in two parts instead
-(``triton_paged_prefill_attention_rope``, where ``flash_chunk_applies``): within the
-chunk, causal, by PyTorch's flash kernel over the chunk's finished keys and values
-(the rotary write leaves them beside the queries), and over the history before it
-by ``_prefill_history_kernel``, which merges its partial softmax into the flash
-output in place through the flash kernel's log-sum-exp. One graph serves every
-history: with none, the history kernel reads nothing and leaves the flash rows as
-they are. The flash kernel read a 4,096-token chunk of the 8B's heads with no history
-in 0.259 ms against this kernel's 0.346 on an H100 (SDPA in
-``bench/results/issue23/2026-12-06j-h100-fold-tma/``), about 5 ms of the 8B's cold
-4K chunk; off (``FLASH_CHUNK_TOKENS``) until the two parts are measured on the GPU.
+(``triton_paged_prefill_attention_rope``, where ``two_parts_apply``): within the
+chunk, causal, by a library kernel over the chunk's finished keys and values (the
+rotary write leaves them beside the queries; ``_chunk_attention``: cuDNN's on CUDA),
+and over the history before it by ``_prefill_history_kernel``, which merges its
+partial softmax into the library's output in place through the library's
+log-sum-exp. One graph serves every history: with none, the history kernel reads
+nothing and leaves the chunk's rows as they are. PyTorch's flash kernel, the first
+library tried, lost at every history on an H100: 0.504 ms for a 4,096-token chunk of
+the 8B's heads with no history, against 0.394 for this kernel with the rotary write;
+cuDNN's took 0.257 on the same operands, within 0.0039 of flash's output and 1.9e-6
+of its log-sum-exp (``bench/results/issue23/2026-12-07i-h100-two-parts/``; the 8B's
+core with flash's kernel exported and qualified bitwise, so a library kernel serves
+from a runtime core). Off (``TWO_PARTS_MIN_TOKENS``) until cuDNN's two parts are
+measured as a whole: the history kernel alone runs a little below the one kernel's
+rate, so after long histories the two parts may still lose about 5%.
 
 All kernels work in the log2 domain (``exp2`` of the scores times ``scale * log2(e)``),
 accumulate in fp32, and cast the softmax probabilities to the cache dtype for the P @ V
@@ -1186,29 +1191,31 @@ def triton_paged_prefill_attention(
     return out
 
 
-# Chunks of at least this many tokens attend within themselves through PyTorch's
-# flash kernel (``triton_paged_prefill_attention_rope``); None: none do. Off until the
-# two parts are measured on the GPU against the one kernel (``bench/
-# prefill_two_parts_bench.py``) and prepared and served through a runtime core there
-# (the flash kernel's image exported like cuBLAS's); the interpreter checks them on
-# the CPU (``tests/test_prefill_flash.py``).
-FLASH_CHUNK_TOKENS: int | None = None
-# The flash kernel's head widths: multiples of 8 up to 256.
-FLASH_MAX_HEAD_DIM = 256
+# Chunks of at least this many tokens attend within themselves through a library
+# kernel (``triton_paged_prefill_attention_rope``); None: none do. Off: with PyTorch's
+# flash kernel the two parts exported, qualified bitwise and served, but lost to the
+# one kernel at every history on an H100; cuDNN's kernel, faster within the chunk,
+# is to be measured the same way (``bench/prefill_two_parts_bench.py``, then the 8B
+# prepared and served); the interpreter checks the two parts on the CPU
+# (``tests/test_prefill_two_parts.py``).
+TWO_PARTS_MIN_TOKENS: int | None = None
+# The head widths of the within-chunk library kernel (cuDNN's attention on Hopper):
+# multiples of 8 up to 128.
+LIBRARY_MAX_HEAD_DIM = 128
 
 
-def flash_chunk_applies(
+def two_parts_apply(
     tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-    device: torch.device, min_tokens: int | None = FLASH_CHUNK_TOKENS,
+    device: torch.device, min_tokens: int | None = TWO_PARTS_MIN_TOKENS,
 ) -> bool:  # fmt: skip
     """Whether a prefill chunk of ``tokens`` (its captured capacity) takes
     ``triton_paged_prefill_attention_rope``: shapes and the device only. Chunks of
     at least ``min_tokens`` (None: none) that the single-pass kernel serves (one
-    split), of a 16-bit dtype and a head width the flash kernel takes, on an SM80 or
-    later GPU, or on the CPU (its flash kernel, for the tests)."""
+    split), of a 16-bit dtype and a head width the library kernel takes, on an SM80
+    or later GPU, or on the CPU (its flash kernel, for the tests)."""
     if min_tokens is None or tokens < min_tokens:
         return False
-    if head_dim % 8 or head_dim > FLASH_MAX_HEAD_DIM:
+    if head_dim % 8 or head_dim > LIBRARY_MAX_HEAD_DIM:
         return False
     if dtype not in (torch.bfloat16, torch.float16) or heads % kv_heads:
         return False
@@ -1226,21 +1233,34 @@ def _tile_tokens(tiling: PrefillTiling, group_pad: int) -> int:
 
 
 def _chunk_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, library: str = "cudnn"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal attention of a chunk's ``[T, heads, D]`` queries over its own ``[T,
-    kv_heads, D]`` keys and values (unit last stride), by PyTorch's flash kernel: the
-    normalised output ``[T, heads, D]`` and the natural log of each row's sum of
-    exponentials of its scaled scores, ``[heads, T]`` fp32. On CUDA the kernel of
-    ``aten::_flash_attention_forward`` (grouped heads natively), on the CPU its CPU
-    counterpart."""
-    tokens = q.shape[0]
-    if q.device.type == "cuda":
+    kv_heads, D]`` keys and values (unit last stride), by a library kernel: the
+    normalised output ``[T, heads, D]``, contiguous as the operator's fake result
+    declares it, and the natural log of each row's sum of exponentials of its scaled
+    scores, ``[heads, T]`` fp32 (may be a strided view). On CUDA ``library`` picks
+    the kernel, grouped heads natively in both: ``"cudnn"``,
+    ``aten::_scaled_dot_product_cudnn_attention``, or ``"flash"``,
+    ``aten::_flash_attention_forward`` (slower on Hopper: the module's docstring);
+    on the CPU, PyTorch's CPU flash kernel."""
+    if library not in ("cudnn", "flash"):
+        raise ValueError(f"unknown attention library {library!r}: cudnn or flash")
+    tokens, heads = q.shape[0], q.shape[1]
+    if q.device.type == "cuda" and library == "flash":
         out, lse, *_ = torch.ops.aten._flash_attention_forward(
             q[None], k[None], v[None], None, None, tokens, tokens, 0.0, True, False,
             scale=scale,
         )  # fmt: skip
         return out[0], lse[0]
+    if q.device.type == "cuda":
+        out, lse, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(
+            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+            None, True, 0.0, True, False, scale=scale,
+        )  # fmt: skip
+        # cuDNN lays the output out as the queries are ([T, heads, D] dense), so this
+        # copies nothing.
+        return out[0].transpose(0, 1).contiguous(), lse[0].reshape(heads, tokens)
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], 0.0, True,
         scale=scale,
@@ -1256,15 +1276,16 @@ def triton_paged_prefill_attention_rope(
     n_valid: torch.Tensor,
     scale: float,
     heads: int,
+    library: str = "cudnn",
 ) -> torch.Tensor:
     """A long prefill chunk's attention from its packed projection: ``triton_rope_
     write_kv`` (the cache written as always) leaving the whole projection finished,
-    the chunk's attention within itself by the flash kernel (``_chunk_attention``:
+    the chunk's attention within itself by ``library``'s kernel (``_chunk_attention``:
     causal, so a real token never sees the padding after it, whose keys and values
     are zeros as in the cache), then ``_prefill_history_kernel``: the keys before the
     chunk, merged into that output in place (none read at start 0). The same
     contract as ``triton_paged_prefill_attention`` after the write: ``[T, heads,
-    head_dim]``, padding rows 0. Take it where ``flash_chunk_applies``."""
+    head_dim]``, padding rows 0. Take it where ``two_parts_apply``."""
     from ignition.components.triton_kv_write import triton_rope_write_kv
 
     _check_index("page_table_row", page_table_row, 1, kv.device)
@@ -1279,7 +1300,7 @@ def triton_paged_prefill_attention_rope(
     tokens = q.shape[0]
     if tokens == 0:
         return torch.empty_like(q, memory_format=torch.contiguous_format)
-    out, lse = _chunk_attention(q, k, v, scale)
+    out, lse = _chunk_attention(q, k, v, scale, library)
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
     tiling = prefill_tiling(tokens, group_pad, head_dim)

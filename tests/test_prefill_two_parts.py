@@ -1,10 +1,11 @@
 """A long prefill chunk's attention in two parts (``triton_attention.
-triton_paged_prefill_attention_rope``): within the chunk by PyTorch's flash kernel,
-over the history before it by the Triton kernel, merged in place. Against the one
-Triton kernel it replaces (after the same rotary write) and the float32 reference:
-the same cache bytes, outputs within the rounding of the flash kernel's bfloat16
-output, padding rows zero, and with no history the flash kernel's rows untouched.
-Interpreted on the CPU (its CPU flash kernel), compiled on the GPU."""
+triton_paged_prefill_attention_rope``): within the chunk by a library kernel (cuDNN's
+on the GPU), over the history before it by the Triton kernel, merged in place.
+Against the one Triton kernel it replaces (after the same rotary write) and the
+float32 reference: the same cache bytes, outputs within the rounding of the library
+kernel's bfloat16 output, padding rows zero, and with no history the library
+kernel's rows untouched. Interpreted on the CPU (PyTorch's CPU flash kernel),
+compiled on the GPU, where cuDNN's kernel is also held to flash's."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ import torch
 from ignition.components.attention import paged_prefill_attention_ref
 from ignition.components.kv_cache import PagedKvCache, rope_prefill_attention
 from ignition.components.triton_attention import (
-    FLASH_CHUNK_TOKENS,
+    TWO_PARTS_MIN_TOKENS,
     RopeInputs,
     _chunk_attention,
-    flash_chunk_applies,
     triton_paged_prefill_attention,
     triton_paged_prefill_attention_rope,
+    two_parts_apply,
 )
 from ignition.components.triton_kv_write import triton_rope_write_kv
 
@@ -153,12 +154,12 @@ def test_finished_projection_holds_what_the_cache_holds() -> None:
 def test_the_rule_is_by_shape() -> None:
     """Long chunks that the single-pass kernel serves: the 8B's from 2,048 tokens;
     SmolLM2's 3 kv heads leave its chunks to the split kernels. Off by default
-    until measured on the GPU (``FLASH_CHUNK_TOKENS``)."""
+    until measured on the GPU (``TWO_PARTS_MIN_TOKENS``)."""
     cpu = torch.device("cpu")
     shape = (32, 8, 128)
 
     def applies(tokens: int, heads: int, kv_heads: int, dim: int, dtype: torch.dtype) -> bool:
-        return flash_chunk_applies(tokens, heads, kv_heads, dim, dtype, cpu, min_tokens=1024)
+        return two_parts_apply(tokens, heads, kv_heads, dim, dtype, cpu, min_tokens=1024)
 
     assert applies(4096, *shape, torch.bfloat16)
     assert applies(2048, *shape, torch.float16)
@@ -166,10 +167,16 @@ def test_the_rule_is_by_shape() -> None:
     assert not applies(4096, 9, 3, 64, torch.bfloat16)
     assert not applies(4096, *shape, torch.float32)
     assert not applies(4096, 32, 8, 512, torch.bfloat16)
-    assert not flash_chunk_applies(4096, *shape, torch.bfloat16, cpu, min_tokens=None)
-    assert flash_chunk_applies(4096, *shape, torch.bfloat16, cpu) == (
-        FLASH_CHUNK_TOKENS is not None
-    )
+    assert not applies(4096, 32, 8, 256, torch.bfloat16)  # wider than cuDNN's 128
+    assert not two_parts_apply(4096, *shape, torch.bfloat16, cpu, min_tokens=None)
+    assert two_parts_apply(4096, *shape, torch.bfloat16, cpu) == (TWO_PARTS_MIN_TOKENS is not None)
+
+
+def test_an_unknown_library_is_refused() -> None:
+    q = torch.zeros(16, 4, 64, dtype=torch.bfloat16)
+    k = torch.zeros(16, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="cudnn or flash"):
+        _chunk_attention(q, k, k, 0.125, library="flash2")
 
 
 def test_the_operator_matches_its_reference_composition() -> None:
@@ -205,8 +212,8 @@ def test_the_operator_matches_its_reference_composition() -> None:
 def test_two_parts_on_the_gpu(
     heads: int, kv_heads: int, dim: int, norms: bool, capacity: int, n_valid: int, start: int
 ) -> None:
-    """Compiled, with the serving page: the shapes ``flash_chunk_applies`` takes."""
-    assert flash_chunk_applies(
+    """Compiled, with the serving page: the shapes ``two_parts_apply`` takes."""
+    assert two_parts_apply(
         capacity, heads, kv_heads, dim, torch.bfloat16, torch.device("cuda"), min_tokens=1024
     )
     case = _case(capacity, n_valid, start, heads, kv_heads, dim, 64, norms, seed=1, device="cuda")
@@ -217,3 +224,29 @@ def test_two_parts_on_the_gpu(
     # Within a few bfloat16 steps of the one kernel, row by row.
     diff = (out_two[:n_valid].float() - out_one[:n_valid].float()).abs().max().item()
     assert diff < 2**-5 * max(1.0, out_one.float().abs().max().item()), diff
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("tokens", "heads", "kv_heads", "dim"), [(4096, 32, 8, 128), (2048, 32, 8, 128)]
+)
+def test_cudnn_within_the_chunk_agrees_with_flash(
+    tokens: int, heads: int, kv_heads: int, dim: int
+) -> None:
+    """cuDNN's kernel (the two parts' within-chunk part) against PyTorch's flash
+    kernel on the same strided views of one finished projection: outputs within a
+    bfloat16 step of each other (0.0039 at the 8B's heads on an H100), each row's
+    log-sum-exp within fp32 rounding of the sum (1.9e-6 there), and the output
+    contiguous, as the operator declares it."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    finished = torch.randn(tokens, heads + 2 * kv_heads, dim, device="cuda", generator=gen).to(
+        torch.bfloat16
+    )
+    q, k, v = finished.split([heads, kv_heads, kv_heads], dim=1)
+    out, lse = _chunk_attention(q, k, v, dim**-0.5)
+    flash_out, flash_lse = _chunk_attention(q, k, v, dim**-0.5, library="flash")
+    assert out.shape == flash_out.shape and out.is_contiguous()
+    assert lse.shape == flash_lse.shape == (heads, tokens)
+    diff = (out.float() - flash_out.float()).abs().max().item()
+    assert diff <= 2**-6, diff
+    torch.testing.assert_close(lse, flash_lse, rtol=1e-5, atol=1e-5)
