@@ -107,18 +107,7 @@ def _history(c: dict, q: torch.Tensor, history: int, library: str) -> tuple:
     mask: the normalised output ``[T, heads, D]`` and the log-sum-exp ``[heads, T]``."""
     pages = c["table"][: -(-history // PAGE)].long()
     k, v = (c["kv"][i, pages].reshape(-1, KV_HEADS, DIM)[:history] for i in (0, 1))
-    chunk = q.shape[0]
-    if library == "flash":
-        out, lse, *_ = torch.ops.aten._flash_attention_forward(
-            q[None], k[None], v[None], None, None, chunk, history, 0.0, False, False,
-            scale=DIM**-0.5,
-        )  # fmt: skip
-        return out[0], lse[0]
-    out, lse, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(
-        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-        None, True, 0.0, False, False, scale=DIM**-0.5,
-    )  # fmt: skip
-    return out[0].transpose(0, 1), lse[0].reshape(HEADS, chunk)
+    return _chunk_attention(q, k, v, DIM**-0.5, library, causal=False)
 
 
 def _history_varlen(

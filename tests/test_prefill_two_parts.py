@@ -172,6 +172,22 @@ def test_the_rule_is_by_shape() -> None:
     assert two_parts_apply(4096, *shape, torch.bfloat16, cpu) == (TWO_PARTS_MIN_TOKENS is not None)
 
 
+def test_without_the_mask_every_key_is_seen() -> None:
+    """``causal=False`` over more keys than queries (the history part's form): the
+    same output and log-sum-exp as the attention written out in float32."""
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(16, 4, 64, generator=gen).to(torch.bfloat16)
+    k, v = (torch.randn(40, 2, 64, generator=gen).to(torch.bfloat16) for _ in range(2))
+    out, lse = _chunk_attention(q, k, v, 0.125, causal=False)
+    scores = torch.einsum("thd,khd->htk", q.float(), k.float().repeat_interleave(2, dim=1))
+    scores = scores * 0.125
+    expected = torch.einsum(
+        "htk,khd->thd", scores.softmax(-1), v.float().repeat_interleave(2, dim=1)
+    )
+    torch.testing.assert_close(out.float(), expected, rtol=0, atol=2**-7)
+    torch.testing.assert_close(lse.float(), scores.logsumexp(-1), rtol=0, atol=1e-4)
+
+
 def test_an_unknown_library_is_refused() -> None:
     q = torch.zeros(16, 4, 64, dtype=torch.bfloat16)
     k = torch.zeros(16, 2, 64, dtype=torch.bfloat16)

@@ -1233,10 +1233,12 @@ def _tile_tokens(tiling: PrefillTiling, group_pad: int) -> int:
 
 
 def _chunk_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, library: str = "cudnn"
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, library: str = "cudnn",
+    causal: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Causal attention of a chunk's ``[T, heads, D]`` queries over its own ``[T,
-    kv_heads, D]`` keys and values (unit last stride), by a library kernel: the
+    kv_heads, D]`` keys and values (unit last stride; with ``causal`` off, over any
+    number of keys, each seen by every query: a history's), by a library kernel: the
     normalised output ``[T, heads, D]``, contiguous as the operator's fake result
     declares it, and the natural log of each row's sum of exponentials of its scaled
     scores, ``[heads, T]`` fp32 (may be a strided view). On CUDA ``library`` picks
@@ -1249,20 +1251,20 @@ def _chunk_attention(
     tokens, heads = q.shape[0], q.shape[1]
     if q.device.type == "cuda" and library == "flash":
         out, lse, *_ = torch.ops.aten._flash_attention_forward(
-            q[None], k[None], v[None], None, None, tokens, tokens, 0.0, True, False,
+            q[None], k[None], v[None], None, None, tokens, k.shape[0], 0.0, causal, False,
             scale=scale,
         )  # fmt: skip
         return out[0], lse[0]
     if q.device.type == "cuda":
         out, lse, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(
             q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-            None, True, 0.0, True, False, scale=scale,
+            None, True, 0.0, causal, False, scale=scale,
         )  # fmt: skip
         # cuDNN lays the output out as the queries are ([T, heads, D] dense), so this
         # copies nothing.
         return out[0].transpose(0, 1).contiguous(), lse[0].reshape(heads, tokens)
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], 0.0, True,
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], 0.0, causal,
         scale=scale,
     )  # fmt: skip
     return out[0].transpose(0, 1), lse[0]
